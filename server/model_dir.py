@@ -1,0 +1,462 @@
+"""Reading a BERT model directory into a config, a vocabulary and a weight table.
+
+Two layouts are recognised:
+
+* Google's checkpoint layout: ``bert_config.json``, ``vocab.txt`` and
+  ``bert_model.ckpt.{index,data-*}`` with TF1 variable names, optionally overridden by a
+  fine-tuned checkpoint in ``tuned_model_dir``.
+* The Hugging Face / sentence-transformers layout: ``config.json``, ``model.safetensors``
+  (or a sharded ``model.safetensors.index.json``), ``vocab.txt`` and/or ``tokenizer.json``,
+  and the sentence-transformers files that give the model's own pooling defaults.
+
+Weights come out under Google's names (``bert/encoder/layer_0/attention/self/query/kernel``)
+with dense kernels laid out ``[in, out]``, whatever the layout they came from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import ModelConfig, PoolingStrategy
+from .errors import ModelError, ModelFileError, ModelShapeError
+
+logger = logging.getLogger("bertserve.model")
+
+HF_CONFIG = "config.json"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TOKENIZER_JSON = "tokenizer.json"
+VOCAB = "vocab.txt"
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-12
+
+    @classmethod
+    def from_json(cls, path: str) -> BertConfig:
+        raw = _read_json(path)
+        required = (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size", "max_position_embeddings",
+        )  # fmt: skip
+        missing = [key for key in required if not isinstance(raw.get(key), int)]
+        if missing:
+            raise ModelFileError(f"{path}: missing or non-integer {', '.join(missing)}")
+        if raw["hidden_size"] % raw["num_attention_heads"]:
+            raise ModelShapeError(
+                f"{path}: hidden_size {raw['hidden_size']} is not a multiple of "
+                f"num_attention_heads {raw['num_attention_heads']}"
+            )
+        act = raw.get("hidden_act", "gelu")
+        if act not in _ACTIVATIONS:
+            raise ModelError(f"{path}: hidden_act {act!r} is not supported ({', '.join(_ACTIVATIONS)})")
+        return cls(
+            **{key: raw[key] for key in required},
+            type_vocab_size=int(raw.get("type_vocab_size", 2)),
+            hidden_act=act,
+            layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+        )
+
+
+_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What the model directory asks for when the user does not say."""
+
+    pooling_strategy: PoolingStrategy = PoolingStrategy.REDUCE_MEAN
+    pooling_layer: tuple[int, ...] = (-2,)
+    max_seq_len: int = 25
+    normalize: bool = False
+
+
+@dataclass
+class ModelFiles:
+    """A checked model directory: its config, tokenizer files and where its weights are.
+
+    The weights themselves are read by :func:`read_weights`, only when a graph is built.
+    """
+
+    layout: str  # "google" or "huggingface"
+    config: BertConfig
+    vocab_path: str | None
+    tokenizer_json: str | None
+    do_lower_case: bool
+    defaults: ModelDefaults
+    weight_sources: list[tuple[str, str]]  # ("checkpoint", prefix) or ("safetensors", path)
+    tuned_sources: list[tuple[str, str]] = field(default_factory=list)  # override weight_sources
+    files: list[str] = field(default_factory=list)  # every file whose content shapes the graph
+
+
+def detect_layout(model_dir: str, config_name: str = "bert_config.json") -> str:
+    """Tell which layout ``model_dir`` uses, or say why it is not a model directory."""
+    if not os.path.isdir(model_dir):
+        raise ModelFileError(f"model directory {model_dir!r} does not exist or is not a directory")
+    names = set(os.listdir(model_dir))
+    if HF_CONFIG in names and names & {SAFETENSORS, SAFETENSORS_INDEX}:
+        return "huggingface"
+    if config_name in names or any(n.endswith(".index") for n in names):
+        return "google"
+    if names & {"pytorch_model.bin", "pytorch_model.bin.index.json"}:
+        raise ModelFileError(
+            f"{model_dir} has only PyTorch weights (pytorch_model.bin), and bertserve reads "
+            "safetensors. Convert them once, where PyTorch is installed, with: python -c "
+            "\"import torch; from safetensors.torch import save_file; "
+            "sd = torch.load('pytorch_model.bin', map_location='cpu'); "
+            "save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')\""
+        )
+    if HF_CONFIG in names:
+        raise ModelFileError(f"{model_dir} has {HF_CONFIG} but no {SAFETENSORS}")
+    raise ModelFileError(
+        f"{model_dir} is not a BERT model directory: expected {config_name} with a "
+        f"checkpoint, or {HF_CONFIG} with {SAFETENSORS}"
+    )
+
+
+def inspect_model(options: ModelConfig) -> ModelFiles:
+    """Find and check the config and vocabulary that ``options`` point at (weights not read)."""
+    layout = detect_layout(options.model_dir, options.config_name)
+    if layout == "google":
+        model = _inspect_google(options.model_dir, options.config_name, options.ckpt_name)
+    else:
+        model = _inspect_huggingface(options.model_dir)
+    if options.vocab_name is not None:
+        model.vocab_path = _require(options.model_dir, options.vocab_name)
+        model.tokenizer_json = None
+        model.files.append(model.vocab_path)
+    if options.tuned_model_dir is not None:
+        _apply_tuned(model, options.tuned_model_dir, options)
+    if options.do_lower_case is not None:
+        model.do_lower_case = options.do_lower_case
+    _check_vocab(model)
+    return model
+
+
+def read_weights(model: ModelFiles) -> dict[str, np.ndarray]:
+    """Read every weight source in order (a fine-tuned checkpoint last) and check the shapes."""
+    weights = _read_sources(model.weight_sources)
+    if model.tuned_sources:
+        tuned = _read_sources(model.tuned_sources)
+        if not set(tuned) & set(weights):
+            where = model.tuned_sources[0][1]
+            raise ModelFileError(f"the fine-tuned checkpoint {where} has no BERT weights to apply")
+        logger.info("%d tensors come from the fine-tuned checkpoint", len(tuned))
+        weights.update(tuned)
+    _check_shapes(model, weights)
+    return weights
+
+
+def _read_sources(sources: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+    weights: dict[str, np.ndarray] = {}
+    for kind, path in sources:
+        weights.update(_read_checkpoint(path) if kind == "checkpoint" else _read_safetensors([path]))
+    return weights
+
+
+def _inspect_google(model_dir: str, config_name: str, ckpt_name: str) -> ModelFiles:
+    config_path = _require(model_dir, config_name)
+    vocab_path = _require(model_dir, VOCAB)
+    prefix = _checkpoint_prefix(model_dir, ckpt_name)
+    config = BertConfig.from_json(config_path)
+    do_lower_case = _guess_lower_case(vocab_path)
+    files = [config_path, vocab_path, *_checkpoint_files(prefix)]
+    sources = [("checkpoint", prefix)]
+    return ModelFiles("google", config, vocab_path, None, do_lower_case, ModelDefaults(), sources, files)
+
+
+def _inspect_huggingface(model_dir: str) -> ModelFiles:
+    config_path = _require(model_dir, HF_CONFIG)
+    config = BertConfig.from_json(config_path)
+    weight_files = _safetensors_files(model_dir)
+    tokenizer_json = os.path.join(model_dir, TOKENIZER_JSON)
+    vocab_path = os.path.join(model_dir, VOCAB)
+    has_tokenizer = os.path.isfile(tokenizer_json)
+    has_vocab = os.path.isfile(vocab_path)
+    if not (has_tokenizer or has_vocab):
+        raise ModelFileError(f"{model_dir} has neither {TOKENIZER_JSON} nor {VOCAB}")
+    files = [config_path, *weight_files]
+    tokenizer_config = os.path.join(model_dir, "tokenizer_config.json")
+    if os.path.isfile(tokenizer_config) and isinstance(
+        _read_json(tokenizer_config).get("do_lower_case"), bool
+    ):
+        do_lower_case = _read_json(tokenizer_config)["do_lower_case"]
+    elif has_vocab:
+        do_lower_case = _guess_lower_case(vocab_path)
+    else:
+        do_lower_case = True
+    files += [p for p in (tokenizer_json, vocab_path, tokenizer_config) if os.path.isfile(p)]
+    defaults, st_files = _sentence_transformers_defaults(model_dir, config)
+    return ModelFiles(
+        "huggingface",
+        config,
+        vocab_path if has_vocab else None,
+        tokenizer_json if has_tokenizer else None,
+        do_lower_case,
+        defaults,
+        [("safetensors", path) for path in weight_files],
+        files + st_files,
+    )
+
+
+def _apply_tuned(model: ModelFiles, tuned_dir: str, options: ModelConfig) -> None:
+    """Let a fine-tuned checkpoint override the weights (and the config, when it has one)."""
+    if detect_layout(tuned_dir, options.config_name) == "google":
+        config_path = os.path.join(tuned_dir, options.config_name)
+        prefix = _checkpoint_prefix(tuned_dir, options.ckpt_name)
+        model.tuned_sources.append(("checkpoint", prefix))
+        model.files += _checkpoint_files(prefix)
+    else:
+        config_path = os.path.join(tuned_dir, HF_CONFIG)
+        weight_files = _safetensors_files(tuned_dir)
+        model.tuned_sources += [("safetensors", path) for path in weight_files]
+        model.files += weight_files
+    if os.path.isfile(config_path):
+        model.config = BertConfig.from_json(config_path)
+        model.files.append(config_path)
+
+
+# -- files -------------------------------------------------------------------------------
+
+
+def _require(directory: str, name: str) -> str:
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        raise ModelFileError(f"missing file {path}")
+    if not os.access(path, os.R_OK):
+        raise ModelFileError(f"cannot read {path}")
+    return path
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelFileError(f"{path} should hold a JSON object")
+    return data
+
+
+def _checkpoint_prefix(directory: str, ckpt_name: str) -> str:
+    prefix = os.path.join(directory, ckpt_name)
+    if not os.path.isfile(prefix + ".index"):
+        raise ModelFileError(f"missing checkpoint {prefix}.index (set ckpt_name to its prefix)")
+    return prefix
+
+
+def _checkpoint_files(prefix: str) -> list[str]:
+    directory, base = os.path.split(prefix)
+    return sorted(
+        os.path.join(directory, n)
+        for n in os.listdir(directory)
+        if n == base + ".index" or n.startswith(base + ".data-")
+    )
+
+
+def _read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        names = reader.get_variable_to_shape_map()
+        return {
+            name: np.asarray(reader.get_tensor(name))
+            for name in names
+            if name.startswith("bert/") and not re.search(r"/adam_[mv]$|_slot_", name)
+        }
+    except (tf.errors.OpError, ValueError) as exc:
+        raise ModelFileError(f"cannot read checkpoint {prefix}: {exc}") from exc
+
+
+def _safetensors_files(directory: str) -> list[str]:
+    index = os.path.join(directory, SAFETENSORS_INDEX)
+    if os.path.isfile(index):
+        weight_map = _read_json(index).get("weight_map", {})
+        return [_require(directory, name) for name in sorted(set(weight_map.values()))]
+    return [_require(directory, SAFETENSORS)]
+
+
+def _read_safetensors(paths: Iterable[str]) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    weights: dict[str, np.ndarray] = {}
+    for path in paths:
+        try:
+            raw = load_file(path)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelFileError(f"cannot read {path}: {exc}") from exc
+        for name, value in raw.items():
+            google = _hf_to_google(name)
+            if google is not None:
+                weights[google] = value.T if google.endswith("/kernel") else value
+    return weights
+
+
+_HF_RENAMES = [
+    (r"^(?:bert\.)?embeddings\.(word|position|token_type)_embeddings\.weight$", r"bert/embeddings/\1_embeddings"),
+    (r"^(?:bert\.)?embeddings\.LayerNorm\.(weight|gamma)$", "bert/embeddings/LayerNorm/gamma"),
+    (r"^(?:bert\.)?embeddings\.LayerNorm\.(bias|beta)$", "bert/embeddings/LayerNorm/beta"),
+    (r"^(?:bert\.)?encoder\.layer\.(\d+)\.(.+)\.LayerNorm\.(weight|gamma)$", r"bert/encoder/layer_\1/\2/LayerNorm/gamma"),
+    (r"^(?:bert\.)?encoder\.layer\.(\d+)\.(.+)\.LayerNorm\.(bias|beta)$", r"bert/encoder/layer_\1/\2/LayerNorm/beta"),
+    (r"^(?:bert\.)?encoder\.layer\.(\d+)\.(.+)\.weight$", r"bert/encoder/layer_\1/\2/kernel"),
+    (r"^(?:bert\.)?encoder\.layer\.(\d+)\.(.+)\.bias$", r"bert/encoder/layer_\1/\2/bias"),
+    (r"^(?:bert\.)?pooler\.dense\.weight$", "bert/pooler/dense/kernel"),
+    (r"^(?:bert\.)?pooler\.dense\.bias$", "bert/pooler/dense/bias"),
+]  # fmt: skip
+
+
+def _hf_to_google(name: str) -> str | None:
+    for pattern, replacement in _HF_RENAMES:
+        google, count = re.subn(pattern, replacement, name)
+        if count:
+            return google.replace(".", "/")
+    return None
+
+
+def _guess_lower_case(vocab_path: str) -> bool:
+    """An uncased vocabulary has (next to) no capitalised word pieces; a cased one has many."""
+    capitalised = 0
+    try:
+        with open(vocab_path, encoding="utf-8") as f:
+            for line in f:
+                token = line.rstrip("\n")
+                if token[:1].isupper() and not token.startswith("["):
+                    capitalised += 1
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"cannot read {vocab_path}: {exc}") from exc
+    return capitalised < 50
+
+
+def _count_vocab(vocab_path: str) -> int:
+    with open(vocab_path, encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+def _sentence_transformers_defaults(model_dir: str, config: BertConfig) -> tuple[ModelDefaults, list[str]]:
+    modules_path = os.path.join(model_dir, "modules.json")
+    if not os.path.isfile(modules_path):
+        return ModelDefaults(), []
+    files = [modules_path]
+    try:
+        with open(modules_path, encoding="utf-8") as f:
+            modules = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelFileError(f"cannot read {modules_path}: {exc}") from exc
+    strategy = PoolingStrategy.CLS_TOKEN
+    normalize = False
+    for module in modules if isinstance(modules, list) else []:
+        kind = str(module.get("type", ""))
+        if kind.endswith(".Normalize"):
+            normalize = True
+        elif kind.endswith(".Pooling"):
+            pooling_path = os.path.join(model_dir, module.get("path", ""), "config.json")
+            if os.path.isfile(pooling_path):
+                files.append(pooling_path)
+                strategy = _pooling_from_config(pooling_path, _read_json(pooling_path))
+    max_seq_len = min(128, config.max_position_embeddings)
+    st_config = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.isfile(st_config):
+        files.append(st_config)
+        length = _read_json(st_config).get("max_seq_length")
+        if isinstance(length, int) and length > 0:
+            max_seq_len = min(length, config.max_position_embeddings)
+    return ModelDefaults(strategy, (-1,), max_seq_len, normalize), files
+
+
+def _pooling_from_config(path: str, raw: dict) -> PoolingStrategy:
+    mean = raw.get("pooling_mode_mean_tokens", False)
+    maximum = raw.get("pooling_mode_max_tokens", False)
+    if mean and maximum:
+        return PoolingStrategy.REDUCE_MEAN_MAX
+    if mean:
+        return PoolingStrategy.REDUCE_MEAN
+    if maximum:
+        return PoolingStrategy.REDUCE_MAX
+    if raw.get("pooling_mode_cls_token", False):
+        return PoolingStrategy.CLS_TOKEN
+    if raw.get("pooling_mode_lasttoken", False):
+        return PoolingStrategy.SEP_TOKEN
+    raise ModelError(f"{path}: this pooling mode is not supported; choose pooling_strategy explicitly")
+
+
+# -- checks ------------------------------------------------------------------------------
+
+
+def _expected_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
+    h, i = config.hidden_size, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "bert/embeddings/word_embeddings": (config.vocab_size, h),
+        "bert/embeddings/position_embeddings": (config.max_position_embeddings, h),
+        "bert/embeddings/token_type_embeddings": (config.type_vocab_size, h),
+        "bert/embeddings/LayerNorm/gamma": (h,),
+        "bert/embeddings/LayerNorm/beta": (h,),
+    }
+    for n in range(config.num_hidden_layers):
+        layer = f"bert/encoder/layer_{n}/"
+        for name in ("query", "key", "value"):
+            shapes[f"{layer}attention/self/{name}/kernel"] = (h, h)
+            shapes[f"{layer}attention/self/{name}/bias"] = (h,)
+        shapes[f"{layer}attention/output/dense/kernel"] = (h, h)
+        shapes[f"{layer}attention/output/dense/bias"] = (h,)
+        shapes[f"{layer}intermediate/dense/kernel"] = (h, i)
+        shapes[f"{layer}intermediate/dense/bias"] = (i,)
+        shapes[f"{layer}output/dense/kernel"] = (i, h)
+        shapes[f"{layer}output/dense/bias"] = (h,)
+        for block in ("attention/output", "output"):
+            shapes[f"{layer}{block}/LayerNorm/gamma"] = (h,)
+            shapes[f"{layer}{block}/LayerNorm/beta"] = (h,)
+    return shapes
+
+
+def _check_shapes(model: ModelFiles, weights: dict[str, np.ndarray]) -> None:
+    expected = _expected_shapes(model.config)
+    if "bert/pooler/dense/kernel" in weights:
+        h = model.config.hidden_size
+        expected["bert/pooler/dense/kernel"] = (h, h)
+        expected["bert/pooler/dense/bias"] = (h,)
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ModelShapeError(
+            f"the {model.layout} weights lack {', '.join(missing[:3])}{more} "
+            f"(config says {model.config.num_hidden_layers} layers)"
+        )
+    for name, shape in expected.items():
+        actual = tuple(weights[name].shape)
+        if actual != shape:
+            raise ModelShapeError(f"weight {name} has shape {actual}, but the config implies {shape}")
+        if weights[name].dtype != np.float32:
+            weights[name] = weights[name].astype(np.float32)
+    for name in set(weights) - set(expected):
+        del weights[name]
+
+
+def _check_vocab(model: ModelFiles) -> None:
+    if model.vocab_path is not None:
+        size = _count_vocab(model.vocab_path)
+        if size > model.config.vocab_size:
+            raise ModelShapeError(
+                f"{model.vocab_path} has {size} tokens but the model embeds only "
+                f"vocab_size={model.config.vocab_size}"
+            )

@@ -1,0 +1,198 @@
+"""WordPiece tokenization with the ``tokenizers`` library, exactly as the model was trained.
+
+A directory's ``tokenizer.json`` is used as it is; a bare ``vocab.txt`` gets BERT's own
+pipeline (clean text, CJK characters split, accents stripped when lower-casing,
+punctuation split, WordPiece with ``[UNK]``). Sentence pairs are written
+``"first ||| second"``; pre-tokenized input is a list of tokens per sentence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ModelFileError
+
+logger = logging.getLogger("bertserve.tokenizer")
+
+PAIR_SEPARATOR = "|||"
+CLS, SEP, UNK = "[CLS]", "[SEP]", "[UNK]"
+
+
+@dataclass
+class TokenizedBatch:
+    """Token ids for a batch, padded to its longest member."""
+
+    input_ids: np.ndarray  # int32 [batch, length]
+    segment_ids: np.ndarray  # int32 [batch, length]
+    lengths: np.ndarray  # int32 [batch]: real tokens, [CLS] and [SEP] included
+    truncated: np.ndarray  # bool [batch]: the input did not fit in max_seq_len
+    tokens: list[list[str]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def input_mask(self) -> np.ndarray:
+        return (np.arange(self.input_ids.shape[1])[None, :] < self.lengths[:, None]).astype(np.int32)
+
+    def take(self, index: np.ndarray) -> TokenizedBatch:
+        """The rows ``index``, padded to their own longest member."""
+        width = max(int(self.lengths[index].max(initial=0)), 1)
+        return TokenizedBatch(
+            self.input_ids[index, :width],
+            self.segment_ids[index, :width],
+            self.lengths[index],
+            self.truncated[index],
+            None if self.tokens is None else [self.tokens[i] for i in index],
+        )
+
+
+def check_texts(texts: object, is_tokenized: bool = False) -> list:
+    """Return ``texts`` as a list, or raise naming the first element that cannot be encoded."""
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        kind = "a list of token lists" if is_tokenized else "a list of strings"
+        raise TypeError(f"texts must be {kind}, not {type(texts).__name__}")
+    for i, item in enumerate(texts):
+        if is_tokenized:
+            if isinstance(item, str) or not isinstance(item, Sequence):
+                raise ValueError(f"texts[{i}] must be a list of tokens, not {type(item).__name__}")
+            if not item:
+                raise ValueError(f"texts[{i}] is an empty token list")
+            for j, token in enumerate(item):
+                if not isinstance(token, str) or not token.strip():
+                    raise ValueError(f"texts[{i}][{j}] must be a non-empty string token, got {token!r}")
+        elif not isinstance(item, str):
+            raise ValueError(f"texts[{i}] must be a string, not {type(item).__name__}")
+        elif not item.strip():
+            raise ValueError(f"texts[{i}] is empty")
+        elif PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(PAIR_SEPARATOR, 1)):
+            raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
+    return list(texts)
+
+
+class WordPieceTokenizer:
+    """Turns strings (or token lists) into padded id arrays, truncating to ``max_len``."""
+
+    def __init__(
+        self,
+        *,
+        vocab_path: str | None,
+        tokenizer_json: str | None,
+        do_lower_case: bool,
+        max_len: int,
+    ) -> None:
+        from tokenizers import Tokenizer, normalizers
+
+        if tokenizer_json is not None:
+            try:
+                tokenizer = Tokenizer.from_file(tokenizer_json)
+            except Exception as exc:  # tokenizers raises a bare Exception on bad files
+                raise ModelFileError(f"cannot read {tokenizer_json}: {exc}") from exc
+            normalizer = tokenizer.normalizer
+            lowercase = getattr(normalizer, "lowercase", None)
+            if lowercase is not None and lowercase != do_lower_case:
+                tokenizer.normalizer = normalizers.BertNormalizer(
+                    clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=do_lower_case
+                )
+        elif vocab_path is not None:
+            tokenizer = _bert_tokenizer(vocab_path, do_lower_case)
+        else:
+            raise ModelFileError("the model directory has neither tokenizer.json nor vocab.txt")
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_len, strategy="longest_first")
+        self._tokenizer = tokenizer
+        self.max_len = max_len
+        ids = [tokenizer.token_to_id(t) for t in (CLS, SEP, UNK)]
+        if None in ids:
+            raise ModelFileError("the vocabulary lacks one of [CLS], [SEP], [UNK]")
+        self._cls_id, self._sep_id, self._unk_id = ids
+        self._vocab_size = tokenizer.get_vocab_size()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def tokenize(self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False) -> TokenizedBatch:
+        if is_tokenized:
+            rows = [self._encode_tokens(list(tokens)) for tokens in texts]
+        else:
+            inputs = [_split_pair(text) for text in texts]
+            rows = [
+                (enc.ids, enc.type_ids, enc.tokens, bool(enc.overflowing))
+                for enc in self._tokenizer.encode_batch(inputs)
+            ]
+        n = len(rows)
+        lengths = np.fromiter((len(r[0]) for r in rows), dtype=np.int32, count=n)
+        width = max(int(lengths.max(initial=0)), 1)
+        input_ids = np.zeros((n, width), dtype=np.int32)
+        segment_ids = np.zeros((n, width), dtype=np.int32)
+        for i, (ids, type_ids, _, _) in enumerate(rows):
+            input_ids[i, : len(ids)] = ids
+            segment_ids[i, : len(ids)] = type_ids
+        truncated = np.fromiter((r[3] for r in rows), dtype=bool, count=n)
+        tokens = [list(r[2]) for r in rows] if keep_tokens else None
+        return TokenizedBatch(input_ids, segment_ids, lengths, truncated, tokens)
+
+    def _encode_tokens(self, tokens: list[str]) -> tuple[list[int], list[int], list[str], bool]:
+        """Pre-tokenized input: vocabulary tokens are taken as they are, other words are
+        split into word pieces; a ``|||`` token separates a pair."""
+        if PAIR_SEPARATOR in tokens:
+            cut = tokens.index(PAIR_SEPARATOR)
+            sides = [tokens[:cut], tokens[cut + 1 :]]
+        else:
+            sides = [tokens]
+        pieces: list[list[tuple[int, str]]] = []
+        for side in sides:
+            ids: list[tuple[int, str]] = []
+            for token in side:
+                token_id = self._tokenizer.token_to_id(token)
+                if token_id is not None:
+                    ids.append((token_id, token))
+                    continue
+                enc = self._tokenizer.encode(token, add_special_tokens=False)
+                ids.extend(zip(enc.ids, enc.tokens) if enc.ids else [(self._unk_id, UNK)])
+            pieces.append(ids)
+        budget = self.max_len - len(pieces) - 1
+        truncated = sum(map(len, pieces)) > budget
+        while sum(map(len, pieces)) > budget:
+            max(pieces, key=len).pop()
+        out_ids, out_types, out_tokens = [self._cls_id], [0], [CLS]
+        for segment, side in enumerate(pieces):
+            out_ids += [i for i, _ in side] + [self._sep_id]
+            out_tokens += [t for _, t in side] + [SEP]
+            out_types += [segment] * (len(side) + 1)
+        return out_ids, out_types, out_tokens, truncated
+
+
+def _split_pair(text: str) -> str | tuple[str, str]:
+    if PAIR_SEPARATOR in text:
+        first, second = text.split(PAIR_SEPARATOR, 1)
+        return first.strip(), second.strip()
+    return text
+
+
+def _bert_tokenizer(vocab_path: str, do_lower_case: bool):  # -> tokenizers.Tokenizer
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    try:
+        wordpiece = models.WordPiece.from_file(vocab_path, unk_token=UNK, max_input_chars_per_word=100)
+    except Exception as exc:
+        raise ModelFileError(f"cannot read vocabulary {vocab_path}: {exc}") from exc
+    tokenizer = Tokenizer(wordpiece)
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=do_lower_case
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    if cls_id is None or sep_id is None:
+        raise ModelFileError(f"{vocab_path} lacks [CLS] or [SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+    return tokenizer

@@ -1,0 +1,45 @@
+"""Packaging for bertserve: one distribution, two import packages.
+
+``pip install .`` installs the client (no TensorFlow); ``pip install '.[server]'`` adds
+what the server needs. The folders ``server/`` and ``client/`` are installed as
+``bertserve.server`` and ``bertserve.client``; ``bertserve`` itself is a namespace package.
+"""
+
+import re
+from pathlib import Path
+
+from setuptools import setup
+
+_HERE = Path(__file__).parent
+_VERSION = re.search(
+    r'^__version__ = "([^"]+)"', (_HERE / "client" / "_version.py").read_text(), re.M
+).group(1)
+
+setup(
+    name="bertserve",
+    version=_VERSION,
+    description="Sentence embeddings from a BERT model behind a ZeroMQ server",
+    long_description=(_HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=["bertserve.client", "bertserve.server"],
+    package_dir={"bertserve.client": "client", "bertserve.server": "server"},
+    package_data={"bertserve.client": ["py.typed"], "bertserve.server": ["py.typed"]},
+    install_requires=["numpy>=1.24", "pyzmq>=25", "termcolor>=2"],
+    extras_require={
+        "server": [
+            "tensorflow>=2.16",
+            "tokenizers>=0.15",
+            "safetensors>=0.4",
+            "platformdirs>=3",
+            "psutil>=5.9",
+        ],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "mypy>=1.10"],
+    },
+    entry_points={"console_scripts": ["bertserve = bertserve.server.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
