@@ -178,7 +178,16 @@ def _inspect_google(model_dir: str, config_name: str, ckpt_name: str) -> ModelFi
     do_lower_case = _guess_lower_case(vocab_path)
     files = [config_path, vocab_path, *_checkpoint_files(prefix)]
     sources = [("checkpoint", prefix)]
-    return ModelFiles("google", config, vocab_path, None, do_lower_case, ModelDefaults(), sources, files)
+    return ModelFiles(
+        layout="google",
+        config=config,
+        vocab_path=vocab_path,
+        tokenizer_json=None,
+        do_lower_case=do_lower_case,
+        defaults=ModelDefaults(),
+        weight_sources=sources,
+        files=files,
+    )
 
 
 def _inspect_huggingface(model_dir: str) -> ModelFiles:
@@ -204,14 +213,14 @@ def _inspect_huggingface(model_dir: str) -> ModelFiles:
     files += [p for p in (tokenizer_json, vocab_path, tokenizer_config) if os.path.isfile(p)]
     defaults, st_files = _sentence_transformers_defaults(model_dir, config)
     return ModelFiles(
-        "huggingface",
-        config,
-        vocab_path if has_vocab else None,
-        tokenizer_json if has_tokenizer else None,
-        do_lower_case,
-        defaults,
-        [("safetensors", path) for path in weight_files],
-        files + st_files,
+        layout="huggingface",
+        config=config,
+        vocab_path=vocab_path if has_vocab else None,
+        tokenizer_json=tokenizer_json if has_tokenizer else None,
+        do_lower_case=do_lower_case,
+        defaults=defaults,
+        weight_sources=[("safetensors", path) for path in weight_files],
+        files=files + st_files,
     )
 
 

@@ -109,7 +109,7 @@ class WordPieceTokenizer:
         ids = [tokenizer.token_to_id(t) for t in (CLS, SEP, UNK)]
         if None in ids:
             raise ModelFileError("the vocabulary lacks one of [CLS], [SEP], [UNK]")
-        self._cls_id, self._sep_id, self._unk_id = ids
+        self.cls_id, self.sep_id, self._unk_id = ids
         self._vocab_size = tokenizer.get_vocab_size()
 
     @property
@@ -160,9 +160,9 @@ class WordPieceTokenizer:
         truncated = sum(map(len, pieces)) > budget
         while sum(map(len, pieces)) > budget:
             max(pieces, key=len).pop()
-        out_ids, out_types, out_tokens = [self._cls_id], [0], [CLS]
+        out_ids, out_types, out_tokens = [self.cls_id], [0], [CLS]
         for segment, side in enumerate(pieces):
-            out_ids += [i for i, _ in side] + [self._sep_id]
+            out_ids += [i for i, _ in side] + [self.sep_id]
             out_tokens += [t for _, t in side] + [SEP]
             out_types += [segment] * (len(side) + 1)
         return out_ids, out_types, out_tokens, truncated

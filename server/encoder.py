@@ -1,0 +1,198 @@
+"""``Encoder``: a model directory in, sentence vectors out, in this process.
+
+This is the object every server worker runs; it can also be used on its own::
+
+    from bertserve.server import Encoder
+
+    encoder = Encoder("path/to/model", max_seq_len=128, dtype="bf16")
+    vectors = encoder.encode(["First do it", "then do it right"])  # (2, D) float32
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
+from .errors import ModelError
+from .graph import GraphMeta, GraphSpec, load_function, load_or_build
+from .model_dir import ModelFiles, inspect_model
+from .tokenization import TokenizedBatch, WordPieceTokenizer, check_texts
+
+logger = logging.getLogger("bertserve.encoder")
+
+_XLA_LENGTH_BUCKET = 16  # XLA compiles once per shape: round lengths up to limit recompiles
+
+
+class Encoder:
+    """Turns sentences into vectors with an optimized BERT graph.
+
+    ``options`` are the fields of :class:`~bertserve.server.ModelConfig` (the
+    ``bertserve start`` flags): ``max_seq_len``, ``pooling_strategy``, ``pooling_layer``,
+    ``mask_cls_sep``, ``normalize``, ``dtype``, ``output_dtype``, ``xla``, ``graph_dir``,
+    ``batch_size``, ``tuned_model_dir``, ``ckpt_name``, ``config_name``, ``vocab_name``,
+    ``do_lower_case``, ``device``. Options left out follow the model directory.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike[str] | ModelConfig, **options: Any) -> None:
+        if isinstance(model_dir, ModelConfig):
+            requested = model_dir.replace(**options) if options else model_dir
+        else:
+            requested = ModelConfig(model_dir=os.fspath(model_dir), **options)
+        started = time.perf_counter()
+        model = inspect_model(requested)
+        self.config, spec = _resolve(requested, model)
+        self.spec: GraphSpec = spec
+        max_len = model.config.max_position_embeddings if self.config.dynamic_length else self.config.max_seq_len
+        assert isinstance(max_len, int)
+        self.max_len: int = max_len
+        self._tokenizer = WordPieceTokenizer(
+            vocab_path=model.vocab_path,
+            tokenizer_json=model.tokenizer_json,
+            do_lower_case=model.do_lower_case,
+            max_len=max_len,
+        )
+        if self._tokenizer.vocab_size > model.config.vocab_size:
+            raise ModelError(
+                f"the tokenizer knows {self._tokenizer.vocab_size} tokens but the model embeds "
+                f"only vocab_size={model.config.vocab_size}"
+            )
+        graph_dir = self.config.graph_dir or default_graph_dir()
+        graph_bytes, self.meta, self.graph_built = load_or_build(model, spec, graph_dir)
+        self.graph_path: str = os.path.join(graph_dir, f"{self.meta.key}.graph")
+        self.graph_size: int = len(graph_bytes)
+        self._fn = load_function(graph_bytes, self.meta, xla=self.config.xla)
+        self._device = self.config.device or "/CPU:0"
+        self._warmup()
+        logger.info(
+            "encoder ready in %.1fs: %s layers of %d run, %s pooling, %s, output dim %d",
+            time.perf_counter() - started, spec.layers_run, model.config.num_hidden_layers,
+            spec.pooling_strategy.value, spec.dtype, self.output_dim,
+        )  # fmt: skip
+
+    @property
+    def output_dim(self) -> int:
+        return self.meta.output_dim
+
+    @property
+    def token_level(self) -> bool:
+        """True for NONE pooling: ``encode`` returns one vector per token."""
+        return self.meta.token_level
+
+    @property
+    def output_dtype(self) -> np.dtype:
+        return np.dtype(self.config.output_dtype)
+
+    def encode(
+        self, texts: Sequence[str] | Sequence[Sequence[str]], is_tokenized: bool = False, show_tokens: bool = False
+    ) -> Any:
+        """Encode ``texts`` (strings, ``"first ||| second"`` pairs, or token lists with
+        ``is_tokenized``) into a ``(len(texts), D)`` array (``(len(texts), T, D)`` for NONE
+        pooling). With ``show_tokens`` returns ``(array, tokens)``, the tokens each input
+        was cut into after truncation."""
+        texts = check_texts(texts, is_tokenized)
+        batch = self.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=show_tokens)
+        vectors = self.run(batch)
+        return (vectors, batch.tokens) if show_tokens else vectors
+
+    def tokenize(self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False) -> TokenizedBatch:
+        """Token ids for already checked ``texts``; ``.truncated`` tells which were cut."""
+        batch = self._tokenizer.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=keep_tokens)
+        if batch.truncated.any():
+            logger.info(
+                "%d of %d inputs were longer than max_seq_len=%d and were truncated",
+                int(batch.truncated.sum()), len(batch), self.max_len,
+            )  # fmt: skip
+        return batch
+
+    def run(self, batch: TokenizedBatch) -> np.ndarray:
+        """Run the graph over ``batch`` in length-sorted runs of at most ``batch_size``."""
+        n = len(batch)
+        if self.token_level:
+            width = batch.input_ids.shape[1] if self.config.dynamic_length else self.max_len
+            out = np.zeros((n, width if n else 0, self.output_dim), dtype=self.output_dtype)
+        else:
+            out = np.empty((n, self.output_dim), dtype=self.output_dtype)
+        if n == 0:
+            return out
+        order = np.argsort(batch.lengths, kind="stable")
+        step = self.config.batch_size
+        for start in range(0, n, step):
+            index = order[start : start + step]
+            sub = batch.take(index)
+            result = self._run_padded(sub)
+            if self.token_level:
+                out[index, : result.shape[1]] = result
+            else:
+                out[index] = result
+        return out
+
+    def _run_padded(self, batch: TokenizedBatch) -> np.ndarray:
+        import tensorflow as tf
+
+        ids, segments, mask = batch.input_ids, batch.segment_ids, batch.input_mask
+        rows, width = ids.shape
+        if self.config.xla:
+            padded = min(-(-width // _XLA_LENGTH_BUCKET) * _XLA_LENGTH_BUCKET, self.max_len)
+            padded_rows = 1 << (rows - 1).bit_length()
+            ids, segments, mask = (np.pad(a, ((0, padded_rows - rows), (0, padded - width))) for a in (ids, segments, mask))
+            mask[rows:, 0] = 1  # padding rows hold one token so no row is empty
+        with tf.device(self._device):
+            result = self._fn(tf.constant(ids), tf.constant(mask), tf.constant(segments)).numpy()
+        result = result[:rows]
+        return result[:, :width] if self.token_level else result
+
+    def _warmup(self) -> None:
+        """One tiny run so the first request does not pay for graph optimization."""
+        ids = np.array([[self._tokenizer.cls_id, self._tokenizer.sep_id]], dtype=np.int32)
+        self._run_padded(
+            TokenizedBatch(ids, np.zeros_like(ids), np.array([2], np.int32), np.zeros(1, bool))
+        )
+
+
+def _resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:
+    """Fill the options the user left out from the model's defaults, and check them."""
+    defaults = model.defaults
+    num_layers = model.config.num_hidden_layers
+    strategy = requested.pooling_strategy or defaults.pooling_strategy
+    if strategy is PoolingStrategy.CLS_POOLED:
+        # The pooler reads the last layer's [CLS] vector; other layers have no pooler.
+        if requested.pooling_layer not in (None, (-1,), (num_layers - 1,)):
+            raise ModelError("CLS_POOLED is computed from the last layer; leave pooling_layer at -1")
+        layers: tuple[int, ...] = (-1,)
+    else:
+        layers = requested.pooling_layer or defaults.pooling_layer
+    absolute = []
+    for layer in layers:
+        if not -num_layers <= layer < num_layers:
+            raise ModelError(f"pooling_layer {layer} is out of range: the model has {num_layers} layers")
+        absolute.append(layer % num_layers)
+    max_seq_len = requested.max_seq_len if requested.max_seq_len is not None else defaults.max_seq_len
+    limit = model.config.max_position_embeddings
+    if max_seq_len != DYNAMIC and int(max_seq_len) > limit:
+        raise ModelError(f"max_seq_len {max_seq_len} is above the model's max_position_embeddings {limit}")
+    normalize = defaults.normalize if requested.normalize is None else requested.normalize
+    resolved = requested.replace(
+        max_seq_len=max_seq_len,
+        pooling_strategy=strategy,
+        pooling_layer=layers,
+        normalize=normalize,
+        do_lower_case=model.do_lower_case,
+    )
+    spec = GraphSpec(
+        pooling_strategy=strategy,
+        pooling_layer=tuple(absolute),
+        mask_cls_sep=requested.mask_cls_sep,
+        normalize=normalize,
+        dtype=requested.dtype,
+        output_dtype=requested.output_dtype,
+    )
+    return resolved, spec
+
+
+__all__ = ["Encoder", "GraphMeta"]

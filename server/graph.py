@@ -1,0 +1,333 @@
+"""The BERT forward pass in plain TensorFlow ops, frozen, pruned, quantized and cached.
+
+``build_graph`` traces the encoder with its weights as variables, freezes the variables
+into constants and prunes every node the requested output does not need (the layers
+above the deepest pooled layer, the pooler unless ``CLS_POOLED`` is asked for). With
+``dtype`` fp16 or bf16 the weight matrices are stored in that type and the matrix
+products run in it, while embeddings sums, softmax, layer norm, residuals and pooling are
+accumulated in fp32. The serialized graph is cached on disk under a key made from the
+model files' content and every option that changes the graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .config import PoolingStrategy
+from .model_dir import BertConfig, ModelFiles, read_weights
+
+logger = logging.getLogger("bertserve.graph")
+
+INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
+OUTPUT_NAME = "output"
+_MAGIC = b"BERTSERVE-GRAPH\x00"
+_FORMAT = 1  # bump when the graph built for the same options changes
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """The resolved options that decide what the graph computes."""
+
+    pooling_strategy: PoolingStrategy
+    pooling_layer: tuple[int, ...]  # absolute encoder layer indexes, 0-based
+    mask_cls_sep: bool
+    normalize: bool
+    dtype: str  # fp32, fp16, bf16
+    output_dtype: str  # float32, float16
+
+    @property
+    def layers_run(self) -> int:
+        """How many encoder layers the pruned graph keeps."""
+        return max(self.pooling_layer) + 1
+
+
+@dataclass(frozen=True)
+class GraphMeta:
+    """What travels with a cached graph: enough to use it without the model's weights."""
+
+    key: str
+    output_dim: int
+    token_level: bool  # NONE pooling: one vector per token
+    layers_run: int
+    output_node: str
+    digest: str  # sha256 of the serialized GraphDef
+
+
+def cache_key(model: ModelFiles, spec: GraphSpec) -> str:
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    digest.update(json.dumps({
+        "format": _FORMAT,
+        "tensorflow": tf.__version__,
+        "config": asdict(model.config),
+        "spec": asdict(spec),
+    }, sort_keys=True).encode())  # fmt: skip
+    for path in model.files:
+        digest.update(os.path.basename(path).encode() + b"\x00")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()[:32]
+
+
+def load_or_build(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> tuple[bytes, GraphMeta, bool]:
+    """The serialized graph for ``spec``: from the cache when it holds a sound copy, else
+    built (and cached). Returns ``(graph_def_bytes, meta, built)``."""
+    key = cache_key(model, spec)
+    path = os.path.join(graph_dir, f"{key}.graph")
+    cached = _read_cache(path, key)
+    if cached is not None:
+        logger.info("loaded the optimized graph from %s", path)
+        return cached[0], cached[1], False
+    graph_bytes, meta = build_graph(model, spec, key)
+    try:
+        _write_cache(path, graph_bytes, meta)
+        logger.info("cached the optimized graph at %s", path)
+    except OSError as exc:
+        logger.warning("could not cache the graph in %s: %s", graph_dir, exc)
+    return graph_bytes, meta, True
+
+
+def _read_cache(path: str, key: str) -> tuple[bytes, GraphMeta] | None:
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("cannot read the cached graph %s (%s); rebuilding it", path, exc)
+        return None
+    try:
+        if not blob.startswith(_MAGIC):
+            raise ValueError("bad magic")
+        (header_len,) = struct.unpack_from("<I", blob, len(_MAGIC))
+        start = len(_MAGIC) + 4
+        meta = GraphMeta(**json.loads(blob[start : start + header_len]))
+        graph_bytes = blob[start + header_len :]
+        if meta.key != key or hashlib.sha256(graph_bytes).hexdigest() != meta.digest:
+            raise ValueError("checksum mismatch")
+    except (ValueError, TypeError, struct.error, UnicodeDecodeError) as exc:
+        logger.warning("the cached graph %s is damaged (%s); rebuilding it", path, exc)
+        return None
+    return graph_bytes, meta
+
+
+def _write_cache(path: str, graph_bytes: bytes, meta: GraphMeta) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    header = json.dumps(asdict(meta)).encode()
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".graph")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + struct.pack("<I", len(header)) + header)
+            f.write(graph_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# -- building ----------------------------------------------------------------------------
+
+
+def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[bytes, GraphMeta]:
+    """Trace, freeze and prune the encoder; return the serialized GraphDef and its meta."""
+    import tensorflow as tf
+    from tensorflow.python.framework import convert_to_constants
+
+    config = model.config
+    weights = _prepare_weights(read_weights(model), config, spec)
+    variables = {name: tf.Variable(value, trainable=False, name=_var_name(name)) for name, value in weights.items()}
+    signature = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
+
+    @tf.function(input_signature=signature, autograph=False)
+    def encoder(input_ids: tf.Tensor, input_mask: tf.Tensor, segment_ids: tf.Tensor) -> tf.Tensor:
+        out = _forward(variables, config, spec, input_ids, input_mask, segment_ids)
+        return tf.identity(out, name=OUTPUT_NAME)
+
+    concrete = encoder.get_concrete_function()
+    frozen = convert_to_constants.convert_variables_to_constants_v2(concrete)
+    graph_def = frozen.graph.as_graph_def()
+    output_node = frozen.outputs[0].name.split(":")[0]
+    pruned = tf.compat.v1.graph_util.extract_sub_graph(graph_def, [output_node])
+    graph_bytes = pruned.SerializeToString()
+    meta = GraphMeta(
+        key=key,
+        output_dim=int(frozen.outputs[0].shape[-1]),
+        token_level=spec.pooling_strategy is PoolingStrategy.NONE,
+        layers_run=spec.layers_run,
+        output_node=output_node,
+        digest=hashlib.sha256(graph_bytes).hexdigest(),
+    )
+    return graph_bytes, meta
+
+
+def _var_name(name: str) -> str:
+    return name.replace("/", "__")
+
+
+def _prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: GraphSpec) -> dict[str, np.ndarray]:
+    """Fuse Q, K and V into one matrix (scaled query), drop what the output cannot reach,
+    and store matrices in the compute dtype."""
+    compute = _numpy_dtype(spec.dtype)
+    keep_layers = spec.layers_run
+    head_dim = config.hidden_size // config.num_attention_heads
+    scale = 1.0 / math.sqrt(head_dim)
+    out: dict[str, np.ndarray] = {}
+    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        out[f"embeddings/{name}"] = weights[f"bert/embeddings/{name}"].astype(compute)
+    out["embeddings/ln_gamma"] = weights["bert/embeddings/LayerNorm/gamma"]
+    out["embeddings/ln_beta"] = weights["bert/embeddings/LayerNorm/beta"]
+    for n in range(keep_layers):
+        src = f"bert/encoder/layer_{n}/"
+        dst = f"layer_{n}/"
+        q, k, v = (weights[f"{src}attention/self/{x}/kernel"] for x in ("query", "key", "value"))
+        qb, kb, vb = (weights[f"{src}attention/self/{x}/bias"] for x in ("query", "key", "value"))
+        out[dst + "qkv/kernel"] = np.concatenate([q * scale, k, v], axis=1).astype(compute)
+        out[dst + "qkv/bias"] = np.concatenate([qb * scale, kb, vb]).astype(compute)
+        for block, name in (("attention/output/dense", "attn_out"), ("intermediate/dense", "ffn_in"),
+                            ("output/dense", "ffn_out")):  # fmt: skip
+            out[f"{dst}{name}/kernel"] = weights[f"{src}{block}/kernel"].astype(compute)
+            out[f"{dst}{name}/bias"] = weights[f"{src}{block}/bias"].astype(compute)
+        for block, name in (("attention/output", "attn_ln"), ("output", "ffn_ln")):
+            out[f"{dst}{name}/gamma"] = weights[f"{src}{block}/LayerNorm/gamma"]
+            out[f"{dst}{name}/beta"] = weights[f"{src}{block}/LayerNorm/beta"]
+    if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
+        out["pooler/kernel"] = weights["bert/pooler/dense/kernel"].astype(compute)
+        out["pooler/bias"] = weights["bert/pooler/dense/bias"]
+    return out
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    if dtype == "bf16":
+        import tensorflow as tf
+
+        return tf.bfloat16.as_numpy_dtype
+    return np.dtype({"fp32": np.float32, "fp16": np.float16}[dtype])
+
+
+def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask, segment_ids):  # noqa: ANN001
+    import tensorflow as tf
+
+    compute = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}[spec.dtype]
+    f32 = tf.float32
+    batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = hidden // heads
+    eps = config.layer_norm_eps
+
+    def layer_norm(x, gamma, beta):  # noqa: ANN001, ANN202
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        return (x - mean) * tf.math.rsqrt(variance + eps) * gamma + beta
+
+    def dense(x, prefix):  # noqa: ANN001, ANN202
+        """x in the compute dtype, [tokens, in] -> [tokens, out] in the compute dtype."""
+        return tf.nn.bias_add(tf.matmul(x, w[prefix + "/kernel"]), w[prefix + "/bias"])
+
+    def activation(x):  # noqa: ANN001, ANN202
+        act = config.hidden_act
+        if act == "relu":
+            return tf.nn.relu(x)
+        return tf.nn.gelu(x, approximate=act != "gelu")
+
+    embeddings = (
+        tf.cast(tf.gather(w["embeddings/word_embeddings"], input_ids), f32)
+        + tf.cast(tf.gather(w["embeddings/token_type_embeddings"], segment_ids), f32)
+        + tf.cast(w["embeddings/position_embeddings"][:length], f32)[None]
+    )
+    x = layer_norm(embeddings, w["embeddings/ln_gamma"], w["embeddings/ln_beta"])
+    x = tf.reshape(x, [-1, hidden])  # [batch * length, hidden], fp32 residual stream
+
+    mask = tf.cast(input_mask, f32)
+    attention_bias = (1.0 - mask)[:, None, None, :] * -1e9  # [batch, 1, 1, length]
+
+    def split_heads(t):  # noqa: ANN001, ANN202
+        return tf.transpose(tf.reshape(t, [batch, length, heads, head_dim]), [0, 2, 1, 3])
+
+    layers = []
+    for n in range(spec.layers_run):
+        p = f"layer_{n}/"
+        qkv = dense(tf.cast(x, compute), p + "qkv")
+        q, k, v = (split_heads(t) for t in tf.split(qkv, 3, axis=-1))
+        scores = tf.cast(tf.matmul(q, k, transpose_b=True), f32) + attention_bias
+        probs = tf.cast(tf.nn.softmax(scores, axis=-1), compute)
+        context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
+        attn = tf.cast(dense(context, p + "attn_out"), f32)
+        x = layer_norm(attn + x, w[p + "attn_ln/gamma"], w[p + "attn_ln/beta"])
+        inner = activation(dense(tf.cast(x, compute), p + "ffn_in"))
+        ffn = tf.cast(dense(inner, p + "ffn_out"), f32)
+        x = layer_norm(ffn + x, w[p + "ffn_ln/gamma"], w[p + "ffn_ln/beta"])
+        layers.append(tf.reshape(x, [batch, length, hidden]))
+
+    lengths = tf.reduce_sum(input_mask, axis=1)
+    pool_mask = mask
+    if spec.mask_cls_sep:
+        positions = tf.range(length)[None, :]
+        keep = (positions > 0) & (positions < (lengths - 1)[:, None])
+        pool_mask = mask * tf.cast(keep, f32)
+
+    def pool(h):  # noqa: ANN001, ANN202
+        strategy = spec.pooling_strategy
+        m = pool_mask[:, :, None]
+        count = tf.reduce_sum(m, axis=1)
+        if strategy is PoolingStrategy.NONE:
+            return h * m
+        if strategy is PoolingStrategy.CLS_TOKEN:
+            return h[:, 0]
+        if strategy is PoolingStrategy.SEP_TOKEN:
+            return tf.gather(h, lengths - 1, batch_dims=1)
+        mean = tf.reduce_sum(h * m, axis=1) / tf.maximum(count, 1.0)
+        maximum = tf.reduce_max(h - (1.0 - m) * 1e30, axis=1) * tf.cast(count > 0, f32)
+        if strategy is PoolingStrategy.REDUCE_MEAN:
+            return mean
+        if strategy is PoolingStrategy.REDUCE_MAX:
+            return maximum
+        return tf.concat([mean, maximum], axis=-1)
+
+    if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
+        cls = tf.cast(layers[-1][:, 0], compute)
+        out = tf.tanh(tf.cast(tf.matmul(cls, w["pooler/kernel"]), f32) + w["pooler/bias"])
+    else:
+        pooled = [pool(layers[i]) for i in spec.pooling_layer]
+        out = pooled[0] if len(pooled) == 1 else tf.concat(pooled, axis=-1)
+    if spec.normalize:
+        out = tf.math.l2_normalize(out, axis=-1, epsilon=1e-12)
+    return tf.cast(out, tf.float16 if spec.output_dtype == "float16" else f32)
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+def load_function(graph_bytes: bytes, meta: GraphMeta, *, xla: bool = False) -> Callable:
+    """Import a serialized frozen graph as a callable ``f(input_ids, input_mask, segment_ids)``."""
+    import tensorflow as tf
+
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(graph_bytes)
+
+    def _import() -> None:
+        tf.compat.v1.import_graph_def(graph_def, name="")
+
+    wrapped = tf.compat.v1.wrap_function(_import, [])
+    graph = wrapped.graph
+    fn = wrapped.prune(
+        [graph.as_graph_element(f"{name}:0") for name in INPUT_NAMES],
+        graph.as_graph_element(f"{meta.output_node}:0"),
+    )
+    if xla:
+        return tf.function(fn, jit_compile=True)
+    return fn
