@@ -71,7 +71,7 @@ class Encoder:
         self._warmup()
         logger.info(
             "encoder ready in %.1fs: %s layers of %d run, %s pooling, %s, output dim %d",
-            time.perf_counter() - started, spec.layers_run, model.config.num_hidden_layers,
+            time.perf_counter() - started, self.meta.layers_run, model.config.num_hidden_layers,
             spec.pooling_strategy.value, spec.dtype, self.output_dim,
         )  # fmt: skip
 

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 import struct
 import tempfile
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .config import PoolingStrategy
+from .errors import ModelError
 from .model_dir import BertConfig, ModelFiles, read_weights
 
 logger = logging.getLogger("bertserve.graph")
@@ -45,10 +47,6 @@ class GraphSpec:
     dtype: str  # fp32, fp16, bf16
     output_dtype: str  # float32, float16
 
-    @property
-    def layers_run(self) -> int:
-        """How many encoder layers the pruned graph keeps."""
-        return max(self.pooling_layer) + 1
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ class GraphMeta:
     key: str
     output_dim: int
     token_level: bool  # NONE pooling: one vector per token
-    layers_run: int
+    layers_run: int  # encoder layers left in the graph after pruning
     output_node: str
     digest: str  # sha256 of the serialized GraphDef
 
@@ -163,17 +161,30 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
     frozen = convert_to_constants.convert_variables_to_constants_v2(concrete)
     graph_def = frozen.graph.as_graph_def()
     output_node = frozen.outputs[0].name.split(":")[0]
+    # tf.function orders every variable read before the output with control edges; once
+    # the variables are constants those edges order nothing and would keep unused layers.
+    for node in graph_def.node:
+        data_inputs = [name for name in node.input if not name.startswith("^")]
+        del node.input[:]
+        node.input.extend(data_inputs)
+    # Everything was traced, all layers and the pooler; keep only what the output needs.
     pruned = tf.compat.v1.graph_util.extract_sub_graph(graph_def, [output_node])
     graph_bytes = pruned.SerializeToString()
     meta = GraphMeta(
         key=key,
         output_dim=int(frozen.outputs[0].shape[-1]),
         token_level=spec.pooling_strategy is PoolingStrategy.NONE,
-        layers_run=spec.layers_run,
+        layers_run=len(encoder_layers_in(pruned)),
         output_node=output_node,
         digest=hashlib.sha256(graph_bytes).hexdigest(),
     )
     return graph_bytes, meta
+
+
+def encoder_layers_in(graph_def) -> set[int]:  # noqa: ANN001
+    """The encoder layers that have nodes in ``graph_def``."""
+    found = (re.match(r"(?:.*/)?layer_(\d+)/", node.name) for node in graph_def.node)
+    return {int(m.group(1)) for m in found if m}
 
 
 def _var_name(name: str) -> str:
@@ -181,10 +192,9 @@ def _var_name(name: str) -> str:
 
 
 def _prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: GraphSpec) -> dict[str, np.ndarray]:
-    """Fuse Q, K and V into one matrix (scaled query), drop what the output cannot reach,
-    and store matrices in the compute dtype."""
+    """Fuse Q, K and V into one matrix (with the query pre-scaled) and store the matrices
+    in the compute dtype."""
     compute = _numpy_dtype(spec.dtype)
-    keep_layers = spec.layers_run
     head_dim = config.hidden_size // config.num_attention_heads
     scale = 1.0 / math.sqrt(head_dim)
     out: dict[str, np.ndarray] = {}
@@ -192,7 +202,7 @@ def _prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: G
         out[f"embeddings/{name}"] = weights[f"bert/embeddings/{name}"].astype(compute)
     out["embeddings/ln_gamma"] = weights["bert/embeddings/LayerNorm/gamma"]
     out["embeddings/ln_beta"] = weights["bert/embeddings/LayerNorm/beta"]
-    for n in range(keep_layers):
+    for n in range(config.num_hidden_layers):
         src = f"bert/encoder/layer_{n}/"
         dst = f"layer_{n}/"
         q, k, v = (weights[f"{src}attention/self/{x}/kernel"] for x in ("query", "key", "value"))
@@ -207,6 +217,9 @@ def _prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: G
             out[f"{dst}{name}/gamma"] = weights[f"{src}{block}/LayerNorm/gamma"]
             out[f"{dst}{name}/beta"] = weights[f"{src}{block}/LayerNorm/beta"]
     if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
+        if "bert/pooler/dense/kernel" not in weights:
+            raise ModelError("CLS_POOLED needs the pooler weights, and this model has none")
+    if "bert/pooler/dense/kernel" in weights:
         out["pooler/kernel"] = weights["bert/pooler/dense/kernel"].astype(compute)
         out["pooler/bias"] = weights["bert/pooler/dense/bias"]
     return out
@@ -258,9 +271,7 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
     def split_heads(t):  # noqa: ANN001, ANN202
         return tf.transpose(tf.reshape(t, [batch, length, heads, head_dim]), [0, 2, 1, 3])
 
-    layers = []
-    for n in range(spec.layers_run):
-        p = f"layer_{n}/"
+    def _encoder_layer(x, p):  # noqa: ANN001, ANN202
         qkv = dense(tf.cast(x, compute), p + "qkv")
         q, k, v = (split_heads(t) for t in tf.split(qkv, 3, axis=-1))
         scores = tf.cast(tf.matmul(q, k, transpose_b=True), f32) + attention_bias
@@ -270,7 +281,12 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
         x = layer_norm(attn + x, w[p + "attn_ln/gamma"], w[p + "attn_ln/beta"])
         inner = activation(dense(tf.cast(x, compute), p + "ffn_in"))
         ffn = tf.cast(dense(inner, p + "ffn_out"), f32)
-        x = layer_norm(ffn + x, w[p + "ffn_ln/gamma"], w[p + "ffn_ln/beta"])
+        return layer_norm(ffn + x, w[p + "ffn_ln/gamma"], w[p + "ffn_ln/beta"])
+
+    layers = []
+    for n in range(config.num_hidden_layers):
+        with tf.name_scope(f"layer_{n}"):
+            x = _encoder_layer(x, f"layer_{n}/")
         layers.append(tf.reshape(x, [batch, length, hidden]))
 
     lengths = tf.reduce_sum(input_mask, axis=1)

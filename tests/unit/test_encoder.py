@@ -1,0 +1,303 @@
+"""The Encoder on a tiny BERT the tests write, checked against an independent numpy BERT."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tiny_bert
+from conftest import cosine_rows
+
+from bertserve.server import Encoder, ModelError
+
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog.",
+    "hello world!",
+    "a",
+    "the dog , the fox and the world ?",
+    "你好 世界",
+    "the fox ||| the dog",
+]
+
+
+def _expected(directory: str, encoder: Encoder, texts: list[str]) -> list[np.ndarray]:
+    """Every layer's hidden states for ``texts`` from the numpy reference model."""
+    config, weights = tiny_bert.make_weights(seed=1)
+    batch = encoder.tokenize(texts)
+    return tiny_bert.reference_forward(config, weights, batch.input_ids, batch.segment_ids, batch.lengths)
+
+
+def _pool(hidden: np.ndarray, lengths: np.ndarray, strategy: str) -> np.ndarray:
+    rows = []
+    for h, n in zip(hidden, lengths, strict=True):
+        real = h[:n]
+        rows.append({
+            "REDUCE_MEAN": real.mean(0),
+            "REDUCE_MAX": real.max(0),
+            "REDUCE_MEAN_MAX": np.concatenate([real.mean(0), real.max(0)]),
+            "CLS_TOKEN": real[0],
+            "SEP_TOKEN": real[-1],
+        }[strategy])  # fmt: skip
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("strategy", ["REDUCE_MEAN", "REDUCE_MAX", "REDUCE_MEAN_MAX", "CLS_TOKEN", "SEP_TOKEN"])
+@pytest.mark.parametrize("layer", [-1, -2, 0])
+def test_pooling_matches_numpy_bert(tiny_google: str, session_graph_dir: str, strategy: str, layer: int) -> None:
+    encoder = Encoder(tiny_google, pooling_strategy=strategy, pooling_layer=layer, graph_dir=session_graph_dir)
+    got = encoder.encode(TEXTS)
+    hidden = _expected(tiny_google, encoder, TEXTS)[layer]
+    want = _pool(hidden, encoder.tokenize(TEXTS).lengths, strategy)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_first_and_last_token_are_aliases(tiny_google: str, session_graph_dir: str) -> None:
+    first = Encoder(tiny_google, pooling_strategy="FIRST_TOKEN", graph_dir=session_graph_dir)
+    cls = Encoder(tiny_google, pooling_strategy="cls_token", graph_dir=session_graph_dir)
+    last = Encoder(tiny_google, pooling_strategy="LAST_TOKEN", graph_dir=session_graph_dir)
+    sep = Encoder(tiny_google, pooling_strategy="SEP_TOKEN", graph_dir=session_graph_dir)
+    np.testing.assert_array_equal(first.encode(TEXTS), cls.encode(TEXTS))
+    np.testing.assert_array_equal(last.encode(TEXTS), sep.encode(TEXTS))
+
+
+def test_cls_pooled_is_the_pooler_of_the_last_layer(tiny_google: str, session_graph_dir: str) -> None:
+    encoder = Encoder(tiny_google, pooling_strategy="CLS_POOLED", graph_dir=session_graph_dir)
+    _, weights = tiny_bert.make_weights(seed=1)
+    cls = _expected(tiny_google, encoder, TEXTS)[-1][:, 0]
+    want = np.tanh(cls @ weights["bert/pooler/dense/kernel"] + weights["bert/pooler/dense/bias"])
+    np.testing.assert_allclose(encoder.encode(TEXTS), want, atol=2e-5)
+    with pytest.raises(ModelError, match="last layer"):
+        Encoder(tiny_google, pooling_strategy="CLS_POOLED", pooling_layer=-2, graph_dir=session_graph_dir)
+
+
+def test_cls_pooled_without_pooler_weights_is_refused(tmp_path: str, session_graph_dir: str) -> None:
+    directory = tiny_bert.write_tiny_bert(str(tmp_path), "huggingface", seed=1, with_pooler=False)
+    with pytest.raises(ModelError, match="pooler"):
+        Encoder(directory, pooling_strategy="CLS_POOLED", graph_dir=session_graph_dir)
+    assert Encoder(directory, graph_dir=session_graph_dir).encode(["hello"]).shape == (1, 32)
+
+
+def test_none_pooling_gives_token_vectors_with_zero_padding(tiny_google: str, session_graph_dir: str) -> None:
+    encoder = Encoder(tiny_google, pooling_strategy="NONE", pooling_layer=-1, max_seq_len=16, graph_dir=session_graph_dir)
+    got = encoder.encode(TEXTS)
+    lengths = encoder.tokenize(TEXTS).lengths
+    hidden = _expected(tiny_google, encoder, TEXTS)[-1]
+    assert got.shape == (len(TEXTS), 16, 32)
+    for row, n in enumerate(lengths):
+        np.testing.assert_allclose(got[row, :n], hidden[row, :n], atol=2e-5)
+        assert not got[row, n:].any()
+
+
+def test_dynamic_max_seq_len_pads_to_the_longest(tiny_google: str, session_graph_dir: str) -> None:
+    encoder = Encoder(tiny_google, pooling_strategy="NONE", max_seq_len="NONE", graph_dir=session_graph_dir)
+    got = encoder.encode(TEXTS)
+    assert got.shape[1] == max(encoder.tokenize(TEXTS).lengths)
+    assert encoder.max_len == 64  # the model's position embeddings
+
+
+def test_concatenated_layers_and_mask_cls_sep(tiny_google: str, session_graph_dir: str) -> None:
+    encoder = Encoder(
+        tiny_google, pooling_layer=[-1, -3], mask_cls_sep=True, pooling_strategy="REDUCE_MEAN",
+        graph_dir=session_graph_dir,
+    )  # fmt: skip
+    got = encoder.encode(TEXTS)
+    assert got.shape == (len(TEXTS), 64)
+    hidden = _expected(tiny_google, encoder, TEXTS)
+    lengths = encoder.tokenize(TEXTS).lengths
+    for half, layer in ((got[:, :32], -1), (got[:, 32:], -3)):
+        want = [
+            hidden[layer][i, 1 : n - 1].mean(0) if n > 2 else np.zeros(32) for i, n in enumerate(lengths)
+        ]
+        np.testing.assert_allclose(half, np.stack(want), atol=2e-5)
+
+
+def test_normalize_and_float16_output(tiny_google: str, session_graph_dir: str) -> None:
+    encoder = Encoder(tiny_google, normalize=True, output_dtype="float16", graph_dir=session_graph_dir)
+    got = encoder.encode(TEXTS)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(np.linalg.norm(got.astype(np.float32), axis=1), 1.0, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_reduced_precision_stays_close(tiny_google: str, session_graph_dir: str, dtype: str) -> None:
+    full = Encoder(tiny_google, graph_dir=session_graph_dir).encode(TEXTS)
+    low = Encoder(tiny_google, dtype=dtype, graph_dir=session_graph_dir).encode(TEXTS)
+    assert low.dtype == np.float32
+    assert cosine_rows(full, low).min() >= 0.999
+
+
+def test_both_layouts_give_the_same_vectors(tiny_google: str, tiny_hf: str, session_graph_dir: str) -> None:
+    google = Encoder(tiny_google, pooling_layer=-1, graph_dir=session_graph_dir)
+    hf = Encoder(tiny_hf, pooling_layer=-1, normalize=False, pooling_strategy="REDUCE_MEAN", graph_dir=session_graph_dir)
+    np.testing.assert_allclose(google.encode(TEXTS), hf.encode(TEXTS), atol=1e-6)
+
+
+def test_tuned_checkpoint_overrides_the_weights(tiny_google: str, tmp_path, session_graph_dir: str) -> None:  # noqa: ANN001
+    tuned_dir = str(tmp_path / "tuned")
+    config, _ = tiny_bert.make_weights(seed=1)
+    _, tuned_weights = tiny_bert.make_weights(seed=7)
+    tiny_bert.write_google_checkpoint(tuned_dir, config, tuned_weights, ckpt_name="model.ckpt-100", extra_vars=True)
+    base = Encoder(tiny_google, graph_dir=session_graph_dir).encode(TEXTS)
+    tuned = Encoder(
+        tiny_google, tuned_model_dir=tuned_dir, ckpt_name="model.ckpt-100", graph_dir=session_graph_dir
+    ).encode(TEXTS)
+    assert cosine_rows(base, tuned).max() < 0.99
+    # The tuned weights alone, written as a base model, give exactly the tuned vectors.
+    alone = tiny_bert.write_tiny_bert(str(tmp_path / "alone"), "google", seed=7)
+    np.testing.assert_allclose(Encoder(alone, graph_dir=session_graph_dir).encode(TEXTS), tuned, atol=1e-6)
+
+
+def test_sentence_transformers_defaults(tmp_path, session_graph_dir: str) -> None:  # noqa: ANN001
+    directory = tiny_bert.write_tiny_bert(str(tmp_path), "huggingface", seed=1, sentence_transformers=True)
+    encoder = Encoder(directory, graph_dir=session_graph_dir)
+    assert encoder.config.max_seq_len == 48
+    assert encoder.config.pooling_strategy.value == "REDUCE_MEAN"
+    assert encoder.config.pooling_layer == (-1,) and encoder.config.normalize
+    plain = Encoder(directory, pooling_layer=-1, normalize=False, graph_dir=session_graph_dir).encode(TEXTS)
+    want = plain / np.linalg.norm(plain, axis=1, keepdims=True)
+    np.testing.assert_allclose(encoder.encode(TEXTS), want, atol=1e-6)
+
+
+def test_plain_bert_gets_bert_as_service_defaults(tiny_google: str, session_graph_dir: str) -> None:
+    config = Encoder(tiny_google, graph_dir=session_graph_dir).config
+    assert (config.max_seq_len, config.pooling_layer, config.normalize) == (25, (-2,), False)
+    assert config.pooling_strategy.value == "REDUCE_MEAN"
+
+
+def test_pruning_drops_the_layers_above_the_deepest_pooled_one(tiny_google: str, session_graph_dir: str) -> None:
+    import tensorflow as tf
+
+    from bertserve.server.graph import encoder_layers_in
+
+    def layers(**options: object) -> set[int]:
+        encoder = Encoder(tiny_google, graph_dir=session_graph_dir, **options)
+        graph_def = tf.compat.v1.GraphDef()
+        with open(encoder.graph_path, "rb") as f:
+            blob = f.read()
+        graph_def.ParseFromString(blob[-encoder.graph_size :])
+        assert encoder.meta.layers_run == len(encoder_layers_in(graph_def))
+        return encoder_layers_in(graph_def)
+
+    assert layers(pooling_layer=-1) == {0, 1, 2}
+    assert layers(pooling_layer=-2) == {0, 1}
+    assert layers(pooling_layer=0) == {0}
+    assert layers(pooling_layer=[0, -2]) == {0, 1}
+
+
+def test_the_graph_cache_is_reused_and_survives_damage(tiny_google: str, tmp_path) -> None:  # noqa: ANN001
+    graph_dir = str(tmp_path / "graphs")
+    first = Encoder(tiny_google, graph_dir=graph_dir)
+    assert first.graph_built
+    second = Encoder(tiny_google, graph_dir=graph_dir)
+    assert not second.graph_built and second.graph_path == first.graph_path
+    assert os.listdir(graph_dir) == [os.path.basename(first.graph_path)]  # no temporary left behind
+    other = Encoder(tiny_google, graph_dir=graph_dir, pooling_layer=-1)
+    assert other.graph_built and other.graph_path != first.graph_path
+
+    with open(first.graph_path, "r+b") as f:  # truncate it, as a crash mid-copy would
+        f.truncate(os.path.getsize(first.graph_path) // 2)
+    rebuilt = Encoder(tiny_google, graph_dir=graph_dir)
+    assert rebuilt.graph_built
+    np.testing.assert_array_equal(rebuilt.encode(TEXTS), first.encode(TEXTS))
+    with open(first.graph_path, "wb") as f:
+        f.write(b"garbage")
+    assert Encoder(tiny_google, graph_dir=graph_dir).graph_built
+
+
+def test_changed_weights_change_the_cache_key(tmp_path) -> None:  # noqa: ANN001
+    graph_dir = str(tmp_path / "graphs")
+    a = tiny_bert.write_tiny_bert(str(tmp_path / "a"), "huggingface", seed=1)
+    b = tiny_bert.write_tiny_bert(str(tmp_path / "b"), "huggingface", seed=2)
+    assert Encoder(a, graph_dir=graph_dir).meta.key != Encoder(b, graph_dir=graph_dir).meta.key
+
+
+def test_xla_compiled_graph_gives_the_same_vectors(tiny_google: str, session_graph_dir: str) -> None:
+    plain = Encoder(tiny_google, graph_dir=session_graph_dir).encode(TEXTS)
+    xla = Encoder(tiny_google, xla=True, graph_dir=session_graph_dir).encode(TEXTS)
+    np.testing.assert_allclose(xla, plain, atol=1e-5)
+
+
+def test_long_input_is_truncated_and_reported(tiny_google: str, session_graph_dir: str) -> None:
+    encoder = Encoder(tiny_google, max_seq_len=8, graph_dir=session_graph_dir)
+    texts = ["the quick brown fox jumps over the lazy dog", "hello"]
+    vectors, tokens = encoder.encode(texts, show_tokens=True)
+    assert vectors.shape == (2, 32)
+    assert len(tokens[0]) == 8 and tokens[0][0] == "[CLS]" and tokens[0][-1] == "[SEP]"
+    assert tokens[1] == ["[CLS]", "hello", "[SEP]"]
+    assert encoder.tokenize(texts).truncated.tolist() == [True, False]
+
+
+def test_pretokenized_input(tiny_google: str, session_graph_dir: str) -> None:
+    encoder = Encoder(tiny_google, graph_dir=session_graph_dir)
+    from_text = encoder.encode(["hello world !", "the fox ||| the dog"])
+    from_tokens = encoder.encode([["hello", "world", "!"], ["the", "fox", "|||", "the", "dog"]], is_tokenized=True)
+    np.testing.assert_allclose(from_tokens, from_text, atol=1e-6)
+
+
+def test_batching_does_not_change_results(tiny_google: str, session_graph_dir: str) -> None:
+    texts = [" ".join(["the dog"] * (i % 9 + 1)) for i in range(50)]
+    small = Encoder(tiny_google, batch_size=3, graph_dir=session_graph_dir).encode(texts)
+    whole = Encoder(tiny_google, batch_size=128, graph_dir=session_graph_dir).encode(texts)
+    one_by_one = np.concatenate([whole[:0]] + [
+        Encoder(tiny_google, graph_dir=session_graph_dir).encode([t]) for t in texts[:5]
+    ])  # fmt: skip
+    np.testing.assert_allclose(small, whole, atol=1e-5)
+    np.testing.assert_allclose(one_by_one, whole[:5], atol=1e-5)
+
+
+def test_empty_and_bad_inputs(tiny_google: str, session_graph_dir: str) -> None:
+    encoder = Encoder(tiny_google, graph_dir=session_graph_dir)
+    empty = encoder.encode([])
+    assert empty.shape == (0, 32) and empty.dtype == np.float32
+    with pytest.raises(ValueError, match=r"texts\[1\] is empty"):
+        encoder.encode(["hello", ""])
+    with pytest.raises(ValueError, match=r"texts\[2\] is empty"):
+        encoder.encode(["hello", "world", "   \t"])
+    with pytest.raises(ValueError, match=r"texts\[1\] must be a string, not int"):
+        encoder.encode(["hello", 3])
+    with pytest.raises(ValueError, match=r"texts\[0\] must be a string, not NoneType"):
+        encoder.encode([None])
+    with pytest.raises(TypeError, match="list of strings"):
+        encoder.encode("hello")
+    with pytest.raises(ValueError, match=r"texts\[0\] is a sentence pair with an empty side"):
+        encoder.encode(["hello |||  "])
+    with pytest.raises(ValueError, match=r"texts\[0\]\[1\]"):
+        encoder.encode([["hello", ""]], is_tokenized=True)
+    with pytest.raises(ValueError, match=r"texts\[1\] is an empty token list"):
+        encoder.encode([["hello"], []], is_tokenized=True)
+
+
+def test_option_errors_name_the_problem(tiny_google: str, session_graph_dir: str) -> None:
+    with pytest.raises(ModelError, match="max_seq_len 65 is above the model's max_position_embeddings 64"):
+        Encoder(tiny_google, max_seq_len=65, graph_dir=session_graph_dir)
+    with pytest.raises(ModelError, match="pooling_layer -4 is out of range"):
+        Encoder(tiny_google, pooling_layer=-4, graph_dir=session_graph_dir)
+    with pytest.raises(ModelError, match="unknown pooling_strategy"):
+        Encoder(tiny_google, pooling_strategy="AVERAGE", graph_dir=session_graph_dir)
+    with pytest.raises(ModelError, match="unknown dtype"):
+        Encoder(tiny_google, dtype="int8", graph_dir=session_graph_dir)
+    with pytest.raises(TypeError, match="pooling_stratgy"):
+        Encoder(tiny_google, pooling_stratgy="NONE")
+
+
+def test_vocabulary_larger_than_the_embeddings_is_refused(tmp_path, session_graph_dir: str) -> None:  # noqa: ANN001
+    directory = tiny_bert.write_tiny_bert(str(tmp_path), "google", seed=1)
+    with open(os.path.join(directory, "vocab.txt"), "a", encoding="utf-8") as f:
+        f.write("extra\nwords\n")
+    with pytest.raises(ModelError, match=r"vocab\.txt has 282 tokens but the model embeds only vocab_size=280"):
+        Encoder(directory, graph_dir=session_graph_dir)
+
+
+def test_weight_shape_disagreeing_with_config(tmp_path, session_graph_dir: str) -> None:  # noqa: ANN001
+    directory = tiny_bert.write_tiny_bert(str(tmp_path), "huggingface", seed=1)
+    path = os.path.join(directory, "config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["intermediate_size"] = 48
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    with pytest.raises(ModelError, match=r"intermediate/dense/kernel has shape \(32, 64\), but the config implies"):
+        Encoder(directory, graph_dir=session_graph_dir)
