@@ -48,7 +48,9 @@ class Encoder:
         model = inspect_model(requested)
         self.config, spec = _resolve(requested, model)
         self.spec: GraphSpec = spec
-        max_len = model.config.max_position_embeddings if self.config.dynamic_length else self.config.max_seq_len
+        max_len = (
+            model.config.max_position_embeddings if self.config.dynamic_length else self.config.max_seq_len
+        )
         assert isinstance(max_len, int)
         self.max_len: int = max_len
         self._tokenizer = WordPieceTokenizer(
@@ -89,7 +91,10 @@ class Encoder:
         return np.dtype(self.config.output_dtype)
 
     def encode(
-        self, texts: Sequence[str] | Sequence[Sequence[str]], is_tokenized: bool = False, show_tokens: bool = False
+        self,
+        texts: Sequence[str] | Sequence[Sequence[str]],
+        is_tokenized: bool = False,
+        show_tokens: bool = False,
     ) -> Any:
         """Encode ``texts`` (strings, ``"first ||| second"`` pairs, or token lists with
         ``is_tokenized``) into a ``(len(texts), D)`` array (``(len(texts), T, D)`` for NONE
@@ -100,7 +105,9 @@ class Encoder:
         vectors = self.run(batch)
         return (vectors, batch.tokens) if show_tokens else vectors
 
-    def tokenize(self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False) -> TokenizedBatch:
+    def tokenize(
+        self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False
+    ) -> TokenizedBatch:
         """Token ids for already checked ``texts``; ``.truncated`` tells which were cut."""
         batch = self._tokenizer.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=keep_tokens)
         if batch.truncated.any():
@@ -140,7 +147,9 @@ class Encoder:
         if self.config.xla:
             padded = min(-(-width // _XLA_LENGTH_BUCKET) * _XLA_LENGTH_BUCKET, self.max_len)
             padded_rows = 1 << (rows - 1).bit_length()
-            ids, segments, mask = (np.pad(a, ((0, padded_rows - rows), (0, padded - width))) for a in (ids, segments, mask))
+            ids, segments, mask = (
+                np.pad(a, ((0, padded_rows - rows), (0, padded - width))) for a in (ids, segments, mask)
+            )
             mask[rows:, 0] = 1  # padding rows hold one token so no row is empty
         with tf.device(self._device):
             result = self._fn(tf.constant(ids), tf.constant(mask), tf.constant(segments)).numpy()
@@ -150,9 +159,7 @@ class Encoder:
     def _warmup(self) -> None:
         """One tiny run so the first request does not pay for graph optimization."""
         ids = np.array([[self._tokenizer.cls_id, self._tokenizer.sep_id]], dtype=np.int32)
-        self._run_padded(
-            TokenizedBatch(ids, np.zeros_like(ids), np.array([2], np.int32), np.zeros(1, bool))
-        )
+        self._run_padded(TokenizedBatch(ids, np.zeros_like(ids), np.array([2], np.int32), np.zeros(1, bool)))
 
 
 def _resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:

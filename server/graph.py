@@ -48,7 +48,6 @@ class GraphSpec:
     output_dtype: str  # float32, float16
 
 
-
 @dataclass(frozen=True)
 class GraphMeta:
     """What travels with a cached graph: enough to use it without the model's weights."""
@@ -149,7 +148,9 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
 
     config = model.config
     weights = _prepare_weights(read_weights(model), config, spec)
-    variables = {name: tf.Variable(value, trainable=False, name=_var_name(name)) for name, value in weights.items()}
+    variables = {
+        name: tf.Variable(value, trainable=False, name=_var_name(name)) for name, value in weights.items()
+    }
     signature = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
 
     @tf.function(input_signature=signature, autograph=False)
@@ -181,7 +182,7 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
     return graph_bytes, meta
 
 
-def encoder_layers_in(graph_def) -> set[int]:  # noqa: ANN001
+def encoder_layers_in(graph_def) -> set[int]:
     """The encoder layers that have nodes in ``graph_def``."""
     found = (re.match(r"(?:.*/)?layer_(\d+)/", node.name) for node in graph_def.node)
     return {int(m.group(1)) for m in found if m}
@@ -191,7 +192,9 @@ def _var_name(name: str) -> str:
     return name.replace("/", "__")
 
 
-def _prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: GraphSpec) -> dict[str, np.ndarray]:
+def _prepare_weights(
+    weights: dict[str, np.ndarray], config: BertConfig, spec: GraphSpec
+) -> dict[str, np.ndarray]:
     """Fuse Q, K and V into one matrix (with the query pre-scaled) and store the matrices
     in the compute dtype."""
     compute = _numpy_dtype(spec.dtype)
@@ -216,9 +219,8 @@ def _prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: G
         for block, name in (("attention/output", "attn_ln"), ("output", "ffn_ln")):
             out[f"{dst}{name}/gamma"] = weights[f"{src}{block}/LayerNorm/gamma"]
             out[f"{dst}{name}/beta"] = weights[f"{src}{block}/LayerNorm/beta"]
-    if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
-        if "bert/pooler/dense/kernel" not in weights:
-            raise ModelError("CLS_POOLED needs the pooler weights, and this model has none")
+    if spec.pooling_strategy is PoolingStrategy.CLS_POOLED and "bert/pooler/dense/kernel" not in weights:
+        raise ModelError("CLS_POOLED needs the pooler weights, and this model has none")
     if "bert/pooler/dense/kernel" in weights:
         out["pooler/kernel"] = weights["bert/pooler/dense/kernel"].astype(compute)
         out["pooler/bias"] = weights["bert/pooler/dense/bias"]
@@ -233,7 +235,7 @@ def _numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype({"fp32": np.float32, "fp16": np.float16}[dtype])
 
 
-def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask, segment_ids):  # noqa: ANN001
+def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask, segment_ids):
     import tensorflow as tf
 
     compute = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}[spec.dtype]
@@ -243,15 +245,15 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
     head_dim = hidden // heads
     eps = config.layer_norm_eps
 
-    def layer_norm(x, gamma, beta):  # noqa: ANN001, ANN202
+    def layer_norm(x, gamma, beta):
         mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
         return (x - mean) * tf.math.rsqrt(variance + eps) * gamma + beta
 
-    def dense(x, prefix):  # noqa: ANN001, ANN202
+    def dense(x, prefix):
         """x in the compute dtype, [tokens, in] -> [tokens, out] in the compute dtype."""
         return tf.nn.bias_add(tf.matmul(x, w[prefix + "/kernel"]), w[prefix + "/bias"])
 
-    def activation(x):  # noqa: ANN001, ANN202
+    def activation(x):
         act = config.hidden_act
         if act == "relu":
             return tf.nn.relu(x)
@@ -268,10 +270,10 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
     mask = tf.cast(input_mask, f32)
     attention_bias = (1.0 - mask)[:, None, None, :] * -1e9  # [batch, 1, 1, length]
 
-    def split_heads(t):  # noqa: ANN001, ANN202
+    def split_heads(t):
         return tf.transpose(tf.reshape(t, [batch, length, heads, head_dim]), [0, 2, 1, 3])
 
-    def _encoder_layer(x, p):  # noqa: ANN001, ANN202
+    def _encoder_layer(x, p):
         qkv = dense(tf.cast(x, compute), p + "qkv")
         q, k, v = (split_heads(t) for t in tf.split(qkv, 3, axis=-1))
         scores = tf.cast(tf.matmul(q, k, transpose_b=True), f32) + attention_bias
@@ -296,7 +298,7 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
         keep = (positions > 0) & (positions < (lengths - 1)[:, None])
         pool_mask = mask * tf.cast(keep, f32)
 
-    def pool(h):  # noqa: ANN001, ANN202
+    def pool(h):
         strategy = spec.pooling_strategy
         m = pool_mask[:, :, None]
         count = tf.reduce_sum(m, axis=1)

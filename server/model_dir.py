@@ -118,7 +118,7 @@ def detect_layout(model_dir: str, config_name: str = "bert_config.json") -> str:
         raise ModelFileError(
             f"{model_dir} has only PyTorch weights (pytorch_model.bin), and bertserve reads "
             "safetensors. Convert them once, where PyTorch is installed, with: python -c "
-            "\"import torch; from safetensors.torch import save_file; "
+            '"import torch; from safetensors.torch import save_file; '
             "sd = torch.load('pytorch_model.bin', map_location='cpu'); "
             "save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')\""
         )
@@ -140,10 +140,11 @@ def inspect_model(options: ModelConfig) -> ModelFiles:
         ckpt_name = _first_present(options.model_dir, [_GOOGLE_CKPT, ckpt_name], suffix=".index")
     layout = detect_layout(options.model_dir, config_name)
     if layout == "google":
-        model = _inspect_google(options.model_dir, config_name, ckpt_name)
+        model = _inspect_google(options.model_dir, config_name, ckpt_name, options.vocab_name or VOCAB)
     else:
         model = _inspect_huggingface(options.model_dir)
-    if options.vocab_name is not None:
+    if options.vocab_name is not None and layout == "huggingface":
+        # A vocabulary named by the user wins over the directory's tokenizer.json.
         model.vocab_path = _require(options.model_dir, options.vocab_name)
         model.tokenizer_json = None
         model.files.append(model.vocab_path)
@@ -176,9 +177,9 @@ def _read_sources(sources: list[tuple[str, str]]) -> dict[str, np.ndarray]:
     return weights
 
 
-def _inspect_google(model_dir: str, config_name: str, ckpt_name: str) -> ModelFiles:
+def _inspect_google(model_dir: str, config_name: str, ckpt_name: str, vocab_name: str) -> ModelFiles:
     config_path = _require(model_dir, config_name)
-    vocab_path = _require(model_dir, VOCAB)
+    vocab_path = _require(model_dir, vocab_name)
     prefix = _checkpoint_prefix(model_dir, ckpt_name)
     config = BertConfig.from_json(config_path)
     do_lower_case = _guess_lower_case(vocab_path)
@@ -260,7 +261,6 @@ def _first_present(directory: str, names: list[str], suffix: str = "") -> str:
     return names[0]
 
 
-
 def _require(directory: str, name: str) -> str:
     path = os.path.join(directory, name)
     if not os.path.isfile(path):
@@ -339,16 +339,18 @@ def _read_safetensors(paths: Iterable[str]) -> dict[str, np.ndarray]:
     return weights
 
 
+_PREFIX = r"^(?:bert\.)?"
+_LAYER = _PREFIX + r"encoder\.layer\.(\d+)\.(.+)"
 _HF_RENAMES = [
-    (r"^(?:bert\.)?embeddings\.(word|position|token_type)_embeddings\.weight$", r"bert/embeddings/\1_embeddings"),
-    (r"^(?:bert\.)?embeddings\.LayerNorm\.(weight|gamma)$", "bert/embeddings/LayerNorm/gamma"),
-    (r"^(?:bert\.)?embeddings\.LayerNorm\.(bias|beta)$", "bert/embeddings/LayerNorm/beta"),
-    (r"^(?:bert\.)?encoder\.layer\.(\d+)\.(.+)\.LayerNorm\.(weight|gamma)$", r"bert/encoder/layer_\1/\2/LayerNorm/gamma"),
-    (r"^(?:bert\.)?encoder\.layer\.(\d+)\.(.+)\.LayerNorm\.(bias|beta)$", r"bert/encoder/layer_\1/\2/LayerNorm/beta"),
-    (r"^(?:bert\.)?encoder\.layer\.(\d+)\.(.+)\.weight$", r"bert/encoder/layer_\1/\2/kernel"),
-    (r"^(?:bert\.)?encoder\.layer\.(\d+)\.(.+)\.bias$", r"bert/encoder/layer_\1/\2/bias"),
-    (r"^(?:bert\.)?pooler\.dense\.weight$", "bert/pooler/dense/kernel"),
-    (r"^(?:bert\.)?pooler\.dense\.bias$", "bert/pooler/dense/bias"),
+    (_PREFIX + r"embeddings\.(\w+)_embeddings\.weight$", r"bert/embeddings/\1_embeddings"),
+    (_PREFIX + r"embeddings\.LayerNorm\.(weight|gamma)$", "bert/embeddings/LayerNorm/gamma"),
+    (_PREFIX + r"embeddings\.LayerNorm\.(bias|beta)$", "bert/embeddings/LayerNorm/beta"),
+    (_LAYER + r"\.LayerNorm\.(weight|gamma)$", r"bert/encoder/layer_\1/\2/LayerNorm/gamma"),
+    (_LAYER + r"\.LayerNorm\.(bias|beta)$", r"bert/encoder/layer_\1/\2/LayerNorm/beta"),
+    (_LAYER + r"\.weight$", r"bert/encoder/layer_\1/\2/kernel"),
+    (_LAYER + r"\.bias$", r"bert/encoder/layer_\1/\2/bias"),
+    (_PREFIX + r"pooler\.dense\.weight$", "bert/pooler/dense/kernel"),
+    (_PREFIX + r"pooler\.dense\.bias$", "bert/pooler/dense/bias"),
 ]  # fmt: skip
 
 

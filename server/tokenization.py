@@ -106,17 +106,21 @@ class WordPieceTokenizer:
         tokenizer.enable_truncation(max_len, strategy="longest_first")
         self._tokenizer = tokenizer
         self.max_len = max_len
-        ids = [tokenizer.token_to_id(t) for t in (CLS, SEP, UNK)]
-        if None in ids:
+        cls_id, sep_id, unk_id = (tokenizer.token_to_id(t) for t in (CLS, SEP, UNK))
+        if cls_id is None or sep_id is None or unk_id is None:
             raise ModelFileError("the vocabulary lacks one of [CLS], [SEP], [UNK]")
-        self.cls_id, self.sep_id, self._unk_id = ids
+        self.cls_id: int = cls_id
+        self.sep_id: int = sep_id
+        self._unk_id: int = unk_id
         self._vocab_size = tokenizer.get_vocab_size()
 
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def tokenize(self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False) -> TokenizedBatch:
+    def tokenize(
+        self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False
+    ) -> TokenizedBatch:
         if is_tokenized:
             rows = [self._encode_tokens(list(tokens)) for tokens in texts]
         else:
@@ -154,17 +158,17 @@ class WordPieceTokenizer:
                     ids.append((token_id, token))
                     continue
                 enc = self._tokenizer.encode(token, add_special_tokens=False)
-                ids.extend(zip(enc.ids, enc.tokens) if enc.ids else [(self._unk_id, UNK)])
+                ids.extend(zip(enc.ids, enc.tokens, strict=True) if enc.ids else [(self._unk_id, UNK)])
             pieces.append(ids)
         budget = self.max_len - len(pieces) - 1
         truncated = sum(map(len, pieces)) > budget
         while sum(map(len, pieces)) > budget:
             max(pieces, key=len).pop()
         out_ids, out_types, out_tokens = [self.cls_id], [0], [CLS]
-        for segment, side in enumerate(pieces):
-            out_ids += [i for i, _ in side] + [self.sep_id]
-            out_tokens += [t for _, t in side] + [SEP]
-            out_types += [segment] * (len(side) + 1)
+        for segment, part in enumerate(pieces):
+            out_ids += [token_id for token_id, _ in part] + [self.sep_id]
+            out_tokens += [token for _, token in part] + [SEP]
+            out_types += [segment] * (len(part) + 1)
         return out_ids, out_types, out_tokens, truncated
 
 

@@ -8,9 +8,8 @@ import os
 import numpy as np
 import pytest
 import tiny_bert
-from conftest import cosine_rows
-
 from bertserve.server import Encoder, ModelError
+from conftest import cosine_rows
 
 TEXTS = [
     "the quick brown fox jumps over the lazy dog.",
@@ -43,10 +42,16 @@ def _pool(hidden: np.ndarray, lengths: np.ndarray, strategy: str) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize("strategy", ["REDUCE_MEAN", "REDUCE_MAX", "REDUCE_MEAN_MAX", "CLS_TOKEN", "SEP_TOKEN"])
+@pytest.mark.parametrize(
+    "strategy", ["REDUCE_MEAN", "REDUCE_MAX", "REDUCE_MEAN_MAX", "CLS_TOKEN", "SEP_TOKEN"]
+)
 @pytest.mark.parametrize("layer", [-1, -2, 0])
-def test_pooling_matches_numpy_bert(tiny_google: str, session_graph_dir: str, strategy: str, layer: int) -> None:
-    encoder = Encoder(tiny_google, pooling_strategy=strategy, pooling_layer=layer, graph_dir=session_graph_dir)
+def test_pooling_matches_numpy_bert(
+    tiny_google: str, session_graph_dir: str, strategy: str, layer: int
+) -> None:
+    encoder = Encoder(
+        tiny_google, pooling_strategy=strategy, pooling_layer=layer, graph_dir=session_graph_dir
+    )
     got = encoder.encode(TEXTS)
     hidden = _expected(tiny_google, encoder, TEXTS)[layer]
     want = _pool(hidden, encoder.tokenize(TEXTS).lengths, strategy)
@@ -81,7 +86,9 @@ def test_cls_pooled_without_pooler_weights_is_refused(tmp_path: str, session_gra
 
 
 def test_none_pooling_gives_token_vectors_with_zero_padding(tiny_google: str, session_graph_dir: str) -> None:
-    encoder = Encoder(tiny_google, pooling_strategy="NONE", pooling_layer=-1, max_seq_len=16, graph_dir=session_graph_dir)
+    encoder = Encoder(
+        tiny_google, pooling_strategy="NONE", pooling_layer=-1, max_seq_len=16, graph_dir=session_graph_dir
+    )
     got = encoder.encode(TEXTS)
     lengths = encoder.tokenize(TEXTS).lengths
     hidden = _expected(tiny_google, encoder, TEXTS)[-1]
@@ -108,9 +115,7 @@ def test_concatenated_layers_and_mask_cls_sep(tiny_google: str, session_graph_di
     hidden = _expected(tiny_google, encoder, TEXTS)
     lengths = encoder.tokenize(TEXTS).lengths
     for half, layer in ((got[:, :32], -1), (got[:, 32:], -3)):
-        want = [
-            hidden[layer][i, 1 : n - 1].mean(0) if n > 2 else np.zeros(32) for i, n in enumerate(lengths)
-        ]
+        want = [hidden[layer][i, 1 : n - 1].mean(0) if n > 2 else np.zeros(32) for i, n in enumerate(lengths)]
         np.testing.assert_allclose(half, np.stack(want), atol=2e-5)
 
 
@@ -131,15 +136,23 @@ def test_reduced_precision_stays_close(tiny_google: str, session_graph_dir: str,
 
 def test_both_layouts_give_the_same_vectors(tiny_google: str, tiny_hf: str, session_graph_dir: str) -> None:
     google = Encoder(tiny_google, pooling_layer=-1, graph_dir=session_graph_dir)
-    hf = Encoder(tiny_hf, pooling_layer=-1, normalize=False, pooling_strategy="REDUCE_MEAN", graph_dir=session_graph_dir)
+    hf = Encoder(
+        tiny_hf,
+        pooling_layer=-1,
+        normalize=False,
+        pooling_strategy="REDUCE_MEAN",
+        graph_dir=session_graph_dir,
+    )
     np.testing.assert_allclose(google.encode(TEXTS), hf.encode(TEXTS), atol=1e-6)
 
 
-def test_tuned_checkpoint_overrides_the_weights(tiny_google: str, tmp_path, session_graph_dir: str) -> None:  # noqa: ANN001
+def test_tuned_checkpoint_overrides_the_weights(tiny_google: str, tmp_path, session_graph_dir: str) -> None:
     tuned_dir = str(tmp_path / "tuned")
     config, _ = tiny_bert.make_weights(seed=1)
     _, tuned_weights = tiny_bert.make_weights(seed=7)
-    tiny_bert.write_google_checkpoint(tuned_dir, config, tuned_weights, ckpt_name="model.ckpt-100", extra_vars=True)
+    tiny_bert.write_google_checkpoint(
+        tuned_dir, config, tuned_weights, ckpt_name="model.ckpt-100", extra_vars=True
+    )
     base = Encoder(tiny_google, graph_dir=session_graph_dir).encode(TEXTS)
     tuned = Encoder(
         tiny_google, tuned_model_dir=tuned_dir, ckpt_name="model.ckpt-100", graph_dir=session_graph_dir
@@ -150,7 +163,7 @@ def test_tuned_checkpoint_overrides_the_weights(tiny_google: str, tmp_path, sess
     np.testing.assert_allclose(Encoder(alone, graph_dir=session_graph_dir).encode(TEXTS), tuned, atol=1e-6)
 
 
-def test_sentence_transformers_defaults(tmp_path, session_graph_dir: str) -> None:  # noqa: ANN001
+def test_sentence_transformers_defaults(tmp_path, session_graph_dir: str) -> None:
     directory = tiny_bert.write_tiny_bert(str(tmp_path), "huggingface", seed=1, sentence_transformers=True)
     encoder = Encoder(directory, graph_dir=session_graph_dir)
     assert encoder.config.max_seq_len == 48
@@ -167,9 +180,10 @@ def test_plain_bert_gets_bert_as_service_defaults(tiny_google: str, session_grap
     assert config.pooling_strategy.value == "REDUCE_MEAN"
 
 
-def test_pruning_drops_the_layers_above_the_deepest_pooled_one(tiny_google: str, session_graph_dir: str) -> None:
+def test_pruning_drops_the_layers_above_the_deepest_pooled_one(
+    tiny_google: str, session_graph_dir: str
+) -> None:
     import tensorflow as tf
-
     from bertserve.server.graph import encoder_layers_in
 
     def layers(**options: object) -> set[int]:
@@ -187,7 +201,7 @@ def test_pruning_drops_the_layers_above_the_deepest_pooled_one(tiny_google: str,
     assert layers(pooling_layer=[0, -2]) == {0, 1}
 
 
-def test_the_graph_cache_is_reused_and_survives_damage(tiny_google: str, tmp_path) -> None:  # noqa: ANN001
+def test_the_graph_cache_is_reused_and_survives_damage(tiny_google: str, tmp_path) -> None:
     graph_dir = str(tmp_path / "graphs")
     first = Encoder(tiny_google, graph_dir=graph_dir)
     assert first.graph_built
@@ -207,7 +221,7 @@ def test_the_graph_cache_is_reused_and_survives_damage(tiny_google: str, tmp_pat
     assert Encoder(tiny_google, graph_dir=graph_dir).graph_built
 
 
-def test_changed_weights_change_the_cache_key(tmp_path) -> None:  # noqa: ANN001
+def test_changed_weights_change_the_cache_key(tmp_path) -> None:
     graph_dir = str(tmp_path / "graphs")
     a = tiny_bert.write_tiny_bert(str(tmp_path / "a"), "huggingface", seed=1)
     b = tiny_bert.write_tiny_bert(str(tmp_path / "b"), "huggingface", seed=2)
@@ -233,7 +247,9 @@ def test_long_input_is_truncated_and_reported(tiny_google: str, session_graph_di
 def test_pretokenized_input(tiny_google: str, session_graph_dir: str) -> None:
     encoder = Encoder(tiny_google, graph_dir=session_graph_dir)
     from_text = encoder.encode(["hello world !", "the fox ||| the dog"])
-    from_tokens = encoder.encode([["hello", "world", "!"], ["the", "fox", "|||", "the", "dog"]], is_tokenized=True)
+    from_tokens = encoder.encode(
+        [["hello", "world", "!"], ["the", "fox", "|||", "the", "dog"]], is_tokenized=True
+    )
     np.testing.assert_allclose(from_tokens, from_text, atol=1e-6)
 
 
@@ -283,15 +299,17 @@ def test_option_errors_name_the_problem(tiny_google: str, session_graph_dir: str
         Encoder(tiny_google, pooling_stratgy="NONE")
 
 
-def test_vocabulary_larger_than_the_embeddings_is_refused(tmp_path, session_graph_dir: str) -> None:  # noqa: ANN001
+def test_vocabulary_larger_than_the_embeddings_is_refused(tmp_path, session_graph_dir: str) -> None:
     directory = tiny_bert.write_tiny_bert(str(tmp_path), "google", seed=1)
     with open(os.path.join(directory, "vocab.txt"), "a", encoding="utf-8") as f:
         f.write("extra\nwords\n")
-    with pytest.raises(ModelError, match=r"vocab\.txt has 282 tokens but the model embeds only vocab_size=280"):
+    with pytest.raises(
+        ModelError, match=r"vocab\.txt has 282 tokens but the model embeds only vocab_size=280"
+    ):
         Encoder(directory, graph_dir=session_graph_dir)
 
 
-def test_weight_shape_disagreeing_with_config(tmp_path, session_graph_dir: str) -> None:  # noqa: ANN001
+def test_weight_shape_disagreeing_with_config(tmp_path, session_graph_dir: str) -> None:
     directory = tiny_bert.write_tiny_bert(str(tmp_path), "huggingface", seed=1)
     path = os.path.join(directory, "config.json")
     with open(path, encoding="utf-8") as f:
@@ -299,5 +317,7 @@ def test_weight_shape_disagreeing_with_config(tmp_path, session_graph_dir: str) 
     config["intermediate_size"] = 48
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config, f)
-    with pytest.raises(ModelError, match=r"intermediate/dense/kernel has shape \(32, 64\), but the config implies"):
+    with pytest.raises(
+        ModelError, match=r"intermediate/dense/kernel has shape \(32, 64\), but the config implies"
+    ):
         Encoder(directory, graph_dir=session_graph_dir)

@@ -1,0 +1,24 @@
+"""The client installs and imports without TensorFlow; the public names stay put."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import bertserve.client
+import bertserve.server
+
+
+def test_importing_the_client_does_not_import_tensorflow() -> None:
+    code = "import sys, bertserve.client, bertserve.server.cli; assert 'tensorflow' not in sys.modules, 'tf'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_public_names() -> None:
+    assert bertserve.client.__all__ == ["__version__"]
+    assert sorted(bertserve.server.__all__) == [
+        "BertServeError", "Encoder", "ModelConfig", "ModelError", "ModelFileError",
+        "ModelShapeError", "PoolingStrategy",
+    ]  # fmt: skip
+    for name in bertserve.server.__all__:
+        assert getattr(bertserve.server, name) is not None

@@ -1,0 +1,106 @@
+"""Reading model directories: layouts, file-name overrides, and errors that name their cause."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import tiny_bert
+from bertserve.server import ModelConfig, ModelFileError, ModelShapeError
+from bertserve.server.model_dir import detect_layout, inspect_model, read_weights
+
+
+def _inspect(model_dir: str, **options: object):
+    return inspect_model(ModelConfig(model_dir=model_dir, **options))
+
+
+def test_layouts_are_detected(tiny_google: str, tiny_hf: str) -> None:
+    assert detect_layout(tiny_google) == "google"
+    assert detect_layout(tiny_hf) == "huggingface"
+    google, hf = _inspect(tiny_google), _inspect(tiny_hf)
+    assert google.config == hf.config
+    assert google.do_lower_case and hf.do_lower_case
+    a, b = read_weights(google), read_weights(hf)
+    assert a.keys() == b.keys()
+    assert all((a[name] == b[name]).all() for name in a)
+
+
+def test_missing_directory_and_files_are_named(tmp_path, tiny_google: str) -> None:
+    with pytest.raises(ModelFileError, match="does not exist"):
+        _inspect(str(tmp_path / "nope"))
+    with pytest.raises(ModelFileError, match="is not a BERT model directory"):
+        _inspect(str(tmp_path))
+    broken = shutil.copytree(tiny_google, tmp_path / "broken")
+    os.remove(broken / "vocab.txt")
+    with pytest.raises(ModelFileError, match=r"missing file .*broken/vocab\.txt"):
+        _inspect(str(broken))
+    shutil.copy(os.path.join(tiny_google, "vocab.txt"), broken / "vocab.txt")
+    os.remove(broken / "bert_model.ckpt.index")
+    with pytest.raises(ModelFileError, match=r"bert_model\.ckpt\.index"):
+        _inspect(str(broken))
+
+
+def test_unreadable_and_malformed_files(tmp_path, tiny_hf: str) -> None:
+    broken = shutil.copytree(tiny_hf, tmp_path / "broken")
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(ModelFileError, match=r"config\.json is not valid JSON"):
+        _inspect(str(broken))
+    shutil.copy(os.path.join(tiny_hf, "config.json"), broken / "config.json")
+    (broken / "model.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(ModelFileError, match=r"cannot read .*model\.safetensors"):
+        read_weights(_inspect(str(broken)))
+    (broken / "config.json").write_text('{"hidden_size": 32}')
+    with pytest.raises(ModelFileError, match="missing or non-integer vocab_size"):
+        _inspect(str(broken))
+
+
+def test_pytorch_only_directory_says_how_to_convert(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ModelFileError, match=r"only PyTorch weights .* safetensors.*save_file"):
+        _inspect(str(tmp_path))
+
+
+def test_missing_layers_are_reported(tmp_path, tiny_hf: str) -> None:
+    broken = shutil.copytree(tiny_hf, tmp_path / "broken")
+    text = (broken / "config.json").read_text().replace('"num_hidden_layers": 3', '"num_hidden_layers": 4')
+    (broken / "config.json").write_text(text)
+    with pytest.raises(ModelShapeError, match=r"lack bert/encoder/layer_3/.*config says 4 layers"):
+        read_weights(_inspect(str(broken)))
+
+
+def test_file_names_can_be_overridden(tmp_path) -> None:
+    config, weights = tiny_bert.make_weights(seed=1)
+    directory = str(tmp_path / "renamed")
+    tiny_bert.write_google_checkpoint(
+        directory, config, weights, ckpt_name="model.ckpt-5", config_name="cfg.json"
+    )
+    os.rename(os.path.join(directory, "vocab.txt"), os.path.join(directory, "words.txt"))
+    model = _inspect(directory, ckpt_name="model.ckpt-5", config_name="cfg.json", vocab_name="words.txt")
+    assert model.vocab_path.endswith("words.txt")
+    assert set(read_weights(model)) == set(weights)
+
+
+def test_hf_names_with_bert_prefix_are_read(tmp_path, tiny_hf: str) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    prefixed = shutil.copytree(tiny_hf, tmp_path / "prefixed")
+    tensors = load_file(str(prefixed / "model.safetensors"))
+    save_file({f"bert.{name}": value for name, value in tensors.items()}, str(prefixed / "model.safetensors"))
+    a, b = read_weights(_inspect(tiny_hf)), read_weights(_inspect(str(prefixed)))
+    assert all((a[name] == b[name]).all() for name in a)
+
+
+def test_cased_vocabulary_is_detected(tmp_path) -> None:
+    config, weights = tiny_bert.make_weights(seed=1)
+    directory = str(tmp_path / "cased")
+    tiny_bert.write_google_checkpoint(directory, config, weights)
+    path = os.path.join(directory, "vocab.txt")
+    with open(path, encoding="utf-8") as f:
+        tokens = f.read().split("\n")
+    capitalised = [token.capitalize() if token.isalpha() else token for token in tokens]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(capitalised))
+    assert not _inspect(directory).do_lower_case
+    assert _inspect(directory, do_lower_case=True).do_lower_case
