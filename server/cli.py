@@ -14,12 +14,13 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from bertserve.client import __version__
 
-from .config import ModelConfig
+from .config import ModelConfig, ServerConfig
 from .errors import BertServeError
+from .logs import setup_logging
 
 logger = logging.getLogger("bertserve.cli")
 
@@ -73,9 +74,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("--tuned-model-dir"),
         help="fine-tuned checkpoint that overrides the weights",
     )
-    add(
-        "--ckpt-name", default=env("--ckpt-name", "bert_model.ckpt"), help="checkpoint prefix (Google layout)"
-    )
+    add("--ckpt-name", default=env("--ckpt-name", "bert_model.ckpt"), help="checkpoint prefix (Google layout)")
     add(
         "--config-name",
         default=env("--config-name", "bert_config.json"),
@@ -146,6 +145,79 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
     )
 
 
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("serving")
+    add = group.add_argument
+
+    def env(flag: str, fallback: Any = None) -> Any:
+        return _env_default(flag, fallback)
+
+    add("--num-worker", type=int, default=int(env("--num-worker", 1)), help="worker processes")
+    add("--port", type=int, default=int(env("--port", 5555)), help="port that takes requests")
+    add("--port-out", type=int, default=int(env("--port-out", 5556)), help="port that publishes results")
+    add("--bind", default=env("--bind", "127.0.0.1"), help="address to listen on (0.0.0.0 for every interface)")
+    add("--max-batch-size", type=int, default=int(env("--max-batch-size", 256)), help="sentences per mini-job")
+    add("--max-latency-ms", type=float, default=float(env("--max-latency-ms", 10.0)),
+        help="how long a small request waits for others to share a mini-job")  # fmt: skip
+    add("--prefetch-size", type=int, default=int(env("--prefetch-size", 2)), help="jobs queued ahead per worker")
+    add("--cpu", type=_bool, nargs="?", const=True, default=_bool(env("--cpu", False)), help="run on the CPU only")
+    add("--device-map", type=int, nargs="+", default=env("--device-map"), help="GPU ids the workers use, in turn")
+    add("--gpu-memory-fraction", type=float, default=env("--gpu-memory-fraction"),
+        help="share of each GPU's memory a worker may take (default: grow as needed)")  # fmt: skip
+    add("--threads-per-worker", type=int, default=env("--threads-per-worker"),
+        help="TensorFlow threads per CPU worker (default: the cores shared out)")  # fmt: skip
+    add("--max-request-size", type=int, default=int(env("--max-request-size", 100_000)), help="inputs per request")
+    add("--max-text-chars", type=int, default=int(env("--max-text-chars", 100_000)), help="characters per input")
+    add("--request-timeout-ms", type=int, default=int(env("--request-timeout-ms", 600_000)),
+        help="a request still unfinished after this gets an error reply")  # fmt: skip
+    add("--allow-terminate", type=_bool, default=_bool(env("--allow-terminate", True)),
+        help="let clients stop the server (bertserve stop)")  # fmt: skip
+
+
+def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
+    device_map = args.device_map
+    if isinstance(device_map, str):
+        device_map = [int(x) for x in device_map.replace(",", " ").split()]
+    return ServerConfig(
+        model=model_config_from_args(args),
+        num_worker=args.num_worker,
+        port=args.port,
+        port_out=args.port_out,
+        bind=args.bind,
+        max_batch_size=args.max_batch_size,
+        max_latency_ms=args.max_latency_ms,
+        prefetch_size=args.prefetch_size,
+        cpu=args.cpu,
+        device_map=tuple(device_map or ()),
+        gpu_memory_fraction=None if args.gpu_memory_fraction is None else float(args.gpu_memory_fraction),
+        threads_per_worker=None if args.threads_per_worker is None else int(args.threads_per_worker),
+        max_request_size=args.max_request_size,
+        max_text_chars=args.max_text_chars,
+        request_timeout_ms=args.request_timeout_ms,
+        allow_terminate=args.allow_terminate,
+    )
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    from .server import BertServer
+
+    config = server_config_from_args(args)
+    server = BertServer(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
+    server.install_signal_handlers()
+
+    def ready(info: dict[str, Any]) -> None:
+        print(
+            f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
+            f"results on port {config.port_out}, {config.num_worker} worker(s), "
+            f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
+            f"dim {info.get('output_dim')}, {info.get('dtype')}, model {config.model.model_dir}",
+            flush=True,
+        )
+
+    server.run(on_ready=ready)
+    return 0
+
+
 def _read_lines(path: str) -> list[str]:
     if path == "-":
         lines = sys.stdin.read().splitlines()
@@ -165,9 +237,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     encoder = Encoder(config)
     vectors = encoder.encode(texts)
     np.save(args.output, vectors)
-    print(
-        f"wrote {vectors.shape[0]} vectors of dimension {vectors.shape[-1]} to {args.output}", file=sys.stderr
-    )
+    print(f"wrote {vectors.shape[0]} vectors of dimension {vectors.shape[-1]} to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -178,49 +248,21 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     embed = commands.add_parser("embed", help="encode lines of text in this process, write a .npy file")
-    embed.add_argument(
-        "input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)"
-    )
+    embed.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
     embed.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
     add_model_arguments(embed)
     embed.set_defaults(run=_cmd_embed)
+
+    start = commands.add_parser("start", help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)")
+    add_model_arguments(start)
+    add_server_arguments(start)
+    start.set_defaults(run=_cmd_start)
     return parser
-
-
-class _Formatter(logging.Formatter):
-    _COLOURS: ClassVar[dict[int, str]] = {
-        logging.DEBUG: "blue",
-        logging.INFO: "green",
-        logging.WARNING: "yellow",
-        logging.ERROR: "red",
-    }
-
-    def __init__(self, colour: bool) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
-        self._colour = colour
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        if self._colour:
-            from termcolor import colored
-
-            return colored(text, self._COLOURS.get(record.levelno, "red"))
-        return text
-
-
-def setup_logging(verbose: bool = False) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(_Formatter(colour=sys.stderr.isatty()))
-    root = logging.getLogger("bertserve")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    root.propagate = False
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return int(args.run(args))
     except (BertServeError, ValueError, TypeError, OSError) as exc:

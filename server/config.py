@@ -146,3 +146,61 @@ def _parse_layers(value: object) -> tuple[int, ...]:
         except (TypeError, ValueError):
             raise ModelError(f"pooling_layer entries must be integers, not {item!r}") from None
     return tuple(layers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """How ``bertserve start`` serves: processes, ports, batching, devices and limits.
+
+    Built once by the CLI (or by tests) and passed whole to every role.
+    """
+
+    model: ModelConfig
+    num_worker: int = 1
+    port: int = 5555
+    port_out: int = 5556
+    bind: str = "127.0.0.1"
+    max_batch_size: int = 256
+    max_latency_ms: float = 10.0
+    prefetch_size: int = 2
+    cpu: bool = False
+    device_map: tuple[int, ...] = ()
+    gpu_memory_fraction: float | None = None
+    threads_per_worker: int | None = None
+    max_request_size: int = 100_000
+    max_text_chars: int = 100_000
+    request_timeout_ms: int = 600_000
+    allow_terminate: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.num_worker >= 1, "num_worker must be at least 1"),
+            (all(1 <= p <= 65535 for p in (self.port, self.port_out)), "ports must be between 1 and 65535"),
+            (self.port != self.port_out, "port and port_out must differ"),
+            (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
+            (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),
+            (self.prefetch_size >= 1, "prefetch_size must be at least 1"),
+            (self.max_request_size >= 1, "max_request_size must be at least 1"),
+            (self.max_text_chars >= 1, "max_text_chars must be at least 1"),
+            (self.request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
+            (self.gpu_memory_fraction is None or 0 < self.gpu_memory_fraction <= 1,
+             "gpu_memory_fraction must be in (0, 1]"),
+            (self.threads_per_worker is None or self.threads_per_worker >= 1, "threads_per_worker must be >= 1"),
+        ]  # fmt: skip
+        for ok, problem in checks:
+            if not ok:
+                raise ModelError(problem)
+        object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
+
+    def worker_threads(self) -> int:
+        """TensorFlow threads per CPU worker: the cores shared out, so workers do not fight."""
+        if self.threads_per_worker is not None:
+            return self.threads_per_worker
+        return max(1, (os.cpu_count() or 1) // self.num_worker)
+
+    def public(self) -> dict[str, Any]:
+        """The configuration as plain JSON values, for the CONFIG command."""
+        data = dataclasses.asdict(self)
+        model = data.pop("model")
+        model["pooling_strategy"] = self.model.pooling_strategy.value if self.model.pooling_strategy else None
+        return {**data, **{f"model_{k}" if k in data else k: v for k, v in model.items()}}

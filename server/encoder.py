@@ -48,9 +48,7 @@ class Encoder:
         model = inspect_model(requested)
         self.config, spec = _resolve(requested, model)
         self.spec: GraphSpec = spec
-        max_len = (
-            model.config.max_position_embeddings if self.config.dynamic_length else self.config.max_seq_len
-        )
+        max_len = model.config.max_position_embeddings if self.config.dynamic_length else self.config.max_seq_len
         assert isinstance(max_len, int)
         self.max_len: int = max_len
         self._tokenizer = WordPieceTokenizer(
@@ -76,6 +74,16 @@ class Encoder:
             time.perf_counter() - started, self.meta.layers_run, model.config.num_hidden_layers,
             spec.pooling_strategy.value, spec.dtype, self.output_dim,
         )  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved options and the graph's shape, as plain JSON values."""
+        return {
+            **_describe(self.config, self.spec),
+            "output_dim": self.output_dim,
+            "token_level": self.token_level,
+            "layers_run": self.meta.layers_run,
+            "graph_key": self.meta.key,
+        }
 
     @property
     def output_dim(self) -> int:
@@ -105,9 +113,7 @@ class Encoder:
         vectors = self.run(batch)
         return (vectors, batch.tokens) if show_tokens else vectors
 
-    def tokenize(
-        self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False
-    ) -> TokenizedBatch:
+    def tokenize(self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False) -> TokenizedBatch:
         """Token ids for already checked ``texts``; ``.truncated`` tells which were cut."""
         batch = self._tokenizer.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=keep_tokens)
         if batch.truncated.any():
@@ -160,6 +166,25 @@ class Encoder:
         """One tiny run so the first request does not pay for graph optimization."""
         ids = np.array([[self._tokenizer.cls_id, self._tokenizer.sep_id]], dtype=np.int32)
         self._run_padded(TokenizedBatch(ids, np.zeros_like(ids), np.array([2], np.int32), np.zeros(1, bool)))
+
+
+def resolve_options(requested: ModelConfig) -> dict[str, Any]:
+    """Check a model directory and options without loading weights or TensorFlow."""
+    return _describe(*_resolve(requested, inspect_model(requested)))
+
+
+def _describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:
+    return {
+        "model_dir": config.model_dir,
+        "max_seq_len": config.max_seq_len,
+        "pooling_strategy": spec.pooling_strategy.value,
+        "pooling_layer": list(config.pooling_layer or ()),
+        "mask_cls_sep": spec.mask_cls_sep,
+        "normalize": spec.normalize,
+        "dtype": spec.dtype,
+        "output_dtype": spec.output_dtype,
+        "do_lower_case": config.do_lower_case,
+    }
 
 
 def _resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:

@@ -148,9 +148,7 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
 
     config = model.config
     weights = _prepare_weights(read_weights(model), config, spec)
-    variables = {
-        name: tf.Variable(value, trainable=False, name=_var_name(name)) for name, value in weights.items()
-    }
+    variables = {name: tf.Variable(value, trainable=False, name=_var_name(name)) for name, value in weights.items()}
     signature = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
 
     @tf.function(input_signature=signature, autograph=False)
@@ -192,9 +190,7 @@ def _var_name(name: str) -> str:
     return name.replace("/", "__")
 
 
-def _prepare_weights(
-    weights: dict[str, np.ndarray], config: BertConfig, spec: GraphSpec
-) -> dict[str, np.ndarray]:
+def _prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: GraphSpec) -> dict[str, np.ndarray]:
     """Fuse Q, K and V into one matrix (with the query pre-scaled) and store the matrices
     in the compute dtype."""
     compute = _numpy_dtype(spec.dtype)

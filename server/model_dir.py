@@ -209,9 +209,7 @@ def _inspect_huggingface(model_dir: str) -> ModelFiles:
         raise ModelFileError(f"{model_dir} has neither {TOKENIZER_JSON} nor {VOCAB}")
     files = [config_path, *weight_files]
     tokenizer_config = os.path.join(model_dir, "tokenizer_config.json")
-    if os.path.isfile(tokenizer_config) and isinstance(
-        _read_json(tokenizer_config).get("do_lower_case"), bool
-    ):
+    if os.path.isfile(tokenizer_config) and isinstance(_read_json(tokenizer_config).get("do_lower_case"), bool):
         do_lower_case = _read_json(tokenizer_config)["do_lower_case"]
     elif has_vocab:
         do_lower_case = _guess_lower_case(vocab_path)
@@ -485,6 +483,5 @@ def _check_vocab(model: ModelFiles) -> None:
         size = _count_vocab(model.vocab_path)
         if size > model.config.vocab_size:
             raise ModelShapeError(
-                f"{model.vocab_path} has {size} tokens but the model embeds only "
-                f"vocab_size={model.config.vocab_size}"
+                f"{model.vocab_path} has {size} tokens but the model embeds only vocab_size={model.config.vocab_size}"
             )

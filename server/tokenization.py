@@ -118,9 +118,7 @@ class WordPieceTokenizer:
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def tokenize(
-        self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False
-    ) -> TokenizedBatch:
+    def tokenize(self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False) -> TokenizedBatch:
         if is_tokenized:
             rows = [self._encode_tokens(list(tokens)) for tokens in texts]
         else:

@@ -1,0 +1,230 @@
+"""The bertserve wire protocol: every frame layout, command and version, in one place.
+
+Arrays travel as a JSON header (``dtype``, ``shape``) plus the raw buffer; nothing on the
+wire is pickled. Decoding a malformed message raises :class:`ProtocolError`, never
+``AssertionError`` or ``IndexError``.
+
+Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
+
+    client PUSH -> ventilator PULL   [client_id, command, request_id, header, payload]
+        command   ENCODE | CONFIG | STATUS | TERMINATE
+        header    JSON {"protocol", "client_version", ...}; ENCODE adds "is_tokenized", "show_tokens"
+        payload   ENCODE: JSON list of strings (or of token lists); otherwise empty
+
+    sink PUB -> client SUB           [client_id, request_id, status, header, *buffer]
+        status    OK | ERROR
+        header    ENCODE: array header {"dtype", "shape"} (+ "tokens"); CONFIG/STATUS: the answer;
+                  ERROR: {"error": message, "kind": short name}
+        buffer    ENCODE: the vectors' raw bytes, C order
+
+Inside the server (same version, never seen by clients)::
+
+    ventilator PUSH -> sink PULL     [REGISTER, JSON {key, client, request_id, count, show_tokens, deadline}]
+                                     [PUBLISH, client_id, request_id, status, header, *buffer]
+                                     [FAIL, JSON {keys, error}]
+                                     [STATUS, client_id, request_id, JSON ventilator status]
+    worker DEALER <-> ventilator ROUTER
+        worker -> ventilator         [READY, JSON {worker, pid, credits}] | [DONE, job_id]
+        ventilator -> worker         [JOB, job_id, JSON {parts, is_tokenized, show_tokens}, payload] | [STOP]
+    worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens}, buffer]
+                                     [JOB_ERROR, job_id, JSON {parts, error}]
+
+A job's ``parts`` is a list of ``{"key": request key, "rows": [row indexes in the request]}``
+in the order the job's rows are laid out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# client -> server commands
+ENCODE = b"ENCODE"
+CONFIG = b"CONFIG"
+STATUS = b"STATUS"
+TERMINATE = b"TERMINATE"
+COMMANDS = (ENCODE, CONFIG, STATUS, TERMINATE)
+
+# reply status
+OK = b"OK"
+ERROR = b"ERROR"
+
+# inside the server
+REGISTER = b"REGISTER"
+PUBLISH = b"PUBLISH"
+FAIL = b"FAIL"
+READY = b"READY"
+DONE = b"DONE"
+JOB = b"JOB"
+STOP = b"STOP"
+RESULT = b"RESULT"
+JOB_ERROR = b"JOB_ERROR"
+
+_ARRAY_DTYPES = {"float32", "float16", "float64", "int32", "int64"}
+
+
+class ProtocolError(ValueError):
+    """A message does not follow the bertserve wire protocol."""
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def loads(data: bytes, what: str = "header") -> Any:
+    try:
+        return json.loads(data.decode("utf-8")) if data else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"the {what} is not valid UTF-8 JSON: {exc}") from None
+
+
+def _as_dict(data: bytes, what: str = "header") -> dict[str, Any]:
+    value = loads(data, what)
+    if not isinstance(value, dict):
+        raise ProtocolError(f"the {what} must be a JSON object")
+    return value
+
+
+# -- arrays ------------------------------------------------------------------------------
+
+
+def array_header(array: np.ndarray) -> dict[str, Any]:
+    return {"dtype": array.dtype.name, "shape": list(array.shape)}
+
+
+def array_from_buffer(header: dict[str, Any], buffer: bytes | memoryview) -> np.ndarray:
+    """The array described by ``header`` over ``buffer``; checks sizes instead of trusting them."""
+    dtype, shape = header.get("dtype"), header.get("shape")
+    if dtype not in _ARRAY_DTYPES:
+        raise ProtocolError(f"unsupported array dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ProtocolError(f"bad array shape {shape!r}")
+    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if len(buffer) != expected:
+        raise ProtocolError(f"array buffer holds {len(buffer)} bytes, the header implies {expected}")
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+# -- client <-> server -------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    client_id: bytes
+    command: bytes
+    request_id: int
+    header: dict[str, Any]
+    texts: list[Any] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return request_key(self.client_id, self.request_id)
+
+
+def request_key(client_id: bytes, request_id: int) -> str:
+    return f"{client_id.decode('ascii', 'replace')}#{request_id}"
+
+
+def encode_request(
+    client_id: bytes, command: bytes, request_id: int, header: dict[str, Any], texts: Sequence[Any] = ()
+) -> list[bytes]:
+    full = {"protocol": PROTOCOL_VERSION, **header}
+    payload = dumps(list(texts)) if command == ENCODE else b""
+    return [client_id, command, str(request_id).encode(), dumps(full), payload]
+
+
+def decode_request(frames: Sequence[bytes]) -> Request:
+    """Parse a client's message; the client id comes first so errors can still be addressed."""
+    if len(frames) != 5:
+        raise ProtocolError(f"a request has 5 frames, this one has {len(frames)}")
+    client_id, command, raw_id, raw_header, payload = (bytes(f) for f in frames)
+    if not client_id or len(client_id) > 64:
+        raise ProtocolError("the client id must be 1 to 64 bytes")
+    if command not in COMMANDS:
+        raise ProtocolError(f"unknown command {command[:32]!r}")
+    try:
+        request_id = int(raw_id)
+    except ValueError:
+        raise ProtocolError(f"the request id must be an integer, not {raw_id[:32]!r}") from None
+    header = _as_dict(raw_header)
+    version = header.get("protocol")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} is not supported; this server speaks {PROTOCOL_VERSION}")
+    texts: list[Any] = []
+    if command == ENCODE:
+        texts = loads(payload, "payload")
+        if not isinstance(texts, list):
+            raise ProtocolError("the payload of ENCODE must be a JSON list")
+    return Request(client_id, command, request_id, header, texts)
+
+
+def decode_client_id(frames: Sequence[bytes]) -> bytes | None:
+    """The sender of a message that may be malformed, if one can be told."""
+    if frames and 0 < len(frames[0]) <= 64:
+        return bytes(frames[0])
+    return None
+
+
+@dataclass
+class Reply:
+    client_id: bytes
+    request_id: int
+    ok: bool
+    header: dict[str, Any]
+    buffer: bytes | memoryview | None = None
+
+    def array(self) -> np.ndarray:
+        if self.buffer is None:
+            raise ProtocolError("this reply carries no array")
+        return array_from_buffer(self.header, self.buffer)
+
+
+def encode_reply(client_id: bytes, request_id: int, ok: bool, header: dict[str, Any], buffer: Any = None) -> list[Any]:
+    frames: list[Any] = [client_id, str(request_id).encode(), OK if ok else ERROR, dumps(header)]
+    if buffer is not None:
+        frames.append(buffer)
+    return frames
+
+
+def error_reply(client_id: bytes, request_id: int, message: str, kind: str = "error") -> list[Any]:
+    return encode_reply(client_id, request_id, False, {"error": message, "kind": kind})
+
+
+def decode_reply(frames: Sequence[Any]) -> Reply:
+    if len(frames) not in (4, 5):
+        raise ProtocolError(f"a reply has 4 or 5 frames, this one has {len(frames)}")
+    client_id, raw_id, status, raw_header = (bytes(f) for f in frames[:4])
+    try:
+        request_id = int(raw_id)
+    except ValueError:
+        raise ProtocolError(f"bad request id {raw_id[:32]!r}") from None
+    if status not in (OK, ERROR):
+        raise ProtocolError(f"bad reply status {status[:32]!r}")
+    buffer = frames[4] if len(frames) == 5 else None
+    return Reply(client_id, request_id, status == OK, _as_dict(raw_header), buffer)
+
+
+# -- inside the server -------------------------------------------------------------------
+
+
+def message(kind: bytes, *frames: Any) -> list[Any]:
+    return [kind, *frames]
+
+
+def split_message(frames: Sequence[Any], expected: dict[bytes, int]) -> tuple[bytes, list[Any]]:
+    """``(kind, rest)`` of an internal message, checking its frame count for ``kind``."""
+    if not frames:
+        raise ProtocolError("empty message")
+    kind = bytes(frames[0])
+    if kind not in expected:
+        raise ProtocolError(f"unexpected message {kind[:32]!r}")
+    rest = [bytes(f) if not isinstance(f, memoryview) else f for f in frames[1:]]
+    if expected[kind] >= 0 and len(rest) != expected[kind]:
+        raise ProtocolError(f"{kind.decode()} has {len(rest)} frames, expected {expected[kind]}")
+    return kind, rest

@@ -1,0 +1,209 @@
+"""A worker: one process per device, running the optimized graph over mini-jobs.
+
+Jobs come from the ventilator over a DEALER socket. A ``tf.data.Dataset.from_generator``
+whose generator receives and tokenizes jobs feeds the model through ``.prefetch``, so the
+next job is received and tokenized while the current one runs. Results go to the sink as
+``[RESULT, job id, header, raw vectors]``; a job that fails becomes a ``JOB_ERROR`` for the
+requests it carried, and the worker carries on. Each finished job returns its credit to
+the ventilator over a separate PUSH socket (a socket belongs to one thread, and the
+generator runs on tf.data's threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+from bertserve.client import protocol as p
+
+from .config import ServerConfig
+
+logger = logging.getLogger("bertserve.worker")
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Where the server's internal sockets live (ipc paths or tcp addresses)."""
+
+    jobs: str  # ventilator ROUTER
+    credits: str  # ventilator PULL
+    sink: str  # sink PULL
+
+
+def configure_device(config: ServerConfig, index: int) -> str:
+    """Pick this worker's device before TensorFlow starts; returns its TensorFlow name.
+
+    GPU workers see only their own GPU (``CUDA_VISIBLE_DEVICES``), with memory growth or a
+    memory fraction; CPU workers share the cores out so they do not fight over them.
+    """
+    import tensorflow as tf
+
+    if not config.cpu:
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            ids = config.device_map or tuple(range(len(gpus)))
+            gpu = gpus[ids[index % len(ids)] % len(gpus)]
+            tf.config.set_visible_devices([gpu], "GPU")
+            if config.gpu_memory_fraction is None:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            else:
+                total_mb = _gpu_memory_mb(gpu)
+                limit = int(total_mb * config.gpu_memory_fraction)
+                tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(limit)])
+            return "/GPU:0"
+        logger.info("no GPU visible: worker %d runs on the CPU", index)
+    threads = config.worker_threads()
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    tf.config.set_visible_devices([], "GPU")
+    return "/CPU:0"
+
+
+def _gpu_memory_mb(gpu: Any) -> int:
+    import tensorflow as tf
+
+    details = tf.config.experimental.get_device_details(gpu)
+    return int(details.get("memory_limit", 8 << 30) // (1 << 20)) if "memory_limit" in details else 8192
+
+
+class Worker:
+    def __init__(self, config: ServerConfig, index: int, addresses: Addresses, encoder: Any) -> None:
+        self.config = config
+        self.index = index
+        self.addresses = addresses
+        self.encoder = encoder
+        self.stop = threading.Event()
+        self.context = zmq.Context()
+        self.results = self.context.socket(zmq.PUSH)
+        self.results.linger = 5000
+        self.results.connect(addresses.sink)
+        self.credits = self.context.socket(zmq.PUSH)
+        self.credits.linger = 1000
+        self.credits.connect(addresses.credits)
+        self.parent = os.getppid()
+
+    def close(self) -> None:
+        self.results.close()
+        self.credits.close()
+        self.context.term()
+
+    # -- the generator side (tf.data's threads) -----------------------------------------
+
+    def _jobs(self) -> Iterator[tuple[bytes, bytes, np.ndarray, np.ndarray, np.ndarray]]:
+        """Receive jobs and tokenize them; yields ``(job_id, header, ids, segments, lengths)``."""
+        socket = self.context.socket(zmq.DEALER)
+        socket.linger = 0
+        socket.identity = f"worker-{self.index}".encode()
+        socket.connect(self.addresses.jobs)
+        try:
+            ready = {
+                "worker": self.index, "pid": os.getpid(), "credits": self.config.prefetch_size,
+                "model": self.encoder.describe(),
+            }  # fmt: skip
+            socket.send_multipart([p.READY, p.dumps(ready)])
+            while not self.stop.is_set():
+                if not socket.poll(200):
+                    if os.getppid() != self.parent:  # the server is gone: do not linger as an orphan
+                        logger.warning("worker %d lost its server; exiting", self.index)
+                        return
+                    continue
+                frames = socket.recv_multipart()
+                try:
+                    kind, rest = p.split_message(frames, {p.JOB: 3, p.STOP: 0})
+                except p.ProtocolError as exc:
+                    logger.error("worker %d dropped a malformed message: %s", self.index, exc)
+                    continue
+                if kind == p.STOP:
+                    return
+                yield self._tokenize(*rest)
+        finally:
+            socket.close()
+
+    def _tokenize(self, job_id: bytes, raw_header: bytes, payload: bytes) -> tuple[bytes, bytes, Any, Any, Any]:
+        header = p.loads(raw_header)
+        empty = np.zeros((0, 0), np.int32)
+        try:
+            texts = p.loads(payload, "payload")
+            batch = self.encoder.tokenize(
+                texts, is_tokenized=bool(header.get("is_tokenized")), keep_tokens=bool(header.get("show_tokens"))
+            )
+        except Exception as exc:  # reported to the requests in this job, not fatal to the worker
+            header["error"] = f"tokenization failed: {exc}"
+            return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
+        header["truncated"] = batch.truncated.tolist()
+        if batch.tokens is not None:
+            header["tokens"] = batch.tokens
+        return job_id, p.dumps(header), batch.input_ids, batch.segment_ids, batch.lengths
+
+    # -- the main loop -------------------------------------------------------------------
+
+    def run(self) -> None:
+        import tensorflow as tf
+
+        from .tokenization import TokenizedBatch
+
+        dataset = tf.data.Dataset.from_generator(
+            self._jobs,
+            output_signature=(
+                tf.TensorSpec((), tf.string),
+                tf.TensorSpec((), tf.string),
+                tf.TensorSpec((None, None), tf.int32),
+                tf.TensorSpec((None, None), tf.int32),
+                tf.TensorSpec((None,), tf.int32),
+            ),
+        ).prefetch(self.config.prefetch_size)
+        for job_id_t, header_t, ids, segments, lengths in dataset:
+            job_id, header = job_id_t.numpy(), p.loads(header_t.numpy())
+            started = time.perf_counter()
+            parts = header["parts"]
+            try:
+                if "error" in header:
+                    raise ValueError(header["error"])
+                batch = TokenizedBatch(
+                    ids.numpy(), segments.numpy(), lengths.numpy(), np.asarray(header["truncated"], bool)
+                )
+                vectors = np.ascontiguousarray(self.encoder.run(batch))
+                out = {"parts": parts, **p.array_header(vectors), "tokens": header.get("tokens")}
+                self.results.send_multipart([p.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
+            except Exception as exc:
+                logger.exception("worker %d failed on job %s", self.index, job_id)
+                error = {"parts": parts, "error": f"the worker failed on this request: {exc}", "kind": "worker"}
+                self.results.send_multipart([p.JOB_ERROR, job_id, p.dumps(error)])
+            elapsed = time.perf_counter() - started
+            tokens = int(np.asarray(lengths).sum()) if len(lengths) else 0
+            padded = int(np.prod(ids.shape))
+            done = {"job": job_id.decode(), "seconds": elapsed, "tokens": tokens, "slots": padded}
+            self.credits.send_multipart([p.DONE, p.dumps(done)])
+
+
+def run_worker(config: ServerConfig, index: int, addresses: Addresses, log_level: int) -> None:
+    """Entry point of a worker process (started with the ``spawn`` method)."""
+    from .logs import child_logging
+
+    child_logging(log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
+    try:
+        device = configure_device(config, index)
+        from .encoder import Encoder
+
+        encoder = Encoder(config.model.replace(device=device))
+    except Exception as exc:
+        logger.error("worker %d could not load the model: %s", index, exc)
+        raise SystemExit(4) from None
+    worker = Worker(config, index, addresses, encoder)
+    try:
+        logger.info("worker %d ready on %s (pid %d)", index, device, os.getpid())
+        worker.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.stop.set()
+        worker.close()
