@@ -192,16 +192,11 @@ def agreement(contenders: Sequence[Contender], reference: str) -> dict[str, dict
 
 def markdown_table(rows: Sequence[Row]) -> str:
     lines = [
-        "| contender | median sentences/s | ratio to sentence-transformers "
-        "| setup s | runs (sentences/s) | note |",
+        "| contender | median sentences/s | ratio to sentence-transformers | setup s | runs (sentences/s) | note |",
         "| --- | ---: | ---: | ---: | --- | --- |",
     ]
     for row in rows:
-        ratio = (
-            "n/a"
-            if row.ratio_to_sentence_transformers is None
-            else f"{row.ratio_to_sentence_transformers:.2f}x"
-        )
+        ratio = "n/a" if row.ratio_to_sentence_transformers is None else f"{row.ratio_to_sentence_transformers:.2f}x"
         runs = ", ".join(f"{r:.1f}" for r in row.run_sentences_per_second)
         lines.append(
             f"| {row.contender} | {row.median_sentences_per_second:.1f} | {ratio} | "
@@ -234,9 +229,7 @@ def environment() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model-dir",
         type=Path,
@@ -248,12 +241,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--limit", type=int, default=None, help="use only the first N sentences")
     parser.add_argument("--max-seq-len", type=int, default=128, help="default: %(default)s")
-    parser.add_argument(
-        "--batch-size", type=int, default=64, help="for every contender (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=3, help="timed runs per contender (default: %(default)s)"
-    )
+    parser.add_argument("--batch-size", type=int, default=64, help="for every contender (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender (default: %(default)s)")
     parser.add_argument(
         "--graph-dir",
         type=Path,

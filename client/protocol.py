@@ -23,8 +23,10 @@ Inside the server (same version, never seen by clients)::
                                      [PUBLISH, client_id, request_id, status, header, *buffer]
                                      [FAIL, JSON {keys, error}]
                                      [STATUS, client_id, request_id, JSON ventilator status]
-    worker DEALER <-> ventilator ROUTER
-        worker -> ventilator         [READY, JSON {worker, pid, credits}] | [DONE, job_id]
+                                     [STOP]   (shutdown: publish what is left, then exit)
+    worker <-> ventilator (ROUTER for jobs, PULL for credits)
+        worker DEALER -> ventilator  [READY, JSON {worker, pid, credits, model}]
+        worker PUSH -> ventilator    [DONE, JSON {job, seconds, tokens, slots}]   (returns the job's credit)
         ventilator -> worker         [JOB, job_id, JSON {parts, is_tokenized, show_tokens}, payload] | [STOP]
     worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens}, buffer]
                                      [JOB_ERROR, job_id, JSON {parts, error}]

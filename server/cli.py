@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bertserve.client import __version__
+from bertserve.client.cli import add_client_commands
 
 from .config import ModelConfig, ServerConfig
 from .errors import BertServeError
@@ -257,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(start)
     add_server_arguments(start)
     start.set_defaults(run=_cmd_start)
+    add_client_commands(commands)
     return parser
 
 

@@ -133,10 +133,7 @@ class Encoder:
             out = np.empty((n, self.output_dim), dtype=self.output_dtype)
         if n == 0:
             return out
-        order = np.argsort(batch.lengths, kind="stable")
-        step = self.config.batch_size
-        for start in range(0, n, step):
-            index = order[start : start + step]
+        for index in self.plan(batch):
             sub = batch.take(index)
             result = self._run_padded(sub)
             if self.token_level:
@@ -144,6 +141,16 @@ class Encoder:
             else:
                 out[index] = result
         return out
+
+    def plan(self, batch: TokenizedBatch) -> list[np.ndarray]:
+        """The row indexes of each model run: sorted by length, at most ``batch_size`` each."""
+        order = np.argsort(batch.lengths, kind="stable")
+        step = self.config.batch_size
+        return [order[start : start + step] for start in range(0, len(order), step)]
+
+    def token_slots(self, batch: TokenizedBatch) -> int:
+        """Token positions the model computes for ``batch``, padding included."""
+        return sum(len(index) * int(batch.lengths[index].max()) for index in self.plan(batch))
 
     def _run_padded(self, batch: TokenizedBatch) -> np.ndarray:
         import tensorflow as tf

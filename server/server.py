@@ -169,7 +169,8 @@ class BertServer:
                 logger.error("worker %d died (exit code %s); restarting it", index, process.exitcode)
                 ventilator.worker_lost(index)
                 restarts[index] = time.monotonic() + _RESTART_BACKOFF
-            elif time.monotonic() >= restarts.pop(index):
+            elif time.monotonic() >= restarts[index]:
+                del restarts[index]
                 self._start_worker(index, addresses)
 
     def _shutdown(self, ventilator: Ventilator | None) -> None:

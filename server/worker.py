@@ -173,14 +173,14 @@ class Worker:
                 vectors = np.ascontiguousarray(self.encoder.run(batch))
                 out = {"parts": parts, **p.array_header(vectors), "tokens": header.get("tokens")}
                 self.results.send_multipart([p.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
+                tokens, slots = int(batch.lengths.sum()), self.encoder.token_slots(batch)
             except Exception as exc:
                 logger.exception("worker %d failed on job %s", self.index, job_id)
                 error = {"parts": parts, "error": f"the worker failed on this request: {exc}", "kind": "worker"}
                 self.results.send_multipart([p.JOB_ERROR, job_id, p.dumps(error)])
+                tokens = slots = 0
             elapsed = time.perf_counter() - started
-            tokens = int(np.asarray(lengths).sum()) if len(lengths) else 0
-            padded = int(np.prod(ids.shape))
-            done = {"job": job_id.decode(), "seconds": elapsed, "tokens": tokens, "slots": padded}
+            done = {"job": job_id.decode(), "seconds": elapsed, "tokens": tokens, "slots": slots}
             self.credits.send_multipart([p.DONE, p.dumps(done)])
 
 

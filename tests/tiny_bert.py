@@ -305,9 +305,7 @@ def reference_forward(
         probs /= probs.sum(-1, keepdims=True)
         context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, width, heads * size)
         attn = dense(context, p + "attention/output/dense") + x
-        x = _layer_norm(
-            attn, w[p + "attention/output/LayerNorm/gamma"], w[p + "attention/output/LayerNorm/beta"], eps
-        )
+        x = _layer_norm(attn, w[p + "attention/output/LayerNorm/gamma"], w[p + "attention/output/LayerNorm/beta"], eps)
         hidden = act(dense(x, p + "intermediate/dense"))
         out = dense(hidden, p + "output/dense") + x
         x = _layer_norm(out, w[p + "output/LayerNorm/gamma"], w[p + "output/LayerNorm/beta"], eps)

@@ -15,7 +15,12 @@ def test_importing_the_client_does_not_import_tensorflow() -> None:
 
 
 def test_public_names() -> None:
-    assert bertserve.client.__all__ == ["__version__"]
+    assert sorted(bertserve.client.__all__) == [
+        "BertClient", "BertClientError", "ClientClosedError", "ConcurrentBertClient", "ConcurrentUseError",
+        "EncodeResult", "ProtocolVersionError", "ServerError", "ServerTimeoutError", "__version__",
+    ]  # fmt: skip
+    for name in bertserve.client.__all__:
+        assert getattr(bertserve.client, name) is not None
     assert sorted(bertserve.server.__all__) == [
         "BertServeError", "Encoder", "ModelConfig", "ModelError", "ModelFileError",
         "ModelShapeError", "PoolingStrategy",

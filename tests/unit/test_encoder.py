@@ -42,16 +42,10 @@ def _pool(hidden: np.ndarray, lengths: np.ndarray, strategy: str) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize(
-    "strategy", ["REDUCE_MEAN", "REDUCE_MAX", "REDUCE_MEAN_MAX", "CLS_TOKEN", "SEP_TOKEN"]
-)
+@pytest.mark.parametrize("strategy", ["REDUCE_MEAN", "REDUCE_MAX", "REDUCE_MEAN_MAX", "CLS_TOKEN", "SEP_TOKEN"])
 @pytest.mark.parametrize("layer", [-1, -2, 0])
-def test_pooling_matches_numpy_bert(
-    tiny_google: str, session_graph_dir: str, strategy: str, layer: int
-) -> None:
-    encoder = Encoder(
-        tiny_google, pooling_strategy=strategy, pooling_layer=layer, graph_dir=session_graph_dir
-    )
+def test_pooling_matches_numpy_bert(tiny_google: str, session_graph_dir: str, strategy: str, layer: int) -> None:
+    encoder = Encoder(tiny_google, pooling_strategy=strategy, pooling_layer=layer, graph_dir=session_graph_dir)
     got = encoder.encode(TEXTS)
     hidden = _expected(tiny_google, encoder, TEXTS)[layer]
     want = _pool(hidden, encoder.tokenize(TEXTS).lengths, strategy)
@@ -150,9 +144,7 @@ def test_tuned_checkpoint_overrides_the_weights(tiny_google: str, tmp_path, sess
     tuned_dir = str(tmp_path / "tuned")
     config, _ = tiny_bert.make_weights(seed=1)
     _, tuned_weights = tiny_bert.make_weights(seed=7)
-    tiny_bert.write_google_checkpoint(
-        tuned_dir, config, tuned_weights, ckpt_name="model.ckpt-100", extra_vars=True
-    )
+    tiny_bert.write_google_checkpoint(tuned_dir, config, tuned_weights, ckpt_name="model.ckpt-100", extra_vars=True)
     base = Encoder(tiny_google, graph_dir=session_graph_dir).encode(TEXTS)
     tuned = Encoder(
         tiny_google, tuned_model_dir=tuned_dir, ckpt_name="model.ckpt-100", graph_dir=session_graph_dir
@@ -180,9 +172,7 @@ def test_plain_bert_gets_bert_as_service_defaults(tiny_google: str, session_grap
     assert config.pooling_strategy.value == "REDUCE_MEAN"
 
 
-def test_pruning_drops_the_layers_above_the_deepest_pooled_one(
-    tiny_google: str, session_graph_dir: str
-) -> None:
+def test_pruning_drops_the_layers_above_the_deepest_pooled_one(tiny_google: str, session_graph_dir: str) -> None:
     import tensorflow as tf
     from bertserve.server.graph import encoder_layers_in
 
@@ -247,9 +237,7 @@ def test_long_input_is_truncated_and_reported(tiny_google: str, session_graph_di
 def test_pretokenized_input(tiny_google: str, session_graph_dir: str) -> None:
     encoder = Encoder(tiny_google, graph_dir=session_graph_dir)
     from_text = encoder.encode(["hello world !", "the fox ||| the dog"])
-    from_tokens = encoder.encode(
-        [["hello", "world", "!"], ["the", "fox", "|||", "the", "dog"]], is_tokenized=True
-    )
+    from_tokens = encoder.encode([["hello", "world", "!"], ["the", "fox", "|||", "the", "dog"]], is_tokenized=True)
     np.testing.assert_allclose(from_tokens, from_text, atol=1e-6)
 
 
@@ -303,9 +291,7 @@ def test_vocabulary_larger_than_the_embeddings_is_refused(tmp_path, session_grap
     directory = tiny_bert.write_tiny_bert(str(tmp_path), "google", seed=1)
     with open(os.path.join(directory, "vocab.txt"), "a", encoding="utf-8") as f:
         f.write("extra\nwords\n")
-    with pytest.raises(
-        ModelError, match=r"vocab\.txt has 282 tokens but the model embeds only vocab_size=280"
-    ):
+    with pytest.raises(ModelError, match=r"vocab\.txt has 282 tokens but the model embeds only vocab_size=280"):
         Encoder(directory, graph_dir=session_graph_dir)
 
 
@@ -317,7 +303,5 @@ def test_weight_shape_disagreeing_with_config(tmp_path, session_graph_dir: str) 
     config["intermediate_size"] = 48
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config, f)
-    with pytest.raises(
-        ModelError, match=r"intermediate/dense/kernel has shape \(32, 64\), but the config implies"
-    ):
+    with pytest.raises(ModelError, match=r"intermediate/dense/kernel has shape \(32, 64\), but the config implies"):
         Encoder(directory, graph_dir=session_graph_dir)

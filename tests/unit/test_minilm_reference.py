@@ -63,9 +63,7 @@ def test_cls_pooled(minilm: str, session_graph_dir: str, reference, reference_se
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_token_vectors(
-    minilm: str, session_graph_dir: str, reference, reference_sentences, dtype: str
-) -> None:
+def test_token_vectors(minilm: str, session_graph_dir: str, reference, reference_sentences, dtype: str) -> None:
     encoder = Encoder(
         minilm, max_seq_len=128, pooling_strategy="NONE", pooling_layer=-1, normalize=False, dtype=dtype,
         graph_dir=session_graph_dir,

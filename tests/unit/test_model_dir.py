@@ -73,9 +73,7 @@ def test_missing_layers_are_reported(tmp_path, tiny_hf: str) -> None:
 def test_file_names_can_be_overridden(tmp_path) -> None:
     config, weights = tiny_bert.make_weights(seed=1)
     directory = str(tmp_path / "renamed")
-    tiny_bert.write_google_checkpoint(
-        directory, config, weights, ckpt_name="model.ckpt-5", config_name="cfg.json"
-    )
+    tiny_bert.write_google_checkpoint(directory, config, weights, ckpt_name="model.ckpt-5", config_name="cfg.json")
     os.rename(os.path.join(directory, "vocab.txt"), os.path.join(directory, "words.txt"))
     model = _inspect(directory, ckpt_name="model.ckpt-5", config_name="cfg.json", vocab_name="words.txt")
     assert model.vocab_path.endswith("words.txt")

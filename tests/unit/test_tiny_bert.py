@@ -116,9 +116,7 @@ def test_both_layouts_hold_the_same_numbers(tmp_path) -> None:
 def test_tokenizer_json_and_sentence_transformers_files(tmp_path) -> None:
     from tokenizers import Tokenizer
 
-    directory = tiny_bert.write_tiny_bert(
-        str(tmp_path), "huggingface", tokenizer_json=True, sentence_transformers=True
-    )
+    directory = tiny_bert.write_tiny_bert(str(tmp_path), "huggingface", tokenizer_json=True, sentence_transformers=True)
     tokenizer = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
     assert tokenizer.encode("Hello, World walking!").tokens == [
         "[CLS]", "hello", ",", "world", "walk", "##ing", "!", "[SEP]",

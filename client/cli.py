@@ -1,0 +1,142 @@
+"""The client's ``bertserve`` sub-commands: ``encode``, ``status`` and ``stop``.
+
+They talk to a running server and never import TensorFlow. ``--host``, ``--port`` and
+``--port-out`` default to ``BERTSERVE_HOST``, ``BERTSERVE_PORT`` and ``BERTSERVE_PORT_OUT``
+when those are set. Each command returns its exit code: 0, or 1 with a one-line error on
+stderr when the server does not answer or answers with an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_PORT_OUT, DEFAULT_TIMEOUT_MS, BertClient
+from .errors import BertClientError
+
+_CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
+
+
+def add_client_commands(subparsers: Any) -> None:
+    """Register ``encode``, ``status`` and ``stop`` on an ``add_subparsers()`` object; each
+    sets ``run``, called as ``args.run(args)`` and returning the exit code."""
+    encode = subparsers.add_parser("encode", help="encode lines of text on a running server, write a .npy file")
+    encode.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
+    encode.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
+    _add_connection_arguments(encode, DEFAULT_TIMEOUT_MS)
+    encode.add_argument("--batch-size", type=_positive_int, default=256, help="sentences per request")
+    encode.add_argument("--is-tokenized", action="store_true", help="each line is tokens separated by whitespace")
+    encode.set_defaults(run=_cmd_encode)
+
+    status = subparsers.add_parser("status", help="print a running server's status as JSON")
+    _add_connection_arguments(status, _CONTROL_TIMEOUT_MS)
+    status.set_defaults(run=_cmd_status)
+
+    stop = subparsers.add_parser("stop", help="ask a running server to shut down")
+    _add_connection_arguments(stop, _CONTROL_TIMEOUT_MS)
+    stop.set_defaults(run=_cmd_stop)
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, not {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, not {number}")
+    return number
+
+
+def _port(value: str) -> int:
+    number = _positive_int(value)
+    if number > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, not {number}")
+    return number
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser, timeout_ms: int) -> None:
+    group = parser.add_argument_group("server")
+    env = os.environ.get
+    # argparse applies ``type`` to string defaults, so values from the environment are checked too.
+    group.add_argument("--host", default=env("BERTSERVE_HOST", DEFAULT_HOST), help="server host")
+    group.add_argument(
+        "--port", type=_port, default=env("BERTSERVE_PORT", DEFAULT_PORT), help="server port for requests"
+    )
+    group.add_argument(
+        "--port-out", type=_port, default=env("BERTSERVE_PORT_OUT", DEFAULT_PORT_OUT), help="server port for replies"
+    )
+    group.add_argument("--timeout", type=_positive_int, default=timeout_ms, help="milliseconds to wait for an answer")
+
+
+def _connect(args: argparse.Namespace, **options: Any) -> BertClient:
+    return BertClient(args.host, args.port, args.port_out, timeout=args.timeout, **options)
+
+
+def _fail(exc: Exception) -> int:
+    print(f"bertserve: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def read_lines(path: str) -> list[str]:
+    """The non-empty lines of a UTF-8 file, or of stdin for ``"-"``."""
+    if path == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    return [line for line in lines if line.strip()]
+
+
+def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _cmd_encode(args: argparse.Namespace) -> int:
+    lines = read_lines(args.input)
+    texts: list[Any] = [line.split() for line in lines] if args.is_tokenized else lines
+    started = time.perf_counter()
+    try:
+        with _connect(args) as client:
+            if texts:
+                parts = client.encode_async(_batches(texts, args.batch_size), is_tokenized=args.is_tokenized)
+                vectors = np.concatenate(list(parts), axis=0)
+            else:
+                vectors = np.asarray(client.encode([]))
+    except BertClientError as exc:
+        return _fail(exc)
+    elapsed = time.perf_counter() - started
+    np.save(args.output, vectors)
+    print(
+        f"wrote {vectors.shape[0]} vectors of dimension {vectors.shape[-1]} to {args.output} "
+        f"in {elapsed:.1f} s ({len(texts) / max(elapsed, 1e-9):.0f} sentences/s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    try:
+        with _connect(args, check_version=False) as client:
+            status = client.server_status
+    except BertClientError as exc:
+        return _fail(exc)
+    print(json.dumps(status, indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    try:
+        with _connect(args, check_version=False) as client:
+            client.terminate()
+    except BertClientError as exc:
+        return _fail(exc)
+    print(f"the server at tcp://{args.host}:{args.port} is stopping")
+    return 0

@@ -1,0 +1,614 @@
+"""``BertClient``: sentences in, vectors out, from a bertserve server over ZeroMQ.
+
+The client pushes requests to the server's PULL port and reads replies from its PUB port,
+subscribed to its own identity. Every wait is a poll with a deadline (the ZeroMQ guide's
+Lazy Pirate client), so a server that is down or gone gives :class:`ServerTimeoutError`
+within ``timeout`` milliseconds instead of a hang. A reply to a request nobody waits for any
+more (it timed out) is recognised by its request id and dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+import warnings
+from collections import deque
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias, overload
+
+import numpy as np
+import zmq
+
+from ._version import __version__
+from .errors import (
+    BertClientError,
+    ClientClosedError,
+    ConcurrentUseError,
+    ProtocolVersionError,
+    ServerError,
+    ServerTimeoutError,
+)
+from .protocol import (
+    CONFIG,
+    ENCODE,
+    PROTOCOL_VERSION,
+    STATUS,
+    TERMINATE,
+    ProtocolError,
+    Reply,
+    decode_reply,
+    encode_request,
+)
+
+logger = logging.getLogger("bertserve.client")
+
+DEFAULT_HOST = "localhost"
+DEFAULT_PORT = 5555
+DEFAULT_PORT_OUT = 5556
+DEFAULT_TIMEOUT_MS = 60_000
+
+Embedding: TypeAlias = "np.ndarray | list[Any]"
+"""One request's vectors: an array, or nested lists with ``output_fmt="list"``."""
+
+# The handshake re-sends CONFIG this often: until the server's PUB has seen our
+# subscription (ZeroMQ's slow joiner), a reply published to us is silently lost.
+_HANDSHAKE_RESEND_S = 0.2
+# Requests encode_async keeps in flight at once.
+_ASYNC_WINDOW = 4
+# Mirrors the server's sentence-pair separator, so a pair with an empty side fails here.
+_PAIR_SEPARATOR = "|||"
+_CONCURRENT_USE = (
+    "this BertClient is in use by another thread; use ConcurrentBertClient to share one server between threads"
+)
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    """The answer to one non-blocking request, as :meth:`BertClient.fetch` yields it."""
+
+    id: int
+    embedding: Embedding
+    tokens: list[list[str]] | None = None
+
+
+@dataclass
+class _Pending:
+    show_tokens: bool
+    fetchable: bool  # sent with blocking=False, so fetch() hands it out
+
+
+def check_texts(texts: object, is_tokenized: bool = False) -> list[Any]:
+    """Return ``texts`` as a list, or raise naming the first element that cannot be encoded.
+
+    ``texts`` must be a list (or tuple) of non-empty strings or, with ``is_tokenized``, of
+    non-empty lists of non-empty strings. Anything else that is not a sequence raises
+    ``TypeError``; a bad element raises ``ValueError`` naming its position.
+    """
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        kind = "a list of token lists" if is_tokenized else "a list of strings"
+        raise TypeError(f"texts must be {kind}, not {type(texts).__name__}")
+    for i, item in enumerate(texts):
+        if is_tokenized:
+            if isinstance(item, str) or not isinstance(item, Sequence):
+                raise ValueError(f"texts[{i}] must be a list of tokens, not {type(item).__name__}")
+            if not item:
+                raise ValueError(f"texts[{i}] is an empty token list")
+            for j, token in enumerate(item):
+                if not isinstance(token, str) or not token.strip():
+                    raise ValueError(f"texts[{i}][{j}] must be a non-empty string token, got {token!r}")
+        elif not isinstance(item, str):
+            raise ValueError(f"texts[{i}] must be a string, not {type(item).__name__}")
+        elif not item.strip():
+            raise ValueError(f"texts[{i}] is empty")
+        elif _PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(_PAIR_SEPARATOR, 1)):
+            raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
+    return list(texts)
+
+
+def check_timeout(timeout: object) -> float:
+    """``timeout`` in milliseconds as a float; it must be finite and positive."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of milliseconds, not {type(timeout).__name__}")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(
+            f"timeout must be a finite number of milliseconds > 0, not {timeout!r}: "
+            "a bertserve client never waits forever"
+        )
+    return float(timeout)
+
+
+def _check_port(name: str, port: object) -> int:
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError(f"{name} must be an int, not {type(port).__name__}")
+    if not 0 < port < 65536:
+        raise ValueError(f"{name} must be 1 to 65535, not {port}")
+    return port
+
+
+def _check_identity(identity: bytes | str | None) -> bytes:
+    if identity is None:
+        return uuid.uuid4().hex.encode("ascii")
+    if isinstance(identity, str):
+        identity = identity.encode("utf-8")
+    if not isinstance(identity, bytes):
+        raise TypeError(f"identity must be bytes or str, not {type(identity).__name__}")
+    if not 0 < len(identity) <= 64:
+        # An empty identity would subscribe to every client's replies.
+        raise ValueError(f"identity must be 1 to 64 bytes, not {len(identity)}")
+    return identity
+
+
+def _word_count(item: Any, is_tokenized: bool) -> int:
+    return len(item) if is_tokenized else len(item.split())
+
+
+class BertClient:
+    """A connection to one bertserve server; not to be shared between threads.
+
+    ``BertClient(host, port, port_out)`` connects to the server's request port ``port`` and
+    reply port ``port_out`` and asks for its configuration, so a server that is not there
+    raises :class:`ServerTimeoutError` right away. ``timeout`` (milliseconds, finite) bounds
+    every wait. Use it as a context manager, or call :meth:`close`; a closed client raises
+    :class:`ClientClosedError`. Calls from two threads at once raise
+    :class:`ConcurrentUseError`: share a server between threads with ``ConcurrentBertClient``.
+
+    Options: ``output_fmt`` ``"ndarray"`` (default) or ``"list"``; ``identity`` the bytes
+    the replies are addressed to (default a random UUID); ``check_version`` compares the
+    server's version and protocol with this client's; ``check_length`` warns when a text
+    has more words than the server's ``max_seq_len``; ``show_server_config`` logs the
+    server's configuration on connecting.
+    """
+
+    def __init__(
+        self,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        port_out: int = DEFAULT_PORT_OUT,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_MS,
+        output_fmt: Literal["ndarray", "list"] = "ndarray",
+        identity: bytes | str | None = None,
+        check_version: bool = True,
+        check_length: bool = True,
+        show_server_config: bool = False,
+    ) -> None:
+        if not isinstance(host, str) or not host:
+            raise ValueError(f"host must be a non-empty string, not {host!r}")
+        self.host = host
+        self.port = _check_port("port", port)
+        self.port_out = _check_port("port_out", port_out)
+        self.timeout = check_timeout(timeout)
+        if output_fmt not in ("ndarray", "list"):
+            raise ValueError(f'output_fmt must be "ndarray" or "list", not {output_fmt!r}')
+        self.output_fmt = output_fmt
+        self.identity = _check_identity(identity)
+        self.check_length = check_length
+        self._address = f"tcp://{host}:{port}"
+
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ids = itertools.count(1)
+        self._expected: dict[int, _Pending] = {}  # requests whose replies someone will collect
+        self._arrived: dict[int, Reply] = {}  # their replies that came while waiting for another
+        self._config: dict[str, Any] = {}
+
+        self._context = zmq.Context()
+        try:
+            self._push = self._context.socket(zmq.PUSH)
+            self._push.setsockopt(zmq.LINGER, 0)
+            self._sub = self._context.socket(zmq.SUB)
+            self._sub.setsockopt(zmq.LINGER, 0)
+            self._sub.setsockopt(zmq.SUBSCRIBE, self.identity)
+            self._push.connect(self._address)
+            self._sub.connect(f"tcp://{host}:{port_out}")
+            self._poller = zmq.Poller()
+            self._poller.register(self._sub, zmq.POLLIN)
+            with self._using():
+                self._config = self._handshake()
+        except BaseException as exc:
+            self._closed = True
+            self._context.destroy(linger=0)
+            if isinstance(exc, zmq.ZMQError):
+                raise BertClientError(f"cannot connect to {self._address}: {exc}") from exc
+            raise
+        self._check_server(self._config, check_version)
+        if show_server_config:
+            logger.info("server config of %s:\n%s", self._address, json.dumps(self._config, indent=2))
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close the sockets and discard queued messages; calling it again does nothing."""
+        if self._closed:
+            return
+        if not self._lock.acquire(blocking=False):
+            raise ConcurrentUseError(_CONCURRENT_USE)
+        try:
+            self._closed = True
+            self._expected.clear()
+            self._arrived.clear()
+            self._push.close(linger=0)
+            self._sub.close(linger=0)
+            self._context.term()
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> BertClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<BertClient {self._address} out={self.port_out} id={self.identity!r} {state}>"
+
+    # -- control commands --------------------------------------------------------------
+
+    @property
+    def server_config(self) -> dict[str, Any]:
+        """The server's configuration, asked for afresh."""
+        with self._using():
+            self._config = self._call(CONFIG, "CONFIG")
+            return dict(self._config)
+
+    @property
+    def server_status(self) -> dict[str, Any]:
+        """The server's current status (workers, queues, counters)."""
+        with self._using():
+            return self._call(STATUS, "STATUS")
+
+    def terminate(self) -> dict[str, Any]:
+        """Ask the server to shut down; returns its answer (``{"stopping": true}``)."""
+        with self._using():
+            return self._call(TERMINATE, "TERMINATE")
+
+    # -- encoding ----------------------------------------------------------------------
+
+    @overload
+    def encode(
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: Literal[True] = ...,
+        is_tokenized: bool = ...,
+        show_tokens: Literal[False] = ...,
+    ) -> Embedding: ...
+
+    @overload
+    def encode(
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: Literal[True] = ...,
+        is_tokenized: bool = ...,
+        show_tokens: Literal[True],
+    ) -> tuple[Embedding, list[list[str]]]: ...
+
+    @overload
+    def encode(
+        self, texts: Sequence[Any], *, blocking: Literal[False], is_tokenized: bool = ..., show_tokens: bool = ...
+    ) -> int: ...
+
+    @overload
+    def encode(
+        self, texts: Sequence[Any], *, blocking: Literal[True] = ..., is_tokenized: bool = ..., show_tokens: bool
+    ) -> Embedding | tuple[Embedding, list[list[str]]]: ...
+
+    @overload
+    def encode(
+        self, texts: Sequence[Any], *, blocking: bool = ..., is_tokenized: bool = ..., show_tokens: bool = ...
+    ) -> Embedding | tuple[Embedding, list[list[str]]] | int: ...
+
+    def encode(
+        self, texts: Sequence[Any], *, blocking: bool = True, is_tokenized: bool = False, show_tokens: bool = False
+    ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
+        """Encode ``texts`` into one vector each (or one per token, if the server pools none).
+
+        ``texts`` is a list of non-empty strings (``"first ||| second"`` for a sentence pair)
+        or, with ``is_tokenized``, a list of token lists; a bad element raises ``ValueError``
+        before anything is sent. Returns the ``(len(texts), D)`` vectors, or
+        ``(vectors, tokens)`` with ``show_tokens``. With ``blocking=False`` it returns the
+        request id at once; collect the answer with :meth:`fetch` or :meth:`fetch_all`.
+
+        Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
+        :class:`ServerError` when the server answers with an error.
+        """
+        with self._using():
+            texts = check_texts(texts, is_tokenized)
+            if self.check_length and (message := self._length_warning(texts, is_tokenized)):
+                warnings.warn(message, stacklevel=2)
+            if blocking and not texts and (empty := self._empty_embedding()) is not None:
+                return (empty, []) if show_tokens else empty
+            deadline = self._deadline()
+            request_id = self._request(ENCODE, deadline, texts, is_tokenized, show_tokens)
+            self._expected[request_id] = _Pending(show_tokens, fetchable=not blocking)
+            if not blocking:
+                return request_id
+            result = self._collect(request_id, deadline)
+        return (result.embedding, result.tokens or []) if show_tokens else result.embedding
+
+    def fetch(self) -> Iterator[EncodeResult]:
+        """Yield the answers to the outstanding ``blocking=False`` requests as they arrive.
+
+        Each answer is awaited at most ``timeout`` ms; on a timeout the requests still
+        outstanding are given up and :class:`ServerTimeoutError` is raised. An error answer
+        raises :class:`ServerError` (its ``request_id`` says which); the other requests stay
+        outstanding.
+        """
+        while True:
+            with self._using():
+                waiting = {rid for rid, pending in self._expected.items() if pending.fetchable}
+                if not waiting:
+                    return
+                deadline = self._deadline()
+                reply = self._await_any(waiting, deadline)
+                if reply is None:
+                    for rid in waiting:
+                        del self._expected[rid]
+                    raise self._timeout_error(f"{len(waiting)} outstanding request(s)")
+                result = self._result(reply, self._expected.pop(reply.request_id).show_tokens)
+            yield result
+
+    @overload
+    def fetch_all(self, sort: bool = ..., concat: Literal[False] = ...) -> list[Embedding]: ...
+
+    @overload
+    def fetch_all(self, sort: bool = ..., *, concat: Literal[True]) -> Embedding: ...
+
+    def fetch_all(self, sort: bool = True, concat: bool = False) -> list[Embedding] | Embedding:
+        """The vectors of every outstanding ``blocking=False`` request.
+
+        A list with one entry per request, in request order with ``sort`` (else in order of
+        arrival); with ``concat``, all rows in one array (or one list).
+        """
+        results = list(self.fetch())
+        if sort:
+            results.sort(key=lambda result: result.id)
+        embeddings = [result.embedding for result in results]
+        if not concat:
+            return embeddings
+        if self.output_fmt == "list":
+            return [row for embedding in embeddings for row in embedding]
+        if not embeddings:
+            empty = self._empty_embedding()
+            return empty if empty is not None else np.zeros((0, 0), np.float32)
+        return np.concatenate(embeddings, axis=0)
+
+    def encode_async(
+        self, batch_generator: Iterable[Sequence[Any]], *, max_num_batch: int | None = None, is_tokenized: bool = False
+    ) -> Iterator[Embedding]:
+        """Encode the batches ``batch_generator`` yields, keeping a few requests in flight.
+
+        Yields each batch's vectors in the order of the batches; stops after
+        ``max_num_batch`` batches if given. Each answer is awaited at most ``timeout`` ms.
+        """
+        if max_num_batch is not None and (isinstance(max_num_batch, bool) or max_num_batch < 0):
+            raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
+        batches = iter(batch_generator)
+        in_flight: deque[int] = deque()
+        sent = 0
+        exhausted = max_num_batch == 0
+        warned = not self.check_length
+        try:
+            while True:
+                with self._using():
+                    while not exhausted and len(in_flight) < _ASYNC_WINDOW:
+                        try:
+                            batch = next(batches)
+                        except StopIteration:
+                            exhausted = True
+                            break
+                        try:
+                            texts = check_texts(batch, is_tokenized)
+                        except (TypeError, ValueError) as exc:
+                            raise type(exc)(f"batch {sent}: {exc}") from None
+                        if not warned and (message := self._length_warning(texts, is_tokenized)):
+                            warnings.warn(message, stacklevel=2)
+                            warned = True
+                        request_id = self._request(ENCODE, self._deadline(), texts, is_tokenized, False)
+                        self._expected[request_id] = _Pending(show_tokens=False, fetchable=False)
+                        in_flight.append(request_id)
+                        sent += 1
+                        exhausted = sent == max_num_batch
+                    if not in_flight:
+                        return
+                    embedding = self._collect(in_flight.popleft(), self._deadline()).embedding
+                yield embedding
+        finally:
+            for request_id in in_flight:
+                self._expected.pop(request_id, None)
+
+    # -- internals ---------------------------------------------------------------------
+
+    @contextmanager
+    def _using(self) -> Iterator[None]:
+        """Hold the client for one call: fail loudly if another thread holds it, and
+        translate low-level errors at the boundary."""
+        if not self._lock.acquire(blocking=False):
+            raise ConcurrentUseError(_CONCURRENT_USE)
+        try:
+            if self._closed:
+                raise ClientClosedError("this BertClient is closed")
+            yield
+        except ProtocolError as exc:
+            raise BertClientError(f"malformed reply from the server at {self._address}: {exc}") from exc
+        except zmq.ZMQError as exc:
+            raise BertClientError(f"ZeroMQ failed talking to {self._address}: {exc}") from exc
+        finally:
+            self._lock.release()
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout / 1000
+
+    def _timeout_error(self, what: str) -> ServerTimeoutError:
+        return ServerTimeoutError(
+            f"no answer from the bertserve server at {self._address} (replies on port {self.port_out}) "
+            f"to {what} within {self.timeout:g} ms",
+            address=self._address,
+            timeout_ms=self.timeout,
+        )
+
+    def _handshake(self) -> dict[str, Any]:
+        """Ask for the server's config, re-asking until the subscription has reached the
+        server's PUB socket and an answer comes through."""
+        deadline = self._deadline()
+        asked: set[int] = set()
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise ServerTimeoutError(
+                    f"no bertserve server answered at {self._address} (replies on port {self.port_out}) "
+                    f"within {self.timeout:g} ms",
+                    address=self._address,
+                    timeout_ms=self.timeout,
+                )
+            asked.add(self._request(CONFIG, deadline))
+            reply = self._await_any(asked, min(deadline, now + _HANDSHAKE_RESEND_S))
+            if reply is None:
+                continue
+            if not reply.ok and reply.header.get("kind") == "protocol":
+                raise ProtocolVersionError(
+                    f"the server at {self._address} does not speak protocol {PROTOCOL_VERSION} "
+                    f"(bertserve client {__version__}): {reply.header.get('error')}"
+                )
+            return self._answer(reply)
+
+    def _check_server(self, config: dict[str, Any], check_version: bool) -> None:
+        if not check_version:
+            return
+        protocol = config.get("protocol")
+        if protocol is not None and protocol != PROTOCOL_VERSION:
+            self.close()
+            raise ProtocolVersionError(
+                f"the server at {self._address} speaks protocol {protocol!r}, this client "
+                f"{PROTOCOL_VERSION}: install the bertserve version the server runs "
+                f"({config.get('server_version', 'unknown')})"
+            )
+        server_version = config.get("server_version")
+        if server_version != __version__:
+            warnings.warn(
+                f"the server at {self._address} runs bertserve {server_version or '(unknown version)'}, "
+                f"this client {__version__}; pass check_version=False to silence this",
+                stacklevel=3,
+            )
+
+    def _length_warning(self, texts: list[Any], is_tokenized: bool) -> str | None:
+        limit = self._config.get("max_seq_len")
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            return None
+        for i, item in enumerate(texts):
+            if (words := _word_count(item, is_tokenized)) > limit:
+                return (
+                    f"texts[{i}] has {words} words, more than the server's max_seq_len={limit} tokens: "
+                    "it and any other long text will be truncated; start the server with a larger "
+                    "max_seq_len, or pass check_length=False to silence this"
+                )
+        return None
+
+    def _empty_embedding(self) -> Embedding | None:
+        """The answer to an empty request, if the server config tells its shape."""
+        dim = self._config.get("output_dim")
+        if isinstance(dim, bool) or not isinstance(dim, int) or self._config.get("token_level"):
+            return None
+        dtype = self._config.get("output_dtype")
+        empty = np.zeros((0, dim), np.float16 if dtype == "float16" else np.float32)
+        return empty.tolist() if self.output_fmt == "list" else empty
+
+    def _request(
+        self,
+        command: bytes,
+        deadline: float,
+        texts: Sequence[Any] = (),
+        is_tokenized: bool = False,
+        show_tokens: bool = False,
+    ) -> int:
+        header: dict[str, Any] = {"client_version": __version__}
+        if command == ENCODE:
+            header.update(is_tokenized=is_tokenized, show_tokens=show_tokens)
+        request_id = next(self._ids)
+        frames = encode_request(self.identity, command, request_id, header, texts)
+        # Without a server the frames just queue; this wait only matters once the queue is full.
+        remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+        if not self._push.poll(remaining_ms, zmq.POLLOUT):
+            raise self._timeout_error(f"request {request_id} (the send queue stayed full)")
+        self._push.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        return request_id
+
+    def _call(self, command: bytes, what: str) -> dict[str, Any]:
+        deadline = self._deadline()
+        request_id = self._request(command, deadline)
+        reply = self._await_any({request_id}, deadline)
+        if reply is None:
+            raise self._timeout_error(f"{what} (request {request_id})")
+        return self._answer(reply)
+
+    def _collect(self, request_id: int, deadline: float) -> EncodeResult:
+        """Wait for the answer to ``request_id`` and turn it into a result."""
+        reply = self._await_any({request_id}, deadline)
+        pending = self._expected.pop(request_id)
+        if reply is None:
+            raise self._timeout_error(f"request {request_id}")
+        return self._result(reply, pending.show_tokens)
+
+    def _answer(self, reply: Reply) -> dict[str, Any]:
+        if not reply.ok:
+            raise self._server_error(reply)
+        return reply.header
+
+    def _server_error(self, reply: Reply) -> ServerError:
+        message = str(reply.header.get("error", "the server gave no reason"))
+        kind = reply.header.get("kind")
+        return ServerError(message, kind=None if kind is None else str(kind), request_id=reply.request_id)
+
+    def _result(self, reply: Reply, show_tokens: bool) -> EncodeResult:
+        if not reply.ok:
+            raise self._server_error(reply)
+        array = reply.array().copy()  # own the memory, not the ZeroMQ frame's
+        embedding: Embedding = array.tolist() if self.output_fmt == "list" else array
+        tokens = reply.header.get("tokens") if show_tokens else None
+        return EncodeResult(reply.request_id, embedding, tokens)
+
+    def _await_any(self, wanted: Collection[int], deadline: float) -> Reply | None:
+        """The first reply to one of ``wanted``, or ``None`` at the deadline. Replies to
+        other expected requests are kept for later; replies nobody expects are dropped."""
+        for request_id in sorted(wanted):
+            if request_id in self._arrived:
+                return self._arrived.pop(request_id)
+        while (reply := self._receive(deadline)) is not None:
+            if reply.request_id in wanted:
+                return reply
+            if reply.request_id in self._expected:
+                self._arrived[reply.request_id] = reply
+            else:
+                logger.debug("dropping a late reply to request %d", reply.request_id)
+        return None
+
+    def _receive(self, deadline: float) -> Reply | None:
+        """The next well-formed reply addressed to this client, or ``None`` at the deadline."""
+        while True:
+            remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+            if not self._poller.poll(remaining_ms):
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            frames = self._sub.recv_multipart(zmq.NOBLOCK, copy=False)
+            try:
+                reply = decode_reply([frame.buffer for frame in frames])
+            except ProtocolError as exc:
+                logger.warning("ignoring a malformed reply from %s: %s", self._address, exc)
+                continue
+            if reply.client_id == self.identity:  # not another client whose id we prefix
+                return reply

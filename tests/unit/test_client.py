@@ -1,0 +1,491 @@
+"""The client on its own: validation, the wire protocol, timeouts without a server, and the
+client's behaviour against a minimal responder that speaks ``client/protocol.py``.
+
+The responder is the protocol, not the server: one thread with a PULL and a PUB socket that
+answers CONFIG/STATUS/TERMINATE and "encodes" texts as ``[words, row, request id, 0]``.
+Texts containing "slow" are answered after 0.6 s, texts containing "boom" with an error.
+The real server is tested end to end in ``tests/integration``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import bertserve.client
+import numpy as np
+import pytest
+import zmq
+from bertserve.client import (
+    BertClient,
+    BertClientError,
+    ClientClosedError,
+    ConcurrentBertClient,
+    ConcurrentUseError,
+    ProtocolVersionError,
+    ServerError,
+    ServerTimeoutError,
+    __version__,
+)
+from bertserve.client import protocol as p
+from bertserve.client.cli import add_client_commands
+from bertserve.client.client import check_texts
+from serving import free_port
+
+pytestmark = pytest.mark.timeout(30)  # every test here talks to sockets and could hang
+
+SLOW_S = 0.6
+
+
+class Responder:
+    """A one-thread bertserve stand-in on random ports; see the module docstring."""
+
+    def __init__(self, config: dict[str, Any] | None = None, drop_configs: int = 0, reject: str = "") -> None:
+        self.config = {"server_version": __version__, "protocol": p.PROTOCOL_VERSION, "output_dim": 4}
+        self.config.update(config or {})
+        self.drop_configs = drop_configs
+        self.reject = reject  # answer every request with this error, of kind "protocol"
+        self.requests: list[p.Request] = []
+        self._context = zmq.Context()
+        self._pull = self._context.socket(zmq.PULL)
+        self._pub = self._context.socket(zmq.PUB)
+        for sock in (self._pull, self._pub):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.port = self._pull.bind_to_random_port("tcp://127.0.0.1")
+        self.port_out = self._pub.bind_to_random_port("tcp://127.0.0.1")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def client(self, **kwargs: Any) -> BertClient:
+        return BertClient("127.0.0.1", self.port, self.port_out, timeout=kwargs.pop("timeout", 5000), **kwargs)
+
+    def commands(self, command: bytes) -> list[p.Request]:
+        return [r for r in list(self.requests) if r.command == command]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        scheduled: list[tuple[float, int, list[Any]]] = []
+        order = itertools.count()
+        try:
+            while not self._stop.is_set():
+                if self._pull.poll(10):
+                    request = p.decode_request(self._pull.recv_multipart())
+                    self.requests.append(request)
+                    delay, reply = self._answer(request)
+                    if reply is not None:
+                        heapq.heappush(scheduled, (time.monotonic() + delay, next(order), reply))
+                while scheduled and scheduled[0][0] <= time.monotonic():
+                    self._pub.send_multipart(heapq.heappop(scheduled)[2])
+        finally:
+            self._pull.close()
+            self._pub.close()
+            self._context.term()
+
+    def _answer(self, request: p.Request) -> tuple[float, list[Any] | None]:
+        cid, rid = request.client_id, request.request_id
+        if self.reject:
+            return 0, p.error_reply(cid, rid, self.reject, kind="protocol")
+        if request.command == p.CONFIG:
+            if self.drop_configs > 0:  # as if the subscription had not reached the PUB yet
+                self.drop_configs -= 1
+                return 0, None
+            return 0, p.encode_reply(cid, rid, True, self.config)
+        if request.command == p.STATUS:
+            return 0, p.encode_reply(cid, rid, True, {"requests": len(self.requests)})
+        if request.command == p.TERMINATE:
+            return 0, p.encode_reply(cid, rid, True, {"stopping": True})
+        words = [t if isinstance(t, list) else t.split() for t in request.texts]
+        joined = " ".join(" ".join(w) for w in words)
+        if "boom" in joined:
+            return 0, p.error_reply(cid, rid, "cannot encode boom", kind="input")
+        vectors = np.array([[len(w), i, rid, 0] for i, w in enumerate(words)], np.float32).reshape(-1, 4)
+        header = p.array_header(vectors)
+        if request.header.get("show_tokens"):
+            header["tokens"] = words
+        return (SLOW_S if "slow" in joined else 0), p.encode_reply(cid, rid, True, header, vectors.tobytes())
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_contexts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail a test that leaves a ZeroMQ context (and so a socket) open."""
+    made: list[zmq.Context] = []
+
+    class Tracked(zmq.Context):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(zmq, "Context", Tracked)
+    yield
+    leaked = [context for context in made if not context.closed]
+    for context in leaked:
+        context.destroy(linger=0)
+    assert not leaked, f"{len(leaked)} ZeroMQ context(s) left open"
+
+
+@pytest.fixture
+def responder() -> Iterator[Callable[..., Responder]]:
+    started: list[Responder] = []
+
+    def start(**kwargs: Any) -> Responder:
+        started.append(Responder(**kwargs))
+        return started[-1]
+
+    yield start
+    for r in started:
+        r.stop()
+
+
+# -- without a server ------------------------------------------------------------------
+
+
+def test_no_server_times_out_within_the_timeout() -> None:
+    port, port_out = free_port(), free_port()
+    started = time.monotonic()
+    with pytest.raises(ServerTimeoutError, match=rf"127\.0\.0\.1:{port}.*500 ms") as info:
+        BertClient("127.0.0.1", port, port_out, timeout=500)
+    elapsed = time.monotonic() - started
+    assert 0.45 < elapsed < 3
+    assert info.value.timeout_ms == 500
+    assert isinstance(info.value, TimeoutError)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(0, ValueError), (-1, ValueError), (float("inf"), ValueError), (float("nan"), ValueError),
+     (None, TypeError), ("60", TypeError), (True, TypeError)],
+)  # fmt: skip
+def test_bad_timeouts_are_rejected(timeout: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match="timeout"):
+        BertClient(timeout=timeout)
+    with pytest.raises(error, match="timeout"):
+        ConcurrentBertClient(timeout=timeout)
+
+
+@pytest.mark.parametrize("identity", [b"", b"x" * 65])
+def test_bad_identities_are_rejected(identity: bytes) -> None:
+    with pytest.raises(ValueError, match="identity must be 1 to 64 bytes"):
+        BertClient(identity=identity)
+
+
+@pytest.mark.parametrize(
+    ("texts", "is_tokenized", "error", "message"),
+    [
+        ("one string", False, TypeError, "texts must be a list of strings, not str"),
+        (None, False, TypeError, "not NoneType"),
+        (["a", "b", 3], False, ValueError, r"texts\[2\] must be a string, not int"),
+        ([" \t"], False, ValueError, r"texts\[0\] is empty"),
+        (["ok", "left ||| "], False, ValueError, r"texts\[1\] is a sentence pair with an empty side"),
+        (["not tokens"], True, ValueError, r"texts\[0\] must be a list of tokens, not str"),
+        ([["a"], []], True, ValueError, r"texts\[1\] is an empty token list"),
+        ([["a", ""]], True, ValueError, r"texts\[0\]\[1\] must be a non-empty string token"),
+    ],
+)
+def test_bad_input_is_named(texts: Any, is_tokenized: bool, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        check_texts(texts, is_tokenized)
+
+
+def test_good_input_passes() -> None:
+    assert check_texts(("a b", "c ||| d")) == ["a b", "c ||| d"]
+    assert check_texts([["a", "b"]], is_tokenized=True) == [["a", "b"]]
+    assert check_texts([]) == []
+
+
+def test_pool_without_a_server_times_out() -> None:
+    port, port_out = free_port(), free_port()
+    with ConcurrentBertClient(host="127.0.0.1", port=port, port_out=port_out, timeout=300) as pool:
+        with pytest.raises(ServerTimeoutError):
+            pool.encode(["hello"])
+        with pytest.raises(ValueError, match="is empty"):
+            pool.encode([""])
+        assert pool._created == 0  # the failed client was not kept
+    pool.close()
+    with pytest.raises(ClientClosedError):
+        pool.encode(["hello"])
+
+
+def test_pool_options_are_checked_up_front() -> None:
+    with pytest.raises(TypeError):
+        ConcurrentBertClient(prot=5555)
+    with pytest.raises(ValueError, match="max_concurrency"):
+        ConcurrentBertClient(max_concurrency=0)
+
+
+def test_public_names_and_hierarchy() -> None:
+    for name in bertserve.client.__all__:
+        assert getattr(bertserve.client, name) is not None
+    assert issubclass(ServerTimeoutError, (BertClientError, TimeoutError))
+    assert issubclass(ConcurrentUseError, RuntimeError)
+    for error in (ServerError, ClientClosedError, ProtocolVersionError):
+        assert issubclass(error, BertClientError)
+
+
+# -- the wire protocol -----------------------------------------------------------------
+
+
+def test_request_round_trip() -> None:
+    frames = p.encode_request(b"me", p.ENCODE, 7, {"show_tokens": True}, ["a b", "c"])
+    request = p.decode_request(frames)
+    assert (request.client_id, request.command, request.request_id) == (b"me", p.ENCODE, 7)
+    assert request.texts == ["a b", "c"] and request.header["show_tokens"] is True
+    assert request.header["protocol"] == p.PROTOCOL_VERSION and request.key == "me#7"
+    with pytest.raises(p.ProtocolError, match="5 frames"):
+        p.decode_request(frames[:4])
+    with pytest.raises(p.ProtocolError, match="not supported"):
+        p.decode_request([*frames[:3], p.dumps({"protocol": 99}), frames[4]])
+
+
+def test_reply_round_trip() -> None:
+    vectors = np.arange(6, dtype=np.float16).reshape(2, 3)
+    reply = p.decode_reply(p.encode_reply(b"me", 3, True, p.array_header(vectors), vectors.tobytes()))
+    assert (reply.client_id, reply.request_id, reply.ok) == (b"me", 3, True)
+    np.testing.assert_array_equal(reply.array(), vectors)
+    error = p.decode_reply(p.error_reply(b"me", 4, "no", kind="input"))
+    assert not error.ok and error.header == {"error": "no", "kind": "input"}
+    with pytest.raises(p.ProtocolError, match="4 or 5 frames"):
+        p.decode_reply([b"me", b"1"])
+
+
+@pytest.mark.parametrize(
+    ("header", "size", "message"),
+    [
+        ({"dtype": "float32", "shape": [2, 3]}, 20, "holds 20 bytes, the header implies 24"),
+        ({"dtype": "object", "shape": [1]}, 8, "unsupported array dtype"),
+        ({"dtype": "float32", "shape": [-1]}, 4, "bad array shape"),
+    ],
+)
+def test_array_from_buffer_checks_the_header(header: dict[str, Any], size: int, message: str) -> None:
+    with pytest.raises(p.ProtocolError, match=message):
+        p.array_from_buffer(header, bytes(size))
+
+
+# -- against the responder -------------------------------------------------------------
+
+
+def test_encode(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    with r.client() as bc:
+        vectors = bc.encode(["one", "two words", "three more words"])
+        assert vectors.shape == (3, 4) and vectors.dtype == np.float32
+        assert vectors.flags.owndata and vectors.flags.writeable
+        np.testing.assert_array_equal(vectors[:, :2], [[1, 0], [2, 1], [3, 2]])
+        tokenized, tokens = bc.encode([["a", "b"]], is_tokenized=True, show_tokens=True)
+        assert tokens == [["a", "b"]] and tokenized[0, 0] == 2
+        encodes = r.commands(p.ENCODE)
+        assert [q.header["is_tokenized"] for q in encodes] == [False, True]
+        assert encodes[0].header["client_version"] == __version__
+    with r.client(output_fmt="list") as bc:
+        rows = bc.encode(["a"])
+        assert isinstance(rows, list) and rows[0][:2] == [1.0, 0.0]
+
+
+def test_handshake_resends_until_answered(responder: Callable[..., Responder]) -> None:
+    r = responder(drop_configs=2)
+    with r.client() as bc:
+        assert bc.server_config["output_dim"] == 4
+    assert len(r.commands(p.CONFIG)) >= 4  # two lost, one answered, one for server_config
+
+
+def test_control_commands(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    with r.client() as bc:
+        assert "requests" in bc.server_status
+        assert bc.terminate() == {"stopping": True}
+
+
+def test_server_error(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    with r.client() as bc:
+        with pytest.raises(ServerError, match="cannot encode boom") as info:
+            bc.encode(["fine", "boom"])
+        assert info.value.kind == "input"
+        assert bc.encode(["still works"]).shape == (1, 4)
+
+
+def test_late_reply_is_dropped(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    with r.client(timeout=300) as bc:
+        with pytest.raises(ServerTimeoutError, match="request"):
+            bc.encode(["slow one"])
+        time.sleep(SLOW_S)  # the late reply is now queued ahead of the next one
+        vectors = bc.encode(["fast"])
+        assert vectors[0, 2] == r.commands(p.ENCODE)[-1].request_id
+
+
+def test_empty_input_needs_no_round_trip(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    with r.client() as bc:
+        assert bc.encode([]).shape == (0, 4)
+    assert not r.commands(p.ENCODE)
+
+
+def test_long_texts_warn_once(responder: Callable[..., Responder]) -> None:
+    r = responder(config={"max_seq_len": 3})
+    with r.client() as bc, pytest.warns(UserWarning, match=r"texts\[1\] has 5 words") as record:
+        bc.encode(["short", "one two three four five", "six seven eight nine ten"])
+    assert len(record) == 1
+
+
+def test_version_checks(responder: Callable[..., Responder]) -> None:
+    with pytest.warns(UserWarning, match="runs bertserve 9.9"):
+        responder(config={"server_version": "9.9"}).client().close()
+    with pytest.raises(ProtocolVersionError, match="speaks protocol 99"):
+        responder(config={"protocol": 99}).client()
+    responder(config={"protocol": 99, "server_version": "9.9"}).client(check_version=False).close()
+    with pytest.raises(ProtocolVersionError, match=r"does not speak protocol 1.*this server speaks 2"):
+        responder(reject="protocol version 1 is not supported; this server speaks 2").client()
+
+
+def test_closed_client(responder: Callable[..., Responder]) -> None:
+    bc = responder().client()
+    bc.close()
+    bc.close()
+    assert bc.closed
+    for use in (lambda: bc.encode(["a"]), lambda: bc.server_status, lambda: list(bc.fetch())):
+        with pytest.raises(ClientClosedError):
+            use()
+
+
+def test_concurrent_use_fails_loudly(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    results: list[Any] = []
+    with r.client() as bc:
+        worker = threading.Thread(target=lambda: results.append(bc.encode(["slow"])))
+        worker.start()
+        while not r.commands(p.ENCODE):
+            time.sleep(0.01)
+        with pytest.raises(ConcurrentUseError, match="ConcurrentBertClient"):
+            bc.encode(["other thread"])
+        worker.join(10)
+    assert results[0].shape == (1, 4)
+
+
+def test_non_blocking_requests(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    with r.client() as bc:
+        ids = [bc.encode(texts, blocking=False) for texts in (["slow a"], ["b"], ["c c", "d"])]
+        assert bc.encode(["blocking in between"]).shape == (1, 4)
+        arrays = bc.fetch_all(sort=True)
+        assert [a[0, 2] for a in arrays] == ids
+        assert [len(a) for a in arrays] == [1, 1, 2]
+        assert bc.fetch_all() == []
+
+        ids = [bc.encode(texts, blocking=False, show_tokens=True) for texts in (["slow x"], ["y"])]
+        results = list(bc.fetch())
+        assert [result.id for result in results] == ids[::-1]  # in order of arrival
+        assert results[0].tokens == [["y"]]
+        bc.encode(["e"], blocking=False)
+        bc.encode(["f g", "h"], blocking=False)
+        assert bc.fetch_all(concat=True).shape == (3, 4)
+
+
+def test_encode_async_keeps_order_and_stops(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    pulled: list[int] = []
+
+    def batches() -> Iterator[list[str]]:
+        for n in range(8):
+            pulled.append(n)
+            yield ["slow"] * 2 if n == 1 else ["w " * (n + 1)]
+
+    with r.client() as bc:
+        arrays = list(bc.encode_async(batches(), max_num_batch=5))
+        assert [a[0, 0] for a in arrays] == [1, 1, 3, 4, 5]
+        assert pulled == [0, 1, 2, 3, 4]
+        with pytest.raises(ValueError, match=r"batch 1: texts\[0\] is empty"):
+            list(bc.encode_async(iter([["a"], [""]])))
+        assert bc.encode(["afterwards"]).shape == (1, 4)
+
+
+def test_pool_shares_a_server_between_threads(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(5):
+                texts = ["w " * (n + i + 1)]
+                assert pool.encode(texts)[0, 0] == n + i + 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    with ConcurrentBertClient(max_concurrency=3, host="127.0.0.1", port=r.port, port_out=r.port_out) as pool:
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert not errors
+        assert pool._created <= 3
+        assert pool.server_config["output_dim"] == 4 and "requests" in pool.server_status
+    pool.close()
+
+
+def test_pool_waits_for_a_client_then_times_out(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    options = {"host": "127.0.0.1", "port": r.port, "port_out": r.port_out}
+    with ConcurrentBertClient(max_concurrency=1, timeout=2000, **options) as pool:
+        threads = [threading.Thread(target=pool.encode, args=(["slow"],)) for _ in range(2)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert time.monotonic() - started >= 2 * SLOW_S - 0.1  # the second waited, then succeeded
+        assert len(r.commands(p.ENCODE)) == 2
+    busy = pytest.raises(ServerTimeoutError, match="stayed busy for 300 ms")
+    with ConcurrentBertClient(max_concurrency=1, timeout=300, **options) as pool, pool._client(), busy:
+        pool.encode(["a"])
+
+
+def test_pool_replaces_a_client_that_timed_out(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    options = {"host": "127.0.0.1", "port": r.port, "port_out": r.port_out}
+    with ConcurrentBertClient(max_concurrency=1, timeout=300, **options) as pool:
+        with pytest.raises(ServerTimeoutError):
+            pool.encode(["slow"])
+        pool.encode(["fast"])
+    first, second = r.commands(p.ENCODE)
+    assert first.client_id != second.client_id
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def run_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_client_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.run(args))
+
+
+def test_cli(responder: Callable[..., Responder], tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    r = responder()
+    server = ["--host", "127.0.0.1", "--port", str(r.port), "--port-out", str(r.port_out)]
+    source = tmp_path / "in.txt"
+    source.write_text("one\n\ntwo words\nthree more words\n", encoding="utf-8")
+    out = tmp_path / "out.npy"
+    assert run_cli("encode", str(source), "-o", str(out), "--batch-size", "2", *server) == 0
+    np.testing.assert_array_equal(np.load(out)[:, 0], [1, 2, 3])
+    assert "wrote 3 vectors of dimension 4" in capsys.readouterr().err
+
+    assert run_cli("status", *server) == 0
+    assert "requests" in json.loads(capsys.readouterr().out)
+    assert run_cli("stop", *server) == 0
+    assert "stopping" in capsys.readouterr().out
+
+    port, port_out = free_port(), free_port()
+    assert run_cli("status", "--port", str(port), "--port-out", str(port_out), "--timeout", "200") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bertserve: error: no bertserve server answered") and err.count("\n") == 1
