@@ -43,6 +43,7 @@ from .protocol import (
     TERMINATE,
     ProtocolError,
     Reply,
+    check_texts,
     decode_reply,
     encode_request,
 )
@@ -62,8 +63,6 @@ Embedding: TypeAlias = "np.ndarray | list[Any]"
 _HANDSHAKE_RESEND_S = 0.2
 # Requests encode_async keeps in flight at once.
 _ASYNC_WINDOW = 4
-# Mirrors the server's sentence-pair separator, so a pair with an empty side fails here.
-_PAIR_SEPARATOR = "|||"
 _CONCURRENT_USE = (
     "this BertClient is in use by another thread; use ConcurrentBertClient to share one server between threads"
 )
@@ -82,34 +81,6 @@ class EncodeResult:
 class _Pending:
     show_tokens: bool
     fetchable: bool  # sent with blocking=False, so fetch() hands it out
-
-
-def check_texts(texts: object, is_tokenized: bool = False) -> list[Any]:
-    """Return ``texts`` as a list, or raise naming the first element that cannot be encoded.
-
-    ``texts`` must be a list (or tuple) of non-empty strings or, with ``is_tokenized``, of
-    non-empty lists of non-empty strings. Anything else that is not a sequence raises
-    ``TypeError``; a bad element raises ``ValueError`` naming its position.
-    """
-    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
-        kind = "a list of token lists" if is_tokenized else "a list of strings"
-        raise TypeError(f"texts must be {kind}, not {type(texts).__name__}")
-    for i, item in enumerate(texts):
-        if is_tokenized:
-            if isinstance(item, str) or not isinstance(item, Sequence):
-                raise ValueError(f"texts[{i}] must be a list of tokens, not {type(item).__name__}")
-            if not item:
-                raise ValueError(f"texts[{i}] is an empty token list")
-            for j, token in enumerate(item):
-                if not isinstance(token, str) or not token.strip():
-                    raise ValueError(f"texts[{i}][{j}] must be a non-empty string token, got {token!r}")
-        elif not isinstance(item, str):
-            raise ValueError(f"texts[{i}] must be a string, not {type(item).__name__}")
-        elif not item.strip():
-            raise ValueError(f"texts[{i}] is empty")
-        elif _PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(_PAIR_SEPARATOR, 1)):
-            raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
-    return list(texts)
 
 
 def check_timeout(timeout: object) -> float:
@@ -190,7 +161,8 @@ class BertClient:
         self.output_fmt = output_fmt
         self.identity = _check_identity(identity)
         self.check_length = check_length
-        self._address = f"tcp://{host}:{port}"
+        bracketed = f"[{host}]" if ":" in host else host  # an IPv6 address
+        self._address = f"tcp://{bracketed}:{port}"
 
         self._lock = threading.Lock()
         self._closed = False
@@ -206,8 +178,10 @@ class BertClient:
             self._sub = self._context.socket(zmq.SUB)
             self._sub.setsockopt(zmq.LINGER, 0)
             self._sub.setsockopt(zmq.SUBSCRIBE, self.identity)
+            for sock in (self._push, self._sub):
+                sock.setsockopt(zmq.IPV6, ":" in host)
             self._push.connect(self._address)
-            self._sub.connect(f"tcp://{host}:{port_out}")
+            self._sub.connect(f"tcp://{bracketed}:{port_out}")
             self._poller = zmq.Poller()
             self._poller.register(self._sub, zmq.POLLIN)
             with self._using():

@@ -68,6 +68,9 @@ STOP = b"STOP"
 RESULT = b"RESULT"
 JOB_ERROR = b"JOB_ERROR"
 
+PAIR_SEPARATOR = "|||"
+"""Writes a sentence pair as one input: ``"first ||| second"``."""
+
 _ARRAY_DTYPES = {"float32", "float16", "float64", "int32", "int64"}
 
 
@@ -111,6 +114,37 @@ def array_from_buffer(header: dict[str, Any], buffer: bytes | memoryview) -> np.
     if len(buffer) != expected:
         raise ProtocolError(f"array buffer holds {len(buffer)} bytes, the header implies {expected}")
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+# -- what ENCODE accepts ---------------------------------------------------------------
+
+
+def check_texts(texts: object, is_tokenized: bool = False) -> list[Any]:
+    """Return ``texts`` as a list, or raise naming the first element that cannot be encoded.
+
+    ``texts`` must be a list (or tuple) of non-empty strings or, with ``is_tokenized``, of
+    non-empty lists of non-empty strings. Anything else that is not a sequence raises
+    ``TypeError``; a bad element raises ``ValueError`` naming its position.
+    """
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        kind = "a list of token lists" if is_tokenized else "a list of strings"
+        raise TypeError(f"texts must be {kind}, not {type(texts).__name__}")
+    for i, item in enumerate(texts):
+        if is_tokenized:
+            if isinstance(item, str) or not isinstance(item, Sequence):
+                raise ValueError(f"texts[{i}] must be a list of tokens, not {type(item).__name__}")
+            if not item:
+                raise ValueError(f"texts[{i}] is an empty token list")
+            for j, token in enumerate(item):
+                if not isinstance(token, str) or not token.strip():
+                    raise ValueError(f"texts[{i}][{j}] must be a non-empty string token, got {token!r}")
+        elif not isinstance(item, str):
+            raise ValueError(f"texts[{i}] must be a string, not {type(item).__name__}")
+        elif not item.strip():
+            raise ValueError(f"texts[{i}] is empty")
+        elif PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(PAIR_SEPARATOR, 1)):
+            raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
+    return list(texts)
 
 
 # -- client <-> server -------------------------------------------------------------------

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bertserve.client import __version__
-from bertserve.client.cli import add_client_commands
+from bertserve.client.cli import add_client_commands, read_lines
 
 from .config import ModelConfig, ServerConfig
 from .errors import BertServeError
@@ -219,20 +219,11 @@ def _cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_lines(path: str) -> list[str]:
-    if path == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    return [line for line in lines if line.strip()]
-
-
 def _cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
     config = model_config_from_args(args)
-    texts = _read_lines(args.input)
+    texts = read_lines(args.input)
     from .encoder import Encoder
 
     encoder = Encoder(config)

@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from bertserve.client.protocol import check_texts
 
 from .config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
 from .errors import ModelError
 from .graph import GraphMeta, GraphSpec, load_function, load_or_build
 from .model_dir import ModelFiles, inspect_model
-from .tokenization import TokenizedBatch, WordPieceTokenizer, check_texts
+from .tokenization import TokenizedBatch, WordPieceTokenizer
 
 logger = logging.getLogger("bertserve.encoder")
 

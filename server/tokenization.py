@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from bertserve.client.protocol import PAIR_SEPARATOR
 
 from .errors import ModelFileError
 
 logger = logging.getLogger("bertserve.tokenizer")
 
-PAIR_SEPARATOR = "|||"
 CLS, SEP, UNK = "[CLS]", "[SEP]", "[UNK]"
 
 
@@ -49,29 +49,6 @@ class TokenizedBatch:
             self.truncated[index],
             None if self.tokens is None else [self.tokens[i] for i in index],
         )
-
-
-def check_texts(texts: object, is_tokenized: bool = False) -> list:
-    """Return ``texts`` as a list, or raise naming the first element that cannot be encoded."""
-    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
-        kind = "a list of token lists" if is_tokenized else "a list of strings"
-        raise TypeError(f"texts must be {kind}, not {type(texts).__name__}")
-    for i, item in enumerate(texts):
-        if is_tokenized:
-            if isinstance(item, str) or not isinstance(item, Sequence):
-                raise ValueError(f"texts[{i}] must be a list of tokens, not {type(item).__name__}")
-            if not item:
-                raise ValueError(f"texts[{i}] is an empty token list")
-            for j, token in enumerate(item):
-                if not isinstance(token, str) or not token.strip():
-                    raise ValueError(f"texts[{i}][{j}] must be a non-empty string token, got {token!r}")
-        elif not isinstance(item, str):
-            raise ValueError(f"texts[{i}] must be a string, not {type(item).__name__}")
-        elif not item.strip():
-            raise ValueError(f"texts[{i}] is empty")
-        elif PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(PAIR_SEPARATOR, 1)):
-            raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
-    return list(texts)
 
 
 class WordPieceTokenizer:

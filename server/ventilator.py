@@ -25,7 +25,6 @@ from bertserve.client import __version__
 from bertserve.client import protocol as p
 
 from .config import ServerConfig
-from .tokenization import check_texts
 
 logger = logging.getLogger("bertserve.ventilator")
 
@@ -177,7 +176,7 @@ class Ventilator:
                 f"{self.config.max_request_size} per request", "limit"
             )  # fmt: skip
         try:
-            check_texts(texts, is_tokenized)
+            p.check_texts(texts, is_tokenized)
         except (TypeError, ValueError) as exc:
             return self._reject(request, str(exc))
         sizes = [len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts]

@@ -35,7 +35,7 @@ from bertserve.client import (
 )
 from bertserve.client import protocol as p
 from bertserve.client.cli import add_client_commands
-from bertserve.client.client import check_texts
+from bertserve.client.protocol import check_texts
 from serving import free_port
 
 pytestmark = pytest.mark.timeout(30)  # every test here talks to sockets and could hang
