@@ -160,6 +160,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-batch-size", type=int, default=int(env("--max-batch-size", 256)), help="sentences per mini-job")
     add("--max-latency-ms", type=float, default=float(env("--max-latency-ms", 10.0)),
         help="how long a small request waits for others to share a mini-job")  # fmt: skip
+    add("--merge-requests", type=_bool, default=_bool(env("--merge-requests", True)),
+        help="merge small requests from different clients into one mini-job")  # fmt: skip
     add("--prefetch-size", type=int, default=int(env("--prefetch-size", 2)), help="jobs queued ahead per worker")
     add("--cpu", type=_bool, nargs="?", const=True, default=_bool(env("--cpu", False)), help="run on the CPU only")
     add("--device-map", type=int, nargs="+", default=env("--device-map"), help="GPU ids the workers use, in turn")
@@ -187,6 +189,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         bind=args.bind,
         max_batch_size=args.max_batch_size,
         max_latency_ms=args.max_latency_ms,
+        merge_requests=args.merge_requests,
         prefetch_size=args.prefetch_size,
         cpu=args.cpu,
         device_map=tuple(device_map or ()),

@@ -162,6 +162,7 @@ class ServerConfig:
     bind: str = "127.0.0.1"
     max_batch_size: int = 256
     max_latency_ms: float = 10.0
+    merge_requests: bool = True
     prefetch_size: int = 2
     cpu: bool = False
     device_map: tuple[int, ...] = ()

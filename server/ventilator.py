@@ -94,6 +94,7 @@ class Ventilator:
         self.received = 0
         self.rejected = 0
         self.terminate_requested = False
+        self.recent_jobs: deque[tuple[float, int]] = deque(maxlen=512)  # (seconds, sentences)
         self._commands: dict[bytes, Callable[[p.Request], None]] = {
             p.ENCODE: self._on_encode,
             p.CONFIG: self._on_config,
@@ -246,6 +247,7 @@ class Ventilator:
             "queue_bulk_jobs": sum(len(jobs) for jobs in self.bulk),
             "jobs_in_flight": len(self.jobs),
             "padding_fraction": round(1 - tokens / slots, 4) if slots else 0.0,
+            "recent_jobs": self._recent_jobs(),
             "workers": [
                 {
                     "index": w.index, "pid": w.pid, "jobs_done": w.jobs_done, "sentences": w.sentences,
@@ -255,6 +257,18 @@ class Ventilator:
                 for w in sorted(self.workers.values(), key=lambda w: w.index)
             ],
         }  # fmt: skip
+
+    def _recent_jobs(self) -> dict[str, float]:
+        """Run time and size of the last jobs the workers finished."""
+        if not self.recent_jobs:
+            return {"count": 0, "median_seconds": 0.0, "median_sentences": 0.0, "max_sentences": 0}
+        seconds, sizes = zip(*self.recent_jobs, strict=True)
+        return {
+            "count": len(seconds),
+            "median_seconds": round(float(np.median(seconds)), 5),
+            "median_sentences": float(np.median(sizes)),
+            "max_sentences": max(sizes),
+        }
 
     def _on_terminate(self, request: p.Request) -> None:
         if not self.config.allow_terminate:
@@ -294,6 +308,7 @@ class Ventilator:
         worker.jobs_done += 1
         worker.sentences += job.size
         worker.busy_seconds += float(info.get("seconds", 0.0))
+        self.recent_jobs.append((float(info.get("seconds", 0.0)), job.size))
         worker.tokens += int(info.get("tokens", 0))
         worker.slots += int(info.get("slots", 0))
 
@@ -330,6 +345,8 @@ class Ventilator:
         pieces: list[_Piece] = []
         kind = self.small[0].is_tokenized
         while self.small and room and self.small[0].is_tokenized == kind:
+            if pieces and not self.config.merge_requests:
+                break
             piece = self.small[0]
             if len(piece.rows) <= room:
                 self.small.popleft()

@@ -50,13 +50,14 @@ def configure_device(config: ServerConfig, index: int) -> str:
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             ids = config.device_map or tuple(range(len(gpus)))
-            gpu = gpus[ids[index % len(ids)] % len(gpus)]
+            gpu_id = ids[index % len(ids)] % len(gpus)
+            gpu = gpus[gpu_id]
             tf.config.set_visible_devices([gpu], "GPU")
-            if config.gpu_memory_fraction is None:
+            total_mb = _gpu_memory_mb(gpu_id) if config.gpu_memory_fraction is not None else None
+            if total_mb is None:
                 tf.config.experimental.set_memory_growth(gpu, True)
             else:
-                total_mb = _gpu_memory_mb(gpu)
-                limit = int(total_mb * config.gpu_memory_fraction)
+                limit = int(total_mb * (config.gpu_memory_fraction or 1.0))
                 tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(limit)])
             return "/GPU:0"
         logger.info("no GPU visible: worker %d runs on the CPU", index)
@@ -67,11 +68,16 @@ def configure_device(config: ServerConfig, index: int) -> str:
     return "/CPU:0"
 
 
-def _gpu_memory_mb(gpu: Any) -> int:
-    import tensorflow as tf
+def _gpu_memory_mb(gpu_id: int) -> int | None:
+    """Total memory of a GPU in MiB, from nvidia-smi; None (use memory growth) if unknown."""
+    import subprocess
 
-    details = tf.config.experimental.get_device_details(gpu)
-    return int(details.get("memory_limit", 8 << 30) // (1 << 20)) if "memory_limit" in details else 8192
+    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", str(gpu_id)]
+    try:
+        return int(subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        logger.warning("cannot read GPU %d's memory with nvidia-smi; using memory growth instead", gpu_id)
+        return None
 
 
 class Worker:

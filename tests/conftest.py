@@ -56,10 +56,3 @@ def tiny_google(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> str:
     return tiny_bert.write_tiny_bert(str(tmp_path_factory.mktemp("tiny_hf")), "huggingface", seed=1)
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of matching rows (any trailing shape is flattened)."""
-    a = a.reshape(len(a), -1).astype(np.float64)
-    b = b.reshape(len(b), -1).astype(np.float64)
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))

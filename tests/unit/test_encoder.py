@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tiny_bert
 from bertserve.server import Encoder, ModelError
-from conftest import cosine_rows
+from checks import cosine_rows
 
 TEXTS = [
     "the quick brown fox jumps over the lazy dog.",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from bertserve.server import Encoder
-from conftest import cosine_rows
+from checks import cosine_rows
 
 pytestmark = pytest.mark.minilm
 
