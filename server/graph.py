@@ -333,15 +333,16 @@ def load_function(graph_bytes: bytes, meta: GraphMeta, *, xla: bool = False) -> 
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(graph_bytes)
 
-    def _import() -> None:
-        tf.compat.v1.import_graph_def(graph_def, name="")
+    def _imported(input_ids: tf.Tensor, input_mask: tf.Tensor, segment_ids: tf.Tensor) -> tf.Tensor:
+        # Feeding the inputs through input_map imports the graph once, with nothing to prune.
+        inputs = dict(zip((f"{name}:0" for name in INPUT_NAMES), (input_ids, input_mask, segment_ids), strict=True))
+        (output,) = tf.compat.v1.import_graph_def(
+            graph_def, input_map=inputs, return_elements=[f"{meta.output_node}:0"], name="bert"
+        )
+        return output
 
-    wrapped = tf.compat.v1.wrap_function(_import, [])
-    graph = wrapped.graph
-    fn = wrapped.prune(
-        [graph.as_graph_element(f"{name}:0") for name in INPUT_NAMES],
-        graph.as_graph_element(f"{meta.output_node}:0"),
-    )
+    signature = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
+    fn = tf.compat.v1.wrap_function(_imported, signature)
     if xla:
         return tf.function(fn, jit_compile=True)
     return fn
