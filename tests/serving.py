@@ -76,6 +76,7 @@ def start_server(*args: str, env: dict[str, str] | None = None, expect_ready: bo
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, **(env or {})},
+        start_new_session=True,  # its own process group, as a terminal would give it (for Ctrl-C)
     )
     server = RunningServer(process, port, port_out)
     ready = threading.Event()

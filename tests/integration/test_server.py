@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -279,6 +281,15 @@ def test_sigterm_mid_request_fails_it_with_a_reply(tiny_google: str, session_gra
             assert results[0].shape == (20_000, 32)  # drained in time
         except ServerError as exc:
             assert "shutting down" in str(exc)
+    assert server.process.wait(60) == 0
+    assert not psutil.wait_procs(family, timeout=20)[1]
+
+
+def test_ctrl_c_stops_every_process(tiny_google: str, session_graph_dir: str) -> None:
+    server = start_server("--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--num-worker", "2")
+    family = server.family()
+    assert len(family) >= 4  # server, sink, two workers
+    os.killpg(server.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
     assert server.process.wait(60) == 0
     assert not psutil.wait_procs(family, timeout=20)[1]
 
