@@ -109,7 +109,7 @@ MODEL_FLAGS = [
     _Flag("--output-dtype", "float32 or float16 vectors", default="float32"),
     _Flag("--xla", "XLA-compile the graph", _bool, False, switch=True),
     _Flag("--graph-dir", "where optimized graphs are cached (default: the user cache dir)"),
-    _Flag("--batch-size", "sentences per model run", int, 128),
+    _Flag("--batch-size", "most sentences in one model run", int, 64),
 ]
 
 SERVER_FLAGS = [

@@ -87,7 +87,7 @@ class ModelConfig:
     output_dtype: str = "float32"
     xla: bool = False
     graph_dir: str | None = None
-    batch_size: int = 128
+    batch_size: int = 64
     device: str | None = None
 
     def __post_init__(self) -> None:

@@ -49,20 +49,8 @@ class Encoder:
         model = inspect_model(requested)
         self.config, spec = _resolve(requested, model)
         self.spec: GraphSpec = spec
-        max_len = model.config.max_position_embeddings if self.config.dynamic_length else self.config.max_seq_len
-        assert isinstance(max_len, int)
-        self.max_len: int = max_len
-        self._tokenizer = WordPieceTokenizer(
-            vocab_path=model.vocab_path,
-            tokenizer_json=model.tokenizer_json,
-            do_lower_case=model.do_lower_case,
-            max_len=max_len,
-        )
-        if self._tokenizer.vocab_size > model.config.vocab_size:
-            raise ModelError(
-                f"the tokenizer knows {self._tokenizer.vocab_size} tokens but the model embeds "
-                f"only vocab_size={model.config.vocab_size}"
-            )
+        self._tokenizer = _build_tokenizer(model, self.config)
+        self.max_len: int = self._tokenizer.max_len
         graph_dir = self.config.graph_dir or default_graph_dir()
         graph_bytes, self.meta, self.graph_built = load_or_build(model, spec, graph_dir)
         self.graph_path: str = os.path.join(graph_dir, f"{self.meta.key}.graph")
@@ -176,9 +164,29 @@ class Encoder:
         self._run_padded(TokenizedBatch(ids, np.zeros_like(ids), np.array([2], np.int32), np.zeros(1, bool)))
 
 
-def resolve_options(requested: ModelConfig) -> dict[str, Any]:
-    """Check a model directory and options without loading weights or TensorFlow."""
-    return _describe(*_resolve(requested, inspect_model(requested)))
+def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTokenizer]:
+    """Check a model directory and options without loading weights or TensorFlow; returns
+    the resolved options and the model's tokenizer."""
+    model = inspect_model(requested)
+    config, spec = _resolve(requested, model)
+    return _describe(config, spec), _build_tokenizer(model, config)
+
+
+def _build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenizer:
+    limit = model.config.max_position_embeddings
+    max_len = limit if config.max_seq_len == DYNAMIC or config.max_seq_len is None else int(config.max_seq_len)
+    tokenizer = WordPieceTokenizer(
+        vocab_path=model.vocab_path,
+        tokenizer_json=model.tokenizer_json,
+        do_lower_case=model.do_lower_case,
+        max_len=max_len,
+    )
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ModelError(
+            f"the tokenizer knows {tokenizer.vocab_size} tokens but the model embeds "
+            f"only vocab_size={model.config.vocab_size}"
+        )
+    return tokenizer
 
 
 def _describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:

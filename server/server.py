@@ -47,6 +47,7 @@ class BertServer:
         self.workers: dict[int, BaseProcess] = {}
         self.sink: BaseProcess | None = None
         self.model_info: dict[str, Any] = {}
+        self.tokenizer: Any = None
 
     # -- signals -------------------------------------------------------------------------
 
@@ -76,7 +77,7 @@ class BertServer:
             self._bind(frontend, self.config.port)
             self._check_port_free(context, self.config.port_out)
             self.sink = self._start(run_sink, (self.config, addresses.sink, self.log_level), "bertserve-sink")
-            ventilator = Ventilator(self.config, context, frontend, addresses)
+            ventilator = Ventilator(self.config, context, frontend, addresses, self.tokenizer)
             self._start_workers(ventilator, addresses)
             if on_ready is not None:
                 on_ready(ventilator.describe())
@@ -94,7 +95,7 @@ class BertServer:
         from .encoder import resolve_options
 
         try:
-            self.model_info = resolve_options(self.config.model)
+            self.model_info, self.tokenizer = resolve_options(self.config.model)
         except (ValueError, TypeError, OSError) as exc:
             raise StartupError(str(exc)) from exc
 

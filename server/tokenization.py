@@ -116,6 +116,13 @@ class WordPieceTokenizer:
         tokens = [list(r[2]) for r in rows] if keep_tokens else None
         return TokenizedBatch(input_ids, segment_ids, lengths, truncated, tokens)
 
+    def count_tokens(self, texts: Sequence, *, is_tokenized: bool = False) -> np.ndarray:
+        """How many tokens each input becomes (after truncation), to sort work by length."""
+        if is_tokenized:
+            return np.fromiter((min(len(t) + 2, self.max_len) for t in texts), dtype=np.int32, count=len(texts))
+        encodings = self._tokenizer.encode_batch([_split_pair(text) for text in texts])
+        return np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(texts))
+
     def _encode_tokens(self, tokens: list[str]) -> tuple[list[int], list[int], list[str], bool]:
         """Pre-tokenized input: vocabulary tokens are taken as they are, other words are
         split into word pieces; a ``|||`` token separates a pair."""

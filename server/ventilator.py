@@ -47,6 +47,7 @@ class _Job:
     frames: list[bytes]  # [JOB, job_id, header, payload]
     keys: list[str]
     size: int
+    bulk: bool = False  # cut from a large request (rather than merged from small ones)
     worker: bytes | None = None
 
 
@@ -69,8 +70,11 @@ class _WorkerState:
 
 
 class Ventilator:
-    def __init__(self, config: ServerConfig, context: zmq.Context, frontend: zmq.Socket, addresses: Any) -> None:
+    def __init__(
+        self, config: ServerConfig, context: zmq.Context, frontend: zmq.Socket, addresses: Any, tokenizer: Any = None
+    ) -> None:
         self.config = config
+        self.tokenizer = tokenizer  # counts tokens so bulk jobs hold inputs of one length
         self.frontend = frontend  # PULL from clients, bound by the server
         self.backend = context.socket(zmq.ROUTER)
         self.backend.linger = 0
@@ -94,7 +98,7 @@ class Ventilator:
         self.received = 0
         self.rejected = 0
         self.terminate_requested = False
-        self.recent_jobs: deque[tuple[float, int]] = deque(maxlen=512)  # (seconds, sentences)
+        self.recent_jobs: deque[tuple[float, int, bool]] = deque(maxlen=512)  # (seconds, sentences, bulk)
         self._commands: dict[bytes, Callable[[p.Request], None]] = {
             p.ENCODE: self._on_encode,
             p.CONFIG: self._on_config,
@@ -200,15 +204,26 @@ class Ventilator:
             self.small.append(_Piece(request.key, rows, texts, is_tokenized, show_tokens, now))
             self.small_rows += len(texts)
             return None
-        # Bulk: sort by length so each job pads little, then cut into jobs.
-        order = np.argsort(np.asarray(sizes), kind="stable")
+        # Bulk: sort by token count so each job pads little, then cut into jobs.
+        order = np.argsort(self._lengths(texts, is_tokenized, sizes), kind="stable")
         step = self.config.max_batch_size
         jobs = deque(
             self._make_job([_Piece(request.key, chunk, [texts[i] for i in chunk], is_tokenized, show_tokens, now)])
             for chunk in (order[i : i + step] for i in range(0, len(order), step))
         )
+        for job in jobs:
+            job.bulk = True
         self.bulk.append(jobs)
         return None
+
+    def _lengths(self, texts: list[Any], is_tokenized: bool, sizes: list[int]) -> np.ndarray:
+        if self.tokenizer is None:
+            return np.asarray(sizes)
+        try:
+            return np.asarray(self.tokenizer.count_tokens(texts, is_tokenized=is_tokenized))
+        except Exception:  # the worker will report what is wrong with these texts
+            logger.debug("could not count tokens; sorting by characters", exc_info=True)
+            return np.asarray(sizes)
 
     def _publish_empty(self, request: p.Request) -> None:
         dim = int(self.model.get("output_dim", 0))
@@ -259,15 +274,16 @@ class Ventilator:
         }  # fmt: skip
 
     def _recent_jobs(self) -> dict[str, float]:
-        """Run time and size of the last jobs the workers finished."""
-        if not self.recent_jobs:
-            return {"count": 0, "median_seconds": 0.0, "median_sentences": 0.0, "max_sentences": 0}
-        seconds, sizes = zip(*self.recent_jobs, strict=True)
+        """Run time and size of the last jobs the workers finished (bulk ones on their own too)."""
+        jobs = list(self.recent_jobs)
+        bulk = [seconds for seconds, _, is_bulk in jobs if is_bulk]
         return {
-            "count": len(seconds),
-            "median_seconds": round(float(np.median(seconds)), 5),
-            "median_sentences": float(np.median(sizes)),
-            "max_sentences": max(sizes),
+            "count": len(jobs),
+            "median_seconds": round(float(np.median([j[0] for j in jobs])), 5) if jobs else 0.0,
+            "median_sentences": float(np.median([j[1] for j in jobs])) if jobs else 0.0,
+            "max_sentences": max((j[1] for j in jobs), default=0),
+            "bulk_count": len(bulk),
+            "bulk_median_seconds": round(float(np.median(bulk)), 5) if bulk else 0.0,
         }
 
     def _on_terminate(self, request: p.Request) -> None:
@@ -308,7 +324,7 @@ class Ventilator:
         worker.jobs_done += 1
         worker.sentences += job.size
         worker.busy_seconds += float(info.get("seconds", 0.0))
-        self.recent_jobs.append((float(info.get("seconds", 0.0)), job.size))
+        self.recent_jobs.append((float(info.get("seconds", 0.0)), job.size, job.bulk))
         worker.tokens += int(info.get("tokens", 0))
         worker.slots += int(info.get("slots", 0))
 
