@@ -118,9 +118,10 @@ SERVER_FLAGS = [
     _Flag("--port-out", "port that publishes results", int, 5556),
     _Flag("--bind", "address to listen on (0.0.0.0 for every interface)", default="127.0.0.1"),
     _Flag("--max-batch-size", "most sentences in one mini-job", int, 256),
+    _Flag("--max-batch-tokens", "most padded tokens in one bulk mini-job, so jobs take similar time", int, 4096),
     _Flag("--max-latency-ms", "how long a small request waits for others to share a mini-job", float, 10.0),
     _Flag("--merge-requests", "merge small requests from different clients into one mini-job", _bool, True),
-    _Flag("--prefetch-size", "jobs a worker holds at once (received and tokenized ahead)", int, 2),
+    _Flag("--prefetch-size", "jobs a worker holds at once; more than 1 makes small requests wait longer", int, 1),
     _Flag("--cpu", "run on the CPU even where a GPU is visible", _bool, False, switch=True),
     _Flag("--device-map", "GPU ids the workers take in turn", int, (), many=True),
     _Flag("--gpu-memory-fraction", "share of its GPU's memory a worker may take (default: grow)", float),
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.set_defaults(run=_cmd_embed)
 
     start = commands.add_parser("start", help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)")
+    start.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log debug messages")
     _add_flags(start, "model", MODEL_FLAGS)
     _add_flags(start, "serving", SERVER_FLAGS)
     start.set_defaults(run=_cmd_start)

@@ -161,9 +161,10 @@ class ServerConfig:
     port_out: int = 5556
     bind: str = "127.0.0.1"
     max_batch_size: int = 256
+    max_batch_tokens: int = 4096
     max_latency_ms: float = 10.0
     merge_requests: bool = True
-    prefetch_size: int = 2
+    prefetch_size: int = 1
     cpu: bool = False
     device_map: tuple[int, ...] = ()
     gpu_memory_fraction: float | None = None
@@ -179,6 +180,7 @@ class ServerConfig:
             (all(1 <= p <= 65535 for p in (self.port, self.port_out)), "ports must be between 1 and 65535"),
             (self.port != self.port_out, "port and port_out must differ"),
             (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
+            (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
             (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),
             (self.prefetch_size >= 1, "prefetch_size must be at least 1"),
             (self.max_request_size >= 1, "max_request_size must be at least 1"),

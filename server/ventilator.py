@@ -204,17 +204,30 @@ class Ventilator:
             self.small.append(_Piece(request.key, rows, texts, is_tokenized, show_tokens, now))
             self.small_rows += len(texts)
             return None
-        # Bulk: sort by token count so each job pads little, then cut into jobs.
-        order = np.argsort(self._lengths(texts, is_tokenized, sizes), kind="stable")
-        step = self.config.max_batch_size
+        # Bulk: sort by token count so each job pads little, then cut into jobs of similar cost.
+        lengths = self._lengths(texts, is_tokenized, sizes)
+        order = np.argsort(lengths, kind="stable")
         jobs = deque(
             self._make_job([_Piece(request.key, chunk, [texts[i] for i in chunk], is_tokenized, show_tokens, now)])
-            for chunk in (order[i : i + step] for i in range(0, len(order), step))
+            for chunk in self._cut(order, lengths[order])
         )
         for job in jobs:
             job.bulk = True
         self.bulk.append(jobs)
         return None
+
+    def _cut(self, order: np.ndarray, sorted_lengths: np.ndarray) -> list[np.ndarray]:
+        """Cut length-sorted rows into jobs of at most max_batch_size rows and max_batch_tokens
+        padded tokens (rows times the longest, which is the last)."""
+        chunks, start = [], 0
+        limit, budget = self.config.max_batch_size, self.config.max_batch_tokens
+        for end in range(1, len(order) + 1):
+            rows = end - start
+            if rows > limit or (rows > 1 and rows * int(sorted_lengths[end - 1]) > budget):
+                chunks.append(order[start : end - 1])
+                start = end - 1
+        chunks.append(order[start:])
+        return chunks
 
     def _lengths(self, texts: list[Any], is_tokenized: bool, sizes: list[int]) -> np.ndarray:
         if self.tokenizer is None:
@@ -404,6 +417,8 @@ class Ventilator:
                 self.worker_lost(worker.index)
                 self.bulk.appendleft(deque([job]))
                 continue
+            logger.debug("job %s (%d inputs%s) to worker %d", job.job_id.decode(), job.size,
+                         ", bulk" if job.bulk else "", worker.index)  # fmt: skip
             job.worker = worker.identity
             worker.jobs.add(job.job_id)
             self.jobs[job.job_id] = job

@@ -186,6 +186,7 @@ class Worker:
                 self.results.send_multipart([p.JOB_ERROR, job_id, p.dumps(error)])
                 tokens = slots = 0
             elapsed = time.perf_counter() - started
+            logger.debug("worker %d ran job %s: %d inputs in %.3fs", self.index, job_id.decode(), len(lengths), elapsed)
             done = {"job": job_id.decode(), "seconds": elapsed, "tokens": tokens, "slots": slots}
             self.credits.send_multipart([p.DONE, p.dumps(done)])
 

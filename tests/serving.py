@@ -28,6 +28,7 @@ class RunningServer:
     port: int
     port_out: int
     output: list[str] = field(default_factory=list)
+    ready_line: str | None = None
 
     @property
     def client_kwargs(self) -> dict[str, int]:
@@ -58,11 +59,12 @@ class RunningServer:
         assert not alive, f"processes left behind: {alive}"
 
 
-def _pump(stream, lines: list[str], ready: threading.Event) -> None:
+def _pump(stream, server: RunningServer, ready: threading.Event) -> None:
     for line in stream:
-        lines.append(line)
+        server.output.append(line)
         sys.stderr.write(line)
         if " ready: " in line and line.startswith("bertserve"):
+            server.ready_line = line
             ready.set()
     ready.set()
 
@@ -80,13 +82,14 @@ def start_server(*args: str, env: dict[str, str] | None = None, expect_ready: bo
     )
     server = RunningServer(process, port, port_out)
     ready = threading.Event()
-    threading.Thread(target=_pump, args=(process.stdout, server.output, ready), daemon=True).start()
+    threading.Thread(target=_pump, args=(process.stdout, server, ready), daemon=True).start()
     if expect_ready:
         deadline = time.monotonic() + START_TIMEOUT
         while not ready.wait(0.2):
             if time.monotonic() > deadline:
                 server.stop()
                 raise AssertionError("the server did not become ready:\n" + "".join(server.output))
-        if process.poll() is not None:
-            raise AssertionError("the server exited:\n" + "".join(server.output))
+        if server.ready_line is None or process.poll() is not None:
+            server.stop()
+            raise AssertionError("the server exited before it was ready:\n" + "".join(server.output))
     return server
