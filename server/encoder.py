@@ -27,7 +27,12 @@ from .tokenization import TokenizedBatch, WordPieceTokenizer
 
 logger = logging.getLogger("bertserve.encoder")
 
-_XLA_LENGTH_BUCKET = 16  # XLA compiles once per shape: round lengths up to limit recompiles
+_XLA_LENGTH_BUCKET = 16
+# What one more model run costs beyond its tokens, in padded token positions: plan() pads a
+# run rather than start another only while the padding is cheaper than this. Measured on a
+# 2-core CPU with all-MiniLM-L6-v2, merged jobs of 30 random sentences: 80 sentences/s with
+# no cut, 125 at 128, 150 at 32-64; bulk throughput unchanged, its padding 5% -> 1.5%.
+_RUN_COST_TOKENS = 32  # XLA compiles once per shape: round lengths up to limit recompiles
 
 
 class Encoder:
@@ -132,10 +137,18 @@ class Encoder:
         return out
 
     def plan(self, batch: TokenizedBatch) -> list[np.ndarray]:
-        """The row indexes of each model run: sorted by length, at most ``batch_size`` each."""
+        """The row indexes of each model run: sorted by length, at most ``batch_size`` each,
+        and cut where padding the run to the next length would cost more than a run does."""
         order = np.argsort(batch.lengths, kind="stable")
-        step = self.config.batch_size
-        return [order[start : start + step] for start in range(0, len(order), step)]
+        lengths = batch.lengths[order].tolist()
+        runs, start = [], 0
+        for i in range(1, len(order)):
+            rows = i - start
+            if rows >= self.config.batch_size or rows * (lengths[i] - lengths[i - 1]) > _RUN_COST_TOKENS:
+                runs.append(order[start:i])
+                start = i
+        runs.append(order[start:])
+        return runs
 
     def token_slots(self, batch: TokenizedBatch) -> int:
         """Token positions the model computes for ``batch``, padding included."""

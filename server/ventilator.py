@@ -390,9 +390,10 @@ class Ventilator:
 
     def _next_job(self) -> _Job | None:
         if self.small:
+            # A small request waits up to max_latency_ms for company, even with a worker idle:
+            # clients that send again as soon as they are answered arrive a few ms apart.
             waited_ms = (time.monotonic() - self.small[0].arrived) * 1000
-            any_idle = any(not w.jobs for w in self.workers.values())
-            if self.small_rows >= self.config.max_batch_size or waited_ms >= self.config.max_latency_ms or any_idle:
+            if self.small_rows >= self.config.max_batch_size or waited_ms >= self.config.max_latency_ms:
                 return self._take_small()
         if self.bulk:
             jobs = self.bulk.popleft()
