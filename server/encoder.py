@@ -21,7 +21,7 @@ from bertserve.client.protocol import check_texts
 
 from .config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
 from .errors import ModelError
-from .graph import GraphMeta, GraphSpec, load_function, load_or_build
+from .graph import GraphSpec, load_function, load_or_build
 from .model_dir import ModelFiles, inspect_model
 from .tokenization import TokenizedBatch, WordPieceTokenizer
 
@@ -256,4 +256,4 @@ def _resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, Gr
     return resolved, spec
 
 
-__all__ = ["Encoder", "GraphMeta"]
+__all__ = ["Encoder", "resolve_options"]
