@@ -210,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         setup_logging(logging.DEBUG if args.verbose else logging.INFO)
         return int(args.run(args))
+    except ImportError as exc:  # a client-only install running a server command
+        print(f"bertserve: error: {exc}; the server needs: pip install 'bertserve[server]'", file=sys.stderr)
+        return 2
     except (BertServeError, ValueError, TypeError, OSError) as exc:
         print(f"bertserve: error: {exc}", file=sys.stderr)
         return 2
