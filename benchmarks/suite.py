@@ -418,10 +418,23 @@ class LoadResult:
     errors: list[str]
 
 
-@dataclass
-class _Window:
-    start: float = 0.0
-    deadline: float = 0.0
+class _StartLine:
+    """How the clients start together: all warm, then (after the caller's snapshot) all go;
+    the last one through ``go`` opens the window of ``duration`` seconds."""
+
+    def __init__(self, parties: int, duration: float) -> None:
+        self.duration = duration
+        self.start = self.deadline = 0.0
+        self.warmed = threading.Barrier(parties)
+        self.go = threading.Barrier(parties, action=self._open)
+
+    def _open(self) -> None:
+        self.start = time.perf_counter()
+        self.deadline = self.start + self.duration
+
+    def abort(self) -> None:
+        self.warmed.abort()
+        self.go.abort()
 
 
 def _client_loop(
@@ -429,8 +442,7 @@ def _client_loop(
     load: Load,
     index: int,
     corpus: Sequence[str],
-    barrier: threading.Barrier,
-    window: _Window,
+    line: _StartLine,
     timings: list[tuple[float, float, int]],
     errors: list[str],
 ) -> None:
@@ -439,8 +451,9 @@ def _client_loop(
     try:
         with server.client() as client:
             client.encode(cycle_take(corpus, offset, min(load.batch, 64)))
-            barrier.wait()
-            while time.perf_counter() < window.deadline:
+            line.warmed.wait()
+            line.go.wait()
+            while time.perf_counter() < line.deadline:
                 texts = cycle_take(corpus, offset, load.batch)
                 offset += load.batch
                 started = time.perf_counter()
@@ -450,42 +463,45 @@ def _client_loop(
         return
     except Exception as exc:
         errors.append(f"client {index}: {type(exc).__name__}: {exc}")
-        barrier.abort()
+        line.abort()
 
 
-def run_load(server: ServerProcess, load: Load, corpus: Sequence[str], duration: float) -> LoadResult:
-    """Every client sends back to back until ``duration`` has passed, then finishes its request.
+def run_load(
+    server: ServerProcess,
+    load: Load,
+    corpus: Sequence[str],
+    duration: float,
+    at_start: Callable[[], object] | None = None,
+) -> LoadResult:
+    """Every client connects and warms up; ``at_start`` runs (say, a status snapshot); then
+    every client sends back to back until ``duration`` has passed and finishes its request.
 
     Throughput is all sentences sent over the time from the common start to the last reply,
     so no request is left out and no partial one is counted.
     """
-    window = _Window()
-
-    def open_window() -> None:
-        window.start = time.perf_counter()
-        window.deadline = window.start + duration
-
-    barrier = threading.Barrier(load.clients + 1, action=open_window)
+    line = _StartLine(load.clients + 1, duration)
     timings: list[tuple[float, float, int]] = []  # list.append is atomic: shared by the threads
     errors: list[str] = []
     threads = [  # daemons: an interrupted run must not wait for their replies
-        threading.Thread(
-            target=_client_loop, args=(server, load, i, corpus, barrier, window, timings, errors), daemon=True
-        )
+        threading.Thread(target=_client_loop, args=(server, load, i, corpus, line, timings, errors), daemon=True)
         for i in range(load.clients)
     ]
     for thread in threads:
         thread.start()
     try:
-        barrier.wait(timeout=CLIENT_TIMEOUT_MS / 1000)
+        line.warmed.wait(timeout=CLIENT_TIMEOUT_MS / 1000)
+        if at_start is not None:
+            at_start()
+        line.go.wait()
     except threading.BrokenBarrierError:
-        for thread in threads:
-            thread.join()
         raise BenchmarkError(f"clients failed before the load started: {errors[:3]}") from None
+    except BaseException:
+        line.abort()
+        raise
     for thread in threads:
         thread.join()
-    end = max((t[1] for t in timings), default=window.start)
-    seconds = end - window.start
+    end = max((t[1] for t in timings), default=line.start)
+    seconds = end - line.start
     sentences = sum(t[2] for t in timings)
     return LoadResult(
         clients=load.clients,
@@ -599,10 +615,14 @@ def base_value(parameter: SweepParameter, settings: SweepSettings) -> str:
 def measure_point(
     server: ServerProcess, parameter: SweepParameter, value: str, load: Load, settings: SweepSettings
 ) -> SweepPoint:
-    before = server.counters()
-    server.rss.reset_serving_peak()
-    result = run_load(server, load, settings.corpus, settings.duration)
-    window = server.counters() - before
+    snapshot: list[WorkCounters] = []
+
+    def at_start() -> None:  # the clients' warmup requests are done and left out
+        snapshot.append(server.counters())
+        server.rss.reset_serving_peak()
+
+    result = run_load(server, load, settings.corpus, settings.duration, at_start)
+    window = server.counters() - snapshot[0]
     return SweepPoint(
         parameter=parameter.name,
         value=value,
