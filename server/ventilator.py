@@ -127,7 +127,9 @@ class Ventilator:
         poller.register(self.backend, zmq.POLLIN)
         poller.register(self.credit_socket, zmq.POLLIN)
         wait = timeout_ms
-        if self.small and self.workers:
+        if self.small and any(w.free > 0 for w in self.workers.values()):
+            # Wake when the oldest small request has waited long enough; with every worker
+            # busy there is nothing to dispatch until a credit returns, so do not spin.
             waited = (time.monotonic() - self.small[0].arrived) * 1000
             wait = int(max(0, min(wait, self.config.max_latency_ms - waited)))
         events = dict(poller.poll(wait))
@@ -393,7 +395,8 @@ class Ventilator:
             # A small request waits up to max_latency_ms for company, even with a worker idle:
             # clients that send again as soon as they are answered arrive a few ms apart.
             waited_ms = (time.monotonic() - self.small[0].arrived) * 1000
-            if self.small_rows >= self.config.max_batch_size or waited_ms >= self.config.max_latency_ms:
+            # Bulk work waiting means the worker would be busy anyway: go now, ahead of it.
+            if self.small_rows >= self.config.max_batch_size or waited_ms >= self.config.max_latency_ms or self.bulk:
                 return self._take_small()
         if self.bulk:
             jobs = self.bulk.popleft()
