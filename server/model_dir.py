@@ -209,8 +209,9 @@ def _inspect_huggingface(model_dir: str) -> ModelFiles:
         raise ModelFileError(f"{model_dir} has neither {TOKENIZER_JSON} nor {VOCAB}")
     files = [config_path, *weight_files]
     tokenizer_config = os.path.join(model_dir, "tokenizer_config.json")
-    if os.path.isfile(tokenizer_config) and isinstance(_read_json(tokenizer_config).get("do_lower_case"), bool):
-        do_lower_case = _read_json(tokenizer_config)["do_lower_case"]
+    declared = _read_json(tokenizer_config).get("do_lower_case") if os.path.isfile(tokenizer_config) else None
+    if isinstance(declared, bool):
+        do_lower_case = declared
     elif has_vocab:
         do_lower_case = _guess_lower_case(vocab_path)
     else:
