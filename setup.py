@@ -23,7 +23,7 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     python_requires=">=3.10",
-    packages=["bertserve.client", "bertserve.server"],
+    packages=["bertserve.client", "bertserve.server", "bertserve.server.model", "bertserve.server.serving"],
     package_dir={"bertserve.client": "client", "bertserve.server": "server"},
     package_data={"bertserve.client": ["py.typed"], "bertserve.server": ["py.typed"]},
     install_requires=["numpy>=1.24", "pyzmq>=25", "termcolor>=2"],

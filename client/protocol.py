@@ -19,20 +19,27 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
 
 Inside the server (same version, never seen by clients)::
 
-    ventilator PUSH -> sink PULL     [REGISTER, JSON {key, client, request_id, count, show_tokens, deadline}]
+    ventilator PUSH -> sink PULL     [REGISTER, JSON {key, client (hex), request_id, count, show_tokens}]
                                      [PUBLISH, client_id, request_id, status, header, *buffer]
-                                     [FAIL, JSON {keys, error}]
+                                     [FAIL, JSON {keys, error, kind}]
                                      [STATUS, client_id, request_id, JSON ventilator status]
                                      [STOP]   (shutdown: publish what is left, then exit)
-    worker <-> ventilator (ROUTER for jobs, PULL for credits)
+    worker <-> ventilator (ROUTER for jobs, PULL for credits and heartbeats)
         worker DEALER -> ventilator  [READY, JSON {worker, pid, credits, model}]
-        worker PUSH -> ventilator    [DONE, JSON {job, seconds, tokens, slots}]   (returns the job's credit)
+        worker PUSH -> ventilator    [DONE, JSON {job, worker, seconds, tokens, slots}]   (returns the job's credit)
+                                     [HEARTBEAT, worker identity]   (every second, from its own thread)
         ventilator -> worker         [JOB, job_id, JSON {parts, is_tokenized, show_tokens}, payload] | [STOP]
     worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens}, buffer]
                                      [JOB_ERROR, job_id, JSON {parts, error}]
 
 A job's ``parts`` is a list of ``{"key": request key, "rows": [row indexes in the request]}``
-in the order the job's rows are laid out.
+in the order the job's rows are laid out. A request key is ``"<client id as hex>#<request id>"``,
+so any client id (1 to 64 arbitrary bytes) round-trips exactly.
+
+Error replies carry a ``kind``: ``input`` (bad texts), ``limit`` (over a size limit),
+``busy`` (the server's queues are full: retry later), ``protocol``, ``forbidden``,
+``duplicate`` (a request id already pending), ``timeout``, ``worker`` (the model failed on
+the request, or it crashed its worker twice), ``internal`` and ``shutdown``.
 """
 
 from __future__ import annotations
@@ -67,6 +74,10 @@ JOB = b"JOB"
 STOP = b"STOP"
 RESULT = b"RESULT"
 JOB_ERROR = b"JOB_ERROR"
+HEARTBEAT = b"HEARTBEAT"
+
+# kinds of error reply
+BUSY = "busy"
 
 PAIR_SEPARATOR = "|||"
 """Writes a sentence pair as one input: ``"first ||| second"``."""
@@ -138,13 +149,25 @@ def check_texts(texts: object, is_tokenized: bool = False) -> list[Any]:
             for j, token in enumerate(item):
                 if not isinstance(token, str) or not token.strip():
                     raise ValueError(f"texts[{i}][{j}] must be a non-empty string token, got {token!r}")
+                if _has_surrogate(token):
+                    raise ValueError(f"texts[{i}][{j}] holds a lone surrogate, which is not valid Unicode text")
         elif not isinstance(item, str):
             raise ValueError(f"texts[{i}] must be a string, not {type(item).__name__}")
+        elif _has_surrogate(item):
+            raise ValueError(f"texts[{i}] holds a lone surrogate, which is not valid Unicode text")
         elif not item.strip():
             raise ValueError(f"texts[{i}] is empty")
         elif PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(PAIR_SEPARATOR, 1)):
             raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
     return list(texts)
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 # -- client <-> server -------------------------------------------------------------------
@@ -164,7 +187,7 @@ class Request:
 
 
 def request_key(client_id: bytes, request_id: int) -> str:
-    return f"{client_id.decode('ascii', 'replace')}#{request_id}"
+    return f"{bytes(client_id).hex()}#{request_id}"
 
 
 def encode_request(
@@ -247,10 +270,6 @@ def decode_reply(frames: Sequence[Any]) -> Reply:
 
 
 # -- inside the server -------------------------------------------------------------------
-
-
-def message(kind: bytes, *frames: Any) -> list[Any]:
-    return [kind, *frames]
 
 
 def split_message(frames: Sequence[Any], expected: dict[bytes, int]) -> tuple[bytes, list[Any]]:

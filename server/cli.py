@@ -129,7 +129,16 @@ SERVER_FLAGS = [
     _Flag("--max-request-size", "most inputs in one request", int, 100_000),
     _Flag("--max-text-chars", "most characters in one input", int, 100_000),
     _Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
-    _Flag("--allow-terminate", "let clients stop the server (bertserve stop)", _bool, True),
+    _Flag("--max-queued-sentences", "most inputs queued at once; past it requests get a busy error", int, 500_000),
+    _Flag("--max-client-queued-sentences", "most inputs one client may have queued", int, 200_000),
+    _Flag("--max-message-bytes", "largest request frame (default: what the size limits need, at most 64 MiB)", int),
+    _Flag("--reply-hwm", "replies queued per client that does not read them; more are dropped", int, 100),
+    _Flag("--job-timeout-ms", "a worker holding a job longer than this is killed and replaced", int, 120_000),
+    _Flag("--heartbeat-timeout-ms", "a worker silent this long is killed and replaced", int, 10_000),
+    _Flag("--max-restarts", "failures in a row of one process before the server gives up", int, 5),
+    _Flag("--curve-dir", "serve with CURVE: DIR/server.key_secret; client keys in DIR/clients, admins in DIR/admins"),
+    _Flag("--allow-terminate", "let clients stop the server (default: on loopback without CURVE, or admins)", _bool),
+    _Flag("--model-class", "MODULE:NAME of a class implementing bertserve.server.model.interface.Model"),
 ]
 
 
@@ -151,7 +160,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
-    from .server import BertServer
+    from .serving.supervisor import BertServer
 
     config = server_config_from_args(args)
     server = BertServer(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
@@ -175,7 +184,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 
     config = model_config_from_args(args)
     texts = read_lines(args.input)
-    from .encoder import Encoder
+    from .model.encoder import Encoder
 
     encoder = Encoder(config)
     vectors = encoder.encode(texts)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ModelError
+from .errors import ConfigError, ModelError
 
 
 class PoolingStrategy(str, enum.Enum):
@@ -148,6 +148,11 @@ def _parse_layers(value: object) -> tuple[int, ...]:
     return tuple(layers)
 
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+HEARTBEAT_INTERVAL_MS = 1000
+"""How often a worker tells the ventilator it is alive."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
     """How ``bertserve start`` serves: processes, ports, batching, devices and limits.
@@ -172,7 +177,16 @@ class ServerConfig:
     max_request_size: int = 100_000
     max_text_chars: int = 100_000
     request_timeout_ms: int = 600_000
-    allow_terminate: bool = True
+    max_queued_sentences: int = 500_000
+    max_client_queued_sentences: int = 200_000
+    max_message_bytes: int | None = None
+    reply_hwm: int = 100
+    job_timeout_ms: int = 120_000
+    heartbeat_timeout_ms: int = 10_000
+    max_restarts: int = 5
+    curve_dir: str | None = None
+    allow_terminate: bool | None = None
+    model_class: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -186,14 +200,36 @@ class ServerConfig:
             (self.max_request_size >= 1, "max_request_size must be at least 1"),
             (self.max_text_chars >= 1, "max_text_chars must be at least 1"),
             (self.request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
+            (self.max_client_queued_sentences >= self.max_request_size,
+             "max_client_queued_sentences must be at least max_request_size, or a full request could never queue"),
+            (self.max_queued_sentences >= self.max_client_queued_sentences,
+             "max_queued_sentences must be at least max_client_queued_sentences"),
+            (self.max_message_bytes is None or 1024 <= self.max_message_bytes <= MAX_MESSAGE_BYTES,
+             f"max_message_bytes must be between 1024 and {MAX_MESSAGE_BYTES}"),
+            (self.reply_hwm >= 1, "reply_hwm must be at least 1"),
+            (self.job_timeout_ms >= 100, "job_timeout_ms must be at least 100"),
+            (self.heartbeat_timeout_ms >= 3 * HEARTBEAT_INTERVAL_MS,
+             f"heartbeat_timeout_ms must be at least {3 * HEARTBEAT_INTERVAL_MS} (three heartbeats)"),
+            (self.max_restarts >= 1, "max_restarts must be at least 1"),
             (self.gpu_memory_fraction is None or 0 < self.gpu_memory_fraction <= 1,
              "gpu_memory_fraction must be in (0, 1]"),
             (self.threads_per_worker is None or self.threads_per_worker >= 1, "threads_per_worker must be >= 1"),
         ]  # fmt: skip
         for ok, problem in checks:
             if not ok:
-                raise ModelError(problem)
+                raise ConfigError(problem)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
+        if self.curve_dir is not None:
+            object.__setattr__(self, "curve_dir", os.fspath(self.curve_dir))
+
+    @property
+    def message_limit(self) -> int:
+        """Largest frame the request socket accepts (ZeroMQ's MAXMSGSIZE): ``max_message_bytes``,
+        or what the largest allowed request can take as UTF-8 JSON, at most 64 MiB."""
+        if self.max_message_bytes is not None:
+            return self.max_message_bytes
+        per_text = 4 * self.max_text_chars + 8  # UTF-8 bytes, quotes and comma
+        return min(MAX_MESSAGE_BYTES, self.max_request_size * per_text + 65_536)
 
     def worker_threads(self) -> int:
         """TensorFlow threads per CPU worker: the cores shared out, so workers do not fight."""

@@ -1,7 +1,9 @@
 """Exceptions raised by the bertserve server side.
 
     BertServeError
-    └── ModelError (ValueError)          the model directory or an option cannot be used
+    ├── ConfigError (ValueError)         a server option is out of range or contradicts another
+    ├── StartupError                     the server cannot start, or cannot keep its processes alive
+    └── ModelError (ValueError)          the model directory or a model option cannot be used
         ├── ModelFileError               a file is missing, unreadable or malformed
         └── ModelShapeError              weights, config and vocabulary disagree
 
@@ -12,6 +14,15 @@ Input errors in ``Encoder.encode`` (an empty string, a non-string element) are p
 
 class BertServeError(Exception):
     """Base class of every bertserve error."""
+
+
+class ConfigError(BertServeError, ValueError):
+    """A server option is out of range or contradicts another."""
+
+
+class StartupError(BertServeError):
+    """The server cannot start (a port is taken, the model cannot load), or it had to give up
+    restarting a process that keeps failing."""
 
 
 class ModelError(BertServeError, ValueError):

@@ -174,7 +174,7 @@ def test_plain_bert_gets_bert_as_service_defaults(tiny_google: str, session_grap
 
 def test_pruning_drops_the_layers_above_the_deepest_pooled_one(tiny_google: str, session_graph_dir: str) -> None:
     import tensorflow as tf
-    from bertserve.server.graph import encoder_layers_in
+    from bertserve.server.model.graph import encoder_layers_in
 
     def layers(**options: object) -> set[int]:
         encoder = Encoder(tiny_google, graph_dir=session_graph_dir, **options)

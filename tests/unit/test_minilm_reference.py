@@ -26,7 +26,7 @@ def test_token_ids_are_identical(minilm: str, session_graph_dir: str, reference,
 
 def test_vocab_txt_alone_tokenizes_the_same(minilm: str, tmp_path, reference, reference_sentences) -> None:
     """Without tokenizer.json, BERT's pipeline built from vocab.txt gives the same ids."""
-    from bertserve.server.tokenization import WordPieceTokenizer
+    from bertserve.server.model.tokenization import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer(
         vocab_path=f"{minilm}/vocab.txt", tokenizer_json=None, do_lower_case=True, max_len=128

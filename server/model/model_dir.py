@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ModelConfig, PoolingStrategy
-from .errors import ModelError, ModelFileError, ModelShapeError
+from ..config import ModelConfig, PoolingStrategy
+from ..errors import ModelError, ModelFileError, ModelShapeError
 
 logger = logging.getLogger("bertserve.model")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from bertserve.client.protocol import PAIR_SEPARATOR
 
-from .errors import ModelFileError
+from ..errors import ModelFileError
 
 logger = logging.getLogger("bertserve.tokenizer")
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from bertserve.client.protocol import check_texts
 
-from .config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
-from .errors import ModelError
+from ..config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
+from ..errors import ModelError
 from .graph import GraphSpec, load_function, load_or_build
 from .model_dir import ModelFiles, inspect_model
 from .tokenization import TokenizedBatch, WordPieceTokenizer

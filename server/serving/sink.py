@@ -1,9 +1,17 @@
 """The sink: reassembles each request from its parts and publishes it whole.
 
 Parts arrive from workers as job results; one job may carry rows of several requests and
-one request may be spread over several jobs and workers. Each request is published once,
-on its client's topic, when every row is in; a request that can no longer complete (its
-job failed, or its deadline passed) gets an error reply instead of silence.
+one request may be spread over several jobs and workers. A row counts once: a job that is
+delivered twice (its worker died after sending the result, and it ran again elsewhere) can
+neither complete a request early nor overwrite it. Each request is published once, on its
+client's topic, when every row is in; a request that can no longer complete (its job
+failed, its deadline passed, assembling it failed) gets an error reply instead of silence.
+
+Replies go out on an XPUB socket with ``XPUB_MANUAL``: a subscription is applied only when
+its topic is one the subscriber may read (never the empty topic that reads everyone's
+replies; under CURVE only its own key's client ids). Each subscriber's queue is bounded by
+``reply_hwm`` messages: a client that does not read loses its own replies, not the
+server's memory.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import logging
 import os
 import signal
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,11 +29,17 @@ import numpy as np
 import zmq
 from bertserve.client import protocol as p
 
-from .config import ServerConfig
+from ..config import ServerConfig
 
 logger = logging.getLogger("bertserve.sink")
 
 _ORPHAN_TTL = 30.0  # seconds a result may wait for its request's registration
+_MAX_ORPHAN_KEYS = 10_000
+_CLOSED_TTL = 120.0  # seconds the key of an answered request is remembered, so late parts are dropped
+
+
+class _BadParts(ValueError):
+    """A result does not fit the request it names."""
 
 
 @dataclass
@@ -36,15 +51,32 @@ class _Pending:
     deadline: float
     parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (rows, vectors)
     tokens: list[Any] | None = None
-    filled: int = 0
+    filled: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.filled = np.zeros(self.count, bool)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.filled.all())
 
     def add(self, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None) -> None:
+        """Place the rows not placed yet; rows already in are duplicates and are skipped."""
+        if len(rows) != len(vectors) or (len(rows) and (rows.min() < 0 or rows.max() >= self.count)):
+            raise _BadParts(f"rows {rows[:8].tolist()}... do not fit a request of {self.count}")
+        if self.parts and (vectors.ndim, vectors.shape[2:]) != (self.parts[0][1].ndim, self.parts[0][1].shape[2:]):
+            raise _BadParts(f"vectors of shape {vectors.shape} do not match {self.parts[0][1].shape}")
+        new = ~self.filled[rows]
+        if not new.any():
+            return
+        rows, vectors = rows[new], vectors[new]
+        self.filled[rows] = True
         self.parts.append((rows, vectors))
-        self.filled += len(rows)
         if self.show_tokens and tokens is not None:
             if self.tokens is None:
                 self.tokens = [None] * self.count
-            for row, row_tokens in zip(rows.tolist(), tokens, strict=True):
+            for row, row_tokens in zip(rows.tolist(), [t for t, keep in zip(tokens, new, strict=True) if keep],
+                                       strict=True):  # fmt: skip
                 self.tokens[row] = row_tokens
 
     def assemble(self) -> np.ndarray:
@@ -62,19 +94,29 @@ class _Pending:
 
 
 class Sink:
-    """Runs in its own process: PULL from the ventilator and the workers, PUB to clients."""
+    """Runs in its own process: PULL from the ventilator and the workers, XPUB to clients."""
 
     def __init__(self, config: ServerConfig, pull_address: str, context: zmq.Context) -> None:
         self.config = config
+        self.authenticator: Any = None
+        self.curve = config.curve_dir is not None
         self.pull = context.socket(zmq.PULL)
         self.pull.linger = 0
         self.pull.bind(pull_address)
-        self.pub = context.socket(zmq.PUB)
+        self.pub = context.socket(zmq.XPUB)
         self.pub.linger = 1000
-        self.pub.sndhwm = 0  # never drop a reply because a client is slow to read
+        self.pub.sndhwm = config.reply_hwm  # per subscriber: a client that does not read loses its own replies
+        self.pub.setsockopt(zmq.XPUB_MANUAL, 1)
+        if config.curve_dir is not None:
+            from ..security import load_curve_dir, make_curve_server, start_authenticator
+
+            keys = load_curve_dir(config.curve_dir)
+            self.authenticator = start_authenticator(context, keys)
+            make_curve_server(self.pub, keys)
         self.pub.bind(f"tcp://{config.bind}:{config.port_out}")
         self.pending: dict[str, _Pending] = {}
         self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None]]] = {}
+        self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
         self.served = 0
         self.failed = 0
         self.started = time.time()
@@ -95,21 +137,25 @@ class Sink:
     def close(self) -> None:
         self.pull.close()
         self.pub.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
 
     def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)  # subscriptions
         next_sweep = time.monotonic()
         while self.running:
-            if poller.poll(100):
-                frames = self.pull.recv_multipart(copy=False)
-                try:
-                    kind, rest = p.split_message([f.bytes for f in frames], self._frame_counts)
-                    self._handlers[kind](rest)
-                except p.ProtocolError as exc:
-                    logger.error("dropped a malformed internal message: %s", exc)
-                except Exception:
-                    logger.exception("error while handling a %r message", bytes(frames[0].bytes[:16]))
+            events = dict(poller.poll(100))
+            if self.pub in events:
+                self._on_subscriptions()
+            if self.pull in events:
+                for _ in range(1000):
+                    try:
+                        frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._handle(frames)
             now = time.monotonic()
             if now >= next_sweep:
                 self._sweep(now)
@@ -117,17 +163,41 @@ class Sink:
         for key in list(self.pending):
             self._fail(key, "the server is shutting down", "shutdown")
 
+    def _handle(self, frames: list[zmq.Frame]) -> None:
+        try:
+            kind, rest = p.split_message([f.bytes for f in frames], self._frame_counts)
+            self._handlers[kind](rest)
+        except p.ProtocolError as exc:
+            logger.error("dropped a malformed internal message: %s", exc)
+        except Exception:
+            logger.exception("error while handling a %r message", bytes(frames[0].bytes[:16]))
+
+    def _on_subscriptions(self) -> None:
+        from ..security import handle_subscription
+
+        for _ in range(1000):
+            try:
+                frame = self.pub.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if not handle_subscription(self.pub, frame, self.curve):
+                logger.warning("refused a subscription to %r", bytes(frame.bytes[1:65]))
+
     # -- messages ------------------------------------------------------------------------
 
     def _on_register(self, rest: list[Any]) -> None:
         info = p.loads(rest[0])
         key = info["key"]
-        deadline = time.monotonic() + float(info.get("timeout_s", self.config.request_timeout_ms / 1000))
-        pending = _Pending(info["client"].encode(), int(info["request_id"]), int(info["count"]),
+        if key in self.pending:
+            logger.error("request %s is already pending; ignoring a second registration", key)
+            return
+        self.closed.pop(key, None)
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        pending = _Pending(bytes.fromhex(info["client"]), int(info["request_id"]), int(info["count"]),
                            bool(info.get("show_tokens")), deadline)  # fmt: skip
         self.pending[key] = pending
         for _, rows, vectors, tokens in self.orphans.pop(key, []):
-            pending.add(rows, vectors, tokens)
+            self._add(key, pending, rows, vectors, tokens)
         self._maybe_publish(key)
 
     def _on_publish(self, rest: list[Any]) -> None:
@@ -162,10 +232,24 @@ class Sink:
             key = part["key"]
             pending = self.pending.get(key)
             if pending is None:
-                self.orphans.setdefault(key, []).append((time.monotonic(), rows, chunk, chunk_tokens))
+                if key not in self.closed:
+                    self._keep_orphan(key, rows, chunk, chunk_tokens)
                 continue
-            pending.add(rows, chunk, chunk_tokens)
+            self._add(key, pending, rows, chunk, chunk_tokens)
             self._maybe_publish(key)
+
+    def _keep_orphan(self, key: str, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None) -> None:
+        if key not in self.orphans and len(self.orphans) >= _MAX_ORPHAN_KEYS:
+            logger.warning("too many results for unknown requests; dropping those for %s", key)
+            return
+        self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens))
+
+    def _add(self, key: str, pending: _Pending, rows: np.ndarray, vectors: np.ndarray, tokens: Any) -> None:
+        try:
+            pending.add(rows, vectors, tokens)
+        except _BadParts as exc:
+            logger.error("a result for %s does not fit it: %s", key, exc)
+            self._fail(key, f"the server produced a malformed result for this request: {exc}", "internal")
 
     def _on_job_error(self, rest: list[Any]) -> None:
         _, raw = rest
@@ -179,23 +263,35 @@ class Sink:
     # -- requests ------------------------------------------------------------------------
 
     def _maybe_publish(self, key: str) -> None:
-        pending = self.pending[key]
-        if pending.filled < pending.count:
+        pending = self.pending.get(key)
+        if pending is None or not pending.complete:
+            return
+        try:
+            array = pending.assemble()
+            header = p.array_header(array)
+            if pending.show_tokens:
+                header["tokens"] = pending.tokens
+            frames = p.encode_reply(pending.client, pending.request_id, True, header, array.data)
+        except Exception as exc:
+            logger.exception("could not assemble the reply to %s", key)
+            self._fail(key, f"the server could not assemble the reply: {exc}", "internal")
             return
         del self.pending[key]
-        array = pending.assemble()
-        header = p.array_header(array)
-        if pending.show_tokens:
-            header["tokens"] = pending.tokens
-        self.pub.send_multipart(p.encode_reply(pending.client, pending.request_id, True, header, array.data))
+        self._close(key)
+        self.pub.send_multipart(frames, copy=False)
         self.served += 1
 
     def _fail(self, key: str, error: str, kind: str) -> None:
         pending = self.pending.pop(key, None)
         if pending is None:
             return
+        self._close(key)
         self.failed += 1
         self.pub.send_multipart(p.error_reply(pending.client, pending.request_id, error, kind))
+
+    def _close(self, key: str) -> None:
+        self.closed[key] = time.monotonic()
+        self.orphans.pop(key, None)
 
     def _sweep(self, now: float) -> None:
         for key in [k for k, v in self.pending.items() if v.deadline <= now]:
@@ -203,11 +299,13 @@ class Sink:
         for key in [k for k, parts in self.orphans.items() if parts[0][0] + _ORPHAN_TTL <= now]:
             logger.warning("dropped results for unknown request %s", key)
             del self.orphans[key]
+        while self.closed and next(iter(self.closed.values())) + _CLOSED_TTL <= now:
+            self.closed.popitem(last=False)
 
 
 def run_sink(config: ServerConfig, pull_address: str, log_level: int) -> None:
     """Entry point of the sink process."""
-    from .logs import child_logging
+    from ..logs import child_logging
 
     child_logging(log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .config import PoolingStrategy
-from .errors import ModelError
+from ..config import PoolingStrategy
+from ..errors import ModelError
 from .model_dir import BertConfig, ModelFiles, read_weights
 
 logger = logging.getLogger("bertserve.graph")

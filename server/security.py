@@ -1,0 +1,216 @@
+"""Who may talk to the server: CURVE keys, the authenticator, and the rules on identities.
+
+Trust model. Without CURVE the server trusts every process that can reach its ports, so it
+binds to loopback by default (:func:`loopback_only`): any local process may encode, read
+the replies of any client whose id it knows, and stop the server. With CURVE (a key
+directory, :func:`load_curve_dir`) only clients whose public key is listed in ``clients/``
+can connect, and all traffic is encrypted. A client authenticated with key ``K`` must use
+client ids ``K:suffix`` (:func:`identity_belongs`), so it can neither send requests as
+another key nor subscribe to another key's replies (:func:`subscription_allowed`, applied by
+the sink's ``XPUB_MANUAL`` socket through :func:`handle_subscription`). TERMINATE is
+honoured only from keys listed in ``admins/`` (:func:`is_admin`).
+
+The key-file helpers live in ``bertserve.client.security`` (the client needs them without
+the server) and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+from bertserve.client.security import CURVE_KEY_LENGTH, is_z85_key, keygen, load_public_key, load_secret_cert
+from zmq.auth.thread import ThreadAuthenticator
+
+__all__ = [
+    "CURVE_KEY_LENGTH",
+    "MAX_TOPIC_BYTES",
+    "CurveServerKeys",
+    "handle_subscription",
+    "identity_belongs",
+    "is_admin",
+    "is_z85_key",
+    "keygen",
+    "load_curve_dir",
+    "load_public_key",
+    "load_secret_cert",
+    "loopback_only",
+    "make_curve_server",
+    "message_user_id",
+    "request_allowed",
+    "start_authenticator",
+    "subscription_allowed",
+]
+
+logger = logging.getLogger("bertserve.security")
+
+MAX_TOPIC_BYTES = 64
+"""The longest client id, and so the longest subscription topic, the server accepts."""
+
+UserId = bytes | str | None
+"""A message's ``User-Id`` property: the client's z85 public key under CURVE, else absent."""
+
+
+@dataclass(frozen=True)
+class CurveServerKeys:
+    """The server's CURVE key pair and who may connect, as :func:`load_curve_dir` reads them.
+
+    ``clients_dir`` holds the public certificates (``*.key``) of every client allowed to
+    connect; ``admins`` are the z85 public keys allowed to send TERMINATE (each also in
+    ``clients_dir``).
+    """
+
+    public: bytes
+    secret: bytes
+    clients_dir: Path
+    admins: frozenset[bytes] = frozenset()
+
+    def __repr__(self) -> str:  # never print the secret key
+        return f"CurveServerKeys(public={self.public!r}, clients_dir={self.clients_dir!r}, admins={len(self.admins)})"
+
+
+def load_curve_dir(curve_dir: str | os.PathLike[str]) -> CurveServerKeys:
+    """Read a server key directory: ``server.key_secret``, ``clients/*.key`` (at least one)
+    and optionally ``admins/*.key``. Raises ``ValueError`` naming what is missing or wrong."""
+    root = Path(curve_dir)
+    make = f"make one with `bertserve keygen {root} --name server`"
+    if not root.is_dir():
+        raise ValueError(f"CURVE directory {root} does not exist: {make}")
+    secret_file = root / "server.key_secret"
+    if not secret_file.is_file():
+        raise ValueError(f"CURVE directory {root} has no server.key_secret: {make}")
+    public, secret = load_secret_cert(secret_file)
+    if secret_file.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        logger.warning("%s is readable by other users; chmod 600 it", secret_file)
+    clients_dir = root / "clients"
+    add_client = f"copy each allowed client's NAME.key (from `bertserve keygen DIR --name NAME`) into {clients_dir}"
+    if not clients_dir.is_dir():
+        raise ValueError(f"CURVE directory {root} has no clients/ directory: {add_client}")
+    clients = {load_public_key(path) for path in sorted(clients_dir.glob("*.key"))}
+    if not clients:
+        raise ValueError(f"{clients_dir} holds no client public key (*.key): {add_client}")
+    admins_dir = root / "admins"
+    admins = frozenset(load_public_key(path) for path in sorted(admins_dir.glob("*.key")))
+    if strangers := sorted(admins - clients):
+        raise ValueError(
+            f"{admins_dir} lists key(s) {', '.join(k.decode() for k in strangers)} that are not in "
+            f"{clients_dir}: an admin must be allowed to connect too"
+        )
+    return CurveServerKeys(public=public, secret=secret, clients_dir=clients_dir, admins=admins)
+
+
+def start_authenticator(context: zmq.Context, keys: CurveServerKeys) -> ThreadAuthenticator:
+    """Start pyzmq's ZAP authenticator in ``context``, allowing the keys in ``keys.clients_dir``.
+
+    It answers for the CURVE sockets of that context only, so each process that binds one
+    (the ventilator's and the sink's) starts its own, before binding; ``stop()`` it at
+    shutdown, before terminating the context. The client list is read once, now.
+    """
+    authenticator = ThreadAuthenticator(context, log=logging.getLogger("bertserve.security.zap"))
+    authenticator.start()
+    try:
+        authenticator.configure_curve(domain="*", location=os.fspath(keys.clients_dir))
+    except BaseException:
+        authenticator.stop()
+        raise
+    return authenticator
+
+
+def make_curve_server(socket: zmq.Socket, keys: CurveServerKeys) -> None:
+    """Make ``socket`` a CURVE server with the server's key pair; call it before ``bind``."""
+    socket.curve_secretkey = keys.secret
+    socket.curve_publickey = keys.public
+    socket.curve_server = True
+
+
+def message_user_id(frame: zmq.Frame) -> str | None:
+    """The ``User-Id`` property of a frame received with ``copy=False``: the sender's z85
+    public key under CURVE, ``None`` when the connection has none."""
+    try:
+        user_id = frame.get("User-Id")
+    except zmq.ZMQError:  # no such property on this connection
+        return None
+    return user_id if isinstance(user_id, str) and user_id else None
+
+
+def identity_belongs(user_id: UserId, client_id: bytes) -> bool:
+    """Whether ``client_id`` is ``user_id + b":" + suffix`` with a non-empty suffix, the
+    only client ids a client authenticated as ``user_id`` may use."""
+    if user_id is None:
+        return False
+    key = user_id.encode("ascii", "replace") if isinstance(user_id, str) else user_id
+    if not key:
+        return False
+    prefix = key + b":"
+    return len(client_id) > len(prefix) and client_id.startswith(prefix)
+
+
+def request_allowed(user_id: UserId, client_id: bytes, curve: bool) -> bool:
+    """Whether a request sent under ``client_id`` is accepted: under CURVE only from the
+    key the id belongs to; without CURVE from anyone (the protocol checks the id's length)."""
+    return identity_belongs(user_id, client_id) if curve else True
+
+
+def subscription_allowed(user_id: UserId, topic: bytes, curve: bool) -> bool:
+    """Whether a subscriber may receive messages whose topic starts with ``topic``.
+
+    ZeroMQ matches topics by prefix, so the empty topic would read every client's replies
+    and is always refused. Under CURVE the topic must be a client id of the subscriber's
+    own key (:func:`identity_belongs`); without CURVE any topic of 1 to 64 bytes.
+    """
+    if not topic or len(topic) > MAX_TOPIC_BYTES:
+        return False
+    return identity_belongs(user_id, topic) if curve else True
+
+
+def handle_subscription(xpub: zmq.Socket, frame: zmq.Frame, curve: bool) -> bool:
+    """Apply one (un)subscription message read from an ``XPUB_MANUAL`` socket, if allowed.
+
+    ``frame`` must be the message just received from ``xpub`` with ``recv(copy=False)``
+    (ZeroMQ applies the option to the subscriber the last message came from, and the frame
+    carries its ``User-Id``). The first byte is 1 to subscribe, 0 to unsubscribe, the rest
+    is the topic. Returns whether a subscription was applied; a refused one is logged and
+    dropped, so that subscriber receives nothing. Unsubscribing is always applied: it can
+    only narrow what a subscriber reads.
+    """
+    message = frame.bytes
+    if not message or message[0] not in (0, 1):
+        logger.warning("ignoring a malformed subscription message of %d bytes", len(message))
+        return False
+    topic = message[1:]
+    if message[0] == 0:
+        xpub.setsockopt(zmq.UNSUBSCRIBE, topic)
+        return False
+    user_id = message_user_id(frame)
+    if not subscription_allowed(user_id, topic, curve):
+        logger.warning("refused a subscription to %r from %s", topic[:MAX_TOPIC_BYTES], user_id or "an unknown key")
+        return False
+    xpub.setsockopt(zmq.SUBSCRIBE, topic)
+    return True
+
+
+def is_admin(user_id: UserId, keys: CurveServerKeys) -> bool:
+    """Whether ``user_id`` (a message's ``User-Id``) is one of the keys in ``admins/``."""
+    if user_id is None:
+        return False
+    key = user_id.encode("ascii", "replace") if isinstance(user_id, str) else user_id
+    return key in keys.admins
+
+
+def loopback_only(bind: str) -> bool:
+    """Whether binding to ``bind`` (a host: ``127.0.0.1``, ``::1``, ``localhost``, ``*``,
+    ``0.0.0.0``, ...) listens on the loopback interface only."""
+    host = bind.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name or "*": it may resolve to, or mean, any interface
+        return False

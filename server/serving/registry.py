@@ -1,0 +1,150 @@
+"""Which workers there are and what each holds: credits, jobs, heartbeats and statistics.
+
+A worker registers with READY (its identity names one incarnation of one worker process,
+so a restarted worker is a new entry), takes jobs while it has free credits, returns a
+credit with each DONE and sends a heartbeat every second. The registry says who gets the
+next job (the most free credits), which workers have gone silent or hold a job past its
+deadline, and which jobs a lost worker held. A DONE from a worker that was forgotten, or
+for a job it no longer holds, is ignored: its job went to another worker.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .scheduler import Job
+
+
+@dataclass
+class WorkerState:
+    identity: bytes
+    index: int
+    pid: int
+    credits: int
+    joined: float
+    last_seen: float
+    jobs: dict[str, tuple[Job, float]] = field(default_factory=dict)  # job id -> (job, dispatched at)
+    jobs_done: int = 0
+    sentences: int = 0
+    busy_seconds: float = 0.0
+    tokens: int = 0
+    slots: int = 0
+
+    @property
+    def free(self) -> int:
+        return self.credits - len(self.jobs)
+
+
+class Registry:
+    def __init__(self, *, job_timeout_s: float, heartbeat_timeout_s: float) -> None:
+        self.job_timeout_s = job_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.workers: dict[bytes, WorkerState] = {}
+        self.recent_jobs: deque[tuple[float, int, bool]] = deque(maxlen=512)  # (seconds, sentences, bulk)
+        self.model: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def add(self, identity: bytes, info: dict[str, Any], now: float) -> WorkerState:
+        worker = WorkerState(identity, int(info["worker"]), int(info["pid"]), max(1, int(info["credits"])), now, now)
+        self.workers[identity] = worker
+        if isinstance(info.get("model"), dict):
+            self.model = info["model"]
+        return worker
+
+    def heartbeat(self, identity: bytes, now: float) -> None:
+        worker = self.workers.get(identity)
+        if worker is not None:
+            worker.last_seen = now
+
+    def pick(self) -> WorkerState | None:
+        """The worker with the most free credits (and the fewest jobs), if any has one."""
+        if not self.workers:
+            return None
+        worker = max(self.workers.values(), key=lambda w: (w.free, -len(w.jobs)))
+        return worker if worker.free > 0 else None
+
+    def assign(self, worker: WorkerState, job: Job, now: float) -> None:
+        worker.jobs[job.job_id] = (job, now)
+
+    def done(self, identity: bytes, job_id: str, info: dict[str, Any], now: float) -> Job | None:
+        """Record a finished job; ``None`` if this worker does not hold it (any more)."""
+        worker = self.workers.get(identity)
+        if worker is None or job_id not in worker.jobs:
+            return None
+        job, _ = worker.jobs.pop(job_id)
+        worker.last_seen = now
+        seconds = float(info.get("seconds", 0.0))
+        worker.jobs_done += 1
+        worker.sentences += job.size
+        worker.busy_seconds += seconds
+        worker.tokens += int(info.get("tokens", 0))
+        worker.slots += int(info.get("slots", 0))
+        self.recent_jobs.append((seconds, job.size, job.bulk))
+        return job
+
+    def remove(self, identity: bytes) -> list[Job]:
+        """Forget a worker; returns the jobs it held, oldest first."""
+        worker = self.workers.pop(identity, None)
+        if worker is None:
+            return []
+        return [job for job, _ in sorted(worker.jobs.values(), key=lambda item: item[1])]
+
+    def by_index(self, index: int) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.index == index]
+
+    def unresponsive(self, now: float) -> list[tuple[WorkerState, str]]:
+        """Workers that fell silent or hold a job past its deadline, with the reason."""
+        found = []
+        for worker in self.workers.values():
+            silent = now - worker.last_seen
+            if silent > self.heartbeat_timeout_s:
+                found.append((worker, f"no heartbeat for {silent:.1f} s"))
+                continue
+            oldest = min((started for _, started in worker.jobs.values()), default=now)
+            if now - oldest > self.job_timeout_s:
+                found.append((worker, f"a job has run for {now - oldest:.1f} s"))
+        return found
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(w.jobs) for w in self.workers.values())
+
+    def in_flight_keys(self) -> set[str]:
+        return {key for w in self.workers.values() for job, _ in w.jobs.values() for key in job.keys}
+
+    def stats(self, now: float) -> dict[str, Any]:
+        slots = sum(w.slots for w in self.workers.values())
+        tokens = sum(w.tokens for w in self.workers.values())
+        return {
+            "jobs_in_flight": self.in_flight,
+            "padding_fraction": round(1 - tokens / slots, 4) if slots else 0.0,
+            "recent_jobs": self._recent_jobs(),
+            "workers": [
+                {
+                    "index": w.index, "pid": w.pid, "credits": w.credits, "jobs_done": w.jobs_done,
+                    "sentences": w.sentences, "jobs_in_flight": len(w.jobs), "busy_s": round(w.busy_seconds, 3),
+                    "tokens": w.tokens, "token_slots": w.slots, "up_s": round(now - w.joined, 1),
+                    "last_heartbeat_s": round(now - w.last_seen, 2),
+                }
+                for w in sorted(self.workers.values(), key=lambda w: w.index)
+            ],
+        }  # fmt: skip
+
+    def _recent_jobs(self) -> dict[str, float]:
+        """Run time and size of the last jobs the workers finished (bulk ones on their own too)."""
+        jobs = list(self.recent_jobs)
+        bulk = [seconds for seconds, _, is_bulk in jobs if is_bulk]
+        return {
+            "count": len(jobs),
+            "median_seconds": round(float(np.median([j[0] for j in jobs])), 5) if jobs else 0.0,
+            "median_sentences": float(np.median([j[1] for j in jobs])) if jobs else 0.0,
+            "max_sentences": max((j[1] for j in jobs), default=0),
+            "bulk_count": len(bulk),
+            "bulk_median_seconds": round(float(np.median(bulk)), 5) if bulk else 0.0,
+        }

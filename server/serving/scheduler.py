@@ -1,0 +1,344 @@
+"""What runs next, for whom, and what is refused: the ventilator's policy, without sockets.
+
+- **Admission.** Queued sentences are bounded in total (``max_queued_sentences``) and per
+  client (``max_client_queued_sentences``). A request over a bound is refused whole with
+  :class:`Busy`, never half-queued; one larger than a client may ever queue is a
+  :class:`TooLarge`.
+- **Cutting.** A request of ``max_batch_size`` sentences or more is *bulk*: sorted by token
+  count, so each job pads little, and cut into jobs of at most ``max_batch_size`` sentences
+  and ``max_batch_tokens`` padded tokens. Smaller requests are *small*.
+- **Merging.** Small requests from different clients share one job, up to
+  ``max_batch_size`` sentences of one input kind. A small request waits at most
+  ``max_latency_ms`` for company, and not at all when bulk work is queued (a worker would
+  be busy anyway).
+- **Fairness.** Every client with queued work has a turn, round-robin by identity: a turn
+  is one bulk job of that client, or a merged job that takes the waiting small requests of
+  the clients in turn order. A client that becomes active joins at the back. So one
+  client's flood delays another's request by at most about one job per active client.
+
+Everything takes the time as an argument, so tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..config import ServerConfig
+
+CountTokens = Callable[[list[Any], bool], np.ndarray]
+
+
+class Busy(Exception):
+    """The queues are full: the request was not queued; the client may retry later."""
+
+
+class TooLarge(Exception):
+    """The request is larger than a client may ever queue."""
+
+
+@dataclass
+class Piece:
+    """Rows of one request that travel together in a job."""
+
+    key: str
+    client: bytes
+    rows: np.ndarray  # row indexes in the request
+    texts: list[Any]
+    is_tokenized: bool
+    show_tokens: bool
+    arrived: float
+
+
+@dataclass
+class Job:
+    """A mini-job: pieces of one or more requests that one worker runs at once."""
+
+    job_id: str
+    pieces: list[Piece]
+    bulk: bool
+    failures: int = 0  # times a worker died or hung while holding it
+
+    @property
+    def size(self) -> int:
+        return sum(len(piece.rows) for piece in self.pieces)
+
+    @property
+    def keys(self) -> list[str]:
+        return [piece.key for piece in self.pieces]
+
+    @property
+    def texts(self) -> list[Any]:
+        return [text for piece in self.pieces for text in piece.texts]
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "parts": [{"key": piece.key, "rows": piece.rows.tolist()} for piece in self.pieces],
+            "is_tokenized": self.pieces[0].is_tokenized,
+            "show_tokens": any(piece.show_tokens for piece in self.pieces),
+        }
+
+
+@dataclass
+class _ClientQueue:
+    """One client's queued work, in arrival order: small pieces and bulk requests' jobs."""
+
+    items: deque[Piece | deque[Job]] = field(default_factory=deque)
+    sentences: int = 0
+
+
+class Scheduler:
+    """Per-client queues, admission, cutting, merging and turns. No sockets, no clocks."""
+
+    def __init__(self, config: ServerConfig, count_tokens: CountTokens | None = None) -> None:
+        self.config = config
+        self.count_tokens = count_tokens
+        self.clients: dict[bytes, _ClientQueue] = {}
+        self.turns: deque[bytes] = deque()  # clients with queued work, next turn first
+        self.retries: deque[Job] = deque()  # jobs handed back by a lost worker: they go first
+        self.queued = 0  # sentences waiting, retries included
+        self.small_count = 0  # small pieces waiting
+        self.bulk_count = 0  # bulk jobs waiting
+        self.busy_rejections = 0
+        self._job_ids = itertools.count()
+
+    # -- admission ---------------------------------------------------------------------
+
+    def admit(
+        self, key: str, client: bytes, texts: list[Any], *, is_tokenized: bool, show_tokens: bool, now: float
+    ) -> int:
+        """Queue a checked, non-empty request and return the number of pieces it was cut into
+        (each will be in exactly one job); raises :class:`Busy` or :class:`TooLarge` without
+        queuing any of it."""
+        count = len(texts)
+        per_client = self.config.max_client_queued_sentences
+        if count > per_client:
+            raise TooLarge(f"the request has {count} inputs; a client may queue at most {per_client}")
+        queue = self.clients.get(client)
+        mine = queue.sentences if queue is not None else 0
+        if mine + count > per_client:
+            self.busy_rejections += 1
+            raise Busy(
+                f"the server is busy: this client already has {mine} inputs queued and may queue at most "
+                f"{per_client}; retry when some are answered"
+            )
+        if self.queued + count > self.config.max_queued_sentences:
+            self.busy_rejections += 1
+            raise Busy(
+                f"the server is busy: {self.queued} inputs are queued, at most {self.config.max_queued_sentences} "
+                "may be; retry later"
+            )
+        if queue is None:
+            queue = self.clients[client] = _ClientQueue()
+        if not queue.items:
+            self.turns.append(client)
+        rows = np.arange(count)
+        if count < self.config.max_batch_size:
+            queue.items.append(Piece(key, client, rows, texts, is_tokenized, show_tokens, now))
+            self.small_count += 1
+            pieces = 1
+        else:
+            jobs = deque(
+                self._job([Piece(key, client, chunk, [texts[i] for i in chunk], is_tokenized, show_tokens, now)], True)
+                for chunk in self._cut(texts, is_tokenized)
+            )
+            queue.items.append(jobs)
+            self.bulk_count += len(jobs)
+            pieces = len(jobs)
+        queue.sentences += count
+        self.queued += count
+        return pieces
+
+    def _cut(self, texts: list[Any], is_tokenized: bool) -> list[np.ndarray]:
+        """Row indexes sorted by token count, cut into jobs of at most max_batch_size rows and
+        max_batch_tokens padded tokens (rows times the longest, which is the last)."""
+        lengths = self._lengths(texts, is_tokenized)
+        order = np.argsort(lengths, kind="stable")
+        sorted_lengths = lengths[order]
+        chunks, start = [], 0
+        limit, budget = self.config.max_batch_size, self.config.max_batch_tokens
+        for end in range(1, len(order) + 1):
+            rows = end - start
+            if rows > limit or (rows > 1 and rows * int(sorted_lengths[end - 1]) > budget):
+                chunks.append(order[start : end - 1])
+                start = end - 1
+        chunks.append(order[start:])
+        return chunks
+
+    def _lengths(self, texts: list[Any], is_tokenized: bool) -> np.ndarray:
+        if self.count_tokens is not None:
+            try:
+                return np.asarray(self.count_tokens(texts, is_tokenized))
+            except Exception:  # the worker will report what is wrong with these texts
+                pass
+        return np.asarray([len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts])
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    @property
+    def empty(self) -> bool:
+        return not self.turns and not self.retries
+
+    def next_job(self, now: float) -> Job | None:
+        """The job to run next, or ``None`` when nothing should run yet."""
+        if self.retries:
+            job = self.retries.popleft()
+            self.queued -= job.size
+            return job
+        if not self.turns:
+            return None
+        head = self.clients[self.turns[0]].items[0]
+        if isinstance(head, Piece):
+            return self._take_small() if self._small_due(now) else None  # else wait for company
+        return self._take_bulk(self.turns[0])
+
+    def wake_in(self, now: float) -> float | None:
+        """Seconds until a waiting small request is due (so the caller can sleep until then),
+        or ``None`` if no small request is waiting for company."""
+        if not self.small_count:
+            return None
+        oldest = min(
+            (item.arrived for c in self.turns for item in self.clients[c].items if isinstance(item, Piece)),
+            default=now,
+        )
+        return max(0.0, oldest + self.config.max_latency_ms / 1000 - now)
+
+    def _small_due(self, now: float) -> bool:
+        if self.bulk_count or self.retries:
+            return True
+        wait = self.wake_in(now)
+        if wait is not None and wait <= 0:
+            return True
+        rows = sum(len(item.rows) for c in self.turns for item in self.clients[c].items if isinstance(item, Piece))
+        return rows >= self.config.max_batch_size or not self.config.merge_requests
+
+    def _take_bulk(self, client: bytes) -> Job:
+        queue = self.clients[client]
+        jobs = queue.items[0]
+        assert isinstance(jobs, deque)
+        job = jobs.popleft()
+        if not jobs:
+            queue.items.popleft()
+        self.bulk_count -= 1
+        self._served([client], job.size)
+        return job
+
+    def _take_small(self) -> Job:
+        """Merge the small requests at the head of each client's queue, in turn order."""
+        room = self.config.max_batch_size
+        first = self.clients[self.turns[0]].items[0]
+        assert isinstance(first, Piece)
+        kind = first.is_tokenized
+        pieces: list[Piece] = []
+        served: list[bytes] = []
+        for client in list(self.turns):
+            items = self.clients[client].items
+            took = False
+            while items and isinstance(items[0], Piece) and items[0].is_tokenized == kind:
+                piece = items[0]
+                if len(piece.rows) > room or (pieces and not self.config.merge_requests):
+                    break
+                items.popleft()
+                pieces.append(piece)
+                room -= len(piece.rows)
+                took = True
+            if took:
+                served.append(client)
+            if not room or not self.config.merge_requests:
+                break
+        self.small_count -= len(pieces)
+        job = self._job(pieces, False)
+        for client in served:
+            self._served([client], sum(len(p.rows) for p in pieces if p.client == client))
+        return job
+
+    def _served(self, clients: Iterable[bytes], sentences: int) -> None:
+        """Account for what was taken from ``clients``; each goes to the back of the turns."""
+        for client in clients:
+            queue = self.clients[client]
+            queue.sentences -= sentences
+            self.queued -= sentences
+            self.turns.remove(client)
+            if queue.items:
+                self.turns.append(client)
+            else:
+                del self.clients[client]
+
+    def _job(self, pieces: list[Piece], bulk: bool) -> Job:
+        return Job(str(next(self._job_ids)), pieces, bulk)
+
+    # -- failures ----------------------------------------------------------------------
+
+    def retry(self, job: Job) -> None:
+        """Run ``job`` again, ahead of everything else. A merged job is split into one job per
+        request, so if one request is what kills workers, the others are not blamed again."""
+        parts = [job] if len(job.pieces) == 1 else [Job(job.job_id + f".{i}", [piece], job.bulk, job.failures)
+                                                   for i, piece in enumerate(job.pieces)]  # fmt: skip
+        for part in reversed(parts):
+            self.retries.appendleft(part)
+            self.queued += part.size
+
+    def remove(self, keys: set[str]) -> None:
+        """Forget the queued work of the requests ``keys`` (they were answered with an error)."""
+        for client in list(self.turns):
+            queue = self.clients[client]
+            kept: deque[Piece | deque[Job]] = deque()
+            for item in queue.items:
+                if isinstance(item, Piece):
+                    if item.key in keys:
+                        self._forget(queue, [item], small=True)
+                        continue
+                else:
+                    gone = [job for job in item if set(job.keys) & keys]
+                    for job in gone:
+                        item.remove(job)
+                        self._forget(queue, job.pieces, small=False)
+                    if not item:
+                        continue
+                kept.append(item)
+            queue.items = kept
+            if not kept:
+                self.turns.remove(client)
+                del self.clients[client]
+        for job in [job for job in self.retries if set(job.keys) & keys]:
+            self.retries.remove(job)
+            self.queued -= job.size
+
+    def _forget(self, queue: _ClientQueue, pieces: list[Piece], *, small: bool) -> None:
+        rows = sum(len(piece.rows) for piece in pieces)
+        queue.sentences -= rows
+        self.queued -= rows
+        if small:
+            self.small_count -= 1
+        else:
+            self.bulk_count -= 1
+
+    def drain_keys(self) -> set[str]:
+        """Empty every queue; returns the keys of the requests that were waiting."""
+        keys = {job_key for job in self.retries for job_key in job.keys}
+        for queue in self.clients.values():
+            for item in queue.items:
+                if isinstance(item, Piece):
+                    keys.add(item.key)
+                else:
+                    keys.update(key for job in item for key in job.keys)
+        self.clients.clear()
+        self.turns.clear()
+        self.retries.clear()
+        self.queued = self.small_count = self.bulk_count = 0
+        return keys
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "queued_sentences": self.queued,
+            "queued_small_requests": self.small_count,
+            "queued_bulk_jobs": self.bulk_count,
+            "queued_retries": len(self.retries),
+            "active_clients": len(self.turns),
+            "busy_rejections": self.busy_rejections,
+        }

@@ -1,0 +1,294 @@
+"""``BertServer``: starts the sink and the workers, runs the ventilator, keeps them alive,
+shuts down cleanly.
+
+Signal handlers only set flags; the main loop polls them. A worker that dies is restarted
+and its jobs handed to another; one that stops answering (no heartbeat, or a job past
+``job_timeout_ms``) is killed and replaced. A sink that dies is restarted and the requests
+it held get error replies. Restarts of a process that keeps failing back off, and after
+``max_restarts`` failures in a row the server stops with a message saying which process
+failed. Shutdown runs in stages: stop accepting, drain what is in flight (with a deadline),
+fail what is left with an error reply, stop the workers, then the sink; a process that does
+not stop in time is killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import zmq
+
+from ..config import ServerConfig
+from ..errors import StartupError
+from .scheduler import Scheduler
+from .sink import run_sink
+from .ventilator import Ventilator
+from .worker import Addresses, run_worker
+
+logger = logging.getLogger("bertserve.server")
+
+_DRAIN_SECONDS = 10.0
+_JOIN_SECONDS = 10.0
+_FIRST_BACKOFF = 0.5  # seconds before the first restart; doubled for each failure in a row
+_MAX_BACKOFF = 30.0
+_STABLE_SECONDS = 60.0  # a process up this long has its failures forgiven
+
+
+class BertServer:
+    def __init__(self, config: ServerConfig, *, log_level: int = logging.INFO) -> None:
+        self.config = config
+        self.log_level = log_level
+        self.should_exit = threading.Event()
+        self.force_exit = False
+        self._spawn = multiprocessing.get_context("spawn")
+        self.workers: dict[int, BaseProcess] = {}
+        self.sink: BaseProcess | None = None
+        self.model_info: dict[str, Any] = {}
+        self.tokenizer: Any = None
+        self.gave_up: str | None = None
+        self.failures: dict[str, int] = {}  # process name -> failures in a row
+        self.restart_at: dict[str, float] = {}  # process name -> when to start it again
+        self.started_at: dict[str, float] = {}  # process name -> when it was last started
+
+    # -- signals -------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle_exit)
+
+    def _handle_exit(self, signum: int, frame: Any) -> None:
+        if self.should_exit.is_set() and signum == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit.set()
+
+    # -- running -------------------------------------------------------------------------
+
+    def run(self, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Serve until told to stop (a signal, ``TERMINATE``, or ``should_exit``)."""
+        self._check_model()
+        context = zmq.Context()
+        ipc_dir = tempfile.mkdtemp(prefix="bertserve-")
+        addresses = Addresses(f"ipc://{ipc_dir}/jobs", f"ipc://{ipc_dir}/credits", f"ipc://{ipc_dir}/sink")
+        frontend = context.socket(zmq.PULL)
+        frontend.linger = 0
+        frontend.maxmsgsize = self.config.message_limit  # a larger frame is dropped unread
+        ventilator: Ventilator | None = None
+        authenticator = None
+        try:
+            admins = None
+            if self.config.curve_dir is not None:
+                keys = self._curve_keys()
+                authenticator = self._start_authenticator(context, keys)
+                from ..security import make_curve_server
+
+                make_curve_server(frontend, keys)
+                admins = keys.admins
+            else:
+                self._warn_if_exposed()
+            self._bind(frontend, self.config.port)
+            self._check_port_free(context, self.config.port_out)
+            self._start_sink(addresses)
+            count_tokens = None
+            if self.tokenizer is not None:
+                tokenizer = self.tokenizer
+
+                def count_tokens(texts: list[Any], is_tokenized: bool) -> Any:
+                    return tokenizer.count_tokens(texts, is_tokenized=is_tokenized)
+
+            scheduler = Scheduler(self.config, count_tokens)
+            ventilator = Ventilator(self.config, context, frontend, addresses, scheduler, curve_admins=admins)
+            self._start_workers(ventilator, addresses)
+            if on_ready is not None:
+                on_ready(ventilator.describe())
+            self._serve(ventilator, addresses)
+        finally:
+            self._shutdown(ventilator)
+            frontend.close()
+            if ventilator is not None:
+                ventilator.close()
+            if authenticator is not None:
+                authenticator.stop()
+            context.term()
+            shutil.rmtree(ipc_dir, ignore_errors=True)
+        if self.gave_up is not None:
+            raise StartupError(f"the server stopped: {self.gave_up} (see the errors above)")
+
+    def _curve_keys(self) -> Any:
+        from ..security import load_curve_dir
+
+        assert self.config.curve_dir is not None
+        try:
+            return load_curve_dir(self.config.curve_dir)
+        except (ValueError, OSError) as exc:
+            raise StartupError(f"--curve-dir: {exc}") from exc
+
+    def _start_authenticator(self, context: zmq.Context, keys: Any) -> Any:
+        from ..security import start_authenticator
+
+        return start_authenticator(context, keys)
+
+    def _warn_if_exposed(self) -> None:
+        from ..security import loopback_only
+
+        if not loopback_only(self.config.bind):
+            logger.warning(
+                "LISTENING ON %s WITHOUT CURVE: anyone who reaches ports %d and %d can send requests and "
+                "subscribe to replies%s. Serve with --curve-dir (see `bertserve keygen`) to authenticate and "
+                "encrypt.",
+                self.config.bind, self.config.port, self.config.port_out,
+                ", and stop the server (--allow-terminate true)" if self.config.allow_terminate else "",
+            )  # fmt: skip
+
+    def _check_model(self) -> None:
+        """Catch a bad model directory or option here, with its cause, before any process starts."""
+        from ..model.encoder import resolve_options
+
+        try:
+            self.model_info, self.tokenizer = resolve_options(self.config.model)
+            if self.config.model_class:
+                from ..model.interface import load_model_class
+
+                load_model_class(self.config.model_class)
+        except (ValueError, TypeError, OSError, ImportError) as exc:
+            raise StartupError(str(exc)) from exc
+
+    def _bind(self, socket: zmq.Socket, port: int) -> None:
+        try:
+            socket.bind(f"tcp://{self.config.bind}:{port}")
+        except zmq.ZMQError as exc:
+            raise StartupError(f"cannot listen on {self.config.bind}:{port}: {exc.strerror}") from None
+
+    def _check_port_free(self, context: zmq.Context, port: int) -> None:
+        probe = context.socket(zmq.PUB)
+        probe.linger = 0
+        try:
+            self._bind(probe, port)
+        finally:
+            probe.close()
+
+    def _start(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> BaseProcess:
+        process = self._spawn.Process(target=target, args=args, name=name, daemon=True)
+        process.start()
+        return process
+
+    def _start_sink(self, addresses: Addresses) -> None:
+        self.sink = self._start(run_sink, (self.config, addresses.sink, self.log_level), "bertserve-sink")
+        self.started_at["sink"] = time.monotonic()
+
+    def _start_worker(self, index: int, addresses: Addresses) -> None:
+        args = (self.config, index, addresses, self.log_level)
+        self.workers[index] = self._start(run_worker, args, f"bertserve-worker-{index}")
+        self.started_at[f"worker {index}"] = time.monotonic()
+
+    def _start_workers(self, ventilator: Ventilator, addresses: Addresses) -> None:
+        """Worker 0 first (it builds and caches the graph), then the rest load it."""
+        self._start_worker(0, addresses)
+        self._wait_ready(ventilator, 1)
+        for index in range(1, self.config.num_worker):
+            self._start_worker(index, addresses)
+        self._wait_ready(ventilator, self.config.num_worker)
+
+    def _wait_ready(self, ventilator: Ventilator, count: int) -> None:
+        while len(ventilator.registry) < count:
+            if self.should_exit.is_set():
+                raise StartupError("interrupted while the workers were loading the model")
+            for index, process in self.workers.items():
+                if not process.is_alive():
+                    raise StartupError(f"worker {index} could not start (exit code {process.exitcode}); see above")
+            if self.sink is not None and not self.sink.is_alive():
+                raise StartupError(f"the sink could not start (exit code {self.sink.exitcode}); see above")
+            ventilator.poll_once(100)
+
+    def _serve(self, ventilator: Ventilator, addresses: Addresses) -> None:
+        next_check = time.monotonic()
+        while not self.should_exit.is_set():
+            try:
+                ventilator.poll_once(100)
+            except zmq.ContextTerminated:
+                break
+            except Exception:  # a bug in handling one message must not stop the server
+                logger.exception("error in the ventilator loop")
+            if ventilator.terminate_requested:
+                logger.info("a client asked the server to stop")
+                self.should_exit.set()
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + 0.25
+                self._supervise(ventilator, addresses)
+
+    def _supervise(self, ventilator: Ventilator, addresses: Addresses) -> None:
+        now = time.monotonic()
+        for index, pid, reason in ventilator.unresponsive_workers():
+            logger.error("worker %d (pid %d) stopped answering (%s); killing it", index, pid, reason)
+            process = self.workers.get(index)
+            if process is not None and process.pid == pid and process.is_alive():
+                process.kill()
+        if "sink" in self.restart_at:
+            if now >= self.restart_at["sink"]:
+                del self.restart_at["sink"]
+                self._start_sink(addresses)
+        elif self.sink is not None and not self.sink.is_alive():
+            logger.error("the sink died (exit code %s); restarting it", self.sink.exitcode)
+            ventilator.sink_lost()
+            self._failed("sink", now)
+        for index, process in list(self.workers.items()):
+            name = f"worker {index}"
+            if name in self.restart_at:
+                if now >= self.restart_at[name]:
+                    del self.restart_at[name]
+                    self._start_worker(index, addresses)
+            elif not process.is_alive():
+                logger.error("worker %d died (exit code %s); restarting it", index, process.exitcode)
+                ventilator.worker_lost(index, f"worker {index} died with exit code {process.exitcode}")
+                self._failed(name, now)
+        for name, started in list(self.started_at.items()):
+            if now - started > _STABLE_SECONDS:
+                self.failures.pop(name, None)  # up long enough: its next failure counts as the first
+
+    def _failed(self, name: str, now: float) -> None:
+        """Count a failure of ``name`` and schedule its restart, backing off; give up after
+        ``max_restarts`` failures in a row."""
+        failures = self.failures[name] = self.failures.get(name, 0) + 1
+        if failures > self.config.max_restarts:
+            logger.critical(
+                "%s failed %d times in a row; giving up and stopping the server (see the errors above)", name, failures
+            )
+            self.gave_up = f"{name} failed {failures} times in a row"
+            self.should_exit.set()
+            return
+        delay = min(_MAX_BACKOFF, _FIRST_BACKOFF * 2 ** (failures - 1))
+        self.restart_at[name] = now + delay
+        if failures > 1:
+            logger.warning("restarting %s in %.1f s (failure %d of at most %d)", name, delay, failures,
+                           self.config.max_restarts)  # fmt: skip
+
+    def _shutdown(self, ventilator: Ventilator | None) -> None:
+        if ventilator is not None:
+            ventilator.accepting = False
+            deadline = time.monotonic() + (0 if self.force_exit else _DRAIN_SECONDS)
+            while not ventilator.idle and time.monotonic() < deadline and not self.force_exit:
+                ventilator.poll_once(50)
+            ventilator.fail_everything("the server is shutting down")
+            ventilator.stop_workers()
+            ventilator.stop_sink()
+        self._join(list(self.workers.values()) + ([self.sink] if self.sink is not None else []))
+        logger.info("bertserve stopped")
+
+    def _join(self, processes: list[BaseProcess]) -> None:
+        deadline = time.monotonic() + _JOIN_SECONDS
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in processes:
+            if process.is_alive():
+                logger.warning("%s did not stop in time; killing it", process.name)
+                process.kill()
+                process.join(5)

@@ -1,0 +1,440 @@
+"""The ventilator: moves frames between clients, the scheduler, the workers and the sink.
+
+Policy lives elsewhere: :mod:`.scheduler` decides what runs next and what is refused,
+:mod:`.registry` knows which worker holds which job. This module reads requests (checking,
+under CURVE, that a client id belongs to the sender's key), answers control commands, hands
+jobs to workers and tells the sink what to expect. It never blocks on a send: messages for
+the sink that ZeroMQ cannot take at once wait in an outbox, in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from bertserve.client import __version__
+from bertserve.client import protocol as p
+
+from ..config import ServerConfig
+from .registry import Registry
+from .scheduler import Busy, Job, Scheduler, TooLarge
+from .worker import Addresses
+
+logger = logging.getLogger("bertserve.ventilator")
+
+_KEEP_FINISHED_S = 15.0  # how long a finished request's key is remembered (duplicates, sink restarts)
+_MAX_WORKER_FAILURES = 2  # a job whose worker died this often is not retried
+_RESUBSCRIBE_S = 1.0  # time for clients to subscribe to a restarted sink before it publishes to them
+
+
+@dataclass
+class _Request:
+    client: bytes
+    request_id: int
+    pieces: int  # pieces still queued or running
+
+
+class Ventilator:
+    def __init__(
+        self,
+        config: ServerConfig,
+        context: zmq.Context,
+        frontend: zmq.Socket,
+        addresses: Addresses,
+        scheduler: Scheduler,
+        *,
+        curve_admins: frozenset[bytes] | None = None,
+    ) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.registry = Registry(
+            job_timeout_s=config.job_timeout_ms / 1000, heartbeat_timeout_s=config.heartbeat_timeout_ms / 1000
+        )
+        self.curve = curve_admins is not None
+        self.admins = curve_admins or frozenset()
+        self.frontend = frontend  # PULL from clients, bound by the server
+        self.backend = context.socket(zmq.ROUTER)
+        self.backend.linger = 0
+        self.backend.router_mandatory = True
+        self.backend.bind(addresses.jobs)
+        self.credit_socket = context.socket(zmq.PULL)
+        self.credit_socket.linger = 0
+        self.credit_socket.bind(addresses.credits)
+        self.sink = context.socket(zmq.PUSH)
+        self.sink.linger = 2000
+        self.sink.sndhwm = 100_000
+        self.sink.connect(addresses.sink)
+        self.outbox: deque[list[Any]] = deque()
+        self.requests: dict[str, _Request] = {}
+        self.finished: deque[tuple[float, str, _Request]] = deque()
+        self.accepting = True
+        self.started = time.time()
+        self.received = 0
+        self.rejected: dict[str, int] = {}
+        self.terminate_requested = False
+        self._owed: list[tuple[float, list[Any]]] = []  # error replies held until a new sink can deliver them
+        self._commands: dict[bytes, Callable[[p.Request, bytes | None], None]] = {
+            p.ENCODE: self._on_encode,
+            p.CONFIG: self._on_config,
+            p.STATUS: self._on_status,
+            p.TERMINATE: self._on_terminate,
+        }
+
+    def close(self) -> None:
+        for socket in (self.backend, self.credit_socket, self.sink):
+            socket.close()
+
+    @property
+    def ready(self) -> bool:
+        return len(self.registry) > 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.requests and self.scheduler.empty and not self.outbox
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def poll_once(self, timeout_ms: int = 100) -> None:
+        poller = zmq.Poller()
+        if self.accepting:
+            poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self.backend, zmq.POLLIN)
+        poller.register(self.credit_socket, zmq.POLLIN)
+        if self.outbox:
+            poller.register(self.sink, zmq.POLLOUT)
+        wait = timeout_ms
+        due = self.scheduler.wake_in(time.monotonic())
+        if due is not None and self.registry.pick() is not None:
+            wait = min(wait, int(due * 1000) + 1)  # a waiting small request falls due
+        events = dict(poller.poll(wait))
+        if self.backend in events:
+            self._drain(self.backend, self._on_worker_message)
+        if self.credit_socket in events:
+            self._drain(self.credit_socket, self._on_credit)
+        if self.frontend in events:
+            self._drain(self.frontend, self._on_client_message, limit=1000, copy=False)
+        self._flush()
+        self._dispatch()
+        self._forget_finished()
+        if self._owed and self._owed[0][0] <= time.monotonic():
+            for _, frames in self._owed:
+                self._publish(frames)
+            self._owed.clear()
+
+    @staticmethod
+    def _drain(socket: zmq.Socket, handle: Callable[[list[Any]], None], limit: int = 10_000, copy: bool = True) -> None:
+        for _ in range(limit):
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK, copy=copy)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    # -- the sink, without blocking --------------------------------------------------------
+
+    def _to_sink(self, frames: list[Any]) -> None:
+        if not self.outbox:
+            try:
+                self.sink.send_multipart(frames, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+        self.outbox.append(frames)
+
+    def _flush(self) -> None:
+        while self.outbox:
+            try:
+                self.sink.send_multipart(self.outbox[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.outbox.popleft()
+
+    def _publish(self, frames: list[Any]) -> None:
+        self._to_sink([p.PUBLISH, *frames])
+
+    def _fail(self, keys: set[str], error: str, kind: str) -> None:
+        """Answer the requests ``keys`` with an error and drop what is left of them."""
+        if not keys:
+            return
+        self.scheduler.remove(keys)
+        for key in keys:
+            self._finish(key)
+        self._to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
+
+    def _finish(self, key: str) -> None:
+        request = self.requests.pop(key, None)
+        if request is not None:
+            self.finished.append((time.monotonic(), key, request))
+
+    def _forget_finished(self) -> None:
+        horizon = time.monotonic() - _KEEP_FINISHED_S
+        while self.finished and self.finished[0][0] < horizon:
+            self.finished.popleft()
+
+    # -- clients -------------------------------------------------------------------------
+
+    def _on_client_message(self, frames: list[zmq.Frame]) -> None:
+        user_id = str(frames[0].get("User-Id")) if self.curve and frames else None
+        raw = [frame.bytes for frame in frames]
+        try:
+            request = p.decode_request(raw)
+        except p.ProtocolError as exc:
+            self._count_rejection("protocol")
+            client = p.decode_client_id(raw)
+            logger.warning("rejected a malformed request from %r: %s", client, exc)
+            if client is not None and len(raw) >= 3 and self._owns(user_id, client):
+                request_id = int(raw[2]) if raw[2].isdigit() else -1
+                self._publish(p.error_reply(client, request_id, f"malformed request: {exc}", "protocol"))
+            return
+        if not self._owns(user_id, request.client_id):
+            # Its replies would go to another key's client: no answer, only a log line.
+            self._count_rejection("spoofed")
+            logger.warning("refused a request whose client id %r does not belong to key %s", request.client_id, user_id)
+            return
+        self._commands[request.command](request, user_id.encode() if user_id else None)
+
+    def _owns(self, user_id: str | None, client_id: bytes) -> bool:
+        if not self.curve:
+            return True
+        from ..security import identity_belongs
+
+        return identity_belongs(user_id, client_id)
+
+    def _count_rejection(self, kind: str) -> None:
+        self.rejected[kind] = self.rejected.get(kind, 0) + 1
+
+    def _reject(self, request: p.Request, error: str, kind: str = "input") -> None:
+        self._count_rejection(kind)
+        self._publish(p.error_reply(request.client_id, request.request_id, error, kind))
+
+    def _on_encode(self, request: p.Request, user: bytes | None) -> None:
+        self.received += 1
+        texts = request.texts
+        is_tokenized = bool(request.header.get("is_tokenized", False))
+        show_tokens = bool(request.header.get("show_tokens", False))
+        if len(texts) > self.config.max_request_size:
+            return self._reject(
+                request, f"the request has {len(texts)} inputs; this server takes at most "
+                f"{self.config.max_request_size} per request", "limit"
+            )  # fmt: skip
+        try:
+            p.check_texts(texts, is_tokenized)
+        except (TypeError, ValueError) as exc:
+            return self._reject(request, str(exc))
+        sizes = [len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts]
+        too_long = next((i for i, n in enumerate(sizes) if n > self.config.max_text_chars), None)
+        if too_long is not None:
+            return self._reject(
+                request, f"texts[{too_long}] has {sizes[too_long]} characters; this server takes at most "
+                f"{self.config.max_text_chars}", "limit"
+            )  # fmt: skip
+        if request.key in self.requests or any(key == request.key for _, key, _ in self.finished):
+            return self._reject(
+                request, f"request id {request.request_id} of this client is already pending; it was not queued "
+                "again (the first request is unaffected)", "duplicate"
+            )  # fmt: skip
+        if not texts:
+            return self._publish_empty(request)
+        try:
+            pieces = self.scheduler.admit(
+                request.key, request.client_id, texts,
+                is_tokenized=is_tokenized, show_tokens=show_tokens, now=time.monotonic(),
+            )  # fmt: skip
+        except Busy as exc:
+            return self._reject(request, str(exc), p.BUSY)
+        except TooLarge as exc:
+            return self._reject(request, str(exc), "limit")
+        self.requests[request.key] = _Request(request.client_id, request.request_id, pieces)
+        register = {
+            "key": request.key, "client": request.client_id.hex(),
+            "request_id": request.request_id, "count": len(texts), "show_tokens": show_tokens,
+        }  # fmt: skip
+        self._to_sink([p.REGISTER, p.dumps(register)])
+        return None
+
+    def _publish_empty(self, request: p.Request) -> None:
+        model = self.registry.model
+        dim = int(model.get("output_dim", 0))
+        shape = [0, 0, dim] if model.get("token_level") else [0, dim]
+        header: dict[str, Any] = {"dtype": model.get("output_dtype", "float32"), "shape": shape}
+        if request.header.get("show_tokens"):
+            header["tokens"] = []
+        self._publish(p.encode_reply(request.client_id, request.request_id, True, header, b""))
+
+    def _on_config(self, request: p.Request, user: bytes | None) -> None:
+        self._publish(p.encode_reply(request.client_id, request.request_id, True, self.describe()))
+
+    def describe(self) -> dict[str, Any]:
+        public = self.config.public()
+        public.pop("curve_dir", None)  # where the server keeps its keys is nobody else's business
+        return {
+            "server_version": __version__,
+            "protocol": p.PROTOCOL_VERSION,
+            "ready": self.ready,
+            "curve": self.curve,
+            **public,
+            "max_message_bytes": self.config.message_limit,
+            **self.registry.model,
+        }
+
+    def _on_status(self, request: p.Request, user: bytes | None) -> None:
+        status = self.status()
+        self._to_sink([p.STATUS, request.client_id, str(request.request_id).encode(), p.dumps(status)])
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "server_version": __version__,
+            "ready": self.ready,
+            "uptime_s": round(time.time() - self.started, 3),
+            "requests_received": self.received,
+            "requests_rejected": sum(self.rejected.values()),
+            "rejections": dict(sorted(self.rejected.items())),
+            "requests_pending": len(self.requests),
+            **self.scheduler.stats(),
+            **self.registry.stats(time.monotonic()),
+        }
+
+    def _on_terminate(self, request: p.Request, user: bytes | None) -> None:
+        if not self._may_terminate(user):
+            why = "its key is not in the server's admins/" if self.curve else "it listens beyond loopback"
+            return self._reject(request, f"this server does not accept TERMINATE from clients: {why}", "forbidden")
+        self._publish(p.encode_reply(request.client_id, request.request_id, True, {"stopping": True}))
+        self.terminate_requested = True
+        return None
+
+    def _may_terminate(self, user: bytes | None) -> bool:
+        if self.config.allow_terminate is not None:
+            return self.config.allow_terminate
+        if self.curve:
+            return user is not None and user in self.admins
+        from ..security import loopback_only
+
+        return loopback_only(self.config.bind)
+
+    # -- workers -------------------------------------------------------------------------
+
+    def _on_worker_message(self, frames: list[bytes]) -> None:
+        identity, rest = frames[0], frames[1:]
+        try:
+            _, (raw,) = p.split_message(rest, {p.READY: 1})
+            info = p.loads(raw)
+            worker = self.registry.add(identity, info, time.monotonic())
+        except (p.ProtocolError, KeyError, TypeError, ValueError) as exc:
+            logger.error("dropped a malformed message from %r: %s", identity, exc)
+            return
+        logger.debug("worker %d (pid %d) ready with %d credits", worker.index, worker.pid, worker.credits)
+
+    def _on_credit(self, frames: list[bytes]) -> None:
+        try:
+            kind, rest = p.split_message(frames, {p.DONE: 1, p.HEARTBEAT: 1})
+            if kind == p.HEARTBEAT:
+                self.registry.heartbeat(rest[0], time.monotonic())
+                return
+            info = p.loads(rest[0])
+            identity, job_id = str(info["worker"]).encode(), str(info["job"])
+        except (p.ProtocolError, KeyError, TypeError) as exc:
+            logger.error("dropped a malformed credit message: %s", exc)
+            return
+        job = self.registry.done(identity, job_id, info, time.monotonic())
+        if job is None:
+            logger.debug("ignored DONE of job %s from %r: it is no longer that worker's", job_id, identity)
+            return
+        for key in job.keys:
+            request = self.requests.get(key)
+            if request is not None:
+                request.pieces -= 1
+                if request.pieces <= 0:
+                    self._finish(key)
+
+    def worker_lost(self, index: int, reason: str) -> None:
+        """Worker ``index`` died or stopped answering: forget it, and run its jobs elsewhere,
+        except a job that has now lost two workers: its requests get an error reply."""
+        for worker in self.registry.by_index(index):
+            jobs = self.registry.remove(worker.identity)
+            if jobs:
+                logger.warning("worker %d (%s) held %d job(s); handing them to others", index, reason, len(jobs))
+            for job in jobs:
+                self._retry_or_fail(job, reason)
+
+    def _retry_or_fail(self, job: Job, reason: str) -> None:
+        job.failures += 1
+        if job.failures < _MAX_WORKER_FAILURES:
+            self.scheduler.retry(job)
+            return
+        logger.error("job %s lost %d workers (%s); failing its requests %s", job.job_id, job.failures, reason, job.keys)
+        error = (
+            f"the request was running when its worker failed, {job.failures} times ({reason}); it is not retried: "
+            "an input in it may crash the model"
+        )
+        self._fail(set(job.keys), error, "worker")
+
+    def unresponsive_workers(self) -> list[tuple[int, int, str]]:
+        """``(index, pid, reason)`` of workers to kill: silent, or holding a job too long.
+        They are forgotten at once and their jobs handed on."""
+        found = []
+        for worker, reason in self.registry.unresponsive(time.monotonic()):
+            found.append((worker.index, worker.pid, reason))
+        for index, _, reason in found:
+            self.worker_lost(index, reason)
+        return found
+
+    def sink_lost(self) -> None:
+        """The sink died and lost what it was assembling: every request it knew of gets an
+        error reply (through the new sink), and its queued work is dropped."""
+        keys = set(self.requests) | {key for _, key, _ in self.finished}
+        known = {**{key: r for _, key, r in self.finished}, **self.requests}
+        self.scheduler.remove(set(self.requests))
+        self.requests.clear()
+        self.finished.clear()
+        error = "the server's sink process failed while this request was in flight; please retry"
+        due = time.monotonic() + _RESUBSCRIBE_S
+        for key in sorted(keys):
+            request = known[key]
+            self._owed.append((due, p.error_reply(request.client, request.request_id, error, "internal")))
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        while (worker := self.registry.pick()) is not None:
+            job = self.scheduler.next_job(now)
+            if job is None:
+                return
+            frames = [p.JOB, job.job_id.encode(), p.dumps(job.header()), p.dumps(job.texts)]
+            try:
+                self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # the worker vanished between READY and now
+                logger.warning("could not reach worker %d: %s", worker.index, exc)
+                self.registry.remove(worker.identity)
+                self.scheduler.retry(job)
+                continue
+            logger.debug("job %s (%d inputs%s) to worker %d", job.job_id, job.size, ", bulk" if job.bulk else "",
+                         worker.index)  # fmt: skip
+            self.registry.assign(worker, job, now)
+
+    def fail_everything(self, error: str) -> None:
+        """Shutdown: every request still queued or in flight gets an error reply."""
+        self.scheduler.drain_keys()
+        keys = set(self.requests)
+        self.requests.clear()
+        if keys:
+            self._to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
+
+    def stop_sink(self, timeout_s: float = 5.0) -> None:
+        """Tell the sink to publish what is left and exit, after everything already queued for it."""
+        self._to_sink([p.STOP])
+        deadline = time.monotonic() + timeout_s
+        while self.outbox and time.monotonic() < deadline:
+            if self.sink.poll(50, zmq.POLLOUT):
+                self._flush()
+
+    def stop_workers(self) -> None:
+        for identity in list(self.registry.workers):
+            with contextlib.suppress(zmq.ZMQError):  # a worker that is already gone needs no STOP
+                self.backend.send_multipart([identity, p.STOP], zmq.NOBLOCK)

@@ -1,0 +1,268 @@
+"""A worker: one process per device, running the model over mini-jobs.
+
+Jobs come from the ventilator over a DEALER socket. For the BERT ``Encoder`` a
+``tf.data.Dataset.from_generator`` whose generator receives and tokenizes jobs feeds the
+model through ``.prefetch``, so the next job is received and tokenized while the current one
+runs; any other :class:`~..model.interface.Model` is fed from the same generator directly.
+Results go to the sink as ``[RESULT, job id, header, raw vectors]``; a job that fails
+becomes a ``JOB_ERROR`` for the requests it carried, and the worker carries on. Each
+finished job returns its credit to the ventilator over a separate PUSH socket (a socket
+belongs to one thread, and the generator runs on tf.data's threads), and a thread of its
+own sends a heartbeat every second. Each process registers under an identity of its own
+(``w<index>-<pid>``), so nothing a dead worker sent is taken for its successor's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+from bertserve.client import protocol as p
+
+from ..config import HEARTBEAT_INTERVAL_MS, ServerConfig
+from ..model.interface import Model
+from ..model.tokenization import TokenizedBatch
+
+logger = logging.getLogger("bertserve.worker")
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Where the server's internal sockets live (ipc paths or tcp addresses)."""
+
+    jobs: str  # ventilator ROUTER
+    credits: str  # ventilator PULL
+    sink: str  # sink PULL
+
+
+def configure_device(config: ServerConfig, index: int) -> str:
+    """Pick this worker's device before TensorFlow starts; returns its TensorFlow name.
+
+    GPU workers see only their own GPU (``CUDA_VISIBLE_DEVICES``), with memory growth or a
+    memory fraction; CPU workers share the cores out so they do not fight over them.
+    """
+    import tensorflow as tf
+
+    if not config.cpu:
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            ids = config.device_map or tuple(range(len(gpus)))
+            gpu_id = ids[index % len(ids)] % len(gpus)
+            gpu = gpus[gpu_id]
+            tf.config.set_visible_devices([gpu], "GPU")
+            total_mb = _gpu_memory_mb(gpu_id) if config.gpu_memory_fraction is not None else None
+            if total_mb is None:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            else:
+                limit = int(total_mb * (config.gpu_memory_fraction or 1.0))
+                tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(limit)])
+            return "/GPU:0"
+        logger.info("no GPU visible: worker %d runs on the CPU", index)
+    threads = config.worker_threads()
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    tf.config.set_visible_devices([], "GPU")
+    return "/CPU:0"
+
+
+def _gpu_memory_mb(gpu_id: int) -> int | None:
+    """Total memory of a GPU in MiB, from nvidia-smi; None (use memory growth) if unknown."""
+    import subprocess
+
+    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", str(gpu_id)]
+    try:
+        return int(subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        logger.warning("cannot read GPU %d's memory with nvidia-smi; using memory growth instead", gpu_id)
+        return None
+
+
+class Worker:
+    """The loop of one worker process, around any :class:`~..model.interface.Model`."""
+
+    def __init__(self, config: ServerConfig, index: int, addresses: Addresses, model: Model) -> None:
+        self.config = config
+        self.index = index
+        self.addresses = addresses
+        self.model = model
+        self.identity = f"w{index}-{os.getpid()}".encode()
+        self.stop = threading.Event()
+        self.context = zmq.Context()
+        self.results = self.context.socket(zmq.PUSH)
+        self.results.linger = 5000
+        self.results.connect(addresses.sink)
+        self.credits = self.context.socket(zmq.PUSH)
+        self.credits.linger = 1000
+        self.credits.connect(addresses.credits)
+        self.parent = os.getppid()
+        self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self._heartbeat.is_alive():
+            self._heartbeat.join(2 * HEARTBEAT_INTERVAL_MS / 1000)
+        self.results.close()
+        self.credits.close()
+        self.context.term()
+
+    def _beat(self) -> None:
+        """Tell the ventilator this process is alive, from a thread of its own (and socket:
+        a socket belongs to one thread), so a long model run does not look like a hang."""
+        socket = self.context.socket(zmq.PUSH)
+        socket.linger = 0
+        socket.sndhwm = 10
+        socket.connect(self.addresses.credits)
+        try:
+            while not self.stop.wait(HEARTBEAT_INTERVAL_MS / 1000):
+                with contextlib.suppress(zmq.Again):
+                    socket.send_multipart([p.HEARTBEAT, self.identity], zmq.NOBLOCK)
+        finally:
+            socket.close()
+
+    # -- the feeding side (tf.data's threads, or the caller's) -----------------------------
+
+    def jobs(self) -> Iterator[tuple[bytes, bytes, np.ndarray, np.ndarray, np.ndarray]]:
+        """Receive jobs and tokenize them; yields ``(job_id, header, ids, segments, lengths)``."""
+        socket = self.context.socket(zmq.DEALER)
+        socket.linger = 0
+        socket.identity = self.identity
+        socket.connect(self.addresses.jobs)
+        try:
+            ready = {
+                "worker": self.index, "pid": os.getpid(), "credits": self.config.prefetch_size,
+                "model": self.model.describe(),
+            }  # fmt: skip
+            socket.send_multipart([p.READY, p.dumps(ready)])
+            if not self._heartbeat.is_alive():
+                self._heartbeat.start()
+            while not self.stop.is_set():
+                if not socket.poll(200):
+                    if os.getppid() != self.parent:  # the server is gone: do not linger as an orphan
+                        logger.warning("worker %d lost its server; exiting", self.index)
+                        return
+                    continue
+                frames = socket.recv_multipart()
+                try:
+                    kind, rest = p.split_message(frames, {p.JOB: 3, p.STOP: 0})
+                except p.ProtocolError as exc:
+                    logger.error("worker %d dropped a malformed message: %s", self.index, exc)
+                    continue
+                if kind == p.STOP:
+                    return
+                yield self._tokenize(*rest)
+        finally:
+            socket.close()
+
+    def _tokenize(self, job_id: bytes, raw_header: bytes, payload: bytes) -> tuple[bytes, bytes, Any, Any, Any]:
+        header = p.loads(raw_header)
+        empty = np.zeros((0, 0), np.int32)
+        try:
+            texts = p.loads(payload, "payload")
+            batch = self.model.tokenize(
+                texts, is_tokenized=bool(header.get("is_tokenized")), keep_tokens=bool(header.get("show_tokens"))
+            )
+        except Exception as exc:  # reported to the requests in this job, not fatal to the worker
+            header["error"] = f"tokenization failed: {exc}"
+            return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
+        header["truncated"] = batch.truncated.tolist()
+        if batch.tokens is not None:
+            header["tokens"] = batch.tokens
+        return job_id, p.dumps(header), batch.input_ids, batch.segment_ids, batch.lengths
+
+    # -- the main loop -------------------------------------------------------------------
+
+    def run(self, feed: Iterable[tuple[Any, Any, Any, Any, Any]] | None = None) -> None:
+        """Run every job ``feed`` yields (by default :meth:`jobs`, received in this thread)."""
+        for job_id_t, header_t, ids, segments, lengths in feed if feed is not None else self.jobs():
+            self.process(_numpy(job_id_t), _numpy(header_t), _numpy(ids), _numpy(segments), _numpy(lengths))
+
+    def process(self, job_id: bytes, raw_header: bytes, ids: Any, segments: Any, lengths: Any) -> None:
+        """Run one tokenized job; send its result (or its error) to the sink and its credit back."""
+        header = p.loads(raw_header)
+        started = time.perf_counter()
+        parts = header["parts"]
+        try:
+            if "error" in header:
+                raise ValueError(header["error"])
+            batch = TokenizedBatch(ids, segments, lengths, np.asarray(header["truncated"], bool))
+            vectors = np.ascontiguousarray(self.model.run(batch))
+            if len(vectors) != len(lengths):
+                raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
+            out = {"parts": parts, **p.array_header(vectors), "tokens": header.get("tokens")}
+            self.results.send_multipart([p.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
+            tokens, slots = int(batch.lengths.sum()), self.model.token_slots(batch)
+        except Exception as exc:
+            logger.exception("worker %d failed on job %s", self.index, job_id)
+            error = {"parts": parts, "error": f"the worker failed on this request: {exc}", "kind": "worker"}
+            self.results.send_multipart([p.JOB_ERROR, job_id, p.dumps(error)])
+            tokens = slots = 0
+        elapsed = time.perf_counter() - started
+        logger.debug("worker %d ran job %s: %d inputs in %.3fs", self.index, job_id.decode(), len(lengths), elapsed)
+        done = {"job": job_id.decode(), "worker": self.identity.decode(), "seconds": elapsed, "tokens": tokens,
+                "slots": slots}  # fmt: skip
+        self.credits.send_multipart([p.DONE, p.dumps(done)])
+
+
+def _numpy(value: Any) -> Any:
+    """A tf.data element as numpy (bytes for scalar strings); plain values pass through."""
+    return value.numpy() if hasattr(value, "numpy") else value
+
+
+def tf_data_feed(worker: Worker) -> Iterable[Any]:
+    """``worker.jobs()`` through ``tf.data.Dataset.from_generator(...).prefetch``, so the next
+    job is received and tokenized on tf.data's threads while the current one runs."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_generator(
+        worker.jobs,
+        output_signature=(
+            tf.TensorSpec((), tf.string),
+            tf.TensorSpec((), tf.string),
+            tf.TensorSpec((None, None), tf.int32),
+            tf.TensorSpec((None, None), tf.int32),
+            tf.TensorSpec((None,), tf.int32),
+        ),
+    ).prefetch(worker.config.prefetch_size)
+
+
+def load_model(config: ServerConfig, device: str) -> Model:
+    """The model this server serves: ``config.model_class`` if set, else the BERT ``Encoder``."""
+    if config.model_class:
+        from ..model.interface import load_model_class
+
+        model: Model = load_model_class(config.model_class)(config.model)
+        return model
+    from ..model.encoder import Encoder
+
+    return Encoder(config.model.replace(device=device))
+
+
+def run_worker(config: ServerConfig, index: int, addresses: Addresses, log_level: int) -> None:
+    """Entry point of a worker process (started with the ``spawn`` method)."""
+    from ..logs import child_logging
+
+    child_logging(log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
+    try:
+        device = "cpu" if config.model_class else configure_device(config, index)
+        model = load_model(config, device)
+    except Exception as exc:
+        logger.error("worker %d could not load the model: %s", index, exc)
+        raise SystemExit(4) from None
+    worker = Worker(config, index, addresses, model)
+    try:
+        logger.info("worker %d ready on %s (pid %d)", index, device, os.getpid())
+        worker.run(None if config.model_class else tf_data_feed(worker))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.close()
