@@ -229,33 +229,38 @@ class Scheduler:
         return job
 
     def _take_small(self) -> Job:
-        """Merge the small requests at the head of each client's queue, in turn order."""
+        """Merge waiting small requests into one job, one request per client per round in turn
+        order, so a client with many small requests queued does not fill the job alone."""
         room = self.config.max_batch_size
         first = self.clients[self.turns[0]].items[0]
         assert isinstance(first, Piece)
         kind = first.is_tokenized
         pieces: list[Piece] = []
-        served: list[bytes] = []
-        for client in list(self.turns):
-            items = self.clients[client].items
+        taken: dict[bytes, int] = {}
+        took = True
+        while took and room:
             took = False
-            while items and isinstance(items[0], Piece) and items[0].is_tokenized == kind:
-                piece = items[0]
-                if len(piece.rows) > room or (pieces and not self.config.merge_requests):
-                    break
-                items.popleft()
+            for client in self.turns:
+                items = self.clients[client].items
+                skip = sum(1 for p in pieces if p.client == client)
+                piece = items[skip] if skip < len(items) else None
+                if not isinstance(piece, Piece) or piece.is_tokenized != kind or len(piece.rows) > room:
+                    continue
                 pieces.append(piece)
+                taken[client] = taken.get(client, 0) + len(piece.rows)
                 room -= len(piece.rows)
                 took = True
-            if took:
-                served.append(client)
-            if not room or not self.config.merge_requests:
+                if not self.config.merge_requests:
+                    break
+            if not self.config.merge_requests:
                 break
+        for client, sentences in taken.items():
+            items = self.clients[client].items
+            for _ in range(sum(1 for p in pieces if p.client == client)):
+                items.popleft()
+            self._served([client], sentences)
         self.small_count -= len(pieces)
-        job = self._job(pieces, False)
-        for client in served:
-            self._served([client], sum(len(p.rows) for p in pieces if p.client == client))
-        return job
+        return self._job(pieces, False)
 
     def _served(self, clients: Iterable[bytes], sentences: int) -> None:
         """Account for what was taken from ``clients``; each goes to the back of the turns."""

@@ -180,8 +180,7 @@ class Sink:
                 frame = self.pub.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if not handle_subscription(self.pub, frame, self.curve):
-                logger.warning("refused a subscription to %r", bytes(frame.bytes[1:65]))
+            handle_subscription(self.pub, frame, self.curve)  # logs what it refuses
 
     # -- messages ------------------------------------------------------------------------
 

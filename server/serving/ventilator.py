@@ -22,6 +22,7 @@ from bertserve.client import __version__
 from bertserve.client import protocol as p
 
 from ..config import ServerConfig
+from ..security import loopback_only, message_user_id, request_allowed
 from .registry import Registry
 from .scheduler import Busy, Job, Scheduler, TooLarge
 from .worker import Addresses
@@ -180,7 +181,7 @@ class Ventilator:
     # -- clients -------------------------------------------------------------------------
 
     def _on_client_message(self, frames: list[zmq.Frame]) -> None:
-        user_id = str(frames[0].get("User-Id")) if self.curve and frames else None
+        user_id = message_user_id(frames[0]) if self.curve and frames else None
         raw = [frame.bytes for frame in frames]
         try:
             request = p.decode_request(raw)
@@ -200,11 +201,7 @@ class Ventilator:
         self._commands[request.command](request, user_id.encode() if user_id else None)
 
     def _owns(self, user_id: str | None, client_id: bytes) -> bool:
-        if not self.curve:
-            return True
-        from ..security import identity_belongs
-
-        return identity_belongs(user_id, client_id)
+        return request_allowed(user_id, client_id, self.curve)
 
     def _count_rejection(self, kind: str) -> None:
         self.rejected[kind] = self.rejected.get(kind, 0) + 1
@@ -313,8 +310,6 @@ class Ventilator:
             return self.config.allow_terminate
         if self.curve:
             return user is not None and user in self.admins
-        from ..security import loopback_only
-
         return loopback_only(self.config.bind)
 
     # -- workers -------------------------------------------------------------------------

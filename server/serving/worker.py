@@ -163,8 +163,15 @@ class Worker:
             socket.close()
 
     def _tokenize(self, job_id: bytes, raw_header: bytes, payload: bytes) -> tuple[bytes, bytes, Any, Any, Any]:
-        header = p.loads(raw_header)
         empty = np.zeros((0, 0), np.int32)
+        try:
+            header = p.loads(raw_header)
+            if not isinstance(header, dict) or not isinstance(header.get("parts"), list):
+                raise p.ProtocolError("the job header has no parts")
+        except p.ProtocolError as exc:  # the job's credit still returns, so the worker is not lost
+            logger.error("worker %d got job %r with a malformed header: %s", self.index, job_id, exc)
+            header = {"parts": [], "error": f"malformed job: {exc}"}
+            return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
         try:
             texts = p.loads(payload, "payload")
             batch = self.model.tokenize(

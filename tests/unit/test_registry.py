@@ -1,0 +1,73 @@
+"""The worker registry: credits, jobs held, heartbeats and deadlines, with a fake clock."""
+
+from __future__ import annotations
+
+import numpy as np
+from bertserve.server.serving.registry import Registry
+from bertserve.server.serving.scheduler import Job, Piece
+
+
+def job(job_id: str, key: str = "k", size: int = 2) -> Job:
+    piece = Piece(key, b"c", np.arange(size), ["t"] * size, False, False, 0.0)
+    return Job(job_id, [piece], bulk=False)
+
+
+def registry() -> Registry:
+    r = Registry(job_timeout_s=5.0, heartbeat_timeout_s=3.0)
+    r.add(b"w0-1", {"worker": 0, "pid": 1, "credits": 2, "model": {"output_dim": 4}}, now=0.0)
+    r.add(b"w1-2", {"worker": 1, "pid": 2, "credits": 1}, now=0.0)
+    return r
+
+
+def test_the_worker_with_most_free_credits_gets_the_next_job() -> None:
+    r = registry()
+    first = r.pick()
+    assert first is not None and first.identity == b"w0-1"
+    r.assign(first, job("1"), now=0.0)
+    second = r.pick()
+    assert second is not None and second.identity == b"w1-2"  # equal free credits: fewer jobs wins
+    r.assign(second, job("2"), now=0.0)
+    third = r.pick()
+    assert third is not None and third.identity == b"w0-1"
+    r.assign(third, job("3"), now=0.0)
+    assert r.pick() is None and r.in_flight == 3
+    assert r.model == {"output_dim": 4}
+
+
+def test_done_counts_only_for_the_worker_that_holds_the_job() -> None:
+    r = registry()
+    worker = r.pick()
+    assert worker is not None
+    r.assign(worker, job("1", size=3), now=0.0)
+    assert r.done(b"w1-2", "1", {}, now=1.0) is None  # not that worker's job
+    assert r.done(b"w9-9", "1", {}, now=1.0) is None  # a worker the registry forgot
+    done = r.done(worker.identity, "1", {"seconds": 0.5, "tokens": 30, "slots": 40}, now=1.0)
+    assert done is not None and done.job_id == "1"
+    assert r.done(worker.identity, "1", {}, now=1.0) is None  # delivered twice: counted once
+    stats = r.stats(now=2.0)
+    w0 = stats["workers"][0]
+    assert (w0["jobs_done"], w0["sentences"], w0["tokens"], w0["token_slots"]) == (1, 3, 30, 40)
+    assert stats["padding_fraction"] == 0.25
+
+
+def test_remove_hands_back_the_jobs_oldest_first() -> None:
+    r = registry()
+    worker = r.workers[b"w0-1"]
+    r.assign(worker, job("late"), now=2.0)
+    r.assign(worker, job("early"), now=1.0)
+    assert [j.job_id for j in r.remove(b"w0-1")] == ["early", "late"]
+    assert r.remove(b"w0-1") == [] and len(r) == 1
+
+
+def test_silent_workers_and_overdue_jobs_are_reported() -> None:
+    r = registry()
+    r.assign(r.workers[b"w1-2"], job("1"), now=0.0)
+    r.heartbeat(b"w1-2", now=2.9)
+    assert r.unresponsive(now=2.9) == []
+    found = {w.identity: why for w, why in r.unresponsive(now=3.5)}
+    assert list(found) == [b"w0-1"] and "no heartbeat" in found[b"w0-1"]
+    r.heartbeat(b"w0-1", now=5.5)
+    r.heartbeat(b"w1-2", now=5.5)
+    found = {w.identity: why for w, why in r.unresponsive(now=5.5)}
+    assert list(found) == [b"w1-2"] and "a job has run for 5.5 s" in found[b"w1-2"]
+    assert r.in_flight_keys() == {"k"}

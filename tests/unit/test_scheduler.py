@@ -1,0 +1,167 @@
+"""The scheduler on its own: admission, cutting, merging and turns, with a fake clock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.serving.scheduler import Busy, Job, Scheduler, TooLarge
+
+
+def make(**options) -> Scheduler:
+    defaults = {"max_batch_size": 8, "max_batch_tokens": 10_000, "max_latency_ms": 10.0,
+                "max_request_size": 100, "max_client_queued_sentences": 100, "max_queued_sentences": 1000}  # fmt: skip
+    config = ServerConfig(model=ModelConfig(model_dir="unused"), **{**defaults, **options})
+    return Scheduler(config, lambda texts, is_tokenized: np.asarray([len(t.split()) for t in texts]))
+
+
+def texts(n: int, prefix: str = "t") -> list[str]:
+    return [f"{prefix}{i} " + "w " * (i % 5) for i in range(n)]
+
+
+def admit(s: Scheduler, client: bytes, n: int, now: float = 0.0, key: str | None = None) -> str:
+    key = key or f"{client.hex()}#{now}#{n}#{len(s.clients)}#{s.queued}"
+    s.admit(key, client, texts(n, client.decode()), is_tokenized=False, show_tokens=False, now=now)
+    return key
+
+
+def drain(s: Scheduler, now: float = 100.0) -> list[Job]:
+    jobs = []
+    while (job := s.next_job(now)) is not None:
+        jobs.append(job)
+    return jobs
+
+
+def test_a_small_request_waits_for_company_then_goes_at_its_deadline() -> None:
+    s = make()
+    admit(s, b"a", 2, now=0.0)
+    assert s.next_job(0.005) is None
+    assert s.wake_in(0.005) == pytest.approx(0.005)
+    admit(s, b"b", 3, now=0.006)
+    job = s.next_job(0.0101)
+    assert job is not None and job.size == 5 and [p.client for p in job.pieces] == [b"a", b"b"]
+    assert s.empty and s.queued == 0
+
+
+def test_small_requests_go_at_once_when_they_fill_a_job() -> None:
+    s = make()
+    for client in (b"a", b"b", b"c"):
+        admit(s, client, 3, now=0.0)
+    job = s.next_job(0.0)
+    assert job is not None and job.size == 6  # the third does not fit whole: it waits for the next job
+    assert s.queued == 3
+
+
+def test_without_merging_each_request_is_its_own_job_and_goes_at_once() -> None:
+    s = make(merge_requests=False)
+    admit(s, b"a", 2)
+    admit(s, b"b", 2)
+    jobs = drain(s, now=0.0)
+    assert [[p.client for p in j.pieces] for j in jobs] == [[b"a"], [b"b"]]
+
+
+def test_bulk_requests_are_sorted_by_length_and_cut_by_rows_and_padded_tokens() -> None:
+    s = make(max_batch_tokens=24)
+    key = admit(s, b"a", 20)
+    jobs = drain(s)
+    rows = np.concatenate([p.rows for j in jobs for p in j.pieces])
+    assert sorted(rows.tolist()) == list(range(20)) and all(j.keys == [key] for j in jobs)
+    for job in jobs:
+        lengths = [len(t.split()) for t in job.texts]
+        assert lengths == sorted(lengths)
+        assert job.size <= 8 and (job.size == 1 or job.size * max(lengths) <= 24)
+    assert all(j.bulk for j in jobs)
+
+
+def test_admit_returns_the_number_of_pieces() -> None:
+    s = make()
+    assert s.admit("k1", b"a", texts(3), is_tokenized=False, show_tokens=False, now=0) == 1
+    assert s.admit("k2", b"a", texts(20), is_tokenized=False, show_tokens=False, now=0) == 3
+
+
+def test_clients_take_turns_one_job_each() -> None:
+    s = make()
+    for _ in range(3):
+        admit(s, b"a", 16)  # six bulk jobs of client a
+    admit(s, b"b", 16)
+    admit(s, b"c", 16)
+    order = [j.pieces[0].client for j in drain(s)]
+    assert order[:6] == [b"a", b"b", b"c", b"a", b"b", b"c"]
+    assert order[6:] == [b"a"] * 4
+
+
+def test_a_small_request_waits_behind_at_most_one_job_per_active_client() -> None:
+    s = make(max_client_queued_sentences=1000)
+    for _ in range(20):
+        admit(s, b"flood", 16)
+    first = s.next_job(0.0)
+    assert first is not None and first.pieces[0].client == b"flood"
+    admit(s, b"small", 1, now=0.0)
+    order = [j.pieces[0].client for j in drain(s, now=0.0)]
+    assert order.index(b"small") <= 1
+
+
+def test_merged_jobs_take_small_requests_of_every_client_in_turn_order() -> None:
+    s = make()
+    for i in range(6):
+        admit(s, b"a", 2, now=0.0, key=f"a{i}")
+    admit(s, b"b", 2, now=0.0, key="b0")
+    job = s.next_job(1.0)
+    assert job is not None and job.keys == ["a0", "b0", "a1", "a2"]  # b is not starved by a's backlog
+
+
+def test_inputs_of_different_kinds_never_share_a_job() -> None:
+    s = make()
+    s.admit("k1", b"a", ["plain text"], is_tokenized=False, show_tokens=False, now=0)
+    s.admit("k2", b"b", [["pre", "tokenized"]], is_tokenized=True, show_tokens=False, now=0)
+    jobs = drain(s)
+    assert [j.keys for j in jobs] == [["k1"], ["k2"]]
+
+
+def test_admission_refuses_whole_requests_over_the_bounds() -> None:
+    s = make(max_client_queued_sentences=30, max_queued_sentences=50, max_request_size=30)
+    admit(s, b"a", 20)
+    with pytest.raises(Busy, match="this client already has 20 inputs queued"):
+        admit(s, b"a", 11)
+    admit(s, b"b", 29)
+    with pytest.raises(Busy, match="49 inputs are queued"):
+        admit(s, b"c", 2)
+    assert s.queued == 49 and s.busy_rejections == 2
+    with pytest.raises(TooLarge):
+        admit(s, b"d", 31)
+    drain(s)
+    admit(s, b"a", 30)  # room again once dispatched
+
+
+def test_a_retried_job_goes_first_split_into_one_job_per_request() -> None:
+    s = make()
+    admit(s, b"a", 2, key="ka")
+    admit(s, b"b", 2, key="kb")
+    merged = s.next_job(1.0)
+    assert merged is not None and merged.keys == ["ka", "kb"]
+    admit(s, b"c", 16, key="kc")
+    merged.failures = 1
+    s.retry(merged)
+    assert s.queued == 20
+    retried = [s.next_job(1.0), s.next_job(1.0)]
+    assert [j.keys for j in retried if j] == [["ka"], ["kb"]] and all(j and j.failures == 1 for j in retried)
+    assert s.next_job(1.0).keys == ["kc"]  # type: ignore[union-attr]
+
+
+def test_remove_forgets_queued_work_of_failed_requests() -> None:
+    s = make()
+    admit(s, b"a", 20, key="bulk")
+    admit(s, b"a", 2, key="small")
+    admit(s, b"b", 2, key="other")
+    s.remove({"bulk", "small"})
+    assert s.queued == 2 and list(s.clients) == [b"b"]
+    assert [j.keys for j in drain(s)] == [["other"]]
+    assert s.empty and s.small_count == 0 and s.bulk_count == 0
+
+
+def test_drain_keys_empties_everything() -> None:
+    s = make()
+    admit(s, b"a", 20, key="bulk")
+    admit(s, b"b", 1, key="small")
+    assert s.drain_keys() == {"bulk", "small"}
+    assert s.empty and s.queued == 0 and s.next_job(9.0) is None

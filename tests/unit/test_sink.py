@@ -1,0 +1,183 @@
+"""The sink in this process, over real ZeroMQ sockets: reassembly, duplicates, errors, subscriptions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import zmq
+from bertserve.client import protocol as p
+from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.serving.sink import Sink, _Pending
+from serving import free_port
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@dataclass
+class Harness:
+    sink: Sink
+    push: zmq.Socket
+    context: zmq.Context
+    port_out: int
+
+    def send(self, *frames: bytes) -> None:
+        self.push.send_multipart(list(frames))
+
+    def register(self, key: str, client: bytes, request_id: int, count: int) -> None:
+        info = {"key": key, "client": client.hex(), "request_id": request_id, "count": count, "show_tokens": False}
+        self.send(p.REGISTER, p.dumps(info))
+
+    def result(self, parts: list[tuple[str, list[int]]], vectors: np.ndarray) -> None:
+        header = {"parts": [{"key": k, "rows": r} for k, r in parts], **p.array_header(vectors), "tokens": None}
+        self.send(p.RESULT, b"job", p.dumps(header), np.ascontiguousarray(vectors).tobytes())
+
+    def subscriber(self, topic: bytes) -> zmq.Socket:
+        sub = self.context.socket(zmq.SUB)
+        sub.linger = 0
+        sub.setsockopt(zmq.SUBSCRIBE, topic)
+        sub.connect(f"tcp://127.0.0.1:{self.port_out}")
+        return sub
+
+
+@pytest.fixture
+def harness(tmp_path) -> Iterator[Harness]:
+    port_out = free_port()
+    config = ServerConfig(model=ModelConfig(model_dir="unused"), port=free_port(), port_out=port_out,
+                          request_timeout_ms=60_000)  # fmt: skip
+    context = zmq.Context()
+    address = f"ipc://{tmp_path}/sink"
+    sink = Sink(config, address, context)
+    thread = threading.Thread(target=sink.run, daemon=True)
+    thread.start()
+    push = context.socket(zmq.PUSH)
+    push.linger = 0
+    push.connect(address)
+    harness = Harness(sink, push, context, port_out)
+    try:
+        yield harness
+    finally:
+        harness.send(p.STOP)
+        thread.join(5)
+        push.close()
+        sink.close()
+        context.destroy(linger=0)
+
+
+def receive(sub: zmq.Socket, timeout_ms: int = 3000) -> p.Reply | None:
+    if not sub.poll(timeout_ms):
+        return None
+    return p.decode_reply(sub.recv_multipart())
+
+
+def subscribed(harness: Harness, client: bytes) -> zmq.Socket:
+    """A subscriber that the sink has certainly seen: it answers a STATUS published to it."""
+    sub = harness.subscriber(client)
+    for _ in range(50):
+        harness.send(p.STATUS, client, b"0", p.dumps({}))
+        if receive(sub, 100) is not None:
+            return sub
+    raise AssertionError("the sink never applied the subscription")
+
+
+def test_a_request_is_published_once_whole_in_row_order(harness: Harness) -> None:
+    client = "café".encode() + b"\x00\xff"
+    sub = subscribed(harness, client)
+    key = p.request_key(client, 7)
+    harness.register(key, client, 7, 4)
+    vectors = np.arange(16, dtype=np.float32).reshape(4, 4)
+    harness.result([(key, [3, 1])], vectors[[3, 1]])
+    harness.result([(key, [0, 2])], vectors[[0, 2]])
+    reply = receive(sub)
+    assert reply is not None and reply.ok and reply.client_id == client and reply.request_id == 7
+    np.testing.assert_array_equal(reply.array(), vectors)
+    assert receive(sub, 200) is None
+
+
+def test_a_job_delivered_twice_can_neither_complete_nor_overwrite_a_request(harness: Harness) -> None:
+    sub = subscribed(harness, b"c")
+    key = p.request_key(b"c", 1)
+    harness.register(key, b"c", 1, 4)
+    good = np.ones((2, 3), np.float32)
+    harness.result([(key, [0, 1])], good)
+    harness.result([(key, [0, 1])], np.full((2, 3), 9, np.float32))  # the same rows again, from a retry
+    assert receive(sub, 300) is None  # rows 2 and 3 are still missing
+    harness.result([(key, [2, 3])], 2 * good)
+    reply = receive(sub)
+    assert reply is not None and reply.ok
+    np.testing.assert_array_equal(reply.array(), np.concatenate([good, 2 * good]))
+
+
+def test_a_result_that_does_not_fit_its_request_becomes_an_error_reply(harness: Harness) -> None:
+    sub = subscribed(harness, b"c")
+    key = p.request_key(b"c", 2)
+    harness.register(key, b"c", 2, 2)
+    harness.result([(key, [0, 5])], np.ones((2, 3), np.float32))
+    reply = receive(sub)
+    assert reply is not None and not reply.ok and reply.header["kind"] == "internal"
+
+
+def test_a_failure_to_assemble_becomes_an_error_reply(harness: Harness, monkeypatch) -> None:
+    def broken(self: _Pending) -> np.ndarray:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(_Pending, "assemble", broken)
+    sub = subscribed(harness, b"c")
+    key = p.request_key(b"c", 3)
+    harness.register(key, b"c", 3, 1)
+    harness.result([(key, [0])], np.ones((1, 3), np.float32))
+    reply = receive(sub)
+    assert reply is not None and not reply.ok and "could not assemble" in reply.header["error"]
+    assert key not in harness.sink.pending
+
+
+def test_results_that_arrive_before_their_registration_are_kept(harness: Harness) -> None:
+    sub = subscribed(harness, b"c")
+    key = p.request_key(b"c", 4)
+    harness.result([(key, [0])], np.ones((1, 2), np.float32))
+    time.sleep(0.05)
+    harness.register(key, b"c", 4, 1)
+    reply = receive(sub)
+    assert reply is not None and reply.ok
+
+
+def test_a_second_registration_of_a_pending_key_is_ignored(harness: Harness) -> None:
+    sub = subscribed(harness, b"c")
+    key = p.request_key(b"c", 5)
+    harness.register(key, b"c", 5, 2)
+    harness.register(key, b"c", 5, 1)
+    harness.result([(key, [0])], np.ones((1, 2), np.float32))
+    assert receive(sub, 300) is None
+    harness.result([(key, [1])], np.ones((1, 2), np.float32))
+    reply = receive(sub)
+    assert reply is not None and reply.array().shape == (2, 2)
+
+
+def test_nobody_can_subscribe_to_every_client(harness: Harness) -> None:
+    snoop = harness.subscriber(b"")
+    mine = subscribed(harness, b"victim")
+    key = p.request_key(b"victim", 1)
+    harness.register(key, b"victim", 1, 1)
+    harness.result([(key, [0])], np.ones((1, 2), np.float32))
+    assert receive(mine) is not None
+    assert receive(snoop, 300) is None
+    snoop.close()
+
+
+def test_failed_requests_get_an_error_and_late_parts_are_dropped(harness: Harness) -> None:
+    sub = subscribed(harness, b"c")
+    key = p.request_key(b"c", 6)
+    harness.register(key, b"c", 6, 2)
+    harness.send(p.FAIL, p.dumps({"keys": [key], "error": "it crashed a worker twice", "kind": "worker"}))
+    reply = receive(sub)
+    assert reply is not None and not reply.ok and reply.header == {"error": "it crashed a worker twice", "kind": "worker"}
+    harness.result([(key, [0, 1])], np.ones((2, 2), np.float32))
+    assert receive(sub, 300) is None
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and key not in harness.sink.closed:
+        time.sleep(0.01)
+    assert key not in harness.sink.orphans

@@ -1,0 +1,191 @@
+"""The ventilator's glue in this process: the test plays client, workers and sink over real sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import zmq
+from bertserve.client import protocol as p
+from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.serving.scheduler import Scheduler
+from bertserve.server.serving.ventilator import Ventilator
+from bertserve.server.serving.worker import Addresses
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@dataclass
+class Rig:
+    ventilator: Ventilator
+    context: zmq.Context
+    client: zmq.Socket
+    sink: zmq.Socket
+    addresses: Addresses
+    sockets: list[zmq.Socket] = field(default_factory=list)
+
+    def request(self, client_id: bytes, request_id: int, texts: list[str]) -> None:
+        self.client.send_multipart(p.encode_request(client_id, p.ENCODE, request_id, {}, texts))
+        self.pump()
+
+    def pump(self, rounds: int = 5) -> None:
+        for _ in range(rounds):
+            self.ventilator.poll_once(10)
+
+    def worker(self, name: bytes, index: int, credits: int = 1) -> tuple[zmq.Socket, zmq.Socket]:
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.identity = name
+        dealer.connect(self.addresses.jobs)
+        push = self.context.socket(zmq.PUSH)
+        push.connect(self.addresses.credits)
+        self.sockets += [dealer, push]
+        dealer.send_multipart([p.READY, p.dumps({"worker": index, "pid": 100 + index, "credits": credits})])
+        for _ in range(50):
+            self.pump(1)
+            if name in self.ventilator.registry.workers:
+                return dealer, push
+        raise AssertionError("the worker never registered")
+
+    def job(self, dealer: zmq.Socket) -> tuple[str, dict, list[str]]:
+        self.pump()
+        assert dealer.poll(2000), "no job came"
+        kind, job_id, header, payload = dealer.recv_multipart()
+        assert kind == p.JOB
+        return job_id.decode(), p.loads(header), p.loads(payload)
+
+    def sink_messages(self) -> list[list[bytes]]:
+        self.pump()
+        messages = []
+        while self.sink.poll(50):
+            messages.append(self.sink.recv_multipart())
+        return messages
+
+
+@pytest.fixture
+def rig(tmp_path) -> Iterator[Rig]:
+    context = zmq.Context()
+    addresses = Addresses(f"ipc://{tmp_path}/jobs", f"ipc://{tmp_path}/credits", f"ipc://{tmp_path}/sink")
+    frontend, sink, client = context.socket(zmq.PULL), context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    frontend.bind(f"ipc://{tmp_path}/requests")
+    sink.bind(addresses.sink)
+    client.connect(f"ipc://{tmp_path}/requests")
+    config = ServerConfig(model=ModelConfig(model_dir="unused"), max_batch_size=4, max_latency_ms=0,
+                          max_request_size=10, max_client_queued_sentences=10, max_queued_sentences=20)  # fmt: skip
+    ventilator = Ventilator(config, context, frontend, addresses, Scheduler(config))
+    rig = Rig(ventilator, context, client, sink, addresses)
+    try:
+        yield rig
+    finally:
+        ventilator.close()
+        for socket in (frontend, sink, client, *rig.sockets):
+            socket.close(linger=0)
+        context.term()
+
+
+def kinds(messages: list[list[bytes]]) -> list[bytes]:
+    return [m[0] for m in messages]
+
+
+def test_a_request_is_registered_then_dispatched(rig: Rig) -> None:
+    dealer, push = rig.worker(b"w0-1", 0)
+    rig.request(b"\x00caf\xc3\xa9", 1, ["hello there"])
+    job_id, header, texts = rig.job(dealer)
+    assert texts == ["hello there"]
+    assert header["parts"] == [{"key": p.request_key(b"\x00caf\xc3\xa9", 1), "rows": [0]}]
+    (register,) = rig.sink_messages()
+    info = p.loads(register[1])
+    assert register[0] == p.REGISTER and bytes.fromhex(info["client"]) == b"\x00caf\xc3\xa9"
+    push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
+    rig.pump()
+    assert rig.ventilator.idle
+
+
+def test_a_pending_request_id_is_refused_and_the_first_is_untouched(rig: Rig) -> None:
+    rig.worker(b"w0-1", 0)
+    rig.request(b"c", 1, ["first"])
+    rig.request(b"c", 1, ["second"])
+    messages = rig.sink_messages()
+    assert kinds(messages) == [p.REGISTER, p.PUBLISH]
+    reply = p.decode_reply(messages[1][1:])
+    assert not reply.ok and reply.header["kind"] == "duplicate"
+    assert p.request_key(b"c", 1) in rig.ventilator.requests
+
+
+def test_a_request_over_the_bounds_is_refused_busy_at_once(rig: Rig) -> None:
+    rig.request(b"c", 1, ["a"] * 8)  # no worker: it stays queued
+    rig.request(b"c", 2, ["b"] * 3)
+    rig.request(b"d", 1, ["c"] * 3)
+    messages = rig.sink_messages()
+    assert kinds(messages) == [p.REGISTER, p.PUBLISH, p.REGISTER]
+    reply = p.decode_reply(messages[1][1:])
+    assert (reply.request_id, reply.ok, reply.header["kind"]) == (2, False, p.BUSY)
+    status = rig.ventilator.status()
+    assert status["busy_rejections"] == 1 and status["rejections"] == {"busy": 1} and status["queued_sentences"] == 11
+
+
+def test_a_lost_workers_job_goes_to_another_and_its_late_done_is_ignored(rig: Rig) -> None:
+    first, first_push = rig.worker(b"w0-1", 0)
+    rig.request(b"c", 1, ["hello"])
+    job_id, _, _ = rig.job(first)
+    second, second_push = rig.worker(b"w1-2", 1)
+    rig.ventilator.worker_lost(0, "killed by the test")
+    again, _, texts = rig.job(second)
+    assert again == job_id and texts == ["hello"]
+    first_push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])  # the dead one, late
+    rig.pump()
+    assert p.request_key(b"c", 1) in rig.ventilator.requests
+    second_push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w1-2"})])
+    rig.pump()
+    assert rig.ventilator.idle
+
+
+def test_a_job_that_loses_two_workers_fails_its_requests_and_spares_the_others(rig: Rig) -> None:
+    rig.client.send_multipart(p.encode_request(b"a", p.ENCODE, 1, {}, ["poison"]))
+    rig.client.send_multipart(p.encode_request(b"b", p.ENCODE, 1, {}, ["innocent"]))
+    rig.pump()  # both queued before any worker is there
+    dealer, _ = rig.worker(b"w0-1", 0, credits=1)
+    job_id, header, _ = rig.job(dealer)
+    assert len(header["parts"]) == 2  # merged
+    rig.ventilator.worker_lost(0, "worker 0 died")
+    dealer, _ = rig.worker(b"w0-2", 0, credits=1)
+    first_retry, header, texts = rig.job(dealer)
+    assert texts == ["poison"]  # the merged job was split
+    rig.ventilator.worker_lost(0, "worker 0 died")
+    messages = rig.sink_messages()
+    fail = next(m for m in messages if m[0] == p.FAIL)
+    info = p.loads(fail[1])
+    assert info["keys"] == [p.request_key(b"a", 1)] and info["kind"] == "worker" and "2 times" in info["error"]
+    dealer, _ = rig.worker(b"w0-3", 0, credits=1)
+    _, _, texts = rig.job(dealer)
+    assert texts == ["innocent"]
+
+
+def test_a_silent_worker_is_reported_and_its_job_handed_on(rig: Rig, monkeypatch) -> None:
+    dealer, _ = rig.worker(b"w0-1", 0)
+    rig.request(b"c", 1, ["hello"])
+    rig.job(dealer)
+    rig.ventilator.registry.heartbeat_timeout_s = 0.0
+    found = rig.ventilator.unresponsive_workers()
+    assert [(index, pid) for index, pid, _ in found] == [(0, 100)]
+    assert len(rig.ventilator.registry) == 0 and rig.ventilator.scheduler.queued == 1
+
+
+def test_terminate_is_refused_beyond_loopback(rig: Rig) -> None:
+    rig.ventilator.config = ServerConfig(model=ModelConfig(model_dir="unused"), bind="0.0.0.0")
+    rig.client.send_multipart(p.encode_request(b"c", p.TERMINATE, 1, {}))
+    messages = rig.sink_messages()
+    reply = p.decode_reply(messages[0][1:])
+    assert not reply.ok and reply.header["kind"] == "forbidden" and not rig.ventilator.terminate_requested
+
+
+def test_after_a_sink_restart_every_known_request_gets_an_error(rig: Rig, monkeypatch) -> None:
+    rig.worker(b"w0-1", 0)
+    rig.request(b"c", 1, ["in flight"])
+    rig.request(b"c", 2, ["queued"] * 9)
+    rig.sink_messages()
+    monkeypatch.setattr("bertserve.server.serving.ventilator._RESUBSCRIBE_S", 0.0)
+    rig.ventilator.sink_lost()
+    replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == p.PUBLISH]
+    assert sorted(r.request_id for r in replies) == [1, 2] and {r.header["kind"] for r in replies} == {"internal"}
+    assert rig.ventilator.scheduler.queued == 0

@@ -1,0 +1,119 @@
+"""The worker loop in this process, with the numpy model and real ZeroMQ sockets."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import zmq
+from bertserve.client import protocol as p
+from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.model.interface import HashingModel, Model
+from bertserve.server.serving.worker import Addresses, Worker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class BrokenModel(HashingModel):
+    def run(self, batch):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the model fell over")
+
+
+@dataclass
+class Rig:
+    jobs: zmq.Socket  # the ventilator's ROUTER
+    credits: zmq.Socket  # the ventilator's PULL
+    sink: zmq.Socket  # the sink's PULL
+    worker: Worker
+    identity: bytes
+
+    def send_job(self, job_id: bytes, texts: list[str], parts: list[dict]) -> None:
+        header = {"parts": parts, "is_tokenized": False, "show_tokens": False}
+        self.jobs.send_multipart([self.identity, p.JOB, job_id, p.dumps(header), p.dumps(texts)])
+
+    def credit(self, kinds: tuple[bytes, ...] = (p.DONE,)) -> list[bytes]:
+        while True:
+            assert self.credits.poll(5000), "no credit came back"
+            frames = self.credits.recv_multipart()
+            if frames[0] in kinds:
+                return frames
+
+
+def rig(tmp_path, model: Model) -> Iterator[Rig]:
+    context = zmq.Context()
+    addresses = Addresses(f"ipc://{tmp_path}/jobs", f"ipc://{tmp_path}/credits", f"ipc://{tmp_path}/sink")
+    jobs, credits, sink = context.socket(zmq.ROUTER), context.socket(zmq.PULL), context.socket(zmq.PULL)
+    for socket, address in ((jobs, addresses.jobs), (credits, addresses.credits), (sink, addresses.sink)):
+        socket.linger = 0
+        socket.bind(address)
+    config = ServerConfig(model=ModelConfig(model_dir="unused"))
+    worker = Worker(config, 3, addresses, model)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    assert jobs.poll(5000)
+    identity, kind, raw = jobs.recv_multipart()
+    assert kind == p.READY and identity == worker.identity
+    ready = p.loads(raw)
+    assert ready["worker"] == 3 and ready["model"]["output_dim"] == 16
+    try:
+        yield Rig(jobs, credits, sink, worker, identity)
+    finally:
+        jobs.send_multipart([identity, p.STOP])
+        thread.join(5)
+        worker.close()
+        for socket in (jobs, credits, sink):
+            socket.close()
+        context.term()
+
+
+@pytest.fixture
+def hashing(tmp_path) -> Iterator[Rig]:
+    yield from rig(tmp_path, HashingModel())
+
+
+@pytest.fixture
+def broken(tmp_path) -> Iterator[Rig]:
+    yield from rig(tmp_path, BrokenModel())
+
+
+def test_a_job_goes_to_the_sink_and_its_credit_back(hashing: Rig) -> None:
+    texts = ["first do it", "then do it right", "x"]
+    parts = [{"key": "a#1", "rows": [1, 0]}, {"key": "b#1", "rows": [0]}]
+    hashing.send_job(b"42", texts, parts)
+    assert hashing.sink.poll(5000)
+    kind, job_id, raw, buffer = hashing.sink.recv_multipart()
+    header = p.loads(raw)
+    assert (kind, job_id, header["parts"]) == (p.RESULT, b"42", parts)
+    vectors = p.array_from_buffer(header, buffer)
+    model = HashingModel()
+    np.testing.assert_allclose(vectors, model.run(model.tokenize(texts)), rtol=1e-6)
+    done = p.loads(hashing.credit()[1])
+    assert done["job"] == "42" and done["worker"] == hashing.identity.decode() and done["tokens"] > 0
+
+
+def test_the_worker_sends_heartbeats_from_its_own_thread(hashing: Rig) -> None:
+    kind, identity = hashing.credit((p.HEARTBEAT,))
+    assert (kind, identity) == (p.HEARTBEAT, hashing.identity)
+
+
+def test_a_malformed_message_is_dropped_and_the_worker_carries_on(hashing: Rig) -> None:
+    hashing.jobs.send_multipart([hashing.identity, b"NONSENSE", b"x"])
+    hashing.jobs.send_multipart([hashing.identity, p.JOB, b"1", b"{not json", b"[]"])
+    hashing.send_job(b"2", ["still here"], [{"key": "k#1", "rows": [0]}])
+    seen = []
+    for _ in range(2):
+        assert hashing.sink.poll(5000)
+        seen.append(hashing.sink.recv_multipart()[:2])
+    assert [p.JOB_ERROR, b"1"] in seen and [p.RESULT, b"2"] in seen
+
+
+def test_a_model_failure_becomes_an_error_for_the_job_and_the_credit_returns(broken: Rig) -> None:
+    broken.send_job(b"7", ["anything"], [{"key": "k#1", "rows": [0]}])
+    assert broken.sink.poll(5000)
+    kind, job_id, raw = broken.sink.recv_multipart()
+    info = p.loads(raw)
+    assert kind == p.JOB_ERROR and "the model fell over" in info["error"] and info["kind"] == "worker"
+    assert p.loads(broken.credit()[1])["job"] == "7"
