@@ -5,22 +5,27 @@
     with BertClient("localhost", 5555, 5556, timeout=10_000) as bc:
         vectors = bc.encode(["First do it", "then do it right"])   # (2, D) float32
 
-``ConcurrentBertClient`` shares one server between threads.
+``ConcurrentBertClient`` shares one server between threads. Against a server that uses
+CURVE, pass ``server_key="server.key"`` and ``client_cert="me.key_secret"`` (see
+``bertserve keygen``).
 """
 
 from ._version import __version__
 from .client import BertClient, EncodeResult
 from .errors import (
+    AuthenticationError,
     BertClientError,
     ClientClosedError,
     ConcurrentUseError,
     ProtocolVersionError,
+    ServerBusyError,
     ServerError,
     ServerTimeoutError,
 )
 from .pool import ConcurrentBertClient
 
 __all__ = [
+    "AuthenticationError",
     "BertClient",
     "BertClientError",
     "ClientClosedError",
@@ -28,6 +33,7 @@ __all__ = [
     "ConcurrentUseError",
     "EncodeResult",
     "ProtocolVersionError",
+    "ServerBusyError",
     "ServerError",
     "ServerTimeoutError",
     "__version__",

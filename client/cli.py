@@ -1,9 +1,11 @@
-"""The client's ``bertserve`` sub-commands: ``encode``, ``status`` and ``stop``.
+"""The client's ``bertserve`` sub-commands: ``encode``, ``status``, ``stop`` and ``keygen``.
 
-They talk to a running server and never import TensorFlow. ``--host``, ``--port`` and
-``--port-out`` default to ``BERTSERVE_HOST``, ``BERTSERVE_PORT`` and ``BERTSERVE_PORT_OUT``
-when those are set. Each command returns its exit code: 0, or 1 with a one-line error on
-stderr when the server does not answer or answers with an error.
+They never import TensorFlow. ``encode``, ``status`` and ``stop`` talk to a running server;
+``--host``, ``--port``, ``--port-out``, ``--server-key`` and ``--client-cert`` default to
+``BERTSERVE_HOST``, ``BERTSERVE_PORT``, ``BERTSERVE_PORT_OUT``, ``BERTSERVE_SERVER_KEY`` and
+``BERTSERVE_CLIENT_CERT`` when those are set. ``keygen`` writes a CURVE certificate pair.
+Each command returns its exit code: 0, or 1 with a one-line error on stderr when the server
+does not answer or answers with an error.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import numpy as np
 
 from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_PORT_OUT, DEFAULT_TIMEOUT_MS, BertClient
 from .errors import BertClientError
+from .security import keygen
 
 _CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
 
 
 def add_client_commands(subparsers: Any) -> None:
-    """Register ``encode``, ``status`` and ``stop`` on an ``add_subparsers()`` object; each
-    sets ``run``, called as ``args.run(args)`` and returning the exit code."""
+    """Register ``encode``, ``status``, ``stop`` and ``keygen`` on an ``add_subparsers()``
+    object; each sets ``run``, called as ``args.run(args)`` and returning the exit code."""
     encode = subparsers.add_parser("encode", help="encode lines of text on a running server, write a .npy file")
     encode.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
     encode.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
@@ -42,6 +45,17 @@ def add_client_commands(subparsers: Any) -> None:
     stop = subparsers.add_parser("stop", help="ask a running server to shut down")
     _add_connection_arguments(stop, _CONTROL_TIMEOUT_MS)
     stop.set_defaults(run=_cmd_stop)
+
+    keys = subparsers.add_parser(
+        "keygen",
+        help="write a CURVE certificate pair (NAME.key to share, NAME.key_secret to keep)",
+        description="Write a CURVE certificate pair DIR/NAME.key (public: give it to the other side) and "
+        "DIR/NAME.key_secret (secret, mode 0600). A server's directory holds server.key_secret, "
+        "clients/ with each allowed client's NAME.key, and admins/ with the keys that may stop it.",
+    )
+    keys.add_argument("directory", metavar="DIR", help="where to write the pair (created if missing)")
+    keys.add_argument("--name", required=True, help="file name of the pair, e.g. server or a client's name")
+    keys.set_defaults(run=_cmd_keygen)
 
 
 def _positive_int(value: str) -> int:
@@ -73,10 +87,35 @@ def _add_connection_arguments(parser: argparse.ArgumentParser, timeout_ms: int) 
         "--port-out", type=_port, default=env("BERTSERVE_PORT_OUT", DEFAULT_PORT_OUT), help="server port for replies"
     )
     group.add_argument("--timeout", type=_positive_int, default=timeout_ms, help="milliseconds to wait for an answer")
+    group.add_argument(
+        "--server-key",
+        default=env("BERTSERVE_SERVER_KEY") or None,
+        metavar="KEY",
+        help="CURVE: the server's public key, its server.key file or z85 text (needs --client-cert)",
+    )
+    group.add_argument(
+        "--client-cert",
+        default=env("BERTSERVE_CLIENT_CERT") or None,
+        metavar="FILE",
+        help="CURVE: this client's NAME.key_secret, whose NAME.key the server lists (needs --server-key)",
+    )
 
 
 def _connect(args: argparse.Namespace, **options: Any) -> BertClient:
-    return BertClient(args.host, args.port, args.port_out, timeout=args.timeout, **options)
+    """A client for the command's server; a bad CURVE option becomes a :class:`BertClientError`
+    so that the command reports it in one line like any other failure."""
+    try:
+        return BertClient(
+            args.host,
+            args.port,
+            args.port_out,
+            timeout=args.timeout,
+            server_key=args.server_key,
+            client_cert=args.client_cert,
+            **options,
+        )
+    except ValueError as exc:
+        raise BertClientError(str(exc)) from exc
 
 
 def _fail(exc: Exception) -> int:
@@ -139,4 +178,14 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     except BertClientError as exc:
         return _fail(exc)
     print(f"the server at tcp://{args.host}:{args.port} is stopping")
+    return 0
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    try:
+        public, secret = keygen(args.directory, args.name)
+    except (OSError, ValueError) as exc:
+        return _fail(exc)
+    print(public)
+    print(secret)
     return 0

@@ -5,6 +5,11 @@ subscribed to its own identity. Every wait is a poll with a deadline (the ZeroMQ
 Lazy Pirate client), so a server that is down or gone gives :class:`ServerTimeoutError`
 within ``timeout`` milliseconds instead of a hang. A reply to a request nobody waits for any
 more (it timed out) is recognised by its request id and dropped.
+
+With ``server_key`` and ``client_cert`` both sockets use CURVE, and the client's identity is
+its public key, ``":"`` and a suffix, the only form a CURVE server lets it use. Monitors on
+both sockets turn a refused handshake into :class:`AuthenticationError` rather than a
+timeout.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -20,7 +26,7 @@ import warnings
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, overload
 
 import numpy as np
@@ -32,6 +38,7 @@ from .errors import (
     ClientClosedError,
     ConcurrentUseError,
     ProtocolVersionError,
+    ServerBusyError,
     ServerError,
     ServerTimeoutError,
 )
@@ -47,6 +54,7 @@ from .protocol import (
     decode_reply,
     encode_request,
 )
+from .security import CURVE_KEY_LENGTH, HandshakeWatch, KeySource, load_public_key, load_secret_cert
 
 logger = logging.getLogger("bertserve.client")
 
@@ -54,6 +62,7 @@ DEFAULT_HOST = "localhost"
 DEFAULT_PORT = 5555
 DEFAULT_PORT_OUT = 5556
 DEFAULT_TIMEOUT_MS = 60_000
+MAX_IDENTITY_BYTES = 64
 
 Embedding: TypeAlias = "np.ndarray | list[Any]"
 """One request's vectors: an array, or nested lists with ``output_fmt="list"``."""
@@ -103,17 +112,56 @@ def _check_port(name: str, port: object) -> int:
     return port
 
 
-def _check_identity(identity: bytes | str | None) -> bytes:
+def _check_identity(identity: bytes | str | None, public_key: bytes | None = None) -> bytes:
+    """The bytes replies are addressed to. Under CURVE that is ``public_key + b":" + suffix``
+    (``identity`` is the suffix, by default 16 random hex digits): the server lets a client
+    subscribe only to identities of its own key."""
     if identity is None:
-        return uuid.uuid4().hex.encode("ascii")
+        identity = uuid.uuid4().hex[: 16 if public_key else 32].encode("ascii")
     if isinstance(identity, str):
         identity = identity.encode("utf-8")
     if not isinstance(identity, bytes):
         raise TypeError(f"identity must be bytes or str, not {type(identity).__name__}")
-    if not 0 < len(identity) <= 64:
+    if not 0 < len(identity) <= MAX_IDENTITY_BYTES:
         # An empty identity would subscribe to every client's replies.
-        raise ValueError(f"identity must be 1 to 64 bytes, not {len(identity)}")
-    return identity
+        raise ValueError(f"identity must be 1 to {MAX_IDENTITY_BYTES} bytes, not {len(identity)}")
+    if public_key is None:
+        return identity
+    full = public_key + b":" + identity
+    if len(full) > MAX_IDENTITY_BYTES:
+        most = MAX_IDENTITY_BYTES - CURVE_KEY_LENGTH - 1
+        raise ValueError(
+            f"identity {identity!r} is {len(identity)} bytes: under CURVE the client id is the public key "
+            f"(40 bytes), ':' and the identity, at most {MAX_IDENTITY_BYTES} bytes in all, so an identity "
+            f"may have at most {most} bytes"
+        )
+    return full
+
+
+def _load_curve(server_key: KeySource | None, client_cert: str | os.PathLike[str] | None) -> _Curve | None:
+    if server_key is None and client_cert is None:
+        return None
+    if server_key is None or client_cert is None:
+        given, missing = ("server_key", "client_cert") if client_cert is None else ("client_cert", "server_key")
+        raise ValueError(
+            f"CURVE needs both server_key (the server's public key) and client_cert (this client's "
+            f"NAME.key_secret): {given} was given without {missing}"
+        )
+    public, secret = load_secret_cert(client_cert)
+    return _Curve(server=load_public_key(server_key), public=public, secret=secret)
+
+
+@dataclass(frozen=True)
+class _Curve:
+    server: bytes
+    public: bytes
+    secret: bytes = field(repr=False)
+
+    def apply(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` a CURVE client of the server; must come before ``connect``."""
+        sock.curve_serverkey = self.server
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
 
 
 def _word_count(item: Any, is_tokenized: bool) -> int:
@@ -135,6 +183,12 @@ class BertClient:
     server's version and protocol with this client's; ``check_length`` warns when a text
     has more words than the server's ``max_seq_len``; ``show_server_config`` logs the
     server's configuration on connecting.
+
+    Against a server that uses CURVE pass both ``server_key`` (the server's ``server.key``
+    file or its z85 public key) and ``client_cert`` (this client's ``NAME.key_secret``, whose
+    public half the server lists). The identity then becomes ``public_key + b":" + identity``
+    (at most 64 bytes; by default a random suffix). A server that refuses the key, or a
+    mismatch between a CURVE and a plain side, raises :class:`AuthenticationError`.
     """
 
     def __init__(
@@ -149,6 +203,8 @@ class BertClient:
         check_version: bool = True,
         check_length: bool = True,
         show_server_config: bool = False,
+        server_key: KeySource | None = None,
+        client_cert: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError(f"host must be a non-empty string, not {host!r}")
@@ -159,10 +215,12 @@ class BertClient:
         if output_fmt not in ("ndarray", "list"):
             raise ValueError(f'output_fmt must be "ndarray" or "list", not {output_fmt!r}')
         self.output_fmt = output_fmt
-        self.identity = _check_identity(identity)
+        curve = _load_curve(server_key, client_cert)
+        self.identity = _check_identity(identity, None if curve is None else curve.public)
         self.check_length = check_length
         bracketed = f"[{host}]" if ":" in host else host  # an IPv6 address
         self._address = f"tcp://{bracketed}:{port}"
+        self._address_out = f"tcp://{bracketed}:{port_out}"
 
         self._lock = threading.Lock()
         self._closed = False
@@ -180,10 +238,17 @@ class BertClient:
             self._sub.setsockopt(zmq.SUBSCRIBE, self.identity)
             for sock in (self._push, self._sub):
                 sock.setsockopt(zmq.IPV6, ":" in host)
+                if curve is not None:
+                    curve.apply(sock)
+            self._watch = HandshakeWatch(
+                {self._address: self._push, self._address_out: self._sub},
+                public_key=None if curve is None else curve.public,
+            )
             self._push.connect(self._address)
-            self._sub.connect(f"tcp://{bracketed}:{port_out}")
+            self._sub.connect(self._address_out)
             self._poller = zmq.Poller()
-            self._poller.register(self._sub, zmq.POLLIN)
+            for sock in (self._sub, *self._watch.monitors):
+                self._poller.register(sock, zmq.POLLIN)
             with self._using():
                 self._config = self._handshake()
         except BaseException as exc:
@@ -213,6 +278,7 @@ class BertClient:
             self._closed = True
             self._expected.clear()
             self._arrived.clear()
+            self._watch.close()
             self._push.close(linger=0)
             self._sub.close(linger=0)
             self._context.term()
@@ -427,7 +493,12 @@ class BertClient:
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout / 1000
 
-    def _timeout_error(self, what: str) -> ServerTimeoutError:
+    def _timeout_error(self, what: str) -> BertClientError:
+        """The error for a wait that ran out: a failed handshake if there was one, since
+        then the server never saw us, else a timeout."""
+        refused = self._watch.error()
+        if refused is not None:
+            return refused
         return ServerTimeoutError(
             f"no answer from the bertserve server at {self._address} (replies on port {self.port_out}) "
             f"to {what} within {self.timeout:g} ms",
@@ -443,7 +514,7 @@ class BertClient:
         while True:
             now = time.monotonic()
             if now >= deadline:
-                raise ServerTimeoutError(
+                raise self._watch.error() or ServerTimeoutError(
                     f"no bertserve server answered at {self._address} (replies on port {self.port_out}) "
                     f"within {self.timeout:g} ms",
                     address=self._address,
@@ -452,6 +523,8 @@ class BertClient:
             asked.add(self._request(CONFIG, deadline))
             reply = self._await_any(asked, min(deadline, now + _HANDSHAKE_RESEND_S))
             if reply is None:
+                if (refused := self._watch.error(certain_only=True)) is not None:
+                    raise refused  # retrying cannot help, so do not wait out the timeout
                 continue
             if not reply.ok and reply.header.get("kind") == "protocol":
                 raise ProtocolVersionError(
@@ -514,6 +587,13 @@ class BertClient:
             header.update(is_tokenized=is_tokenized, show_tokens=show_tokens)
         request_id = next(self._ids)
         frames = encode_request(self.identity, command, request_id, header, texts)
+        limit = self._config.get("max_message_bytes")
+        if isinstance(limit, int) and not isinstance(limit, bool) and len(frames[-1]) > limit:
+            # The server's socket would drop it unread and this client would only see a timeout.
+            raise ValueError(
+                f"the request is {len(frames[-1])} bytes as JSON; the server takes at most {limit} bytes per "
+                "message (max_message_bytes): send fewer or shorter texts per request"
+            )
         # Without a server the frames just queue; this wait only matters once the queue is full.
         remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
         if not self._push.poll(remaining_ms, zmq.POLLOUT):
@@ -545,7 +625,8 @@ class BertClient:
     def _server_error(self, reply: Reply) -> ServerError:
         message = str(reply.header.get("error", "the server gave no reason"))
         kind = reply.header.get("kind")
-        return ServerError(message, kind=None if kind is None else str(kind), request_id=reply.request_id)
+        error = ServerBusyError if kind == "busy" else ServerError
+        return error(message, kind=None if kind is None else str(kind), request_id=reply.request_id)
 
     def _result(self, reply: Reply, show_tokens: bool) -> EncodeResult:
         if not reply.ok:
@@ -574,7 +655,10 @@ class BertClient:
         """The next well-formed reply addressed to this client, or ``None`` at the deadline."""
         while True:
             remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-            if not self._poller.poll(remaining_ms):
+            ready = dict(self._poller.poll(remaining_ms))
+            if len(ready) > (self._sub in ready):
+                self._watch.drain()  # a handshake happened; keep the monitors' queues empty
+            if self._sub not in ready:
                 if time.monotonic() >= deadline:
                     return None
                 continue

@@ -4,6 +4,9 @@
     ├── ServerTimeoutError (TimeoutError)    no answer within the timeout: the server is down,
     │                                        not ready, or went away in the middle of a request
     ├── ServerError                          the server answered with an error (``.kind``, ``.message``)
+    │   └── ServerBusyError                  the server's queues are full: it refused the request (kind "busy")
+    ├── AuthenticationError                  the CURVE handshake failed: the server refused this client's key,
+    │                                        or one side uses CURVE and the other does not
     ├── ProtocolVersionError                 the server speaks another version of the wire protocol
     ├── ClientClosedError                    the client was used after ``close()``
     └── ConcurrentUseError (RuntimeError)    one ``BertClient`` used from two threads at once
@@ -44,6 +47,23 @@ class ServerError(BertClientError):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, kind={self.kind!r})"
+
+
+class ServerBusyError(ServerError):
+    """The server refused a request because its queues are full; try again later."""
+
+
+class AuthenticationError(BertClientError):
+    """The connection's security handshake failed, so the server never sees this client.
+
+    The server refused this client's key, ``server_key`` is not the server's public key, or
+    one side uses CURVE and the other does not. The message says which, as far as ZeroMQ
+    tells; ``address`` is the server's.
+    """
+
+    def __init__(self, message: str, *, address: str | None = None) -> None:
+        super().__init__(message)
+        self.address = address
 
 
 class ProtocolVersionError(BertClientError):

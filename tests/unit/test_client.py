@@ -3,7 +3,9 @@ client's behaviour against a minimal responder that speaks ``client/protocol.py`
 
 The responder is the protocol, not the server: one thread with a PULL and a PUB socket that
 answers CONFIG/STATUS/TERMINATE and "encodes" texts as ``[words, row, request id, 0]``.
-Texts containing "slow" are answered after 0.6 s, texts containing "boom" with an error.
+Texts containing "slow" are answered after 0.6 s, texts containing "boom" with an error,
+"busy" with a refusal of kind "busy". With ``curve_dir`` both sockets are CURVE servers
+behind pyzmq's authenticator, allowing the keys in ``curve_dir/clients``.
 The real server is tested end to end in ``tests/integration``.
 """
 
@@ -13,22 +15,28 @@ import argparse
 import heapq
 import itertools
 import json
+import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import bertserve.client
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 from bertserve.client import (
+    AuthenticationError,
     BertClient,
     BertClientError,
     ClientClosedError,
     ConcurrentBertClient,
     ConcurrentUseError,
     ProtocolVersionError,
+    ServerBusyError,
     ServerError,
     ServerTimeoutError,
     __version__,
@@ -36,7 +44,9 @@ from bertserve.client import (
 from bertserve.client import protocol as p
 from bertserve.client.cli import add_client_commands
 from bertserve.client.protocol import check_texts
+from bertserve.client.security import keygen, load_public_key
 from serving import free_port
+from zmq.auth.thread import ThreadAuthenticator
 
 pytestmark = pytest.mark.timeout(30)  # every test here talks to sockets and could hang
 
@@ -46,17 +56,33 @@ SLOW_S = 0.6
 class Responder:
     """A one-thread bertserve stand-in on random ports; see the module docstring."""
 
-    def __init__(self, config: dict[str, Any] | None = None, drop_configs: int = 0, reject: str = "") -> None:
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        drop_configs: int = 0,
+        reject: str = "",
+        curve_dir: Path | None = None,
+    ) -> None:
         self.config = {"server_version": __version__, "protocol": p.PROTOCOL_VERSION, "output_dim": 4}
         self.config.update(config or {})
         self.drop_configs = drop_configs
         self.reject = reject  # answer every request with this error, of kind "protocol"
         self.requests: list[p.Request] = []
+        self.user_ids: list[str | None] = []  # the User-Id of each request, under CURVE
         self._context = zmq.Context()
+        self._authenticator: ThreadAuthenticator | None = None
         self._pull = self._context.socket(zmq.PULL)
         self._pub = self._context.socket(zmq.PUB)
         for sock in (self._pull, self._pub):
             sock.setsockopt(zmq.LINGER, 0)
+        if curve_dir is not None:
+            self._authenticator = ThreadAuthenticator(self._context)
+            self._authenticator.start()
+            self._authenticator.configure_curve(domain="*", location=str(curve_dir / "clients"))
+            public, secret = zmq.auth.load_certificate(curve_dir / "server.key_secret")
+            for sock in (self._pull, self._pub):
+                sock.curve_publickey, sock.curve_secretkey = public, secret
+                sock.curve_server = True
         self.port = self._pull.bind_to_random_port("tcp://127.0.0.1")
         self.port_out = self._pub.bind_to_random_port("tcp://127.0.0.1")
         self._stop = threading.Event()
@@ -79,7 +105,9 @@ class Responder:
         try:
             while not self._stop.is_set():
                 if self._pull.poll(10):
-                    request = p.decode_request(self._pull.recv_multipart())
+                    frames = self._pull.recv_multipart(copy=False)
+                    request = p.decode_request([frame.bytes for frame in frames])
+                    self.user_ids.append(frames[0].get("User-Id") if self._authenticator else None)
                     self.requests.append(request)
                     delay, reply = self._answer(request)
                     if reply is not None:
@@ -89,6 +117,8 @@ class Responder:
         finally:
             self._pull.close()
             self._pub.close()
+            if self._authenticator is not None:
+                self._authenticator.stop()
             self._context.term()
 
     def _answer(self, request: p.Request) -> tuple[float, list[Any] | None]:
@@ -108,6 +138,8 @@ class Responder:
         joined = " ".join(" ".join(w) for w in words)
         if "boom" in joined:
             return 0, p.error_reply(cid, rid, "cannot encode boom", kind="input")
+        if "busy" in joined:
+            return 0, p.error_reply(cid, rid, "the server is busy: 100 requests queued", kind="busy")
         vectors = np.array([[len(w), i, rid, 0] for i, w in enumerate(words)], np.float32).reshape(-1, 4)
         header = p.array_header(vectors)
         if request.header.get("show_tokens"):
@@ -227,8 +259,9 @@ def test_public_names_and_hierarchy() -> None:
         assert getattr(bertserve.client, name) is not None
     assert issubclass(ServerTimeoutError, (BertClientError, TimeoutError))
     assert issubclass(ConcurrentUseError, RuntimeError)
-    for error in (ServerError, ClientClosedError, ProtocolVersionError):
+    for error in (ServerError, ClientClosedError, ProtocolVersionError, AuthenticationError):
         assert issubclass(error, BertClientError)
+    assert issubclass(ServerBusyError, ServerError)
 
 
 # -- the wire protocol -----------------------------------------------------------------
@@ -239,7 +272,7 @@ def test_request_round_trip() -> None:
     request = p.decode_request(frames)
     assert (request.client_id, request.command, request.request_id) == (b"me", p.ENCODE, 7)
     assert request.texts == ["a b", "c"] and request.header["show_tokens"] is True
-    assert request.header["protocol"] == p.PROTOCOL_VERSION and request.key == "me#7"
+    assert request.header["protocol"] == p.PROTOCOL_VERSION and request.key == b"me".hex() + "#7"
     with pytest.raises(p.ProtocolError, match="5 frames"):
         p.decode_request(frames[:4])
     with pytest.raises(p.ProtocolError, match="not supported"):
@@ -460,6 +493,132 @@ def test_pool_replaces_a_client_that_timed_out(responder: Callable[..., Responde
     assert first.client_id != second.client_id
 
 
+def test_busy_server(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    with r.client() as bc:
+        with pytest.raises(ServerBusyError, match="100 requests queued") as info:
+            bc.encode(["busy now"])
+        assert info.value.kind == "busy" and isinstance(info.value, ServerError)
+        assert bc.encode(["fine"]).shape == (1, 4)
+    with ConcurrentBertClient(max_concurrency=1, host="127.0.0.1", port=r.port, port_out=r.port_out) as pool:
+        with pytest.raises(ServerBusyError):
+            pool.encode(["busy"])
+        pool.encode(["fine"])
+    first, second = r.commands(p.ENCODE)[-2:]
+    assert first.client_id == second.client_id  # a refusal does not cost the pooled client
+
+
+# -- CURVE -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    """``curve/`` (server pair, ``clients/alice.key``) and ``own/`` (alice's and mallory's pairs)."""
+    keygen(tmp_path / "curve", "server")
+    keygen(tmp_path / "own", "alice")
+    keygen(tmp_path / "own", "mallory")
+    (tmp_path / "curve" / "clients").mkdir()
+    (tmp_path / "curve" / "clients" / "alice.key").write_bytes((tmp_path / "own" / "alice.key").read_bytes())
+    return tmp_path
+
+
+def curve_options(keys: Path, name: str = "alice") -> dict[str, Any]:
+    return {"server_key": keys / "curve" / "server.key", "client_cert": keys / "own" / f"{name}.key_secret"}
+
+
+def test_curve_options_come_in_pairs(keys: Path) -> None:
+    options = curve_options(keys)
+    with pytest.raises(ValueError, match="server_key was given without client_cert"):
+        BertClient(server_key=options["server_key"])
+    with pytest.raises(ValueError, match="client_cert was given without server_key"):
+        BertClient(client_cert=options["client_cert"])
+    with pytest.raises(ValueError, match="holds no secret key"):
+        BertClient(server_key=options["server_key"], client_cert=keys / "own" / "alice.key")
+    with pytest.raises(ValueError, match="neither a certificate file"):
+        BertClient(server_key="not a key", client_cert=options["client_cert"])
+    with pytest.raises(ValueError, match="may have at most 23 bytes"):
+        BertClient(identity="x" * 24, **options)
+    with pytest.raises(TypeError):
+        ConcurrentBertClient(server_kye="x")
+
+
+def test_curve_identity_is_the_key_and_a_suffix(
+    responder: Callable[..., Responder], keys: Path, tmp_path: Path
+) -> None:
+    r = responder(curve_dir=keys / "curve")
+    alice = load_public_key(keys / "own" / "alice.key")
+    with r.client(**curve_options(keys), identity="x" * 23) as bc:
+        assert bc.identity == alice + b":" + b"x" * 23 and len(bc.identity) == 64
+        assert bc.encode(["hello world"])[0, 0] == 2
+    server_key = load_public_key(keys / "curve" / "server.key").decode()  # the z85 text does as well
+    with r.client(server_key=server_key, client_cert=str(keys / "own" / "alice.key_secret")) as bc:
+        suffix = bc.identity.removeprefix(alice + b":")
+        assert len(suffix) == 16 and int(suffix, 16) >= 0
+        bc.encode(["again"])
+    assert all(request.client_id.startswith(alice + b":") for request in r.requests)
+    assert set(r.user_ids) == {alice.decode()}  # every request came authenticated as alice
+    with ConcurrentBertClient(max_concurrency=2, host="127.0.0.1", port=r.port, port_out=r.port_out,
+                              **curve_options(keys)) as pool:  # fmt: skip
+        assert pool.encode(["pooled"]).shape == (1, 4)
+
+
+def check_refused(make: Callable[[], BertClient], match: str) -> AuthenticationError:
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError, match=match) as info:
+        make()
+    assert time.monotonic() - started < 3  # at once, not after the 10 s timeout
+    return info.value
+
+
+def test_a_key_the_server_does_not_list_is_refused(responder: Callable[..., Responder], keys: Path) -> None:
+    r = responder(curve_dir=keys / "curve")
+    mallory = load_public_key(keys / "own" / "mallory.key").decode()
+    error = check_refused(
+        lambda: r.client(timeout=10_000, **curve_options(keys, "mallory")),
+        rf"refused this client's key {re.escape(mallory)}.*clients/ directory",
+    )
+    assert error.address is not None and error.address.startswith("tcp://127.0.0.1:")
+    assert not r.requests
+
+
+def test_curve_mismatches_are_named(responder: Callable[..., Responder], keys: Path) -> None:
+    secure, plain = responder(curve_dir=keys / "curve"), responder()
+    check_refused(lambda: secure.client(timeout=10_000), "requires CURVE: pass server_key and client_cert")
+    check_refused(lambda: plain.client(timeout=10_000, **curve_options(keys)), "does not use CURVE")
+    wrong_server = {**curve_options(keys), "server_key": keys / "own" / "mallory.key"}
+    check_refused(lambda: secure.client(timeout=10_000, **wrong_server), "server_key is probably not")
+
+
+def test_a_refusal_after_connecting_is_reported_at_the_timeout(responder: Callable[..., Responder], keys: Path) -> None:
+    """The server comes back on the same ports, now with CURVE: the wait ends in
+    AuthenticationError, not in a timeout that would blame a server that is up."""
+    first = responder()
+    with first.client(timeout=1000) as bc:
+        first.stop()
+        secure, _sockets = _bind_curve_server(keys, first.port, first.port_out)
+        try:
+            started = time.monotonic()
+            with pytest.raises(AuthenticationError, match="requires CURVE"):
+                bc.encode(["hello"])
+            assert time.monotonic() - started < 3
+        finally:
+            secure.destroy(linger=0)
+
+
+def _bind_curve_server(keys: Path, port: int, port_out: int) -> tuple[zmq.Context, list[zmq.Socket]]:
+    """A CURVE PULL and PUB bound to ``port`` and ``port_out``; keep the sockets referenced."""
+    context = zmq.Context()
+    public, secret = zmq.auth.load_certificate(keys / "curve" / "server.key_secret")
+    sockets = []
+    for kind, number in ((zmq.PULL, port), (zmq.PUB, port_out)):
+        sockets.append(sock := context.socket(kind))
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.curve_server = True
+        sock.bind(f"tcp://127.0.0.1:{number}")
+    return context, sockets
+
+
 # -- the command line ------------------------------------------------------------------
 
 
@@ -489,3 +648,47 @@ def test_cli(responder: Callable[..., Responder], tmp_path: Any, capsys: pytest.
     assert run_cli("status", "--port", str(port), "--port-out", str(port_out), "--timeout", "200") == 1
     err = capsys.readouterr().err
     assert err.startswith("bertserve: error: no bertserve server answered") and err.count("\n") == 1
+
+
+def test_cli_keygen_and_curve_options(
+    responder: Callable[..., Responder],
+    keys: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert run_cli("keygen", str(tmp_path / "new"), "--name", "bob") == 0
+    public, secret = capsys.readouterr().out.split()
+    assert (public, secret) == (str(tmp_path / "new" / "bob.key"), str(tmp_path / "new" / "bob.key_secret"))
+    assert load_public_key(public) == load_public_key(secret)
+    assert os.stat(secret).st_mode & 0o077 == 0
+    assert run_cli("keygen", str(tmp_path / "new"), "--name", "bob") == 1
+    assert "already exists" in capsys.readouterr().err
+
+    r = responder(curve_dir=keys / "curve")
+    server = ["--host", "127.0.0.1", "--port", str(r.port), "--port-out", str(r.port_out), "--timeout", "3000"]
+    options = curve_options(keys)
+    curve = ["--server-key", str(options["server_key"]), "--client-cert", str(options["client_cert"])]
+    assert run_cli("status", *server, *curve) == 0
+    assert "requests" in json.loads(capsys.readouterr().out)
+    assert run_cli("status", *server) == 1
+    assert "requires CURVE: pass server_key and client_cert" in capsys.readouterr().err
+    assert run_cli("status", *server, *curve[:2]) == 1
+    assert "server_key was given without client_cert" in capsys.readouterr().err
+
+    monkeypatch.setenv("BERTSERVE_SERVER_KEY", str(options["server_key"]))
+    monkeypatch.setenv("BERTSERVE_CLIENT_CERT", str(options["client_cert"]))
+    assert run_cli("stop", *server) == 0
+    assert "stopping" in capsys.readouterr().out
+
+
+def test_a_request_larger_than_the_servers_message_limit_is_refused_before_sending() -> None:
+    server = Responder(config={"max_message_bytes": 2048})
+    try:
+        with server.client() as bc:
+            with pytest.raises(ValueError, match=r"the server takes at most 2048 bytes per message"):
+                bc.encode(["x" * 3000])
+            assert bc.encode(["small enough"]).shape == (1, 4)
+        assert len(server.commands(p.ENCODE)) == 1
+    finally:
+        server.stop()

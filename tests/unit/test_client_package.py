@@ -10,20 +10,24 @@ import bertserve.server
 
 
 def test_importing_the_client_does_not_import_tensorflow() -> None:
-    code = "import sys, bertserve.client, bertserve.server.cli; assert 'tensorflow' not in sys.modules, 'tf'"
+    code = (
+        "import sys, bertserve.client, bertserve.client.cli, bertserve.server.cli, bertserve.server.security; "
+        "assert 'tensorflow' not in sys.modules, 'tf'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_public_names() -> None:
     assert sorted(bertserve.client.__all__) == [
-        "BertClient", "BertClientError", "ClientClosedError", "ConcurrentBertClient", "ConcurrentUseError",
-        "EncodeResult", "ProtocolVersionError", "ServerError", "ServerTimeoutError", "__version__",
+        "AuthenticationError", "BertClient", "BertClientError", "ClientClosedError", "ConcurrentBertClient",
+        "ConcurrentUseError", "EncodeResult", "ProtocolVersionError", "ServerBusyError", "ServerError",
+        "ServerTimeoutError", "__version__",
     ]  # fmt: skip
     for name in bertserve.client.__all__:
         assert getattr(bertserve.client, name) is not None
     assert sorted(bertserve.server.__all__) == [
-        "BertServeError", "Encoder", "ModelConfig", "ModelError", "ModelFileError",
-        "ModelShapeError", "PoolingStrategy",
+        "BertServeError", "ConfigError", "Encoder", "ModelConfig", "ModelError", "ModelFileError",
+        "ModelShapeError", "PoolingStrategy", "StartupError",
     ]  # fmt: skip
     for name in bertserve.server.__all__:
         assert getattr(bertserve.server, name) is not None

@@ -1,0 +1,234 @@
+"""The client's side of CURVE: key files, and telling a refused handshake from a dead server.
+
+Certificates are pyzmq's (``zmq.auth.create_certificates``): ``NAME.key`` holds the public
+key and may be handed out; ``NAME.key_secret`` holds both keys and stays with its owner
+(mode 0600). Keys are z85 text, 40 ASCII characters. The key helpers live in the client
+package because the client needs them without the server; ``bertserve.server.security``
+re-exports them.
+
+A ZeroMQ socket whose handshake fails just retries in silence, so a refused client would
+look like a server that is down. :class:`HandshakeWatch` reads the sockets' monitor events
+and turns a failed handshake into an :class:`AuthenticationError` that says what to fix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
+
+from .errors import AuthenticationError
+
+CURVE_KEY_LENGTH = 40
+"""Length of a z85-encoded CURVE key, and of the ``User-Id`` the authenticator gives a client."""
+
+_Z85 = frozenset(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
+
+KeySource = str | bytes | os.PathLike[str]
+"""A certificate file, or (where a public key will do) the z85 key itself."""
+
+
+def is_z85_key(value: bytes) -> bool:
+    """Whether ``value`` is a z85-encoded 32-byte key (40 characters of the z85 alphabet)."""
+    return len(value) == CURVE_KEY_LENGTH and all(byte in _Z85 for byte in value)
+
+
+def keygen(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
+    """Write a new certificate pair ``DIRECTORY/NAME.key`` and ``DIRECTORY/NAME.key_secret``.
+
+    Creates ``directory`` if needed and returns ``(public_path, secret_path)``. The secret
+    file is mode 0600 from the start: the pair is made in a private staging directory and
+    linked into place. An existing pair is never overwritten (:class:`FileExistsError`).
+    """
+    if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name):
+        raise ValueError(f"a key name must be a plain file name, not {name!r}")
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
+    for path in (public, secret):
+        if path.exists():
+            raise FileExistsError(f"{path} already exists: refusing to overwrite a key pair; choose another name")
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))  # mode 0700
+    linked: list[Path] = []
+    try:
+        made_public, made_secret = zmq.auth.create_certificates(staging, name)
+        os.chmod(made_secret, 0o600)
+        for made, final in ((made_secret, secret), (made_public, public)):
+            os.link(made, final)  # fails, rather than overwrites, if another keygen got there first
+            linked.append(final)
+    except FileExistsError as exc:
+        for path in linked:
+            path.unlink()
+        raise FileExistsError(f"{exc.filename} already exists: refusing to overwrite a key pair") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return public, secret
+
+
+def load_public_key(path_or_z85: KeySource) -> bytes:
+    """The z85 public key in a certificate file (``.key`` or ``.key_secret``), or the key
+    itself when given as 40 z85 characters. Anything else is a :class:`ValueError`."""
+    if isinstance(path_or_z85, bytes):
+        if is_z85_key(path_or_z85):
+            return path_or_z85
+        path_or_z85 = os.fsdecode(path_or_z85)
+    path = os.fspath(path_or_z85)
+    if os.path.isfile(path):
+        return _read_certificate(path)[0]
+    if is_z85_key(path.encode("utf-8", "replace")):
+        return path.encode("ascii")
+    raise ValueError(f"{path!r} is neither a certificate file (NAME.key) nor a 40-character z85 public key")
+
+
+def load_secret_cert(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:
+    """``(public, secret)``, the z85 keys in a secret certificate file (``NAME.key_secret``)."""
+    public, secret = _read_certificate(path)
+    if secret is None:
+        raise ValueError(f"{os.fspath(path)} holds no secret key: pass the NAME.key_secret file, not NAME.key")
+    return public, secret
+
+
+def _read_certificate(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None]:
+    where = os.fspath(path)
+    if not os.path.isfile(where):
+        raise ValueError(f"no certificate file at {where}")
+    try:
+        public, secret = zmq.auth.load_certificate(where)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the certificate {where}: {exc}") from exc
+    if not is_z85_key(public) or (secret is not None and not is_z85_key(secret)):
+        raise ValueError(f"{where} is not a ZeroMQ CURVE certificate: its keys are not 40 z85 characters")
+    return public, secret
+
+
+_WATCHED = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+# How much a failure tells: a racing disconnect can hide the real reason (a bare "broken
+# pipe" instead of the mechanism mismatch), so a vaguer event never replaces a clearer one.
+_RANK: dict[int, int] = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: 1,
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: 2,
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: 3,
+}
+_CURVE_OPTIONS = "server_key and client_cert (--server-key and --client-cert; see `bertserve keygen`)"
+
+
+class HandshakeWatch:
+    """Monitors the handshakes of a client's connected sockets; start it before ``connect``.
+
+    ``sockets`` maps each server address to the socket that connects there; ``public_key``
+    is the client's CURVE public key, or ``None`` without CURVE. Register :attr:`monitors`
+    in the client's poller and call :meth:`drain` when one is readable: only handshakes
+    make events, so this costs nothing on a healthy connection. :meth:`error` is the
+    failure to report, if any; :meth:`close` (before the sockets close) is idempotent.
+    """
+
+    def __init__(self, sockets: Mapping[str, zmq.Socket], *, public_key: bytes | None) -> None:
+        self.public_key = public_key
+        self._failures: dict[str, tuple[int, int]] = {}  # address -> (event, value), until it succeeds
+        self._vague: dict[str, int] = {}  # address -> failures without detail, until it succeeds
+        self._watched: list[tuple[zmq.Socket, zmq.Socket, str]] = []
+        try:
+            for address, sock in sockets.items():
+                endpoint = f"inproc://bertserve-monitor-{uuid.uuid4().hex}"
+                monitor = sock.context.socket(zmq.PAIR)
+                monitor.setsockopt(zmq.LINGER, 0)
+                # libzmq blocks the connection's I/O thread when a monitor's queue is full;
+                # events only come from handshakes, and every wait drains them.
+                monitor.setsockopt(zmq.RCVHWM, 0)
+                sock.monitor(endpoint, _WATCHED)
+                monitor.connect(endpoint)
+                self._watched.append((sock, monitor, address))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def monitors(self) -> list[zmq.Socket]:
+        """The monitor sockets, to poll for ``POLLIN`` beside the client's own."""
+        return [monitor for _, monitor, _ in self._watched]
+
+    def drain(self) -> None:
+        """Read every queued event, remembering the clearest failed handshake of each
+        address since its last successful one."""
+        for _, monitor, address in self._watched:
+            while monitor.poll(0):
+                message = recv_monitor_message(monitor, zmq.NOBLOCK)
+                event = int(message["event"])
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._failures.pop(address, None)
+                    self._vague.pop(address, None)
+                    continue
+                if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                    self._vague[address] = self._vague.get(address, 0) + 1
+                if _RANK[event] >= _RANK[self._failures.get(address, (event, 0))[0]]:
+                    self._failures[address] = (event, int(message["value"]))
+
+    def error(self, *, certain_only: bool = False) -> AuthenticationError | None:
+        """The failed handshake to report, after draining the events.
+
+        With ``certain_only`` only failures that retrying cannot cure count: a refused key,
+        a mismatched security mechanism, and under CURVE a handshake that failed without
+        detail twice in a row (a wrong ``server_key`` does that on every attempt; once may be
+        a race that hid a clearer reason). Otherwise a bare handshake failure counts only
+        when the wait has run out anyway.
+        """
+        self.drain()
+        curve = self.public_key is not None
+        failures = [
+            (_RANK[event], address, event, value)
+            for address, (event, value) in self._failures.items()
+            if not certain_only
+            or event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            or (curve and self._vague.get(address, 0) >= 2)
+        ]
+        if not failures:
+            return None
+        _, address, event, value = max(failures)
+        return AuthenticationError(self._describe(address, event, value), address=address)
+
+    def close(self) -> None:
+        """Stop monitoring and close the monitor sockets; calling it again does nothing."""
+        watched, self._watched = self._watched, []
+        for sock, monitor, _ in watched:
+            if not sock.closed:
+                sock.disable_monitor()
+            monitor.close(linger=0)
+
+    def _describe(self, address: str, event: int, value: int) -> str:
+        key = self.public_key
+        curve = key is not None
+        server = f"the bertserve server at {address}"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            if key is not None:
+                return (
+                    f"{server} refused this client's key {key.decode('ascii')} "
+                    f"(ZAP status {value}): its public certificate (NAME.key) must be in the server's "
+                    "clients/ directory"
+                )
+            return f"{server} refused this client (ZAP status {value})"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                if curve:
+                    return f"{server} does not use CURVE: connect without {_CURVE_OPTIONS}"
+                return f"{server} requires CURVE: pass {_CURVE_OPTIONS}"
+            hint = ": check that server_key is this server's public key" if curve else ""
+            return f"the handshake with {server} failed (ZeroMQ protocol error {value:#x}){hint}"
+        if curve:
+            return (
+                f"the CURVE handshake with {server} failed: server_key is probably not this server's "
+                "public key, or the server does not use CURVE"
+            )
+        reason = os.strerror(value) if value > 0 else "no detail"
+        return f"the handshake with {server} failed ({reason}): if it requires CURVE, pass {_CURVE_OPTIONS}"
