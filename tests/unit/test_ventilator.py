@@ -145,11 +145,11 @@ def test_a_job_that_loses_two_workers_fails_its_requests_and_spares_the_others(r
     rig.client.send_multipart(p.encode_request(b"b", p.ENCODE, 1, {}, ["innocent"]))
     rig.pump()  # both queued before any worker is there
     dealer, _ = rig.worker(b"w0-1", 0, credits=1)
-    job_id, header, _ = rig.job(dealer)
+    _job_id, header, _ = rig.job(dealer)
     assert len(header["parts"]) == 2  # merged
     rig.ventilator.worker_lost(0, "worker 0 died")
     dealer, _ = rig.worker(b"w0-2", 0, credits=1)
-    first_retry, header, texts = rig.job(dealer)
+    _first_retry, header, texts = rig.job(dealer)
     assert texts == ["poison"]  # the merged job was split
     rig.ventilator.worker_lost(0, "worker 0 died")
     messages = rig.sink_messages()

@@ -113,7 +113,7 @@ def test_a_malformed_message_is_dropped_and_the_worker_carries_on(hashing: Rig) 
 def test_a_model_failure_becomes_an_error_for_the_job_and_the_credit_returns(broken: Rig) -> None:
     broken.send_job(b"7", ["anything"], [{"key": "k#1", "rows": [0]}])
     assert broken.sink.poll(5000)
-    kind, job_id, raw = broken.sink.recv_multipart()
+    kind, _job_id, raw = broken.sink.recv_multipart()
     info = p.loads(raw)
     assert kind == p.JOB_ERROR and "the model fell over" in info["error"] and info["kind"] == "worker"
     assert p.loads(broken.credit()[1])["job"] == "7"
