@@ -1,0 +1,142 @@
+"""A real server under CURVE: who may connect, who reads which replies, who may stop it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import zmq
+from bertserve.client import AuthenticationError, BertClient, ServerError
+from bertserve.client import protocol as p
+from bertserve.client.security import keygen, load_public_key, load_secret_cert
+from serving import RunningServer, start_server
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@dataclass
+class Keys:
+    root: Path
+
+    @property
+    def server(self) -> Path:
+        return self.root / "server.key"
+
+    def secret(self, name: str) -> Path:
+        for folder in (self.root / "clients", self.root / "outsiders"):
+            if (folder / f"{name}.key_secret").exists():
+                return folder / f"{name}.key_secret"
+        raise FileNotFoundError(name)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    root = tmp_path_factory.mktemp("curve")
+    keygen(root, "server")
+    for name in ("alice", "bob", "ops"):
+        keygen(root / "clients", name)
+    keygen(root / "admins", "ops-admin")
+    (root / "admins" / "ops-admin.key").unlink()
+    (root / "admins" / "ops.key").write_bytes((root / "clients" / "ops.key").read_bytes())
+    keygen(root / "outsiders", "mallory")
+    return Keys(root)
+
+
+@pytest.fixture(scope="module")
+def server(keys: Keys, tiny_google: str, session_graph_dir: str) -> Iterator[RunningServer]:
+    running = start_server(
+        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
+        "--curve-dir", str(keys.root), "--max-latency-ms", "2",
+    )  # fmt: skip
+    yield running
+    running.stop()
+
+
+def client(server: RunningServer, keys: Keys, name: str, **options) -> BertClient:
+    return BertClient(
+        port=server.port, port_out=server.port_out, timeout=options.pop("timeout", 20_000),
+        server_key=str(keys.server), client_cert=str(keys.secret(name)), **options,
+    )  # fmt: skip
+
+
+def curve_socket(context: zmq.Context, kind: int, keys: Keys, name: str) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.linger = 0
+    public, secret = load_secret_cert(keys.secret(name))
+    socket.curve_serverkey = load_public_key(str(keys.server))
+    socket.curve_publickey, socket.curve_secretkey = public, secret
+    return socket
+
+
+def test_an_authenticated_client_is_served(server: RunningServer, keys: Keys) -> None:
+    with client(server, keys, "alice") as alice:
+        assert alice.identity.startswith(load_public_key(str(keys.root / "clients" / "alice.key")) + b":")
+        assert alice.encode(["hello over curve", "second"]).shape == (2, 32)
+        assert alice.server_config["curve"] is True
+
+
+def test_an_unknown_key_and_a_plain_client_are_refused_clearly(server: RunningServer, keys: Keys) -> None:
+    with pytest.raises(AuthenticationError):
+        client(server, keys, "mallory", timeout=10_000)
+    with pytest.raises(AuthenticationError, match="CURVE"):
+        BertClient(port=server.port, port_out=server.port_out, timeout=10_000)
+
+
+def test_another_key_reads_none_of_a_clients_replies(server: RunningServer, keys: Keys) -> None:
+    context = zmq.Context()
+    try:
+        with client(server, keys, "alice") as alice:
+            snoops = []
+            for topic in (b"", alice.identity, alice.identity[:20]):
+                snoop = curve_socket(context, zmq.SUB, keys, "bob")
+                snoop.setsockopt(zmq.SUBSCRIBE, topic)
+                snoop.connect(f"tcp://127.0.0.1:{server.port_out}")
+                snoops.append(snoop)
+            with client(server, keys, "bob") as bob:  # bob is a real client too, and is served
+                assert bob.encode(["bob's own"]).shape == (1, 32)
+            for i in range(5):
+                alice.encode([f"alice's secret number {i}"])
+            for snoop in snoops:
+                assert not snoop.poll(500), "bob read a reply addressed to alice"
+                snoop.close()
+    finally:
+        context.destroy(linger=0)
+
+
+def test_a_request_under_another_keys_identity_is_dropped(server: RunningServer, keys: Keys) -> None:
+    context = zmq.Context()
+    try:
+        with client(server, keys, "alice") as alice:
+            listener = curve_socket(context, zmq.SUB, keys, "alice")
+            listener.setsockopt(zmq.SUBSCRIBE, alice.identity)
+            listener.connect(f"tcp://127.0.0.1:{server.port_out}")
+            alice.encode(["make sure alice is subscribed"])
+            spoof = curve_socket(context, zmq.PUSH, keys, "bob")
+            spoof.connect(f"tcp://127.0.0.1:{server.port}")
+            spoof.send_multipart(p.encode_request(alice.identity, p.ENCODE, 999_999, {}, ["spoofed"]))
+            while listener.poll(1500):
+                reply = p.decode_reply(listener.recv_multipart())
+                assert reply.request_id != 999_999, "a request sent under alice's identity by bob was served"
+            assert alice.server_status["rejections"].get("spoofed", 0) >= 1
+            spoof.close()
+            listener.close()
+    finally:
+        context.destroy(linger=0)
+
+
+def test_only_an_admin_key_may_stop_the_server(keys: Keys, tiny_google: str, session_graph_dir: str) -> None:
+    running = start_server(
+        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
+        "--curve-dir", str(keys.root),
+    )  # fmt: skip
+    try:
+        with client(running, keys, "alice") as alice, pytest.raises(ServerError, match="admins") as refused:
+            alice.terminate()
+        assert refused.value.kind == "forbidden"
+        with client(running, keys, "ops") as ops:
+            assert ops.terminate() == {"stopping": True}
+        assert running.process.wait(60) == 0
+    finally:
+        running.stop()
