@@ -103,6 +103,7 @@ class Scheduler:
         self.retries: deque[Job] = deque()  # jobs handed back by a lost worker: they go first
         self.queued = 0  # sentences waiting, retries included
         self.small_count = 0  # small pieces waiting
+        self.small_rows = 0  # their sentences
         self.bulk_count = 0  # bulk jobs waiting
         self.busy_rejections = 0
         self._job_ids = itertools.count()
@@ -141,6 +142,7 @@ class Scheduler:
         if count < self.config.max_batch_size:
             queue.items.append(Piece(key, client, rows, texts, is_tokenized, show_tokens, now))
             self.small_count += 1
+            self.small_rows += count
             pieces = 1
         else:
             jobs = deque(
@@ -202,20 +204,20 @@ class Scheduler:
         or ``None`` if no small request is waiting for company."""
         if not self.small_count:
             return None
+        # A client's requests arrive in order, so its oldest small request that can go next is
+        # at the head of its queue; one behind bulk work waits for that anyway.
         oldest = min(
-            (item.arrived for c in self.turns for item in self.clients[c].items if isinstance(item, Piece)),
-            default=now,
+            (head.arrived for c in self.turns if isinstance(head := self.clients[c].items[0], Piece)), default=None
         )
+        if oldest is None:
+            return None
         return max(0.0, oldest + self.config.max_latency_ms / 1000 - now)
 
     def _small_due(self, now: float) -> bool:
-        if self.bulk_count or self.retries:
+        if self.bulk_count or self.retries or not self.config.merge_requests:
             return True
         wait = self.wake_in(now)
-        if wait is not None and wait <= 0:
-            return True
-        rows = sum(len(item.rows) for c in self.turns for item in self.clients[c].items if isinstance(item, Piece))
-        return rows >= self.config.max_batch_size or not self.config.merge_requests
+        return (wait is not None and wait <= 0) or self.small_rows >= self.config.max_batch_size
 
     def _take_bulk(self, client: bytes) -> Job:
         queue = self.clients[client]
@@ -260,6 +262,7 @@ class Scheduler:
                 items.popleft()
             self._served([client], sentences)
         self.small_count -= len(pieces)
+        self.small_rows -= sum(len(piece.rows) for piece in pieces)
         return self._job(pieces, False)
 
     def _served(self, clients: Iterable[bytes], sentences: int) -> None:
@@ -320,6 +323,7 @@ class Scheduler:
         self.queued -= rows
         if small:
             self.small_count -= 1
+            self.small_rows -= rows
         else:
             self.bulk_count -= 1
 
@@ -335,13 +339,14 @@ class Scheduler:
         self.clients.clear()
         self.turns.clear()
         self.retries.clear()
-        self.queued = self.small_count = self.bulk_count = 0
+        self.queued = self.small_count = self.small_rows = self.bulk_count = 0
         return keys
 
     def stats(self) -> dict[str, Any]:
         return {
             "queued_sentences": self.queued,
             "queued_small_requests": self.small_count,
+            "queued_small_sentences": self.small_rows,
             "queued_bulk_jobs": self.bulk_count,
             "queued_retries": len(self.retries),
             "active_clients": len(self.turns),

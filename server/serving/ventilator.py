@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +73,7 @@ class Ventilator:
         self.sink.connect(addresses.sink)
         self.outbox: deque[list[Any]] = deque()
         self.requests: dict[str, _Request] = {}
-        self.finished: deque[tuple[float, str, _Request]] = deque()
+        self.finished: OrderedDict[str, tuple[float, _Request]] = OrderedDict()  # oldest first
         self.accepting = True
         self.started = time.time()
         self.received = 0
@@ -171,12 +171,12 @@ class Ventilator:
     def _finish(self, key: str) -> None:
         request = self.requests.pop(key, None)
         if request is not None:
-            self.finished.append((time.monotonic(), key, request))
+            self.finished[key] = (time.monotonic(), request)
 
     def _forget_finished(self) -> None:
         horizon = time.monotonic() - _KEEP_FINISHED_S
-        while self.finished and self.finished[0][0] < horizon:
-            self.finished.popleft()
+        while self.finished and next(iter(self.finished.values()))[0] < horizon:
+            self.finished.popitem(last=False)
 
     # -- clients -------------------------------------------------------------------------
 
@@ -231,7 +231,7 @@ class Ventilator:
                 request, f"texts[{too_long}] has {sizes[too_long]} characters; this server takes at most "
                 f"{self.config.max_text_chars}", "limit"
             )  # fmt: skip
-        if request.key in self.requests or any(key == request.key for _, key, _ in self.finished):
+        if request.key in self.requests or request.key in self.finished:
             return self._reject(
                 request, f"request id {request.request_id} of this client is already pending; it was not queued "
                 "again (the first request is unaffected)", "duplicate"
@@ -382,8 +382,8 @@ class Ventilator:
     def sink_lost(self) -> None:
         """The sink died and lost what it was assembling: every request it knew of gets an
         error reply (through the new sink), and its queued work is dropped."""
-        keys = set(self.requests) | {key for _, key, _ in self.finished}
-        known = {**{key: r for _, key, r in self.finished}, **self.requests}
+        keys = set(self.requests) | set(self.finished)
+        known = {**{key: r for key, (_, r) in self.finished.items()}, **self.requests}
         self.scheduler.remove(set(self.requests))
         self.requests.clear()
         self.finished.clear()

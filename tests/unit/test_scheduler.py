@@ -165,3 +165,41 @@ def test_drain_keys_empties_everything() -> None:
     admit(s, b"b", 1, key="small")
     assert s.drain_keys() == {"bulk", "small"}
     assert s.empty and s.queued == 0 and s.next_job(9.0) is None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_admitted_row_runs_exactly_once_whatever_the_order_of_events(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    s = make(max_batch_size=int(rng.integers(1, 10)), max_client_queued_sentences=300, max_queued_sentences=900,
+             max_request_size=300, merge_requests=bool(rng.integers(0, 2)))  # fmt: skip
+    admitted: dict[str, int] = {}
+    ran: dict[str, list[int]] = {}
+    held: list[Job] = []
+    now = 0.0
+    for step in range(300):
+        now += float(rng.uniform(0, 0.01))
+        action = rng.integers(0, 4)
+        if action == 0:
+            client = bytes([97 + int(rng.integers(0, 5))])
+            n = int(rng.integers(1, 30))
+            key = f"{client.decode()}#{step}"
+            try:
+                s.admit(key, client, texts(n), is_tokenized=bool(rng.integers(0, 2)), show_tokens=False, now=now)
+                admitted[key] = n
+            except Busy:
+                pass
+        elif action == 1 and (job := s.next_job(now)) is not None:
+            held.append(job)
+        elif action == 2 and held:  # a worker finished a job
+            for piece in held.pop(int(rng.integers(0, len(held)))).pieces:
+                ran.setdefault(piece.key, []).extend(piece.rows.tolist())
+        elif action == 3 and held:  # a worker died holding a job
+            s.retry(held.pop(int(rng.integers(0, len(held)))))
+        assert s.queued == sum(q.sentences for q in s.clients.values()) + sum(j.size for j in s.retries)
+        assert s.small_rows >= 0 and s.small_count >= 0 and s.bulk_count >= 0
+    held.extend(drain(s, now + 1))
+    for job in held:
+        for piece in job.pieces:
+            ran.setdefault(piece.key, []).extend(piece.rows.tolist())
+    assert {key: sorted(rows) for key, rows in ran.items()} == {key: list(range(n)) for key, n in admitted.items()}
+    assert s.empty and s.queued == 0 and s.small_rows == 0 and s.small_count == 0 and s.bulk_count == 0
