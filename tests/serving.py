@@ -1,4 +1,20 @@
-"""Start real bertserve server processes on free ports, through the real command line."""
+"""The one launcher of real bertserve servers, used by the tests and the benchmarks alike.
+
+A server is started through the real command line (``python -m bertserve.server.cli start``)
+on free loopback ports, in its own session (as a terminal gives it, so ``os.killpg`` is
+Ctrl-C), and stopped with SIGTERM, its graceful stop::
+
+    server = start_server("--model-dir", model_dir, "--num-worker", "2")   # waits for "ready"
+    try:
+        with BertClient(**server.client_kwargs) as client: ...
+        server.family_rss_mib()            # RSS of the server and every process it started
+    finally:
+        server.stop()                      # raises if it ignored SIGTERM or left processes behind
+
+``start_server(..., expect_ready=False)`` returns at once: start several, then
+:meth:`RunningServer.wait_ready` each. Any ``bertserve start`` flag passes through as is.
+The benchmarks put ``tests/`` on ``sys.path`` to import this module.
+"""
 
 from __future__ import annotations
 
@@ -9,26 +25,47 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
 
 import psutil
 
 START_TIMEOUT = 180.0
+STOP_TIMEOUT = 60.0
+OUTPUT_LINES = 5000  # kept in memory; ``log_path`` keeps everything
+
+
+class ServerStartError(RuntimeError):
+    """The server exited, or did not print its ready line in time."""
 
 
 def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
+def _is_ready_line(line: str) -> bool:
+    return line.startswith("bertserve") and " ready: " in line
+
+
 @dataclass
 class RunningServer:
-    process: subprocess.Popen
+    """One ``bertserve start`` process and what it printed (the last ``OUTPUT_LINES`` lines)."""
+
+    process: subprocess.Popen[str]
     port: int
     port_out: int
-    output: list[str] = field(default_factory=list)
+    output: deque[str] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES))
     ready_line: str | None = None
+    ready_seconds: float = float("nan")  # from launch to the ready line
+    ready: threading.Event = field(default_factory=threading.Event)  # set on the ready line
+    launched_at: float = field(default_factory=time.perf_counter)
+    _output_done: threading.Event = field(default_factory=threading.Event)
+    _family_at_stop: list[psutil.Process] = field(default_factory=list)
 
     @property
     def client_kwargs(self) -> dict[str, int]:
@@ -39,57 +76,126 @@ class RunningServer:
         try:
             parent = psutil.Process(self.process.pid)
             return [parent, *parent.children(recursive=True)]
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             return []
 
-    def stop(self, timeout: float = 60.0) -> None:
-        family = self.family()
+    def family_rss_mib(self) -> float:
+        """Summed resident memory of :meth:`family`, in MiB (0 once the server is gone)."""
+        total = 0
+        for process in self.family():
+            try:
+                total += process.memory_info().rss
+            except psutil.Error:  # exited between listing and reading
+                continue
+        return total / 2**20
+
+    def tail(self, lines: int = 30) -> str:
+        return "".join(list(self.output)[-lines:])
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> float:
+        """Seconds from launch to the ready line; raises :class:`ServerStartError` if the
+        server exits first or the line does not come within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.2):
+            exited = self.process.poll() is not None
+            if exited or time.monotonic() > deadline:
+                self._output_done.wait(5)
+                why = f"exited with {self.process.returncode}" if exited else f"was not ready in {timeout:.0f} s"
+                raise ServerStartError(f"the server {why}:\n{self.tail(200)}")
+        return self.ready_seconds
+
+    def terminate(self) -> None:
+        """Send SIGTERM (the graceful stop) and note the family; :meth:`wait_stopped` waits."""
+        self._family_at_stop = self.family()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout: float = STOP_TIMEOUT) -> list[str]:
+        """Wait for the server and its children; kill whatever is left after ``timeout``.
+        Returns what went wrong (empty if the stop was clean)."""
+        problems: list[str] = []
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            problems.append(f"the server ignored SIGTERM for {timeout:.0f} s")
+        _gone, alive = psutil.wait_procs(self._family_at_stop, timeout=15)
+        for process in alive:
             try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                for proc in family:
-                    proc.kill()
-                self.process.wait(10)
-                raise AssertionError("the server did not stop on SIGTERM") from None
-        _gone, alive = psutil.wait_procs(family, timeout=15)
-        for proc in alive:
-            proc.kill()
-        assert not alive, f"processes left behind: {alive}"
+                process.kill()
+            except psutil.Error:
+                continue
+        if alive:
+            problems.append(f"processes left behind: {alive}")
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self._output_done.wait(10)
+        return problems
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM and wait; raises AssertionError if the stop was not clean (after cleaning up)."""
+        self.terminate()
+        problems = self.wait_stopped(timeout)
+        assert not problems, "; ".join(problems)
 
 
-def _pump(stream, server: RunningServer, ready: threading.Event) -> None:
-    for line in stream:
-        server.output.append(line)
-        sys.stderr.write(line)
-        if " ready: " in line and line.startswith("bertserve"):
-            server.ready_line = line
-            ready.set()
-    ready.set()
+def _pump(stream: IO[str], server: RunningServer, echo: bool, log_path: Path | None) -> None:
+    log = log_path.open("w", encoding="utf-8") if log_path is not None else None
+    try:
+        for line in stream:
+            server.output.append(line)
+            if echo:
+                sys.stderr.write(line)
+            if log is not None:
+                log.write(line)
+            if not server.ready.is_set() and _is_ready_line(line):
+                server.ready_seconds = time.perf_counter() - server.launched_at
+                server.ready_line = line
+                server.ready.set()
+    finally:
+        if log is not None:
+            log.close()
+        server._output_done.set()
 
 
-def start_server(*args: str, env: dict[str, str] | None = None, expect_ready: bool = True) -> RunningServer:
+def start_server(
+    *args: str,
+    env: dict[str, str] | None = None,
+    expect_ready: bool = True,
+    timeout: float = START_TIMEOUT,
+    echo: bool = True,
+    log_path: Path | None = None,
+) -> RunningServer:
+    """Start ``bertserve start --port P --port-out Q *args`` on two free ports.
+
+    ``args`` are any further ``bertserve start`` flags. ``env`` is added to this process's
+    environment. With ``expect_ready`` wait for the ready line (stopping the server and
+    raising :class:`ServerStartError` if it never comes); else return at once. The output
+    goes to stderr when ``echo`` (pytest captures it) and to ``log_path`` if given.
+    """
     port, port_out = free_port(), free_port()
     command = [sys.executable, "-m", "bertserve.server.cli", "start", "--port", str(port), "--port-out", str(port_out)]
+    launched_at = time.perf_counter()
     process = subprocess.Popen(
         [*command, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        errors="replace",
         env={**os.environ, **(env or {})},
         start_new_session=True,  # its own process group, as a terminal would give it (for Ctrl-C)
     )
-    server = RunningServer(process, port, port_out)
-    ready = threading.Event()
-    threading.Thread(target=_pump, args=(process.stdout, server, ready), daemon=True).start()
+    server = RunningServer(process, port, port_out, launched_at=launched_at)
+    assert process.stdout is not None
+    pump = threading.Thread(target=_pump, args=(process.stdout, server, echo, log_path), daemon=True)
+    pump.start()
     if expect_ready:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not ready.wait(0.2):
-            if time.monotonic() > deadline:
-                server.stop()
-                raise AssertionError("the server did not become ready:\n" + "".join(server.output))
-        if server.ready_line is None or process.poll() is not None:
-            server.stop()
-            raise AssertionError("the server exited before it was ready:\n" + "".join(server.output))
+        try:
+            server.wait_ready(timeout)
+        except ServerStartError:
+            server.terminate()
+            server.wait_stopped()
+            raise
     return server
