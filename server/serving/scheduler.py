@@ -8,13 +8,13 @@
   count, so each job pads little, and cut into jobs of at most ``max_batch_size`` sentences
   and ``max_batch_tokens`` padded tokens. Smaller requests are *small*.
 - **Merging.** Small requests from different clients share one job, up to
-  ``max_batch_size`` sentences of one input kind. A small request waits at most
-  ``max_latency_ms`` for company, and not at all when bulk work is queued (a worker would
-  be busy anyway).
+  ``max_batch_size`` sentences of one input kind, each client an equal share no larger than
+  the lightest client's demand. A small request waits at most ``max_latency_ms`` for
+  company, and not at all when bulk work is queued (a worker would be busy anyway).
 - **Fairness.** Every client with queued work has a turn, round-robin by identity: a turn
-  is one bulk job of that client, or a merged job that takes the waiting small requests of
-  the clients in turn order. A client that becomes active joins at the back. So one
-  client's flood delays another's request by at most about one job per active client.
+  is one bulk job of that client, or a merged job with a share for every client waiting
+  with small requests. A client that becomes active joins at the back. So one client's
+  flood delays another's request by at most about one job per active client.
 
 Everything takes the time as an argument, so tests drive it with a fake clock.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -112,10 +112,9 @@ class Scheduler:
 
     def admit(
         self, key: str, client: bytes, texts: list[Any], *, is_tokenized: bool, show_tokens: bool, now: float
-    ) -> int:
-        """Queue a checked, non-empty request and return the number of pieces it was cut into
-        (each will be in exactly one job); raises :class:`Busy` or :class:`TooLarge` without
-        queuing any of it."""
+    ) -> None:
+        """Queue a checked, non-empty request; raises :class:`Busy` or :class:`TooLarge`
+        without queuing any of it."""
         count = len(texts)
         per_client = self.config.max_client_queued_sentences
         if count > per_client:
@@ -143,7 +142,6 @@ class Scheduler:
             queue.items.append(Piece(key, client, rows, texts, is_tokenized, show_tokens, now))
             self.small_count += 1
             self.small_rows += count
-            pieces = 1
         else:
             jobs = deque(
                 self._job([Piece(key, client, chunk, [texts[i] for i in chunk], is_tokenized, show_tokens, now)], True)
@@ -151,10 +149,8 @@ class Scheduler:
             )
             queue.items.append(jobs)
             self.bulk_count += len(jobs)
-            pieces = len(jobs)
         queue.sentences += count
         self.queued += count
-        return pieces
 
     def _cut(self, texts: list[Any], is_tokenized: bool) -> list[np.ndarray]:
         """Row indexes sorted by token count, cut into jobs of at most max_batch_size rows and
@@ -231,38 +227,53 @@ class Scheduler:
         return job
 
     def _take_small(self) -> Job:
-        """Merge waiting small requests into one job, one request per client per round in turn
-        order, so a client with many small requests queued does not fill the job alone."""
+        """Merge waiting small requests (of one input kind) into a job of at most max_batch_size.
+
+        When what waits does not fit in one job, each client gets an equal share of it, no
+        larger than the lightest client's whole demand: a client with 32 sentences queued next
+        to one with 100,000 shares a job of 64 with it, not of 256, so its answer does not
+        wait on the other's rows. A request larger than a share is split; the rest goes in a
+        later job.
+        """
         room = self.config.max_batch_size
         first = self.clients[self.turns[0]].items[0]
         assert isinstance(first, Piece)
         kind = first.is_tokenized
+        if not self.config.merge_requests:
+            return self._take_pieces([(self.turns[0], len(first.rows))], kind)
+        waiting = [
+            c for c in self.turns if isinstance(head := self.clients[c].items[0], Piece) and head.is_tokenized == kind
+        ]
+        share = room
+        if len(waiting) > 1 and self.small_rows > room:
+            share = max(1, min(room // len(waiting), min(self.clients[c].sentences for c in waiting)))
+        return self._take_pieces([(client, share) for client in waiting], kind)
+
+    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: bool) -> Job:
+        """A job of up to ``share`` rows of small requests from each client, in order."""
+        room = self.config.max_batch_size
         pieces: list[Piece] = []
-        taken: dict[bytes, int] = {}
-        took = True
-        while took and room:
-            took = False
-            for client in self.turns:
-                items = self.clients[client].items
-                skip = sum(1 for p in pieces if p.client == client)
-                piece = items[skip] if skip < len(items) else None
-                if not isinstance(piece, Piece) or piece.is_tokenized != kind or len(piece.rows) > room:
-                    continue
-                pieces.append(piece)
-                taken[client] = taken.get(client, 0) + len(piece.rows)
-                room -= len(piece.rows)
-                took = True
+        for client, share in shares:
+            items = self.clients[client].items
+            want, taken = min(share, room), 0
+            while want and items and isinstance(piece := items[0], Piece) and piece.is_tokenized == kind:
+                if len(piece.rows) <= want:
+                    items.popleft()
+                    self.small_count -= 1
+                    part = piece
+                else:  # split it: the rest stays at the head of this client's queue
+                    part = replace(piece, rows=piece.rows[:want], texts=piece.texts[:want])
+                    piece.rows, piece.texts = piece.rows[want:], piece.texts[want:]
+                pieces.append(part)
+                want -= len(part.rows)
+                taken += len(part.rows)
                 if not self.config.merge_requests:
                     break
-            if not self.config.merge_requests:
+            room -= taken
+            self.small_rows -= taken
+            self._served([client], taken)
+            if not room:
                 break
-        for client, sentences in taken.items():
-            items = self.clients[client].items
-            for _ in range(sum(1 for p in pieces if p.client == client)):
-                items.popleft()
-            self._served([client], sentences)
-        self.small_count -= len(pieces)
-        self.small_rows -= sum(len(piece.rows) for piece in pieces)
         return self._job(pieces, False)
 
     def _served(self, clients: Iterable[bytes], sentences: int) -> None:

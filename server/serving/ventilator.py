@@ -38,7 +38,7 @@ _RESUBSCRIBE_S = 1.0  # time for clients to subscribe to a restarted sink before
 class _Request:
     client: bytes
     request_id: int
-    pieces: int  # pieces still queued or running
+    rows: int  # rows not yet computed
 
 
 class Ventilator:
@@ -239,7 +239,7 @@ class Ventilator:
         if not texts:
             return self._publish_empty(request)
         try:
-            pieces = self.scheduler.admit(
+            self.scheduler.admit(
                 request.key, request.client_id, texts,
                 is_tokenized=is_tokenized, show_tokens=show_tokens, now=time.monotonic(),
             )  # fmt: skip
@@ -247,7 +247,7 @@ class Ventilator:
             return self._reject(request, str(exc), p.BUSY)
         except TooLarge as exc:
             return self._reject(request, str(exc), "limit")
-        self.requests[request.key] = _Request(request.client_id, request.request_id, pieces)
+        self.requests[request.key] = _Request(request.client_id, request.request_id, len(texts))
         register = {
             "key": request.key, "client": request.client_id.hex(),
             "request_id": request.request_id, "count": len(texts), "show_tokens": show_tokens,
@@ -340,12 +340,12 @@ class Ventilator:
         if job is None:
             logger.debug("ignored DONE of job %s from %r: it is no longer that worker's", job_id, identity)
             return
-        for key in job.keys:
-            request = self.requests.get(key)
+        for piece in job.pieces:
+            request = self.requests.get(piece.key)
             if request is not None:
-                request.pieces -= 1
-                if request.pieces <= 0:
-                    self._finish(key)
+                request.rows -= len(piece.rows)
+                if request.rows <= 0:
+                    self._finish(piece.key)
 
     def worker_lost(self, index: int, reason: str) -> None:
         """Worker ``index`` died or stopped answering: forget it, and run its jobs elsewhere,

@@ -48,8 +48,31 @@ def test_small_requests_go_at_once_when_they_fill_a_job() -> None:
     for client in (b"a", b"b", b"c"):
         admit(s, client, 3, now=0.0)
     job = s.next_job(0.0)
-    assert job is not None and job.size == 6  # the third does not fit whole: it waits for the next job
-    assert s.queued == 3
+    assert job is not None and job.size == 6  # 9 do not fit in 8: a share of 8 // 3 = 2 each
+    assert s.queued == 3 and s.small_rows == 3
+
+
+def test_one_client_alone_fills_whole_jobs_splitting_a_request_that_does_not_fit() -> None:
+    s = make()
+    for i in range(3):
+        admit(s, b"a", 3, now=0.0, key=f"a{i}")
+    job = s.next_job(0.0)
+    assert job is not None and job.size == 8 and job.keys == ["a0", "a1", "a2"]
+    assert job.pieces[2].rows.tolist() == [0, 1]
+    rest = s.next_job(1.0)
+    assert rest is not None and rest.keys == ["a2"] and rest.pieces[0].rows.tolist() == [2]
+    assert rest.pieces[0].texts == texts(3, "a")[2:]
+
+
+def test_a_light_client_shares_a_job_with_a_heavy_one_in_equal_parts() -> None:
+    s = make(max_batch_size=64, max_client_queued_sentences=1000)
+    for i in range(10):
+        admit(s, b"heavy", 60, now=0.0, key=f"h{i}")
+    first = s.next_job(0.0)
+    assert first is not None and first.size == 64  # alone, it fills the job
+    admit(s, b"light", 5, now=0.0, key="light")
+    job = s.next_job(0.0)
+    assert job is not None and sorted((p.key, len(p.rows)) for p in job.pieces) == [("h1", 5), ("light", 5)]
 
 
 def test_without_merging_each_request_is_its_own_job_and_goes_at_once() -> None:
@@ -71,12 +94,6 @@ def test_bulk_requests_are_sorted_by_length_and_cut_by_rows_and_padded_tokens() 
         assert lengths == sorted(lengths)
         assert job.size <= 8 and (job.size == 1 or job.size * max(lengths) <= 24)
     assert all(j.bulk for j in jobs)
-
-
-def test_admit_returns_the_number_of_pieces() -> None:
-    s = make()
-    assert s.admit("k1", b"a", texts(3), is_tokenized=False, show_tokens=False, now=0) == 1
-    assert s.admit("k2", b"a", texts(20), is_tokenized=False, show_tokens=False, now=0) == 3
 
 
 def test_clients_take_turns_one_job_each() -> None:
@@ -107,7 +124,7 @@ def test_merged_jobs_take_small_requests_of_every_client_in_turn_order() -> None
         admit(s, b"a", 2, now=0.0, key=f"a{i}")
     admit(s, b"b", 2, now=0.0, key="b0")
     job = s.next_job(1.0)
-    assert job is not None and job.keys == ["a0", "b0", "a1", "a2"]  # b is not starved by a's backlog
+    assert job is not None and job.keys == ["a0", "b0"]  # b is not starved by a's backlog
 
 
 def test_inputs_of_different_kinds_never_share_a_job() -> None:
