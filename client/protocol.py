@@ -98,6 +98,8 @@ def loads(data: bytes, what: str = "header") -> Any:
         return json.loads(data.decode("utf-8")) if data else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"the {what} is not valid UTF-8 JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(f"the {what} nests too deeply") from None
 
 
 def _as_dict(data: bytes, what: str = "header") -> dict[str, Any]:
@@ -207,10 +209,9 @@ def decode_request(frames: Sequence[bytes]) -> Request:
         raise ProtocolError("the client id must be 1 to 64 bytes")
     if command not in COMMANDS:
         raise ProtocolError(f"unknown command {command[:32]!r}")
-    try:
-        request_id = int(raw_id)
-    except ValueError:
-        raise ProtocolError(f"the request id must be an integer, not {raw_id[:32]!r}") from None
+    if not raw_id.isdigit() or len(raw_id) > 19:
+        raise ProtocolError(f"the request id must be a non-negative integer below 10**19, not {raw_id[:32]!r}")
+    request_id = int(raw_id)
     header = _as_dict(raw_header)
     version = header.get("protocol")
     if version != PROTOCOL_VERSION:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +29,6 @@ from .worker import Addresses
 
 logger = logging.getLogger("bertserve.ventilator")
 
-_KEEP_FINISHED_S = 15.0  # how long a finished request's key is remembered (duplicates, sink restarts)
 _MAX_WORKER_FAILURES = 2  # a job whose worker died this often is not retried
 _RESUBSCRIBE_S = 1.0  # time for clients to subscribe to a restarted sink before it publishes to them
 
@@ -73,7 +72,6 @@ class Ventilator:
         self.sink.connect(addresses.sink)
         self.outbox: deque[list[Any]] = deque()
         self.requests: dict[str, _Request] = {}
-        self.finished: OrderedDict[str, tuple[float, _Request]] = OrderedDict()  # oldest first
         self.accepting = True
         self.started = time.time()
         self.received = 0
@@ -122,7 +120,6 @@ class Ventilator:
             self._drain(self.frontend, self._on_client_message, limit=1000, copy=False)
         self._flush()
         self._dispatch()
-        self._forget_finished()
         if self._owed and self._owed[0][0] <= time.monotonic():
             for _, frames in self._owed:
                 self._publish(frames)
@@ -169,14 +166,7 @@ class Ventilator:
         self._to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
 
     def _finish(self, key: str) -> None:
-        request = self.requests.pop(key, None)
-        if request is not None:
-            self.finished[key] = (time.monotonic(), request)
-
-    def _forget_finished(self) -> None:
-        horizon = time.monotonic() - _KEEP_FINISHED_S
-        while self.finished and next(iter(self.finished.values()))[0] < horizon:
-            self.finished.popitem(last=False)
+        self.requests.pop(key, None)
 
     # -- clients -------------------------------------------------------------------------
 
@@ -190,7 +180,7 @@ class Ventilator:
             client = p.decode_client_id(raw)
             logger.warning("rejected a malformed request from %r: %s", client, exc)
             if client is not None and len(raw) >= 3 and self._owns(user_id, client):
-                request_id = int(raw[2]) if raw[2].isdigit() else -1
+                request_id = int(raw[2]) if raw[2].isdigit() and len(raw[2]) <= 19 else -1
                 self._publish(p.error_reply(client, request_id, f"malformed request: {exc}", "protocol"))
             return
         if not self._owns(user_id, request.client_id):
@@ -231,7 +221,7 @@ class Ventilator:
                 request, f"texts[{too_long}] has {sizes[too_long]} characters; this server takes at most "
                 f"{self.config.max_text_chars}", "limit"
             )  # fmt: skip
-        if request.key in self.requests or request.key in self.finished:
+        if request.key in self.requests:
             return self._reject(
                 request, f"request id {request.request_id} of this client is already pending; it was not queued "
                 "again (the first request is unaffected)", "duplicate"
@@ -358,6 +348,9 @@ class Ventilator:
                 self._retry_or_fail(job, reason)
 
     def _retry_or_fail(self, job: Job, reason: str) -> None:
+        job.pieces = [piece for piece in job.pieces if piece.key in self.requests]  # not failed meanwhile
+        if not job.pieces:
+            return
         job.failures += 1
         if job.failures < _MAX_WORKER_FAILURES:
             self.scheduler.retry(job)
@@ -380,17 +373,16 @@ class Ventilator:
         return found
 
     def sink_lost(self) -> None:
-        """The sink died and lost what it was assembling: every request it knew of gets an
-        error reply (through the new sink), and its queued work is dropped."""
-        keys = set(self.requests) | set(self.finished)
-        known = {**{key: r for key, (_, r) in self.finished.items()}, **self.requests}
-        self.scheduler.remove(set(self.requests))
-        self.requests.clear()
-        self.finished.clear()
+        """The sink died and lost what it was assembling: every request still pending gets an
+        error reply (through the new sink), and its queued work is dropped. A request whose
+        rows were all computed was published by the old sink (it publishes as the last row
+        arrives), so it is not answered again."""
+        keys = sorted(self.requests)
+        self.scheduler.remove(set(keys))
         error = "the server's sink process failed while this request was in flight; please retry"
         due = time.monotonic() + _RESUBSCRIBE_S
-        for key in sorted(keys):
-            request = known[key]
+        for key in keys:
+            request = self.requests.pop(key)
             self._owed.append((due, p.error_reply(request.client, request.request_id, error, "internal")))
 
     # -- dispatch ------------------------------------------------------------------------
