@@ -116,23 +116,8 @@ class Scheduler:
         """Queue a checked, non-empty request; raises :class:`Busy` or :class:`TooLarge`
         without queuing any of it."""
         count = len(texts)
-        per_client = self.config.max_client_queued_sentences
-        if count > per_client:
-            raise TooLarge(f"the request has {count} inputs; a client may queue at most {per_client}")
+        self.check_room(client, count)
         queue = self.clients.get(client)
-        mine = queue.sentences if queue is not None else 0
-        if mine + count > per_client:
-            self.busy_rejections += 1
-            raise Busy(
-                f"the server is busy: this client already has {mine} inputs queued and may queue at most "
-                f"{per_client}; retry when some are answered"
-            )
-        if self.queued + count > self.config.max_queued_sentences:
-            self.busy_rejections += 1
-            raise Busy(
-                f"the server is busy: {self.queued} inputs are queued, at most {self.config.max_queued_sentences} "
-                "may be; retry later"
-            )
         if queue is None:
             queue = self.clients[client] = _ClientQueue()
         if not queue.items:
@@ -151,6 +136,27 @@ class Scheduler:
             self.bulk_count += len(jobs)
         queue.sentences += count
         self.queued += count
+
+    def check_room(self, client: bytes, count: int) -> None:
+        """Raise :class:`Busy` (or :class:`TooLarge`) unless ``count`` more inputs of ``client``
+        may be queued now. Cheap, so a flood is refused before its texts are looked at."""
+        per_client = self.config.max_client_queued_sentences
+        if count > per_client:
+            raise TooLarge(f"the request has {count} inputs; a client may queue at most {per_client}")
+        queue = self.clients.get(client)
+        mine = queue.sentences if queue is not None else 0
+        if mine + count > per_client:
+            self.busy_rejections += 1
+            raise Busy(
+                f"the server is busy: this client already has {mine} inputs queued and may queue at most "
+                f"{per_client}; retry when some are answered"
+            )
+        if self.queued + count > self.config.max_queued_sentences:
+            self.busy_rejections += 1
+            raise Busy(
+                f"the server is busy: {self.queued} inputs are queued, at most {self.config.max_queued_sentences} "
+                "may be; retry later"
+            )
 
     def _cut(self, texts: list[Any], is_tokenized: bool) -> list[np.ndarray]:
         """Row indexes sorted by token count, cut into jobs of at most max_batch_size rows and

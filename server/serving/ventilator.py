@@ -211,6 +211,12 @@ class Ventilator:
                 f"{self.config.max_request_size} per request", "limit"
             )  # fmt: skip
         try:
+            self.scheduler.check_room(request.client_id, len(texts))  # a flood is refused before it is read
+        except Busy as exc:
+            return self._reject(request, str(exc), p.BUSY)
+        except TooLarge as exc:
+            return self._reject(request, str(exc), "limit")
+        try:
             p.check_texts(texts, is_tokenized)
         except (TypeError, ValueError) as exc:
             return self._reject(request, str(exc))
