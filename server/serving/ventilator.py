@@ -66,10 +66,9 @@ class Ventilator:
         self.credit_socket = context.socket(zmq.PULL)
         self.credit_socket.linger = 0
         self.credit_socket.bind(addresses.credits)
-        self.sink = context.socket(zmq.PUSH)
-        self.sink.linger = 2000
-        self.sink.sndhwm = 100_000
-        self.sink.connect(addresses.sink)
+        self.context = context
+        self.addresses = addresses
+        self.sink = self._connect_sink()
         self.outbox: deque[list[Any]] = deque()
         self.requests: dict[str, _Request] = {}
         self.accepting = True
@@ -135,6 +134,13 @@ class Ventilator:
             handle(frames)
 
     # -- the sink, without blocking --------------------------------------------------------
+
+    def _connect_sink(self) -> zmq.Socket:
+        socket = self.context.socket(zmq.PUSH)
+        socket.linger = 2000
+        socket.sndhwm = 100_000
+        socket.connect(self.addresses.sink)
+        return socket
 
     def _to_sink(self, frames: list[Any]) -> None:
         if not self.outbox:
@@ -383,6 +389,10 @@ class Ventilator:
         error reply (through the new sink), and its queued work is dropped. A request whose
         rows were all computed was published by the old sink (it publishes as the last row
         arrives), so it is not answered again."""
+        # What was queued for the dead sink (registrations of these requests) must not reach the new one.
+        self.sink.close(linger=0)
+        self.sink = self._connect_sink()
+        self.outbox.clear()
         keys = sorted(self.requests)
         self.scheduler.remove(set(keys))
         error = "the server's sink process failed while this request was in flight; please retry"
