@@ -9,6 +9,7 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
     client PUSH -> ventilator PULL   [client_id, command, request_id, header, payload]
         command   ENCODE | CONFIG | STATUS | TERMINATE
         header    JSON {"protocol", "client_version", ...}; ENCODE adds "is_tokenized", "show_tokens"
+                  and "count" (the number of inputs; optional, checked against the payload)
         payload   ENCODE: JSON list of strings (or of token lists); otherwise empty
 
     sink PUB -> client SUB           [client_id, request_id, status, header, *buffer]
@@ -182,10 +183,17 @@ class Request:
     request_id: int
     header: dict[str, Any]
     texts: list[Any] = field(default_factory=list)
+    payload: bytes = b""  # the undecoded payload, when decode_request was told to leave it
 
     @property
     def key(self) -> str:
         return request_key(self.client_id, self.request_id)
+
+    @property
+    def count(self) -> int | None:
+        """How many inputs the header says the payload holds, if it says (ENCODE)."""
+        count = self.header.get("count")
+        return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
 
 def request_key(client_id: bytes, request_id: int) -> str:
@@ -196,15 +204,21 @@ def encode_request(
     client_id: bytes, command: bytes, request_id: int, header: dict[str, Any], texts: Sequence[Any] = ()
 ) -> list[bytes]:
     full = {"protocol": PROTOCOL_VERSION, **header}
+    if command == ENCODE:
+        full["count"] = len(texts)  # lets a busy server refuse the request without reading it
     payload = dumps(list(texts)) if command == ENCODE else b""
     return [client_id, command, str(request_id).encode(), dumps(full), payload]
 
 
-def decode_request(frames: Sequence[bytes]) -> Request:
-    """Parse a client's message; the client id comes first so errors can still be addressed."""
+def decode_request(frames: Sequence[bytes], *, payload: bool = True) -> Request:
+    """Parse a client's message; the client id comes first so errors can still be addressed.
+
+    With ``payload=False`` the texts of ENCODE are left undecoded in ``Request.payload``, for
+    :func:`decode_texts` once the request is worth reading.
+    """
     if len(frames) != 5:
         raise ProtocolError(f"a request has 5 frames, this one has {len(frames)}")
-    client_id, command, raw_id, raw_header, payload = (bytes(f) for f in frames)
+    client_id, command, raw_id, raw_header, raw_payload = (bytes(f) for f in frames)
     if not client_id or len(client_id) > 64:
         raise ProtocolError("the client id must be 1 to 64 bytes")
     if command not in COMMANDS:
@@ -216,12 +230,23 @@ def decode_request(frames: Sequence[bytes]) -> Request:
     version = header.get("protocol")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version!r} is not supported; this server speaks {PROTOCOL_VERSION}")
-    texts: list[Any] = []
+    request = Request(client_id, command, request_id, header)
     if command == ENCODE:
-        texts = loads(payload, "payload")
-        if not isinstance(texts, list):
-            raise ProtocolError("the payload of ENCODE must be a JSON list")
-    return Request(client_id, command, request_id, header, texts)
+        if payload:
+            request.texts = decode_texts(request, raw_payload)
+        else:
+            request.payload = raw_payload
+    return request
+
+
+def decode_texts(request: Request, payload: bytes) -> list[Any]:
+    """The texts of an ENCODE request, checked against the count its header declares."""
+    texts = loads(payload, "payload")
+    if not isinstance(texts, list):
+        raise ProtocolError("the payload of ENCODE must be a JSON list")
+    if "count" in request.header and request.count != len(texts):
+        raise ProtocolError(f"the header says {request.header['count']!r} inputs, the payload holds {len(texts)}")
+    return texts
 
 
 def decode_client_id(frames: Sequence[bytes]) -> bytes | None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, ModelError
+from .errors import ConfigError, ModelOptionError
 
 
 class PoolingStrategy(str, enum.Enum):
@@ -38,7 +38,7 @@ class PoolingStrategy(str, enum.Enum):
             return cls(name)
         except ValueError:
             choices = ", ".join([*cls.__members__, *_POOLING_ALIASES])
-            raise ModelError(f"unknown pooling_strategy {value!r}; choose one of {choices}") from None
+            raise ModelOptionError(f"unknown pooling_strategy {value!r}; choose one of {choices}") from None
 
 
 _POOLING_ALIASES = {"FIRST_TOKEN": "CLS_TOKEN", "LAST_TOKEN": "SEP_TOKEN"}
@@ -102,14 +102,14 @@ class ModelConfig:
             set_(self, "pooling_layer", _parse_layers(self.pooling_layer))
         dtype = _DTYPES.get(str(self.dtype).lower())
         if dtype is None:
-            raise ModelError(f"unknown dtype {self.dtype!r}; choose fp32, fp16 or bf16")
+            raise ModelOptionError(f"unknown dtype {self.dtype!r}; choose fp32, fp16 or bf16")
         set_(self, "dtype", dtype)
         output_dtype = _OUTPUT_DTYPES.get(str(self.output_dtype).lower())
         if output_dtype is None:
-            raise ModelError(f"unknown output_dtype {self.output_dtype!r}; choose float32 or float16")
+            raise ModelOptionError(f"unknown output_dtype {self.output_dtype!r}; choose float32 or float16")
         set_(self, "output_dtype", output_dtype)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ModelError(f"batch_size must be a positive integer, not {self.batch_size!r}")
+            raise ModelOptionError(f"batch_size must be a positive integer, not {self.batch_size!r}")
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -128,9 +128,9 @@ def _parse_max_seq_len(value: object) -> int | str | None:
         try:
             value = int(value)
         except ValueError:
-            raise ModelError(f"max_seq_len must be an integer or NONE, not {value!r}") from None
+            raise ModelOptionError(f"max_seq_len must be an integer or NONE, not {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 3:
-        raise ModelError(f"max_seq_len must be an integer >= 3 or NONE, not {value!r}")
+        raise ModelOptionError(f"max_seq_len must be an integer >= 3 or NONE, not {value!r}")
     return value
 
 
@@ -138,13 +138,13 @@ def _parse_layers(value: object) -> tuple[int, ...]:
     if isinstance(value, (int, str)):
         value = [value]
     if not isinstance(value, Sequence) or not value:
-        raise ModelError(f"pooling_layer must be a layer index or a list of them, not {value!r}")
+        raise ModelOptionError(f"pooling_layer must be a layer index or a list of them, not {value!r}")
     layers = []
     for item in value:
         try:
             layers.append(int(item))
         except (TypeError, ValueError):
-            raise ModelError(f"pooling_layer entries must be integers, not {item!r}") from None
+            raise ModelOptionError(f"pooling_layer entries must be integers, not {item!r}") from None
     return tuple(layers)
 
 

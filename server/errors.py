@@ -1,9 +1,11 @@
 """Exceptions raised by the bertserve server side.
 
     BertServeError
-    ├── ConfigError (ValueError)         a server option is out of range or contradicts another
+    ├── ConfigError (ValueError)         an option is out of range or contradicts another
+    │   └── ModelOptionError             ... a model option (also a ModelError)
     ├── StartupError                     the server cannot start, or cannot keep its processes alive
     └── ModelError (ValueError)          the model directory or a model option cannot be used
+        ├── ModelOptionError             a model option is malformed, whatever the directory
         ├── ModelFileError               a file is missing, unreadable or malformed
         └── ModelShapeError              weights, config and vocabulary disagree
 
@@ -35,3 +37,7 @@ class ModelFileError(ModelError):
 
 class ModelShapeError(ModelError):
     """The weights, the config and the vocabulary disagree about a shape."""
+
+
+class ModelOptionError(ConfigError, ModelError):
+    """A model option is malformed (an unknown dtype, a negative batch size), whatever the directory."""

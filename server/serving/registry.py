@@ -77,14 +77,18 @@ class Registry:
         worker = self.workers.get(identity)
         if worker is None or job_id not in worker.jobs:
             return None
+        try:
+            seconds = float(info.get("seconds", 0.0))
+            tokens, slots = int(info.get("tokens", 0)), int(info.get("slots", 0))
+        except (TypeError, ValueError):  # statistics only: the job is done all the same
+            seconds, tokens, slots = 0.0, 0, 0
         job, _ = worker.jobs.pop(job_id)
         worker.last_seen = now
-        seconds = float(info.get("seconds", 0.0))
         worker.jobs_done += 1
         worker.sentences += job.size
         worker.busy_seconds += seconds
-        worker.tokens += int(info.get("tokens", 0))
-        worker.slots += int(info.get("slots", 0))
+        worker.tokens += tokens
+        worker.slots += slots
         self.recent_jobs.append((seconds, job.size, job.bulk))
         return job
 

@@ -8,8 +8,8 @@
   count, so each job pads little, and cut into jobs of at most ``max_batch_size`` sentences
   and ``max_batch_tokens`` padded tokens. Smaller requests are *small*.
 - **Merging.** Small requests from different clients share one job, up to
-  ``max_batch_size`` sentences of one input kind, each client an equal share no larger than
-  the lightest client's demand. A small request waits at most ``max_latency_ms`` for
+  ``max_batch_size`` sentences of one input kind; when they do not all fit, each client gets
+  an equal share no larger than the lightest client's demand. A small request waits at most ``max_latency_ms`` for
   company, and not at all when bulk work is queued (a worker would be busy anyway).
 - **Fairness.** Every client with queued work has a turn, round-robin by identity: a turn
   is one bulk job of that client, or a merged job with a share for every client waiting
@@ -117,23 +117,25 @@ class Scheduler:
         without queuing any of it."""
         count = len(texts)
         self.check_room(client, count)
+        item: Piece | deque[Job]
+        if count < self.config.max_batch_size:
+            item = Piece(key, client, np.arange(count), texts, is_tokenized, show_tokens, now)
+        else:  # cut before anything changes, so a failure leaves the queues as they were
+            item = deque(
+                self._job([Piece(key, client, chunk, [texts[i] for i in chunk], is_tokenized, show_tokens, now)], True)
+                for chunk in self._cut(texts, is_tokenized)
+            )
         queue = self.clients.get(client)
         if queue is None:
             queue = self.clients[client] = _ClientQueue()
         if not queue.items:
             self.turns.append(client)
-        rows = np.arange(count)
-        if count < self.config.max_batch_size:
-            queue.items.append(Piece(key, client, rows, texts, is_tokenized, show_tokens, now))
+        queue.items.append(item)
+        if isinstance(item, Piece):
             self.small_count += 1
             self.small_rows += count
         else:
-            jobs = deque(
-                self._job([Piece(key, client, chunk, [texts[i] for i in chunk], is_tokenized, show_tokens, now)], True)
-                for chunk in self._cut(texts, is_tokenized)
-            )
-            queue.items.append(jobs)
-            self.bulk_count += len(jobs)
+            self.bulk_count += len(item)
         queue.sentences += count
         self.queued += count
 
@@ -236,10 +238,10 @@ class Scheduler:
         """Merge waiting small requests (of one input kind) into a job of at most max_batch_size.
 
         When what waits does not fit in one job, each client gets an equal share of it, no
-        larger than the lightest client's whole demand: a client with 32 sentences queued next
-        to one with 100,000 shares a job of 64 with it, not of 256, so its answer does not
-        wait on the other's rows. A request larger than a share is split; the rest goes in a
-        later job.
+        larger than the lightest client's whole demand (but at least a quarter of an equal
+        split, so the job stays worth running): a client with 32 sentences queued next to one
+        with 100,000 shares a job of 64 with it, not of 256, so its answer does not wait on the
+        other's rows. A request larger than a share is split; the rest goes in a later job.
         """
         room = self.config.max_batch_size
         first = self.clients[self.turns[0]].items[0]
@@ -252,7 +254,8 @@ class Scheduler:
         ]
         share = room
         if len(waiting) > 1 and self.small_rows > room:
-            share = max(1, min(room // len(waiting), min(self.clients[c].sentences for c in waiting)))
+            lightest = min(self.clients[c].sentences for c in waiting)
+            share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
         return self._take_pieces([(client, share) for client in waiting], kind)
 
     def _take_pieces(self, shares: list[tuple[bytes, int]], kind: bool) -> Job:

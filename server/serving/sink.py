@@ -102,18 +102,22 @@ class Sink:
         self.curve = config.curve_dir is not None
         self.pull = context.socket(zmq.PULL)
         self.pull.linger = 0
-        self.pull.bind(pull_address)
         self.pub = context.socket(zmq.XPUB)
         self.pub.linger = 1000
         self.pub.sndhwm = config.reply_hwm  # per subscriber: a client that does not read loses its own replies
         self.pub.setsockopt(zmq.XPUB_MANUAL, 1)
-        if config.curve_dir is not None:
-            from ..security import load_curve_dir, make_curve_server, start_authenticator
+        try:
+            self.pull.bind(pull_address)
+            if config.curve_dir is not None:
+                from ..security import load_curve_dir, make_curve_server, start_authenticator
 
-            keys = load_curve_dir(config.curve_dir)
-            self.authenticator = start_authenticator(context, keys)
-            make_curve_server(self.pub, keys)
-        self.pub.bind(f"tcp://{config.bind}:{config.port_out}")
+                keys = load_curve_dir(config.curve_dir)
+                self.authenticator = start_authenticator(context, keys)
+                make_curve_server(self.pub, keys)
+            self.pub.bind(f"tcp://{config.bind}:{config.port_out}")
+        except BaseException:
+            self.close()  # or context.term() would wait for these sockets forever
+            raise
         self.pending: dict[str, _Pending] = {}
         self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None]]] = {}
         self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
@@ -140,7 +144,13 @@ class Sink:
         if self.authenticator is not None:
             self.authenticator.stop()
 
-    def run(self) -> None:
+    def run(self, grace_s: float = 0.0) -> None:
+        """Serve until STOP. A sink started in place of one that died first waits ``grace_s``
+        for clients to subscribe again, so the error replies waiting for it reach them."""
+        until = time.monotonic() + grace_s
+        while time.monotonic() < until:
+            if self.pub.poll(50):
+                self._on_subscriptions()
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         poller.register(self.pub, zmq.POLLIN)  # subscriptions
@@ -302,7 +312,7 @@ class Sink:
             self.closed.popitem(last=False)
 
 
-def run_sink(config: ServerConfig, pull_address: str, log_level: int) -> None:
+def run_sink(config: ServerConfig, pull_address: str, log_level: int, grace_s: float = 0.0) -> None:
     """Entry point of the sink process."""
     from ..logs import child_logging
 
@@ -313,9 +323,12 @@ def run_sink(config: ServerConfig, pull_address: str, log_level: int) -> None:
     try:
         sink = Sink(config, pull_address, context)
         logger.debug("sink %d publishing on port %d", os.getpid(), config.port_out)
-        sink.run()
+        sink.run(grace_s)
     except zmq.ZMQError as exc:
         logger.error("the sink cannot bind port %d: %s", config.port_out, exc)
+        raise SystemExit(3) from None
+    except (ValueError, OSError) as exc:
+        logger.error("the sink cannot start: %s", exc)
         raise SystemExit(3) from None
     except KeyboardInterrupt:
         pass

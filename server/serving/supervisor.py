@@ -40,6 +40,7 @@ _JOIN_SECONDS = 10.0
 _FIRST_BACKOFF = 0.5  # seconds before the first restart; doubled for each failure in a row
 _MAX_BACKOFF = 30.0
 _STABLE_SECONDS = 60.0  # a process up this long has its failures forgiven
+_RESUBSCRIBE_S = 1.0  # a restarted sink lets clients subscribe again before it publishes
 
 
 class BertServer:
@@ -82,6 +83,8 @@ class BertServer:
         frontend = context.socket(zmq.PULL)
         frontend.linger = 0
         frontend.maxmsgsize = self.config.message_limit  # a larger frame is dropped unread
+        # Requests a connection may have waiting in this process: at most ~512 MiB of them.
+        frontend.rcvhwm = max(8, min(1000, 512 * 2**20 // self.config.message_limit))
         ventilator: Ventilator | None = None
         authenticator = None
         try:
@@ -181,8 +184,9 @@ class BertServer:
         process.start()
         return process
 
-    def _start_sink(self, addresses: Addresses) -> None:
-        self.sink = self._start(run_sink, (self.config, addresses.sink, self.log_level), "bertserve-sink")
+    def _start_sink(self, addresses: Addresses, grace_s: float = 0.0) -> None:
+        args = (self.config, addresses.sink, self.log_level, grace_s)
+        self.sink = self._start(run_sink, args, "bertserve-sink")
         self.started_at["sink"] = time.monotonic()
 
     def _start_worker(self, index: int, addresses: Addresses) -> None:
@@ -235,7 +239,7 @@ class BertServer:
         if "sink" in self.restart_at:
             if now >= self.restart_at["sink"]:
                 del self.restart_at["sink"]
-                self._start_sink(addresses)
+                self._start_sink(addresses, grace_s=_RESUBSCRIBE_S)
         elif self.sink is not None and not self.sink.is_alive():
             logger.error("the sink died (exit code %s); restarting it", self.sink.exitcode)
             ventilator.sink_lost()

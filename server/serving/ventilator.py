@@ -10,6 +10,7 @@ the sink that ZeroMQ cannot take at once wait in an outbox, in order.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -30,14 +31,17 @@ from .worker import Addresses
 logger = logging.getLogger("bertserve.ventilator")
 
 _MAX_WORKER_FAILURES = 2  # a job whose worker died this often is not retried
-_RESUBSCRIBE_S = 1.0  # time for clients to subscribe to a restarted sink before it publishes to them
+_MAX_OUTBOX = 10_000  # messages waiting for the sink before the ventilator stops reading clients
+_CLIENT_DRAIN_S = 0.05  # longest the loop reads clients before it looks at workers again
 
 
 @dataclass
 class _Request:
     client: bytes
     request_id: int
+    wire_key: str
     rows: int  # rows not yet computed
+    deadline: float
 
 
 class Ventilator:
@@ -76,7 +80,9 @@ class Ventilator:
         self.received = 0
         self.rejected: dict[str, int] = {}
         self.terminate_requested = False
-        self._owed: list[tuple[float, list[Any]]] = []  # error replies held until a new sink can deliver them
+        self.live: dict[str, str] = {}  # the wire key (client id and request id) -> the internal key
+        self._serials = itertools.count()
+        self._next_expiry = 0.0
         self._commands: dict[bytes, Callable[[p.Request, bytes | None], None]] = {
             p.ENCODE: self._on_encode,
             p.CONFIG: self._on_config,
@@ -100,7 +106,7 @@ class Ventilator:
 
     def poll_once(self, timeout_ms: int = 100) -> None:
         poller = zmq.Poller()
-        if self.accepting:
+        if self.accepting and len(self.outbox) < _MAX_OUTBOX:  # a stalled sink holds clients back
             poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         poller.register(self.credit_socket, zmq.POLLIN)
@@ -116,22 +122,34 @@ class Ventilator:
         if self.credit_socket in events:
             self._drain(self.credit_socket, self._on_credit)
         if self.frontend in events:
-            self._drain(self.frontend, self._on_client_message, limit=1000, copy=False)
+            self._drain(self.frontend, self._on_client_message, copy=False, seconds=_CLIENT_DRAIN_S)
         self._flush()
         self._dispatch()
-        if self._owed and self._owed[0][0] <= time.monotonic():
-            for _, frames in self._owed:
-                self._publish(frames)
-            self._owed.clear()
+        now = time.monotonic()
+        if now >= self._next_expiry:
+            self._expire(now)
 
     @staticmethod
-    def _drain(socket: zmq.Socket, handle: Callable[[list[Any]], None], limit: int = 10_000, copy: bool = True) -> None:
-        for _ in range(limit):
+    def _drain(
+        socket: zmq.Socket, handle: Callable[[list[Any]], None], *, copy: bool = True, seconds: float = 1.0
+    ) -> None:
+        """Handle what ``socket`` holds, for at most ``seconds`` so the other sockets get a turn."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
             try:
                 frames = socket.recv_multipart(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 return
             handle(frames)
+
+    def _expire(self, now: float) -> None:
+        """Drop the queued work of requests past their deadline: the sink has answered them."""
+        self._next_expiry = now + 1.0
+        expired = {key for key, request in self.requests.items() if request.deadline <= now}
+        if expired:
+            self.scheduler.remove(expired)
+            for key in expired:
+                self._finish(key)
 
     # -- the sink, without blocking --------------------------------------------------------
 
@@ -172,7 +190,9 @@ class Ventilator:
         self._to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
 
     def _finish(self, key: str) -> None:
-        self.requests.pop(key, None)
+        request = self.requests.pop(key, None)
+        if request is not None:
+            self.live.pop(request.wire_key, None)
 
     # -- clients -------------------------------------------------------------------------
 
@@ -180,7 +200,7 @@ class Ventilator:
         user_id = message_user_id(frames[0]) if self.curve and frames else None
         raw = [frame.bytes for frame in frames]
         try:
-            request = p.decode_request(raw)
+            request = p.decode_request(raw, payload=False)  # a busy server need not read the texts
         except p.ProtocolError as exc:
             self._count_rejection("protocol")
             client = p.decode_client_id(raw)
@@ -207,21 +227,19 @@ class Ventilator:
         self._publish(p.error_reply(request.client_id, request.request_id, error, kind))
 
     def _on_encode(self, request: p.Request, user: bytes | None) -> None:
+        # Under CURVE a key is the principal that bounds and turns apply to, whatever ids it uses.
+        principal = b"key:" + user if user is not None else request.client_id
         self.received += 1
-        texts = request.texts
         is_tokenized = bool(request.header.get("is_tokenized", False))
         show_tokens = bool(request.header.get("show_tokens", False))
-        if len(texts) > self.config.max_request_size:
-            return self._reject(
-                request, f"the request has {len(texts)} inputs; this server takes at most "
-                f"{self.config.max_request_size} per request", "limit"
-            )  # fmt: skip
+        if request.count is not None and not self._room_for(request, principal, request.count):
+            return None  # refused on the count its header declares, without reading the texts
         try:
-            self.scheduler.check_room(request.client_id, len(texts))  # a flood is refused before it is read
-        except Busy as exc:
-            return self._reject(request, str(exc), p.BUSY)
-        except TooLarge as exc:
-            return self._reject(request, str(exc), "limit")
+            texts = request.texts = p.decode_texts(request, request.payload)
+        except p.ProtocolError as exc:
+            return self._reject(request, f"malformed request: {exc}", "protocol")
+        if request.count is None and not self._room_for(request, principal, len(texts)):
+            return None
         try:
             p.check_texts(texts, is_tokenized)
         except (TypeError, ValueError) as exc:
@@ -233,29 +251,52 @@ class Ventilator:
                 request, f"texts[{too_long}] has {sizes[too_long]} characters; this server takes at most "
                 f"{self.config.max_text_chars}", "limit"
             )  # fmt: skip
-        if request.key in self.requests:
+        if request.key in self.live:
             return self._reject(
                 request, f"request id {request.request_id} of this client is already pending; it was not queued "
                 "again (the first request is unaffected)", "duplicate"
             )  # fmt: skip
         if not texts:
             return self._publish_empty(request)
+        # The internal key is unique per admission, so nothing of an earlier request under the
+        # same client and request id (a late result, say) can land in this one.
+        key = f"{request.key}@{next(self._serials)}"
+        now = time.monotonic()
         try:
             self.scheduler.admit(
-                request.key, request.client_id, texts,
-                is_tokenized=is_tokenized, show_tokens=show_tokens, now=time.monotonic(),
+                key, principal, texts, is_tokenized=is_tokenized, show_tokens=show_tokens, now=now,
             )  # fmt: skip
         except Busy as exc:
             return self._reject(request, str(exc), p.BUSY)
         except TooLarge as exc:
             return self._reject(request, str(exc), "limit")
-        self.requests[request.key] = _Request(request.client_id, request.request_id, len(texts))
+        deadline = now + self.config.request_timeout_ms / 1000
+        self.requests[key] = _Request(request.client_id, request.request_id, request.key, len(texts), deadline)
+        self.live[request.key] = key
         register = {
-            "key": request.key, "client": request.client_id.hex(),
+            "key": key, "client": request.client_id.hex(),
             "request_id": request.request_id, "count": len(texts), "show_tokens": show_tokens,
         }  # fmt: skip
         self._to_sink([p.REGISTER, p.dumps(register)])
         return None
+
+    def _room_for(self, request: p.Request, principal: bytes, count: int) -> bool:
+        """Whether ``count`` inputs fit the size limit and the queues; if not, the refusal is sent."""
+        if count > self.config.max_request_size:
+            self._reject(
+                request, f"the request has {count} inputs; this server takes at most "
+                f"{self.config.max_request_size} per request", "limit"
+            )  # fmt: skip
+            return False
+        try:
+            self.scheduler.check_room(principal, count)
+        except Busy as exc:
+            self._reject(request, str(exc), p.BUSY)
+            return False
+        except TooLarge as exc:
+            self._reject(request, str(exc), "limit")
+            return False
+        return True
 
     def _publish_empty(self, request: p.Request) -> None:
         model = self.registry.model
@@ -377,6 +418,7 @@ class Ventilator:
     def unresponsive_workers(self) -> list[tuple[int, int, str]]:
         """``(index, pid, reason)`` of workers to kill: silent, or holding a job too long.
         They are forgotten at once and their jobs handed on."""
+        self._drain(self.credit_socket, self._on_credit)  # heartbeats that came while the loop was busy
         found = []
         for worker, reason in self.registry.unresponsive(time.monotonic()):
             found.append((worker.index, worker.pid, reason))
@@ -396,10 +438,11 @@ class Ventilator:
         keys = sorted(self.requests)
         self.scheduler.remove(set(keys))
         error = "the server's sink process failed while this request was in flight; please retry"
-        due = time.monotonic() + _RESUBSCRIBE_S
         for key in keys:
-            request = self.requests.pop(key)
-            self._owed.append((due, p.error_reply(request.client, request.request_id, error, "internal")))
+            request = self.requests[key]
+            self._finish(key)
+            # Queued until the new sink binds; it lets clients subscribe again before it publishes.
+            self._publish(p.error_reply(request.client, request.request_id, error, "internal"))
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -414,8 +457,9 @@ class Ventilator:
                 self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # the worker vanished between READY and now
                 logger.warning("could not reach worker %d: %s", worker.index, exc)
-                self.registry.remove(worker.identity)
-                self.scheduler.retry(job)
+                self.scheduler.retry(job)  # never ran: not its fault
+                for held in self.registry.remove(worker.identity):
+                    self._retry_or_fail(held, f"worker {worker.index} became unreachable")
                 continue
             logger.debug("job %s (%d inputs%s) to worker %d", job.job_id, job.size, ", bulk" if job.bulk else "",
                          worker.index)  # fmt: skip
@@ -426,6 +470,7 @@ class Ventilator:
         self.scheduler.drain_keys()
         keys = set(self.requests)
         self.requests.clear()
+        self.live.clear()
         if keys:
             self._to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
 

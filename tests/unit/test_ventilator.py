@@ -92,10 +92,11 @@ def test_a_request_is_registered_then_dispatched(rig: Rig) -> None:
     rig.request(b"\x00caf\xc3\xa9", 1, ["hello there"])
     job_id, header, texts = rig.job(dealer)
     assert texts == ["hello there"]
-    assert header["parts"] == [{"key": p.request_key(b"\x00caf\xc3\xa9", 1), "rows": [0]}]
+    key = rig.ventilator.live[p.request_key(b"\x00caf\xc3\xa9", 1)]
+    assert header["parts"] == [{"key": key, "rows": [0]}]
     (register,) = rig.sink_messages()
     info = p.loads(register[1])
-    assert register[0] == p.REGISTER and bytes.fromhex(info["client"]) == b"\x00caf\xc3\xa9"
+    assert register[0] == p.REGISTER and bytes.fromhex(info["client"]) == b"\x00caf\xc3\xa9" and info["key"] == key
     push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
     rig.pump()
     assert rig.ventilator.idle
@@ -109,7 +110,7 @@ def test_a_pending_request_id_is_refused_and_the_first_is_untouched(rig: Rig) ->
     assert kinds(messages) == [p.REGISTER, p.PUBLISH]
     reply = p.decode_reply(messages[1][1:])
     assert not reply.ok and reply.header["kind"] == "duplicate"
-    assert p.request_key(b"c", 1) in rig.ventilator.requests
+    assert rig.ventilator.live[p.request_key(b"c", 1)] in rig.ventilator.requests
 
 
 def test_a_request_over_the_bounds_is_refused_busy_at_once(rig: Rig) -> None:
@@ -134,7 +135,7 @@ def test_a_lost_workers_job_goes_to_another_and_its_late_done_is_ignored(rig: Ri
     assert again == job_id and texts == ["hello"]
     first_push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])  # the dead one, late
     rig.pump()
-    assert p.request_key(b"c", 1) in rig.ventilator.requests
+    assert p.request_key(b"c", 1) in rig.ventilator.live
     second_push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w1-2"})])
     rig.pump()
     assert rig.ventilator.idle
@@ -155,7 +156,8 @@ def test_a_job_that_loses_two_workers_fails_its_requests_and_spares_the_others(r
     messages = rig.sink_messages()
     fail = next(m for m in messages if m[0] == p.FAIL)
     info = p.loads(fail[1])
-    assert info["keys"] == [p.request_key(b"a", 1)] and info["kind"] == "worker" and "2 times" in info["error"]
+    assert [key.split("@")[0] for key in info["keys"]] == [p.request_key(b"a", 1)]
+    assert info["kind"] == "worker" and "2 times" in info["error"]
     dealer, _ = rig.worker(b"w0-3", 0, credits=1)
     _, _, texts = rig.job(dealer)
     assert texts == ["innocent"]
@@ -184,8 +186,33 @@ def test_after_a_sink_restart_every_known_request_gets_an_error(rig: Rig, monkey
     rig.request(b"c", 1, ["in flight"])
     rig.request(b"c", 2, ["queued"] * 9)
     rig.sink_messages()
-    monkeypatch.setattr("bertserve.server.serving.ventilator._RESUBSCRIBE_S", 0.0)
     rig.ventilator.sink_lost()
     replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == p.PUBLISH]
     assert sorted(r.request_id for r in replies) == [1, 2] and {r.header["kind"] for r in replies} == {"internal"}
-    assert rig.ventilator.scheduler.queued == 0
+    assert rig.ventilator.scheduler.queued == 0 and not rig.ventilator.live
+
+
+def test_a_worker_found_unreachable_hands_back_every_job_it_held(rig: Rig) -> None:
+    dealer, _ = rig.worker(b"w0-1", 0, credits=2)
+    rig.request(b"c", 1, ["first"])
+    rig.job(dealer)
+    dealer.close(linger=0)  # it dies without a word; the supervisor has not noticed yet
+    rig.sockets.remove(dealer)
+    for _ in range(50):
+        rig.request(b"c", 2, ["second"])  # its dispatch finds the worker gone
+        if b"w0-1" not in rig.ventilator.registry.workers:
+            break
+    assert b"w0-1" not in rig.ventilator.registry.workers
+    other, _ = rig.worker(b"w1-2", 1, credits=2)
+    texts = sorted(rig.job(other)[2] + rig.job(other)[2])
+    assert texts == ["first", "second"]
+
+
+def test_an_expired_request_leaves_the_queue(rig: Rig, monkeypatch) -> None:
+    rig.request(b"c", 1, ["no worker will come"] * 3)
+    assert rig.ventilator.scheduler.queued == 3
+    for request in rig.ventilator.requests.values():
+        request.deadline = 0.0
+    rig.ventilator._next_expiry = 0.0
+    rig.pump()
+    assert rig.ventilator.scheduler.queued == 0 and rig.ventilator.idle
