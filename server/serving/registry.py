@@ -4,7 +4,8 @@ A worker registers with READY (its identity names one incarnation of one worker 
 so a restarted worker is a new entry), takes jobs while it has free credits, returns a
 credit with each DONE and sends a heartbeat every second. The registry says who gets the
 next job (the most free credits), which workers have gone silent or hold a job past its
-deadline, and which jobs a lost worker held. A DONE from a worker that was forgotten, or
+deadline, and which jobs a lost worker held: each loss counts an attempt against a job, and a
+job that has lost two workers is not to be retried. A DONE from a worker that was forgotten, or
 for a job it no longer holds, is ignored: its job went to another worker.
 """
 
@@ -40,9 +41,10 @@ class WorkerState:
 
 
 class Registry:
-    def __init__(self, *, job_timeout_s: float, heartbeat_timeout_s: float) -> None:
+    def __init__(self, *, job_timeout_s: float, heartbeat_timeout_s: float, max_failures: int = 2) -> None:
         self.job_timeout_s = job_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_failures = max_failures  # workers a job may lose before it is not retried
         self.workers: dict[bytes, WorkerState] = {}
         self.recent_jobs: deque[tuple[float, int, bool]] = deque(maxlen=512)  # (seconds, sentences, bulk)
         self.model: dict[str, Any] = {}
@@ -98,6 +100,15 @@ class Registry:
         if worker is None:
             return []
         return [job for job, _ in sorted(worker.jobs.values(), key=lambda item: item[1])]
+
+    def lose(self, identity: bytes) -> tuple[list[Job], list[Job]]:
+        """Forget a worker that died or hung, counting an attempt against each job it held;
+        returns ``(to_retry, poisoned)``: a job that has now lost ``max_failures`` workers is
+        not to be run again."""
+        jobs = self.remove(identity)
+        for job in jobs:
+            job.failures += 1
+        return [j for j in jobs if j.failures < self.max_failures], [j for j in jobs if j.failures >= self.max_failures]
 
     def by_index(self, index: int) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.index == index]

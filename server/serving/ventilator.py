@@ -25,12 +25,11 @@ from bertserve.client import protocol as p
 from ..config import ServerConfig
 from ..security import loopback_only, message_user_id, request_allowed
 from .registry import Registry
-from .scheduler import Busy, Job, Scheduler, TooLarge
+from .scheduler import Busy, Scheduler, TooLarge
 from .worker import Addresses
 
 logger = logging.getLogger("bertserve.ventilator")
 
-_MAX_WORKER_FAILURES = 2  # a job whose worker died this often is not retried
 _MAX_OUTBOX = 10_000  # messages waiting for the sink before the ventilator stops reading clients
 _CLIENT_DRAIN_S = 0.05  # longest the loop reads clients before it looks at workers again
 
@@ -394,26 +393,24 @@ class Ventilator:
         """Worker ``index`` died or stopped answering: forget it, and run its jobs elsewhere,
         except a job that has now lost two workers: its requests get an error reply."""
         for worker in self.registry.by_index(index):
-            jobs = self.registry.remove(worker.identity)
-            if jobs:
-                logger.warning("worker %d (%s) held %d job(s); handing them to others", index, reason, len(jobs))
-            for job in jobs:
-                self._retry_or_fail(job, reason)
+            self._lose(worker.identity, reason)
 
-    def _retry_or_fail(self, job: Job, reason: str) -> None:
-        job.pieces = [piece for piece in job.pieces if piece.key in self.requests]  # not failed meanwhile
-        if not job.pieces:
-            return
-        job.failures += 1
-        if job.failures < _MAX_WORKER_FAILURES:
-            self.scheduler.retry(job)
-            return
-        logger.error("job %s lost %d workers (%s); failing its requests %s", job.job_id, job.failures, reason, job.keys)
-        error = (
-            f"the request was running when its worker failed, {job.failures} times ({reason}); it is not retried: "
-            "an input in it may crash the model"
-        )
-        self._fail(set(job.keys), error, "worker")
+    def _lose(self, identity: bytes, reason: str) -> None:
+        retry, poisoned = self.registry.lose(identity)
+        if retry or poisoned:
+            logger.warning("%s: it held %d job(s); handing them to others", reason, len(retry) + len(poisoned))
+        for job in retry:
+            job.pieces = [piece for piece in job.pieces if piece.key in self.requests]  # not failed meanwhile
+            if job.pieces:
+                self.scheduler.retry(job)
+        for job in poisoned:
+            keys = {key for key in job.keys if key in self.requests}
+            logger.error("job %s lost %d workers (%s); failing its requests %s", job.job_id, job.failures, reason, keys)
+            error = (
+                f"the request was running when its worker failed, {job.failures} times ({reason}); it is not "
+                "retried: an input in it may crash the model"
+            )
+            self._fail(keys, error, "worker")
 
     def unresponsive_workers(self) -> list[tuple[int, int, str]]:
         """``(index, pid, reason)`` of workers to kill: silent, or holding a job too long.
@@ -458,8 +455,7 @@ class Ventilator:
             except zmq.ZMQError as exc:  # the worker vanished between READY and now
                 logger.warning("could not reach worker %d: %s", worker.index, exc)
                 self.scheduler.retry(job)  # never ran: not its fault
-                for held in self.registry.remove(worker.identity):
-                    self._retry_or_fail(held, f"worker {worker.index} became unreachable")
+                self._lose(worker.identity, f"worker {worker.index} became unreachable")
                 continue
             logger.debug("job %s (%d inputs%s) to worker %d", job.job_id, job.size, ", bulk" if job.bulk else "",
                          worker.index)  # fmt: skip

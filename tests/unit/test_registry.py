@@ -71,3 +71,13 @@ def test_silent_workers_and_overdue_jobs_are_reported() -> None:
     found = {w.identity: why for w, why in r.unresponsive(now=5.5)}
     assert list(found) == [b"w1-2"] and "a job has run for 5.5 s" in found[b"w1-2"]
     assert r.in_flight_keys() == {"k"}
+
+
+def test_a_job_that_loses_two_workers_is_not_to_be_retried() -> None:
+    r = registry()
+    held = job("1")
+    r.assign(r.workers[b"w0-1"], held, now=0.0)
+    assert r.lose(b"w0-1") == ([held], []) and held.failures == 1
+    r.assign(r.workers[b"w1-2"], held, now=1.0)
+    assert r.lose(b"w1-2") == ([], [held]) and held.failures == 2
+    assert r.lose(b"w1-2") == ([], []) and len(r) == 0
