@@ -10,26 +10,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from bertserve.client import BertClient
 from faulty_model import sentences, wait_for
-from serving import RunningServer, start_server
+from serving import RunningServer
 
 FLOOD_REQUESTS = 30
 FLOOD_SIZE = 256  # 16 jobs of --max-batch-size 16 each
-
-
-@pytest.fixture(scope="module")
-def bert_server(tiny_google: str, session_graph_dir: str) -> Iterator[RunningServer]:
-    server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-batch-size", "16", "--max-latency-ms", "5",
-    )  # fmt: skip
-    yield server
-    server.stop()
 
 
 def _flood(client: BertClient, seed: int) -> list[list[str]]:
@@ -40,8 +29,8 @@ def _flood(client: BertClient, seed: int) -> list[list[str]]:
 
 
 @pytest.mark.timeout(180)
-def test_a_small_request_is_answered_while_a_flood_is_still_queued(bert_server: RunningServer) -> None:
-    kwargs = {**bert_server.client_kwargs, "timeout": 120_000}
+def test_a_small_request_is_answered_while_a_flood_is_still_queued(tiny_server: RunningServer) -> None:
+    kwargs = {**tiny_server.client_kwargs, "timeout": 120_000}
     texts = ["a small request from a second client", "and its second sentence"]
     with BertClient(**kwargs) as flooder, BertClient(**kwargs) as other:
         idle = []
@@ -72,8 +61,8 @@ def test_a_small_request_is_answered_while_a_flood_is_still_queued(bert_server: 
 
 
 @pytest.mark.timeout(180)
-def test_a_second_bulk_client_takes_turns_with_the_first(bert_server: RunningServer) -> None:
-    kwargs = {**bert_server.client_kwargs, "timeout": 120_000}
+def test_a_second_bulk_client_takes_turns_with_the_first(tiny_server: RunningServer) -> None:
+    kwargs = {**tiny_server.client_kwargs, "timeout": 120_000}
     with BertClient(**kwargs) as first, BertClient(**kwargs) as second:
         _flood(first, seed=100)
         wait_for(lambda: second.server_status["queued_bulk_jobs"] > 0, 10, "the flood being queued")
