@@ -179,19 +179,17 @@ class HandshakeWatch:
         """The failed handshake to report, after draining the events.
 
         With ``certain_only`` only failures that retrying cannot cure count: a refused key,
-        a mismatched security mechanism, and under CURVE a handshake that failed without
-        detail twice in a row (a wrong ``server_key`` does that on every attempt; once may be
-        a race that hid a clearer reason). Otherwise a bare handshake failure counts only
-        when the wait has run out anyway.
+        a mismatched security mechanism, and a handshake that failed without detail twice in
+        a row (a wrong ``server_key`` does that on every attempt, and so can a plain client
+        that a CURVE server hangs up on before the mismatch is told; once may be a race that
+        hid a clearer reason). Otherwise a bare handshake failure counts only when the wait
+        has run out anyway.
         """
         self.drain()
-        curve = self.public_key is not None
         failures = [
             (_RANK[event], address, event, value)
             for address, (event, value) in self._failures.items()
-            if not certain_only
-            or event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            or (curve and self._vague.get(address, 0) >= 2)
+            if not certain_only or event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL or self._vague.get(address, 0) >= 2
         ]
         if not failures:
             return None
@@ -231,4 +229,4 @@ class HandshakeWatch:
                 "public key, or the server does not use CURVE"
             )
         reason = os.strerror(value) if value > 0 else "no detail"
-        return f"the handshake with {server} failed ({reason}): if it requires CURVE, pass {_CURVE_OPTIONS}"
+        return f"the handshake with {server} failed ({reason}): it probably requires CURVE: pass {_CURVE_OPTIONS}"

@@ -174,6 +174,7 @@ class ServerConfig:
     device_map: tuple[int, ...] = ()
     gpu_memory_fraction: float | None = None
     threads_per_worker: int | None = None
+    worker_nice: int = 5
     max_request_size: int = 100_000
     max_text_chars: int = 100_000
     request_timeout_ms: int = 600_000
@@ -214,6 +215,7 @@ class ServerConfig:
             (self.gpu_memory_fraction is None or 0 < self.gpu_memory_fraction <= 1,
              "gpu_memory_fraction must be in (0, 1]"),
             (self.threads_per_worker is None or self.threads_per_worker >= 1, "threads_per_worker must be >= 1"),
+            (0 <= self.worker_nice <= 19, "worker_nice must be between 0 and 19"),
         ]  # fmt: skip
         for ok, problem in checks:
             if not ok:

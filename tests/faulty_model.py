@@ -7,7 +7,7 @@ directory on ``PYTHONPATH`` (see :func:`pythonpath_env`)::
 
 - :class:`FaultyModel` is :class:`HashingModel` (same text, same vector, in any batch),
   except that a job holding the word ``CRASHME`` kills its worker (exit code 17) and one
-  holding ``HANGME`` never finishes.
+  holding ``HANGME`` never finishes, and one holding ``SLOWME`` takes a second.
 - :class:`BrokenModel` cannot be constructed, so no worker can ever start.
 - :class:`BreakableModel` can be constructed until the file named by ``$FAULTY_MODEL_BREAK_FILE``
   exists, so a test can let a server start and then make every restart of a worker fail.
@@ -29,6 +29,7 @@ from bertserve.server.model.tokenization import TokenizedBatch
 
 CRASH_WORD = "CRASHME"
 HANG_WORD = "HANGME"
+SLOW_WORD = "SLOWME"
 CRASH_EXIT_CODE = 17
 BREAK_FILE_ENV = "FAULTY_MODEL_BREAK_FILE"
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world"]
@@ -67,13 +68,15 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: fl
 
 
 class FaultyModel(HashingModel):
-    """:class:`HashingModel` that crashes on ``CRASHME`` and hangs on ``HANGME``.
+    """:class:`HashingModel` that crashes on ``CRASHME``, hangs on ``HANGME`` and takes a
+    second over ``SLOWME`` (so a test can keep a worker busy while requests gather).
 
     The token ids are hashes of the words, so :meth:`run` looks for the words' ids.
     """
 
     _CRASH_ID = HashingModel._word_id(CRASH_WORD)
     _HANG_ID = HashingModel._word_id(HANG_WORD)
+    _SLOW_ID = HashingModel._word_id(SLOW_WORD)
 
     def run(self, batch: TokenizedBatch) -> np.ndarray:
         ids = np.asarray(batch.input_ids)
@@ -82,6 +85,8 @@ class FaultyModel(HashingModel):
         if (ids == self._HANG_ID).any():
             while True:  # as a deadlocked kernel would; the heartbeat thread keeps beating
                 time.sleep(3600)
+        if (ids == self._SLOW_ID).any():
+            time.sleep(1.0)
         return super().run(batch)
 
 

@@ -6,11 +6,15 @@
   :class:`TooLarge`.
 - **Cutting.** A request of ``max_batch_size`` sentences or more is *bulk*: sorted by token
   count, so each job pads little, and cut into jobs of at most ``max_batch_size`` sentences
-  and ``max_batch_tokens`` padded tokens. Smaller requests are *small*.
+  and ``max_batch_tokens`` padded tokens. Smaller requests are *small*. A bulk request is cut
+  when its first turn comes, not when it arrives: counting its tokens is the costliest step
+  of admission, and the requests (and ``busy`` refusals) behind it need not wait for it.
 - **Merging.** Small requests from different clients share one job, up to
   ``max_batch_size`` sentences of one input kind; when they do not all fit, each client gets
-  an equal share no larger than the lightest client's demand. A small request waits at most ``max_latency_ms`` for
-  company, and not at all when bulk work is queued (a worker would be busy anyway).
+  an equal share no larger than the lightest client's demand. Batching is continuous: a
+  worker that holds nothing takes what has gathered at once, so an idle server adds no wait;
+  only a job for a busy worker's prefetch slot waits, at most ``max_latency_ms``, for company
+  (and not at all when bulk work is queued).
 - **Fairness.** Every client with queued work has a turn, round-robin by identity: a turn
   is one bulk job of that client, or a merged job with a share for every client waiting
   with small requests. A client that becomes active joins at the back. So one client's
@@ -85,10 +89,18 @@ class Job:
 
 
 @dataclass
-class _ClientQueue:
-    """One client's queued work, in arrival order: small pieces and bulk requests' jobs."""
+class _Bulk:
+    """A bulk request in its client's queue; ``jobs`` is ``None`` until it is cut."""
 
-    items: deque[Piece | deque[Job]] = field(default_factory=deque)
+    request: Piece
+    jobs: deque[Job] | None = None
+
+
+@dataclass
+class _ClientQueue:
+    """One client's queued work, in arrival order: small pieces and bulk requests."""
+
+    items: deque[Piece | _Bulk] = field(default_factory=deque)
     sentences: int = 0
 
 
@@ -104,7 +116,7 @@ class Scheduler:
         self.queued = 0  # sentences waiting, retries included
         self.small_count = 0  # small pieces waiting
         self.small_rows = 0  # their sentences
-        self.bulk_count = 0  # bulk jobs waiting
+        self.bulk_count = 0  # bulk requests with work waiting
         self.busy_rejections = 0
         self._job_ids = itertools.count()
 
@@ -117,14 +129,8 @@ class Scheduler:
         without queuing any of it."""
         count = len(texts)
         self.check_room(client, count)
-        item: Piece | deque[Job]
-        if count < self.config.max_batch_size:
-            item = Piece(key, client, np.arange(count), texts, is_tokenized, show_tokens, now)
-        else:  # cut before anything changes, so a failure leaves the queues as they were
-            item = deque(
-                self._job([Piece(key, client, chunk, [texts[i] for i in chunk], is_tokenized, show_tokens, now)], True)
-                for chunk in self._cut(texts, is_tokenized)
-            )
+        piece = Piece(key, client, np.arange(count), texts, is_tokenized, show_tokens, now)
+        item = piece if count < self.config.max_batch_size else _Bulk(piece)
         queue = self.clients.get(client)
         if queue is None:
             queue = self.clients[client] = _ClientQueue()
@@ -135,7 +141,7 @@ class Scheduler:
             self.small_count += 1
             self.small_rows += count
         else:
-            self.bulk_count += len(item)
+            self.bulk_count += 1
         queue.sentences += count
         self.queued += count
 
@@ -160,9 +166,16 @@ class Scheduler:
                 "may be; retry later"
             )
 
-    def _cut(self, texts: list[Any], is_tokenized: bool) -> list[np.ndarray]:
-        """Row indexes sorted by token count, cut into jobs of at most max_batch_size rows and
-        max_batch_tokens padded tokens (rows times the longest, which is the last)."""
+    def _cut(self, request: Piece) -> deque[Job]:
+        """``request``'s jobs: its rows sorted by token count, cut into jobs of at most
+        max_batch_size rows and max_batch_tokens padded tokens (rows times the longest)."""
+        texts = request.texts
+        return deque(
+            self._job([replace(request, rows=chunk, texts=[texts[i] for i in chunk])], True)
+            for chunk in self._chunks(texts, request.is_tokenized)
+        )
+
+    def _chunks(self, texts: list[Any], is_tokenized: bool) -> list[np.ndarray]:
         lengths = self._lengths(texts, is_tokenized)
         order = np.argsort(lengths, kind="stable")
         sorted_lengths = lengths[order]
@@ -190,8 +203,13 @@ class Scheduler:
     def empty(self) -> bool:
         return not self.turns and not self.retries
 
-    def next_job(self, now: float) -> Job | None:
-        """The job to run next, or ``None`` when nothing should run yet."""
+    def next_job(self, now: float, *, idle: bool = False) -> Job | None:
+        """The job to run next, or ``None`` when nothing should run yet.
+
+        ``idle`` says the worker it goes to holds no job: small requests then go at once, as
+        many as have gathered (continuous batching). A job for a busy worker's prefetch slot
+        waits up to ``max_latency_ms`` for company, since it could not start before then anyway.
+        """
         if self.retries:
             job = self.retries.popleft()
             self.queued -= job.size
@@ -200,7 +218,7 @@ class Scheduler:
             return None
         head = self.clients[self.turns[0]].items[0]
         if isinstance(head, Piece):
-            return self._take_small() if self._small_due(now) else None  # else wait for company
+            return self._take_small() if idle or self._small_due(now) else None  # else wait for company
         return self._take_bulk(self.turns[0])
 
     def wake_in(self, now: float) -> float | None:
@@ -225,12 +243,14 @@ class Scheduler:
 
     def _take_bulk(self, client: bytes) -> Job:
         queue = self.clients[client]
-        jobs = queue.items[0]
-        assert isinstance(jobs, deque)
-        job = jobs.popleft()
-        if not jobs:
+        bulk = queue.items[0]
+        assert isinstance(bulk, _Bulk)
+        if bulk.jobs is None:
+            bulk.jobs = self._cut(bulk.request)
+        job = bulk.jobs.popleft()
+        if not bulk.jobs:
             queue.items.popleft()
-        self.bulk_count -= 1
+            self.bulk_count -= 1
         self._served([client], job.size)
         return job
 
@@ -315,20 +335,12 @@ class Scheduler:
         """Forget the queued work of the requests ``keys`` (they were answered with an error)."""
         for client in list(self.turns):
             queue = self.clients[client]
-            kept: deque[Piece | deque[Job]] = deque()
+            kept: deque[Piece | _Bulk] = deque()
             for item in queue.items:
-                if isinstance(item, Piece):
-                    if item.key in keys:
-                        self._forget(queue, [item], small=True)
-                        continue
+                if _key(item) in keys:
+                    self._forget(queue, item)
                 else:
-                    gone = [job for job in item if set(job.keys) & keys]
-                    for job in gone:
-                        item.remove(job)
-                        self._forget(queue, job.pieces, small=False)
-                    if not item:
-                        continue
-                kept.append(item)
+                    kept.append(item)
             queue.items = kept
             if not kept:
                 self.turns.remove(client)
@@ -337,25 +349,22 @@ class Scheduler:
             self.retries.remove(job)
             self.queued -= job.size
 
-    def _forget(self, queue: _ClientQueue, pieces: list[Piece], *, small: bool) -> None:
-        rows = sum(len(piece.rows) for piece in pieces)
-        queue.sentences -= rows
-        self.queued -= rows
-        if small:
+    def _forget(self, queue: _ClientQueue, item: Piece | _Bulk) -> None:
+        if isinstance(item, Piece):
+            rows = len(item.rows)
             self.small_count -= 1
             self.small_rows -= rows
         else:
+            rows = len(item.request.rows) if item.jobs is None else sum(job.size for job in item.jobs)
             self.bulk_count -= 1
+        queue.sentences -= rows
+        self.queued -= rows
 
     def drain_keys(self) -> set[str]:
         """Empty every queue; returns the keys of the requests that were waiting."""
         keys = {job_key for job in self.retries for job_key in job.keys}
         for queue in self.clients.values():
-            for item in queue.items:
-                if isinstance(item, Piece):
-                    keys.add(item.key)
-                else:
-                    keys.update(key for job in item for key in job.keys)
+            keys.update(_key(item) for item in queue.items)
         self.clients.clear()
         self.turns.clear()
         self.retries.clear()
@@ -367,8 +376,12 @@ class Scheduler:
             "queued_sentences": self.queued,
             "queued_small_requests": self.small_count,
             "queued_small_sentences": self.small_rows,
-            "queued_bulk_jobs": self.bulk_count,
+            "queued_bulk_requests": self.bulk_count,
             "queued_retries": len(self.retries),
             "active_clients": len(self.turns),
             "busy_rejections": self.busy_rejections,
         }
+
+
+def _key(item: Piece | _Bulk) -> str:
+    return item.key if isinstance(item, Piece) else item.request.key

@@ -446,7 +446,7 @@ class Ventilator:
     def _dispatch(self) -> None:
         now = time.monotonic()
         while (worker := self.registry.pick()) is not None:
-            job = self.scheduler.next_job(now)
+            job = self.scheduler.next_job(now, idle=not worker.jobs)
             if job is None:
                 return
             frames = [p.JOB, job.job_id.encode(), p.dumps(job.header()), p.dumps(job.texts)]

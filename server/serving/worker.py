@@ -259,6 +259,10 @@ def run_worker(config: ServerConfig, index: int, addresses: Addresses, log_level
 
     child_logging(log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
+    if config.worker_nice:
+        # The model takes every core it is given; the ventilator and sink need little CPU but
+        # need it at once, or every request and reply waits behind a model run's time slice.
+        os.nice(config.worker_nice)
     try:
         device = "cpu" if config.model_class else configure_device(config, index)
         model = load_model(config, device)

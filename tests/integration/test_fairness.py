@@ -40,13 +40,13 @@ def test_a_small_request_is_answered_while_a_flood_is_still_queued(tiny_server: 
             idle.append(time.perf_counter() - started)
         flood_started = time.perf_counter()
         batches = _flood(flooder, seed=0)
-        wait_for(lambda: other.server_status["queued_bulk_jobs"] > 0, 10, "the flood being queued")
+        wait_for(lambda: other.server_status["queued_bulk_requests"] > 0, 10, "the flood being queued")
         waits, queued_after = [], []
         for _ in range(3):
             started = time.perf_counter()
             during = other.encode(texts)
             waits.append(time.perf_counter() - started)
-            queued_after.append(other.server_status["queued_bulk_jobs"])
+            queued_after.append(other.server_status["queued_bulk_requests"])
             np.testing.assert_allclose(during, alone, atol=1e-5)
         flooded = flooder.fetch_all()
         flood_seconds = time.perf_counter() - flood_started
@@ -65,7 +65,7 @@ def test_a_second_bulk_client_takes_turns_with_the_first(tiny_server: RunningSer
     kwargs = {**tiny_server.client_kwargs, "timeout": 120_000}
     with BertClient(**kwargs) as first, BertClient(**kwargs) as second:
         _flood(first, seed=100)
-        wait_for(lambda: second.server_status["queued_bulk_jobs"] > 0, 10, "the flood being queued")
+        wait_for(lambda: second.server_status["queued_bulk_requests"] > 0, 10, "the flood being queued")
         started = time.perf_counter()
         mine = sentences(FLOOD_SIZE, seed=999)
         got = second.encode(mine)  # 16 jobs, each taking a turn with the flood's
@@ -73,4 +73,4 @@ def test_a_second_bulk_client_takes_turns_with_the_first(tiny_server: RunningSer
         status = second.server_status
         first.fetch_all()
         np.testing.assert_allclose(got, second.encode(mine), atol=1e-5)  # the same, without a flood
-    assert status["queued_bulk_jobs"] > 0, f"the flood was over before a request queued behind it ({waited:.2f} s)"
+    assert status["queued_bulk_requests"] > 0, f"the flood was over before a request queued behind it ({waited:.2f} s)"

@@ -10,6 +10,7 @@ back-off do not leak from one test into the next.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -167,15 +168,22 @@ def test_a_job_that_hangs_its_worker_twice_fails_and_others_are_served_meanwhile
 def test_a_request_that_crashes_its_worker_fails_alone(faulty) -> None:
     """A poison request, merged with another client's: the poison gets a ``worker`` error
     naming the crash, the other client its vectors, and the server keeps serving."""
-    server = faulty("--num-worker", "1", "--max-latency-ms", "300", "--max-batch-size", "64")
+    server = faulty("--num-worker", "1", "--max-batch-size", "64")
     kwargs = server.client_kwargs
-    with BertClient(**kwargs, timeout=30_000) as poison, BertClient(**kwargs, timeout=30_000) as bystander:
+    with (
+        BertClient(**kwargs, timeout=30_000) as poison,
+        BertClient(**kwargs, timeout=30_000) as bystander,
+        BertClient(**kwargs, timeout=30_000) as slow,
+    ):
         bystander.encode(["warm up"])
         innocent = sentences(7, seed=3)
         started = time.monotonic()
+        slow.encode(["SLOWME please"], blocking=False)  # the worker is busy for a second...
+        wait_for(lambda: bystander.server_status["jobs_in_flight"], 1, "the slow job starting", interval=0.02)
         poison.encode(["a fine sentence", "CRASHME right now", "another fine one"], blocking=False)
-        bystander.encode(innocent, blocking=False)  # within max_latency_ms: merged with the poison
+        bystander.encode(innocent, blocking=False)  # ...so these two gather into one job
         (got,) = bystander.fetch_all()
+        slow.fetch_all()
         with pytest.raises(ServerError) as caught:
             poison.fetch_all()
         elapsed = time.monotonic() - started
@@ -257,8 +265,9 @@ def test_ten_thousand_malformed_messages_kill_nothing(faulty) -> None:
     assert status["rejections"].get("protocol", 0) >= 5000, status["rejections"]
 
 
-def _raw_request(server: RunningServer, frames: list[bytes], client: bytes, timeout_s: float = 5) -> p.Reply | None:
-    """Send ``frames`` and return the first reply published to ``client``, if any comes."""
+@contextlib.contextmanager
+def _raw_link(server: RunningServer, client: bytes) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    """A bare PUSH to the request port and a SUB on ``client``'s replies, subscribed."""
     context = zmq.Context()
     push, sub = context.socket(zmq.PUSH), context.socket(zmq.SUB)
     try:
@@ -267,14 +276,18 @@ def _raw_request(server: RunningServer, frames: list[bytes], client: bytes, time
         sub.setsockopt(zmq.SUBSCRIBE, client)
         push.connect(f"tcp://127.0.0.1:{server.port}")
         time.sleep(0.5)  # the subscription reaches the server
-        push.send_multipart(frames)
-        if sub.poll(int(timeout_s * 1000)):
-            return p.decode_reply(sub.recv_multipart())
-        return None
+        yield push, sub
     finally:
         push.close()
         sub.close()
         context.term()
+
+
+def _raw_request(server: RunningServer, frames: list[bytes], client: bytes, timeout_s: float = 5) -> p.Reply | None:
+    """Send ``frames`` and return the first reply published to ``client``, if any comes."""
+    with _raw_link(server, client) as (push, sub):
+        push.send_multipart(frames)
+        return p.decode_reply(sub.recv_multipart()) if sub.poll(int(timeout_s * 1000)) else None
 
 
 @pytest.mark.timeout(60)
@@ -330,14 +343,7 @@ def test_a_request_answered_before_the_sink_died_is_not_answered_again(faulty) -
     whose vectors were already published."""
     server = faulty("--num-worker", "1")
     client = b"answered-once"
-    context = zmq.Context()
-    push, sub = context.socket(zmq.PUSH), context.socket(zmq.SUB)
-    try:
-        push.linger = sub.linger = 0
-        sub.connect(f"tcp://127.0.0.1:{server.port_out}")
-        sub.setsockopt(zmq.SUBSCRIBE, client)
-        push.connect(f"tcp://127.0.0.1:{server.port}")
-        time.sleep(0.5)
+    with _raw_link(server, client) as (push, sub):
         push.send_multipart(p.encode_request(client, p.ENCODE, 1, {}, ["hello world"]))
         assert sub.poll(10_000), "no reply"
         first = p.decode_reply(sub.recv_multipart())
@@ -347,10 +353,6 @@ def test_a_request_answered_before_the_sink_died_is_not_answered_again(faulty) -
         psutil.Process(sink).kill()
         wait_for(lambda: sink_pid(server) not in (None, sink), 20, "a new sink")
         again = p.decode_reply(sub.recv_multipart()) if sub.poll(5000) else None
-    finally:
-        push.close()
-        sub.close()
-        context.term()
     assert again is None, f"request 1 was answered twice: then {again.header}"
 
 

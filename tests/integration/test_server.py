@@ -171,7 +171,7 @@ def test_server_status_and_config(tiny_server: RunningServer) -> None:
     assert config["pooling_strategy"] == "REDUCE_MEAN" and config["max_seq_len"] == 32
     assert status["requests_served"] >= 1 and status["uptime_s"] > 0
     assert status["workers"][0]["jobs_done"] >= 1
-    expected = {"queued_sentences", "queued_bulk_jobs", "active_clients", "busy_rejections", "requests_in_flight"}
+    expected = {"queued_sentences", "queued_bulk_requests", "active_clients", "busy_rejections", "requests_in_flight"}
     assert expected <= status.keys()
 
 

@@ -43,6 +43,22 @@ def test_a_small_request_waits_for_company_then_goes_at_its_deadline() -> None:
     assert s.empty and s.queued == 0
 
 
+def test_an_idle_worker_takes_a_lone_small_request_at_once() -> None:
+    s = make()
+    admit(s, b"a", 1, now=0.0)
+    job = s.next_job(0.0, idle=True)
+    assert job is not None and job.size == 1 and s.empty
+
+
+def test_what_gathers_while_the_workers_are_busy_goes_as_one_job_to_the_next_idle_worker() -> None:
+    s = make(max_batch_size=64)
+    for i, client in enumerate((b"a", b"b", b"c", b"d")):
+        admit(s, client, 1 + i, now=0.001 * i)  # no worker had a credit meanwhile
+    job = s.next_job(0.0035, idle=True)  # well before max_latency_ms
+    assert job is not None and job.size == 10 and [p.client for p in job.pieces] == [b"a", b"b", b"c", b"d"]
+    assert s.empty
+
+
 def test_small_requests_go_at_once_when_they_fill_a_job() -> None:
     s = make()
     for client in (b"a", b"b", b"c"):
@@ -95,6 +111,26 @@ def test_bulk_requests_are_sorted_by_length_and_cut_by_rows_and_padded_tokens() 
         assert lengths == sorted(lengths)
         assert job.size <= 8 and (job.size == 1 or job.size * max(lengths) <= 24)
     assert all(j.bulk for j in jobs)
+
+
+def test_a_bulk_request_is_cut_at_its_first_turn_not_on_arrival() -> None:
+    counted: list[int] = []
+
+    def count_tokens(texts, is_tokenized):
+        counted.append(len(texts))
+        return np.asarray([len(t.split()) for t in texts])
+
+    config = make().config
+    s = Scheduler(config, count_tokens)
+    s.admit("bulk", b"a", texts(20), is_tokenized=False, show_tokens=False, now=0.0)
+    s.admit("next", b"b", texts(20), is_tokenized=False, show_tokens=False, now=0.0)
+    assert counted == [] and s.queued == 40 and s.bulk_count == 2
+    first = s.next_job(0.0)
+    assert first is not None and first.keys == ["bulk"] and counted == [20]
+    s.remove({"bulk"})  # cut, partly dispatched: the rest leaves the queue
+    assert s.queued == 20 and s.bulk_count == 1 and list(s.clients) == [b"b"]
+    assert {key for job in drain(s) for key in job.keys} == {"next"} and counted == [20, 20]
+    assert s.empty and s.queued == 0 and s.bulk_count == 0
 
 
 def test_clients_take_turns_one_job_each() -> None:
@@ -193,10 +229,11 @@ def test_every_admitted_row_runs_exactly_once_whatever_the_order_of_events(seed:
     admitted: dict[str, int] = {}
     ran: dict[str, list[int]] = {}
     held: list[Job] = []
+    failed: set[str] = set()
     now = 0.0
     for step in range(300):
         now += float(rng.uniform(0, 0.01))
-        action = rng.integers(0, 4)
+        action = rng.integers(0, 5)
         if action == 0:
             client = bytes([97 + int(rng.integers(0, 5))])
             n = int(rng.integers(1, 30))
@@ -206,18 +243,24 @@ def test_every_admitted_row_runs_exactly_once_whatever_the_order_of_events(seed:
                 admitted[key] = n
             except Busy:
                 pass
-        elif action == 1 and (job := s.next_job(now)) is not None:
+        elif action == 1 and (job := s.next_job(now, idle=bool(rng.integers(0, 2)))) is not None:
             held.append(job)
         elif action == 2 and held:  # a worker finished a job
             for piece in held.pop(int(rng.integers(0, len(held)))).pieces:
                 ran.setdefault(piece.key, []).extend(piece.rows.tolist())
         elif action == 3 and held:  # a worker died holding a job
             s.retry(held.pop(int(rng.integers(0, len(held)))))
+        elif action == 4 and admitted:  # a request failed (timed out): its queued work goes
+            key = list(admitted)[int(rng.integers(0, len(admitted)))]
+            s.remove({key})
+            del admitted[key]
+            failed.add(key)
         assert s.queued == sum(q.sentences for q in s.clients.values()) + sum(j.size for j in s.retries)
         assert s.small_rows >= 0 and s.small_count >= 0 and s.bulk_count >= 0
     held.extend(drain(s, now + 1))
     for job in held:
         for piece in job.pieces:
             ran.setdefault(piece.key, []).extend(piece.rows.tolist())
+    ran = {key: rows for key, rows in ran.items() if key not in failed}  # in flight when it failed: ignored
     assert {key: sorted(rows) for key, rows in ran.items()} == {key: list(range(n)) for key, n in admitted.items()}
     assert s.empty and s.queued == 0 and s.small_rows == 0 and s.small_count == 0 and s.bulk_count == 0

@@ -63,15 +63,17 @@ class Rig:
 
 
 @pytest.fixture
-def rig(tmp_path) -> Iterator[Rig]:
+def rig(tmp_path, request) -> Iterator[Rig]:
+    """A ventilator on ipc sockets; ``indirect`` parametrization overrides its config."""
     context = zmq.Context()
     addresses = Addresses(f"ipc://{tmp_path}/jobs", f"ipc://{tmp_path}/credits", f"ipc://{tmp_path}/sink")
     frontend, sink, client = context.socket(zmq.PULL), context.socket(zmq.PULL), context.socket(zmq.PUSH)
     frontend.bind(f"ipc://{tmp_path}/requests")
     sink.bind(addresses.sink)
     client.connect(f"ipc://{tmp_path}/requests")
-    config = ServerConfig(model=ModelConfig(model_dir="unused"), max_batch_size=4, max_latency_ms=0,
-                          max_request_size=10, max_client_queued_sentences=10, max_queued_sentences=20)  # fmt: skip
+    options = {"max_batch_size": 4, "max_latency_ms": 0, "max_request_size": 10, "max_client_queued_sentences": 10,
+               "max_queued_sentences": 20, **getattr(request, "param", {})}  # fmt: skip
+    config = ServerConfig(model=ModelConfig(model_dir="unused"), **options)
     ventilator = Ventilator(config, context, frontend, addresses, Scheduler(config))
     rig = Rig(ventilator, context, client, sink, addresses)
     try:
@@ -100,6 +102,21 @@ def test_a_request_is_registered_then_dispatched(rig: Rig) -> None:
     push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
     rig.pump()
     assert rig.ventilator.idle
+
+
+@pytest.mark.parametrize("rig", [{"max_latency_ms": 60_000}], indirect=True)
+def test_an_idle_worker_gets_a_lone_request_at_once_a_busy_ones_prefetch_slot_waits(rig: Rig) -> None:
+    dealer, push = rig.worker(b"w0-1", 0, credits=2)
+    rig.request(b"a", 1, ["first"])
+    job_id, _, texts = rig.job(dealer)  # no wait for company, though max_latency_ms is a minute
+    assert texts == ["first"]
+    rig.request(b"b", 1, ["second"])
+    rig.request(b"c", 1, ["third"])
+    rig.pump()
+    assert not dealer.poll(100), "a job went to the busy worker's prefetch slot before its wait"
+    push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
+    _, _, texts = rig.job(dealer)  # idle again: what gathered goes as one job
+    assert texts == ["second", "third"]
 
 
 def test_a_pending_request_id_is_refused_and_the_first_is_untouched(rig: Rig) -> None:
