@@ -438,7 +438,9 @@ def _flood(bench: Bench, server: RunningServer, index: int, flooder: _Flooder, s
 def flood(bench: Bench) -> dict[str, Any]:
     flags = ("--max-request-size", "1000", "--max-client-queued-sentences", "5000", "--max-queued-sentences", "20000")
     with bench.server("flood", *flags) as server, bench.client(server) as normal:
-        for round_ in range(2):  # the workers' memory for 1,000-sentence requests (within the client's bound)
+        # Warm the workers' memory first: TensorFlow's caches for the shapes 1,000-sentence requests
+        # make grow over their first ~20,000 sentences, whatever the queues do (see unread).
+        for round_ in range(5):
             for i in range(4):
                 normal.encode(bench.texts(1000, (round_ * 4 + i) * 1000), blocking=False)
             normal.fetch_all()

@@ -121,6 +121,7 @@ SERVER_FLAGS = [
     _Flag("--max-batch-tokens", "most padded tokens in one bulk mini-job, so jobs take similar time", int, 4096),
     _Flag("--max-latency-ms", "most a small request for a busy worker waits for company", float, 10.0),
     _Flag("--merge-requests", "merge small requests from different clients into one mini-job", _bool, True),
+    _Flag("--feed", "what receives and tokenizes a worker's next jobs: thread, or tfdata", default="thread"),
     _Flag("--prefetch-size", "jobs a worker holds at once; more than 1 makes small requests wait longer", int, 1),
     _Flag("--cpu", "run on the CPU even where a GPU is visible", _bool, False, switch=True),
     _Flag("--device-map", "GPU ids the workers take in turn", int, (), many=True),

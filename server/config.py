@@ -175,6 +175,7 @@ class ServerConfig:
     gpu_memory_fraction: float | None = None
     threads_per_worker: int | None = None
     worker_nice: int = 5
+    feed: str = "thread"
     max_request_size: int = 100_000
     max_text_chars: int = 100_000
     request_timeout_ms: int = 600_000
@@ -216,6 +217,7 @@ class ServerConfig:
              "gpu_memory_fraction must be in (0, 1]"),
             (self.threads_per_worker is None or self.threads_per_worker >= 1, "threads_per_worker must be >= 1"),
             (0 <= self.worker_nice <= 19, "worker_nice must be between 0 and 19"),
+            (self.feed in ("thread", "tfdata"), "feed must be thread or tfdata"),
         ]  # fmt: skip
         for ok, problem in checks:
             if not ok:

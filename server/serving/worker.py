@@ -1,9 +1,10 @@
 """A worker: one process per device, running the model over mini-jobs.
 
-Jobs come from the ventilator over a DEALER socket. For the BERT ``Encoder`` a
-``tf.data.Dataset.from_generator`` whose generator receives and tokenizes jobs feeds the
-model through ``.prefetch``, so the next job is received and tokenized while the current one
-runs; any other :class:`~..model.interface.Model` is fed from the same generator directly.
+Jobs come from the ventilator over a DEALER socket. A feeding thread receives and
+tokenizes them into a queue of ``prefetch_size`` jobs, so the next job is ready while the
+current one runs (``--feed tfdata`` does the same with ``tf.data.Dataset.from_generator``
+and ``.prefetch``; measured on a 2-core CPU, a one-sentence fp32 run took 38 ms inside
+``tf.data``'s iteration against 17 ms beside a plain thread, so the thread is the default).
 Results go to the sink as ``[RESULT, job id, header, raw vectors]``; a job that fails
 becomes a ``JOB_ERROR`` for the requests it carried, and the worker carries on. Each
 finished job returns its credit to the ventilator over a separate PUSH socket (a socket
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -219,6 +221,36 @@ class Worker:
         self.credits.send_multipart([p.DONE, p.dumps(done)])
 
 
+def thread_feed(worker: Worker) -> Iterator[Any]:
+    """``worker.jobs()`` received and tokenized on a thread of its own, at most
+    ``prefetch_size`` jobs ahead of the model (tokenizing releases the GIL)."""
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=worker.config.prefetch_size)
+    done = object()
+
+    def feed() -> None:
+        try:
+            for item in worker.jobs():
+                while not worker.stop.is_set():
+                    with contextlib.suppress(queue.Full):
+                        ahead.put(item, timeout=0.2)
+                        break
+        except BaseException as exc:  # handed to the model's thread, which raises it
+            ahead.put(exc)
+        finally:
+            ahead.put(done)
+
+    thread = threading.Thread(target=feed, name="feed", daemon=True)
+    thread.start()
+    try:
+        while (item := ahead.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        worker.stop.set()
+        thread.join(5)
+
+
 def _numpy(value: Any) -> Any:
     """A tf.data element as numpy (bytes for scalar strings); plain values pass through."""
     return value.numpy() if hasattr(value, "numpy") else value
@@ -272,7 +304,7 @@ def run_worker(config: ServerConfig, index: int, addresses: Addresses, log_level
     worker = Worker(config, index, addresses, model)
     try:
         logger.info("worker %d ready on %s (pid %d)", index, device, os.getpid())
-        worker.run(None if config.model_class else tf_data_feed(worker))
+        worker.run(tf_data_feed(worker) if config.feed == "tfdata" else thread_feed(worker))
     except KeyboardInterrupt:
         pass
     finally:

@@ -191,6 +191,23 @@ def test_pruning_drops_the_layers_above_the_deepest_pooled_one(tiny_google: str,
     assert layers(pooling_layer=[0, -2]) == {0, 1}
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_matrix_products_read_their_weights_straight_from_constants(
+    tiny_google: str, session_graph_dir: str, dtype: str
+) -> None:
+    """oneDNN caches a weight's reordered copy only when it comes from a Const node."""
+    import tensorflow as tf
+
+    encoder = Encoder(tiny_google, graph_dir=session_graph_dir, dtype=dtype)
+    graph_def = tf.compat.v1.GraphDef()
+    with open(encoder.graph_path, "rb") as f:
+        graph_def.ParseFromString(f.read()[-encoder.graph_size :])
+    ops = {node.name: node.op for node in graph_def.node}
+    weights = [node.input[1].split(":")[0] for node in graph_def.node if node.op == "MatMul"]
+    assert weights and all(ops[name] == "Const" for name in weights), [ops[name] for name in weights]
+    assert not [n.name for n in graph_def.node if n.op == "Identity" and ops[n.input[0].split(":")[0]] == "Const"]
+
+
 def test_the_graph_cache_is_reused_and_survives_damage(tiny_google: str, tmp_path) -> None:
     graph_dir = str(tmp_path / "graphs")
     first = Encoder(tiny_google, graph_dir=graph_dir)
