@@ -71,6 +71,13 @@ class Registry:
         worker = max(self.workers.values(), key=lambda w: (w.free, -len(w.jobs)))
         return worker if worker.free > 0 else None
 
+    def pick_overtake(self) -> WorkerState | None:
+        """A worker whose credits are all taken by bulk jobs and that holds no small one, so
+        a small job sent to it beyond its credits runs between two slices of its bulk work;
+        the one that holds the fewest jobs."""
+        busy = [w for w in self.workers.values() if w.jobs and all(job.bulk for job, _ in w.jobs.values())]
+        return min(busy, key=lambda w: len(w.jobs), default=None)
+
     def assign(self, worker: WorkerState, job: Job, now: float) -> None:
         worker.jobs[job.job_id] = (job, now)
 

@@ -15,6 +15,9 @@
   worker that holds nothing takes what has gathered at once, so an idle server adds no wait;
   only a job for a busy worker's prefetch slot waits, at most ``max_latency_ms``, for company
   (and not at all when bulk work is queued).
+- **Overtaking.** When every worker is busy, small requests need not wait for a free
+  credit: :meth:`Scheduler.next_small_job` merges them out of turn for a worker that holds
+  only bulk work, which runs them between two model runs of its bulk job.
 - **Fairness.** Every client with queued work has a turn, round-robin by identity: a turn
   is one bulk job of that client, or a merged job with a share for every client waiting
   with small requests. A client that becomes active joins at the back. So one client's
@@ -85,6 +88,7 @@ class Job:
             "parts": [{"key": piece.key, "rows": piece.rows.tolist()} for piece in self.pieces],
             "is_tokenized": self.pieces[0].is_tokenized,
             "show_tokens": any(piece.show_tokens for piece in self.pieces),
+            "bulk": self.bulk,
         }
 
 
@@ -218,8 +222,14 @@ class Scheduler:
             return None
         head = self.clients[self.turns[0]].items[0]
         if isinstance(head, Piece):
-            return self._take_small() if idle or self._small_due(now) else None  # else wait for company
+            return self._take_small(self.turns[0]) if idle or self._small_due(now) else None  # else wait
         return self._take_bulk(self.turns[0])
+
+    def next_small_job(self) -> Job | None:
+        """Small requests merged into a job out of turn, for a worker that holds only bulk
+        work and will run it between two model runs; ``None`` if no small request waits."""
+        first = next((c for c in self.turns if isinstance(self.clients[c].items[0], Piece)), None)
+        return None if first is None else self._take_small(first)
 
     def wake_in(self, now: float) -> float | None:
         """Seconds until a waiting small request is due (so the caller can sleep until then),
@@ -254,7 +264,7 @@ class Scheduler:
         self._served([client], job.size)
         return job
 
-    def _take_small(self) -> Job:
+    def _take_small(self, first_client: bytes) -> Job:
         """Merge waiting small requests (of one input kind) into a job of at most max_batch_size.
 
         When what waits does not fit in one job, each client gets an equal share of it, no
@@ -264,11 +274,11 @@ class Scheduler:
         other's rows. A request larger than a share is split; the rest goes in a later job.
         """
         room = self.config.max_batch_size
-        first = self.clients[self.turns[0]].items[0]
+        first = self.clients[first_client].items[0]
         assert isinstance(first, Piece)
         kind = first.is_tokenized
         if not self.config.merge_requests:
-            return self._take_pieces([(self.turns[0], len(first.rows))], kind)
+            return self._take_pieces([(first_client, len(first.rows))], kind)
         waiting = [
             c for c in self.turns if isinstance(head := self.clients[c].items[0], Piece) and head.is_tokenized == kind
         ]

@@ -24,8 +24,8 @@ from bertserve.client import protocol as p
 
 from ..config import ServerConfig
 from ..security import loopback_only, message_user_id, request_allowed
-from .registry import Registry
-from .scheduler import Busy, Scheduler, TooLarge
+from .registry import Registry, WorkerState
+from .scheduler import Busy, Job, Scheduler, TooLarge
 from .worker import Addresses
 
 logger = logging.getLogger("bertserve.ventilator")
@@ -449,17 +449,26 @@ class Ventilator:
             job = self.scheduler.next_job(now, idle=not worker.jobs)
             if job is None:
                 return
-            frames = [p.JOB, job.job_id.encode(), p.dumps(job.header()), p.dumps(job.texts)]
-            try:
-                self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
-            except zmq.ZMQError as exc:  # the worker vanished between READY and now
-                logger.warning("could not reach worker %d: %s", worker.index, exc)
-                self.scheduler.retry(job)  # never ran: not its fault
-                self._lose(worker.identity, f"worker {worker.index} became unreachable")
-                continue
-            logger.debug("job %s (%d inputs%s) to worker %d", job.job_id, job.size, ", bulk" if job.bulk else "",
-                         worker.index)  # fmt: skip
-            self.registry.assign(worker, job, now)
+            self._send_job(worker, job, now)
+        # Every credit is taken: small requests overtake, to workers that hold only bulk work.
+        while self.scheduler.small_count and (worker := self.registry.pick_overtake()) is not None:
+            job = self.scheduler.next_small_job()
+            if job is None:
+                return
+            self._send_job(worker, job, now)
+
+    def _send_job(self, worker: WorkerState, job: Job, now: float) -> None:
+        frames = [p.JOB, job.job_id.encode(), p.dumps(job.header()), p.dumps(job.texts)]
+        try:
+            self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # the worker vanished between READY and now
+            logger.warning("could not reach worker %d: %s", worker.index, exc)
+            self.scheduler.retry(job)  # never ran: not its fault
+            self._lose(worker.identity, f"worker {worker.index} became unreachable")
+            return
+        logger.debug("job %s (%d inputs%s) to worker %d", job.job_id, job.size, ", bulk" if job.bulk else "",
+                     worker.index)  # fmt: skip
+        self.registry.assign(worker, job, now)
 
     def fail_everything(self, error: str) -> None:
         """Shutdown: every request still queued or in flight gets an error reply."""

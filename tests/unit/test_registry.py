@@ -7,9 +7,9 @@ from bertserve.server.serving.registry import Registry
 from bertserve.server.serving.scheduler import Job, Piece
 
 
-def job(job_id: str, key: str = "k", size: int = 2) -> Job:
+def job(job_id: str, key: str = "k", size: int = 2, bulk: bool = False) -> Job:
     piece = Piece(key, b"c", np.arange(size), ["t"] * size, False, False, 0.0)
-    return Job(job_id, [piece], bulk=False)
+    return Job(job_id, [piece], bulk=bulk)
 
 
 def registry() -> Registry:
@@ -32,6 +32,20 @@ def test_the_worker_with_most_free_credits_gets_the_next_job() -> None:
     r.assign(third, job("3"), now=0.0)
     assert r.pick() is None and r.in_flight == 3
     assert r.model == {"output_dim": 4}
+
+
+def test_a_small_job_may_overtake_only_on_a_worker_that_holds_only_bulk_work() -> None:
+    r = registry()
+    assert r.pick_overtake() is None  # idle workers take small jobs on their credits
+    r.assign(r.workers[b"w0-1"], job("b1", bulk=True), now=0.0)
+    r.assign(r.workers[b"w0-1"], job("b2", bulk=True), now=0.0)
+    r.assign(r.workers[b"w1-2"], job("s1"), now=0.0)
+    chosen = r.pick_overtake()
+    assert chosen is not None and chosen.identity == b"w0-1"
+    r.assign(chosen, job("s2"), now=0.0)  # beyond its credits
+    assert chosen.free == -1 and r.pick() is None and r.pick_overtake() is None
+    r.done(b"w0-1", "s2", {}, now=1.0)
+    assert r.pick_overtake() is chosen
 
 
 def test_done_counts_only_for_the_worker_that_holds_the_job() -> None:

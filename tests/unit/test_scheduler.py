@@ -133,6 +133,18 @@ def test_a_bulk_request_is_cut_at_its_first_turn_not_on_arrival() -> None:
     assert s.empty and s.queued == 0 and s.bulk_count == 0
 
 
+def test_small_requests_are_merged_out_of_turn_for_an_overtaking_slot() -> None:
+    s = make(max_client_queued_sentences=1000)
+    admit(s, b"bulk", 40, key="bulk")
+    admit(s, b"a", 2, key="a")
+    admit(s, b"b", 3, key="b")
+    job = s.next_small_job()  # the bulk client's turn is first, but it cannot overtake
+    assert job is not None and job.keys == ["a", "b"] and not job.bulk and job.header()["bulk"] is False
+    assert s.next_small_job() is None
+    first = s.next_job(0.0)
+    assert first is not None and first.keys == ["bulk"] and first.header()["bulk"] is True
+
+
 def test_clients_take_turns_one_job_each() -> None:
     s = make()
     for _ in range(3):

@@ -119,6 +119,27 @@ def test_an_idle_worker_gets_a_lone_request_at_once_a_busy_ones_prefetch_slot_wa
     assert texts == ["second", "third"]
 
 
+@pytest.mark.parametrize("rig", [{"max_request_size": 8, "max_client_queued_sentences": 8}], indirect=True)
+def test_a_small_request_overtakes_to_a_worker_busy_with_bulk_work(rig: Rig) -> None:
+    dealer, push = rig.worker(b"w0-1", 0)
+    rig.request(b"bulk", 1, [f"bulk {i}" for i in range(8)])  # two bulk jobs of 4
+    bulk_id, header, _ = rig.job(dealer)
+    assert header["bulk"] is True
+    rig.request(b"a", 1, ["first small"])
+    small_id, header, texts = rig.job(dealer)  # beyond the worker's one credit
+    assert texts == ["first small"] and header["bulk"] is False
+    rig.request(b"b", 1, ["second small"])
+    rig.pump()
+    assert not dealer.poll(100), "a second small job went to a worker that already holds one"
+    push.send_multipart([p.DONE, p.dumps({"job": small_id, "worker": "w0-1"})])
+    second_id, _, texts = rig.job(dealer)
+    assert texts == ["second small"]
+    for job_id in (second_id, bulk_id):
+        push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
+    _, header, _ = rig.job(dealer)  # the credit back: the rest of the bulk request
+    assert header["bulk"] is True
+
+
 def test_a_pending_request_id_is_refused_and_the_first_is_untouched(rig: Rig) -> None:
     rig.worker(b"w0-1", 0)
     rig.request(b"c", 1, ["first"])

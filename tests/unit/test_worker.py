@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,6 +23,14 @@ class BrokenModel(HashingModel):
         raise RuntimeError("the model fell over")
 
 
+class SlowModel(HashingModel):
+    """Each model run takes 0.3 s, so a test can send a job while another runs."""
+
+    def run(self, batch):  # type: ignore[no-untyped-def]
+        time.sleep(0.3)
+        return super().run(batch)
+
+
 @dataclass
 class Rig:
     jobs: zmq.Socket  # the ventilator's ROUTER
@@ -30,8 +39,8 @@ class Rig:
     worker: Worker
     identity: bytes
 
-    def send_job(self, job_id: bytes, texts: list[str], parts: list[dict]) -> None:
-        header = {"parts": parts, "is_tokenized": False, "show_tokens": False}
+    def send_job(self, job_id: bytes, texts: list[str], parts: list[dict], bulk: bool = False) -> None:
+        header = {"parts": parts, "is_tokenized": False, "show_tokens": False, "bulk": bulk}
         self.jobs.send_multipart([self.identity, p.JOB, job_id, p.dumps(header), p.dumps(texts)])
 
     def credit(self, kinds: tuple[bytes, ...] = (p.DONE,)) -> list[bytes]:
@@ -77,6 +86,31 @@ def hashing(tmp_path) -> Iterator[Rig]:
 @pytest.fixture
 def broken(tmp_path) -> Iterator[Rig]:
     yield from rig(tmp_path, BrokenModel())
+
+
+@pytest.fixture
+def slow(tmp_path) -> Iterator[Rig]:
+    yield from rig(tmp_path, SlowModel())
+
+
+def test_a_small_job_runs_between_two_model_runs_of_a_bulk_job(slow: Rig) -> None:
+    bulk = [f"bulk sentence {i}" for i in range(150)]  # three runs of at most 64 rows
+    slow.send_job(b"bulk", bulk, [{"key": "b#1", "rows": list(range(150))}], bulk=True)
+    time.sleep(0.1)  # the first run has started
+    slow.send_job(b"small", ["just one"], [{"key": "s#1", "rows": [0]}])
+    order, vectors = [], {}
+    for _ in range(2):
+        assert slow.sink.poll(5000)
+        kind, job_id, raw, buffer = slow.sink.recv_multipart()
+        assert kind == p.RESULT
+        order.append(job_id)
+        vectors[job_id] = p.array_from_buffer(p.loads(raw), buffer)
+    assert order == [b"small", b"bulk"]  # it did not wait for the whole bulk job
+    model = HashingModel()
+    np.testing.assert_allclose(vectors[b"bulk"], model.run(model.tokenize(bulk)), rtol=1e-6)
+    np.testing.assert_allclose(vectors[b"small"], model.run(model.tokenize(["just one"])), rtol=1e-6)
+    done = [p.loads(slow.credit()[1]) for _ in range(2)]
+    assert [d["job"] for d in done] == ["small", "bulk"] and done[1]["tokens"] > 0
 
 
 def test_a_job_goes_to_the_sink_and_its_credit_back(hashing: Rig) -> None:
