@@ -191,6 +191,25 @@ def test_two_workers_split_the_load(tiny_google: str, session_graph_dir: str) ->
         server.stop()
 
 
+def test_the_tf_data_feed_serves_the_same_vectors(tiny_google: str, session_graph_dir: str,
+                                                  reference_encoder: Encoder) -> None:  # fmt: skip
+    server = start_server(
+        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
+        "--max-batch-size", "16", "--feed", "tfdata",
+    )  # fmt: skip
+    try:
+        bulk, small = sentences(100, seed=11), sentences(3, seed=12)
+        with BertClient(**server.client_kwargs, timeout=60_000) as client:
+            client.encode(bulk, blocking=False)
+            client.encode(small, blocking=False)
+            got_bulk, got_small = client.fetch_all(sort=True)
+            assert client.server_config["feed"] == "tfdata"
+        np.testing.assert_allclose(got_bulk, reference_encoder.encode(bulk), atol=1e-5)
+        np.testing.assert_allclose(got_small, reference_encoder.encode(small), atol=1e-5)
+    finally:
+        server.stop()
+
+
 def test_a_dead_workers_jobs_go_to_another(
     tiny_google: str, session_graph_dir: str, reference_encoder: Encoder
 ) -> None:
