@@ -200,34 +200,37 @@ class Worker:
         for job_id_t, header_t, ids, segments, lengths in feed:
             self.process(_numpy(job_id_t), _numpy(header_t), _numpy(ids), _numpy(segments), _numpy(lengths))
 
-    def _run_model(self, batch: TokenizedBatch, bulk: bool) -> tuple[np.ndarray, int]:
-        """The model's vectors for ``batch`` and the token slots they took. A bulk job of
-        sentence vectors runs in slices of ``batch_size`` rows (the scheduler sorted its rows
-        by length, so the slices pad as little as the whole), and small jobs that arrived
-        meanwhile run between the slices."""
+    def _run_model(self, batch: TokenizedBatch, bulk: bool) -> tuple[np.ndarray, int, float]:
+        """The model's vectors for ``batch``, the token slots they took, and the seconds lent
+        to small jobs. A bulk job of sentence vectors runs in slices of ``batch_size`` rows
+        (the scheduler sorted its rows by length, so the slices pad as little as the whole),
+        and small jobs that arrived meanwhile run between the slices."""
         rows = self.config.model.batch_size
         if not bulk or self.feed is None or len(batch) <= rows or self.model.describe().get("token_level"):
-            return np.ascontiguousarray(self.model.run(batch)), self.model.token_slots(batch)
-        parts, slots = [], 0
+            return np.ascontiguousarray(self.model.run(batch)), self.model.token_slots(batch), 0.0
+        parts, slots, lent = [], 0, 0.0
         for start in range(0, len(batch), rows):
             if start:
                 while (small := self.feed.take_small()) is not None:
+                    overtaking = time.perf_counter()
                     self.process(*(_numpy(value) for value in small))
+                    lent += time.perf_counter() - overtaking
             part = batch.take(np.arange(start, min(start + rows, len(batch))))
             parts.append(self.model.run(part))
             slots += self.model.token_slots(part)
-        return np.ascontiguousarray(np.concatenate(parts)), slots
+        return np.ascontiguousarray(np.concatenate(parts)), slots, lent
 
     def process(self, job_id: bytes, raw_header: bytes, ids: Any, segments: Any, lengths: Any) -> None:
         """Run one tokenized job; send its result (or its error) to the sink and its credit back."""
         header = p.loads(raw_header)
         started = time.perf_counter()
         parts = header["parts"]
+        lent = 0.0  # seconds spent on small jobs that overtook this one
         try:
             if "error" in header:
                 raise ValueError(header["error"])
             batch = TokenizedBatch(ids, segments, lengths, np.asarray(header["truncated"], bool))
-            vectors, slots = self._run_model(batch, bool(header.get("bulk")))
+            vectors, slots, lent = self._run_model(batch, bool(header.get("bulk")))
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
             out = {"parts": parts, **p.array_header(vectors), "tokens": header.get("tokens")}
@@ -238,7 +241,7 @@ class Worker:
             error = {"parts": parts, "error": f"the worker failed on this request: {exc}", "kind": "worker"}
             self.results.send_multipart([p.JOB_ERROR, job_id, p.dumps(error)])
             tokens = slots = 0
-        elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - started - lent
         logger.debug("worker %d ran job %s: %d inputs in %.3fs", self.index, job_id.decode(), len(lengths), elapsed)
         done = {"job": job_id.decode(), "worker": self.identity.decode(), "seconds": elapsed, "tokens": tokens,
                 "slots": slots}  # fmt: skip
