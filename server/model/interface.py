@@ -1,6 +1,6 @@
 """The model as the serving roles see it: a typed ``Protocol``, and a small numpy model behind it.
 
-Workers only ever call these four methods, so anything that implements them can be served:
+Workers only ever call these five methods, so anything that implements them can be served:
 the TensorFlow :class:`~bertserve.server.model.encoder.Encoder` (the default), or
 :class:`HashingModel`, a deterministic numpy model that needs no TensorFlow and no weights.
 The plumbing (scheduler, registry, worker loop, sink) is tested against ``HashingModel`` in
@@ -39,6 +39,11 @@ class Model(Protocol):
 
     def token_slots(self, batch: TokenizedBatch) -> int:
         """Token positions (padding included) that running ``batch`` computes."""
+        ...
+
+    def plan(self, batch: TokenizedBatch) -> list[np.ndarray]:
+        """The row indexes of each model run that :meth:`run` would make for ``batch``, so a
+        worker can run them one at a time (and let small jobs in between)."""
         ...
 
 
@@ -90,6 +95,9 @@ class HashingModel:
 
     def token_slots(self, batch: TokenizedBatch) -> int:
         return int(batch.input_ids.size)
+
+    def plan(self, batch: TokenizedBatch) -> list[np.ndarray]:
+        return [np.arange(start, min(start + 64, len(batch))) for start in range(0, len(batch), 64)]
 
     @staticmethod
     def _word_id(word: str) -> int:
