@@ -225,11 +225,12 @@ class Scheduler:
             return self._take_small(self.turns[0]) if idle or self._small_due(now) else None  # else wait
         return self._take_bulk(self.turns[0])
 
-    def next_small_job(self) -> Job | None:
-        """Small requests merged into a job out of turn, for a worker that holds only bulk
-        work and will run it between two model runs; ``None`` if no small request waits."""
+    def next_small_job(self, rows: int) -> Job | None:
+        """Small requests merged out of turn into a job of at most ``rows`` sentences (one
+        model run, so the bulk job it interrupts keeps at least half of its worker), for a
+        worker that holds only bulk work; ``None`` if no small request waits."""
         first = next((c for c in self.turns if isinstance(self.clients[c].items[0], Piece)), None)
-        return None if first is None else self._take_small(first)
+        return None if first is None else self._take_small(first, rows)
 
     def wake_in(self, now: float) -> float | None:
         """Seconds until a waiting small request is due (so the caller can sleep until then),
@@ -264,8 +265,9 @@ class Scheduler:
         self._served([client], job.size)
         return job
 
-    def _take_small(self, first_client: bytes) -> Job:
-        """Merge waiting small requests (of one input kind) into a job of at most max_batch_size.
+    def _take_small(self, first_client: bytes, room: int | None = None) -> Job:
+        """Merge waiting small requests (of one input kind) into a job of at most ``room`` rows
+        (default and most: max_batch_size).
 
         When what waits does not fit in one job, each client gets an equal share of it, no
         larger than the lightest client's whole demand (but at least a quarter of an equal
@@ -273,12 +275,12 @@ class Scheduler:
         with 100,000 shares a job of 64 with it, not of 256, so its answer does not wait on the
         other's rows. A request larger than a share is split; the rest goes in a later job.
         """
-        room = self.config.max_batch_size
+        room = min(room or self.config.max_batch_size, self.config.max_batch_size)
         first = self.clients[first_client].items[0]
         assert isinstance(first, Piece)
         kind = first.is_tokenized
         if not self.config.merge_requests:
-            return self._take_pieces([(first_client, len(first.rows))], kind)
+            return self._take_pieces([(first_client, len(first.rows))], kind, room)
         waiting = [
             c for c in self.turns if isinstance(head := self.clients[c].items[0], Piece) and head.is_tokenized == kind
         ]
@@ -286,11 +288,11 @@ class Scheduler:
         if len(waiting) > 1 and self.small_rows > room:
             lightest = min(self.clients[c].sentences for c in waiting)
             share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
-        return self._take_pieces([(client, share) for client in waiting], kind)
+        return self._take_pieces([(client, share) for client in waiting], kind, room)
 
-    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: bool) -> Job:
-        """A job of up to ``share`` rows of small requests from each client, in order."""
-        room = self.config.max_batch_size
+    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: bool, room: int) -> Job:
+        """A job of up to ``share`` rows of small requests from each client, in order, and of
+        at most ``room`` rows in all."""
         pieces: list[Piece] = []
         for client, share in shares:
             items = self.clients[client].items

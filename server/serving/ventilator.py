@@ -452,7 +452,7 @@ class Ventilator:
             self._send_job(worker, job, now)
         # Every credit is taken: small requests overtake, to workers that hold only bulk work.
         while self.scheduler.small_count and (worker := self.registry.pick_overtake()) is not None:
-            job = self.scheduler.next_small_job()
+            job = self.scheduler.next_small_job(self.config.model.batch_size)
             if job is None:
                 return
             self._send_job(worker, job, now)
