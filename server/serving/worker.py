@@ -5,9 +5,10 @@ receives and tokenizes them ahead of the model, so the next job is ready while t
 one runs. A bulk job runs one model run at a time (as the model plans them), and between
 two runs any small job that has arrived runs first: the ventilator may hand a worker that
 holds only bulk work one small job beyond its credits, so a one-sentence request waits for
-one model run, not for a whole mini-job. (``--feed tfdata`` feeds through ``tf.data.Dataset.from_generator`` and
-``.prefetch`` instead, without overtaking; measured on a 2-core CPU, a one-sentence fp32 run
-took 38 ms inside ``tf.data``'s iteration against 17 ms beside a plain thread.)
+one model run, not for a whole mini-job. (``--feed tfdata`` feeds through
+``tf.data.Dataset.from_generator`` and ``.prefetch`` instead, without overtaking; measured
+on a 2-core CPU, a one-sentence fp32 run took 38 ms inside ``tf.data``'s iteration against
+17 ms beside a plain thread.)
 Results go to the sink as ``[RESULT, job id, header, raw vectors]``; a job that fails
 becomes a ``JOB_ERROR`` for the requests it carried, and the worker carries on. Each
 finished job returns its credit to the ventilator over a separate PUSH socket (a socket
@@ -111,6 +112,7 @@ class Worker:
         self.parent = os.getppid()
         self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self.feed: ThreadFeed | None = None  # set by run(): lets small jobs overtake bulk ones
+        self.token_level = bool(model.describe().get("token_level"))  # rows of unequal width: never sliced
 
     def close(self) -> None:
         self.stop.set()
@@ -206,7 +208,7 @@ class Worker:
         model plans them, and small jobs that arrived meanwhile run between two runs."""
         feed = self.feed
         runs = self.model.plan(batch) if bulk and feed is not None else []
-        if feed is None or len(runs) < 2 or self.model.describe().get("token_level"):
+        if feed is None or len(runs) < 2 or self.token_level:
             return np.ascontiguousarray(self.model.run(batch)), self.model.token_slots(batch), 0.0
         out: np.ndarray | None = None
         slots, lent = 0, 0.0
@@ -257,7 +259,7 @@ class ThreadFeed:
     """``worker.jobs()`` received and tokenized on a thread of its own, ahead of the model
     (tokenizing releases the GIL). Iterating yields the jobs in arrival order;
     :meth:`take_small` takes a small job out of turn, for the model thread to run between
-    the slices of a bulk job."""
+    two model runs of a bulk job."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
