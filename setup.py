@@ -34,6 +34,7 @@ setup(
             "safetensors>=0.4",
             "platformdirs>=3",
             "psutil>=5.9",
+            "ai-edge-litert>=2.3",
         ],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "mypy>=1.10", "matplotlib>=3.7"],
     },

@@ -110,6 +110,7 @@ MODEL_FLAGS = [
     _Flag("--xla", "XLA-compile the graph", _bool, False, switch=True),
     _Flag("--graph-dir", "where optimized graphs are cached (default: the user cache dir)"),
     _Flag("--batch-size", "most sentences in one model run", int, 64),
+    _Flag("--lite-max-tokens", "fp32 runs of at most this many padded tokens run on LiteRT (0: never)", int, 64),
 ]
 
 SERVER_FLAGS = [

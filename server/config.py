@@ -88,6 +88,7 @@ class ModelConfig:
     xla: bool = False
     graph_dir: str | None = None
     batch_size: int = 64
+    lite_max_tokens: int = 64
     device: str | None = None
 
     def __post_init__(self) -> None:
@@ -110,6 +111,8 @@ class ModelConfig:
         set_(self, "output_dtype", output_dtype)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ModelOptionError(f"batch_size must be a positive integer, not {self.batch_size!r}")
+        if not isinstance(self.lite_max_tokens, int) or self.lite_max_tokens < 0:
+            raise ModelOptionError(f"lite_max_tokens must be 0 or more, not {self.lite_max_tokens!r}")
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

@@ -21,6 +21,7 @@ from bertserve.client.protocol import check_texts
 
 from ..config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
 from ..errors import ModelError
+from . import lite
 from .graph import GraphSpec, load_function, load_or_build
 from .model_dir import ModelFiles, inspect_model
 from .tokenization import TokenizedBatch, WordPieceTokenizer
@@ -41,7 +42,7 @@ class Encoder:
     ``options`` are the fields of :class:`~bertserve.server.ModelConfig` (the
     ``bertserve start`` flags): ``max_seq_len``, ``pooling_strategy``, ``pooling_layer``,
     ``mask_cls_sep``, ``normalize``, ``dtype``, ``output_dtype``, ``xla``, ``graph_dir``,
-    ``batch_size``, ``tuned_model_dir``, ``ckpt_name``, ``config_name``, ``vocab_name``,
+    ``batch_size``, ``lite_max_tokens``, ``tuned_model_dir``, ``ckpt_name``, ``config_name``, ``vocab_name``,
     ``do_lower_case``, ``device``. Options left out follow the model directory.
     """
 
@@ -62,6 +63,7 @@ class Encoder:
         self.graph_size: int = len(graph_bytes)
         self._fn = load_function(graph_bytes, self.meta, xla=self.config.xla)
         self._device = self.config.device or "/CPU:0"
+        self._lite = self._small_runner(graph_dir)
         self._warmup()
         logger.info(
             "encoder ready in %.1fs: %s layers of %d run, %s pooling, %s, output dim %d",
@@ -77,6 +79,7 @@ class Encoder:
             "token_level": self.token_level,
             "layers_run": self.meta.layers_run,
             "graph_key": self.meta.key,
+            "lite_max_tokens": self.config.lite_max_tokens if self._lite is not None else 0,
         }
 
     @property
@@ -154,11 +157,38 @@ class Encoder:
         """Token positions the model computes for ``batch``, padding included."""
         return sum(len(index) * int(batch.lengths[index].max()) for index in self.plan(batch))
 
+    @property
+    def uses_lite(self) -> bool:
+        """True when small runs go to LiteRT (see :mod:`bertserve.server.model.lite`)."""
+        return self._lite is not None
+
+    def _small_runner(self, graph_dir: str) -> lite.LiteRunner | None:
+        if not self.config.lite_max_tokens or self.spec.dtype != "fp32" or self.config.xla:
+            return None
+        if "CPU" not in self._device.upper():
+            return None
+        if not lite.available():
+            logger.info("ai-edge-litert is not installed: small runs stay on TensorFlow")
+            return None
+        flatbuffer = lite.load_or_convert(self._fn, self.meta, graph_dir)
+        if flatbuffer is None:
+            return None
+        import tensorflow as tf
+
+        threads = tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
+        return lite.LiteRunner(flatbuffer, threads)
+
     def _run_padded(self, batch: TokenizedBatch) -> np.ndarray:
         import tensorflow as tf
 
         ids, segments, mask = batch.input_ids, batch.segment_ids, batch.input_mask
         rows, width = ids.shape
+        if self._lite is not None and rows * width <= self.config.lite_max_tokens:
+            padded = min(-(-width // lite.LENGTH_STEP) * lite.LENGTH_STEP, self.max_len)
+            if padded > width:
+                ids, segments, mask = (np.pad(a, ((0, 0), (0, padded - width))) for a in (ids, segments, mask))
+            result = self._lite(ids, mask, segments)
+            return result[:, :width] if self.token_level else result
         if self.config.xla:
             padded = min(-(-width // _XLA_LENGTH_BUCKET) * _XLA_LENGTH_BUCKET, self.max_len)
             padded_rows = 1 << (rows - 1).bit_length()
@@ -172,9 +202,12 @@ class Encoder:
         return result[:, :width] if self.token_level else result
 
     def _warmup(self) -> None:
-        """One tiny run so the first request does not pay for graph optimization."""
-        ids = np.array([[self._tokenizer.cls_id, self._tokenizer.sep_id]], dtype=np.int32)
-        self._run_padded(TokenizedBatch(ids, np.zeros_like(ids), np.array([2], np.int32), np.zeros(1, bool)))
+        """One tiny run so the first request does not pay for graph optimization, and one
+        on TensorFlow too when tiny runs go to LiteRT."""
+        rows = [1, self.config.lite_max_tokens // 2 + 1] if self._lite is not None else [1]
+        for n in rows:
+            ids = np.tile(np.array([[self._tokenizer.cls_id, self._tokenizer.sep_id]], dtype=np.int32), (n, 1))
+            self._run_padded(TokenizedBatch(ids, np.zeros_like(ids), np.full(n, 2, np.int32), np.zeros(n, bool)))
 
 
 def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTokenizer]:

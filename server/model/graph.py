@@ -33,7 +33,7 @@ logger = logging.getLogger("bertserve.graph")
 INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
 OUTPUT_NAME = "output"
 _MAGIC = b"BERTSERVE-GRAPH\x00"
-_FORMAT = 2  # bump when the graph built for the same options changes
+_FORMAT = 3  # bump when the graph built for the same options changes
 
 
 @dataclass(frozen=True)
@@ -83,20 +83,20 @@ def load_or_build(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> tuple[b
     built (and cached). Returns ``(graph_def_bytes, meta, built)``."""
     key = cache_key(model, spec)
     path = os.path.join(graph_dir, f"{key}.graph")
-    cached = _read_cache(path, key)
+    cached = read_cache(path, key)
     if cached is not None:
         logger.info("loaded the optimized graph from %s", path)
         return cached[0], cached[1], False
     graph_bytes, meta = build_graph(model, spec, key)
     try:
-        _write_cache(path, graph_bytes, meta)
+        write_cache(path, graph_bytes, meta)
         logger.info("cached the optimized graph at %s", path)
     except OSError as exc:
         logger.warning("could not cache the graph in %s: %s", graph_dir, exc)
     return graph_bytes, meta, True
 
 
-def _read_cache(path: str, key: str) -> tuple[bytes, GraphMeta] | None:
+def read_cache(path: str, key: str) -> tuple[bytes, GraphMeta] | None:
     try:
         with open(path, "rb") as f:
             blob = f.read()
@@ -120,7 +120,7 @@ def _read_cache(path: str, key: str) -> tuple[bytes, GraphMeta] | None:
     return graph_bytes, meta
 
 
-def _write_cache(path: str, graph_bytes: bytes, meta: GraphMeta) -> None:
+def write_cache(path: str, graph_bytes: bytes, meta: GraphMeta) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     header = json.dumps(asdict(meta)).encode()
@@ -283,7 +283,7 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
     x = tf.reshape(x, [-1, hidden])  # [batch * length, hidden], fp32 residual stream
 
     mask = tf.cast(input_mask, f32)
-    attention_bias = (1.0 - mask)[:, None, None, :] * -1e9  # [batch, 1, 1, length]
+    attention_bias = tf.reshape((1.0 - mask) * -1e9, [batch, 1, 1, length])
 
     def split_heads(t):
         return tf.transpose(tf.reshape(t, [batch, length, heads, head_dim]), [0, 2, 1, 3])
@@ -315,7 +315,7 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
 
     def pool(h):
         strategy = spec.pooling_strategy
-        m = pool_mask[:, :, None]
+        m = tf.expand_dims(pool_mask, -1)
         count = tf.reduce_sum(m, axis=1)
         if strategy is PoolingStrategy.NONE:
             return h * m

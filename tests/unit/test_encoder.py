@@ -214,7 +214,8 @@ def test_the_graph_cache_is_reused_and_survives_damage(tiny_google: str, tmp_pat
     assert first.graph_built
     second = Encoder(tiny_google, graph_dir=graph_dir)
     assert not second.graph_built and second.graph_path == first.graph_path
-    assert os.listdir(graph_dir) == [os.path.basename(first.graph_path)]  # no temporary left behind
+    # The graph and its LiteRT conversion for small runs, and no temporary left behind.
+    assert sorted(os.listdir(graph_dir)) == [f"{first.meta.key}.graph", f"{first.meta.key}.lite"]
     other = Encoder(tiny_google, graph_dir=graph_dir, pooling_layer=-1)
     assert other.graph_built and other.graph_path != first.graph_path
 
@@ -322,3 +323,42 @@ def test_weight_shape_disagreeing_with_config(tmp_path, session_graph_dir: str) 
         json.dump(config, f)
     with pytest.raises(ModelError, match=r"intermediate/dense/kernel has shape \(32, 64\), but the config implies"):
         Encoder(directory, graph_dir=session_graph_dir)
+
+
+@pytest.mark.parametrize("strategy", ["REDUCE_MEAN", "SEP_TOKEN", "NONE", "CLS_POOLED"])
+def test_small_runs_on_litert_give_tensorflows_vectors(tiny_google: str, session_graph_dir: str, strategy: str) -> None:
+    options = {"pooling_strategy": strategy, "max_seq_len": 32, "graph_dir": session_graph_dir}
+    lite = Encoder(tiny_google, lite_max_tokens=10_000, **options)
+    plain = Encoder(tiny_google, lite_max_tokens=0, **options)
+    assert lite.uses_lite and not plain.uses_lite
+    assert lite.describe()["lite_max_tokens"] == 10_000 and plain.describe()["lite_max_tokens"] == 0
+    for text in TEXTS:  # one at a time: lengths that are and are not a multiple of the padding step
+        np.testing.assert_allclose(lite.encode([text]), plain.encode([text]), atol=2e-5)
+    np.testing.assert_allclose(lite.encode(TEXTS), plain.encode(TEXTS), atol=2e-5)
+
+
+def test_litert_takes_only_small_fp32_cpu_runs(tiny_google: str, session_graph_dir: str, monkeypatch) -> None:
+    assert Encoder(tiny_google, graph_dir=session_graph_dir).uses_lite  # on by default
+    assert not Encoder(tiny_google, dtype="bf16", graph_dir=session_graph_dir).uses_lite
+    assert not Encoder(tiny_google, xla=True, graph_dir=session_graph_dir).uses_lite
+    encoder = Encoder(tiny_google, lite_max_tokens=8, graph_dir=session_graph_dir)
+    calls: list[tuple[int, ...]] = []
+    runner = encoder._lite
+    monkeypatch.setattr(
+        encoder, "_lite", lambda ids, mask, segments: calls.append(ids.shape) or runner(ids, mask, segments)
+    )
+    encoder.encode(["a"])  # [CLS] a [SEP]: 3 tokens, padded to 8
+    encoder.encode(["the quick brown fox jumps over the lazy dog."])  # 12 tokens: TensorFlow
+    assert calls == [(1, 8)]
+
+
+def test_a_damaged_litert_cache_is_converted_again(tiny_google: str, tmp_path) -> None:
+    graph_dir = str(tmp_path / "graphs")
+    first = Encoder(tiny_google, graph_dir=graph_dir)
+    want = first.encode(TEXTS[:2])
+    lite_path = os.path.join(graph_dir, f"{first.meta.key}.lite")
+    with open(lite_path, "r+b") as f:
+        f.truncate(os.path.getsize(lite_path) // 2)
+    again = Encoder(tiny_google, graph_dir=graph_dir)
+    assert again.uses_lite and not again.graph_built
+    np.testing.assert_array_equal(again.encode(TEXTS[:2]), want)

@@ -97,3 +97,15 @@ def test_reduced_precision_graphs_are_half_the_size(minilm: str, session_graph_d
     }
     for dtype in ("fp16", "bf16"):
         assert 0.45 <= sizes[dtype] / sizes["fp32"] <= 0.55, sizes
+
+
+def test_single_sentences_on_litert_match_the_reference(
+    minilm: str, session_graph_dir: str, reference, reference_sentences
+) -> None:
+    """The small-run path (one sentence at a time, on LiteRT) against the same numbers."""
+    encoder = Encoder(minilm, max_seq_len=128, lite_max_tokens=128, graph_dir=session_graph_dir)
+    assert encoder.uses_lite
+    want = reference["REDUCE_MEAN_-1"] / np.linalg.norm(reference["REDUCE_MEAN_-1"], axis=1, keepdims=True)
+    got = np.concatenate([encoder.encode([sentence]) for sentence in reference_sentences])
+    assert cosine_rows(got, want).min() >= 0.99999
+    np.testing.assert_allclose(got, want, atol=1e-4)

@@ -1,0 +1,93 @@
+"""Small model runs on LiteRT: the same frozen graph, converted once and cached.
+
+TensorFlow's oneDNN kernels are built for throughput: on a 2-core CPU one fp32 run of one
+16-token sentence takes 15-19 ms in them, where the matrix products need 2-3 ms. LiteRT's
+XNNPACK kernels run the same graph, converted by TensorFlow's own converter, in 3-7 ms,
+and lose to oneDNN from about a hundred padded tokens on. So the ``Encoder`` gives a run
+of at most ``lite_max_tokens`` padded tokens to LiteRT and every bigger run to TensorFlow.
+
+Only fp32 graphs on the CPU take this path: LiteRT has no bf16 matrix products, and a GPU
+is better left with whole batches. The converted model is cached beside the graph, under
+the same key, and checked the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from .graph import INPUT_NAMES, GraphMeta, read_cache, write_cache
+
+logger = logging.getLogger("bertserve.lite")
+
+LENGTH_STEP = 8  # lengths are padded to a multiple of this, so shapes (and set-ups) repeat
+
+
+def available() -> bool:
+    try:
+        import ai_edge_litert.interpreter  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def load_or_convert(fn: Callable, meta: GraphMeta, graph_dir: str) -> bytes | None:
+    """The LiteRT flatbuffer of the graph ``fn`` runs: from the cache when sound, else
+    converted (and cached). None, with a warning, when the graph does not convert."""
+    path = os.path.join(graph_dir, f"{meta.key}.lite")
+    cached = read_cache(path, meta.key)
+    if cached is not None:
+        return cached[0]
+    import tensorflow as tf
+
+    try:
+        holder = tf.Module()  # the converter wants the function's owner; the graph holds no variables
+        holder.fn = fn
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([fn], trackable_obj=holder)
+        flatbuffer = converter.convert()
+    except Exception as exc:  # the converter raises its own error types, and plain ones
+        logger.warning("small runs stay on TensorFlow: the graph does not convert to LiteRT (%s)", exc)
+        return None
+    try:
+        write_cache(path, flatbuffer, dataclasses.replace(meta, digest=hashlib.sha256(flatbuffer).hexdigest()))
+    except OSError as exc:
+        logger.warning("could not cache the LiteRT model in %s: %s", graph_dir, exc)
+    return flatbuffer
+
+
+class LiteRunner:
+    """One LiteRT interpreter over the converted graph, called like the TensorFlow one.
+
+    An interpreter is not thread-safe and is set up for one input shape at a time, so
+    calls are serialized, and a call with a new shape resizes the inputs first.
+    """
+
+    def __init__(self, flatbuffer: bytes, threads: int) -> None:
+        from ai_edge_litert.interpreter import Interpreter
+
+        self._interpreter = Interpreter(model_content=flatbuffer, num_threads=max(1, threads))
+        by_name = {d["name"]: d["index"] for d in self._interpreter.get_input_details()}
+        self._inputs = [next(i for n, i in by_name.items() if name in n) for name in INPUT_NAMES]
+        self._output = self._interpreter.get_output_details()[0]["index"]
+        self._shape: tuple[int, ...] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+        interpreter = self._interpreter
+        arrays = [np.ascontiguousarray(a, dtype=np.int32) for a in (input_ids, input_mask, segment_ids)]
+        with self._lock:
+            if arrays[0].shape != self._shape:
+                for index in self._inputs:
+                    interpreter.resize_tensor_input(index, arrays[0].shape)
+                interpreter.allocate_tensors()
+                self._shape = arrays[0].shape
+            for index, array in zip(self._inputs, arrays, strict=True):
+                interpreter.set_tensor(index, array)
+            interpreter.invoke()
+            return interpreter.get_tensor(self._output).copy()
