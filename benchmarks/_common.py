@@ -90,10 +90,17 @@ def describe_corpus(path: Path, corpus: Sequence[str]) -> str:
 
 
 def encoder_contender(
-    model_dir: Path, dtype: str, *, max_seq_len: int, batch_size: int | None, graph_dir: Path | None
+    model_dir: Path,
+    dtype: str,
+    *,
+    max_seq_len: int,
+    batch_size: int | None,
+    graph_dir: Path | None,
+    lite_max_tokens: int | None = None,
 ) -> Contender:
     """Build a bertserve ``Encoder`` in this process (timed) and wrap it as a contender
-    (``batch_size`` None: the Encoder's default, which is also the server's)."""
+    (``batch_size`` and ``lite_max_tokens`` None: the Encoder's defaults, which are also the
+    server's)."""
     # TensorFlow is imported before the clock starts: "setup s" is the Encoder's own build time.
     import tensorflow  # noqa: F401
     from bertserve.server import Encoder
@@ -103,6 +110,8 @@ def encoder_contender(
         options["batch_size"] = batch_size
     if graph_dir is not None:
         options["graph_dir"] = str(graph_dir)
+    if lite_max_tokens is not None:
+        options["lite_max_tokens"] = lite_max_tokens
     started = time.perf_counter()
     encoder = Encoder(model_dir, **options)
     setup = time.perf_counter() - started

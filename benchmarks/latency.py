@@ -6,8 +6,9 @@
 In one run, on the same corpus and model (all-MiniLM-L6-v2 by default):
 
 1. **In process**, one sentence per call: sentence-transformers (when installed), the
-   ``Encoder`` at fp32 and at bf16, each in a process of its own, in two rounds that take
-   turns, so noise on a shared machine falls on all of them alike.
+   ``Encoder`` at fp32 (and at fp32 with every run on TensorFlow, ``lite_max_tokens=0``)
+   and at bf16, each in a process of its own, in two rounds that take turns, so noise on a
+   shared machine falls on all of them alike.
 2. **Through a server** (one worker, ``--cpu``), fp32 and bf16: ``BertClient.encode([s])``,
    the two servers again taking turns.
 3. **Under bulk load**: the same while another client keeps the fp32 server busy with
@@ -54,6 +55,7 @@ from _common import (
 from bertserve.client import BertClient
 
 SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", "128")
+NO_LITE = "Encoder fp32, TensorFlow only"  # --lite-max-tokens 0: every run on oneDNN
 
 
 def log(message: str) -> None:
@@ -90,7 +92,7 @@ def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str]) -> d
     """Each in-process contender in a process of its own (PyTorch's OpenMP threads spin after
     a call and would slow TensorFlow's next one in a shared process), in two rounds that take
     turns, each round on half of the sentences after the warm-up."""
-    names = ["Encoder fp32", "Encoder bf16"]
+    names = ["Encoder fp32", NO_LITE, "Encoder bf16"]
     if not args.no_sentence_transformers and importlib.util.find_spec("sentence_transformers") is not None:
         names.insert(0, "sentence-transformers")
     else:
@@ -119,8 +121,10 @@ def child() -> int:
         assert contender is not None
     else:
         graph_dir = Path(request["graph_dir"]) if request["graph_dir"] else None
+        dtype = name.split()[1].rstrip(",")
+        lite = 0 if name == NO_LITE else None
         contender = encoder_contender(
-            model_dir, name.split()[-1], max_seq_len=128, batch_size=None, graph_dir=graph_dir
+            model_dir, dtype, max_seq_len=128, batch_size=None, graph_dir=graph_dir, lite_max_tokens=lite
         )
     for text in request["warmup"]:
         contender.encode([text])
@@ -291,7 +295,7 @@ def ratios(report: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     st = lat.get("sentence-transformers")
     if st:
-        for name in ("server fp32", "server bf16", "Encoder fp32", "Encoder bf16"):
+        for name in ("server fp32", "server bf16", "Encoder fp32", NO_LITE, "Encoder bf16"):
             out[f"{name} p50 / sentence-transformers p50"] = lat[name]["p50_ms"] / st["p50_ms"]
     loaded = report["under_bulk_load"]
     bound = lat["server fp32"]["p50_ms"] + 1.5 * loaded["bulk_job_median_ms"]
