@@ -21,6 +21,7 @@ from bertserve.client.protocol import check_texts
 
 from ..config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
 from ..errors import ModelError
+from ..memory import trim_heap
 from . import lite
 from .graph import GraphSpec, load_function, load_or_build
 from .model_dir import ModelFiles, inspect_model
@@ -65,6 +66,7 @@ class Encoder:
         self._device = self.config.device or "/CPU:0"
         self._lite = self._small_runner(graph_dir)
         self._warmup()
+        trim_heap()  # what loading and optimizing the graph freed
         logger.info(
             "encoder ready in %.1fs: %s layers of %d run, %s pooling, %s, output dim %d",
             time.perf_counter() - started, self.meta.layers_run, model.config.num_hidden_layers,

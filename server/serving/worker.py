@@ -35,6 +35,7 @@ import zmq
 from bertserve.client import protocol as p
 
 from ..config import HEARTBEAT_INTERVAL_MS, ServerConfig
+from ..memory import trim_heap
 from ..model.interface import Model
 from ..model.tokenization import TokenizedBatch
 
@@ -253,6 +254,8 @@ class Worker:
         done = {"job": job_id.decode(), "worker": self.identity.decode(), "seconds": elapsed, "tokens": tokens,
                 "slots": slots}  # fmt: skip
         self.credits.send_multipart([p.DONE, p.dumps(done)])
+        if header.get("bulk") and (self.feed is None or self.feed.empty):
+            trim_heap()  # a bulk burst is over: the big batches' activations go back to the system
 
 
 class ThreadFeed:
@@ -303,6 +306,12 @@ class ThreadFeed:
         finally:
             self.worker.stop.set()
             self.thread.join(5)
+
+    @property
+    def empty(self) -> bool:
+        """No job is waiting."""
+        with self.changed:
+            return not self.items
 
     def take_small(self) -> tuple[Any, ...] | None:
         """The oldest small job waiting, taken out of the queue; ``None`` if there is none."""
