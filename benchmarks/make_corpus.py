@@ -9,6 +9,7 @@ sorted and sampled with a fixed seed, so the same Python version gives the same 
 
     python benchmarks/make_corpus.py                 # writes benchmarks/data/corpus.txt
     python benchmarks/make_corpus.py --count 2500 --seed 0 --out PATH
+    python benchmarks/make_corpus.py --min-words 10 --out benchmarks/data/corpus-long.txt   # mean 23 tokens
 """
 
 from __future__ import annotations
@@ -97,11 +98,11 @@ def split_sentences(paragraph: str) -> list[str]:
     return [" ".join(part.split()) for part in SENTENCE_END.split(paragraph) if part.strip()]
 
 
-def is_prose(sentence: str) -> bool:
+def is_prose(sentence: str, min_words: int = MIN_WORDS) -> bool:
     """True when a sentence looks like English prose rather than code or a fragment."""
     n_words = len(sentence.split())
     return (
-        MIN_WORDS <= n_words <= MAX_WORDS
+        min_words <= n_words <= MAX_WORDS
         and sentence.isascii()
         and PROSE_START.match(sentence) is not None
         and PROSE_END.search(sentence) is not None
@@ -113,13 +114,13 @@ def is_prose(sentence: str) -> bool:
     )
 
 
-def collect_sentences(files: Iterable[Path]) -> list[str]:
+def collect_sentences(files: Iterable[Path], min_words: int = MIN_WORDS) -> list[str]:
     """Return the distinct prose sentences of all docstrings in ``files``, sorted."""
     seen: set[str] = set()
     for path in files:
         for doc in docstrings(path):
             for paragraph in prose_paragraphs(doc):
-                seen.update(s for s in split_sentences(paragraph) if is_prose(s))
+                seen.update(s for s in split_sentences(paragraph) if is_prose(s, min_words))
     return sorted(seen)
 
 
@@ -144,6 +145,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--count", type=int, default=2500, help="sentences to keep (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument(
+        "--min-words", type=int, default=MIN_WORDS, help="shortest sentence kept, in words (default: %(default)s)"
+    )
+    parser.add_argument(
         "--stdlib-dir",
         type=Path,
         default=Path(sysconfig.get_paths()["stdlib"]),
@@ -155,7 +159,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     files = stdlib_sources(args.stdlib_dir)
-    candidates = collect_sentences(files)
+    candidates = collect_sentences(files, args.min_words)
     corpus = sample(candidates, args.count, args.seed)
     if not corpus:
         print(f"no sentences found under {args.stdlib_dir}", file=sys.stderr)
