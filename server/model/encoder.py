@@ -180,17 +180,26 @@ class Encoder:
         threads = tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
         return lite.LiteRunner(flatbuffer, threads)
 
+    def _run_lite(self, ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> np.ndarray:
+        assert self._lite is not None
+        width = ids.shape[1]
+        padded = min(-(-width // lite.LENGTH_STEP) * lite.LENGTH_STEP, self.max_len)
+        if padded > width:
+            ids, mask, segments = (np.pad(a, ((0, 0), (0, padded - width))) for a in (ids, mask, segments))
+        result = self._lite(ids, mask, segments)
+        return result[:, :width] if self.token_level else result
+
     def _run_padded(self, batch: TokenizedBatch) -> np.ndarray:
         import tensorflow as tf
 
         ids, segments, mask = batch.input_ids, batch.segment_ids, batch.input_mask
         rows, width = ids.shape
         if self._lite is not None and rows * width <= self.config.lite_max_tokens:
-            padded = min(-(-width // lite.LENGTH_STEP) * lite.LENGTH_STEP, self.max_len)
-            if padded > width:
-                ids, segments, mask = (np.pad(a, ((0, 0), (0, padded - width))) for a in (ids, segments, mask))
-            result = self._lite(ids, mask, segments)
-            return result[:, :width] if self.token_level else result
+            try:
+                return self._run_lite(ids, mask, segments)
+            except Exception as exc:  # LiteRT raises RuntimeError and ValueError
+                logger.warning("LiteRT failed on a %dx%d run (%s); every run goes to TensorFlow now", rows, width, exc)
+                self._lite = None
         if self.config.xla:
             padded = min(-(-width // _XLA_LENGTH_BUCKET) * _XLA_LENGTH_BUCKET, self.max_len)
             padded_rows = 1 << (rows - 1).bit_length()

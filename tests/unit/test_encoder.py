@@ -362,3 +362,15 @@ def test_a_damaged_litert_cache_is_converted_again(tiny_google: str, tmp_path) -
     again = Encoder(tiny_google, graph_dir=graph_dir)
     assert again.uses_lite and not again.graph_built
     np.testing.assert_array_equal(again.encode(TEXTS[:2]), want)
+
+
+def test_a_litert_failure_falls_back_to_tensorflow(tiny_google: str, session_graph_dir: str, monkeypatch) -> None:
+    encoder = Encoder(tiny_google, graph_dir=session_graph_dir)
+    want = Encoder(tiny_google, lite_max_tokens=0, graph_dir=session_graph_dir).encode(["hello world!"])
+
+    def broken(*arrays: np.ndarray) -> np.ndarray:
+        raise RuntimeError("tensor allocation failed")
+
+    monkeypatch.setattr(encoder, "_lite", broken)
+    np.testing.assert_allclose(encoder.encode(["hello world!"]), want, atol=1e-6)
+    assert not encoder.uses_lite  # and it stays on TensorFlow
