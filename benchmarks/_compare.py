@@ -72,6 +72,7 @@ class CompareSettings:
     max_seq_len: int
     sentence_transformers: bool
     model_dir: Path | None
+    st_targets: tuple[float, float] = (1.5, 3.0)  # server fp32 and bf16 / sentence-transformers
 
 
 @dataclass
@@ -486,16 +487,20 @@ def throughput_target(rows: dict[str, ThroughputRow], name: str, top: str, botto
 
 
 def compute_targets(
-    rows: Sequence[ThroughputRow], latency: LatencyResult, padding: float, startup: StartupResult
+    rows: Sequence[ThroughputRow],
+    latency: LatencyResult,
+    padding: float,
+    startup: StartupResult,
+    st_targets: tuple[float, float],
 ) -> list[Target]:
     by_name = {r.name: r for r in rows}
     p99, limit = latency.under_load.p99, latency.limit_ms
     warm_cold = math.nan if startup.warm_to_cold is None else startup.warm_to_cold
     return [
-        throughput_target(by_name, "server fp32 / sentence-transformers", SERVER_FP32, ST_NAME, 1.3),
-        throughput_target(by_name, "server bf16 / sentence-transformers", SERVER_BF16, ST_NAME, 1.6),
-        throughput_target(by_name, "server fp32 / Encoder fp32", SERVER_FP32, "Encoder fp32", 0.9),
-        throughput_target(by_name, "server bf16 / Encoder bf16", SERVER_BF16, "Encoder bf16", 0.9),
+        throughput_target(by_name, "server fp32 / sentence-transformers", SERVER_FP32, ST_NAME, st_targets[0]),
+        throughput_target(by_name, "server bf16 / sentence-transformers", SERVER_BF16, ST_NAME, st_targets[1]),
+        throughput_target(by_name, "server fp32 / Encoder fp32", SERVER_FP32, "Encoder fp32", 0.95),
+        throughput_target(by_name, "server bf16 / Encoder bf16", SERVER_BF16, "Encoder bf16", 0.95),
         throughput_target(by_name, "single-sentence clients / one bulk client", CLIENTS_MERGE, SERVER_FP32, 0.6),
         target("p99 under load / (idle p50 + 1.5 x bulk job)", ratio(p99, math.nan if limit is None else limit),
                "<=", 1.0, f"p99 {p99:.0f} ms vs limit {fmt(limit, 0)} ms"),
@@ -594,6 +599,7 @@ def compare_settings(args: argparse.Namespace, model_dir: Path | None) -> Compar
         max_seq_len=args.max_seq_len,
         sentence_transformers=not args.no_sentence_transformers,
         model_dir=model_dir,
+        st_targets=args.st_targets,
     )
 
 
@@ -654,7 +660,7 @@ def run_compare(args: argparse.Namespace, model_dir: Path, progress: Progress) -
         status_padding_fraction_after_first_bulk=state.first_bulk_status_padding,
         peak_rss_mib=memory,
         startup=startup,
-        targets=compute_targets(rows, latency, fp32_padding, startup),
+        targets=compute_targets(rows, latency, fp32_padding, startup, settings.st_targets),
         skipped=skipped,
         load_average={"before": list(load_before), "after": list(load_after)},
         elapsed_s=round(progress.elapsed(), 1),

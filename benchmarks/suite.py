@@ -71,6 +71,14 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     add("--plots", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
 
 
+def _two_ratios(text: str) -> tuple[float, float]:
+    try:
+        fp32, bf16 = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers like 1.5,3, not {text!r}") from None
+    return fp32, bf16
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -97,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--idle-requests", type=int, default=None, help="single requests timed on the idle server (default: 50)")
     add("--start-repeats", type=int, default=None, help="cold and warm starts timed (default: 3)")
     add("--no-sentence-transformers", action="store_true", help="leave sentence-transformers out")
+    add("--st-targets", type=_two_ratios, default=(1.5, 3.0), metavar="FP32,BF16",
+        help="server / sentence-transformers throughput goals (default: 1.5,3; 2,4 for corpus-long.txt)")  # fmt: skip
     return parser
 
 
