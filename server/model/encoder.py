@@ -190,16 +190,23 @@ class Encoder:
         return result[:, :width] if self.token_level else result
 
     def _run_padded(self, batch: TokenizedBatch) -> np.ndarray:
-        import tensorflow as tf
-
         ids, segments, mask = batch.input_ids, batch.segment_ids, batch.input_mask
         rows, width = ids.shape
         if self._lite is not None and rows * width <= self.config.lite_max_tokens:
             try:
                 return self._run_lite(ids, mask, segments)
             except Exception as exc:  # LiteRT raises RuntimeError and ValueError
-                logger.warning("LiteRT failed on a %dx%d run (%s); every run goes to TensorFlow now", rows, width, exc)
-                self._lite = None
+                self._drop_lite(f"a {rows}x{width} run", exc)
+        return self._run_tf(ids, mask, segments)
+
+    def _drop_lite(self, what: str, exc: Exception) -> None:
+        logger.warning("LiteRT failed on %s (%s); every run goes to TensorFlow now", what, exc)
+        self._lite = None
+
+    def _run_tf(self, ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> np.ndarray:
+        import tensorflow as tf
+
+        rows, width = ids.shape
         if self.config.xla:
             padded = min(-(-width // _XLA_LENGTH_BUCKET) * _XLA_LENGTH_BUCKET, self.max_len)
             padded_rows = 1 << (rows - 1).bit_length()
@@ -213,12 +220,16 @@ class Encoder:
         return result[:, :width] if self.token_level else result
 
     def _warmup(self) -> None:
-        """One tiny run so the first request does not pay for graph optimization, and one
-        on TensorFlow too when tiny runs go to LiteRT."""
-        rows = [1, self.config.lite_max_tokens // 2 + 1] if self._lite is not None else [1]
-        for n in rows:
-            ids = np.tile(np.array([[self._tokenizer.cls_id, self._tokenizer.sep_id]], dtype=np.int32), (n, 1))
-            self._run_padded(TokenizedBatch(ids, np.zeros_like(ids), np.full(n, 2, np.int32), np.zeros(n, bool)))
+        """One tiny run on each runtime, so the first request does not pay for graph
+        optimization or LiteRT's set-up."""
+        ids = np.array([[self._tokenizer.cls_id, self._tokenizer.sep_id]], dtype=np.int32)
+        mask, segments = np.ones_like(ids), np.zeros_like(ids)
+        self._run_tf(ids, mask, segments)
+        if self._lite is not None:
+            try:
+                self._run_lite(ids, mask, segments)
+            except Exception as exc:
+                self._drop_lite("its warm-up run", exc)
 
 
 def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTokenizer]:
