@@ -43,8 +43,8 @@ class Encoder:
     ``options`` are the fields of :class:`~bertserve.server.ModelConfig` (the
     ``bertserve start`` flags): ``max_seq_len``, ``pooling_strategy``, ``pooling_layer``,
     ``mask_cls_sep``, ``normalize``, ``dtype``, ``output_dtype``, ``xla``, ``graph_dir``,
-    ``batch_size``, ``lite_max_tokens``, ``tuned_model_dir``, ``ckpt_name``, ``config_name``, ``vocab_name``,
-    ``do_lower_case``, ``device``. Options left out follow the model directory.
+    ``batch_size``, ``lite_max_tokens``, ``tuned_model_dir``, ``ckpt_name``, ``config_name``,
+    ``vocab_name``, ``do_lower_case``, ``device``. Options left out follow the model directory.
     """
 
     def __init__(self, model_dir: str | os.PathLike[str] | ModelConfig, **options: Any) -> None:
