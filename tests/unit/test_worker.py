@@ -151,3 +151,29 @@ def test_a_model_failure_becomes_an_error_for_the_job_and_the_credit_returns(bro
     info = p.loads(raw)
     assert kind == p.JOB_ERROR and "the model fell over" in info["error"] and info["kind"] == "worker"
     assert p.loads(broken.credit()[1])["job"] == "7"
+
+
+def test_the_heap_is_trimmed_when_a_bulk_burst_ends_and_not_after_small_jobs(hashing: Rig, monkeypatch) -> None:
+    from bertserve.server.serving import worker as worker_module
+
+    trims: list[float] = []
+    monkeypatch.setattr(worker_module, "trim_heap", lambda: trims.append(time.monotonic()) or True)
+    hashing.send_job(b"small", ["one"], [{"key": "s#1", "rows": [0]}])
+    hashing.credit()
+    assert trims == []
+    hashing.send_job(
+        b"bulk", [f"sentence {i}" for i in range(100)], [{"key": "b#1", "rows": list(range(100))}], bulk=True
+    )
+    hashing.credit()
+    deadline = time.monotonic() + 5
+    while not trims and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(trims) == 1
+
+
+def test_trim_heap_returns_free_memory_where_the_c_library_can() -> None:
+    import platform
+
+    from bertserve.server.memory import trim_heap
+
+    assert trim_heap() is (platform.libc_ver()[0] == "glibc")  # elsewhere a no-op that says so
