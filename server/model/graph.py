@@ -346,15 +346,27 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
 
 
 def load_function(graph_bytes: bytes, meta: GraphMeta, *, xla: bool = False) -> Callable:
-    """Import a serialized frozen graph as a callable ``f(input_ids, input_mask, segment_ids)``."""
+    """Import a serialized frozen graph as a callable ``f(input_ids, input_mask, segment_ids)``.
+
+    The embedding tables are taken out of the graph and captured as tensors: a constant is
+    copied into every form a function takes (the imported graph, the function library, the
+    optimized graph's kernels), and the word embeddings are half of a small BERT's weights.
+    A table only feeds a ``Gather``, which runs as fast on a captured tensor; the matrix
+    weights stay constants, which oneDNN's matrix products need to keep their reordered
+    copies. Measured with all-MiniLM-L6-v2 on a 2-core CPU: a worker's RSS after bulk work
+    fell from ~1,500 to ~1,220 MiB, run times unchanged.
+    """
     import tensorflow as tf
 
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(graph_bytes)
+    tables = {f"{name}:0": tf.constant(table) for name, table in _take_gather_tables(graph_def).items()}
 
     def _imported(input_ids: tf.Tensor, input_mask: tf.Tensor, segment_ids: tf.Tensor) -> tf.Tensor:
         # Feeding the inputs through input_map imports the graph once, with nothing to prune.
         inputs = dict(zip((f"{name}:0" for name in INPUT_NAMES), (input_ids, input_mask, segment_ids), strict=True))
+        graph = tf.compat.v1.get_default_graph()
+        inputs.update({name: graph.capture(table) for name, table in tables.items()})
         (output,) = tf.compat.v1.import_graph_def(
             graph_def, input_map=inputs, return_elements=[f"{meta.output_node}:0"], name="bert"
         )
@@ -365,3 +377,26 @@ def load_function(graph_bytes: bytes, meta: GraphMeta, *, xla: bool = False) -> 
     if xla:
         return tf.function(fn, jit_compile=True)
     return fn
+
+
+def _take_gather_tables(graph_def) -> dict[str, np.ndarray]:
+    """Turn each constant that only ``Gather`` ops read, as their table, into a placeholder
+    of the same type and shape; returns the constants' values by node name."""
+    import tensorflow as tf
+
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for node in graph_def.node:
+        for position, name in enumerate(node.input):
+            readers.setdefault(name.lstrip("^").split(":")[0], []).append((node.op, position))
+    tables = {}
+    for node in graph_def.node:
+        uses = readers.get(node.name, [])
+        if node.op != "Const" or not uses or any(use != ("GatherV2", 0) for use in uses):
+            continue
+        tables[node.name] = tf.make_ndarray(node.attr["value"].tensor)
+        dtype = node.attr["dtype"].type
+        node.op = "Placeholder"
+        node.ClearField("attr")
+        node.attr["dtype"].type = dtype
+        node.attr["shape"].shape.CopyFrom(tf.TensorShape(tables[node.name].shape).as_proto())
+    return tables
