@@ -12,7 +12,9 @@ import argparse
 import importlib.util
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -142,6 +144,12 @@ SERVER_FLAGS = [
     _Flag("--curve-dir", "serve with CURVE: DIR/server.key_secret; client keys in DIR/clients, admins in DIR/admins"),
     _Flag("--allow-terminate", "let clients stop the server (default: on loopback without CURVE, or admins)", _bool),
     _Flag("--model-class", "MODULE:NAME of a class implementing bertserve.server.model.interface.Model"),
+    _Flag("--http-port", "also serve HTTP on this port: OpenAI /v1/embeddings, /embed, /encode, /metrics, ...", int),
+    _Flag("--http-bind", "address the HTTP port listens on (default: --bind)"),
+    _Flag("--api-key", "HTTP callers must send Authorization: Bearer KEY (also BERTSERVE_API_KEY)"),
+    _Flag("--metrics-port", "serve Prometheus /metrics alone on this port (with --http-port it is at /metrics)", int),
+    _Flag("--served-model-name", "the model name the HTTP API lists and accepts (default: the model directory's)"),
+    _Flag("--model-alias", "other names the HTTP API accepts for the model", many=True, default=()),
 ]
 
 
@@ -163,9 +171,20 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
+    config = server_config_from_args(args)
+    # Every process of this server writes its metrics here; prometheus_client reads the
+    # variable when it is first imported, so it is set before anything imports it.
+    metrics_dir = tempfile.mkdtemp(prefix="bertserve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        return _serve(config, args)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _serve(config: ServerConfig, args: argparse.Namespace) -> int:
     from .serving.supervisor import BertServer
 
-    config = server_config_from_args(args)
     server = BertServer(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
     server.install_signal_handlers()
 
@@ -174,7 +193,8 @@ def _cmd_start(args: argparse.Namespace) -> int:
             f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
             f"results on port {config.port_out}, {config.num_worker} worker(s), "
             f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
-            f"dim {info.get('output_dim')}, {info.get('dtype')}, model {config.model.model_dir}",
+            f"dim {info.get('output_dim')}, {info.get('dtype')}, model {config.model.model_dir}"
+            + (f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}" if config.http_port else ""),
             flush=True,
         )
 

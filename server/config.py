@@ -192,12 +192,24 @@ class ServerConfig:
     curve_dir: str | None = None
     allow_terminate: bool | None = None
     model_class: str | None = None
+    http_port: int | None = None
+    http_bind: str | None = None
+    api_key: str | None = dataclasses.field(default=None, repr=False)
+    metrics_port: int | None = None
+    served_model_name: str | None = None
+    model_alias: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
             (self.num_worker >= 1, "num_worker must be at least 1"),
             (all(1 <= p <= 65535 for p in (self.port, self.port_out)), "ports must be between 1 and 65535"),
             (self.port != self.port_out, "port and port_out must differ"),
+            (all(p is None or 1 <= p <= 65535 for p in (self.http_port, self.metrics_port)),
+             "http_port and metrics_port must be between 1 and 65535"),
+            (len({self.port, self.port_out, self.http_port, self.metrics_port} - {None})
+             == 2 + (self.http_port is not None) + (self.metrics_port is not None),
+             "port, port_out, http_port and metrics_port must all differ"),
+            (self.api_key is None or len(self.api_key.strip()) >= 8, "api_key must be at least 8 characters"),
             (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
             (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
             (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),
@@ -226,6 +238,7 @@ class ServerConfig:
             if not ok:
                 raise ConfigError(problem)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
+        object.__setattr__(self, "model_alias", tuple(str(a) for a in self.model_alias))
         if self.curve_dir is not None:
             object.__setattr__(self, "curve_dir", os.fspath(self.curve_dir))
 
@@ -247,6 +260,7 @@ class ServerConfig:
     def public(self) -> dict[str, Any]:
         """The configuration as plain JSON values, for the CONFIG command."""
         data = dataclasses.asdict(self)
+        data["api_key"] = "(set)" if self.api_key is not None else None  # never the key itself
         model = data.pop("model")
         model["pooling_strategy"] = self.model.pooling_strategy.value if self.model.pooling_strategy else None
         return {**data, **{f"model_{k}" if k in data else k: v for k, v in model.items()}}

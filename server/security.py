@@ -104,21 +104,37 @@ def load_curve_dir(curve_dir: str | os.PathLike[str]) -> CurveServerKeys:
     return CurveServerKeys(public=public, secret=secret, clients_dir=clients_dir, admins=admins)
 
 
-def start_authenticator(context: zmq.Context, keys: CurveServerKeys) -> ThreadAuthenticator:
-    """Start pyzmq's ZAP authenticator in ``context``, allowing the keys in ``keys.clients_dir``.
+def start_authenticator(
+    context: zmq.Context, keys: CurveServerKeys, extra_keys: frozenset[bytes] = frozenset()
+) -> ThreadAuthenticator:
+    """Start pyzmq's ZAP authenticator in ``context``, allowing the keys in ``keys.clients_dir``
+    and the z85 public keys ``extra_keys`` (the HTTP front end's, which the server makes).
 
     It answers for the CURVE sockets of that context only, so each process that binds one
     (the ventilator's and the sink's) starts its own, before binding; ``stop()`` it at
     shutdown, before terminating the context. The client list is read once, now.
     """
+    from zmq.auth.certs import load_certificates
+
+    allowed = frozenset(load_certificates(os.fspath(keys.clients_dir))) | extra_keys
     authenticator = ThreadAuthenticator(context, log=logging.getLogger("bertserve.security.zap"))
     authenticator.start()
     try:
-        authenticator.configure_curve(domain="*", location=os.fspath(keys.clients_dir))
+        authenticator.configure_curve_callback(domain="*", credentials_provider=_AllowedKeys(allowed))
     except BaseException:
         authenticator.stop()
         raise
     return authenticator
+
+
+class _AllowedKeys:
+    """pyzmq's credentials provider: a fixed set of z85 public keys."""
+
+    def __init__(self, keys: frozenset[bytes]) -> None:
+        self._keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self._keys
 
 
 def make_curve_server(socket: zmq.Socket, keys: CurveServerKeys) -> None:

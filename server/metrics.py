@@ -1,0 +1,101 @@
+"""Prometheus metrics of every server process, in one registry.
+
+The ventilator, the sink and the HTTP front end are separate processes, so the metrics use
+``prometheus-client``'s multiprocess mode: each process writes its values to memory-mapped
+files in one directory, and whoever serves ``/metrics`` merges them. ``prometheus_client``
+reads that directory from ``PROMETHEUS_MULTIPROC_DIR`` when it is first imported, so
+``bertserve start`` creates a fresh one before anything imports this module, and its child
+processes inherit it. Without it (an in-process ``Ventilator``
+in a test, say) the metrics live in this process's default registry.
+
+Requests are labelled with their ``path``: ``http`` for those the HTTP front end sends
+(their client ids carry :data:`HTTP_ID_MARK`), ``zmq`` for every other client.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+HTTP_ID_MARK = b"http-"
+"""Client ids of the HTTP front end start with this (after ``<key>:`` under CURVE)."""
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+REQUESTS = Counter(
+    "bertserve_requests_total", "Encode requests answered, by path and outcome (ok, or the error kind)",
+    ["path", "outcome"],
+)  # fmt: skip
+REQUEST_SECONDS = Histogram(
+    "bertserve_request_duration_seconds", "Time from admitting an encode request to publishing its reply",
+    ["path"], buckets=_LATENCY_BUCKETS,
+)  # fmt: skip
+SENTENCES = Counter("bertserve_sentences_total", "Inputs encoded by the workers")
+TOKENS = Counter("bertserve_tokens_total", "Tokens encoded by the workers, padding left out")
+TOKEN_SLOTS = Counter("bertserve_token_slots_total", "Token positions the model computed, padding included")
+PADDING = Gauge(
+    "bertserve_padding_ratio", "Share of computed token positions that were padding, since start",
+    multiprocess_mode="mostrecent",
+)  # fmt: skip
+JOB_SENTENCES = Histogram("bertserve_job_sentences", "Inputs per mini-job sent to a worker", buckets=_SIZE_BUCKETS)
+JOB_SECONDS = Histogram("bertserve_job_seconds", "Model time of one mini-job in its worker", buckets=_LATENCY_BUCKETS)
+QUEUED = Gauge(
+    "bertserve_queued_sentences", "Inputs waiting in the scheduler, by queue (small, bulk, retry)",
+    ["queue"], multiprocess_mode="mostrecent",
+)  # fmt: skip
+QUEUED_REQUESTS = Gauge(
+    "bertserve_queued_requests", "Requests waiting in the scheduler, by queue (small, bulk)",
+    ["queue"], multiprocess_mode="mostrecent",
+)  # fmt: skip
+RUNNING_JOBS = Gauge("bertserve_running_jobs", "Mini-jobs held by workers", multiprocess_mode="mostrecent")
+IN_FLIGHT = Gauge("bertserve_in_flight_requests", "Admitted requests not answered yet", multiprocess_mode="mostrecent")
+REJECTIONS = Counter("bertserve_rejections_total", "Requests refused on arrival, by kind (busy, limit, ...)", ["kind"])
+RESTARTS = Counter("bertserve_process_restarts_total", "Server processes restarted after a failure", ["process"])
+WORKERS = Gauge("bertserve_workers", "Workers registered and serving", multiprocess_mode="mostrecent")
+READY = Gauge(
+    "bertserve_ready", "1 when the server has a worker and answers encode requests", multiprocess_mode="mostrecent"
+)
+MODEL = Gauge(
+    "bertserve_model_info", "The served model; the value is always 1",
+    ["model", "dtype", "pooling_strategy", "output_dim", "max_seq_len"], multiprocess_mode="mostrecent",
+)  # fmt: skip
+HTTP_REQUESTS = Counter(
+    "bertserve_http_requests_total", "HTTP requests by endpoint and status code", ["endpoint", "status"]
+)
+HTTP_SECONDS = Histogram(
+    "bertserve_http_request_duration_seconds", "HTTP request time by endpoint", ["endpoint"],
+    buckets=_LATENCY_BUCKETS,
+)  # fmt: skip
+
+
+def path_of(client_id: bytes) -> str:
+    """``http`` for a request the HTTP front end sent, ``zmq`` for any other."""
+    _, _, own = client_id.rpartition(b":")
+    return "http" if own.startswith(HTTP_ID_MARK) else "zmq"
+
+
+def _registry() -> CollectorRegistry:
+    directory = os.environ.get(_ENV)
+    if not directory:
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    return registry
+
+
+def render() -> tuple[bytes, str]:
+    """Every process's metrics in Prometheus' text format, and its content type."""
+    return generate_latest(_registry()), CONTENT_TYPE
+
+
+def serve(port: int, bind: str) -> None:
+    """Serve ``/metrics`` alone on ``bind:port`` from a thread of this process (``--metrics-port``)."""
+    from prometheus_client import start_http_server
+
+    start_http_server(port, addr=bind, registry=_registry())
