@@ -14,7 +14,7 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
 
     sink PUB -> client SUB           [client_id, request_id, status, header, *buffer]
         status    OK | ERROR
-        header    ENCODE: array header {"dtype", "shape"} (+ "tokens"); CONFIG/STATUS: the answer;
+        header    ENCODE: array header {"dtype", "shape", "token_count"} (+ "tokens"); CONFIG/STATUS: the answer;
                   ERROR: {"error": message, "kind": short name}
         buffer    ENCODE: the vectors' raw bytes, C order
 
@@ -30,12 +30,15 @@ Inside the server (same version, never seen by clients)::
         worker PUSH -> ventilator    [DONE, JSON {job, worker, seconds, tokens, slots}]   (returns the job's credit)
                                      [HEARTBEAT, worker identity]   (every second, from its own thread)
         ventilator -> worker         [JOB, job_id, JSON {parts, is_tokenized, show_tokens}, payload] | [STOP]
-    worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens}, buffer]
+    worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens, lengths}, buffer]
                                      [JOB_ERROR, job_id, JSON {parts, error}]
 
 A job's ``parts`` is a list of ``{"key": request key, "rows": [row indexes in the request]}``
 in the order the job's rows are laid out. A request key is ``"<client id as hex>#<request id>"``,
 so any client id (1 to 64 arbitrary bytes) round-trips exactly.
+
+``token_count`` is how many tokens the request's inputs became, [CLS] and [SEP] included
+(after truncation); ``lengths`` holds that count for each row of a job.
 
 Error replies carry a ``kind``: ``input`` (bad texts), ``limit`` (over a size limit),
 ``busy`` (the server's queues are full: retry later), ``protocol``, ``forbidden``,

@@ -210,6 +210,8 @@ class ServerConfig:
              == 2 + (self.http_port is not None) + (self.metrics_port is not None),
              "port, port_out, http_port and metrics_port must all differ"),
             (self.api_key is None or len(self.api_key.strip()) >= 8, "api_key must be at least 8 characters"),
+            (self.curve_dir is None or self.http_port is None or self.api_key is not None,
+             "with curve_dir, serving HTTP needs api_key too: else HTTP would serve anyone CURVE keeps out"),
             (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
             (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
             (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),

@@ -95,7 +95,7 @@ class EncodeRequest(BaseModel):
 
 
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
-    state: dict[str, Gateway] = {}
+    state: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -127,7 +127,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 
     # -- encoding --
 
-    async def encode(request: Request, texts: list[Any], *, is_tokenized: bool = False, user: str | None) -> np.ndarray:
+    async def encode(request: Request, texts: list[Any], *, is_tokenized: bool = False, user: str | None) -> p.Reply:
         if len(texts) > settings.max_inputs:
             raise HTTPError(413, f"the request has {len(texts)} inputs; this server takes at most "
                             f"{settings.max_inputs} per request")  # fmt: skip
@@ -143,7 +143,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         if not reply.ok:
             kind = str(reply.header.get("kind", "internal"))
             raise HTTPError(STATUS_OF_KIND.get(kind, 500), str(reply.header.get("error")), code=kind)
-        return reply.array()
+        return reply
 
     async def model_info() -> dict[str, Any]:
         gw = gateway()
@@ -154,12 +154,15 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         return gw.config
 
     async def ready_or_503() -> None:
+        if state.get("was_ready"):
+            return  # once up, a server answers for itself: it queues while a worker restarts, 503s at shutdown
         try:
             status = await gateway().status()
         except GatewayError as exc:
             raise HTTPError(503, f"the server is not answering: {exc}") from None
         if not status.get("ready"):
             raise HTTPError(503, "the server is starting: no worker has loaded the model yet")
+        state["was_ready"] = True
 
     async def count_tokens(texts: list[Any], is_tokenized: bool) -> np.ndarray:
         count = settings.tokenizer.count_tokens
@@ -183,8 +186,11 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         if body.dimensions is not None and body.dimensions != dim:
             raise HTTPError(422, f"dimensions={body.dimensions} is not supported: this model's vectors have {dim} "
                             "dimensions", param="dimensions")  # fmt: skip
-        vectors = (await encode(request, texts, is_tokenized=is_tokenized, user=body.user)).astype("<f4", copy=False)
-        tokens = int((await count_tokens(texts, is_tokenized)).sum())
+        reply = await encode(request, texts, is_tokenized=is_tokenized, user=body.user)
+        vectors = reply.array().astype("<f4", copy=False)
+        tokens = reply.header.get("token_count")
+        if not isinstance(tokens, int):  # the model behind the server does not count them
+            tokens = int((await count_tokens(texts, is_tokenized)).sum())
         if body.encoding_format == "base64":
             data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
                     for i, row in enumerate(vectors)]  # fmt: skip
@@ -218,7 +224,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                 first = int(np.argmax(over))
                 raise HTTPError(413, f"inputs[{first}] is longer than the {settings.tokenizer.max_len} tokens this "
                                 "server takes; pass truncate=true to cut it")  # fmt: skip
-        vectors = (await encode(request, texts, user=None)).astype(np.float32, copy=False)
+        vectors = (await encode(request, texts, user=None)).array().astype(np.float32, copy=False)
         if body.normalize and not info.get("normalize"):
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return _json(vectors)
@@ -227,8 +233,8 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
         texts = _checked(body.texts, "texts", is_tokenized=body.is_tokenized)
         await ready_or_503()
-        vectors = await encode(request, texts, is_tokenized=body.is_tokenized, user=None)
-        return _json({"id": body.id, "result": vectors.astype(np.float32, copy=False)})
+        reply = await encode(request, texts, is_tokenized=body.is_tokenized, user=None)
+        return _json({"id": body.id, "result": reply.array().astype(np.float32, copy=False)})
 
     # -- operations --
 
@@ -236,9 +242,14 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     async def health() -> Response:
         return _json({"status": "ok"})
 
-    @app.get("/ready", summary="Readiness: 200 once a worker has loaded the model, else 503")
+    @app.get("/ready", summary="Readiness: 200 while a worker has the model loaded, else 503")
     async def ready() -> Response:
-        await ready_or_503()
+        try:
+            status = await gateway().status()
+        except GatewayError as exc:
+            raise HTTPError(503, f"the server is not answering: {exc}") from None
+        if not status.get("ready"):
+            raise HTTPError(503, "no worker has the model loaded: the server is starting, or its workers restart")
         return _json({"status": "ready"})
 
     @app.get("/status", summary="The server's status, as `bertserve status` shows it")

@@ -53,6 +53,7 @@ class _Pending:
     admitted: float = field(default_factory=time.monotonic)
     parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (rows, vectors)
     tokens: list[Any] | None = None
+    token_count: int = 0  # tokens of the rows placed, [CLS] and [SEP] included
     filled: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -62,7 +63,9 @@ class _Pending:
     def complete(self) -> bool:
         return bool(self.filled.all())
 
-    def add(self, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None) -> None:
+    def add(
+        self, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, lengths: np.ndarray | None = None
+    ) -> None:
         """Place the rows not placed yet; rows already in are duplicates and are skipped."""
         if len(rows) != len(vectors) or (len(rows) and (rows.min() < 0 or rows.max() >= self.count)):
             raise _BadParts(f"rows {rows[:8].tolist()}... do not fit a request of {self.count}")
@@ -73,6 +76,8 @@ class _Pending:
             return
         rows, vectors = rows[new], vectors[new]
         self.filled[rows] = True
+        if lengths is not None and len(lengths) == len(new):
+            self.token_count += int(lengths[new].sum())
         self.parts.append((rows, vectors))
         if self.show_tokens and tokens is not None:
             if self.tokens is None:
@@ -123,7 +128,7 @@ class Sink:
             self.close()  # or context.term() would wait for these sockets forever
             raise
         self.pending: dict[str, _Pending] = {}
-        self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None]]] = {}
+        self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None, np.ndarray | None]]] = {}
         self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
         self.served = 0
         self.failed = 0
@@ -209,8 +214,8 @@ class Sink:
         pending = _Pending(bytes.fromhex(info["client"]), int(info["request_id"]), int(info["count"]),
                            bool(info.get("show_tokens")), deadline)  # fmt: skip
         self.pending[key] = pending
-        for _, rows, vectors, tokens in self.orphans.pop(key, []):
-            self._add(key, pending, rows, vectors, tokens)
+        for _, rows, vectors, tokens, lengths in self.orphans.pop(key, []):
+            self._add(key, pending, rows, vectors, tokens, lengths)
         self._maybe_publish(key)
 
     def _on_publish(self, rest: list[Any]) -> None:
@@ -236,30 +241,37 @@ class Sink:
         header = p.loads(raw_header)
         vectors = p.array_from_buffer(header, buffer)
         tokens = header.get("tokens")
+        all_lengths = header.get("lengths")
+        lengths = np.asarray(all_lengths, dtype=np.int64) if isinstance(all_lengths, list) else None
         offset = 0
         for part in header["parts"]:
             rows = np.asarray(part["rows"], dtype=np.int64)
             chunk = vectors[offset : offset + len(rows)]
             chunk_tokens = tokens[offset : offset + len(rows)] if tokens is not None else None
+            chunk_lengths = lengths[offset : offset + len(rows)] if lengths is not None else None
             offset += len(rows)
             key = part["key"]
             pending = self.pending.get(key)
             if pending is None:
                 if key not in self.closed:
-                    self._keep_orphan(key, rows, chunk, chunk_tokens)
+                    self._keep_orphan(key, rows, chunk, chunk_tokens, chunk_lengths)
                 continue
-            self._add(key, pending, rows, chunk, chunk_tokens)
+            self._add(key, pending, rows, chunk, chunk_tokens, chunk_lengths)
             self._maybe_publish(key)
 
-    def _keep_orphan(self, key: str, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None) -> None:
+    def _keep_orphan(
+        self, key: str, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, lengths: np.ndarray | None
+    ) -> None:
         if key not in self.orphans and len(self.orphans) >= _MAX_ORPHAN_KEYS:
             logger.warning("too many results for unknown requests; dropping those for %s", key)
             return
-        self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens))
+        self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens, lengths))
 
-    def _add(self, key: str, pending: _Pending, rows: np.ndarray, vectors: np.ndarray, tokens: Any) -> None:
+    def _add(
+        self, key: str, pending: _Pending, rows: np.ndarray, vectors: np.ndarray, tokens: Any, lengths: Any = None
+    ) -> None:
         try:
-            pending.add(rows, vectors, tokens)
+            pending.add(rows, vectors, tokens, lengths)
         except _BadParts as exc:
             logger.error("a result for %s does not fit it: %s", key, exc)
             self._fail(key, f"the server produced a malformed result for this request: {exc}", "internal")
@@ -282,6 +294,7 @@ class Sink:
         try:
             array = pending.assemble()
             header = p.array_header(array)
+            header["token_count"] = pending.token_count
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
             frames = p.encode_reply(pending.client, pending.request_id, True, header, array.data)

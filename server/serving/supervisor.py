@@ -108,6 +108,7 @@ class BertServer:
                 admins = keys.admins
             else:
                 self._warn_if_exposed()
+            self._warn_if_http_exposed()
             self._bind(frontend, self.config.port)
             self._check_port_free(context, self.config.port_out)
             if self.config.http_port is not None:
@@ -174,6 +175,16 @@ class BertServer:
                 "encrypt.",
                 self.config.bind, self.config.port, self.config.port_out,
                 ", and stop the server (--allow-terminate true)" if self.config.allow_terminate else "",
+            )  # fmt: skip
+
+    def _warn_if_http_exposed(self) -> None:
+        from ..security import loopback_only
+
+        http_bind = self.config.http_bind or self.config.bind
+        if self.config.http_port is not None and self.config.api_key is None and not loopback_only(http_bind):
+            logger.warning(
+                "SERVING HTTP ON %s:%d WITHOUT AN API KEY: anyone who reaches it can encode. Set --api-key "
+                "(or BERTSERVE_API_KEY).", http_bind, self.config.http_port,
             )  # fmt: skip
 
     def _check_model(self) -> None:

@@ -241,7 +241,10 @@ class Worker:
             vectors, slots, lent = self._run_model(batch, bool(header.get("bulk")))
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
-            out = {"parts": parts, **p.array_header(vectors), "tokens": header.get("tokens")}
+            out = {
+                "parts": parts, **p.array_header(vectors), "tokens": header.get("tokens"),
+                "lengths": np.asarray(lengths).tolist(),
+            }  # fmt: skip
             self.results.send_multipart([p.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
             tokens = int(batch.lengths.sum())
         except Exception as exc:

@@ -6,12 +6,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+import numpy as np
 import pytest
 import zmq
 from bertserve.client import AuthenticationError, BertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.client.security import keygen, load_public_key, load_secret_cert
-from serving import RunningServer, start_server
+from serving import RunningServer, free_port, start_server
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,14 +46,31 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     return Keys(root)
 
 
+HTTP_PORT = free_port()
+HTTP_KEY = "curve-and-http-key"
+
+
 @pytest.fixture(scope="module")
 def server(keys: Keys, tiny_google: str, session_graph_dir: str) -> Iterator[RunningServer]:
     running = start_server(
         "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--curve-dir", str(keys.root), "--max-latency-ms", "2",
+        "--curve-dir", str(keys.root), "--max-latency-ms", "2", "--http-port", str(HTTP_PORT),
+        "--api-key", HTTP_KEY,
     )  # fmt: skip
     yield running
     running.stop()
+
+
+def test_the_http_front_end_reaches_a_curve_server(server: RunningServer, keys: Keys) -> None:
+    # The front end connects with a key the server made for it; its callers need the API key.
+    texts = ["through the front end", "and a second sentence"]
+    with client(server, keys, "alice") as alice:
+        expected = alice.encode(texts)
+    url, auth = f"http://127.0.0.1:{HTTP_PORT}/v1/embeddings", {"Authorization": f"Bearer {HTTP_KEY}"}
+    assert httpx.post(url, json={"input": texts}, timeout=30).status_code == 401
+    reply = httpx.post(url, json={"input": texts}, headers=auth, timeout=30)
+    assert reply.status_code == 200, reply.text
+    np.testing.assert_allclose(np.array([d["embedding"] for d in reply.json()["data"]]), expected, atol=1e-5)
 
 
 def client(server: RunningServer, keys: Keys, name: str, **options) -> BertClient:

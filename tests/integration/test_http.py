@@ -77,7 +77,11 @@ def test_the_openai_package_gets_bertclients_vectors(server: HTTPServer) -> None
     one = openai.embeddings.create(model=MODEL, input=texts[0], encoding_format="float")
     assert one.model == MODEL and len(one.data) == 1 and one.data[0].index == 0
     np.testing.assert_allclose(one.data[0].embedding, expected[0], rtol=0, atol=1e-5)
-    assert one.usage.prompt_tokens == one.usage.total_tokens > 2
+    with server.bert_client() as bc:
+        _, tokens = bc.encode(texts[:2], show_tokens=True)
+    assert one.usage.prompt_tokens == one.usage.total_tokens == len(tokens[0])
+    two = openai.embeddings.create(model=MODEL, input=texts[:2])
+    assert two.usage.prompt_tokens == len(tokens[0]) + len(tokens[1])
 
     many = openai.embeddings.create(model="text-embedding-3-small", input=texts, encoding_format="float")
     assert [d.index for d in many.data] == list(range(1000))

