@@ -128,13 +128,13 @@ class Gateway:
         future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
         self._waiting[key] = future
         frames = p.encode_request(client_id, command, request_id, header, texts)
-
-        async def exchange() -> p.Reply:
-            await self._push.send_multipart(frames, copy=False)
-            return await future
-
+        deadline = time.monotonic() + timeout_s
         try:
-            return await asyncio.wait_for(exchange(), timeout_s)
+            try:  # ZeroMQ takes a message at once unless the queue to the server is full
+                await self._push.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                await asyncio.wait_for(self._push.send_multipart(frames, copy=False), timeout_s)
+            return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             raise GatewayError(f"no answer from the server within {timeout_s:g} s") from None
         finally:

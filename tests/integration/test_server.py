@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import httpx
 import numpy as np
 import psutil
 import pytest
@@ -306,9 +307,18 @@ def test_sigterm_mid_request_fails_it_with_a_reply(tiny_google: str, session_gra
 
 
 def test_ctrl_c_stops_every_process(tiny_google: str, session_graph_dir: str) -> None:
-    server = start_server("--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--num-worker", "2")
+    http_port, metrics_port = free_port(), free_port()
+    server = start_server(
+        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--num-worker", "2",
+        "--http-port", str(http_port), "--metrics-port", str(metrics_port),
+    )  # fmt: skip
     family = server.family()
-    assert len(family) >= 4  # server, sink, two workers
+    assert len(family) >= 5  # server, sink, two workers, HTTP
+    with BertClient(**server.client_kwargs, timeout=30_000) as client:
+        client.encode(sentences(3))
+    scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    assert 'bertserve_requests_total{outcome="ok",path="zmq"} 1.0' in scraped and "bertserve_workers 2.0" in scraped
+    assert httpx.get(f"http://127.0.0.1:{http_port}/ready", timeout=10).status_code == 200
     os.killpg(server.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
     assert server.process.wait(60) == 0
     assert not psutil.wait_procs(family, timeout=20)[1]
