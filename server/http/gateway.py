@@ -131,9 +131,9 @@ class Gateway:
         deadline = time.monotonic() + timeout_s
         try:
             try:  # ZeroMQ takes a message at once unless the queue to the server is full
-                await self._push.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                await self._push.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
-                await asyncio.wait_for(self._push.send_multipart(frames, copy=False), timeout_s)
+                await asyncio.wait_for(self._push.send_multipart(frames), timeout_s)
             return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             raise GatewayError(f"no answer from the server within {timeout_s:g} s") from None

@@ -269,14 +269,44 @@ def test_64_concurrent_requests_are_all_answered_correctly(server: HTTPServer) -
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def front_end(server: HTTPServer) -> psutil.Process | None:
+    """The server's child process that listens on the HTTP port."""
+    for child in psutil.Process(server.running.process.pid).children(recursive=True):
+        try:
+            connections = child.net_connections()
+        except psutil.Error:
+            continue
+        if any(c.laddr.port == server.http_port and c.status == psutil.CONN_LISTEN for c in connections):
+            return child
+    return None
+
+
 def test_the_http_process_never_loads_tensorflow(server: HTTPServer) -> None:
-    root = psutil.Process(server.running.process.pid)
-    (front,) = [
-        child for child in root.children(recursive=True)
-        if any(c.laddr.port == server.http_port and c.status == psutil.CONN_LISTEN for c in child.net_connections())
-    ]  # fmt: skip
+    front = front_end(server)
+    assert front is not None
     mapped = [m.path for m in front.memory_maps()]
     assert mapped and not [path for path in mapped if "tensorflow" in path.lower()], "TensorFlow is loaded"
+
+
+def test_a_killed_http_process_is_replaced(server: HTTPServer) -> None:
+    front = front_end(server)
+    assert front is not None
+    front.kill()
+    front.wait(10)
+    replaced = wait_for(lambda: front_end(server), 30, "a new HTTP process listening")
+    assert replaced.pid != front.pid
+    with server.http() as http:
+        reply = wait_for(lambda: _ok(http, {"input": "after the restart"}), 30, "the new HTTP process serving")
+    assert len(reply.json()["data"]) == 1
+    assert metric_values(server)[("bertserve_process_restarts_total", (("process", "http"),))] == 1
+
+
+def _ok(http: httpx.Client, body: dict) -> httpx.Response | None:
+    try:
+        reply = http.post("/v1/embeddings", json=body)
+    except httpx.TransportError:
+        return None
+    return reply if reply.status_code == 200 else None
 
 
 # -- start-up and overload -------------------------------------------------------------------
