@@ -3,7 +3,8 @@
 They never import TensorFlow. ``encode``, ``status`` and ``stop`` talk to a running server;
 ``--host``, ``--port``, ``--port-out``, ``--server-key`` and ``--client-cert`` default to
 ``BERTSERVE_HOST``, ``BERTSERVE_PORT``, ``BERTSERVE_PORT_OUT``, ``BERTSERVE_SERVER_KEY`` and
-``BERTSERVE_CLIENT_CERT`` when those are set. ``keygen`` writes a CURVE certificate pair.
+``BERTSERVE_CLIENT_CERT`` when those are set; without either, ``--port-out`` is ``--port`` + 1,
+as on the server. ``keygen`` writes a CURVE certificate pair.
 Each command returns its exit code: 0, or 1 with a one-line error on stderr when the server
 does not answer or answers with an error.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_PORT_OUT, DEFAULT_TIMEOUT_MS, BertClient
+from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, BertClient
 from .errors import BertClientError
 from .security import keygen
 
@@ -84,7 +85,10 @@ def _add_connection_arguments(parser: argparse.ArgumentParser, timeout_ms: int) 
         "--port", type=_port, default=env("BERTSERVE_PORT", DEFAULT_PORT), help="server port for requests"
     )
     group.add_argument(
-        "--port-out", type=_port, default=env("BERTSERVE_PORT_OUT", DEFAULT_PORT_OUT), help="server port for replies"
+        "--port-out",
+        type=_port,
+        default=env("BERTSERVE_PORT_OUT") or None,
+        help="server port for replies (default: --port + 1)",
     )
     group.add_argument("--timeout", type=_positive_int, default=timeout_ms, help="milliseconds to wait for an answer")
     group.add_argument(

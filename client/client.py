@@ -60,7 +60,6 @@ logger = logging.getLogger("bertserve.client")
 
 DEFAULT_HOST = "localhost"
 DEFAULT_PORT = 5555
-DEFAULT_PORT_OUT = 5556
 DEFAULT_TIMEOUT_MS = 60_000
 MAX_IDENTITY_BYTES = 64
 
@@ -110,6 +109,15 @@ def _check_port(name: str, port: object) -> int:
     if not 0 < port < 65536:
         raise ValueError(f"{name} must be 1 to 65535, not {port}")
     return port
+
+
+def _check_port_out(port: int, port_out: object) -> int:
+    """The reply port: ``port_out``, or ``port + 1`` when it is ``None``."""
+    if port_out is not None:
+        return _check_port("port_out", port_out)
+    if port == 65535:
+        raise ValueError("port_out defaults to port + 1, and port is 65535: pass port_out")
+    return port + 1
 
 
 def _check_identity(identity: bytes | str | None, public_key: bytes | None = None) -> bytes:
@@ -172,11 +180,12 @@ class BertClient:
     """A connection to one bertserve server; not to be shared between threads.
 
     ``BertClient(host, port, port_out)`` connects to the server's request port ``port`` and
-    reply port ``port_out`` and asks for its configuration, so a server that is not there
-    raises :class:`ServerTimeoutError` right away. ``timeout`` (milliseconds, finite) bounds
-    every wait. Use it as a context manager, or call :meth:`close`; a closed client raises
-    :class:`ClientClosedError`. Calls from two threads at once raise
-    :class:`ConcurrentUseError`: share a server between threads with ``ConcurrentBertClient``.
+    reply port ``port_out`` (by default ``port + 1``, as the server has it) and asks for its
+    configuration, so a server that is not there raises :class:`ServerTimeoutError` right
+    away. ``timeout`` (milliseconds, finite) bounds every wait. Use it as a context manager,
+    or call :meth:`close`; a closed client raises :class:`ClientClosedError`. Calls from two
+    threads at once raise :class:`ConcurrentUseError`: share a server between threads with
+    ``ConcurrentBertClient``.
 
     Options: ``output_fmt`` ``"ndarray"`` (default) or ``"list"``; ``identity`` the bytes
     the replies are addressed to (default a random UUID); ``check_version`` compares the
@@ -195,7 +204,7 @@ class BertClient:
         self,
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
-        port_out: int = DEFAULT_PORT_OUT,
+        port_out: int | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT_MS,
         output_fmt: Literal["ndarray", "list"] = "ndarray",
@@ -210,7 +219,7 @@ class BertClient:
             raise ValueError(f"host must be a non-empty string, not {host!r}")
         self.host = host
         self.port = _check_port("port", port)
-        self.port_out = _check_port("port_out", port_out)
+        self.port_out = _check_port_out(self.port, port_out)
         self.timeout = check_timeout(timeout)
         if output_fmt not in ("ndarray", "list"):
             raise ValueError(f'output_fmt must be "ndarray" or "list", not {output_fmt!r}')
@@ -220,7 +229,7 @@ class BertClient:
         self.check_length = check_length
         bracketed = f"[{host}]" if ":" in host else host  # an IPv6 address
         self._address = f"tcp://{bracketed}:{port}"
-        self._address_out = f"tcp://{bracketed}:{port_out}"
+        self._address_out = f"tcp://{bracketed}:{self.port_out}"
 
         self._lock = threading.Lock()
         self._closed = False

@@ -23,11 +23,11 @@ from .errors import ClientClosedError, ServerError, ServerTimeoutError
 class ConcurrentBertClient:
     """A thread-safe pool of :class:`BertClient` for one server.
 
-    ``kwargs`` are passed to every ``BertClient`` (``host``, ``port``, ``port_out``,
-    ``timeout``, ``server_key`` and ``client_cert``, ...); under CURVE each pooled client
-    gets its own identity under the one key. Clients are created when first needed, at most ``max_concurrency``
-    of them; a caller that finds them all busy waits up to ``timeout`` ms, then raises
-    :class:`ServerTimeoutError`. Use it as a context manager or call :meth:`close`.
+    ``kwargs`` are passed to every ``BertClient`` (``host``, ``port``, ``port_out``, by default
+    ``port + 1``, ``timeout``, ``server_key`` and ``client_cert``, ...); under CURVE each pooled
+    client gets its own identity under the one key. Clients are created when first needed, at
+    most ``max_concurrency`` of them; a caller that finds them all busy waits up to ``timeout``
+    ms, then raises :class:`ServerTimeoutError`. Use it as a context manager or call :meth:`close`.
     """
 
     def __init__(self, max_concurrency: int = 10, **kwargs: Any) -> None:

@@ -116,7 +116,7 @@ MODEL_FLAGS = [
 SERVER_FLAGS = [
     _Flag("--num-worker", "worker processes", int, 1),
     _Flag("--port", "port that takes requests", int, 5555),
-    _Flag("--port-out", "port that publishes results", int, 5556),
+    _Flag("--port-out", "port that publishes results (default: --port + 1)", int),
     _Flag("--bind", "address to listen on (0.0.0.0 for every interface)", default="127.0.0.1"),
     _Flag("--max-batch-size", "most sentences in one mini-job", int, 256),
     _Flag("--max-batch-tokens", "most padded tokens in one bulk mini-job, so jobs take similar time", int, 4096),

@@ -99,6 +99,7 @@ class BertServer:
             else:
                 self._warn_if_exposed()
             self._bind(frontend, self.config.port)
+            assert self.config.port_out is not None  # ServerConfig made it port + 1
             self._check_port_free(context, self.config.port_out)
             self._start_sink(addresses)
             count_tokens = None

