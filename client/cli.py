@@ -28,10 +28,34 @@ from .security import keygen
 _CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` that ends each flag's line with its default. A flag whose default is
+    ``None`` or empty says what leaving it out means in its own help text (see
+    :func:`unset_help`), and a switch that takes no value (``--is-tokenized``) is simply off
+    unless given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if _unset(action.default) or action.nargs == 0 or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def unset_help(help: str, default: object, meaning: str) -> str:
+    """``help`` for a flag, ending with what leaving it out means while its default is None
+    or empty (a default from the environment is shown by :class:`HelpFormatter` instead)."""
+    return f"{help} (default: {meaning})" if _unset(default) else help
+
+
+def _unset(default: object) -> bool:
+    return default is None or (isinstance(default, (list, tuple)) and not default)
+
+
 def add_client_commands(subparsers: Any) -> None:
     """Register ``encode``, ``status``, ``stop`` and ``keygen`` on an ``add_subparsers()``
     object; each sets ``run``, called as ``args.run(args)`` and returning the exit code."""
-    encode = subparsers.add_parser("encode", help="encode lines of text on a running server, write a .npy file")
+    encode = subparsers.add_parser(
+        "encode", help="encode lines of text on a running server, write a .npy file", formatter_class=HelpFormatter
+    )
     encode.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
     encode.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
     _add_connection_arguments(encode, DEFAULT_TIMEOUT_MS)
@@ -39,11 +63,13 @@ def add_client_commands(subparsers: Any) -> None:
     encode.add_argument("--is-tokenized", action="store_true", help="each line is tokens separated by whitespace")
     encode.set_defaults(run=_cmd_encode)
 
-    status = subparsers.add_parser("status", help="print a running server's status as JSON")
+    status = subparsers.add_parser(
+        "status", help="print a running server's status as JSON", formatter_class=HelpFormatter
+    )
     _add_connection_arguments(status, _CONTROL_TIMEOUT_MS)
     status.set_defaults(run=_cmd_status)
 
-    stop = subparsers.add_parser("stop", help="ask a running server to shut down")
+    stop = subparsers.add_parser("stop", help="ask a running server to shut down", formatter_class=HelpFormatter)
     _add_connection_arguments(stop, _CONTROL_TIMEOUT_MS)
     stop.set_defaults(run=_cmd_stop)
 
@@ -53,6 +79,7 @@ def add_client_commands(subparsers: Any) -> None:
         description="Write a CURVE certificate pair DIR/NAME.key (public: give it to the other side) and "
         "DIR/NAME.key_secret (secret, mode 0600). A server's directory holds server.key_secret, "
         "clients/ with each allowed client's NAME.key, and admins/ with the keys that may stop it.",
+        formatter_class=HelpFormatter,
     )
     keys.add_argument("directory", metavar="DIR", help="where to write the pair (created if missing)")
     keys.add_argument("--name", required=True, help="file name of the pair, e.g. server or a client's name")
@@ -84,24 +111,32 @@ def _add_connection_arguments(parser: argparse.ArgumentParser, timeout_ms: int) 
     group.add_argument(
         "--port", type=_port, default=env("BERTSERVE_PORT", DEFAULT_PORT), help="server port for requests"
     )
+    port_out = env("BERTSERVE_PORT_OUT") or None
     group.add_argument(
-        "--port-out",
-        type=_port,
-        default=env("BERTSERVE_PORT_OUT") or None,
-        help="server port for replies (default: --port + 1)",
+        "--port-out", type=_port, default=port_out, help=unset_help("server port for replies", port_out, "--port + 1")
     )
     group.add_argument("--timeout", type=_positive_int, default=timeout_ms, help="milliseconds to wait for an answer")
+    server_key = env("BERTSERVE_SERVER_KEY") or None
     group.add_argument(
         "--server-key",
-        default=env("BERTSERVE_SERVER_KEY") or None,
+        default=server_key,
         metavar="KEY",
-        help="CURVE: the server's public key, its server.key file or z85 text (needs --client-cert)",
+        help=unset_help(
+            "CURVE: the server's public key, its server.key file or z85 text (needs --client-cert)",
+            server_key,
+            "plain TCP",
+        ),
     )
+    client_cert = env("BERTSERVE_CLIENT_CERT") or None
     group.add_argument(
         "--client-cert",
-        default=env("BERTSERVE_CLIENT_CERT") or None,
+        default=client_cert,
         metavar="FILE",
-        help="CURVE: this client's NAME.key_secret, whose NAME.key the server lists (needs --server-key)",
+        help=unset_help(
+            "CURVE: this client's NAME.key_secret, whose NAME.key the server lists (needs --server-key)",
+            client_cert,
+            "plain TCP",
+        ),
     )
 
 

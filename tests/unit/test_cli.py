@@ -77,3 +77,49 @@ def test_bad_ports_are_refused(ports: dict[str, int], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem.replace("+", r"\+")):
         ServerConfig(model=ModelConfig(model_dir="/m"), **ports)
     assert ServerConfig(model=ModelConfig(model_dir="/m"), port=65534).port_out == 65535
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``bertserve ARGV --help`` prints, with its line wrapping undone."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("start", ["worker processes (default: 1)", "port that publishes results (default: --port + 1)",
+                   "most sentences in one model run (default: 64)", "(default: the model's, or 25)",
+                   "GPU ids the workers take in turn (default: every visible GPU)",
+                   "XLA-compile the graph (default: False)", "(default: 10.0)"]),
+        ("embed", ["where to write the vectors (default: embeddings.npy)", "one sentence a line (default: stdin)",
+                   "weights and matrix products (default: fp32)", "BERT model directory (default: all-MiniLM"]),
+        ("encode", ["sentences per request (default: 256)", "wait for an answer (default: 60000)",
+                    "server port for replies (default: --port + 1)", "(needs --client-cert) (default: plain TCP)"]),
+        ("status", ["server host (default: localhost)", "for requests (default: 5555)", "answer (default: 5000)"]),
+        ("stop", ["server port for replies (default: --port + 1)", "answer (default: 5000)"]),
+        ("keygen", ["file name of the pair"]),
+    ],
+)  # fmt: skip
+def test_help_shows_each_flags_default(command: str, shown: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    text = _help([command, "--help"], capsys)
+    for phrase in shown:
+        assert phrase in text
+    for nonsense in ("(default: None)", "(default: ())", "(default: [])", "--is-tokenized (default"):
+        assert nonsense not in text
+    if command == "start":
+        for flag in [*cli.MODEL_FLAGS, *cli.SERVER_FLAGS]:
+            assert f"{flag.help} (default: " in text, flag.name
+
+
+def test_help_shows_a_default_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BERTSERVE_PORT_OUT", "7000")
+    monkeypatch.setenv("BERTSERVE_GRAPH_DIR", "/graphs")
+    start = _help(["start", "--help"], capsys)
+    assert "port that publishes results (default: 7000)" in start
+    assert "where optimized graphs are cached (default: /graphs)" in start
+    assert "server port for replies (default: 7000)" in _help(["status", "--help"], capsys)
