@@ -24,6 +24,7 @@ import numpy as np
 from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, BertClient
 from .errors import BertClientError
 from .security import keygen
+from .terminal import print_status
 
 _CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
 
@@ -158,7 +159,7 @@ def _connect(args: argparse.Namespace, **options: Any) -> BertClient:
 
 
 def _fail(exc: Exception) -> int:
-    print(f"bertserve: error: {exc}", file=sys.stderr)
+    print_status("error", str(exc))
     return 1
 
 

@@ -13,12 +13,14 @@ import importlib.util
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bertserve.client import __version__
 from bertserve.client.cli import HelpFormatter, add_client_commands, read_lines, unset_help
+from bertserve.client.terminal import paint, print_status
 
 from .config import ModelConfig, ServerConfig
 from .errors import BertServeError
@@ -193,18 +195,20 @@ def _cmd_start(args: argparse.Namespace) -> int:
     config = server_config_from_args(args)
     server = BertServer(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
     server.install_signal_handlers()
-
-    def ready(info: dict[str, Any]) -> None:
-        print(
-            f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
-            f"results on port {config.port_out}, {config.num_worker} worker(s), "
-            f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
-            f"dim {info.get('output_dim')}, {info.get('dtype')}, model {config.model.model_dir}",
-            flush=True,
-        )
-
-    server.run(on_ready=ready)
+    server.run(on_ready=lambda info: announce_ready(config, info))
     return 0
+
+
+def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
+    """The one line on stdout that says the server serves (green on a terminal); scripts
+    and tests wait for it."""
+    line = (
+        f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
+        f"results on port {config.port_out}, {config.num_worker} worker(s), "
+        f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
+        f"dim {info.get('output_dim')}, {info.get('dtype')}, model {config.model.model_dir}"
+    )
+    print(paint(line, "green", sys.stdout), flush=True)
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
@@ -250,16 +254,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+    print_status("warning", str(message))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         setup_logging(logging.DEBUG if args.verbose else logging.INFO)
-        return int(args.run(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # "bertserve: warning: ...", not a source line
+            return int(args.run(args))
     except ImportError as exc:  # a client-only install running a server command
-        print(f"bertserve: error: {exc}; the server needs: pip install 'bertserve[server]'", file=sys.stderr)
+        print_status("error", f"{exc}; the server needs: pip install 'bertserve[server]'")
         return 2
     except (BertServeError, ValueError, TypeError, OSError) as exc:
-        print(f"bertserve: error: {exc}", file=sys.stderr)
+        print_status("error", str(exc))
         return 2
     except KeyboardInterrupt:
         return 130

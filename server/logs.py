@@ -1,4 +1,5 @@
-"""Logging for the CLI and the server's child processes (colour only in the formatter)."""
+"""Logging for the CLI and the server's child processes (colour only in the formatter, and
+only where :func:`~bertserve.client.terminal.colour_wanted` says so)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import logging
 import os
 import sys
 from typing import ClassVar
+
+from bertserve.client.terminal import colour_wanted
 
 
 class _Formatter(logging.Formatter):
@@ -22,14 +25,14 @@ class _Formatter(logging.Formatter):
         if self._colour:
             from termcolor import colored
 
-            return colored(text, self._COLOURS.get(record.levelno, "red"))
+            return colored(text, self._COLOURS.get(record.levelno, "red"), force_color=True)
         return text
 
 
 def setup_logging(level: int = logging.INFO) -> None:
     """Send the ``bertserve`` loggers to stderr; quiet TensorFlow's C++ start-up chatter."""
     handler = logging.StreamHandler()
-    handler.setFormatter(_Formatter(colour=sys.stderr.isatty()))
+    handler.setFormatter(_Formatter(colour=colour_wanted(sys.stderr)))
     root = logging.getLogger("bertserve")
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -184,7 +184,7 @@ def start_server(
         stderr=subprocess.STDOUT,
         text=True,
         errors="replace",
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},  # its output is parsed: plain even with FORCE_COLOR
         start_new_session=True,  # its own process group, as a terminal would give it (for Ctrl-C)
     )
     server = RunningServer(process, port, port_out, launched_at=launched_at)

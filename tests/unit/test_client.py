@@ -687,6 +687,20 @@ def test_the_reply_port_defaults_to_the_request_port_plus_one(
         BertClient(port=65535, timeout=100)
 
 
+def test_cli_warnings_are_one_line(
+    responder: Callable[..., Responder], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertserve.server import cli
+
+    r = responder(config={"server_version": "0.0.1"})
+    (tmp_path / "in.txt").write_text("one\n", encoding="utf-8")
+    server = ["--host", "127.0.0.1", "--port", str(r.port), "--port-out", str(r.port_out)]
+    assert cli.main(["encode", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.npy"), *server]) == 0
+    warning, wrote = capsys.readouterr().err.splitlines()
+    assert warning.startswith("bertserve: warning: the server at ") and "runs bertserve 0.0.1" in warning
+    assert wrote.startswith("wrote 1 vectors")
+
+
 def test_cli_keygen_and_curve_options(
     responder: Callable[..., Responder],
     keys: Path,
