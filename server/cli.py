@@ -24,7 +24,7 @@ from bertserve.client.terminal import paint, print_status
 
 from .config import ModelConfig, ServerConfig
 from .errors import BertServeError
-from .logs import setup_logging
+from .logs import quiet_native_logs, setup_logging
 
 logger = logging.getLogger("bertserve.cli")
 
@@ -230,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bertserve", description="BERT sentence embeddings, served.", formatter_class=HelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"bertserve {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log debug messages, and TensorFlow's and LiteRT's C++ lines"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     embed = commands.add_parser(
@@ -246,7 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)",
         formatter_class=HelpFormatter,
     )
-    start.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log debug messages")
+    start.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log debug messages, and TensorFlow's and LiteRT's C++ lines",
+    )
     _add_flags(start, "model", MODEL_FLAGS)
     _add_flags(start, "serving", SERVER_FLAGS)
     start.set_defaults(run=_cmd_start)
@@ -262,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+        quiet_native_logs(args.verbose)  # before anything imports TensorFlow, here or in a worker
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning  # "bertserve: warning: ...", not a source line
             return int(args.run(args))
