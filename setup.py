@@ -26,7 +26,7 @@ setup(
     packages=["bertserve.client", "bertserve.server", "bertserve.server.model", "bertserve.server.serving"],
     package_dir={"bertserve.client": "client", "bertserve.server": "server"},
     package_data={"bertserve.client": ["py.typed"], "bertserve.server": ["py.typed"]},
-    install_requires=["numpy>=1.24", "pyzmq>=25", "termcolor>=2.3"],
+    install_requires=["numpy>=1.24", "pyzmq>=25", "termcolor>=2.3", "tqdm>=4.60"],
     extras_require={
         "server": [
             "tensorflow>=2.16",

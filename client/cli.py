@@ -6,7 +6,8 @@ They never import TensorFlow. ``encode``, ``status`` and ``stop`` talk to a runn
 ``BERTSERVE_CLIENT_CERT`` when those are set; without either, ``--port-out`` is ``--port`` + 1,
 as on the server. ``keygen`` writes a CURVE certificate pair.
 Each command returns its exit code: 0, or 1 with a one-line error on stderr when the server
-does not answer or answers with an error.
+does not answer or answers with an error. ``encode`` shows a progress bar on stderr when
+stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, BertClient
 from .errors import BertClientError
 from .security import keygen
-from .terminal import print_status
+from .terminal import is_terminal, print_status, progress_bar
 
 _CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
 
@@ -185,8 +186,12 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     try:
         with _connect(args) as client:
             if texts:
-                parts = client.encode_async(_batches(texts, args.batch_size), is_tokenized=args.is_tokenized)
-                vectors = np.concatenate(list(parts), axis=0)
+                parts = []
+                with progress_bar(len(texts), disable=not is_terminal(sys.stderr)) as bar:
+                    for part in client.encode_async(_batches(texts, args.batch_size), is_tokenized=args.is_tokenized):
+                        parts.append(part)
+                        bar.update(len(part))
+                vectors = np.concatenate(parts, axis=0)
             else:
                 vectors = np.asarray(client.encode([]))
     except BertClientError as exc:

@@ -49,12 +49,18 @@ class ConcurrentBertClient:
         return self._closed
 
     def encode(
-        self, texts: Sequence[Any], *, is_tokenized: bool = False, show_tokens: bool = False
+        self,
+        texts: Sequence[Any],
+        *,
+        is_tokenized: bool = False,
+        show_tokens: bool = False,
+        show_progress: bool = False,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
-        """Like :meth:`BertClient.encode` with ``blocking=True``; safe to call from any thread."""
+        """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress`` included);
+        safe to call from any thread."""
         texts = check_texts(texts, is_tokenized)  # bad input fails before waiting for a client
         with self._client() as client:
-            return client.encode(texts, is_tokenized=is_tokenized, show_tokens=show_tokens)
+            return client.encode(texts, is_tokenized=is_tokenized, show_tokens=show_tokens, show_progress=show_progress)
 
     @property
     def server_config(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""What the command line shows a person at a terminal, and keeps out of pipes and files.
+"""What bertserve shows a person at a terminal, and keeps out of pipes and files: colour,
+and progress bars.
 
 Colour follows the common conventions, decided per stream: none when ``NO_COLOR`` (or
 termcolor's ``ANSI_COLORS_DISABLED``) is set to anything but the empty string, colour on any
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 from termcolor import colored
 
@@ -50,3 +51,11 @@ def print_status(kind: Literal["error", "warning"], message: str, stream: TextIO
     stream = sys.stderr if stream is None else stream
     label = paint(f"bertserve: {kind}:", _STATUS_COLOURS[kind], stream, bold=True)
     print(f"{label} {message}", file=stream, flush=True)
+
+
+def progress_bar(total: int, *, file: TextIO | None = None, disable: bool = False) -> Any:
+    """A tqdm bar on ``file`` (stderr) that counts ``total`` texts as they are encoded;
+    ``disable`` makes it show nothing."""
+    from tqdm import tqdm  # imported when first needed: most programs never show a bar
+
+    return tqdm(total=total, unit="text", desc="encoding", file=file, disable=disable, dynamic_ncols=True)
