@@ -230,9 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bertserve", description="BERT sentence embeddings, served.", formatter_class=HelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"bertserve {__version__}")
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="log debug messages, and TensorFlow's and LiteRT's C++ lines"
-    )
+    _add_verbose(parser, default=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     embed = commands.add_parser(
@@ -240,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
     embed.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
+    _add_verbose(embed)
     _add_flags(embed, "model", MODEL_FLAGS)
     embed.set_defaults(run=_cmd_embed)
 
@@ -248,18 +247,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)",
         formatter_class=HelpFormatter,
     )
-    start.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="log debug messages, and TensorFlow's and LiteRT's C++ lines",
-    )
+    _add_verbose(start)
     _add_flags(start, "model", MODEL_FLAGS)
     _add_flags(start, "serving", SERVER_FLAGS)
     start.set_defaults(run=_cmd_start)
     add_client_commands(commands)
     return parser
+
+
+def _add_verbose(parser: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    """``-v`` before the command (``default=False``) or after it (``bertserve start -v``,
+    which leaves the first one's value alone unless given)."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="log debug messages, and show TensorFlow's and LiteRT's C++ lines",
+    )
 
 
 def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:

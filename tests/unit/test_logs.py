@@ -49,6 +49,8 @@ def test_a_level_the_user_set_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> 
         (["-v", "status"], None),
         (["start", "--model-dir", "/m", "--max-batch-size", "0"], "3"),
         (["start", "-v", "--model-dir", "/m", "--max-batch-size", "0"], None),
+        (["embed", "-v", "--model-dir", "/m", "--max-seq-len", "2", "/no/such/file"], None),
+        (["embed", "--model-dir", "/m", "--max-seq-len", "2", "/no/such/file"], "3"),
     ],
 )
 def test_the_command_line_sets_it_before_running_a_command(
