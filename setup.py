@@ -32,7 +32,7 @@ setup(
     ],
     package_dir={"bertserve.client": "client", "bertserve.server": "server"},
     package_data={"bertserve.client": ["py.typed"], "bertserve.server": ["py.typed"]},
-    install_requires=["numpy>=1.24", "pyzmq>=25", "termcolor>=2"],
+    install_requires=["numpy>=1.24", "pyzmq>=25", "termcolor>=2.3", "tqdm>=4.60"],
     extras_require={
         "server": [
             "tensorflow>=2.16",

@@ -3,9 +3,11 @@
 They never import TensorFlow. ``encode``, ``status`` and ``stop`` talk to a running server;
 ``--host``, ``--port``, ``--port-out``, ``--server-key`` and ``--client-cert`` default to
 ``BERTSERVE_HOST``, ``BERTSERVE_PORT``, ``BERTSERVE_PORT_OUT``, ``BERTSERVE_SERVER_KEY`` and
-``BERTSERVE_CLIENT_CERT`` when those are set. ``keygen`` writes a CURVE certificate pair.
+``BERTSERVE_CLIENT_CERT`` when those are set; without either, ``--port-out`` is ``--port`` + 1,
+as on the server. ``keygen`` writes a CURVE certificate pair.
 Each command returns its exit code: 0, or 1 with a one-line error on stderr when the server
-does not answer or answers with an error.
+does not answer or answers with an error. ``encode`` shows a progress bar on stderr when
+stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -20,17 +22,42 @@ from typing import Any
 
 import numpy as np
 
-from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_PORT_OUT, DEFAULT_TIMEOUT_MS, BertClient
+from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, BertClient
 from .errors import BertClientError
 from .security import keygen
+from .terminal import is_terminal, print_status, progress_bar
 
 _CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` that ends each flag's line with its default. A flag whose default is
+    ``None`` or empty says what leaving it out means in its own help text (see
+    :func:`unset_help`), and a switch that takes no value (``--is-tokenized``) is simply off
+    unless given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if _unset(action.default) or action.nargs == 0 or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def unset_help(help: str, default: object, meaning: str) -> str:
+    """``help`` for a flag, ending with what leaving it out means while its default is None
+    or empty (a default from the environment is shown by :class:`HelpFormatter` instead)."""
+    return f"{help} (default: {meaning})" if _unset(default) else help
+
+
+def _unset(default: object) -> bool:
+    return default is None or (isinstance(default, (list, tuple)) and not default)
 
 
 def add_client_commands(subparsers: Any) -> None:
     """Register ``encode``, ``status``, ``stop`` and ``keygen`` on an ``add_subparsers()``
     object; each sets ``run``, called as ``args.run(args)`` and returning the exit code."""
-    encode = subparsers.add_parser("encode", help="encode lines of text on a running server, write a .npy file")
+    encode = subparsers.add_parser(
+        "encode", help="encode lines of text on a running server, write a .npy file", formatter_class=HelpFormatter
+    )
     encode.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
     encode.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
     _add_connection_arguments(encode, DEFAULT_TIMEOUT_MS)
@@ -38,11 +65,13 @@ def add_client_commands(subparsers: Any) -> None:
     encode.add_argument("--is-tokenized", action="store_true", help="each line is tokens separated by whitespace")
     encode.set_defaults(run=_cmd_encode)
 
-    status = subparsers.add_parser("status", help="print a running server's status as JSON")
+    status = subparsers.add_parser(
+        "status", help="print a running server's status as JSON", formatter_class=HelpFormatter
+    )
     _add_connection_arguments(status, _CONTROL_TIMEOUT_MS)
     status.set_defaults(run=_cmd_status)
 
-    stop = subparsers.add_parser("stop", help="ask a running server to shut down")
+    stop = subparsers.add_parser("stop", help="ask a running server to shut down", formatter_class=HelpFormatter)
     _add_connection_arguments(stop, _CONTROL_TIMEOUT_MS)
     stop.set_defaults(run=_cmd_stop)
 
@@ -52,6 +81,7 @@ def add_client_commands(subparsers: Any) -> None:
         description="Write a CURVE certificate pair DIR/NAME.key (public: give it to the other side) and "
         "DIR/NAME.key_secret (secret, mode 0600). A server's directory holds server.key_secret, "
         "clients/ with each allowed client's NAME.key, and admins/ with the keys that may stop it.",
+        formatter_class=HelpFormatter,
     )
     keys.add_argument("directory", metavar="DIR", help="where to write the pair (created if missing)")
     keys.add_argument("--name", required=True, help="file name of the pair, e.g. server or a client's name")
@@ -83,21 +113,32 @@ def _add_connection_arguments(parser: argparse.ArgumentParser, timeout_ms: int) 
     group.add_argument(
         "--port", type=_port, default=env("BERTSERVE_PORT", DEFAULT_PORT), help="server port for requests"
     )
+    port_out = env("BERTSERVE_PORT_OUT") or None
     group.add_argument(
-        "--port-out", type=_port, default=env("BERTSERVE_PORT_OUT", DEFAULT_PORT_OUT), help="server port for replies"
+        "--port-out", type=_port, default=port_out, help=unset_help("server port for replies", port_out, "--port + 1")
     )
     group.add_argument("--timeout", type=_positive_int, default=timeout_ms, help="milliseconds to wait for an answer")
+    server_key = env("BERTSERVE_SERVER_KEY") or None
     group.add_argument(
         "--server-key",
-        default=env("BERTSERVE_SERVER_KEY") or None,
+        default=server_key,
         metavar="KEY",
-        help="CURVE: the server's public key, its server.key file or z85 text (needs --client-cert)",
+        help=unset_help(
+            "CURVE: the server's public key, its server.key file or z85 text (needs --client-cert)",
+            server_key,
+            "plain TCP",
+        ),
     )
+    client_cert = env("BERTSERVE_CLIENT_CERT") or None
     group.add_argument(
         "--client-cert",
-        default=env("BERTSERVE_CLIENT_CERT") or None,
+        default=client_cert,
         metavar="FILE",
-        help="CURVE: this client's NAME.key_secret, whose NAME.key the server lists (needs --server-key)",
+        help=unset_help(
+            "CURVE: this client's NAME.key_secret, whose NAME.key the server lists (needs --server-key)",
+            client_cert,
+            "plain TCP",
+        ),
     )
 
 
@@ -119,7 +160,7 @@ def _connect(args: argparse.Namespace, **options: Any) -> BertClient:
 
 
 def _fail(exc: Exception) -> int:
-    print(f"bertserve: error: {exc}", file=sys.stderr)
+    print_status("error", str(exc))
     return 1
 
 
@@ -145,8 +186,12 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     try:
         with _connect(args) as client:
             if texts:
-                parts = client.encode_async(_batches(texts, args.batch_size), is_tokenized=args.is_tokenized)
-                vectors = np.concatenate(list(parts), axis=0)
+                parts = []
+                with progress_bar(len(texts), disable=not is_terminal(sys.stderr)) as bar:
+                    for part in client.encode_async(_batches(texts, args.batch_size), is_tokenized=args.is_tokenized):
+                        parts.append(part)
+                        bar.update(len(part))
+                vectors = np.concatenate(parts, axis=0)
             else:
                 vectors = np.asarray(client.encode([]))
     except BertClientError as exc:

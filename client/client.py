@@ -19,12 +19,13 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 import uuid
 import warnings
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, overload
@@ -55,12 +56,12 @@ from .protocol import (
     encode_request,
 )
 from .security import CURVE_KEY_LENGTH, HandshakeWatch, KeySource, load_public_key, load_secret_cert
+from .terminal import progress_bar
 
 logger = logging.getLogger("bertserve.client")
 
 DEFAULT_HOST = "localhost"
 DEFAULT_PORT = 5555
-DEFAULT_PORT_OUT = 5556
 DEFAULT_TIMEOUT_MS = 60_000
 MAX_IDENTITY_BYTES = 64
 
@@ -70,8 +71,14 @@ Embedding: TypeAlias = "np.ndarray | list[Any]"
 # The handshake re-sends CONFIG this often: until the server's PUB has seen our
 # subscription (ZeroMQ's slow joiner), a reply published to us is silently lost.
 _HANDSHAKE_RESEND_S = 0.2
-# Requests encode_async keeps in flight at once.
+# Requests encode_async, and encode with show_progress, keep in flight at once.
 _ASYNC_WINDOW = 4
+# encode(show_progress=True) sends its input in chunks of this many of the server's mini-jobs
+# (max_batch_size texts each): a chunk is still a bulk request the server sorts by length and
+# cuts, and with a window of chunks in flight the server holds the next ones while we read.
+_PROGRESS_CHUNK_JOBS = 4
+_PROGRESS_CHUNK_DEFAULT = 1024  # when the server's config does not give max_batch_size
+_TEXT_INDEX = re.compile(r"\btexts\[(\d+)\]")  # how an error names an input: texts[3]
 _CONCURRENT_USE = (
     "this BertClient is in use by another thread; use ConcurrentBertClient to share one server between threads"
 )
@@ -110,6 +117,15 @@ def _check_port(name: str, port: object) -> int:
     if not 0 < port < 65536:
         raise ValueError(f"{name} must be 1 to 65535, not {port}")
     return port
+
+
+def _check_port_out(port: int, port_out: object) -> int:
+    """The reply port: ``port_out``, or ``port + 1`` when it is ``None``."""
+    if port_out is not None:
+        return _check_port("port_out", port_out)
+    if port == 65535:
+        raise ValueError("port_out defaults to port + 1, and port is 65535: pass port_out")
+    return port + 1
 
 
 def _check_identity(identity: bytes | str | None, public_key: bytes | None = None) -> bytes:
@@ -168,15 +184,34 @@ def _word_count(item: Any, is_tokenized: bool) -> int:
     return len(item) if is_tokenized else len(item.split())
 
 
+def _renumbered(error: ServerError, offset: int) -> ServerError:
+    """``error``, about a request of the texts from ``offset`` on, naming each text by its place
+    in the whole input, as the answer to one request of the whole input would."""
+    if not offset:
+        return error
+    message = _TEXT_INDEX.sub(lambda match: f"texts[{int(match[1]) + offset}]", error.message)
+    return type(error)(message, kind=error.kind, request_id=error.request_id)
+
+
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    """The answers to consecutive parts of one input as one answer. Per-token vectors are
+    padded with zeros to the widest part, as the server pads the parts of one request."""
+    if parts[0].ndim == 3:
+        width = max(part.shape[1] for part in parts)
+        parts = [np.pad(part, ((0, 0), (0, width - part.shape[1]), (0, 0))) for part in parts]
+    return np.concatenate(parts, axis=0)
+
+
 class BertClient:
     """A connection to one bertserve server; not to be shared between threads.
 
     ``BertClient(host, port, port_out)`` connects to the server's request port ``port`` and
-    reply port ``port_out`` and asks for its configuration, so a server that is not there
-    raises :class:`ServerTimeoutError` right away. ``timeout`` (milliseconds, finite) bounds
-    every wait. Use it as a context manager, or call :meth:`close`; a closed client raises
-    :class:`ClientClosedError`. Calls from two threads at once raise
-    :class:`ConcurrentUseError`: share a server between threads with ``ConcurrentBertClient``.
+    reply port ``port_out`` (by default ``port + 1``, as the server has it) and asks for its
+    configuration, so a server that is not there raises :class:`ServerTimeoutError` right
+    away. ``timeout`` (milliseconds, finite) bounds every wait. Use it as a context manager,
+    or call :meth:`close`; a closed client raises :class:`ClientClosedError`. Calls from two
+    threads at once raise :class:`ConcurrentUseError`: share a server between threads with
+    ``ConcurrentBertClient``.
 
     Options: ``output_fmt`` ``"ndarray"`` (default) or ``"list"``; ``identity`` the bytes
     the replies are addressed to (default a random UUID); ``check_version`` compares the
@@ -195,7 +230,7 @@ class BertClient:
         self,
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
-        port_out: int = DEFAULT_PORT_OUT,
+        port_out: int | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT_MS,
         output_fmt: Literal["ndarray", "list"] = "ndarray",
@@ -210,7 +245,7 @@ class BertClient:
             raise ValueError(f"host must be a non-empty string, not {host!r}")
         self.host = host
         self.port = _check_port("port", port)
-        self.port_out = _check_port("port_out", port_out)
+        self.port_out = _check_port_out(self.port, port_out)
         self.timeout = check_timeout(timeout)
         if output_fmt not in ("ndarray", "list"):
             raise ValueError(f'output_fmt must be "ndarray" or "list", not {output_fmt!r}')
@@ -220,7 +255,7 @@ class BertClient:
         self.check_length = check_length
         bracketed = f"[{host}]" if ":" in host else host  # an IPv6 address
         self._address = f"tcp://{bracketed}:{port}"
-        self._address_out = f"tcp://{bracketed}:{port_out}"
+        self._address_out = f"tcp://{bracketed}:{self.port_out}"
 
         self._lock = threading.Lock()
         self._closed = False
@@ -325,6 +360,7 @@ class BertClient:
         blocking: Literal[True] = ...,
         is_tokenized: bool = ...,
         show_tokens: Literal[False] = ...,
+        show_progress: bool = ...,
     ) -> Embedding: ...
 
     @overload
@@ -335,25 +371,50 @@ class BertClient:
         blocking: Literal[True] = ...,
         is_tokenized: bool = ...,
         show_tokens: Literal[True],
+        show_progress: bool = ...,
     ) -> tuple[Embedding, list[list[str]]]: ...
 
     @overload
     def encode(
-        self, texts: Sequence[Any], *, blocking: Literal[False], is_tokenized: bool = ..., show_tokens: bool = ...
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: Literal[False],
+        is_tokenized: bool = ...,
+        show_tokens: bool = ...,
+        show_progress: Literal[False] = ...,
     ) -> int: ...
 
     @overload
     def encode(
-        self, texts: Sequence[Any], *, blocking: Literal[True] = ..., is_tokenized: bool = ..., show_tokens: bool
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: Literal[True] = ...,
+        is_tokenized: bool = ...,
+        show_tokens: bool,
+        show_progress: bool = ...,
     ) -> Embedding | tuple[Embedding, list[list[str]]]: ...
 
     @overload
     def encode(
-        self, texts: Sequence[Any], *, blocking: bool = ..., is_tokenized: bool = ..., show_tokens: bool = ...
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: bool = ...,
+        is_tokenized: bool = ...,
+        show_tokens: bool = ...,
+        show_progress: bool = ...,
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int: ...
 
     def encode(
-        self, texts: Sequence[Any], *, blocking: bool = True, is_tokenized: bool = False, show_tokens: bool = False
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: bool = True,
+        is_tokenized: bool = False,
+        show_tokens: bool = False,
+        show_progress: bool = False,
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
         """Encode ``texts`` into one vector each (or one per token, if the server pools none).
 
@@ -363,15 +424,27 @@ class BertClient:
         ``(vectors, tokens)`` with ``show_tokens``. With ``blocking=False`` it returns the
         request id at once; collect the answer with :meth:`fetch` or :meth:`fetch_all`.
 
+        With ``show_progress`` an input larger than one chunk (four of the server's mini-jobs:
+        ``4 * max_batch_size`` texts, 1024 with the default server) goes as one request per
+        chunk, four in flight at once, while a tqdm bar on stderr counts the texts answered.
+        The answer is the one a single request gets, in the same order; each chunk's answer is
+        awaited at most ``timeout`` ms, so a long input needs no longer timeout. A smaller
+        input is one request, with no bar.
+
         Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
         :class:`ServerError` when the server answers with an error.
         """
+        if show_progress and not blocking:
+            raise ValueError("show_progress needs blocking=True: fetch() collects a non-blocking request")
         with self._using():
             texts = check_texts(texts, is_tokenized)
             if self.check_length and (message := self._length_warning(texts, is_tokenized)):
                 warnings.warn(message, stacklevel=2)
             if blocking and not texts and (empty := self._empty_embedding()) is not None:
                 return (empty, []) if show_tokens else empty
+            if show_progress and len(texts) > (chunk := self._chunk_size()):
+                embedding, tokens = self._encode_in_chunks(texts, chunk, is_tokenized, show_tokens)
+                return (embedding, tokens) if show_tokens else embedding
             deadline = self._deadline()
             request_id = self._request(ENCODE, deadline, texts, is_tokenized, show_tokens)
             self._expected[request_id] = _Pending(show_tokens, fetchable=not blocking)
@@ -437,39 +510,17 @@ class BertClient:
         """
         if max_num_batch is not None and (isinstance(max_num_batch, bool) or max_num_batch < 0):
             raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
-        batches = iter(batch_generator)
-        in_flight: deque[int] = deque()
-        sent = 0
-        exhausted = max_num_batch == 0
-        warned = not self.check_length
+        batches = self._checked(itertools.islice(batch_generator, max_num_batch), is_tokenized)
+        answers = self._in_order(batches, is_tokenized, show_tokens=False)
         try:
             while True:
                 with self._using():
-                    while not exhausted and len(in_flight) < _ASYNC_WINDOW:
-                        try:
-                            batch = next(batches)
-                        except StopIteration:
-                            exhausted = True
-                            break
-                        try:
-                            texts = check_texts(batch, is_tokenized)
-                        except (TypeError, ValueError) as exc:
-                            raise type(exc)(f"batch {sent}: {exc}") from None
-                        if not warned and (message := self._length_warning(texts, is_tokenized)):
-                            warnings.warn(message, stacklevel=2)
-                            warned = True
-                        request_id = self._request(ENCODE, self._deadline(), texts, is_tokenized, False)
-                        self._expected[request_id] = _Pending(show_tokens=False, fetchable=False)
-                        in_flight.append(request_id)
-                        sent += 1
-                        exhausted = sent == max_num_batch
-                    if not in_flight:
-                        return
-                    embedding = self._collect(in_flight.popleft(), self._deadline()).embedding
-                yield embedding
+                    result = next(answers, None)
+                if result is None:
+                    return
+                yield result.embedding
         finally:
-            for request_id in in_flight:
-                self._expected.pop(request_id, None)
+            answers.close()  # gives up the requests still in flight
 
     # -- internals ---------------------------------------------------------------------
 
@@ -489,6 +540,78 @@ class BertClient:
             raise BertClientError(f"ZeroMQ failed talking to {self._address}: {exc}") from exc
         finally:
             self._lock.release()
+
+    def _checked(self, batches: Iterable[Sequence[Any]], is_tokenized: bool) -> Iterator[list[Any]]:
+        """``batches`` checked as ``encode`` checks its input, an error naming the batch; the
+        first batch with a text longer than the server's ``max_seq_len`` warns, once."""
+        warned = not self.check_length
+        for index, batch in enumerate(batches):
+            try:
+                texts = check_texts(batch, is_tokenized)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"batch {index}: {exc}") from None
+            if not warned and (message := self._length_warning(texts, is_tokenized)):
+                warnings.warn(message, stacklevel=4)  # past _in_order and encode_async: the caller
+                warned = True
+            yield texts
+
+    def _in_order(
+        self,
+        batches: Iterator[list[Any]],
+        is_tokenized: bool,
+        show_tokens: bool,
+        output_fmt: Literal["ndarray", "list"] | None = None,
+    ) -> Generator[EncodeResult, None, None]:
+        """Send each of ``batches`` as one request, at most ``_ASYNC_WINDOW`` in flight, and
+        yield their answers in the order of the batches, each awaited at most ``timeout`` ms.
+
+        Whoever advances this generator holds the client (``_using``). Closing it gives up the
+        requests still in flight: their replies, if they come, are dropped.
+        """
+        in_flight: deque[int] = deque()
+        try:
+            while True:
+                while len(in_flight) < _ASYNC_WINDOW and (batch := next(batches, None)) is not None:
+                    request_id = self._request(ENCODE, self._deadline(), batch, is_tokenized, show_tokens)
+                    self._expected[request_id] = _Pending(show_tokens, fetchable=False)
+                    in_flight.append(request_id)
+                if not in_flight:
+                    return
+                yield self._collect(in_flight.popleft(), self._deadline(), output_fmt)
+        finally:
+            for request_id in in_flight:
+                self._expected.pop(request_id, None)
+
+    def _chunk_size(self) -> int:
+        """Texts per request of ``encode(show_progress=True)``."""
+        size = self._config.get("max_batch_size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            return _PROGRESS_CHUNK_DEFAULT
+        return _PROGRESS_CHUNK_JOBS * size
+
+    def _encode_in_chunks(
+        self, texts: list[Any], size: int, is_tokenized: bool, show_tokens: bool
+    ) -> tuple[Embedding, list[list[str]]]:
+        """``texts`` as requests of ``size`` texts each, a bar counting the answers; the
+        answers joined as the server joins the parts of one request."""
+        chunks = (texts[start : start + size] for start in range(0, len(texts), size))
+        answers = self._in_order(chunks, is_tokenized, show_tokens, output_fmt="ndarray")
+        arrays: list[np.ndarray] = []
+        tokens: list[list[str]] = []
+        done = 0
+        try:
+            with progress_bar(len(texts)) as bar:
+                for result in answers:
+                    arrays.append(np.asarray(result.embedding))
+                    tokens.extend(result.tokens or [])
+                    done += len(result.embedding)
+                    bar.update(len(result.embedding))
+        except ServerError as exc:  # about the chunk from texts[done] on
+            raise _renumbered(exc, done) from None
+        finally:
+            answers.close()
+        vectors = _join(arrays)
+        return (vectors.tolist() if self.output_fmt == "list" else vectors), tokens
 
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout / 1000
@@ -609,13 +732,16 @@ class BertClient:
             raise self._timeout_error(f"{what} (request {request_id})")
         return self._answer(reply)
 
-    def _collect(self, request_id: int, deadline: float) -> EncodeResult:
-        """Wait for the answer to ``request_id`` and turn it into a result."""
+    def _collect(
+        self, request_id: int, deadline: float, output_fmt: Literal["ndarray", "list"] | None = None
+    ) -> EncodeResult:
+        """Wait for the answer to ``request_id`` and turn it into a result (in ``output_fmt``,
+        by default the client's)."""
         reply = self._await_any({request_id}, deadline)
         pending = self._expected.pop(request_id)
         if reply is None:
             raise self._timeout_error(f"request {request_id}")
-        return self._result(reply, pending.show_tokens)
+        return self._result(reply, pending.show_tokens, output_fmt)
 
     def _answer(self, reply: Reply) -> dict[str, Any]:
         if not reply.ok:
@@ -628,11 +754,13 @@ class BertClient:
         error = ServerBusyError if kind == "busy" else ServerError
         return error(message, kind=None if kind is None else str(kind), request_id=reply.request_id)
 
-    def _result(self, reply: Reply, show_tokens: bool) -> EncodeResult:
+    def _result(
+        self, reply: Reply, show_tokens: bool, output_fmt: Literal["ndarray", "list"] | None = None
+    ) -> EncodeResult:
         if not reply.ok:
             raise self._server_error(reply)
         array = reply.array().copy()  # own the memory, not the ZeroMQ frame's
-        embedding: Embedding = array.tolist() if self.output_fmt == "list" else array
+        embedding: Embedding = array.tolist() if (output_fmt or self.output_fmt) == "list" else array
         tokens = reply.header.get("tokens") if show_tokens else None
         return EncodeResult(reply.request_id, embedding, tokens)
 

@@ -23,11 +23,11 @@ from .errors import ClientClosedError, ServerError, ServerTimeoutError
 class ConcurrentBertClient:
     """A thread-safe pool of :class:`BertClient` for one server.
 
-    ``kwargs`` are passed to every ``BertClient`` (``host``, ``port``, ``port_out``,
-    ``timeout``, ``server_key`` and ``client_cert``, ...); under CURVE each pooled client
-    gets its own identity under the one key. Clients are created when first needed, at most ``max_concurrency``
-    of them; a caller that finds them all busy waits up to ``timeout`` ms, then raises
-    :class:`ServerTimeoutError`. Use it as a context manager or call :meth:`close`.
+    ``kwargs`` are passed to every ``BertClient`` (``host``, ``port``, ``port_out``, by default
+    ``port + 1``, ``timeout``, ``server_key`` and ``client_cert``, ...); under CURVE each pooled
+    client gets its own identity under the one key. Clients are created when first needed, at
+    most ``max_concurrency`` of them; a caller that finds them all busy waits up to ``timeout``
+    ms, then raises :class:`ServerTimeoutError`. Use it as a context manager or call :meth:`close`.
     """
 
     def __init__(self, max_concurrency: int = 10, **kwargs: Any) -> None:
@@ -49,12 +49,18 @@ class ConcurrentBertClient:
         return self._closed
 
     def encode(
-        self, texts: Sequence[Any], *, is_tokenized: bool = False, show_tokens: bool = False
+        self,
+        texts: Sequence[Any],
+        *,
+        is_tokenized: bool = False,
+        show_tokens: bool = False,
+        show_progress: bool = False,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
-        """Like :meth:`BertClient.encode` with ``blocking=True``; safe to call from any thread."""
+        """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress`` included);
+        safe to call from any thread."""
         texts = check_texts(texts, is_tokenized)  # bad input fails before waiting for a client
         with self._client() as client:
-            return client.encode(texts, is_tokenized=is_tokenized, show_tokens=show_tokens)
+            return client.encode(texts, is_tokenized=is_tokenized, show_tokens=show_tokens, show_progress=show_progress)
 
     @property
     def server_config(self) -> dict[str, Any]:

@@ -15,16 +15,18 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bertserve.client import __version__
-from bertserve.client.cli import add_client_commands, read_lines
+from bertserve.client.cli import HelpFormatter, add_client_commands, read_lines, unset_help
+from bertserve.client.terminal import paint, print_status
 
 from .config import ModelConfig, ServerConfig
 from .errors import BertServeError
-from .logs import setup_logging
+from .logs import quiet_native_logs, setup_logging
 
 logger = logging.getLogger("bertserve.cli")
 
@@ -59,7 +61,8 @@ def _bool(value: str | bool) -> bool:
 @dataclass(frozen=True)
 class _Flag:
     """One command-line flag, named like the config field it sets (``--max-seq-len``:
-    ``max_seq_len``), which ``BERTSERVE_MAX_SEQ_LEN`` can also set."""
+    ``max_seq_len``), which ``BERTSERVE_MAX_SEQ_LEN`` can also set. ``unset`` says what
+    leaving out a flag whose default is None (or empty) means, for ``--help``."""
 
     name: str
     help: str
@@ -67,6 +70,7 @@ class _Flag:
     default: Any = None
     many: bool = False  # takes several values: --pooling-layer -1 -2
     switch: bool = False  # may stand alone: --xla means --xla true
+    unset: str = ""
 
     @property
     def dest(self) -> str:
@@ -79,7 +83,8 @@ class _Flag:
     def add_to(self, group: Any) -> None:
         raw = os.environ.get(self.env)
         default = self.default if raw is None else self._parse_env(raw)
-        options: dict[str, Any] = {"type": self.kind, "default": default, "help": self.help}
+        help = unset_help(self.help, default, self.unset) if self.unset else self.help
+        options: dict[str, Any] = {"type": self.kind, "default": default, "help": help}
         if self.many:
             options["nargs"] = "+"
         if self.switch:
@@ -95,22 +100,36 @@ class _Flag:
             raise BertServeError(f"{self.env}={raw!r}: {exc}") from None
 
 
+_MODEL_DEFAULT = "the model's, or "  # what a plain BERT directory gets when the model says nothing
+
 MODEL_FLAGS = [
-    _Flag("--model-dir", "BERT model directory (default: all-MiniLM-L6-v2 if installed)"),
-    _Flag("--tuned-model-dir", "fine-tuned checkpoint directory whose weights override the model's"),
+    _Flag("--model-dir", "BERT model directory", unset="all-MiniLM-L6-v2 if installed"),
+    _Flag("--tuned-model-dir", "fine-tuned checkpoint directory whose weights override the model's", unset="none"),
     _Flag("--ckpt-name", "checkpoint prefix (Google layout)", default="bert_model.ckpt"),
     _Flag("--config-name", "config file name (Google layout)", default="bert_config.json"),
-    _Flag("--vocab-name", "vocabulary file name (default: vocab.txt, or tokenizer.json)"),
-    _Flag("--max-seq-len", "longest input in tokens, or NONE for each batch's own longest"),
-    _Flag("--pooling-strategy", "NONE, REDUCE_MEAN, REDUCE_MAX, REDUCE_MEAN_MAX, CLS_TOKEN, SEP_TOKEN, CLS_POOLED"),
-    _Flag("--pooling-layer", "encoder layer(s) to pool, -1 the last; several are concatenated", int, many=True),
+    _Flag("--vocab-name", "vocabulary file name", unset="vocab.txt, or tokenizer.json"),
+    _Flag(
+        "--max-seq-len", "longest input in tokens, or NONE for each batch's own longest", unset=_MODEL_DEFAULT + "25"
+    ),
+    _Flag(
+        "--pooling-strategy",
+        "NONE, REDUCE_MEAN, REDUCE_MAX, REDUCE_MEAN_MAX, CLS_TOKEN, SEP_TOKEN, CLS_POOLED",
+        unset=_MODEL_DEFAULT + "REDUCE_MEAN",
+    ),
+    _Flag(
+        "--pooling-layer",
+        "encoder layer(s) to pool, -1 the last; several are concatenated",
+        int,
+        many=True,
+        unset=_MODEL_DEFAULT + "-2",
+    ),
     _Flag("--mask-cls-sep", "leave [CLS] and [SEP] out of pooling", _bool, False, switch=True),
-    _Flag("--normalize", "L2-normalize the output (default: what the model says)", _bool, switch=True),
-    _Flag("--do-lower-case", "override the casing the vocabulary implies", _bool),
+    _Flag("--normalize", "L2-normalize the output", _bool, switch=True, unset="what the model says"),
+    _Flag("--do-lower-case", "lower-case the input", _bool, unset="what the vocabulary implies"),
     _Flag("--dtype", "fp32, bf16 or fp16 weights and matrix products", default="fp32"),
     _Flag("--output-dtype", "float32 or float16 vectors", default="float32"),
     _Flag("--xla", "XLA-compile the graph", _bool, False, switch=True),
-    _Flag("--graph-dir", "where optimized graphs are cached (default: the user cache dir)"),
+    _Flag("--graph-dir", "where optimized graphs are cached", unset="the user cache dir"),
     _Flag("--batch-size", "most sentences in one model run", int, 64),
     _Flag("--lite-max-tokens", "fp32 runs of at most this many padded tokens run on LiteRT (0: never)", int, 64),
 ]
@@ -118,7 +137,7 @@ MODEL_FLAGS = [
 SERVER_FLAGS = [
     _Flag("--num-worker", "worker processes", int, 1),
     _Flag("--port", "port that takes requests", int, 5555),
-    _Flag("--port-out", "port that publishes results", int, 5556),
+    _Flag("--port-out", "port that publishes results", int, unset="--port + 1"),
     _Flag("--bind", "address to listen on (0.0.0.0 for every interface)", default="127.0.0.1"),
     _Flag("--max-batch-size", "most sentences in one mini-job", int, 256),
     _Flag("--max-batch-tokens", "most padded tokens in one bulk mini-job, so jobs take similar time", int, 4096),
@@ -127,29 +146,47 @@ SERVER_FLAGS = [
     _Flag("--feed", "what receives and tokenizes a worker's next jobs: thread, or tfdata", default="thread"),
     _Flag("--prefetch-size", "jobs a worker holds at once; more than 1 makes small requests wait longer", int, 1),
     _Flag("--cpu", "run on the CPU even where a GPU is visible", _bool, False, switch=True),
-    _Flag("--device-map", "GPU ids the workers take in turn", int, (), many=True),
-    _Flag("--gpu-memory-fraction", "share of its GPU's memory a worker may take (default: grow)", float),
-    _Flag("--threads-per-worker", "TensorFlow threads per CPU worker (default: the cores shared out)", int),
+    _Flag("--device-map", "GPU ids the workers take in turn", int, (), many=True, unset="every visible GPU"),
+    _Flag("--gpu-memory-fraction", "share of its GPU's memory a worker may take", float, unset="grow as needed"),
+    _Flag("--threads-per-worker", "TensorFlow threads per CPU worker", int, unset="the cores shared out"),
     _Flag("--worker-nice", "how much lower the workers' CPU priority is, so requests move while they compute", int, 5),
     _Flag("--max-request-size", "most inputs in one request", int, 100_000),
     _Flag("--max-text-chars", "most characters in one input", int, 100_000),
     _Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
     _Flag("--max-queued-sentences", "most inputs queued at once; past it requests get a busy error", int, 500_000),
     _Flag("--max-client-queued-sentences", "most inputs one client may have queued", int, 200_000),
-    _Flag("--max-message-bytes", "largest request frame (default: what the size limits need, at most 64 MiB)", int),
+    _Flag("--max-message-bytes", "largest request frame", int, unset="what the size limits need, at most 64 MiB"),
     _Flag("--reply-hwm", "replies queued per client that does not read them; more are dropped", int, 100),
     _Flag("--job-timeout-ms", "a worker holding a job longer than this is killed and replaced", int, 120_000),
     _Flag("--heartbeat-timeout-ms", "a worker silent this long is killed and replaced", int, 10_000),
     _Flag("--max-restarts", "failures in a row of one process before the server gives up", int, 5),
-    _Flag("--curve-dir", "serve with CURVE: DIR/server.key_secret; client keys in DIR/clients, admins in DIR/admins"),
-    _Flag("--allow-terminate", "let clients stop the server (default: on loopback without CURVE, or admins)", _bool),
-    _Flag("--model-class", "MODULE:NAME of a class implementing bertserve.server.model.interface.Model"),
-    _Flag("--http-port", "also serve HTTP on this port: OpenAI /v1/embeddings, /embed, /encode, /metrics, ...", int),
-    _Flag("--http-bind", "address the HTTP port listens on (default: --bind)"),
-    _Flag("--api-key", "HTTP callers must send Authorization: Bearer KEY (also BERTSERVE_API_KEY)"),
-    _Flag("--metrics-port", "serve Prometheus /metrics alone on this port (with --http-port it is at /metrics)", int),
-    _Flag("--served-model-name", "the model name the HTTP API lists and accepts (default: the model directory's)"),
-    _Flag("--model-alias", "other names the HTTP API accepts for the model", many=True, default=()),
+    _Flag(
+        "--curve-dir",
+        "serve with CURVE: DIR/server.key_secret; client keys in DIR/clients, admins in DIR/admins",
+        unset="plain TCP",
+    ),
+    _Flag("--allow-terminate", "let clients stop the server", _bool, unset="on loopback without CURVE, or admins"),
+    _Flag(
+        "--model-class",
+        "MODULE:NAME of a class implementing bertserve.server.model.interface.Model",
+        unset="BERT from --model-dir",
+    ),
+    _Flag(
+        "--http-port",
+        "also serve HTTP on this port: OpenAI /v1/embeddings, /embed, /encode, /metrics, ...",
+        int,
+        unset="no HTTP",
+    ),
+    _Flag("--http-bind", "address the HTTP port listens on", unset="--bind"),
+    _Flag("--api-key", "HTTP callers must send Authorization: Bearer KEY", unset="none needed"),
+    _Flag(
+        "--metrics-port",
+        "serve Prometheus /metrics alone on this port (with --http-port it is at /metrics)",
+        int,
+        unset="none",
+    ),
+    _Flag("--served-model-name", "the model name the HTTP API lists and accepts", unset="the model directory's"),
+    _Flag("--model-alias", "other names the HTTP API accepts for the model", many=True, default=(), unset="none"),
 ]
 
 
@@ -187,19 +224,22 @@ def _serve(config: ServerConfig, args: argparse.Namespace) -> int:
 
     server = BertServer(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
     server.install_signal_handlers()
-
-    def ready(info: dict[str, Any]) -> None:
-        print(
-            f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
-            f"results on port {config.port_out}, {config.num_worker} worker(s), "
-            f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
-            f"dim {info.get('output_dim')}, {info.get('dtype')}, model {config.model.model_dir}"
-            + (f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}" if config.http_port else ""),
-            flush=True,
-        )
-
-    server.run(on_ready=ready)
+    server.run(on_ready=lambda info: announce_ready(config, info))
     return 0
+
+
+def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
+    """The one line on stdout that says the server serves (green on a terminal); scripts
+    and tests wait for it."""
+    line = (
+        f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
+        f"results on port {config.port_out}, {config.num_worker} worker(s), "
+        f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
+        f"dim {info.get('output_dim')}, {info.get('dtype')}, model {config.model.model_dir}"
+    )
+    if config.http_port is not None:
+        line += f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}"
+    print(paint(line, "green", sys.stdout), flush=True)
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
@@ -217,19 +257,28 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertserve", description="BERT sentence embeddings, served.")
+    parser = argparse.ArgumentParser(
+        prog="bertserve", description="BERT sentence embeddings, served.", formatter_class=HelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"bertserve {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    _add_verbose(parser, default=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    embed = commands.add_parser("embed", help="encode lines of text in this process, write a .npy file")
+    embed = commands.add_parser(
+        "embed", help="encode lines of text in this process, write a .npy file", formatter_class=HelpFormatter
+    )
     embed.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
     embed.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
+    _add_verbose(embed)
     _add_flags(embed, "model", MODEL_FLAGS)
     embed.set_defaults(run=_cmd_embed)
 
-    start = commands.add_parser("start", help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)")
-    start.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log debug messages")
+    start = commands.add_parser(
+        "start",
+        help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)",
+        formatter_class=HelpFormatter,
+    )
+    _add_verbose(start)
     _add_flags(start, "model", MODEL_FLAGS)
     _add_flags(start, "serving", SERVER_FLAGS)
     start.set_defaults(run=_cmd_start)
@@ -237,16 +286,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_verbose(parser: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    """``-v`` before the command (``default=False``) or after it (``bertserve start -v``,
+    which leaves the first one's value alone unless given)."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="log debug messages, and show TensorFlow's and LiteRT's C++ lines",
+    )
+
+
+def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+    print_status("warning", str(message))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         setup_logging(logging.DEBUG if args.verbose else logging.INFO)
-        return int(args.run(args))
+        quiet_native_logs(args.verbose)  # before anything imports TensorFlow, here or in a worker
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # "bertserve: warning: ...", not a source line
+            return int(args.run(args))
     except ImportError as exc:  # a client-only install running a server command
-        print(f"bertserve: error: {exc}; the server needs: pip install 'bertserve[server]'", file=sys.stderr)
+        print_status("error", f"{exc}; the server needs: pip install 'bertserve[server]'")
         return 2
     except (BertServeError, ValueError, TypeError, OSError) as exc:
-        print(f"bertserve: error: {exc}", file=sys.stderr)
+        print_status("error", str(exc))
         return 2
     except KeyboardInterrupt:
         return 130

@@ -160,13 +160,14 @@ HEARTBEAT_INTERVAL_MS = 1000
 class ServerConfig:
     """How ``bertserve start`` serves: processes, ports, batching, devices and limits.
 
-    Built once by the CLI (or by tests) and passed whole to every role.
+    Built once by the CLI (or by tests) and passed whole to every role. ``port_out`` left
+    out (``None``) is ``port + 1``; once built it is always an int.
     """
 
     model: ModelConfig
     num_worker: int = 1
     port: int = 5555
-    port_out: int = 5556
+    port_out: int | None = None  # None: port + 1
     bind: str = "127.0.0.1"
     max_batch_size: int = 256
     max_batch_tokens: int = 4096
@@ -200,13 +201,17 @@ class ServerConfig:
     model_alias: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        port_out = self.port + 1 if self.port_out is None else self.port_out
         checks = [
             (self.num_worker >= 1, "num_worker must be at least 1"),
-            (all(1 <= p <= 65535 for p in (self.port, self.port_out)), "ports must be between 1 and 65535"),
-            (self.port != self.port_out, "port and port_out must differ"),
+            (1 <= self.port <= 65535, "port must be between 1 and 65535"),
+            (1 <= port_out <= 65535,
+             "port_out must be between 1 and 65535" if self.port_out is not None
+             else f"port_out defaults to port + 1 = {port_out}, past 65535: set port_out"),
+            (self.port != port_out, "port and port_out must differ"),
             (all(p is None or 1 <= p <= 65535 for p in (self.http_port, self.metrics_port)),
              "http_port and metrics_port must be between 1 and 65535"),
-            (len({self.port, self.port_out, self.http_port, self.metrics_port} - {None})
+            (len({self.port, port_out, self.http_port, self.metrics_port} - {None})
              == 2 + (self.http_port is not None) + (self.metrics_port is not None),
              "port, port_out, http_port and metrics_port must all differ"),
             (self.api_key is None or len(self.api_key.strip()) >= 8, "api_key must be at least 8 characters"),
@@ -239,6 +244,7 @@ class ServerConfig:
         for ok, problem in checks:
             if not ok:
                 raise ConfigError(problem)
+        object.__setattr__(self, "port_out", port_out)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
         object.__setattr__(self, "model_alias", tuple(str(a) for a in self.model_alias))
         if self.curve_dir is not None:

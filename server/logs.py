@@ -1,11 +1,29 @@
-"""Logging for the CLI and the server's child processes (colour only in the formatter)."""
+"""Logging for the CLI and the server's child processes (colour only in the formatter, and
+only where :func:`~bertserve.client.terminal.colour_wanted` says so), and the quieting of
+what TensorFlow's and LiteRT's C++ code writes to stderr."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import ClassVar
+
+from bertserve.client.terminal import colour_wanted
+
+TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+"""0 shows TensorFlow's C++ INFO lines and up, 1 WARNING, 2 ERROR, 3 only FATAL ones."""
+_QUIET_LEVEL = "3"
+
+# The C++ line formats, and the TF_CPP_MIN_LOG_LEVEL at which each line is hidden.
+_ABSL_LINE = re.compile(r"([IWEF])\d{4} ")  # "I0000 00:00:1796120996.136590 5284 cudart_stub.cc:31] ..."
+_PLAIN_LINE = re.compile(r"(INFO|WARNING|ERROR): ")  # LiteRT's, and absl's notice before its set-up
+_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3, "INFO": 0, "WARNING": 1, "ERROR": 2}
+_OTHER = 4  # a line of any other form (Python's own output, a crash report) always shows
 
 
 class _Formatter(logging.Formatter):
@@ -22,21 +40,85 @@ class _Formatter(logging.Formatter):
         if self._colour:
             from termcolor import colored
 
-            return colored(text, self._COLOURS.get(record.levelno, "red"))
+            return colored(text, self._COLOURS.get(record.levelno, "red"), force_color=True)
         return text
 
 
 def setup_logging(level: int = logging.INFO) -> None:
-    """Send the ``bertserve`` loggers to stderr; quiet TensorFlow's C++ start-up chatter."""
+    """Send the ``bertserve`` loggers to stderr; TensorFlow's Python logger says only errors
+    unless ``level`` is DEBUG."""
     handler = logging.StreamHandler()
-    handler.setFormatter(_Formatter(colour=sys.stderr.isatty()))
+    handler.setFormatter(_Formatter(colour=colour_wanted(sys.stderr)))
     root = logging.getLogger("bertserve")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TensorFlow's Python logger warns of deprecations inside its own APIs: noise unless -v.
+    logging.getLogger("tensorflow").setLevel(logging.NOTSET if level <= logging.DEBUG else logging.ERROR)
 
 
 def child_logging(level: int) -> None:
     """A spawned child starts with no logging set up: apply the parent's."""
     setup_logging(level)
+
+
+def quiet_native_logs(verbose: bool) -> None:
+    """Keep TensorFlow's and LiteRT's C++ start-up lines off stderr unless ``verbose``.
+
+    Sets ``TF_CPP_MIN_LOG_LEVEL=3`` in the environment, which every process the server spawns
+    inherits, unless the user set it. It must come before any process imports TensorFlow,
+    which reads it as it loads; then what TensorFlow logs once loaded (a CPU-only machine's
+    "failed call to cuInit", oneDNN's notices) stays hidden, and :func:`held_native_output`
+    applies the same level to what comes earlier.
+    """
+    if not verbose:
+        os.environ.setdefault(TF_LOG_LEVEL, _QUIET_LEVEL)
+
+
+def min_log_level() -> int:
+    """``TF_CPP_MIN_LOG_LEVEL`` as TensorFlow reads it: 0 when unset or not a number."""
+    try:
+        return int(os.environ.get(TF_LOG_LEVEL, "0"))
+    except ValueError:
+        return 0
+
+
+@contextmanager
+def held_native_output() -> Iterator[None]:
+    """Hold back what is written to stderr inside the block; when it ends, let through the
+    lines at or above ``TF_CPP_MIN_LOG_LEVEL``, and every line of another form.
+
+    TensorFlow's libraries log from their static initializers, before they read the level
+    (absl's "All log messages before absl::InitializeLog() is called are written to STDERR",
+    "Could not find cuda drivers on your machine"), and LiteRT's logger never reads it
+    ("Created TensorFlow Lite XNNPACK delegate for CPU."). So only the calls that write those
+    lines are wrapped: the first ``import tensorflow`` and LiteRT's first allocation. With
+    the level at 0 (``-v``) nothing is held. A native crash inside the block loses what the
+    block held; ``-v`` shows it.
+    """
+    level = min_log_level()
+    if level <= 0:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                held.seek(0)
+                lines = held.read().decode("utf-8", "replace").splitlines(keepends=True)
+                shown = "".join(line for line in lines if _severity(line) >= level)
+                if shown:
+                    os.write(2, shown.encode("utf-8"))
+    finally:
+        os.close(saved)
+
+
+def _severity(line: str) -> int:
+    match = _ABSL_LINE.match(line) or _PLAIN_LINE.match(line)
+    return _SEVERITY[match[1]] if match else _OTHER

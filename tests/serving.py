@@ -48,6 +48,20 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A port P on 127.0.0.1 such that P and P + 1 are both free right now."""
+    for _ in range(100):
+        port = free_port()
+        if port < 65535:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("found no two adjacent free ports")
+
+
 def _is_ready_line(line: str) -> bool:
     return line.startswith("bertserve") and " ready: " in line
 
@@ -167,16 +181,24 @@ def start_server(
     timeout: float = START_TIMEOUT,
     echo: bool = True,
     log_path: Path | None = None,
+    pass_port_out: bool = True,
 ) -> RunningServer:
     """Start ``bertserve start --port P --port-out Q *args`` on two free ports.
 
-    ``args`` are any further ``bertserve start`` flags. ``env`` is added to this process's
-    environment. With ``expect_ready`` wait for the ready line (stopping the server and
-    raising :class:`ServerStartError` if it never comes); else return at once. The output
-    goes to stderr when ``echo`` (pytest captures it) and to ``log_path`` if given.
+    ``args`` are any further ``bertserve start`` flags. Without ``pass_port_out`` the command
+    is ``bertserve start --port P *args``, P chosen so that P + 1, the default, is free too.
+    ``env`` is added to this process's environment. With ``expect_ready`` wait for the ready
+    line (stopping the server and raising :class:`ServerStartError` if it never comes); else
+    return at once. The output goes to stderr when ``echo`` (pytest captures it) and to
+    ``log_path`` if given.
     """
-    port, port_out = free_port(), free_port()
-    command = [sys.executable, "-m", "bertserve.server.cli", "start", "--port", str(port), "--port-out", str(port_out)]
+    if pass_port_out:
+        port, port_out = free_port(), free_port()
+        ports = ["--port", str(port), "--port-out", str(port_out)]
+    else:
+        port = free_port_pair()
+        port_out, ports = port + 1, ["--port", str(port)]
+    command = [sys.executable, "-m", "bertserve.server.cli", "start", *ports]
     launched_at = time.perf_counter()
     process = subprocess.Popen(
         [*command, *args],
@@ -184,7 +206,7 @@ def start_server(
         stderr=subprocess.STDOUT,
         text=True,
         errors="replace",
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},  # its output is parsed: plain even with FORCE_COLOR
         start_new_session=True,  # its own process group, as a terminal would give it (for Ctrl-C)
     )
     server = RunningServer(process, port, port_out, launched_at=launched_at)

@@ -65,9 +65,11 @@ def run_http(config: ServerConfig, log_level: int, keys: GatewayKeys | None) -> 
         tokenizer=tokenizer,
     )
     host = connect_host(config.bind)
+    port_out = config.port_out
+    assert port_out is not None  # ServerConfig fills it in
 
     async def gateway() -> Gateway:
-        gw = Gateway(host, config.port, config.port_out, keys=keys)
+        gw = Gateway(host, config.port, port_out, keys=keys)
         await gw.start(_GATEWAY_START_S)
         return gw
 

@@ -10,6 +10,7 @@ This is the object every server worker runs; it can also be used on its own::
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -21,6 +22,7 @@ from bertserve.client.protocol import check_texts
 
 from ..config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
 from ..errors import ModelError
+from ..logs import held_native_output
 from ..memory import trim_heap
 from . import lite
 from .graph import GraphSpec, load_function, load_or_build
@@ -59,6 +61,8 @@ class Encoder:
         self._tokenizer = _build_tokenizer(model, self.config)
         self.max_len: int = self._tokenizer.max_len
         graph_dir = self.config.graph_dir or default_graph_dir()
+        with held_native_output():  # TensorFlow's libraries log as they load
+            importlib.import_module("tensorflow")
         graph_bytes, self.meta, self.graph_built = load_or_build(model, spec, graph_dir)
         self.graph_path: str = os.path.join(graph_dir, f"{self.meta.key}.graph")
         self.graph_size: int = len(graph_bytes)

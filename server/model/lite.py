@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..logs import held_native_output
 from .graph import INPUT_NAMES, GraphMeta, read_cache, write_cache
 
 logger = logging.getLogger("bertserve.lite")
@@ -71,7 +72,10 @@ class LiteRunner:
     def __init__(self, flatbuffer: bytes, threads: int) -> None:
         from ai_edge_litert.interpreter import Interpreter
 
-        self._interpreter = Interpreter(model_content=flatbuffer, num_threads=max(1, threads))
+        # The first allocation applies XNNPACK, which LiteRT announces on stderr, once a process.
+        with held_native_output():
+            self._interpreter = Interpreter(model_content=flatbuffer, num_threads=max(1, threads))
+            self._interpreter.allocate_tensors()
         by_name = {d["name"]: d["index"] for d in self._interpreter.get_input_details()}
         self._inputs = [next(i for n, i in by_name.items() if name in n) for name in INPUT_NAMES]
         self._output = self._interpreter.get_output_details()[0]["index"]

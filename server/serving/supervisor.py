@@ -110,6 +110,7 @@ class BertServer:
                 self._warn_if_exposed()
             self._warn_if_http_exposed()
             self._bind(frontend, self.config.port)
+            assert self.config.port_out is not None  # ServerConfig made it port + 1
             self._check_port_free(context, self.config.port_out)
             if self.config.http_port is not None:
                 self._check_tcp_port_free(self.config.http_bind or self.config.bind, self.config.http_port)

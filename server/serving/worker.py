@@ -57,7 +57,10 @@ def configure_device(config: ServerConfig, index: int) -> str:
     GPU workers see only their own GPU (``CUDA_VISIBLE_DEVICES``), with memory growth or a
     memory fraction; CPU workers share the cores out so they do not fight over them.
     """
-    import tensorflow as tf
+    from ..logs import held_native_output
+
+    with held_native_output():  # TensorFlow's libraries log as they load
+        import tensorflow as tf
 
     if not config.cpu:
         gpus = tf.config.list_physical_devices("GPU")

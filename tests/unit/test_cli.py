@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from bertserve.server import BertServeError, cli
+from bertserve.server import BertServeError, ConfigError, ModelConfig, cli
+from bertserve.server.config import ServerConfig
 
 
 def _server_config(argv: list[str]):
@@ -72,3 +73,76 @@ def test_http_flags_and_the_api_key_from_the_environment(monkeypatch: pytest.Mon
 def test_bad_http_flags_name_the_problem(argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["start", "--model-dir", "/m", *argv]) == 2
     assert problem in capsys.readouterr().err
+
+
+def test_the_reply_port_defaults_to_the_request_port_plus_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = ModelConfig(model_dir="/m")
+    assert ServerConfig(model=model).port_out == 5556
+    assert ServerConfig(model=model, port=6000).port_out == 6001
+    assert ServerConfig(model=model, port=6000, port_out=7000).port_out == 7000
+    assert ServerConfig(model=model, port=6000).public()["port_out"] == 6001
+    assert (_server_config(["--port", "6000"]).port_out, _server_config([]).port_out) == (6001, 5556)
+    assert _server_config(["--port", "6000", "--port-out", "5000"]).port_out == 5000
+    monkeypatch.setenv("BERTSERVE_PORT_OUT", "7100")
+    assert _server_config(["--port", "6000"]).port_out == 7100
+
+
+@pytest.mark.parametrize(
+    ("ports", "problem"),
+    [
+        ({"port": 65535}, "port_out defaults to port + 1 = 65536, past 65535: set port_out"),
+        ({"port": 6000, "port_out": 6000}, "port and port_out must differ"),
+        ({"port": 6000, "port_out": 70000}, "port_out must be between 1 and 65535"),
+        ({"port": 0}, "port must be between 1 and 65535"),
+    ],
+)
+def test_bad_ports_are_refused(ports: dict[str, int], problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem.replace("+", r"\+")):
+        ServerConfig(model=ModelConfig(model_dir="/m"), **ports)
+    assert ServerConfig(model=ModelConfig(model_dir="/m"), port=65534).port_out == 65535
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``bertserve ARGV --help`` prints, with its line wrapping undone."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("start", ["worker processes (default: 1)", "port that publishes results (default: --port + 1)",
+                   "most sentences in one model run (default: 64)", "(default: the model's, or 25)",
+                   "GPU ids the workers take in turn (default: every visible GPU)",
+                   "XLA-compile the graph (default: False)", "(default: 10.0)"]),
+        ("embed", ["where to write the vectors (default: embeddings.npy)", "one sentence a line (default: stdin)",
+                   "weights and matrix products (default: fp32)", "BERT model directory (default: all-MiniLM"]),
+        ("encode", ["sentences per request (default: 256)", "wait for an answer (default: 60000)",
+                    "server port for replies (default: --port + 1)", "(needs --client-cert) (default: plain TCP)"]),
+        ("status", ["server host (default: localhost)", "for requests (default: 5555)", "answer (default: 5000)"]),
+        ("stop", ["server port for replies (default: --port + 1)", "answer (default: 5000)"]),
+        ("keygen", ["file name of the pair"]),
+    ],
+)  # fmt: skip
+def test_help_shows_each_flags_default(command: str, shown: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    text = _help([command, "--help"], capsys)
+    for phrase in shown:
+        assert phrase in text
+    for nonsense in ("(default: None)", "(default: ())", "(default: [])", "--is-tokenized (default"):
+        assert nonsense not in text
+    if command == "start":
+        for flag in [*cli.MODEL_FLAGS, *cli.SERVER_FLAGS]:
+            assert f"{flag.help} (default: " in text, flag.name
+
+
+def test_help_shows_a_default_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BERTSERVE_PORT_OUT", "7000")
+    monkeypatch.setenv("BERTSERVE_GRAPH_DIR", "/graphs")
+    start = _help(["start", "--help"], capsys)
+    assert "port that publishes results (default: 7000)" in start
+    assert "where optimized graphs are cached (default: /graphs)" in start
+    assert "server port for replies (default: 7000)" in _help(["status", "--help"], capsys)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import io
 import itertools
 import json
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +64,7 @@ class Responder:
         drop_configs: int = 0,
         reject: str = "",
         curve_dir: Path | None = None,
+        adjacent: bool = False,
     ) -> None:
         self.config = {"server_version": __version__, "protocol": p.PROTOCOL_VERSION, "output_dim": 4}
         self.config.update(config or {})
@@ -83,14 +86,28 @@ class Responder:
             for sock in (self._pull, self._pub):
                 sock.curve_publickey, sock.curve_secretkey = public, secret
                 sock.curve_server = True
-        self.port = self._pull.bind_to_random_port("tcp://127.0.0.1")
-        self.port_out = self._pub.bind_to_random_port("tcp://127.0.0.1")
+        if adjacent:  # replies on port + 1, where clients look by default
+            self.port, self.port_out = self._bind_adjacent()
+        else:
+            self.port = self._pull.bind_to_random_port("tcp://127.0.0.1")
+            self.port_out = self._pub.bind_to_random_port("tcp://127.0.0.1")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def client(self, **kwargs: Any) -> BertClient:
         return BertClient("127.0.0.1", self.port, self.port_out, timeout=kwargs.pop("timeout", 5000), **kwargs)
+
+    def _bind_adjacent(self) -> tuple[int, int]:
+        for _ in range(50):
+            port = self._pull.bind_to_random_port("tcp://127.0.0.1", max_port=65534)
+            try:
+                self._pub.bind(f"tcp://127.0.0.1:{port + 1}")
+            except zmq.ZMQError:
+                self._pull.unbind(f"tcp://127.0.0.1:{port}")
+                continue
+            return port, port + 1
+        raise AssertionError("no two adjacent free ports")
 
     def commands(self, command: bytes) -> list[p.Request]:
         return [r for r in list(self.requests) if r.command == command]
@@ -364,10 +381,16 @@ def test_empty_input_needs_no_round_trip(responder: Callable[..., Responder]) ->
 
 
 def test_long_texts_warn_once(responder: Callable[..., Responder]) -> None:
-    r = responder(config={"max_seq_len": 3})
-    with r.client() as bc, pytest.warns(UserWarning, match=r"texts\[1\] has 5 words") as record:
-        bc.encode(["short", "one two three four five", "six seven eight nine ten"])
-    assert len(record) == 1
+    r = responder(config={"max_seq_len": 3, "max_batch_size": 1})
+    texts = ["short", "one two three four five", "six seven eight nine ten"]
+    with r.client() as bc:
+        for show_progress in (False, True):
+            with pytest.warns(UserWarning, match=r"texts\[1\] has 5 words") as record:
+                bc.encode(texts * 2, show_progress=show_progress)
+            assert len(record) == 1 and record[0].filename == __file__
+        with pytest.warns(UserWarning, match=r"texts\[1\] has 5 words") as record:
+            list(bc.encode_async([texts[:1], texts, texts]))
+        assert len(record) == 1 and record[0].filename == __file__
 
 
 def test_version_checks(responder: Callable[..., Responder]) -> None:
@@ -439,6 +462,45 @@ def test_encode_async_keeps_order_and_stops(responder: Callable[..., Responder])
         with pytest.raises(ValueError, match=r"batch 1: texts\[0\] is empty"):
             list(bc.encode_async(iter([["a"], [""]])))
         assert bc.encode(["afterwards"]).shape == (1, 4)
+
+
+def test_progress_keeps_order_and_raises_what_one_request_raises(
+    responder: Callable[..., Responder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = responder(config={"max_batch_size": 2})  # chunks of 8 texts
+    texts = [" ".join(["w"] * (1 + i % 5)) for i in range(40)]
+    with r.client() as bc:
+        vectors = bc.encode(texts, show_progress=True)
+        np.testing.assert_array_equal(vectors[:, 0], [1 + i % 5 for i in range(40)])
+        np.testing.assert_array_equal(vectors[:, 1], [i % 8 for i in range(40)])  # row within its chunk
+        assert len(r.commands(p.ENCODE)) == 5 and "40/40" in capsys.readouterr().err
+
+        for word, error in (("boom", ServerError), ("busy", ServerBusyError)):
+            bad = [*texts[:29], word, *texts[30:]]
+            with pytest.raises(error) as whole:
+                bc.encode(bad)
+            with pytest.raises(error) as piped:
+                bc.encode(bad, show_progress=True)
+            assert (piped.value.kind, piped.value.message) == (whole.value.kind, whole.value.message)
+            assert not bc._expected and bc.encode(texts[:3]).shape == (3, 4)
+        with pytest.raises(ValueError, match="show_progress needs blocking=True"):
+            bc.encode(texts, blocking=False, show_progress=True)
+
+    with r.client(timeout=300) as bc:  # the fourth chunk is answered after 0.6 s
+        started = time.monotonic()
+        with pytest.raises(ServerTimeoutError):
+            bc.encode([*texts[:29], "slow", *texts[30:]], show_progress=True)
+        assert time.monotonic() - started < 1.5
+    capsys.readouterr()
+
+
+def test_per_token_answers_are_joined_as_the_server_joins_them() -> None:
+    from bertserve.client.client import _join
+
+    first, second = np.ones((2, 3, 4), np.float16), np.full((1, 5, 4), 2, np.float16)
+    joined = _join([first, second])
+    assert joined.shape == (3, 5, 4) and joined.dtype == np.float16
+    assert (joined[:2, 3:] == 0).all() and (joined[:2, :3] == 1).all() and (joined[2] == 2).all()
 
 
 def test_pool_shares_a_server_between_threads(responder: Callable[..., Responder]) -> None:
@@ -629,7 +691,12 @@ def run_cli(*argv: str) -> int:
     return int(args.run(args))
 
 
-def test_cli(responder: Callable[..., Responder], tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli(
+    responder: Callable[..., Responder],
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     r = responder()
     server = ["--host", "127.0.0.1", "--port", str(r.port), "--port-out", str(r.port_out)]
     source = tmp_path / "in.txt"
@@ -637,7 +704,17 @@ def test_cli(responder: Callable[..., Responder], tmp_path: Any, capsys: pytest.
     out = tmp_path / "out.npy"
     assert run_cli("encode", str(source), "-o", str(out), "--batch-size", "2", *server) == 0
     np.testing.assert_array_equal(np.load(out)[:, 0], [1, 2, 3])
-    assert "wrote 3 vectors of dimension 4" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("wrote 3 vectors of dimension 4")  # no bar in a pipe
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "stderr", terminal := Terminal())
+        assert run_cli("encode", str(source), "-o", str(out), "--batch-size", "1", *server) == 0
+    bar, wrote = terminal.getvalue().splitlines()[-2:]  # splitlines also splits at the bar's carriage returns
+    assert "encoding: 100%" in bar and "3/3" in bar and wrote.startswith("wrote 3 vectors")
 
     assert run_cli("status", *server) == 0
     assert "requests" in json.loads(capsys.readouterr().out)
@@ -648,6 +725,42 @@ def test_cli(responder: Callable[..., Responder], tmp_path: Any, capsys: pytest.
     assert run_cli("status", "--port", str(port), "--port-out", str(port_out), "--timeout", "200") == 1
     err = capsys.readouterr().err
     assert err.startswith("bertserve: error: no bertserve server answered") and err.count("\n") == 1
+
+
+def test_the_reply_port_defaults_to_the_request_port_plus_one(
+    responder: Callable[..., Responder], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = responder(adjacent=True)
+    with BertClient("127.0.0.1", r.port, timeout=5000) as bc:
+        assert bc.port_out == r.port + 1
+        assert bc.encode(["one"]).shape == (1, 4)
+    with ConcurrentBertClient(host="127.0.0.1", port=r.port, timeout=5000) as pool:
+        assert pool.encode(["two words"]).shape == (1, 4)
+    assert run_cli("status", "--host", "127.0.0.1", "--port", str(r.port)) == 0
+    assert "requests" in json.loads(capsys.readouterr().out)
+
+    elsewhere = responder()  # an explicit port_out, or BERTSERVE_PORT_OUT, wins
+    with BertClient("127.0.0.1", elsewhere.port, elsewhere.port_out, timeout=5000) as bc:
+        assert bc.port_out == elsewhere.port_out
+    monkeypatch.setenv("BERTSERVE_PORT_OUT", str(elsewhere.port_out))
+    assert run_cli("status", "--host", "127.0.0.1", "--port", str(elsewhere.port)) == 0
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"port_out defaults to port \+ 1, and port is 65535"):
+        BertClient(port=65535, timeout=100)
+
+
+def test_cli_warnings_are_one_line(
+    responder: Callable[..., Responder], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertserve.server import cli
+
+    r = responder(config={"server_version": "0.0.1"})
+    (tmp_path / "in.txt").write_text("one\n", encoding="utf-8")
+    server = ["--host", "127.0.0.1", "--port", str(r.port), "--port-out", str(r.port_out)]
+    assert cli.main(["encode", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.npy"), *server]) == 0
+    warning, wrote = capsys.readouterr().err.splitlines()
+    assert warning.startswith("bertserve: warning: the server at ") and "runs bertserve 0.0.1" in warning
+    assert wrote.startswith("wrote 1 vectors")
 
 
 def test_cli_keygen_and_curve_options(
