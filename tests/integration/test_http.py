@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 from bertserve.client import BertClient
-from faulty_model import SlowStartModel, pythonpath_env, sentences, wait_for
+from faulty_model import SLOW_WORD, SlowStartModel, pythonpath_env, sentences, wait_for
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from serving import RunningServer, free_port, start_server
@@ -313,9 +313,9 @@ def _ok(http: httpx.Client, body: dict) -> httpx.Response | None:
 
 
 @pytest.mark.timeout(120)
-def test_ready_is_503_until_a_worker_is_up(tiny_google: str) -> None:
+def test_ready_is_503_until_a_worker_is_up_and_a_late_answer_is_504(tiny_google: str) -> None:
     server = serve_http(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:SlowStartModel",
+        "--model-dir", tiny_google, "--model-class", "faulty_model:SlowStartModel", "--request-timeout-ms", "500",
         expect_ready=False, env=pythonpath_env(),
     )  # fmt: skip
     try:
@@ -334,6 +334,8 @@ def test_ready_is_503_until_a_worker_is_up(tiny_google: str) -> None:
         server.running.wait_ready(SlowStartModel.SLOW_START_S + 60)
         assert httpx.get(server.url + "/ready").status_code == 200
         assert httpx.post(server.url + "/v1/embeddings", json={"input": "now"}).status_code == 200
+        late = httpx.post(server.url + "/v1/embeddings", json={"input": f"{SLOW_WORD} takes a second"}, timeout=30)
+        assert late.status_code == 504 and "deadline" in late.json()["error"]["message"], late.text
     finally:
         server.running.stop()
 
