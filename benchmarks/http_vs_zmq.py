@@ -3,8 +3,10 @@
 One ``bertserve start --http-port`` server (all-MiniLM-L6-v2 by default, one CPU worker)
 answers, in turns so that the machine's noise falls on both alike:
 
-- one sentence at a time: ``BertClient.encode([s])`` over ZeroMQ, ``POST /v1/embeddings``
-  with ``httpx`` on a kept-alive connection, and the official ``openai`` package;
+- one sentence at a time: ``BertClient.encode([s])`` over ZeroMQ, and ``POST /v1/embeddings``
+  on a kept-alive connection with the standard library's ``http.client`` (the least a
+  Python client adds, as ``BertClient`` is a bare socket), with ``httpx``, and with the
+  official ``openai`` package;
 - bulk: requests of 1,000 sentences, over ZeroMQ and over HTTP (JSON floats, and base64).
 
 The targets: HTTP bulk throughput / ZeroMQ >= 0.9; HTTP one-sentence p50 / ZeroMQ <= 1.3.
@@ -15,6 +17,8 @@ The targets: HTTP bulk throughput / ZeroMQ >= 0.9; HTTP one-sentence p50 / ZeroM
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import statistics
 import sys
 import time
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, default=300, help="timed one-sentence requests per path")
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--bulk-size", type=int, default=1000)
-    parser.add_argument("--bulk-rounds", type=int, default=5)
+    parser.add_argument("--bulk-rounds", type=int, default=7)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
@@ -66,18 +70,33 @@ def main(argv: list[str] | None = None) -> int:
     server = start_server("--model-dir", str(model_dir), *SERVER_FLAGS, "--http-port", str(port), echo=False)
     url = f"http://127.0.0.1:{port}"
     try:
-        with BertClient(**server.client_kwargs, timeout=120_000) as bc, httpx.Client(base_url=url, timeout=120) as http:
+        with (
+            BertClient(**server.client_kwargs, timeout=120_000) as bc,
+            httpx.Client(base_url=url, timeout=120) as session,
+        ):
             from openai import OpenAI
 
             openai = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
+            plain = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            plain_headers = {"content-type": "application/json"}
+
+            def over_plain_http(texts: list[str]) -> Any:
+                plain.request("POST", "/v1/embeddings", body=json.dumps({"input": texts}), headers=plain_headers)
+                response = plain.getresponse()
+                body = response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}: {body[:200]!r}")
+                return json.loads(body)
+
             def over_http(texts: list[str], encoding: str = "float") -> Any:
-                reply = http.post("/v1/embeddings", json={"input": texts, "encoding_format": encoding})
+                reply = session.post("/v1/embeddings", json={"input": texts, "encoding_format": encoding})
                 reply.raise_for_status()
                 return reply.json()
 
             calls: dict[str, Callable[[list[str]], Any]] = {
                 "ZeroMQ, BertClient": bc.encode,
+                "HTTP, http.client": over_plain_http,
                 "HTTP, httpx": over_http,
                 "HTTP, openai package": lambda texts: openai.embeddings.create(model="all-MiniLM-L6-v2", input=texts),
             }
@@ -91,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {
         "HTTP bulk / ZeroMQ bulk, JSON floats": bulk["HTTP, JSON floats"]["per_s"] / bulk["ZeroMQ"]["per_s"],
         "HTTP bulk / ZeroMQ bulk, base64": bulk["HTTP, base64"]["per_s"] / bulk["ZeroMQ"]["per_s"],
-        "HTTP one-sentence p50 / ZeroMQ p50": one["HTTP, httpx"]["p50_ms"] / one["ZeroMQ, BertClient"]["p50_ms"],
+        "HTTP one-sentence p50 / ZeroMQ p50, http.client": (
+            one["HTTP, http.client"]["p50_ms"] / one["ZeroMQ, BertClient"]["p50_ms"]
+        ),
+        "HTTP one-sentence p50 / ZeroMQ p50, httpx": one["HTTP, httpx"]["p50_ms"] / one["ZeroMQ, BertClient"]["p50_ms"],
     }
     load = psutil.getloadavg()
     report = {

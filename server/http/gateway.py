@@ -1,8 +1,9 @@
 """The HTTP front end's way into the server: an asyncio ZeroMQ client of the ventilator.
 
 It speaks the same protocol as ``BertClient``, over one PUSH and one SUB socket shared by
-every HTTP request in flight: each request gets its own request id, and one reader task
-hands each reply to the request waiting for it. HTTP callers are told apart by their client
+every HTTP request in flight: each request gets its own request id, and a reader that the
+event loop calls when the SUB socket's file descriptor signals hands each reply straight to
+the request waiting for it (one loop turn, no task in between). HTTP callers are told apart by their client
 id, ``<prefix>.<caller hash>``, so the ventilator's per-client bounds and turns apply to
 each caller; the SUB socket subscribes to the prefix and so reads the replies of them all.
 Under CURVE the prefix starts with the front end's own public key, which the server
@@ -12,7 +13,6 @@ generated for it and allows.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import itertools
 import logging
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-import zmq.asyncio
 from bertserve.client import __version__
 from bertserve.client import protocol as p
 
@@ -33,6 +32,7 @@ logger = logging.getLogger("bertserve.http.gateway")
 
 _HANDSHAKE_RESEND_S = 0.2
 _STATUS_TTL_S = 0.25  # readiness probes and /status share one answer this long
+_SEND_RETRY_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Gateway:
         self.prefix = (keys.public + b":" if keys else b"") + HTTP_ID_MARK + token
         bracketed = f"[{host}]" if ":" in host else host
         self.address = f"tcp://{bracketed}:{port}"
-        self._context = zmq.asyncio.Context()
+        self._context = zmq.Context()
         self._push = self._context.socket(zmq.PUSH)
         self._sub = self._context.socket(zmq.SUB)
         for sock in (self._push, self._sub):
@@ -71,7 +71,7 @@ class Gateway:
         self._sub.connect(f"tcp://{bracketed}:{port_out}")
         self._ids = itertools.count(1)
         self._waiting: dict[tuple[bytes, int], asyncio.Future[p.Reply]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._status: tuple[float, dict[str, Any]] | None = None
         self.config: dict[str, Any] = {}
 
@@ -82,7 +82,8 @@ class Gateway:
     async def start(self, timeout_s: float) -> None:
         """Start reading replies, and ask for the server's configuration until it answers
         (the subscription takes a moment to reach the server)."""
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._sub.fileno(), self._read)
         deadline = time.monotonic() + timeout_s
         caller = self.client_id("bertserve")
         while True:
@@ -100,10 +101,8 @@ class Gateway:
             return
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        if self._loop is not None:
+            self._loop.remove_reader(self._sub.fileno())
         for future in self._waiting.values():
             future.cancel()
         self._push.close(linger=0)
@@ -130,10 +129,7 @@ class Gateway:
         frames = p.encode_request(client_id, command, request_id, header, texts)
         deadline = time.monotonic() + timeout_s
         try:
-            try:  # ZeroMQ takes a message at once unless the queue to the server is full
-                await self._push.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:
-                await asyncio.wait_for(self._push.send_multipart(frames), timeout_s)
+            await self._send(frames, deadline)
             return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             raise GatewayError(f"no answer from the server within {timeout_s:g} s") from None
@@ -151,9 +147,23 @@ class Gateway:
         self._status = (time.monotonic(), reply.header)
         return reply.header
 
-    async def _read(self) -> None:
+    async def _send(self, frames: list[bytes], deadline: float) -> None:
+        """ZeroMQ takes a message at once unless the queue to the server is full; then retry
+        until ``deadline``."""
         while True:
-            frames = await self._sub.recv_multipart(copy=False)
+            try:
+                self._push.send_multipart(frames, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if time.monotonic() >= deadline:
+                    raise asyncio.TimeoutError from None
+                await asyncio.sleep(_SEND_RETRY_S)
+
+    def _read(self) -> None:
+        """Every reply waiting on the SUB socket, each to its request. ZeroMQ's descriptor
+        signals edges, so this drains until the socket says nothing is left."""
+        while self._sub.poll(0, zmq.POLLIN):
+            frames = self._sub.recv_multipart(zmq.NOBLOCK, copy=False)
             try:
                 reply = p.decode_reply([frame.buffer for frame in frames])
             except p.ProtocolError as exc:

@@ -12,6 +12,7 @@ logger = logging.getLogger("bertserve.http")
 
 _GATEWAY_START_S = 30.0
 _GRACEFUL_S = 10  # in-flight HTTP requests get this long to finish when the server stops
+_KEEP_ALIVE_S = 75  # longer than a load balancer's usual 60 s idle timeout, so it never reuses a closed connection
 
 
 def connect_host(bind: str) -> str:
@@ -82,6 +83,7 @@ def run_http(config: ServerConfig, log_level: int, keys: GatewayKeys | None) -> 
             access_log=log_level <= logging.DEBUG,
             lifespan="on",
             timeout_graceful_shutdown=_GRACEFUL_S,
+            timeout_keep_alive=_KEEP_ALIVE_S,
             server_header=False,
         )
     )
