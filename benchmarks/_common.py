@@ -196,3 +196,13 @@ def write_json(data: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(without_nan(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     print(f"wrote {path}", file=sys.stderr)
+
+
+def write_report(report: Any, text: str, json_path: Path | None, markdown_path: Path | None) -> None:
+    """Print the markdown ``text`` and write it and the ``report`` where asked."""
+    print(text)
+    if json_path:
+        write_json(report, json_path)
+    if markdown_path:
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(text, encoding="utf-8")

@@ -37,7 +37,7 @@ from _common import (
     read_corpus,
     resolve_model_dir,
     start_server,
-    write_json,
+    write_report,
 )
 from bertserve.client import BertClient
 from latency import take_turns
@@ -131,12 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
     }
     text = markdown(report)
-    print(text)
-    if args.json:
-        write_json(report, args.json)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text, encoding="utf-8")
+    write_report(report, text, args.json, args.markdown)
     return 0
 
 

@@ -50,7 +50,7 @@ from _common import (
     resolve_model_dir,
     st_contender,
     start_server,
-    write_json,
+    write_report,
 )
 from bertserve.client import BertClient
 
@@ -369,12 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report["ratios"] = ratios(report)
     text = markdown(report)
-    print(text)
-    if args.json:
-        write_json(report, args.json)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text, encoding="utf-8")
+    write_report(report, text, args.json, args.markdown)
     if args.plot:
         plot(report, args.plot)
     return 0

@@ -153,14 +153,16 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                 gw.config = reply.header
         return gw.config
 
+    async def server_status() -> dict[str, Any]:
+        try:
+            return await gateway().status()
+        except GatewayError as exc:
+            raise HTTPError(503, f"the server is not answering: {exc}") from None
+
     async def ready_or_503() -> None:
         if state.get("was_ready"):
             return  # once up, a server answers for itself: it queues while a worker restarts, 503s at shutdown
-        try:
-            status = await gateway().status()
-        except GatewayError as exc:
-            raise HTTPError(503, f"the server is not answering: {exc}") from None
-        if not status.get("ready"):
+        if not (await server_status()).get("ready"):
             raise HTTPError(503, "the server is starting: no worker has loaded the model yet")
         state["was_ready"] = True
 
@@ -244,20 +246,13 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 
     @app.get("/ready", summary="Readiness: 200 while a worker has the model loaded, else 503")
     async def ready() -> Response:
-        try:
-            status = await gateway().status()
-        except GatewayError as exc:
-            raise HTTPError(503, f"the server is not answering: {exc}") from None
-        if not status.get("ready"):
+        if not (await server_status()).get("ready"):
             raise HTTPError(503, "no worker has the model loaded: the server is starting, or its workers restart")
         return _json({"status": "ready"})
 
     @app.get("/status", summary="The server's status, as `bertserve status` shows it")
     async def status() -> Response:
-        try:
-            return _json(await gateway().status())
-        except GatewayError as exc:
-            raise HTTPError(503, f"the server is not answering: {exc}") from None
+        return _json(await server_status())
 
     @app.get("/metrics", summary="Prometheus metrics of every server process")
     async def prometheus() -> Response:
