@@ -127,10 +127,13 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 
     # -- encoding --
 
-    async def encode(request: Request, texts: list[Any], *, is_tokenized: bool = False, user: str | None) -> p.Reply:
+    def check_count(texts: list[Any]) -> list[Any]:
         if len(texts) > settings.max_inputs:
             raise HTTPError(413, f"the request has {len(texts)} inputs; this server takes at most "
                             f"{settings.max_inputs} per request")  # fmt: skip
+        return texts
+
+    async def encode(request: Request, texts: list[Any], *, is_tokenized: bool = False, user: str | None) -> p.Reply:
         gw = gateway()
         caller = user or (request.client.host if request.client else "unknown")
         try:
@@ -148,7 +151,10 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     async def model_info() -> dict[str, Any]:
         gw = gateway()
         if "output_dim" not in gw.config:  # asked before a worker was ready
-            reply = await gw.request(gw.client_id("bertserve"), p.CONFIG, timeout_s=2.0)
+            try:
+                reply = await gw.request(gw.client_id("bertserve"), p.CONFIG, timeout_s=2.0)
+            except GatewayError as exc:
+                raise HTTPError(503, f"the server is not answering: {exc}") from None
             if reply.ok:
                 gw.config = reply.header
         return gw.config
@@ -179,6 +185,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             raise HTTPError(404, f"the model {body.model!r} is not served here; this server serves "
                             f"{', '.join(map(repr, served))}", param="model", code="model_not_found")  # fmt: skip
         texts, is_tokenized = _openai_input(body.input, settings.tokenizer)
+        check_count(texts)
         await ready_or_503()
         info = await model_info()
         if info.get("token_level"):
@@ -213,7 +220,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     @app.post("/embed", summary="Text Embeddings Inference-compatible embeddings")
     async def embed(body: EmbedRequest, request: Request) -> Response:
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        texts = _checked(texts, "inputs")
+        texts = check_count(_checked(texts, "inputs"))
         await ready_or_503()
         info = await model_info()
         if info.get("token_level"):
@@ -233,7 +240,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 
     @app.post("/encode", summary="bert-as-service-compatible encoding")
     async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
-        texts = _checked(body.texts, "texts", is_tokenized=body.is_tokenized)
+        texts = check_count(_checked(body.texts, "texts", is_tokenized=body.is_tokenized))
         await ready_or_503()
         reply = await encode(request, texts, is_tokenized=body.is_tokenized, user=None)
         return _json({"id": body.id, "result": reply.array().astype(np.float32, copy=False)})
