@@ -127,7 +127,7 @@ class SlowStartModel(FaultyModel):
     """:class:`FaultyModel` that takes ``SLOW_START_S`` seconds to load, so a test can watch
     a server whose front ends are up before any worker is."""
 
-    SLOW_START_S = 8.0
+    SLOW_START_S = 5.0
 
     def __init__(self, config: Any = None, **options: Any) -> None:
         time.sleep(self.SLOW_START_S)
