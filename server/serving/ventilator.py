@@ -456,6 +456,7 @@ class Ventilator:
             self._finish(key)
             # Queued until the new sink binds; it lets clients subscribe again before it publishes.
             self._publish(p.error_reply(request.client, request.request_id, error, "internal"))
+            metrics.REQUESTS.labels(metrics.path_of(request.client), "internal").inc()
 
     # -- dispatch ------------------------------------------------------------------------
 
