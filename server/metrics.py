@@ -5,8 +5,8 @@ The ventilator, the sink and the HTTP front end are separate processes, so the m
 files in one directory, and whoever serves ``/metrics`` merges them. ``prometheus_client``
 reads that directory from ``PROMETHEUS_MULTIPROC_DIR`` when it is first imported, so
 ``bertserve start`` creates a fresh one before anything imports this module, and its child
-processes inherit it. Without it (an in-process ``Ventilator``
-in a test, say) the metrics live in this process's default registry.
+processes inherit it. Without it (an in-process ``Ventilator`` in a test, say) the metrics
+live in this process's default registry.
 
 Requests are labelled with their ``path``: ``http`` for those the HTTP front end sends
 (their client ids carry :data:`HTTP_ID_MARK`), ``zmq`` for every other client.
@@ -20,7 +20,6 @@ from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 _ENV = "PROMETHEUS_MULTIPROC_DIR"
-
 
 HTTP_ID_MARK = b"http-"
 """Client ids of the HTTP front end start with this (after ``<key>:`` under CURVE)."""
