@@ -39,7 +39,6 @@ STATUS_OF_KIND = {
 _OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error",
                  422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 _OPEN_PATHS = {"/health", "/ready"}  # probes need no key
-_INLINE_TOKENIZE = 64  # inputs counted on the event loop; more go to a thread
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class Settings:
     max_body_bytes: int
     max_inputs: int
     request_timeout_s: float
-    tokenizer: Any  # WordPieceTokenizer: counts tokens, maps token ids back to tokens
+    tokenizer: Any  # WordPieceTokenizer: finds over-long inputs, maps token ids back to tokens
 
 
 class HTTPError(Exception):
@@ -172,12 +171,6 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             raise HTTPError(503, "the server is starting: no worker has loaded the model yet")
         state["was_ready"] = True
 
-    async def count_tokens(texts: list[Any], is_tokenized: bool) -> np.ndarray:
-        count = settings.tokenizer.count_tokens
-        if len(texts) <= _INLINE_TOKENIZE:
-            return count(texts, is_tokenized=is_tokenized)
-        return await asyncio.to_thread(count, texts, is_tokenized=is_tokenized)
-
     @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         served = (settings.model_name, *settings.aliases)
@@ -197,9 +190,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                             "dimensions", param="dimensions")  # fmt: skip
         reply = await encode(request, texts, is_tokenized=is_tokenized, user=body.user)
         vectors = reply.array().astype("<f4", copy=False)
-        tokens = reply.header.get("token_count")
-        if not isinstance(tokens, int):  # the model behind the server does not count them
-            tokens = int((await count_tokens(texts, is_tokenized)).sum())
+        tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer
         if body.encoding_format == "base64":
             data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
                     for i, row in enumerate(vectors)]  # fmt: skip

