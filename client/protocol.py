@@ -33,6 +33,21 @@ Inside the server (same version, never seen by clients)::
     worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens, lengths}, buffer]
                                      [JOB_ERROR, job_id, JSON {parts, error}]
 
+Head and remote-worker hosts (``bertserve worker``), over one tcp link on ``--worker-port``,
+versioned by :data:`LINK_VERSION`. A host connects one DEALER and speaks for the worker
+processes on its machine, which talk to it as they would to a local ventilator and sink;
+``W`` names one of them (its identity on that host)::
+
+    host -> head   [HELLO, JSON {link, version, hostname, model_sha256, workers}]
+                   [HEARTBEAT] (the host, every second) | [HEARTBEAT, W] (a worker's, passed on)
+                   [READY, W, JSON {worker, pid, credits, model, device, hostname}]
+                   [DONE, JSON {job, worker: W, ...}]
+                   [RESULT, W, job_id, header, buffer] | [JOB_ERROR, W, job_id, header]
+                   [GONE, W, reason] | [DRAIN] | [BYE]
+    head -> host   [WELCOME, JSON {model, model_class, heartbeat_timeout_ms}] | [REFUSED, JSON {error}]
+                   [HEARTBEAT] (every second) | [JOB, W, job_id, header, payload]
+                   [FORGET, W, reason] | [BYE] (the head is stopping, or does not know this host: join again)
+
 A job's ``parts`` is a list of ``{"key": request key, "rows": [row indexes in the request]}``
 in the order the job's rows are laid out. A request key is ``"<client id as hex>#<request id>"``,
 so any client id (1 to 64 arbitrary bytes) round-trips exactly.
@@ -79,6 +94,16 @@ STOP = b"STOP"
 RESULT = b"RESULT"
 JOB_ERROR = b"JOB_ERROR"
 HEARTBEAT = b"HEARTBEAT"
+
+# between a head and the hosts of remote workers (``bertserve worker``), over --worker-port
+LINK_VERSION = 1
+HELLO = b"HELLO"  # host -> head: {link, version, hostname, model_sha256, workers}
+WELCOME = b"WELCOME"  # head -> host: the model options every worker runs
+REFUSED = b"REFUSED"  # head -> host: {error}; the host exits
+DRAIN = b"DRAIN"  # host -> head: send my workers nothing new, I am stopping
+BYE = b"BYE"  # host -> head: take back what my workers hold; head -> host: join again
+FORGET = b"FORGET"  # head -> host: this worker stopped answering; kill it
+GONE = b"GONE"  # host -> head: this worker process died
 
 # kinds of error reply
 BUSY = "busy"

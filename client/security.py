@@ -134,8 +134,11 @@ class HandshakeWatch:
     failure to report, if any; :meth:`close` (before the sockets close) is idempotent.
     """
 
-    def __init__(self, sockets: Mapping[str, zmq.Socket], *, public_key: bytes | None) -> None:
+    def __init__(
+        self, sockets: Mapping[str, zmq.Socket], *, public_key: bytes | None, keys_dir: str = "clients/"
+    ) -> None:
         self.public_key = public_key
+        self.keys_dir = keys_dir  # where the server lists keys like this one
         self._failures: dict[str, tuple[int, int]] = {}  # address -> (event, value), until it succeeds
         self._vague: dict[str, int] = {}  # address -> failures without detail, until it succeeds
         self._watched: list[tuple[zmq.Socket, zmq.Socket, str]] = []
@@ -213,7 +216,7 @@ class HandshakeWatch:
                 return (
                     f"{server} refused this client's key {key.decode('ascii')} "
                     f"(ZAP status {value}): its public certificate (NAME.key) must be in the server's "
-                    "clients/ directory"
+                    f"{self.keys_dir} directory"
                 )
             return f"{server} refused this client (ZAP status {value})"
         if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:

@@ -135,7 +135,7 @@ MODEL_FLAGS = [
 ]
 
 SERVER_FLAGS = [
-    _Flag("--num-worker", "worker processes", int, 1),
+    _Flag("--num-worker", "worker processes on this machine (0 with --worker-port: only remote ones)", int, 1),
     _Flag("--port", "port that takes requests", int, 5555),
     _Flag("--port-out", "port that publishes results", int, unset="--port + 1"),
     _Flag("--bind", "address to listen on (0.0.0.0 for every interface)", default="127.0.0.1"),
@@ -185,8 +185,43 @@ SERVER_FLAGS = [
         int,
         unset="none",
     ),
+    _Flag(
+        "--worker-port",
+        "let remote workers (`bertserve worker`) join on this port: jobs, credits and results",
+        int,
+        unset="local workers only",
+    ),
     _Flag("--served-model-name", "the model name the HTTP API lists and accepts", unset="the model directory's"),
     _Flag("--model-alias", "other names the HTTP API accepts for the model", many=True, default=(), unset="none"),
+]
+
+
+def _server_flag(name: str) -> _Flag:
+    return next(flag for flag in [*SERVER_FLAGS, *MODEL_FLAGS] if flag.name == name)
+
+
+WORKER_FLAGS = [
+    _Flag("--server", "the head's host name or address", unset="required"),
+    _Flag("--worker-port", "the head's --worker-port", int, unset="required"),
+    _Flag("--num-worker", "worker processes on this machine", int, 1),
+    _Flag(
+        "--model-dir",
+        "this machine's copy of the head's model directory (checked by sha256)",
+        unset="all-MiniLM-L6-v2 if installed",
+    ),
+    _server_flag("--tuned-model-dir"),
+    _server_flag("--graph-dir"),
+    _Flag("--prefetch-size", "jobs a worker holds at once: its credits; give faster devices more", int, 1),
+    *(_server_flag(name) for name in ("--cpu", "--device-map", "--gpu-memory-fraction", "--threads-per-worker")),
+    *(_server_flag(name) for name in ("--worker-nice", "--feed", "--max-restarts")),
+    _Flag(
+        "--client-cert",
+        "CURVE: this worker's NAME.key_secret, whose NAME.key is in the head's workers/",
+        unset="plain TCP",
+    ),
+    _Flag("--server-key", "CURVE: the head's public key (its server.key file or z85 text)", unset="plain TCP"),
+    _Flag("--health-port", "serve GET /health and /ready on this port, for container probes", int, unset="none"),
+    _Flag("--health-bind", "address the health port listens on", default="127.0.0.1"),
 ]
 
 
@@ -239,7 +274,22 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
     )
     if config.http_port is not None:
         line += f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}"
+    if config.worker_port is not None:
+        line += f", remote workers join on tcp://{config.bind}:{config.worker_port}"
     print(paint(line, "green", sys.stdout), flush=True)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .serving.remote import HostConfig, WorkerHost
+
+    missing = [flag for flag in ("--server", "--worker-port") if getattr(args, flag[2:].replace("-", "_")) is None]
+    if missing:
+        raise BertServeError(f"bertserve worker needs {' and '.join(missing)}: where the head lets workers join")
+    options = {flag.dest: getattr(args, flag.dest) for flag in WORKER_FLAGS}
+    options["model_dir"] = args.model_dir or default_model_dir()
+    host = WorkerHost(HostConfig(**options), log_level=logging.DEBUG if args.verbose else logging.INFO)
+    host.install_signal_handlers()
+    return host.run()
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
@@ -282,6 +332,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(start, "model", MODEL_FLAGS)
     _add_flags(start, "serving", SERVER_FLAGS)
     start.set_defaults(run=_cmd_start)
+
+    worker = commands.add_parser(
+        "worker",
+        help="run workers on this machine for a head started with --worker-port (Ctrl-C ends them)",
+        description="Worker processes that join a head over tcp. The model options come from the head; "
+        "this machine's model files must be the same (checked by sha256).",
+        formatter_class=HelpFormatter,
+    )
+    _add_verbose(worker)
+    _add_flags(worker, "worker", WORKER_FLAGS)
+    worker.set_defaults(run=_cmd_worker)
     add_client_commands(commands)
     return parser
 

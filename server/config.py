@@ -199,21 +199,23 @@ class ServerConfig:
     metrics_port: int | None = None
     served_model_name: str | None = None
     model_alias: tuple[str, ...] = ()
+    worker_port: int | None = None
 
     def __post_init__(self) -> None:
         port_out = self.port + 1 if self.port_out is None else self.port_out
+        extra_ports = [p for p in (self.http_port, self.metrics_port, self.worker_port) if p is not None]
         checks = [
-            (self.num_worker >= 1, "num_worker must be at least 1"),
+            (self.num_worker >= 1 or (self.num_worker == 0 and self.worker_port is not None),
+             "num_worker must be at least 1 (0 only with worker_port, for a head whose workers join remotely)"),
             (1 <= self.port <= 65535, "port must be between 1 and 65535"),
             (1 <= port_out <= 65535,
              "port_out must be between 1 and 65535" if self.port_out is not None
              else f"port_out defaults to port + 1 = {port_out}, past 65535: set port_out"),
             (self.port != port_out, "port and port_out must differ"),
-            (all(p is None or 1 <= p <= 65535 for p in (self.http_port, self.metrics_port)),
-             "http_port and metrics_port must be between 1 and 65535"),
-            (len({self.port, port_out, self.http_port, self.metrics_port} - {None})
-             == 2 + (self.http_port is not None) + (self.metrics_port is not None),
-             "port, port_out, http_port and metrics_port must all differ"),
+            (all(p is None or 1 <= p <= 65535 for p in (self.http_port, self.metrics_port, self.worker_port)),
+             "http_port, metrics_port and worker_port must be between 1 and 65535"),
+            (len({self.port, port_out, *extra_ports}) == 2 + len(extra_ports),
+             "port, port_out, http_port, metrics_port and worker_port must all differ"),
             (self.api_key is None or len(self.api_key.strip()) >= 8, "api_key must be at least 8 characters"),
             (self.curve_dir is None or self.http_port is None or self.api_key is not None,
              "with curve_dir, serving HTTP needs api_key too: else HTTP would serve anyone CURVE keeps out"),
@@ -263,7 +265,7 @@ class ServerConfig:
         """TensorFlow threads per CPU worker: the cores shared out, so workers do not fight."""
         if self.threads_per_worker is not None:
             return self.threads_per_worker
-        return max(1, (os.cpu_count() or 1) // self.num_worker)
+        return max(1, (os.cpu_count() or 1) // max(1, self.num_worker))
 
     def public(self) -> dict[str, Any]:
         """The configuration as plain JSON values, for the CONFIG command."""

@@ -30,6 +30,7 @@ from zmq.auth.thread import ThreadAuthenticator
 __all__ = [
     "CURVE_KEY_LENGTH",
     "MAX_TOPIC_BYTES",
+    "WORKER_DOMAIN",
     "CurveServerKeys",
     "handle_subscription",
     "identity_belongs",
@@ -52,6 +53,9 @@ logger = logging.getLogger("bertserve.security")
 MAX_TOPIC_BYTES = 64
 """The longest client id, and so the longest subscription topic, the server accepts."""
 
+WORKER_DOMAIN = "workers"
+"""The ZAP domain of the worker link: only keys in ``workers/`` may connect to it."""
+
 UserId = bytes | str | None
 """A message's ``User-Id`` property: the client's z85 public key under CURVE, else absent."""
 
@@ -62,21 +66,26 @@ class CurveServerKeys:
 
     ``clients_dir`` holds the public certificates (``*.key``) of every client allowed to
     connect; ``admins`` are the z85 public keys allowed to send TERMINATE (each also in
-    ``clients_dir``).
+    ``clients_dir``); ``workers`` those of remote workers allowed to join (``workers/``).
     """
 
     public: bytes
     secret: bytes
     clients_dir: Path
     admins: frozenset[bytes] = frozenset()
+    workers: frozenset[bytes] = frozenset()  # remote workers allowed on the worker link (workers/*.key)
 
     def __repr__(self) -> str:  # never print the secret key
-        return f"CurveServerKeys(public={self.public!r}, clients_dir={self.clients_dir!r}, admins={len(self.admins)})"
+        return (
+            f"CurveServerKeys(public={self.public!r}, clients_dir={self.clients_dir!r}, admins={len(self.admins)}, "
+            f"workers={len(self.workers)})"
+        )
 
 
 def load_curve_dir(curve_dir: str | os.PathLike[str]) -> CurveServerKeys:
     """Read a server key directory: ``server.key_secret``, ``clients/*.key`` (at least one)
-    and optionally ``admins/*.key``. Raises ``ValueError`` naming what is missing or wrong."""
+    and optionally ``admins/*.key`` and ``workers/*.key``. Raises ``ValueError`` naming what
+    is missing or wrong."""
     root = Path(curve_dir)
     make = f"make one with `bertserve keygen {root} --name server`"
     if not root.is_dir():
@@ -101,14 +110,16 @@ def load_curve_dir(curve_dir: str | os.PathLike[str]) -> CurveServerKeys:
             f"{admins_dir} lists key(s) {', '.join(k.decode() for k in strangers)} that are not in "
             f"{clients_dir}: an admin must be allowed to connect too"
         )
-    return CurveServerKeys(public=public, secret=secret, clients_dir=clients_dir, admins=admins)
+    workers = frozenset(load_public_key(path) for path in sorted((root / "workers").glob("*.key")))
+    return CurveServerKeys(public=public, secret=secret, clients_dir=clients_dir, admins=admins, workers=workers)
 
 
 def start_authenticator(
     context: zmq.Context, keys: CurveServerKeys, extra_keys: frozenset[bytes] = frozenset()
 ) -> ThreadAuthenticator:
     """Start pyzmq's ZAP authenticator in ``context``, allowing the keys in ``keys.clients_dir``
-    and the z85 public keys ``extra_keys`` (the HTTP front end's, which the server makes).
+    and the z85 public keys ``extra_keys`` (the HTTP front end's, which the server makes);
+    on sockets of the ZAP domain :data:`WORKER_DOMAIN` (the worker link), only ``keys.workers``.
 
     It answers for the CURVE sockets of that context only, so each process that binds one
     (the ventilator's and the sink's) starts its own, before binding; ``stop()`` it at
@@ -120,7 +131,8 @@ def start_authenticator(
     authenticator = ThreadAuthenticator(context, log=logging.getLogger("bertserve.security.zap"))
     authenticator.start()
     try:
-        authenticator.configure_curve_callback(domain="*", credentials_provider=_AllowedKeys(allowed))
+        provider = _AllowedKeys({WORKER_DOMAIN: keys.workers}, default=allowed)
+        authenticator.configure_curve_callback(domain="*", credentials_provider=provider)
     except BaseException:
         authenticator.stop()
         raise
@@ -128,13 +140,14 @@ def start_authenticator(
 
 
 class _AllowedKeys:
-    """pyzmq's credentials provider: a fixed set of z85 public keys."""
+    """pyzmq's credentials provider: a fixed set of z85 public keys for each ZAP domain."""
 
-    def __init__(self, keys: frozenset[bytes]) -> None:
-        self._keys = keys
+    def __init__(self, by_domain: dict[str, frozenset[bytes]], default: frozenset[bytes]) -> None:
+        self._by_domain = by_domain
+        self._default = default
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return key in self._keys
+        return key in self._by_domain.get(domain, self._default)
 
 
 def make_curve_server(socket: zmq.Socket, keys: CurveServerKeys) -> None:

@@ -7,6 +7,11 @@ next job (the most free credits), which workers have gone silent or hold a job p
 deadline, and which jobs a lost worker held: each loss counts an attempt against a job, and a
 job that has lost two workers is not to be retried. A DONE from a worker that was forgotten, or
 for a job it no longer holds, is ignored: its job went to another worker.
+
+A remote worker (on a ``bertserve worker`` host, reached over the worker link) is an entry like
+any other, keyed ``<host routing id>/<its identity on the host>``; ``host`` and ``name`` say
+where to send its jobs. A draining worker (its host is stopping) keeps what it holds and gets
+nothing new.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ class WorkerState:
     credits: int
     joined: float
     last_seen: float
+    host: bytes | None = None  # routing id of its host on the worker link; None: a local worker
+    name: bytes = b""  # its identity on that host
+    hostname: str = ""
+    device: str = ""
+    draining: bool = False
     jobs: dict[str, tuple[Job, float]] = field(default_factory=dict)  # job id -> (job, dispatched at)
     jobs_done: int = 0
     sentences: int = 0
@@ -52,12 +62,20 @@ class Registry:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def add(self, identity: bytes, info: dict[str, Any], now: float) -> WorkerState:
+    def add(self, identity: bytes, info: dict[str, Any], now: float, *, host: bytes | None = None) -> WorkerState:
         worker = WorkerState(identity, int(info["worker"]), int(info["pid"]), max(1, int(info["credits"])), now, now)
+        worker.host = host
+        worker.name = identity.rpartition(b"/")[2] if host is not None else identity
+        worker.hostname = str(info.get("hostname", ""))[:255]
+        worker.device = str(info.get("device", ""))[:64]
         self.workers[identity] = worker
         if isinstance(info.get("model"), dict):
             self.model = info["model"]
         return worker
+
+    @property
+    def local_count(self) -> int:
+        return sum(1 for w in self.workers.values() if w.host is None)
 
     def heartbeat(self, identity: bytes, now: float) -> None:
         worker = self.workers.get(identity)
@@ -66,20 +84,29 @@ class Registry:
 
     def pick(self) -> WorkerState | None:
         """The worker with the most free credits (and the fewest jobs), if any has one."""
-        if not self.workers:
+        open_ = [w for w in self.workers.values() if not w.draining]
+        if not open_:
             return None
-        worker = max(self.workers.values(), key=lambda w: (w.free, -len(w.jobs)))
+        worker = max(open_, key=lambda w: (w.free, -len(w.jobs)))
         return worker if worker.free > 0 else None
 
     def pick_overtake(self) -> WorkerState | None:
         """A worker whose credits are all taken by bulk jobs and that holds no small one, so
         a small job sent to it beyond its credits runs between two slices of its bulk work;
         the one that holds the fewest jobs."""
-        busy = [w for w in self.workers.values() if w.jobs and all(job.bulk for job, _ in w.jobs.values())]
+        busy = [
+            w
+            for w in self.workers.values()
+            if w.jobs and not w.draining and all(job.bulk for job, _ in w.jobs.values())
+        ]
         return min(busy, key=lambda w: len(w.jobs), default=None)
 
     def assign(self, worker: WorkerState, job: Job, now: float) -> None:
         worker.jobs[job.job_id] = (job, now)
+
+    def holds(self, identity: bytes, job_id: str) -> bool:
+        worker = self.workers.get(identity)
+        return worker is not None and job_id in worker.jobs
 
     def done(self, identity: bytes, job_id: str, info: dict[str, Any], now: float) -> Job | None:
         """Record a finished job; ``None`` if this worker does not hold it (any more)."""
@@ -118,7 +145,11 @@ class Registry:
         return [j for j in jobs if j.failures < self.max_failures], [j for j in jobs if j.failures >= self.max_failures]
 
     def by_index(self, index: int) -> list[WorkerState]:
-        return [w for w in self.workers.values() if w.index == index]
+        """The local worker(s) of process slot ``index``."""
+        return [w for w in self.workers.values() if w.index == index and w.host is None]
+
+    def of_host(self, host: bytes) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.host == host]
 
     def unresponsive(self, now: float) -> list[tuple[WorkerState, str]]:
         """Workers that fell silent or hold a job past its deadline, with the reason."""
@@ -149,12 +180,13 @@ class Registry:
             "recent_jobs": self._recent_jobs(),
             "workers": [
                 {
-                    "index": w.index, "pid": w.pid, "credits": w.credits, "jobs_done": w.jobs_done,
+                    "index": w.index, "pid": w.pid, "host": w.hostname, "device": w.device,
+                    "remote": w.host is not None, "state": _state(w), "credits": w.credits, "jobs_done": w.jobs_done,
                     "sentences": w.sentences, "jobs_in_flight": len(w.jobs), "busy_s": round(w.busy_seconds, 3),
                     "tokens": w.tokens, "token_slots": w.slots, "up_s": round(now - w.joined, 1),
                     "last_heartbeat_s": round(now - w.last_seen, 2),
                 }
-                for w in sorted(self.workers.values(), key=lambda w: w.index)
+                for w in sorted(self.workers.values(), key=lambda w: (w.host is not None, w.hostname, w.index))
             ],
         }  # fmt: skip
 
@@ -170,3 +202,13 @@ class Registry:
             "bulk_count": len(bulk),
             "bulk_median_seconds": round(float(np.median(bulk)), 5) if bulk else 0.0,
         }
+
+
+def _state(worker: WorkerState) -> str:
+    if worker.draining:
+        return "draining"
+    return "busy" if worker.jobs else "idle"
+
+
+def _only_bulk(worker: WorkerState) -> bool:
+    return all(job.bulk for job, _ in worker.jobs.values())

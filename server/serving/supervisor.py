@@ -57,6 +57,7 @@ class BertServer:
         self.http: BaseProcess | None = None
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.model_info: dict[str, Any] = {}
+        self.model_sha256 = ""  # of the model files, which remote workers must share
         self.tokenizer: Any = None
         self.gave_up: str | None = None
         self.failures: dict[str, int] = {}  # process name -> failures in a row
@@ -94,8 +95,9 @@ class BertServer:
         try:
             admins = None
             gateway_public = None
+            curve_keys = None
             if self.config.curve_dir is not None:
-                keys = self._curve_keys()
+                keys = curve_keys = self._curve_keys()
                 if self.config.http_port is not None:
                     from ..http.gateway import GatewayKeys
 
@@ -127,15 +129,15 @@ class BertServer:
                     return tokenizer.count_tokens(texts, is_tokenized=is_tokenized)
 
             scheduler = Scheduler(self.config, count_tokens)
-            ventilator = Ventilator(
-                self.config, context, frontend, addresses, scheduler, curve_admins=admins, gateway_key=gateway_public
-            )
+            ventilator = self._ventilator(context, frontend, addresses, scheduler, admins, gateway_public, curve_keys)
             self._start_workers(ventilator, addresses)
             if self.http is not None:
                 self._wait_http(ventilator)
             ventilator.update_gauges()
             if on_ready is not None:
-                on_ready(ventilator.describe())
+                info = ventilator.describe()
+                # With no local worker, what no worker has reported yet comes from the options.
+                on_ready({**info, **{k: v for k, v in self.model_info.items() if info.get(k) is None}})
             self._serve(ventilator, addresses)
         finally:
             self._shutdown(ventilator)
@@ -154,9 +156,29 @@ class BertServer:
 
         assert self.config.curve_dir is not None
         try:
-            return load_curve_dir(self.config.curve_dir)
+            keys = load_curve_dir(self.config.curve_dir)
         except (ValueError, OSError) as exc:
             raise StartupError(f"--curve-dir: {exc}") from exc
+        if self.config.worker_port is not None and not keys.workers:
+            raise StartupError(
+                f"--curve-dir {self.config.curve_dir} has no workers/*.key, so no remote worker could join on "
+                f"--worker-port: copy each worker's public key (`bertserve keygen DIR --name NAME`) into "
+                f"{self.config.curve_dir}/workers/"
+            )
+        return keys
+
+    def _ventilator(
+        self, context: zmq.Context, frontend: zmq.Socket, addresses: Addresses, scheduler: Scheduler,
+        admins: frozenset[bytes] | None, gateway_public: bytes | None, curve_keys: Any,
+    ) -> Ventilator:  # fmt: skip
+        try:
+            return Ventilator(
+                self.config, context, frontend, addresses, scheduler, curve_admins=admins, gateway_key=gateway_public,
+                model_sha256=self.model_sha256, curve_keys=curve_keys,
+            )  # fmt: skip
+        except zmq.ZMQError as exc:  # the worker link's port
+            where = f"{self.config.bind}:{self.config.worker_port}"
+            raise StartupError(f"cannot listen for remote workers on {where}: {exc.strerror}") from None
 
     def _start_authenticator(self, context: zmq.Context, keys: Any) -> Any:
         from ..security import start_authenticator
@@ -172,10 +194,12 @@ class BertServer:
         if not loopback_only(self.config.bind):
             logger.warning(
                 "LISTENING ON %s WITHOUT CURVE: anyone who reaches ports %d and %d can send requests and "
-                "subscribe to replies%s. Serve with --curve-dir (see `bertserve keygen`) to authenticate and "
-                "encrypt.",
+                "subscribe to replies%s%s. Serve with --curve-dir (see `bertserve keygen`) to authenticate "
+                "and encrypt.",
                 self.config.bind, self.config.port, self.config.port_out,
                 ", and stop the server (--allow-terminate true)" if self.config.allow_terminate else "",
+                f"; on port {self.config.worker_port} anyone can join as a worker and read every request"
+                if self.config.worker_port is not None else "",
             )  # fmt: skip
 
     def _warn_if_http_exposed(self) -> None:
@@ -194,6 +218,10 @@ class BertServer:
 
         try:
             self.model_info, self.tokenizer = resolve_options(self.config.model)
+            if self.config.worker_port is not None:
+                from ..model.checksum import tree_sha256
+
+                self.model_sha256 = tree_sha256(self.config.model.model_dir, self.config.model.tuned_model_dir)
             if self.config.model_class:
                 from ..model.interface import load_model_class
 
@@ -272,6 +300,9 @@ class BertServer:
 
     def _start_workers(self, ventilator: Ventilator, addresses: Addresses) -> None:
         """Worker 0 first (it builds and caches the graph), then the rest load it."""
+        if self.config.num_worker == 0:
+            logger.info("no local workers: serving once remote workers join on port %d", self.config.worker_port)
+            return
         self._start_worker(0, addresses)
         self._wait_ready(ventilator, 1)
         for index in range(1, self.config.num_worker):
@@ -279,7 +310,7 @@ class BertServer:
         self._wait_ready(ventilator, self.config.num_worker)
 
     def _wait_ready(self, ventilator: Ventilator, count: int) -> None:
-        while len(ventilator.registry) < count:
+        while ventilator.registry.local_count < count:
             if self.should_exit.is_set():
                 raise StartupError("interrupted while the workers were loading the model")
             for index, process in self.workers.items():
@@ -307,8 +338,8 @@ class BertServer:
 
     def _supervise(self, ventilator: Ventilator, addresses: Addresses) -> None:
         now = time.monotonic()
-        for index, pid, reason in ventilator.unresponsive_workers():
-            logger.error("worker %d (pid %d) stopped answering (%s); killing it", index, pid, reason)
+        for index, pid, _ in ventilator.unresponsive_workers():
+            logger.error("killing worker %d (pid %d)", index, pid)
             process = self.workers.get(index)
             if process is not None and process.pid == pid and process.is_alive():
                 process.kill()

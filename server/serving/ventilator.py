@@ -25,6 +25,7 @@ from bertserve.client import protocol as p
 from .. import metrics
 from ..config import ServerConfig
 from ..security import loopback_only, message_user_id, request_allowed
+from .link import WorkerLink
 from .registry import Registry, WorkerState
 from .scheduler import Busy, Job, Scheduler, TooLarge
 from .worker import Addresses
@@ -56,6 +57,8 @@ class Ventilator:
         *,
         curve_admins: frozenset[bytes] | None = None,
         gateway_key: bytes | None = None,
+        model_sha256: str = "",
+        curve_keys: Any = None,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
@@ -88,6 +91,9 @@ class Ventilator:
         self._next_expiry = 0.0
         self._next_gauges = 0.0
         self._model_labelled = False
+        self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
+        if config.worker_port is not None:
+            self.link = WorkerLink(config, context, self, model_sha256, curve_keys)
         self._commands: dict[bytes, Callable[[p.Request, bytes | None], None]] = {
             p.ENCODE: self._on_encode,
             p.CONFIG: self._on_config,
@@ -98,6 +104,8 @@ class Ventilator:
     def close(self) -> None:
         for socket in (self.backend, self.credit_socket, self.sink):
             socket.close()
+        if self.link is not None:
+            self.link.close()
 
     @property
     def ready(self) -> bool:
@@ -115,6 +123,8 @@ class Ventilator:
             poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         poller.register(self.credit_socket, zmq.POLLIN)
+        if self.link is not None:
+            poller.register(self.link.socket, zmq.POLLIN)
         if self.outbox:
             poller.register(self.sink, zmq.POLLOUT)
         wait = timeout_ms
@@ -126,11 +136,15 @@ class Ventilator:
             self._drain(self.backend, self._on_worker_message)
         if self.credit_socket in events:
             self._drain(self.credit_socket, self._on_credit)
+        if self.link is not None and self.link.socket in events:
+            self._drain(self.link.socket, self.link.handle, copy=False)
         if self.frontend in events:
             self._drain(self.frontend, self._on_client_message, copy=False, seconds=_CLIENT_DRAIN_S)
         self._flush()
         self._dispatch()
         now = time.monotonic()
+        if self.link is not None:
+            self.link.tick(now)
         if now >= self._next_expiry:
             self._expire(now)
         if now >= self._next_gauges:
@@ -168,7 +182,7 @@ class Ventilator:
         socket.connect(self.addresses.sink)
         return socket
 
-    def _to_sink(self, frames: list[Any]) -> None:
+    def to_sink(self, frames: list[Any]) -> None:
         if not self.outbox:
             try:
                 self.sink.send_multipart(frames, zmq.NOBLOCK)
@@ -186,7 +200,7 @@ class Ventilator:
             self.outbox.popleft()
 
     def _publish(self, frames: list[Any]) -> None:
-        self._to_sink([p.PUBLISH, *frames])
+        self.to_sink([p.PUBLISH, *frames])
 
     def _fail(self, keys: set[str], error: str, kind: str) -> None:
         """Answer the requests ``keys`` with an error and drop what is left of them."""
@@ -195,7 +209,7 @@ class Ventilator:
         self.scheduler.remove(keys)
         for key in keys:
             self._finish(key)
-        self._to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
+        self.to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
 
     def _finish(self, key: str) -> None:
         request = self.requests.pop(key, None)
@@ -290,7 +304,7 @@ class Ventilator:
             "key": key, "client": request.client_id.hex(),
             "request_id": request.request_id, "count": len(texts), "show_tokens": show_tokens,
         }  # fmt: skip
-        self._to_sink([p.REGISTER, p.dumps(register)])
+        self.to_sink([p.REGISTER, p.dumps(register)])
         return None
 
     def _room_for(self, request: p.Request, principal: bytes, count: int) -> bool:
@@ -339,7 +353,7 @@ class Ventilator:
 
     def _on_status(self, request: p.Request, user: bytes | None) -> None:
         status = self.status()
-        self._to_sink([p.STATUS, request.client_id, str(request.request_id).encode(), p.dumps(status)])
+        self.to_sink([p.STATUS, request.client_id, str(request.request_id).encode(), p.dumps(status)])
 
     def status(self) -> dict[str, Any]:
         return {
@@ -352,6 +366,7 @@ class Ventilator:
             "requests_pending": len(self.requests),
             **self.scheduler.stats(),
             **self.registry.stats(time.monotonic()),
+            **({"worker_hosts": self.link.stats()} if self.link is not None else {}),
         }
 
     def _on_terminate(self, request: p.Request, user: bytes | None) -> None:
@@ -389,9 +404,19 @@ class Ventilator:
                 self.registry.heartbeat(rest[0], time.monotonic())
                 return
             info = p.loads(rest[0])
-            identity, job_id = str(info["worker"]).encode(), str(info["job"])
-        except (p.ProtocolError, KeyError, TypeError) as exc:
+            if not isinstance(info, dict):
+                raise p.ProtocolError("DONE is not a JSON object")
+        except p.ProtocolError as exc:
             logger.error("dropped a malformed credit message: %s", exc)
+            return
+        self.job_done(info)
+
+    def job_done(self, info: dict[str, Any]) -> None:
+        """A worker's DONE: its credit is free again, and the rows it computed are counted."""
+        try:
+            identity, job_id = str(info["worker"]).encode(), str(info["job"])
+        except KeyError as exc:
+            logger.error("dropped a DONE without %s", exc)
             return
         job = self.registry.done(identity, job_id, info, time.monotonic())
         if job is None:
@@ -409,9 +434,17 @@ class Ventilator:
         """Worker ``index`` died or stopped answering: forget it, and run its jobs elsewhere,
         except a job that has now lost two workers: its requests get an error reply."""
         for worker in self.registry.by_index(index):
-            self._lose(worker.identity, reason)
+            self.lose_worker(worker.identity, reason)
 
-    def _lose(self, identity: bytes, reason: str) -> None:
+    def hand_back(self, identity: bytes) -> None:
+        """A worker is leaving and returns what it holds: its jobs run elsewhere, and count as
+        never run."""
+        for job in self.registry.remove(identity):
+            job.pieces = [piece for piece in job.pieces if piece.key in self.requests]
+            if job.pieces:
+                self.scheduler.retry(job)
+
+    def lose_worker(self, identity: bytes, reason: str) -> None:
         retry, poisoned = self.registry.lose(identity)
         if retry or poisoned:
             logger.warning("%s: it held %d job(s); handing them to others", reason, len(retry) + len(poisoned))
@@ -429,14 +462,23 @@ class Ventilator:
             self._fail(keys, error, "worker")
 
     def unresponsive_workers(self) -> list[tuple[int, int, str]]:
-        """``(index, pid, reason)`` of workers to kill: silent, or holding a job too long.
-        They are forgotten at once and their jobs handed on."""
+        """``(index, pid, reason)`` of local workers to kill: silent, or holding a job too long.
+        They are forgotten at once and their jobs handed on; a remote one's host is told to
+        kill it."""
         self._drain(self.credit_socket, self._on_credit)  # heartbeats that came while the loop was busy
+        if self.link is not None:
+            self._drain(self.link.socket, self.link.handle, copy=False)
         found = []
         for worker, reason in self.registry.unresponsive(time.monotonic()):
-            found.append((worker.index, worker.pid, reason))
-        for index, _, reason in found:
-            self.worker_lost(index, reason)
+            if worker.host is None:
+                found.append((worker.index, worker.pid, reason))
+                label = f"worker {worker.index}"
+            else:
+                if self.link is not None:
+                    self.link.forget_worker(worker.host, worker.name, reason)
+                label = f"remote worker {worker.index} on {worker.hostname}"
+            logger.warning("%s (pid %d) stopped answering (%s)", label, worker.pid, reason)
+            self.lose_worker(worker.identity, f"{label} stopped answering ({reason})")
         return found
 
     def sink_lost(self) -> None:
@@ -477,11 +519,15 @@ class Ventilator:
     def _send_job(self, worker: WorkerState, job: Job, now: float) -> None:
         frames = [p.JOB, job.job_id.encode(), p.dumps(job.header()), p.dumps(job.texts)]
         try:
-            self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
+            if worker.host is None:
+                self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
+            else:
+                assert self.link is not None
+                self.link.send_job(worker.host, worker.name, frames)
         except zmq.ZMQError as exc:  # the worker vanished between READY and now
             logger.warning("could not reach worker %d: %s", worker.index, exc)
             self.scheduler.retry(job)  # never ran: not its fault
-            self._lose(worker.identity, f"worker {worker.index} became unreachable")
+            self.lose_worker(worker.identity, f"worker {worker.index} became unreachable")
             return
         logger.debug("job %s (%d inputs%s) to worker %d", job.job_id, job.size, ", bulk" if job.bulk else "",
                      worker.index)  # fmt: skip
@@ -495,11 +541,11 @@ class Ventilator:
         self.requests.clear()
         self.live.clear()
         if keys:
-            self._to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
+            self.to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
 
     def stop_sink(self, timeout_s: float = 5.0) -> None:
         """Tell the sink to publish what is left and exit, after everything already queued for it."""
-        self._to_sink([p.STOP])
+        self.to_sink([p.STOP])
         deadline = time.monotonic() + timeout_s
         while self.outbox and time.monotonic() < deadline:
             if self.sink.poll(50, zmq.POLLOUT):
@@ -532,9 +578,14 @@ class Ventilator:
             ).set(1)  # fmt: skip
 
     def stop_workers(self) -> None:
-        for identity in list(self.registry.workers):
+        """Local workers stop; remote hosts are told to join again (a head that comes back)."""
+        for worker in list(self.registry.workers.values()):
+            if worker.host is not None:
+                continue
             with contextlib.suppress(zmq.ZMQError):  # a worker that is already gone needs no STOP
-                self.backend.send_multipart([identity, p.STOP], zmq.NOBLOCK)
+                self.backend.send_multipart([worker.identity, p.STOP], zmq.NOBLOCK)
+        if self.link is not None:
+            self.link.stop()
 
 
 def _count_job(size: int, info: dict[str, Any]) -> None:

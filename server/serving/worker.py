@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
 import signal
 import threading
 import time
@@ -99,8 +100,9 @@ def _gpu_memory_mb(gpu_id: int) -> int | None:
 class Worker:
     """The loop of one worker process, around any :class:`~..model.interface.Model`."""
 
-    def __init__(self, config: ServerConfig, index: int, addresses: Addresses, model: Model) -> None:
+    def __init__(self, config: ServerConfig, index: int, addresses: Addresses, model: Model, device: str = "") -> None:
         self.config = config
+        self.device = device
         self.index = index
         self.addresses = addresses
         self.model = model
@@ -151,7 +153,7 @@ class Worker:
         try:
             ready = {
                 "worker": self.index, "pid": os.getpid(), "credits": self.config.prefetch_size,
-                "model": self.model.describe(),
+                "model": self.model.describe(), "device": self.device, "hostname": platform.node(),
             }  # fmt: skip
             socket.send_multipart([p.READY, p.dumps(ready)])
             if not self._heartbeat.is_alive():
@@ -380,7 +382,7 @@ def run_worker(config: ServerConfig, index: int, addresses: Addresses, log_level
     except Exception as exc:
         logger.error("worker %d could not load the model: %s", index, exc)
         raise SystemExit(4) from None
-    worker = Worker(config, index, addresses, model)
+    worker = Worker(config, index, addresses, model, device)
     try:
         logger.info("worker %d ready on %s (pid %d)", index, device, os.getpid())
         worker.run(tf_data_feed(worker) if config.feed == "tfdata" else None)
