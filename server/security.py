@@ -132,7 +132,8 @@ def start_authenticator(
     authenticator.start()
     try:
         provider = _AllowedKeys({WORKER_DOMAIN: keys.workers}, default=allowed)
-        authenticator.configure_curve_callback(domain="*", credentials_provider=provider)
+        for domain in ("*", WORKER_DOMAIN):  # pyzmq looks a provider up by the socket's exact domain
+            authenticator.configure_curve_callback(domain=domain, credentials_provider=provider)
     except BaseException:
         authenticator.stop()
         raise

@@ -13,6 +13,8 @@ directory on ``PYTHONPATH`` (see :func:`pythonpath_env`)::
   exists, so a test can let a server start and then make every restart of a worker fail.
 - :class:`WideModel` is :class:`HashingModel` with 1024-wide vectors, for tests of memory.
 - :class:`SlowStartModel` is :class:`FaultyModel` that takes seconds to load.
+- :class:`PacedModel` is :class:`FaultyModel` whose every model run takes 50 ms, so work
+  is in flight long enough for a test to act on it.
 """
 
 from __future__ import annotations
@@ -132,3 +134,14 @@ class SlowStartModel(FaultyModel):
     def __init__(self, config: Any = None, **options: Any) -> None:
         time.sleep(self.SLOW_START_S)
         super().__init__(config, **options)
+
+
+class PacedModel(FaultyModel):
+    """:class:`FaultyModel` whose every model run takes ``RUN_S`` seconds, as a real model's
+    would, so a request of many jobs is in flight long enough for a test to act meanwhile."""
+
+    RUN_S = 0.05
+
+    def run(self, batch: TokenizedBatch) -> np.ndarray:
+        time.sleep(self.RUN_S)
+        return super().run(batch)

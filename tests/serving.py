@@ -28,6 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO
 
 import psutil
@@ -78,6 +79,7 @@ class RunningServer:
     ready_seconds: float = float("nan")  # from launch to the ready line
     ready: threading.Event = field(default_factory=threading.Event)  # set on the ready line
     launched_at: float = field(default_factory=time.perf_counter)
+    is_ready_line: Callable[[str], bool] = field(default=lambda line: _is_ready_line(line))
     _output_done: threading.Event = field(default_factory=threading.Event)
     _family_at_stop: list[psutil.Process] = field(default_factory=list)
 
@@ -164,7 +166,7 @@ def _pump(stream: IO[str], server: RunningServer, echo: bool, log_path: Path | N
                 sys.stderr.write(line)
             if log is not None:
                 log.write(line)
-            if not server.ready.is_set() and _is_ready_line(line):
+            if not server.ready.is_set() and server.is_ready_line(line):
                 server.ready_seconds = time.perf_counter() - server.launched_at
                 server.ready_line = line
                 server.ready.set()
@@ -221,3 +223,44 @@ def start_server(
             server.wait_stopped()
             raise
     return server
+
+
+def _is_joined_line(line: str) -> bool:
+    return "bertserve.host" in line and "joined the head" in line
+
+
+def start_worker_host(
+    worker_port: int,
+    *args: str,
+    env: dict[str, str] | None = None,
+    expect_joined: bool = True,
+    timeout: float = START_TIMEOUT,
+    echo: bool = True,
+) -> RunningServer:
+    """Start ``bertserve worker --server 127.0.0.1 --worker-port P *args`` in its own session.
+
+    "Ready" is its log line saying it joined the head (workers start after it); ``port`` and
+    ``port_out`` of the result are 0. Stop it like a server: :meth:`RunningServer.stop`.
+    """
+    command = [sys.executable, "-m", "bertserve.server.cli", "worker", "--server", "127.0.0.1",
+               "--worker-port", str(worker_port)]  # fmt: skip
+    process = subprocess.Popen(
+        [*command, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        start_new_session=True,
+    )
+    host = RunningServer(process, 0, 0, is_ready_line=_is_joined_line)
+    assert process.stdout is not None
+    threading.Thread(target=_pump, args=(process.stdout, host, echo, None), daemon=True).start()
+    if expect_joined:
+        try:
+            host.wait_ready(timeout)
+        except ServerStartError:
+            host.terminate()
+            host.wait_stopped()
+            raise
+    return host

@@ -285,9 +285,13 @@ class WorkerHost:
                 "model_sha256": self.model_sha256, "workers": self.config.num_worker,
             }  # fmt: skip
             self._to_head([p.HELLO, p.dumps(hello)])
-        if now - self.waiting_since > _WAITING_NOTICE_S and now >= self.next_notice:
+        if now < self.next_notice or self.watch is None:
+            return
+        # A refused key is told at once; silence only after a while (the head may be starting).
+        waited = now - self.waiting_since > _WAITING_NOTICE_S
+        error = self.watch.error(certain_only=not waited)
+        if error is not None or waited:
             self.next_notice = now + _WAITING_NOTICE_S
-            error = self.watch.error() if self.watch is not None else None
             if error is not None:
                 logger.error("cannot join the head: %s", error)
             else:
