@@ -56,6 +56,8 @@ setup(
             "matplotlib>=3.7",
             "openai>=1.30",
             "httpx>=0.27",
+            "pyyaml>=6",
+            "kubernetes-validate==1.37.0",  # pinned: the schemas it ships decide what passes
         ],
     },
     entry_points={"console_scripts": ["bertserve = bertserve.server.cli:main"]},
