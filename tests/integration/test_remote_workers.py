@@ -71,9 +71,7 @@ def paced_head(tiny_google: str) -> Iterator[tuple[RunningServer, Hosts]]:
         head.stop()
 
 
-def test_remote_workers_give_the_encoders_vectors_and_share_the_work(
-    tiny_google: str, session_graph_dir: str
-) -> None:
+def test_remote_workers_give_the_encoders_vectors_and_share_the_work(tiny_google: str, session_graph_dir: str) -> None:
     from bertserve.server.model.encoder import Encoder
 
     worker_port = free_port()
@@ -138,7 +136,7 @@ def test_a_host_that_joins_under_load_gets_work(paced_head: tuple[RunningServer,
                 try:
                     np.testing.assert_allclose(client.encode(texts), want, atol=1e-6)
                     answered[0] += 1
-                except BaseException as exc:  # noqa: BLE001 (reported by the test)
+                except BaseException as exc:
                     failures.append(exc)
                     return
 
