@@ -113,7 +113,7 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.mark.parametrize(
     ("command", "shown"),
     [
-        ("start", ["worker processes (default: 1)", "port that publishes results (default: --port + 1)",
+        ("start", ["only remote ones) (default: 1)", "port that publishes results (default: --port + 1)",
                    "most sentences in one model run (default: 64)", "(default: the model's, or 25)",
                    "GPU ids the workers take in turn (default: every visible GPU)",
                    "XLA-compile the graph (default: False)", "(default: 10.0)"]),
@@ -124,6 +124,8 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         ("status", ["server host (default: localhost)", "for requests (default: 5555)", "answer (default: 5000)"]),
         ("stop", ["server port for replies (default: --port + 1)", "answer (default: 5000)"]),
         ("keygen", ["file name of the pair"]),
+        ("worker", ["the head's --worker-port (default: required)", "worker processes on this machine (default: 1)",
+                    "checked by sha256) (default: all-MiniLM-L6-v2 if installed)", "(default: 127.0.0.1)"]),
     ],
 )  # fmt: skip
 def test_help_shows_each_flags_default(command: str, shown: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,181 @@
+"""The head's worker link in this process: the test plays a remote host over real tcp on
+loopback (and a client and the sink over ipc) against a real ventilator."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import zmq
+from bertserve.client import protocol as p
+from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.serving.remote import HostConfig
+from bertserve.server.serving.scheduler import Scheduler
+from bertserve.server.serving.ventilator import Ventilator
+from bertserve.server.serving.worker import Addresses
+from serving import free_port
+
+pytestmark = pytest.mark.timeout(30)
+
+SHA = "ab" * 32
+
+
+@dataclass
+class Head:
+    ventilator: Ventilator
+    context: zmq.Context
+    client: zmq.Socket
+    sink: zmq.Socket
+    worker_port: int
+    sockets: list[zmq.Socket] = field(default_factory=list)
+
+    def pump(self, rounds: int = 5) -> None:
+        for _ in range(rounds):
+            self.ventilator.poll_once(10)
+
+    def host(self, name: bytes = b"h-1") -> zmq.Socket:
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.identity = name
+        dealer.linger = 0
+        dealer.connect(f"tcp://127.0.0.1:{self.worker_port}")
+        self.sockets.append(dealer)
+        return dealer
+
+    def hello(self, dealer: zmq.Socket, **changes: object) -> list[bytes]:
+        hello = {"link": p.LINK_VERSION, "version": "0", "hostname": "far", "model_sha256": SHA, "workers": 1}
+        dealer.send_multipart([p.HELLO, p.dumps({**hello, **changes})])
+        return self.answer(dealer)
+
+    def answer(self, dealer: zmq.Socket, skip: tuple[bytes, ...] = (p.HEARTBEAT,)) -> list[bytes]:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            self.pump(1)
+            while dealer.poll(0):
+                frames = dealer.recv_multipart()
+                if frames[0] not in skip:
+                    return frames
+        raise AssertionError("the head did not answer")
+
+    def join(self, dealer: zmq.Socket, worker: bytes = b"w0-7", credits: int = 1) -> None:
+        assert self.hello(dealer)[0] == p.WELCOME
+        dealer.send_multipart([p.READY, worker, p.dumps({"worker": 0, "pid": 7, "credits": credits, "device": "gpu"})])
+        for _ in range(100):
+            self.pump(1)
+            if any(w.name == worker for w in self.ventilator.registry.workers.values()):
+                return
+        raise AssertionError("the remote worker never registered")
+
+    def request(self, client_id: bytes, texts: list[str]) -> None:
+        self.client.send_multipart(p.encode_request(client_id, p.ENCODE, 1, {}, texts))
+        self.pump()
+
+    def sink_messages(self) -> list[list[bytes]]:
+        self.pump()
+        messages = []
+        while self.sink.poll(50):
+            messages.append(self.sink.recv_multipart())
+        return messages
+
+
+@pytest.fixture
+def head(tmp_path) -> Iterator[Head]:
+    context = zmq.Context()
+    addresses = Addresses(f"ipc://{tmp_path}/jobs", f"ipc://{tmp_path}/credits", f"ipc://{tmp_path}/sink")
+    frontend, sink, client = context.socket(zmq.PULL), context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    frontend.bind(f"ipc://{tmp_path}/requests")
+    sink.bind(addresses.sink)
+    client.connect(f"ipc://{tmp_path}/requests")
+    worker_port = free_port()
+    model = ModelConfig(model_dir="/head/model", max_seq_len=40, pooling_layer=(-1, -2), dtype="bf16")
+    config = ServerConfig(model=model, num_worker=0, worker_port=worker_port, max_batch_size=4, max_latency_ms=0)
+    ventilator = Ventilator(config, context, frontend, addresses, Scheduler(config), model_sha256=SHA)
+    rig = Head(ventilator, context, client, sink, worker_port)
+    try:
+        yield rig
+    finally:
+        ventilator.close()
+        for socket in (frontend, sink, client, *rig.sockets):
+            socket.close(linger=0)
+        context.term()
+
+
+def test_welcome_carries_the_heads_model_options_and_the_host_keeps_its_own_files(head: Head) -> None:
+    kind, raw = head.hello(head.host())
+    assert kind == p.WELCOME
+    host = HostConfig(server="head", worker_port=1, model_dir="/here/model", graph_dir="/here/cache", num_worker=3)
+    config = host.server_config(p.loads(raw))
+    assert config.model == head.ventilator.config.model.replace(model_dir="/here/model", graph_dir="/here/cache")
+    assert config.num_worker == 3 and config.model.dtype == "bf16" and config.model.pooling_layer == (-1, -2)
+
+
+def test_other_model_files_or_another_link_version_are_refused_with_the_reason(head: Head) -> None:
+    kind, raw = head.hello(head.host(b"h-a"), model_sha256="cd" * 32)
+    assert kind == p.REFUSED and "model files" in p.loads(raw)["error"]
+    kind, raw = head.hello(head.host(b"h-b"), link=p.LINK_VERSION + 1)
+    assert kind == p.REFUSED and "link version" in p.loads(raw)["error"]
+    assert not head.ventilator.link.hosts  # type: ignore[union-attr]
+
+
+def test_a_host_the_head_does_not_know_is_told_to_join_again(head: Head) -> None:
+    dealer = head.host()
+    dealer.send_multipart([p.HEARTBEAT])
+    assert head.answer(dealer) == [p.BYE]
+
+
+def test_jobs_go_to_the_remote_worker_and_its_result_to_the_sink(head: Head) -> None:
+    dealer = head.host()
+    head.join(dealer)
+    (worker,) = head.ventilator.registry.workers.values()
+    assert worker.host == b"h-1" and worker.device == "gpu" and worker.hostname == "far"
+    head.request(b"c1", ["one", "two"])
+    kind, name, job_id, header, payload = head.answer(dealer)
+    assert (kind, name, p.loads(payload)) == (p.JOB, b"w0-7", ["one", "two"])
+    head.sink_messages()  # the registration
+    dealer.send_multipart([p.RESULT, b"w0-7", job_id, header, b"vectors"])
+    dealer.send_multipart([p.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})])
+    (result,) = head.sink_messages()
+    assert result == [p.RESULT, job_id, header, b"vectors"]
+    assert head.ventilator.idle and worker.jobs_done == 1
+
+
+def test_a_late_result_of_a_job_that_went_elsewhere_is_dropped(head: Head) -> None:
+    dealer = head.host()
+    head.join(dealer)
+    head.request(b"c1", ["one"])
+    _, _, job_id, header, _ = head.answer(dealer)
+    head.sink_messages()
+    dealer.send_multipart([p.GONE, b"w0-7", b"it died"])  # its job goes back to the queue
+    head.pump()
+    assert not head.ventilator.registry.workers and len(head.ventilator.scheduler.retries) == 1
+    dealer.send_multipart([p.RESULT, b"w0-7", job_id, header, b"late"])
+    assert head.sink_messages() == []
+
+
+def test_a_draining_host_gets_nothing_new_and_what_it_hands_back_runs_elsewhere(head: Head) -> None:
+    leaving, staying = head.host(b"h-1"), head.host(b"h-2")
+    head.join(leaving, b"w0-1")
+    head.request(b"c1", ["one"])
+    _, _, job_id, _, _ = head.answer(leaving)
+    leaving.send_multipart([p.DRAIN])
+    head.join(staying, b"w0-2")
+    head.request(b"c2", ["two"])
+    assert p.loads(head.answer(staying)[4]) == ["two"]  # not to the draining host, though it had room
+    staying.send_multipart([p.DONE, p.dumps({"job": "x", "worker": "w0-2"})])  # a stray DONE: ignored
+    leaving.send_multipart([p.BYE])
+    head.pump()
+    assert [w.name for w in head.ventilator.registry.workers.values()] == [b"w0-2"]
+    (job,) = head.ventilator.scheduler.retries
+    assert job.job_id == job_id.decode() and job.failures == 0  # handed back: not held against it
+
+
+def test_a_silent_host_is_forgotten_and_its_jobs_count_an_attempt(head: Head) -> None:
+    dealer = head.host()
+    head.join(dealer)
+    head.request(b"c1", ["one"])
+    head.answer(dealer)
+    head.ventilator.link.tick(time.monotonic() + 60)  # type: ignore[union-attr]
+    assert not head.ventilator.registry.workers and not head.ventilator.link.hosts  # type: ignore[union-attr]
+    (job,) = head.ventilator.scheduler.retries
+    assert job.failures == 1
