@@ -135,7 +135,7 @@ MODEL_FLAGS = [
 ]
 
 SERVER_FLAGS = [
-    _Flag("--num-worker", "worker processes on this machine (0 with --worker-port: only remote ones)", int, 1),
+    _Flag("--num-worker", "worker processes on this machine (0 with a worker port: only remote ones)", int, 1),
     _Flag("--port", "port that takes requests", int, 5555),
     _Flag("--port-out", "port that publishes results", int, unset="--port + 1"),
     _Flag("--bind", "address to listen on (0.0.0.0 for every interface)", default="127.0.0.1"),
