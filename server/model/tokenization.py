@@ -120,7 +120,9 @@ class WordPieceTokenizer:
         """How many tokens each input becomes (after truncation), to sort work by length."""
         if is_tokenized:
             return np.fromiter((min(len(t) + 2, self.max_len) for t in texts), dtype=np.int32, count=len(texts))
-        encodings = self._tokenizer.encode_batch([_split_pair(text) for text in texts])
+        # Without character offsets (tokenizers >= 0.20): the same ids, a fifth less time.
+        encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        encodings = encode([_split_pair(text) for text in texts])
         return np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(texts))
 
     def truncated(self, texts: Sequence[str]) -> np.ndarray:
