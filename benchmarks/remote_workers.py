@@ -58,7 +58,7 @@ def bulk_rate(server: RunningServer, texts: list[str], size: int) -> tuple[float
 
 def kill_under_load(head: RunningServer, doomed: RunningServer, texts: list[str], want: np.ndarray,
                     args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
-    """Four clients encode ``texts`` in requests of 250 until the end; ``doomed`` is killed
+    """Four clients encode ``texts`` in requests of 100 until the end; ``doomed`` is killed
     after ``args.kill_after`` seconds. Every reply is checked against ``want``."""
     outcome = {"requests": 0, "wrong": 0, "failed": 0}
     lock = threading.Lock()
@@ -68,11 +68,11 @@ def kill_under_load(head: RunningServer, doomed: RunningServer, texts: list[str]
         rng = np.random.default_rng(seed)
         with BertClient(**head.client_kwargs, timeout=120_000) as client:
             while time.monotonic() < until:
-                start = int(rng.integers(0, len(texts) - 250))
+                start = int(rng.integers(0, len(texts) - 100))
                 problem = None
                 try:
-                    got = client.encode(texts[start : start + 250])
-                    problem = None if np.allclose(got, want[start : start + 250], atol=1e-4) else "wrong"
+                    got = client.encode(texts[start : start + 100])
+                    problem = None if np.allclose(got, want[start : start + 100], atol=1e-4) else "wrong"
                 except Exception as exc:
                     log(f"a request failed: {exc}")
                     problem = "failed"

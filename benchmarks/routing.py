@@ -5,7 +5,7 @@ serve ``instant_model:InstantModel`` (the typed fake model; it returns 384-wide 
 at once, so the bytes are all-MiniLM-L6-v2's and the compute is none). Client processes send
 requests back to back, for ``--seconds`` a step, their number doubling until sentences/s stops
 growing. Two shapes: bulk (requests of 1,000 sentences, cut into mini-jobs of 256) and small
-(one sentence a request, merged into mini-jobs by the ventilator).
+(one sentence a request, 32 in flight per client, merged into mini-jobs by the ventilator).
 
 For each step: requests/s, sentences/s and mini-jobs/s the head routed (mini-jobs from its
 workers' counts), and the CPU (in cores) of the head's ventilator process, of its sink, of
@@ -32,6 +32,7 @@ from bertserve.client import BertClient
 from serving import RunningServer, start_worker_host
 
 MODEL = "instant_model:InstantModel"
+WINDOW = 32  # one-sentence requests a client has in flight
 
 
 def log(message: str) -> None:
@@ -39,14 +40,18 @@ def log(message: str) -> None:
 
 
 def _client(port: int, texts: list[str], size: int, until: float, counts: Any, index: int) -> None:
-    """One client process: requests of ``size`` sentences back to back until ``until``."""
+    """One client process: requests of ``size`` sentences back to back until ``until``; one-
+    sentence requests go ``WINDOW`` at a time (non-blocking, then fetched), so the client's
+    round trips do not hide what the head can route."""
     sent = done = 0
+    window = WINDOW if size == 1 else 1
     with BertClient(port=port, port_out=port + 1, timeout=60_000) as client:
         while time.time() < until:
-            batch = [texts[(sent + i) % len(texts)] for i in range(size)]
-            client.encode(batch)
-            sent += size
-            done += 1
+            for _ in range(window):
+                client.encode([texts[(sent + i) % len(texts)] for i in range(size)], blocking=False)
+                sent += size
+                done += 1
+            client.fetch_all()
     counts[index] = (done, sent)
 
 

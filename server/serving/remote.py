@@ -101,6 +101,7 @@ class HostConfig:
             if not ok:
                 raise ConfigError(problem)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
+        self.server_config({"model": {}, "heartbeat_timeout_ms": 10_000})  # the worker options, checked now
 
     @property
     def address(self) -> str:
@@ -389,8 +390,8 @@ class WorkerHost:
         ):
             logger.warning("the head now serves other model options; restarting the workers")
             self._stop_workers()
-            self.processes.clear()
-            self.ready.clear()
+            for state in (self.processes, self.ready, self.restart_at, self.failures):
+                state.clear()
         self.welcome_options = options
         self.server_config = config
         if not self.processes:
