@@ -8,7 +8,9 @@ it held get error replies. Restarts of a process that keeps failing back off, an
 ``max_restarts`` failures in a row the server stops with a message saying which process
 failed. Shutdown runs in stages: stop accepting, drain what is in flight (with a deadline),
 fail what is left with an error reply, stop the workers, then the sink; a process that does
-not stop in time is killed.
+not stop in time is killed. Remote workers (``--worker-port``) are not this process's to
+start or stop: their hosts keep them alive (:mod:`.remote`) and join again when a head
+comes back.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Policy lives elsewhere: :mod:`.scheduler` decides what runs next and what is ref
 :mod:`.registry` knows which worker holds which job. This module reads requests (checking,
 under CURVE, that a client id belongs to the sender's key), answers control commands, hands
 jobs to workers and tells the sink what to expect. It never blocks on a send: messages for
-the sink that ZeroMQ cannot take at once wait in an outbox, in order.
+the sink that ZeroMQ cannot take at once wait in an outbox, in order. Workers on other
+machines reach it through :mod:`.link` (``--worker-port``) and get jobs by the same credits.
 """
 
 from __future__ import annotations
