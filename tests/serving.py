@@ -200,10 +200,20 @@ def start_server(
     else:
         port = free_port_pair()
         port_out, ports = port + 1, ["--port", str(port)]
-    command = [sys.executable, "-m", "bertserve.server.cli", "start", *ports]
+    command = [sys.executable, "-m", "bertserve.server.cli", "start", *ports, *args]
+    server = _launch(command, port, port_out, env, echo, log_path, _is_ready_line)
+    if expect_ready:
+        _wait_or_stop(server, timeout)
+    return server
+
+
+def _launch(
+    command: list[str], port: int, port_out: int, env: dict[str, str] | None, echo: bool, log_path: Path | None,
+    is_ready_line: Callable[[str], bool],
+) -> RunningServer:  # fmt: skip
     launched_at = time.perf_counter()
     process = subprocess.Popen(
-        [*command, *args],
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -211,18 +221,20 @@ def start_server(
         env={**os.environ, "NO_COLOR": "1", **(env or {})},  # its output is parsed: plain even with FORCE_COLOR
         start_new_session=True,  # its own process group, as a terminal would give it (for Ctrl-C)
     )
-    server = RunningServer(process, port, port_out, launched_at=launched_at)
+    server = RunningServer(process, port, port_out, launched_at=launched_at, is_ready_line=is_ready_line)
     assert process.stdout is not None
     pump = threading.Thread(target=_pump, args=(process.stdout, server, echo, log_path), daemon=True)
     pump.start()
-    if expect_ready:
-        try:
-            server.wait_ready(timeout)
-        except ServerStartError:
-            server.terminate()
-            server.wait_stopped()
-            raise
     return server
+
+
+def _wait_or_stop(server: RunningServer, timeout: float) -> None:
+    try:
+        server.wait_ready(timeout)
+    except ServerStartError:
+        server.terminate()
+        server.wait_stopped()
+        raise
 
 
 def _is_joined_line(line: str) -> bool:
@@ -243,24 +255,8 @@ def start_worker_host(
     ``port_out`` of the result are 0. Stop it like a server: :meth:`RunningServer.stop`.
     """
     command = [sys.executable, "-m", "bertserve.server.cli", "worker", "--server", "127.0.0.1",
-               "--worker-port", str(worker_port)]  # fmt: skip
-    process = subprocess.Popen(
-        [*command, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        env={**os.environ, "NO_COLOR": "1", **(env or {})},
-        start_new_session=True,
-    )
-    host = RunningServer(process, 0, 0, is_ready_line=_is_joined_line)
-    assert process.stdout is not None
-    threading.Thread(target=_pump, args=(process.stdout, host, echo, None), daemon=True).start()
+               "--worker-port", str(worker_port), *args]  # fmt: skip
+    host = _launch(command, 0, 0, env, echo, None, _is_joined_line)
     if expect_joined:
-        try:
-            host.wait_ready(timeout)
-        except ServerStartError:
-            host.terminate()
-            host.wait_stopped()
-            raise
+        _wait_or_stop(host, timeout)
     return host

@@ -35,7 +35,6 @@ import logging
 import multiprocessing
 import platform
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -50,17 +49,13 @@ from bertserve.client import protocol as p
 
 from ..config import HEARTBEAT_INTERVAL_MS, ModelConfig, ServerConfig
 from ..errors import ConfigError, StartupError
+from .lifecycle import DRAIN_SECONDS, JOIN_SECONDS, STABLE_SECONDS, ExitFlags, restart_delay
 from .worker import Addresses, run_worker
 
 logger = logging.getLogger("bertserve.host")
 
 _HELLO_INTERVAL_S = 1.0
 _WAITING_NOTICE_S = 10.0  # how often "no answer from the head yet" is logged
-_DRAIN_SECONDS = 10.0
-_JOIN_SECONDS = 10.0
-_FIRST_BACKOFF = 0.5
-_MAX_BACKOFF = 30.0
-_STABLE_SECONDS = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,14 +128,13 @@ class _Held:
     done: Any = None  # its DONE, if that came before the result
 
 
-class WorkerHost:
+class WorkerHost(ExitFlags):
     def __init__(self, config: HostConfig, *, log_level: int = logging.INFO) -> None:
         from ..model.checksum import tree_sha256
 
         self.config = config
         self.log_level = log_level
-        self.should_exit = threading.Event()
-        self.force_exit = False
+        super().__init__()
         self.exit_code = 0
         self.hostname = platform.node()
         try:
@@ -166,19 +160,6 @@ class WorkerHost:
         self.next_notice = 0.0
         self.loop_at = time.monotonic()  # the loop's last turn, for /health
         self.addresses: Addresses | None = None
-
-    # -- signals -------------------------------------------------------------------------
-
-    def install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle_exit)
-
-    def _handle_exit(self, signum: int, frame: Any) -> None:
-        if self.should_exit.is_set() and signum == signal.SIGINT:
-            self.force_exit = True
-        self.should_exit.set()
 
     # -- running -------------------------------------------------------------------------
 
@@ -475,7 +456,7 @@ class WorkerHost:
             elif not process.is_alive():
                 self._worker_died(index, process, now)
         for index, started in list(self.started_at.items()):
-            if now - started > _STABLE_SECONDS:
+            if now - started > STABLE_SECONDS:
                 self.failures.pop(index, None)
 
     def _worker_died(self, index: int, process: BaseProcess, now: float) -> None:
@@ -492,7 +473,7 @@ class WorkerHost:
             self.exit_code = 3
             self.should_exit.set()
             return
-        self.restart_at[index] = now + min(_MAX_BACKOFF, _FIRST_BACKOFF * 2 ** (failures - 1))
+        self.restart_at[index] = now + restart_delay(failures)
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -503,7 +484,7 @@ class WorkerHost:
         self._to_head([p.DRAIN])
         if self.held and not self.force_exit:
             logger.info("finishing %d job(s) before leaving (Ctrl-C again to hand them back now)", len(self.held))
-        deadline = time.monotonic() + _DRAIN_SECONDS
+        deadline = time.monotonic() + DRAIN_SECONDS
         while self.held and self.joined and not self.force_exit and time.monotonic() < deadline:
             self._poll(50)
         if self.joined and self.link is not None:
@@ -515,7 +496,7 @@ class WorkerHost:
         for index, process in self.processes.items():
             with contextlib.suppress(zmq.ZMQError):
                 self.jobs.send_multipart([_identity(index, process), p.STOP], zmq.NOBLOCK)
-        deadline = time.monotonic() + _JOIN_SECONDS
+        deadline = time.monotonic() + JOIN_SECONDS
         for process in self.processes.values():
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self.processes.values():

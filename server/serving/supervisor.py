@@ -18,10 +18,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import shutil
-import signal
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -32,6 +30,7 @@ import zmq
 from .. import metrics
 from ..config import ServerConfig
 from ..errors import StartupError
+from .lifecycle import DRAIN_SECONDS, JOIN_SECONDS, STABLE_SECONDS, ExitFlags, restart_delay
 from .scheduler import Scheduler
 from .sink import run_sink
 from .ventilator import Ventilator
@@ -39,20 +38,14 @@ from .worker import Addresses, run_worker
 
 logger = logging.getLogger("bertserve.server")
 
-_DRAIN_SECONDS = 10.0
-_JOIN_SECONDS = 10.0
-_FIRST_BACKOFF = 0.5  # seconds before the first restart; doubled for each failure in a row
-_MAX_BACKOFF = 30.0
-_STABLE_SECONDS = 60.0  # a process up this long has its failures forgiven
 _RESUBSCRIBE_S = 1.0  # a restarted sink lets clients subscribe again before it publishes
 
 
-class BertServer:
+class BertServer(ExitFlags):
     def __init__(self, config: ServerConfig, *, log_level: int = logging.INFO) -> None:
         self.config = config
         self.log_level = log_level
-        self.should_exit = threading.Event()
-        self.force_exit = False
+        super().__init__()
         self._spawn = multiprocessing.get_context("spawn")
         self.workers: dict[int, BaseProcess] = {}
         self.sink: BaseProcess | None = None
@@ -65,19 +58,6 @@ class BertServer:
         self.failures: dict[str, int] = {}  # process name -> failures in a row
         self.restart_at: dict[str, float] = {}  # process name -> when to start it again
         self.started_at: dict[str, float] = {}  # process name -> when it was last started
-
-    # -- signals -------------------------------------------------------------------------
-
-    def install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle_exit)
-
-    def _handle_exit(self, signum: int, frame: Any) -> None:
-        if self.should_exit.is_set() and signum == signal.SIGINT:
-            self.force_exit = True
-        self.should_exit.set()
 
     # -- running -------------------------------------------------------------------------
 
@@ -371,7 +351,7 @@ class BertServer:
                 ventilator.worker_lost(index, f"worker {index} died with exit code {process.exitcode}")
                 self._failed(name, now)
         for name, started in list(self.started_at.items()):
-            if now - started > _STABLE_SECONDS:
+            if now - started > STABLE_SECONDS:
                 self.failures.pop(name, None)  # up long enough: its next failure counts as the first
 
     def _failed(self, name: str, now: float) -> None:
@@ -386,7 +366,7 @@ class BertServer:
             self.gave_up = f"{name} failed {failures} times in a row"
             self.should_exit.set()
             return
-        delay = min(_MAX_BACKOFF, _FIRST_BACKOFF * 2 ** (failures - 1))
+        delay = restart_delay(failures)
         self.restart_at[name] = now + delay
         if failures > 1:
             logger.warning("restarting %s in %.1f s (failure %d of at most %d)", name, delay, failures,
@@ -397,7 +377,7 @@ class BertServer:
             self.http.terminate()  # uvicorn stops accepting and lets in-flight requests finish
         if ventilator is not None:
             ventilator.accepting = False
-            deadline = time.monotonic() + (0 if self.force_exit else _DRAIN_SECONDS)
+            deadline = time.monotonic() + (0 if self.force_exit else DRAIN_SECONDS)
             while not ventilator.idle and time.monotonic() < deadline and not self.force_exit:
                 ventilator.poll_once(50)
             ventilator.fail_everything("the server is shutting down")
@@ -408,7 +388,7 @@ class BertServer:
         logger.info("bertserve stopped")
 
     def _join(self, processes: list[BaseProcess]) -> None:
-        deadline = time.monotonic() + _JOIN_SECONDS
+        deadline = time.monotonic() + JOIN_SECONDS
         for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in processes:
