@@ -292,6 +292,39 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return host.run()
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .model.export import export_saved_model
+
+    config = model_config_from_args(args)
+    description = export_saved_model(config, args.out)
+    print(
+        f"wrote a SavedModel to {args.out}: signature serving_default(input_ids, input_mask, segment_ids) -> "
+        f"embeddings [batch, {description['output_dim']}], {description['pooling_strategy']}, {description['dtype']}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_manifest(args: argparse.Namespace) -> int:
+    from .model.checksum import manifest_problems, read_manifest, write_manifest
+
+    if not os.path.isdir(args.directory):
+        raise BertServeError(f"{args.directory} is not a directory")
+    if not args.check:
+        path = write_manifest(args.directory)
+        print(f"wrote {path}: {len(read_manifest(args.directory))} files", file=sys.stderr)
+        return 0
+    try:
+        problems = manifest_problems(args.directory)
+    except FileNotFoundError:
+        raise BertServeError(f"{args.directory} has no manifest: write one with `bertserve manifest DIR`") from None
+    for problem in problems:
+        print_status("error", problem)
+    if not problems:
+        print(f"{args.directory}: every file matches its manifest", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def _cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -322,6 +355,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verbose(embed)
     _add_flags(embed, "model", MODEL_FLAGS)
     embed.set_defaults(run=_cmd_embed)
+
+    manifest = commands.add_parser(
+        "manifest",
+        help="write DIR/bertserve.sha256 (sha256 of every model file), or --check a copy against it",
+        formatter_class=HelpFormatter,
+    )
+    manifest.add_argument("directory", help="a model directory")
+    manifest.add_argument("--check", action="store_true", help="check the files against the manifest instead")
+    manifest.set_defaults(run=_cmd_manifest)
+
+    export = commands.add_parser(
+        "export",
+        help="write the optimized graph as a TensorFlow SavedModel (for TF Serving or Triton)",
+        formatter_class=HelpFormatter,
+    )
+    export.add_argument("--out", required=True, help="directory to write (new, or empty)")
+    _add_verbose(export)
+    _add_flags(export, "model", MODEL_FLAGS)
+    export.set_defaults(run=_cmd_export)
 
     start = commands.add_parser(
         "start",

@@ -1,4 +1,5 @@
-"""sha256 of a model directory, so machines can tell whether they hold the same model.
+"""sha256 of a model directory: whether two machines hold the same model, and whether a
+copy is whole (its manifest, ``bertserve.sha256``, written by ``bertserve manifest``).
 
 The digest covers every file under the directory (its path relative to the directory, its
 size and its bytes), in sorted order. Left out: names that start with a dot (``.git``,
@@ -51,3 +52,48 @@ def tree_sha256(*directories: str | None) -> str:
             digest.update(f"{relative.replace(os.sep, '/')}\0{os.path.getsize(path)}\0".encode())
             digest.update(bytes.fromhex(file_sha256(path)))
     return digest.hexdigest()
+
+
+def write_manifest(directory: str) -> str:
+    """Write ``directory/bertserve.sha256``: one ``<sha256>  <path>`` line per model file, the
+    format ``sha256sum -c`` reads. Returns its path."""
+    lines = [
+        f"{file_sha256(os.path.join(directory, rel))}  {rel.replace(os.sep, '/')}\n" for rel in model_files(directory)
+    ]
+    if not lines:
+        raise FileNotFoundError(f"{directory} holds no files to list")
+    path = os.path.join(directory, MANIFEST)
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    os.replace(partial, path)  # a reader never sees half a manifest
+    return path
+
+
+def read_manifest(directory: str) -> dict[str, str]:
+    """``{path: sha256}`` from ``directory/bertserve.sha256``; raises ``ValueError`` if a line
+    is not ``<64 hex digits>  <path>``."""
+    digests = {}
+    with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            digest, sep, rel = line.rstrip("\n").partition("  ")
+            if not sep or len(digest) != 64 or not rel or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError(f"{MANIFEST} line {number} is not '<sha256>  <path>'")
+            digests[rel] = digest
+    return digests
+
+
+def manifest_problems(directory: str) -> list[str]:
+    """What does not match ``directory``'s manifest: files missing, changed or not listed.
+    Empty when every file is listed with its digest. Raises ``FileNotFoundError`` without one."""
+    try:
+        listed = read_manifest(directory)
+    except ValueError as exc:
+        return [str(exc)]
+    present = {rel.replace(os.sep, "/") for rel in model_files(directory)}
+    problems = [f"{rel} is listed but missing" for rel in sorted(set(listed) - present)]
+    problems += [f"{rel} is not listed" for rel in sorted(present - set(listed))]
+    for rel in sorted(present & set(listed)):
+        if file_sha256(os.path.join(directory, *rel.split("/"))) != listed[rel]:
+            problems.append(f"{rel} does not match its sha256")
+    return problems
