@@ -211,34 +211,6 @@ def test_the_tf_data_feed_serves_the_same_vectors(tiny_google: str, session_grap
         server.stop()
 
 
-def test_a_dead_workers_jobs_go_to_another(
-    tiny_google: str, session_graph_dir: str, reference_encoder: Encoder
-) -> None:
-    server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-batch-size", "4", "--num-worker", "2",
-    )  # fmt: skip
-    try:
-        with BertClient(**server.client_kwargs, timeout=120_000) as client:
-            pids = [w["pid"] for w in client.server_status["workers"]]
-            texts = sentences(2000, seed=9)
-            client.encode(texts, blocking=False)
-            time.sleep(0.5)
-            psutil.Process(pids[0]).kill()
-            (got,) = client.fetch_all()
-            np.testing.assert_allclose(got, reference_encoder.encode(texts), atol=1e-5)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:  # the dead worker is replaced
-                status = client.server_status
-                if len(status["workers"]) == 2 and pids[0] not in [w["pid"] for w in status["workers"]]:
-                    break
-                time.sleep(0.5)
-            else:
-                raise AssertionError(f"the worker was not restarted: {status}")
-    finally:
-        server.stop()
-
-
 def test_client_raises_within_its_timeout_when_the_server_is_down() -> None:
     started = time.monotonic()
     with pytest.raises(ServerTimeoutError):
