@@ -73,6 +73,7 @@ Embedding: TypeAlias = "np.ndarray | list[Any]"
 _HANDSHAKE_RESEND_S = 0.2
 # Requests encode_async, and encode with show_progress, keep in flight at once.
 _ASYNC_WINDOW = 4
+_REPLY_INFO = ("token_count", "chunked")  # reply header fields kept in last_info and EncodeResult.info
 # encode(show_progress=True) sends its input in chunks of this many of the server's mini-jobs
 # (max_batch_size texts each): a chunk is still a bulk request the server sorts by length and
 # cuts, and with a window of chunks in flight the server holds the next ones while we read.
@@ -91,6 +92,7 @@ class EncodeResult:
     id: int
     embedding: Embedding
     tokens: list[list[str]] | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # token_count, chunked: see BertClient.last_info
 
 
 @dataclass
@@ -261,6 +263,9 @@ class BertClient:
         self._closed = False
         self._ids = itertools.count(1)
         self._expected: dict[int, _Pending] = {}  # requests whose replies someone will collect
+        #: What the last reply said beside its vectors: ``token_count`` (the tokens its inputs
+        #: became, [CLS] and [SEP] included) and ``chunked`` (inputs encoded in windows).
+        self.last_info: dict[str, Any] = {}
         self._arrived: dict[int, Reply] = {}  # their replies that came while waiting for another
         self._config: dict[str, Any] = {}
 
@@ -361,6 +366,7 @@ class BertClient:
         is_tokenized: bool = ...,
         show_tokens: Literal[False] = ...,
         show_progress: bool = ...,
+        long_inputs: str | None = ...,
     ) -> Embedding: ...
 
     @overload
@@ -372,6 +378,7 @@ class BertClient:
         is_tokenized: bool = ...,
         show_tokens: Literal[True],
         show_progress: bool = ...,
+        long_inputs: str | None = ...,
     ) -> tuple[Embedding, list[list[str]]]: ...
 
     @overload
@@ -383,6 +390,7 @@ class BertClient:
         is_tokenized: bool = ...,
         show_tokens: bool = ...,
         show_progress: Literal[False] = ...,
+        long_inputs: str | None = ...,
     ) -> int: ...
 
     @overload
@@ -394,6 +402,7 @@ class BertClient:
         is_tokenized: bool = ...,
         show_tokens: bool,
         show_progress: bool = ...,
+        long_inputs: str | None = ...,
     ) -> Embedding | tuple[Embedding, list[list[str]]]: ...
 
     @overload
@@ -405,6 +414,7 @@ class BertClient:
         is_tokenized: bool = ...,
         show_tokens: bool = ...,
         show_progress: bool = ...,
+        long_inputs: str | None = ...,
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int: ...
 
     def encode(
@@ -415,6 +425,7 @@ class BertClient:
         is_tokenized: bool = False,
         show_tokens: bool = False,
         show_progress: bool = False,
+        long_inputs: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
         """Encode ``texts`` into one vector each (or one per token, if the server pools none).
 
@@ -431,22 +442,30 @@ class BertClient:
         awaited at most ``timeout`` ms, so a long input needs no longer timeout. A smaller
         input is one request, with no bar.
 
+        ``long_inputs`` says what the server does with an input longer than its
+        ``max_seq_len``: ``"truncate"`` it, or ``"chunk"`` it (encode it in windows and combine
+        their vectors); by default what the server was started with. :attr:`last_info` has
+        the reply's ``token_count`` and ``chunked`` (how many inputs were chunked).
+
         Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
         :class:`ServerError` when the server answers with an error.
         """
         if show_progress and not blocking:
             raise ValueError("show_progress needs blocking=True: fetch() collects a non-blocking request")
+        if long_inputs not in (None, "truncate", "chunk"):
+            raise ValueError(f"long_inputs must be None, 'truncate' or 'chunk', not {long_inputs!r}")
         with self._using():
             texts = check_texts(texts, is_tokenized)
-            if self.check_length and (message := self._length_warning(texts, is_tokenized)):
+            chunking = long_inputs == "chunk" or (long_inputs is None and self._config.get("long_inputs") == "chunk")
+            if self.check_length and not chunking and (message := self._length_warning(texts, is_tokenized)):
                 warnings.warn(message, stacklevel=2)
             if blocking and not texts and (empty := self._empty_embedding()) is not None:
                 return (empty, []) if show_tokens else empty
             if show_progress and len(texts) > (chunk := self._chunk_size()):
-                embedding, tokens = self._encode_in_chunks(texts, chunk, is_tokenized, show_tokens)
+                embedding, tokens = self._encode_in_chunks(texts, chunk, is_tokenized, show_tokens, long_inputs)
                 return (embedding, tokens) if show_tokens else embedding
             deadline = self._deadline()
-            request_id = self._request(ENCODE, deadline, texts, is_tokenized, show_tokens)
+            request_id = self._request(ENCODE, deadline, texts, is_tokenized, show_tokens, long_inputs)
             self._expected[request_id] = _Pending(show_tokens, fetchable=not blocking)
             if not blocking:
                 return request_id
@@ -561,6 +580,7 @@ class BertClient:
         is_tokenized: bool,
         show_tokens: bool,
         output_fmt: Literal["ndarray", "list"] | None = None,
+        long_inputs: str | None = None,
     ) -> Generator[EncodeResult, None, None]:
         """Send each of ``batches`` as one request, at most ``_ASYNC_WINDOW`` in flight, and
         yield their answers in the order of the batches, each awaited at most ``timeout`` ms.
@@ -572,7 +592,7 @@ class BertClient:
         try:
             while True:
                 while len(in_flight) < _ASYNC_WINDOW and (batch := next(batches, None)) is not None:
-                    request_id = self._request(ENCODE, self._deadline(), batch, is_tokenized, show_tokens)
+                    request_id = self._request(ENCODE, self._deadline(), batch, is_tokenized, show_tokens, long_inputs)
                     self._expected[request_id] = _Pending(show_tokens, fetchable=False)
                     in_flight.append(request_id)
                 if not in_flight:
@@ -590,12 +610,12 @@ class BertClient:
         return _PROGRESS_CHUNK_JOBS * size
 
     def _encode_in_chunks(
-        self, texts: list[Any], size: int, is_tokenized: bool, show_tokens: bool
+        self, texts: list[Any], size: int, is_tokenized: bool, show_tokens: bool, long_inputs: str | None = None
     ) -> tuple[Embedding, list[list[str]]]:
         """``texts`` as requests of ``size`` texts each, a bar counting the answers; the
         answers joined as the server joins the parts of one request."""
         chunks = (texts[start : start + size] for start in range(0, len(texts), size))
-        answers = self._in_order(chunks, is_tokenized, show_tokens, output_fmt="ndarray")
+        answers = self._in_order(chunks, is_tokenized, show_tokens, output_fmt="ndarray", long_inputs=long_inputs)
         arrays: list[np.ndarray] = []
         tokens: list[list[str]] = []
         done = 0
@@ -704,10 +724,13 @@ class BertClient:
         texts: Sequence[Any] = (),
         is_tokenized: bool = False,
         show_tokens: bool = False,
+        long_inputs: str | None = None,
     ) -> int:
         header: dict[str, Any] = {"client_version": __version__}
         if command == ENCODE:
             header.update(is_tokenized=is_tokenized, show_tokens=show_tokens)
+            if long_inputs is not None:
+                header["long_inputs"] = long_inputs
         request_id = next(self._ids)
         frames = encode_request(self.identity, command, request_id, header, texts)
         limit = self._config.get("max_message_bytes")
@@ -762,7 +785,9 @@ class BertClient:
         array = reply.array().copy()  # own the memory, not the ZeroMQ frame's
         embedding: Embedding = array.tolist() if (output_fmt or self.output_fmt) == "list" else array
         tokens = reply.header.get("tokens") if show_tokens else None
-        return EncodeResult(reply.request_id, embedding, tokens)
+        info = {key: reply.header[key] for key in _REPLY_INFO if key in reply.header}
+        self.last_info = info
+        return EncodeResult(reply.request_id, embedding, tokens, info)
 
     def _await_any(self, wanted: Collection[int], deadline: float) -> Reply | None:
         """The first reply to one of ``wanted``, or ``None`` at the deadline. Replies to

@@ -55,12 +55,16 @@ class ConcurrentBertClient:
         is_tokenized: bool = False,
         show_tokens: bool = False,
         show_progress: bool = False,
+        long_inputs: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
-        """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress`` included);
-        safe to call from any thread."""
+        """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress`` and
+        ``long_inputs`` included); safe to call from any thread."""
         texts = check_texts(texts, is_tokenized)  # bad input fails before waiting for a client
         with self._client() as client:
-            return client.encode(texts, is_tokenized=is_tokenized, show_tokens=show_tokens, show_progress=show_progress)
+            return client.encode(
+                texts, is_tokenized=is_tokenized, show_tokens=show_tokens, show_progress=show_progress,
+                long_inputs=long_inputs,
+            )  # fmt: skip
 
     @property
     def server_config(self) -> dict[str, Any]:

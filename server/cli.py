@@ -132,6 +132,12 @@ MODEL_FLAGS = [
     _Flag("--graph-dir", "where optimized graphs are cached", unset="the user cache dir"),
     _Flag("--batch-size", "most sentences in one model run", int, 64),
     _Flag("--lite-max-tokens", "fp32 runs of at most this many padded tokens run on LiteRT (0: never)", int, 64),
+    _Flag(
+        "--long-inputs",
+        "an input over max_seq_len tokens: truncate it, or chunk it (windows, vectors combined)",
+        default="truncate",
+    ),
+    _Flag("--chunk-stride", "tokens that consecutive windows of a chunked input share", int, 0),
 ]
 
 SERVER_FLAGS = [

@@ -90,6 +90,8 @@ class ModelConfig:
     batch_size: int = 64
     lite_max_tokens: int = 64
     device: str | None = None
+    long_inputs: str = "truncate"
+    chunk_stride: int = 0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -113,6 +115,9 @@ class ModelConfig:
             raise ModelOptionError(f"batch_size must be a positive integer, not {self.batch_size!r}")
         if not isinstance(self.lite_max_tokens, int) or self.lite_max_tokens < 0:
             raise ModelOptionError(f"lite_max_tokens must be 0 or more, not {self.lite_max_tokens!r}")
+        set_(self, "long_inputs", parse_long_inputs(self.long_inputs))
+        if isinstance(self.chunk_stride, bool) or not isinstance(self.chunk_stride, int) or self.chunk_stride < 0:
+            raise ModelOptionError(f"chunk_stride must be 0 or more tokens, not {self.chunk_stride!r}")
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -120,6 +125,17 @@ class ModelConfig:
     @property
     def dynamic_length(self) -> bool:
         return self.max_seq_len == DYNAMIC
+
+
+LONG_INPUTS = ("truncate", "chunk")
+"""What happens to an input longer than ``max_seq_len``: cut to fit, or encoded in windows."""
+
+
+def parse_long_inputs(value: object) -> str:
+    lowered = str(value).strip().lower()
+    if lowered not in LONG_INPUTS:
+        raise ModelOptionError(f"long_inputs must be truncate or chunk, not {value!r}")
+    return lowered
 
 
 def _parse_max_seq_len(value: object) -> int | str | None:

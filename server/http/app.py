@@ -32,6 +32,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import metrics
 from .gateway import Gateway, GatewayError
 
+CHUNKED_HEADER = "X-Chunked-Inputs"  # how many inputs were encoded in windows (long_inputs=chunk)
+
 STATUS_OF_KIND = {
     "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "shutdown": 503,
     "forbidden": 403, "duplicate": 409, "worker": 500, "internal": 500,
@@ -72,6 +74,11 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="must be the model's own dimension if given")
     user: str | None = Field(None, description="who is asking: the server's fairness is per user")
+    long_inputs: Literal["truncate", "chunk"] | None = Field(
+        None,
+        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
+        "combine their vectors); by default what the server was started with",
+    )
 
 
 class EmbedRequest(BaseModel):
@@ -80,6 +87,11 @@ class EmbedRequest(BaseModel):
     inputs: SkipValidation[str | list[str]]
     normalize: bool = True
     truncate: bool = False
+    long_inputs: Literal["truncate", "chunk"] | None = Field(
+        None,
+        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
+        "combine their vectors); by default what the server was started with",
+    )
 
 
 class EncodeRequest(BaseModel):
@@ -88,6 +100,11 @@ class EncodeRequest(BaseModel):
     id: SkipValidation[Any] = None
     texts: SkipValidation[list[str] | list[list[str]]]
     is_tokenized: bool = False
+    long_inputs: Literal["truncate", "chunk"] | None = Field(
+        None,
+        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
+        "combine their vectors); by default what the server was started with",
+    )
 
 
 # -- the application ---------------------------------------------------------------------
@@ -132,12 +149,15 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                             f"{settings.max_inputs} per request")  # fmt: skip
         return texts
 
-    async def encode(request: Request, texts: list[Any], *, is_tokenized: bool = False, user: str | None) -> p.Reply:
+    async def encode(
+        request: Request, texts: list[Any], *, is_tokenized: bool = False, user: str | None,
+        long_inputs: str | None = None,
+    ) -> p.Reply:  # fmt: skip
         gw = gateway()
         caller = user or (request.client.host if request.client else "unknown")
         try:
             reply = await gw.request(
-                gw.client_id(caller), p.ENCODE, texts, is_tokenized=is_tokenized,
+                gw.client_id(caller), p.ENCODE, texts, is_tokenized=is_tokenized, long_inputs=long_inputs,
                 timeout_s=settings.request_timeout_s + 5,
             )  # fmt: skip
         except GatewayError as exc:
@@ -188,7 +208,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         if body.dimensions is not None and body.dimensions != dim:
             raise HTTPError(422, f"dimensions={body.dimensions} is not supported: this model's vectors have {dim} "
                             "dimensions", param="dimensions")  # fmt: skip
-        reply = await encode(request, texts, is_tokenized=is_tokenized, user=body.user)
+        reply = await encode(request, texts, is_tokenized=is_tokenized, user=body.user, long_inputs=body.long_inputs)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer
         if body.encoding_format == "base64":
@@ -198,8 +218,8 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)]
         return _json({
             "object": "list", "data": data, "model": body.model or settings.model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        })  # fmt: skip
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "chunked_inputs": _chunked(reply),
+        }, reply)  # fmt: skip
 
     @app.get("/v1/models", summary="The served model and its aliases (OpenAI-compatible)")
     async def models() -> Response:
@@ -218,23 +238,25 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             raise HTTPError(422, "this server returns one vector per token (pooling NONE); /embed needs one per input")
         if not body.normalize and info.get("normalize"):
             raise HTTPError(422, "this server's model L2-normalizes its vectors; normalize=false is not available")
-        if not body.truncate:
+        if not body.truncate and body.long_inputs != "chunk":
             over = await asyncio.to_thread(settings.tokenizer.truncated, texts)
             if over.any():
                 first = int(np.argmax(over))
                 raise HTTPError(413, f"inputs[{first}] is longer than the {settings.tokenizer.max_len} tokens this "
-                                "server takes; pass truncate=true to cut it")  # fmt: skip
-        vectors = (await encode(request, texts, user=None)).array().astype(np.float32, copy=False)
+                                "server takes; pass truncate=true to cut it, or long_inputs=chunk")  # fmt: skip
+        reply = await encode(request, texts, user=None, long_inputs=body.long_inputs)
+        vectors = reply.array().astype(np.float32, copy=False)
         if body.normalize and not info.get("normalize"):
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return _json(vectors)
+        return _json(vectors, reply)
 
     @app.post("/encode", summary="bert-as-service-compatible encoding")
     async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
         texts = check_count(_checked(body.texts, "texts", is_tokenized=body.is_tokenized))
         await ready_or_503()
-        reply = await encode(request, texts, is_tokenized=body.is_tokenized, user=None)
-        return _json({"id": body.id, "result": reply.array().astype(np.float32, copy=False)})
+        reply = await encode(request, texts, is_tokenized=body.is_tokenized, user=None, long_inputs=body.long_inputs)
+        result = reply.array().astype(np.float32, copy=False)
+        return _json({"id": body.id, "result": result, "chunked": _chunked(reply)}, reply)
 
     # -- operations --
 
@@ -263,8 +285,17 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 # -- helpers ------------------------------------------------------------------------------
 
 
-def _json(content: Any) -> Response:
-    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+def _json(content: Any, reply: p.Reply | None = None) -> Response:
+    """``content`` as JSON; with the ``reply`` it came from, its ``X-Chunked-Inputs`` header."""
+    headers = {CHUNKED_HEADER: str(_chunked(reply))} if reply is not None else None
+    body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _chunked(reply: p.Reply) -> int:
+    """How many inputs of a reply were encoded in windows (long_inputs=chunk)."""
+    chunked = reply.header.get("chunked", 0)
+    return chunked if isinstance(chunked, int) and not isinstance(chunked, bool) else 0
 
 
 def _authorized(headers: dict[bytes, bytes], api_key: str) -> bool:

@@ -116,12 +116,15 @@ class Gateway:
         texts: Sequence[Any] = (),
         *,
         is_tokenized: bool = False,
+        long_inputs: str | None = None,
         timeout_s: float,
     ) -> p.Reply:
         """Send one request and wait for its reply; :class:`GatewayError` after ``timeout_s``."""
         header: dict[str, Any] = {"client_version": __version__}
         if command == p.ENCODE:
             header.update(is_tokenized=is_tokenized, show_tokens=False)
+            if long_inputs is not None:
+                header["long_inputs"] = long_inputs
         request_id = next(self._ids)
         key = (client_id, request_id)
         future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()

@@ -20,14 +20,15 @@ from typing import Any
 import numpy as np
 from bertserve.client.protocol import check_texts
 
-from ..config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir
+from ..config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir, parse_long_inputs
 from ..errors import ModelError
 from ..logs import held_native_output
 from ..memory import trim_heap
-from . import lite
+from . import chunking, lite
+from .chunking import check_chunkable
 from .graph import GraphSpec, load_function, load_or_build
 from .model_dir import ModelFiles, inspect_model
-from .tokenization import TokenizedBatch, WordPieceTokenizer
+from .tokenization import TokenizedBatch, WordPieceTokenizer, tokens_per_input
 
 logger = logging.getLogger("bertserve.encoder")
 
@@ -106,25 +107,52 @@ class Encoder:
         texts: Sequence[str] | Sequence[Sequence[str]],
         is_tokenized: bool = False,
         show_tokens: bool = False,
+        long_inputs: str | None = None,
     ) -> Any:
         """Encode ``texts`` (strings, ``"first ||| second"`` pairs, or token lists with
         ``is_tokenized``) into a ``(len(texts), D)`` array (``(len(texts), T, D)`` for NONE
         pooling). With ``show_tokens`` returns ``(array, tokens)``, the tokens each input
-        was cut into after truncation."""
+        was cut into after truncation. ``long_inputs`` (``truncate`` or ``chunk``; by
+        default the encoder's own) says what becomes of an input longer than ``max_seq_len``:
+        cut to fit, or encoded in windows whose vectors are combined (see :mod:`.chunking`)."""
         texts = check_texts(texts, is_tokenized)
-        batch = self.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=show_tokens)
-        vectors = self.run(batch)
-        return (vectors, batch.tokens) if show_tokens else vectors
+        chunk = self._chunk(long_inputs)
+        batch = self.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=show_tokens, chunk=chunk)
+        vectors = self.combine(batch, self.run(batch))
+        if not show_tokens:
+            return vectors
+        return vectors, tokens_per_input(batch)
 
-    def tokenize(self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False) -> TokenizedBatch:
-        """Token ids for already checked ``texts``; ``.truncated`` tells which were cut."""
-        batch = self._tokenizer.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=keep_tokens)
+    def _chunk(self, long_inputs: str | None) -> bool:
+        if long_inputs is None:
+            return self.config.long_inputs == "chunk"
+        if parse_long_inputs(long_inputs) == "chunk":
+            check_chunkable(self.spec.pooling_strategy)
+            return True
+        return False
+
+    def tokenize(
+        self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False, chunk: bool = False
+    ) -> TokenizedBatch:
+        """Token ids for already checked ``texts``; ``.truncated`` tells which were cut. With
+        ``chunk`` a long input becomes several rows, its windows (``.owners``)."""
+        batch = self._tokenizer.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=keep_tokens, chunk=chunk)
         if batch.truncated.any():
             logger.info(
                 "%d of %d inputs were longer than max_seq_len=%d and were truncated",
                 int(batch.truncated.sum()), len(batch), self.max_len,
             )  # fmt: skip
         return batch
+
+    def combine(self, batch: TokenizedBatch, vectors: np.ndarray) -> np.ndarray:
+        """One row per input of ``batch`` from :meth:`run`'s row per window."""
+        if batch.owners is None:
+            return vectors
+        weights = batch.lengths - (2 if self.spec.mask_cls_sep else 0)
+        return chunking.combine(
+            vectors, batch.owners, weights, strategy=self.spec.pooling_strategy,
+            layers=len(self.spec.pooling_layer), normalize=self.spec.normalize,
+        )  # fmt: skip
 
     def run(self, batch: TokenizedBatch) -> np.ndarray:
         """Run the graph over ``batch`` in length-sorted runs of at most ``batch_size``."""
@@ -252,6 +280,7 @@ def _build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokeniz
         tokenizer_json=model.tokenizer_json,
         do_lower_case=model.do_lower_case,
         max_len=max_len,
+        stride=config.chunk_stride,
     )
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ModelError(
@@ -272,6 +301,9 @@ def _describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:
         "dtype": spec.dtype,
         "output_dtype": spec.output_dtype,
         "do_lower_case": config.do_lower_case,
+        "long_inputs": config.long_inputs,
+        "chunk_stride": config.chunk_stride,
+        "chunking": chunking.chunk_refusal(spec.pooling_strategy) is None,
     }
 
 
@@ -297,6 +329,8 @@ def _resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, Gr
     if max_seq_len != DYNAMIC and int(max_seq_len) > limit:
         raise ModelError(f"max_seq_len {max_seq_len} is above the model's max_position_embeddings {limit}")
     normalize = defaults.normalize if requested.normalize is None else requested.normalize
+    if requested.long_inputs == "chunk":
+        check_chunkable(strategy)
     resolved = requested.replace(
         max_seq_len=max_seq_len,
         pooling_strategy=strategy,

@@ -29,6 +29,7 @@ directory's ``workers/`` may join.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ import zmq
 from bertserve.client import __version__
 from bertserve.client import protocol as p
 
-from ..config import HEARTBEAT_INTERVAL_MS, ServerConfig
+from ..config import HEARTBEAT_INTERVAL_MS, ModelConfig, ServerConfig
 
 if TYPE_CHECKING:
     from .ventilator import Ventilator
@@ -72,13 +73,7 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
     }
 
 
-_MODEL_FIELDS = frozenset(
-    (
-        "model_dir", "tuned_model_dir", "ckpt_name", "config_name", "vocab_name", "max_seq_len", "pooling_strategy",
-        "pooling_layer", "mask_cls_sep", "normalize", "do_lower_case", "dtype", "output_dtype", "xla", "graph_dir",
-        "batch_size", "lite_max_tokens", "device",
-    )
-)  # fmt: skip
+_MODEL_FIELDS = frozenset(field.name for field in dataclasses.fields(ModelConfig))
 
 
 class WorkerLink:

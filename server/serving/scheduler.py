@@ -38,7 +38,8 @@ import numpy as np
 
 from ..config import ServerConfig
 
-CountTokens = Callable[[list[Any], bool], np.ndarray]
+CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
+"""``(texts, is_tokenized, chunk) -> tokens per input`` (in all its windows with ``chunk``)."""
 
 
 class Busy(Exception):
@@ -60,6 +61,12 @@ class Piece:
     is_tokenized: bool
     show_tokens: bool
     arrived: float
+    chunk: bool = False  # long inputs are encoded in windows, not truncated
+
+    @property
+    def kind(self) -> tuple[bool, bool]:
+        """Pieces of one kind may share a job: the worker reads these from the job."""
+        return self.is_tokenized, self.chunk
 
 
 @dataclass
@@ -89,6 +96,7 @@ class Job:
             "is_tokenized": self.pieces[0].is_tokenized,
             "show_tokens": any(piece.show_tokens for piece in self.pieces),
             "bulk": self.bulk,
+            **({"chunk": True} if self.pieces[0].chunk else {}),
         }
 
 
@@ -127,13 +135,21 @@ class Scheduler:
     # -- admission ---------------------------------------------------------------------
 
     def admit(
-        self, key: str, client: bytes, texts: list[Any], *, is_tokenized: bool, show_tokens: bool, now: float
+        self,
+        key: str,
+        client: bytes,
+        texts: list[Any],
+        *,
+        is_tokenized: bool,
+        show_tokens: bool,
+        now: float,
+        chunk: bool = False,
     ) -> None:
         """Queue a checked, non-empty request; raises :class:`Busy` or :class:`TooLarge`
         without queuing any of it."""
         count = len(texts)
         self.check_room(client, count)
-        piece = Piece(key, client, np.arange(count), texts, is_tokenized, show_tokens, now)
+        piece = Piece(key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk)
         item = piece if count < self.config.max_batch_size else _Bulk(piece)
         queue = self.clients.get(client)
         if queue is None:
@@ -176,11 +192,11 @@ class Scheduler:
         texts = request.texts
         return deque(
             self._job([replace(request, rows=chunk, texts=[texts[i] for i in chunk])], True)
-            for chunk in self._chunks(texts, request.is_tokenized)
+            for chunk in self._chunks(texts, request.is_tokenized, request.chunk)
         )
 
-    def _chunks(self, texts: list[Any], is_tokenized: bool) -> list[np.ndarray]:
-        lengths = self._lengths(texts, is_tokenized)
+    def _chunks(self, texts: list[Any], is_tokenized: bool, chunk: bool = False) -> list[np.ndarray]:
+        lengths = self._lengths(texts, is_tokenized, chunk)
         order = np.argsort(lengths, kind="stable")
         sorted_lengths = lengths[order]
         chunks, start = [], 0
@@ -193,10 +209,10 @@ class Scheduler:
         chunks.append(order[start:])
         return chunks
 
-    def _lengths(self, texts: list[Any], is_tokenized: bool) -> np.ndarray:
+    def _lengths(self, texts: list[Any], is_tokenized: bool, chunk: bool = False) -> np.ndarray:
         if self.count_tokens is not None:
             try:
-                return np.asarray(self.count_tokens(texts, is_tokenized))
+                return np.asarray(self.count_tokens(texts, is_tokenized, chunk))
             except Exception:  # the worker will report what is wrong with these texts
                 pass
         return np.asarray([len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts])
@@ -278,26 +294,24 @@ class Scheduler:
         room = min(room or self.config.max_batch_size, self.config.max_batch_size)
         first = self.clients[first_client].items[0]
         assert isinstance(first, Piece)
-        kind = first.is_tokenized
+        kind = first.kind
         if not self.config.merge_requests:
             return self._take_pieces([(first_client, len(first.rows))], kind, room)
-        waiting = [
-            c for c in self.turns if isinstance(head := self.clients[c].items[0], Piece) and head.is_tokenized == kind
-        ]
+        waiting = [c for c in self.turns if isinstance(head := self.clients[c].items[0], Piece) and head.kind == kind]
         share = room
         if len(waiting) > 1 and self.small_rows > room:
             lightest = min(self.clients[c].sentences for c in waiting)
             share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
         return self._take_pieces([(client, share) for client in waiting], kind, room)
 
-    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: bool, room: int) -> Job:
+    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool], room: int) -> Job:
         """A job of up to ``share`` rows of small requests from each client, in order, and of
         at most ``room`` rows in all."""
         pieces: list[Piece] = []
         for client, share in shares:
             items = self.clients[client].items
             want, taken = min(share, room), 0
-            while want and items and isinstance(piece := items[0], Piece) and piece.is_tokenized == kind:
+            while want and items and isinstance(piece := items[0], Piece) and piece.kind == kind:
                 if len(piece.rows) <= want:
                     items.popleft()
                     self.small_count -= 1

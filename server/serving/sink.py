@@ -54,6 +54,7 @@ class _Pending:
     parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (rows, vectors)
     tokens: list[Any] | None = None
     token_count: int = 0  # tokens of the rows placed, [CLS] and [SEP] included
+    chunked: int = 0  # rows placed that were encoded in windows (long_inputs=chunk)
     filled: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -64,9 +65,10 @@ class _Pending:
         return bool(self.filled.all())
 
     def add(
-        self, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, lengths: np.ndarray | None = None
+        self, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, counts: np.ndarray | None = None
     ) -> None:
-        """Place the rows not placed yet; rows already in are duplicates and are skipped."""
+        """Place the rows not placed yet; rows already in are duplicates and are skipped.
+        ``counts`` holds each row's tokens and whether it was chunked (0 or 1)."""
         if len(rows) != len(vectors) or (len(rows) and (rows.min() < 0 or rows.max() >= self.count)):
             raise _BadParts(f"rows {rows[:8].tolist()}... do not fit a request of {self.count}")
         if self.parts and (vectors.ndim, vectors.shape[2:]) != (self.parts[0][1].ndim, self.parts[0][1].shape[2:]):
@@ -76,8 +78,9 @@ class _Pending:
             return
         rows, vectors = rows[new], vectors[new]
         self.filled[rows] = True
-        if lengths is not None and len(lengths) == len(new):
-            self.token_count += int(lengths[new].sum())
+        if counts is not None and len(counts) == len(new):
+            self.token_count += int(counts[new, 0].sum())
+            self.chunked += int(counts[new, 1].sum())
         self.parts.append((rows, vectors))
         if self.show_tokens and tokens is not None:
             if self.tokens is None:
@@ -214,8 +217,8 @@ class Sink:
         pending = _Pending(bytes.fromhex(info["client"]), int(info["request_id"]), int(info["count"]),
                            bool(info.get("show_tokens")), deadline)  # fmt: skip
         self.pending[key] = pending
-        for _, rows, vectors, tokens, lengths in self.orphans.pop(key, []):
-            self._add(key, pending, rows, vectors, tokens, lengths)
+        for _, rows, vectors, tokens, counts in self.orphans.pop(key, []):
+            self._add(key, pending, rows, vectors, tokens, counts)
         self._maybe_publish(key)
 
     def _on_publish(self, rest: list[Any]) -> None:
@@ -241,37 +244,36 @@ class Sink:
         header = p.loads(raw_header)
         vectors = p.array_from_buffer(header, buffer)
         tokens = header.get("tokens")
-        all_lengths = header.get("lengths")
-        lengths = np.asarray(all_lengths, dtype=np.int64) if isinstance(all_lengths, list) else None
+        counts = _row_counts(header, len(vectors))
         offset = 0
         for part in header["parts"]:
             rows = np.asarray(part["rows"], dtype=np.int64)
             chunk = vectors[offset : offset + len(rows)]
             chunk_tokens = tokens[offset : offset + len(rows)] if tokens is not None else None
-            chunk_lengths = lengths[offset : offset + len(rows)] if lengths is not None else None
+            part_counts = counts[offset : offset + len(rows)] if counts is not None else None
             offset += len(rows)
             key = part["key"]
             pending = self.pending.get(key)
             if pending is None:
                 if key not in self.closed:
-                    self._keep_orphan(key, rows, chunk, chunk_tokens, chunk_lengths)
+                    self._keep_orphan(key, rows, chunk, chunk_tokens, part_counts)
                 continue
-            self._add(key, pending, rows, chunk, chunk_tokens, chunk_lengths)
+            self._add(key, pending, rows, chunk, chunk_tokens, part_counts)
             self._maybe_publish(key)
 
     def _keep_orphan(
-        self, key: str, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, lengths: np.ndarray | None
+        self, key: str, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, counts: np.ndarray | None
     ) -> None:
         if key not in self.orphans and len(self.orphans) >= _MAX_ORPHAN_KEYS:
             logger.warning("too many results for unknown requests; dropping those for %s", key)
             return
-        self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens, lengths))
+        self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens, counts))
 
     def _add(
-        self, key: str, pending: _Pending, rows: np.ndarray, vectors: np.ndarray, tokens: Any, lengths: Any = None
+        self, key: str, pending: _Pending, rows: np.ndarray, vectors: np.ndarray, tokens: Any, counts: Any = None
     ) -> None:
         try:
-            pending.add(rows, vectors, tokens, lengths)
+            pending.add(rows, vectors, tokens, counts)
         except _BadParts as exc:
             logger.error("a result for %s does not fit it: %s", key, exc)
             self._fail(key, f"the server produced a malformed result for this request: {exc}", "internal")
@@ -295,6 +297,7 @@ class Sink:
             array = pending.assemble()
             header = p.array_header(array)
             header["token_count"] = pending.token_count
+            header["chunked"] = pending.chunked
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
             frames = p.encode_reply(pending.client, pending.request_id, True, header, array.data)
@@ -329,6 +332,19 @@ class Sink:
             del self.orphans[key]
         while self.closed and next(iter(self.closed.values())) + _CLOSED_TTL <= now:
             self.closed.popitem(last=False)
+
+
+def _row_counts(header: dict[str, Any], rows: int) -> np.ndarray | None:
+    """Each row's token count and whether it was chunked, as ``[rows, 2]``; None if the
+    worker did not say (the reply then counts no tokens)."""
+    lengths, windows = header.get("lengths"), header.get("windows")
+    if not isinstance(lengths, list) or len(lengths) != rows:
+        return None
+    counts = np.zeros((rows, 2), np.int64)
+    counts[:, 0] = np.asarray(lengths, dtype=np.int64)
+    if isinstance(windows, list) and len(windows) == rows:
+        counts[:, 1] = np.asarray(windows, dtype=np.int64) > 1
+    return counts
 
 
 def _count(pending: _Pending, outcome: str) -> None:

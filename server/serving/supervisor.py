@@ -107,8 +107,8 @@ class BertServer(ExitFlags):
             if self.tokenizer is not None:
                 tokenizer = self.tokenizer
 
-                def count_tokens(texts: list[Any], is_tokenized: bool) -> Any:
-                    return tokenizer.count_tokens(texts, is_tokenized=is_tokenized)
+                def count_tokens(texts: list[Any], is_tokenized: bool, chunk: bool) -> Any:
+                    return tokenizer.count_tokens(texts, is_tokenized=is_tokenized, chunk=chunk)
 
             scheduler = Scheduler(self.config, count_tokens)
             ventilator = self._ventilator(context, frontend, addresses, scheduler, admins, gateway_public, curve_keys)

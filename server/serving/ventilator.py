@@ -24,7 +24,8 @@ from bertserve.client import __version__
 from bertserve.client import protocol as p
 
 from .. import metrics
-from ..config import ServerConfig
+from ..config import ServerConfig, parse_long_inputs
+from ..model.chunking import chunk_refusal
 from ..security import loopback_only, message_user_id, request_allowed
 from .link import WorkerLink
 from .registry import Registry, WorkerState
@@ -260,6 +261,9 @@ class Ventilator:
         self.received += 1
         is_tokenized = bool(request.header.get("is_tokenized", False))
         show_tokens = bool(request.header.get("show_tokens", False))
+        chunk, refusal = self._chunking(request.header.get("long_inputs"))
+        if refusal is not None:
+            return self._reject(request, refusal)
         if request.count is not None and not self._room_for(request, principal, request.count):
             return None  # refused on the count its header declares, without reading the texts
         try:
@@ -292,7 +296,7 @@ class Ventilator:
         now = time.monotonic()
         try:
             self.scheduler.admit(
-                key, principal, texts, is_tokenized=is_tokenized, show_tokens=show_tokens, now=now,
+                key, principal, texts, is_tokenized=is_tokenized, show_tokens=show_tokens, now=now, chunk=chunk,
             )  # fmt: skip
         except Busy as exc:
             return self._reject(request, str(exc), p.BUSY)
@@ -307,6 +311,22 @@ class Ventilator:
         }  # fmt: skip
         self.to_sink([p.REGISTER, p.dumps(register)])
         return None
+
+    def _chunking(self, long_inputs: object) -> tuple[bool, str | None]:
+        """Whether a request's long inputs are chunked (its ``long_inputs``, else the
+        server's), and why that cannot be, if it cannot."""
+        if long_inputs is None:
+            return self.config.model.long_inputs == "chunk", None
+        try:
+            if parse_long_inputs(long_inputs) == "truncate":
+                return False, None
+        except ValueError as exc:
+            return False, str(exc)
+        model = self.registry.model
+        if model and not model.get("chunking"):
+            refusal = chunk_refusal(model.get("pooling_strategy")) if "pooling_strategy" in model else None
+            return False, refusal or "this server's model cannot encode long inputs in windows (long_inputs=chunk)"
+        return True, None
 
     def _room_for(self, request: p.Request, principal: bytes, count: int) -> bool:
         """Whether ``count`` inputs fit the size limit and the queues; if not, the refusal is sent."""

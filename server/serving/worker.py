@@ -38,7 +38,7 @@ from bertserve.client import protocol as p
 from ..config import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ..memory import trim_heap
 from ..model.interface import Model
-from ..model.tokenization import TokenizedBatch
+from ..model.tokenization import TokenizedBatch, tokens_per_input
 
 logger = logging.getLogger("bertserve.worker")
 
@@ -188,15 +188,19 @@ class Worker:
             return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
         try:
             texts = p.loads(payload, "payload")
+            options = {"chunk": True} if header.get("chunk") else {}  # only models that chunk are asked to
             batch = self.model.tokenize(
-                texts, is_tokenized=bool(header.get("is_tokenized")), keep_tokens=bool(header.get("show_tokens"))
-            )
+                texts, is_tokenized=bool(header.get("is_tokenized")), keep_tokens=bool(header.get("show_tokens")),
+                **options,
+            )  # fmt: skip
         except Exception as exc:  # reported to the requests in this job, not fatal to the worker
             header["error"] = f"tokenization failed: {exc}"
             return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
         header["truncated"] = batch.truncated.tolist()
+        if batch.owners is not None:
+            header["owners"] = batch.owners.tolist()
         if batch.tokens is not None:
-            header["tokens"] = batch.tokens
+            header["tokens"] = tokens_per_input(batch)
         return job_id, p.dumps(header), batch.input_ids, batch.segment_ids, batch.lengths
 
     # -- the main loop -------------------------------------------------------------------
@@ -242,14 +246,19 @@ class Worker:
         try:
             if "error" in header:
                 raise ValueError(header["error"])
-            batch = TokenizedBatch(ids, segments, lengths, np.asarray(header["truncated"], bool))
+            owners = np.asarray(header["owners"], np.int64) if "owners" in header else None
+            batch = TokenizedBatch(ids, segments, lengths, np.asarray(header["truncated"], bool), owners=owners)
             vectors, slots, lent = self._run_model(batch, bool(header.get("bulk")))
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
-            out = {
-                "parts": parts, **p.array_header(vectors), "tokens": header.get("tokens"),
-                "lengths": np.asarray(lengths).tolist(),
-            }  # fmt: skip
+            out = {"parts": parts, "tokens": header.get("tokens")}
+            if owners is not None:  # windows of long inputs: one row per input again
+                vectors = np.ascontiguousarray(self.model.combine(batch, vectors))  # type: ignore[attr-defined]
+                out["windows"] = np.bincount(owners).tolist()
+                out["lengths"] = np.bincount(owners, weights=lengths).astype(np.int64).tolist()
+            else:
+                out["lengths"] = np.asarray(lengths).tolist()
+            out.update(p.array_header(vectors))
             self.results.send_multipart([p.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
             tokens = int(batch.lengths.sum())
         except Exception as exc:

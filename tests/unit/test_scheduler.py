@@ -12,7 +12,7 @@ def make(**options) -> Scheduler:
     defaults = {"max_batch_size": 8, "max_batch_tokens": 10_000, "max_latency_ms": 10.0,
                 "max_request_size": 100, "max_client_queued_sentences": 100, "max_queued_sentences": 1000}  # fmt: skip
     config = ServerConfig(model=ModelConfig(model_dir="unused"), **{**defaults, **options})
-    return Scheduler(config, lambda texts, is_tokenized: np.asarray([len(t.split()) for t in texts]))
+    return Scheduler(config, lambda texts, is_tokenized, chunk: np.asarray([len(t.split()) for t in texts]))
 
 
 def texts(n: int, prefix: str = "t") -> list[str]:
@@ -116,7 +116,7 @@ def test_bulk_requests_are_sorted_by_length_and_cut_by_rows_and_padded_tokens() 
 def test_a_bulk_request_is_cut_at_its_first_turn_not_on_arrival() -> None:
     counted: list[int] = []
 
-    def count_tokens(texts, is_tokenized):
+    def count_tokens(texts, is_tokenized, chunk):
         counted.append(len(texts))
         return np.asarray([len(t.split()) for t in texts])
 
