@@ -154,9 +154,13 @@ class WordPieceTokenizer:
             return np.fromiter((min(len(t) + 2, self.max_len) for t in texts), dtype=np.int32, count=len(texts))
         # Without character offsets (tokenizers >= 0.20): the same ids, a fifth less time.
         encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
-        encodings = encode([_split_pair(text) for text in texts])
-        if chunk:
-            counts = (len(e.ids) + sum(len(o.ids) for o in e.overflowing) for e in encodings)
+        inputs = [_split_pair(text) for text in texts]
+        encodings = encode(inputs)
+        if chunk:  # a pair is truncated, not chunked
+            counts = (
+                len(e.ids) + (sum(len(o.ids) for o in e.overflowing) if isinstance(text, str) else 0)
+                for text, e in zip(inputs, encodings, strict=True)
+            )
             return np.fromiter(counts, dtype=np.int32, count=len(texts))
         return np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(texts))
 

@@ -134,6 +134,19 @@ def test_tei_embed_and_bert_as_service_encode(server: HTTPServer) -> None:
         assert too_long.status_code == 413 and "inputs[1]" in too_long.json()["error"], too_long.text
         assert http.post("/embed", json={"inputs": ["fine", long], "truncate": True}).status_code == 200
 
+        chunked = http.post("/embed", json={"inputs": ["fine", long], "long_inputs": "chunk"})
+        assert chunked.status_code == 200 and chunked.headers["x-chunked-inputs"] == "1", chunked.text
+        assert not np.allclose(
+            chunked.json()[1], http.post("/embed", json={"inputs": long, "truncate": True}).json()[0]
+        )
+        openai_body = {"input": ["fine", long], "long_inputs": "chunk"}
+        openai_chunked = http.post("/v1/embeddings", json=openai_body).json()
+        assert openai_chunked["chunked_inputs"] == 1
+        np.testing.assert_allclose(openai_chunked["data"][1]["embedding"], bc.encode([long], long_inputs="chunk")[0],
+                                   atol=1e-5)  # fmt: skip
+        bad = http.post("/v1/embeddings", json={"input": ["fine"], "long_inputs": "window"})
+        assert bad.status_code == 422, bad.text
+
         legacy = http.post("/encode", json={"id": 7, "texts": texts})
         assert legacy.status_code == 200 and legacy.json()["id"] == 7
         np.testing.assert_allclose(np.array(legacy.json()["result"]), expected, atol=1e-5)

@@ -44,6 +44,26 @@ def test_server_vectors_equal_the_encoders(tiny_server: RunningServer, reference
     np.testing.assert_allclose(got, reference_encoder.encode(texts), atol=1e-5)
 
 
+def test_long_inputs_are_chunked_on_request_as_the_encoder_chunks_them(
+    tiny_server: RunningServer, reference_encoder: Encoder
+) -> None:
+    long = [" ".join(sentences(12, seed=30 + i)) for i in range(3)]  # each well past max_seq_len 32
+    texts = [long[0], "short", long[1], *sentences(30, seed=31), long[2]]  # bulk: over max_batch_size 16
+    with BertClient(**tiny_server.client_kwargs, timeout=60_000) as client:
+        chunked = client.encode(texts, long_inputs="chunk")
+        assert client.last_info["chunked"] == 3
+        truncated = client.encode(texts)
+        assert client.last_info["chunked"] == 0
+        client.encode(texts[:2], long_inputs="chunk", blocking=False)
+        (result,) = client.fetch()
+        assert result.info["chunked"] == 1 and result.info["token_count"] > 32
+        with pytest.raises(ValueError, match="long_inputs"):
+            client.encode(texts, long_inputs="window")
+    np.testing.assert_allclose(chunked, reference_encoder.encode(texts, long_inputs="chunk"), atol=1e-5)
+    np.testing.assert_allclose(truncated, reference_encoder.encode(texts), atol=1e-5)
+    assert not np.allclose(chunked[0], truncated[0], atol=1e-3)
+
+
 def test_large_request_is_split_and_comes_back_in_order(tiny_server: RunningServer, reference_encoder: Encoder) -> None:
     texts = sentences(300, seed=1)  # max_batch_size is 16: about 19 mini-jobs
     with BertClient(**tiny_server.client_kwargs, timeout=60_000) as client:
