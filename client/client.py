@@ -703,8 +703,8 @@ class BertClient:
             if (words := _word_count(item, is_tokenized)) > limit:
                 return (
                     f"texts[{i}] has {words} words, more than the server's max_seq_len={limit} tokens: "
-                    "it and any other long text will be truncated; start the server with a larger "
-                    "max_seq_len, or pass check_length=False to silence this"
+                    "it and any other long text will be truncated; pass long_inputs='chunk' to encode it in "
+                    "windows, start the server with a larger max_seq_len, or pass check_length=False to silence this"
                 )
         return None
 

@@ -52,7 +52,8 @@ def test_long_inputs_are_chunked_on_request_as_the_encoder_chunks_them(
     with BertClient(**tiny_server.client_kwargs, timeout=60_000) as client:
         chunked = client.encode(texts, long_inputs="chunk")
         assert client.last_info["chunked"] == 3
-        truncated = client.encode(texts)
+        with pytest.warns(UserWarning, match="long_inputs='chunk'"):
+            truncated = client.encode(texts)
         assert client.last_info["chunked"] == 0
         client.encode(texts[:2], long_inputs="chunk", blocking=False)
         (result,) = client.fetch()

