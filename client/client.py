@@ -73,7 +73,7 @@ Embedding: TypeAlias = "np.ndarray | list[Any]"
 _HANDSHAKE_RESEND_S = 0.2
 # Requests encode_async, and encode with show_progress, keep in flight at once.
 _ASYNC_WINDOW = 4
-_REPLY_INFO = ("token_count", "chunked")  # reply header fields kept in last_info and EncodeResult.info
+_REPLY_INFO = ("token_count", "chunked", "model_version")  # reply header fields kept in last_info
 # encode(show_progress=True) sends its input in chunks of this many of the server's mini-jobs
 # (max_batch_size texts each): a chunk is still a bulk request the server sorts by length and
 # cuts, and with a window of chunks in flight the server holds the next ones while we read.
@@ -264,7 +264,8 @@ class BertClient:
         self._ids = itertools.count(1)
         self._expected: dict[int, _Pending] = {}  # requests whose replies someone will collect
         #: What the last reply said beside its vectors: ``token_count`` (the tokens its inputs
-        #: became, [CLS] and [SEP] included) and ``chunked`` (inputs encoded in windows).
+        #: became, [CLS] and [SEP] included), ``chunked`` (inputs encoded in windows) and, from a
+        #: server of a model repository, ``model_version``.
         self.last_info: dict[str, Any] = {}
         self._arrived: dict[int, Reply] = {}  # their replies that came while waiting for another
         self._config: dict[str, Any] = {}

@@ -14,7 +14,8 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
 
     sink PUB -> client SUB           [client_id, request_id, status, header, *buffer]
         status    OK | ERROR
-        header    ENCODE: array header {"dtype", "shape", "token_count"} (+ "tokens"); CONFIG/STATUS: the answer;
+        header    ENCODE: array header {"dtype", "shape", "token_count", "chunked"} (+ "tokens", and
+                  "model_version" from a model repository); CONFIG/STATUS: the answer;
                   ERROR: {"error": message, "kind": short name}
         buffer    ENCODE: the vectors' raw bytes, C order
 

@@ -192,6 +192,10 @@ SERVER_FLAGS = [
         unset="none",
     ),
     _Flag(
+        "--model-version", "with --model-dir a base of numbered versions: the one to serve, or latest", default="latest"
+    ),
+    _Flag("--require-manifest", "refuse a model version without its bertserve.sha256", _bool, False, switch=True),
+    _Flag(
         "--worker-port",
         "let remote workers (`bertserve worker`) join on this port: jobs, credits and results",
         int,

@@ -216,6 +216,8 @@ class ServerConfig:
     served_model_name: str | None = None
     model_alias: tuple[str, ...] = ()
     worker_port: int | None = None
+    model_version: str = "latest"  # with a model repository: "latest" or a version number
+    require_manifest: bool = False
 
     def __post_init__(self) -> None:
         port_out = self.port + 1 if self.port_out is None else self.port_out
@@ -258,6 +260,8 @@ class ServerConfig:
             (self.threads_per_worker is None or self.threads_per_worker >= 1, "threads_per_worker must be >= 1"),
             (0 <= self.worker_nice <= 19, "worker_nice must be between 0 and 19"),
             (self.feed in ("thread", "tfdata"), "feed must be thread or tfdata"),
+            (str(self.model_version).lower() == "latest" or str(self.model_version).isdigit(),
+             "model_version must be latest or a version number"),
         ]  # fmt: skip
         for ok, problem in checks:
             if not ok:
@@ -267,6 +271,12 @@ class ServerConfig:
         object.__setattr__(self, "model_alias", tuple(str(a) for a in self.model_alias))
         if self.curve_dir is not None:
             object.__setattr__(self, "curve_dir", os.fspath(self.curve_dir))
+        object.__setattr__(self, "model_version", str(self.model_version).lower())
+
+    @property
+    def version_number(self) -> int | None:
+        """The model version served, once a repository's version is chosen; else None."""
+        return int(self.model_version) if str(self.model_version).isdigit() else None
 
     @property
     def message_limit(self) -> int:

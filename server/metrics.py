@@ -55,6 +55,9 @@ QUEUED_REQUESTS = Gauge(
 RUNNING_JOBS = Gauge("bertserve_running_jobs", "Mini-jobs held by workers", multiprocess_mode="mostrecent")
 IN_FLIGHT = Gauge("bertserve_in_flight_requests", "Admitted requests not answered yet", multiprocess_mode="mostrecent")
 REJECTIONS = Counter("bertserve_rejections_total", "Requests refused on arrival, by kind (busy, limit, ...)", ["kind"])
+MODEL_VERSION = Gauge("bertserve_model_version", "The model version served (0: a plain model directory)",
+                      multiprocess_mode="mostrecent")  # fmt: skip
+VERSIONS_REFUSED = Counter("bertserve_model_versions_refused_total", "Model versions refused: not whole, or unreadable")
 RESTARTS = Counter("bertserve_process_restarts_total", "Server processes restarted after a failure", ["process"])
 WORKERS = Gauge("bertserve_workers", "Workers registered and serving", multiprocess_mode="mostrecent")
 READY = Gauge(

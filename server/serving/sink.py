@@ -298,6 +298,8 @@ class Sink:
             header = p.array_header(array)
             header["token_count"] = pending.token_count
             header["chunked"] = pending.chunked
+            if self.config.version_number is not None:
+                header["model_version"] = self.config.version_number
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
             frames = p.encode_reply(pending.client, pending.request_id, True, header, array.data)

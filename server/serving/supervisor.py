@@ -53,6 +53,8 @@ class BertServer(ExitFlags):
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.model_info: dict[str, Any] = {}
         self.model_sha256 = ""  # of the model files, which remote workers must share
+        self.base_model_dir: str | None = None  # a model repository's base directory
+        self.refused_versions: list[dict[str, Any]] = []
         self.tokenizer: Any = None
         self.gave_up: str | None = None
         self.failures: dict[str, int] = {}  # process name -> failures in a row
@@ -112,6 +114,8 @@ class BertServer(ExitFlags):
 
             scheduler = Scheduler(self.config, count_tokens)
             ventilator = self._ventilator(context, frontend, addresses, scheduler, admins, gateway_public, curve_keys)
+            ventilator.refused_versions = self.refused_versions
+            metrics.MODEL_VERSION.set(self.config.version_number or 0)
             self._start_workers(ventilator, addresses)
             if self.http is not None:
                 self._wait_http(ventilator)
@@ -194,10 +198,35 @@ class BertServer(ExitFlags):
                 "(or BERTSERVE_API_KEY).", http_bind, self.config.http_port,
             )  # fmt: skip
 
+    def _choose_version(self) -> None:
+        """With a model repository, serve the version asked for, or the newest that is whole."""
+        import dataclasses
+
+        from ..model.repository import choose, is_repository
+
+        if not is_repository(self.config.model.model_dir):
+            return
+        base = self.config.model.model_dir
+        try:
+            version, refused = choose(base, self.config.model_version, self.config.model,
+                                      require_manifest=self.config.require_manifest)  # fmt: skip
+        except (ValueError, OSError) as exc:
+            raise StartupError(str(exc)) from exc
+        finally:
+            self.base_model_dir = base
+        for refusal in refused:
+            logger.error("refused version %d of %s: %s", refusal.version.number, base, refusal.reason)
+            metrics.VERSIONS_REFUSED.inc()
+        self.refused_versions = [{"version": r.version.number, "reason": r.reason} for r in refused]
+        logger.info("serving version %d of %s", version.number, base)
+        model = self.config.model.replace(model_dir=version.path)
+        self.config = dataclasses.replace(self.config, model=model, model_version=str(version.number))
+
     def _check_model(self) -> None:
         """Catch a bad model directory or option here, with its cause, before any process starts."""
         from ..model.encoder import resolve_options
 
+        self._choose_version()
         try:
             self.model_info, self.tokenizer = resolve_options(self.config.model)
             if self.config.worker_port is not None:

@@ -93,6 +93,7 @@ class Ventilator:
         self._next_expiry = 0.0
         self._next_gauges = 0.0
         self._model_labelled = False
+        self.refused_versions: list[dict[str, Any]] = []  # model versions refused at start
         self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
         if config.worker_port is not None:
             self.link = WorkerLink(config, context, self, model_sha256, curve_keys)
@@ -385,10 +386,16 @@ class Ventilator:
             "requests_rejected": sum(self.rejected.values()),
             "rejections": dict(sorted(self.rejected.items())),
             "requests_pending": len(self.requests),
+            **self._versions(),
             **self.scheduler.stats(),
             **self.registry.stats(time.monotonic()),
             **({"worker_hosts": self.link.stats()} if self.link is not None else {}),
         }
+
+    def _versions(self) -> dict[str, Any]:
+        if self.config.version_number is None:
+            return {}
+        return {"model_version": self.config.version_number, "refused_versions": self.refused_versions}
 
     def _on_terminate(self, request: p.Request, user: bytes | None) -> None:
         if not self._may_terminate(user):

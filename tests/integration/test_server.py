@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -63,6 +65,38 @@ def test_long_inputs_are_chunked_on_request_as_the_encoder_chunks_them(
     np.testing.assert_allclose(chunked, reference_encoder.encode(texts, long_inputs="chunk"), atol=1e-5)
     np.testing.assert_allclose(truncated, reference_encoder.encode(texts), atol=1e-5)
     assert not np.allclose(chunked[0], truncated[0], atol=1e-3)
+
+
+def test_a_model_repository_serves_its_newest_whole_version(
+    tiny_google: str, session_graph_dir: str, reference_encoder: Encoder, tmp_path: Path
+) -> None:
+    from bertserve.server.model.checksum import write_manifest
+
+    base = tmp_path / "models"
+    for number in (1, 2):
+        shutil.copytree(tiny_google, base / str(number))
+        write_manifest(str(base / str(number)))
+    (base / "2" / "vocab.txt").write_text((base / "2" / "vocab.txt").read_text() + "extra\n")  # after its manifest
+    past = time.time() - 60
+    for path in base.rglob("*"):
+        os.utime(path, (past, past))
+    flags = ("--model-dir", str(base), "--graph-dir", session_graph_dir, "--max-seq-len", "32")
+    server = start_server(*flags)
+    try:
+        texts = sentences(20, seed=40)
+        with BertClient(**server.client_kwargs, timeout=30_000) as client:
+            np.testing.assert_allclose(client.encode(texts), reference_encoder.encode(texts), atol=1e-5)
+            assert client.last_info["model_version"] == 1
+            status = client.server_status
+        assert status["model_version"] == 1 and status["refused_versions"][0]["version"] == 2
+        assert "vocab.txt does not match its sha256" in status["refused_versions"][0]["reason"]
+        assert "refused version 2" in server.tail(200)
+    finally:
+        server.stop()
+    refused = start_server(*flags, "--model-version", "2", expect_ready=False)
+    assert refused.process.wait(60) == 2
+    refused.wait_stopped()
+    assert "version 2 in" in refused.tail(20) and "is refused" in refused.tail(20)
 
 
 def test_large_request_is_split_and_comes_back_in_order(tiny_server: RunningServer, reference_encoder: Encoder) -> None:

@@ -1,0 +1,108 @@
+"""A model repository: numbered versions of one model in a base directory, each checked before use.
+
+``--model-dir`` may name a base directory whose subdirectories ``1/``, ``2/``, ... are each
+a model directory as usual (a plain model directory keeps working as before). A version is
+served only if it is whole:
+
+- with a manifest (``bertserve.sha256``, written by ``bertserve manifest``), every file must
+  match it, and no file may be missing or unlisted;
+- without one, it is refused when ``require_manifest`` is on;
+- a version in which a file changed in the last ``settle_s`` seconds is still being copied,
+  and is refused until it settles;
+- and its model files must be readable as a model (the weights' shapes, the vocabulary).
+
+:func:`choose` picks the version to serve, ``latest`` (the highest number that passes,
+saying why each higher one was refused) or a given number.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ..config import ModelConfig
+from ..errors import ModelError
+from .checksum import MANIFEST, manifest_problems, model_files
+
+
+@dataclass(frozen=True)
+class Version:
+    number: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    version: Version
+    reason: str
+
+
+def versions(base: str) -> list[Version]:
+    """The numbered subdirectories of ``base``, lowest first."""
+    found = []
+    for name in os.listdir(base):
+        path = os.path.join(base, name)
+        if name.isdigit() and os.path.isdir(path):
+            found.append(Version(int(name), path))
+    return sorted(found, key=lambda version: version.number)
+
+
+def is_repository(path: str) -> bool:
+    """Whether ``path`` is a base directory of numbered versions rather than a model directory."""
+    if not os.path.isdir(path):
+        return False
+    names = set(os.listdir(path))
+    if names & {"config.json", "bert_config.json", "vocab.txt", "tokenizer.json"}:
+        return False
+    return bool(versions(path))
+
+
+def problem(version: Version, options: ModelConfig, *, require_manifest: bool, settle_s: float,
+            now: float | None = None) -> str | None:  # fmt: skip
+    """Why ``version`` cannot be served (whole, settled, readable), or ``None`` if it can."""
+    now = time.time() if now is None else now
+    newest = max((os.path.getmtime(os.path.join(version.path, rel)) for rel in model_files(version.path)), default=0.0)
+    if now - newest < settle_s:
+        return f"it is still being written (a file changed {max(0.0, now - newest):.1f} s ago)"
+    if os.path.exists(os.path.join(version.path, MANIFEST)):
+        problems = manifest_problems(version.path)
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            return f"its files do not match its {MANIFEST}: {'; '.join(problems[:3])}{more}"
+    elif require_manifest:
+        return f"it has no {MANIFEST} (write one with `bertserve manifest DIR`) and --require-manifest is on"
+    from .model_dir import inspect_model
+
+    try:
+        inspect_model(options.replace(model_dir=version.path))
+    except (ModelError, OSError, ValueError) as exc:
+        return f"its model cannot be read: {exc}"
+    return None
+
+
+def choose(base: str, wanted: str | int, options: ModelConfig, *, require_manifest: bool = False,
+           settle_s: float = 2.0) -> tuple[Version, list[Refusal]]:  # fmt: skip
+    """The version of ``base`` to serve, and the versions refused on the way (newest first).
+    ``wanted`` is ``"latest"`` or a version number; raises :class:`ModelError` when no
+    version (or not the one wanted) can be served, naming why."""
+    available = versions(base)
+    if not available:
+        raise ModelError(f"{base} holds no numbered version directory (1/, 2/, ...)")
+    refused: list[Refusal] = []
+    if str(wanted).lower() != "latest":
+        number = int(wanted)
+        match = [v for v in available if v.number == number]
+        if not match:
+            raise ModelError(f"{base} has no version {number}; it has {', '.join(str(v.number) for v in available)}")
+        reason = problem(match[0], options, require_manifest=require_manifest, settle_s=settle_s)
+        if reason is not None:
+            raise ModelError(f"version {number} in {base} is refused: {reason}")
+        return match[0], refused
+    for version in reversed(available):
+        reason = problem(version, options, require_manifest=require_manifest, settle_s=settle_s)
+        if reason is None:
+            return version, refused
+        refused.append(Refusal(version, reason))
+    details = "; ".join(f"{r.version.number}: {r.reason}" for r in refused)
+    raise ModelError(f"no version in {base} can be served ({details})")
