@@ -316,8 +316,6 @@ class WorkerHost(ExitFlags):
                 handle(frames)
             except (p.ProtocolError, KeyError, TypeError, ValueError, IndexError) as exc:
                 logger.error("dropped a malformed message: %s", exc)
-            if sock is not self.link and self.link is None:
-                return
 
     # -- what the head sends ---------------------------------------------------------------
 
