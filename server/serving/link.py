@@ -149,7 +149,10 @@ class WorkerLink:
             info.setdefault("hostname", host.hostname)
             if isinstance(info.get("model"), dict):  # the same files (checked), wherever they are there
                 info["model"]["model_dir"] = self.config.model.model_dir
-            worker = vent.registry.add(self._key(host, rest[0].bytes), info, time.monotonic(), host=host.routing_id)
+            key = self._key(host, rest[0].bytes)
+            if key in vent.registry.workers:  # registered again: what it held is not coming back
+                vent.hand_back(key)
+            worker = vent.registry.add(key, info, time.monotonic(), host=host.routing_id)
             worker.draining = host.draining
             logger.info("remote worker %d on %s (%s) joined with %d credit(s)", worker.index, worker.hostname,
                         worker.device or "?", worker.credits)  # fmt: skip
