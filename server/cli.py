@@ -316,13 +316,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_manifest(args: argparse.Namespace) -> int:
-    from .model.checksum import manifest_problems, read_manifest, write_manifest
+    from .model.checksum import manifest_problems, write_manifest
 
     if not os.path.isdir(args.directory):
         raise BertServeError(f"{args.directory} is not a directory")
     if not args.check:
-        path = write_manifest(args.directory)
-        print(f"wrote {path}: {len(read_manifest(args.directory))} files", file=sys.stderr)
+        path, count = write_manifest(args.directory)
+        print(f"wrote {path}: {count} files", file=sys.stderr)
         return 0
     try:
         problems = manifest_problems(args.directory)

@@ -54,9 +54,9 @@ def tree_sha256(*directories: str | None) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(directory: str) -> str:
+def write_manifest(directory: str) -> tuple[str, int]:
     """Write ``directory/bertserve.sha256``: one ``<sha256>  <path>`` line per model file, the
-    format ``sha256sum -c`` reads. Returns its path."""
+    format ``sha256sum -c`` reads. Returns its path and the number of files it lists."""
     lines = [
         f"{file_sha256(os.path.join(directory, rel))}  {rel.replace(os.sep, '/')}\n" for rel in model_files(directory)
     ]
@@ -67,7 +67,7 @@ def write_manifest(directory: str) -> str:
     with open(partial, "w", encoding="utf-8") as f:
         f.writelines(lines)
     os.replace(partial, path)  # a reader never sees half a manifest
-    return path
+    return path, len(lines)
 
 
 def read_manifest(directory: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ import tempfile
 from typing import Any
 
 from ..config import ModelConfig, default_graph_dir
-from .graph import INPUT_NAMES, load_or_build
+from .graph import INPUT_NAMES, load_or_build, wrap_graph
 from .model_dir import inspect_model
 
 SIGNATURE = "serving_default"
@@ -44,16 +44,8 @@ def export_saved_model(options: ModelConfig, out: str) -> dict[str, Any]:
     graph_bytes, meta, _ = load_or_build(model, spec, config.graph_dir or default_graph_dir())
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(graph_bytes)
-
-    def imported(input_ids: tf.Tensor, input_mask: tf.Tensor, segment_ids: tf.Tensor) -> tf.Tensor:
-        inputs = dict(zip((f"{name}:0" for name in INPUT_NAMES), (input_ids, input_mask, segment_ids), strict=True))
-        (output,) = tf.compat.v1.import_graph_def(
-            graph_def, input_map=inputs, return_elements=[f"{meta.output_node}:0"], name="bert"
-        )
-        return output
-
+    graph_fn = wrap_graph(graph_def, meta)  # the weights stay constants, so the SavedModel holds them
     signature = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
-    graph_fn = tf.compat.v1.wrap_function(imported, signature)
     description = {
         **_describe(config, spec),
         "model_dir": os.path.abspath(config.model_dir),

@@ -21,6 +21,7 @@ import struct
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -361,22 +362,29 @@ def load_function(graph_bytes: bytes, meta: GraphMeta, *, xla: bool = False) -> 
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(graph_bytes)
     tables = {f"{name}:0": tf.constant(table) for name, table in _take_gather_tables(graph_def).items()}
+    fn = wrap_graph(graph_def, meta, tables)
+    if xla:
+        return tf.function(fn, jit_compile=True)
+    return fn
+
+
+def wrap_graph(graph_def, meta: GraphMeta, captured: dict[str, Any] | None = None) -> Callable:
+    """``graph_def`` as a concrete function ``f(input_ids, input_mask, segment_ids)``, the
+    tensors ``captured`` (by node output name) fed in for placeholders of the same names."""
+    import tensorflow as tf
 
     def _imported(input_ids: tf.Tensor, input_mask: tf.Tensor, segment_ids: tf.Tensor) -> tf.Tensor:
         # Feeding the inputs through input_map imports the graph once, with nothing to prune.
         inputs = dict(zip((f"{name}:0" for name in INPUT_NAMES), (input_ids, input_mask, segment_ids), strict=True))
         graph = tf.compat.v1.get_default_graph()
-        inputs.update({name: graph.capture(table) for name, table in tables.items()})
+        inputs.update({name: graph.capture(tensor) for name, tensor in (captured or {}).items()})
         (output,) = tf.compat.v1.import_graph_def(
             graph_def, input_map=inputs, return_elements=[f"{meta.output_node}:0"], name="bert"
         )
         return output
 
     signature = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
-    fn = tf.compat.v1.wrap_function(_imported, signature)
-    if xla:
-        return tf.function(fn, jit_compile=True)
-    return fn
+    return tf.compat.v1.wrap_function(_imported, signature)
 
 
 def _take_gather_tables(graph_def) -> dict[str, np.ndarray]:

@@ -53,7 +53,6 @@ class BertServer(ExitFlags):
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.model_info: dict[str, Any] = {}
         self.model_sha256 = ""  # of the model files, which remote workers must share
-        self.base_model_dir: str | None = None  # a model repository's base directory
         self.refused_versions: list[dict[str, Any]] = []
         self.tokenizer: Any = None
         self.gave_up: str | None = None
@@ -212,8 +211,6 @@ class BertServer(ExitFlags):
                                       require_manifest=self.config.require_manifest)  # fmt: skip
         except (ValueError, OSError) as exc:
             raise StartupError(str(exc)) from exc
-        finally:
-            self.base_model_dir = base
         for refusal in refused:
             logger.error("refused version %d of %s: %s", refusal.version.number, base, refusal.reason)
             metrics.VERSIONS_REFUSED.inc()
