@@ -280,8 +280,10 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
         f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
         f"results on port {config.port_out}, {config.num_worker} worker(s), "
         f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
-        f"dim {info.get('output_dim')}, {info.get('dtype')}, model {config.model.model_dir}"
+        f"dim {info.get('output_dim')}, {info.get('dtype')}, model {info.get('model_dir') or config.model.model_dir}"
     )
+    if str(info.get("model_version", "")).isdigit():  # a version of a model repository
+        line += f" (version {info['model_version']})"
     if config.http_port is not None:
         line += f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}"
     if config.worker_port is not None:
