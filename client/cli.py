@@ -75,6 +75,22 @@ def add_client_commands(subparsers: Any) -> None:
     _add_connection_arguments(stop, _CONTROL_TIMEOUT_MS)
     stop.set_defaults(run=_cmd_stop)
 
+    reload = subparsers.add_parser(
+        "reload",
+        help="have a server of a model repository look for a new version now, and swap to it",
+        description="Ask the server to check its repository of model versions at once and swap its workers to "
+        "the version found, one at a time, without failing a request; then follow the swap until it ends.",
+        formatter_class=HelpFormatter,
+    )
+    _add_connection_arguments(reload, _CONTROL_TIMEOUT_MS)
+    reload.add_argument(
+        "--model-version", default="latest", help="a version number to serve (a rollback, say), or latest"
+    )
+    reload.add_argument(
+        "--wait-s", type=float, default=600.0, help="follow the swap for at most this long (0: do not wait)"
+    )
+    reload.set_defaults(run=_cmd_reload)
+
     keys = subparsers.add_parser(
         "keygen",
         help="write a CURVE certificate pair (NAME.key to share, NAME.key_secret to keep)",
@@ -223,6 +239,34 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     except BertClientError as exc:
         return _fail(exc)
     print(f"the server at tcp://{args.host}:{args.port} is stopping")
+    return 0
+
+
+_SWAP_ENDS = {"unchanged": 0, "done": 0, "refused": 1, "rolled_back": 1}  # final swap states -> exit code
+
+
+def _cmd_reload(args: argparse.Namespace) -> int:
+    """Send RELOAD, then print the swap's progress from the status until it ends."""
+    try:
+        with _connect(args, check_version=False) as client:
+            answer = client.reload(args.model_version)
+            print(f"the server serves version {answer.get('model_version')}; looking for {answer.get('wanted')}")
+            deadline = time.monotonic() + args.wait_s
+            said = ""
+            while time.monotonic() < deadline:
+                swap = client.server_status.get("swap", {})
+                if swap.get("reload") == answer["reload"]:
+                    line = f"{swap.get('state')}: {swap.get('message', '')}".rstrip(": ")
+                    if line != said:
+                        print(line)
+                        said = line
+                    if swap.get("state") in _SWAP_ENDS:
+                        return _SWAP_ENDS[swap["state"]]
+                time.sleep(0.5)
+    except BertClientError as exc:
+        return _fail(exc)
+    if args.wait_s > 0:
+        print_status("warning", f"the swap had not ended after {args.wait_s:.0f} s; see `bertserve status`")
     return 0
 
 

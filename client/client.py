@@ -47,6 +47,7 @@ from .protocol import (
     CONFIG,
     ENCODE,
     PROTOCOL_VERSION,
+    RELOAD,
     STATUS,
     TERMINATE,
     ProtocolError,
@@ -355,6 +356,14 @@ class BertClient:
         """Ask the server to shut down; returns its answer (``{"stopping": true}``)."""
         with self._using():
             return self._call(TERMINATE, "TERMINATE")
+
+    def reload(self, version: int | str = "latest") -> dict[str, Any]:
+        """Ask a server of a model repository to check it now and swap to ``version`` (a
+        number, or ``"latest"``: the newest whole version above the one served). Answered at
+        once with ``{"reload": n, ...}``; the swap's progress is ``server_status["swap"]``,
+        which names the reload ``n`` it answers. Same permissions as :meth:`terminate`."""
+        with self._using():
+            return self._call(RELOAD, "RELOAD", {"version": str(version)})
 
     # -- encoding ----------------------------------------------------------------------
 
@@ -726,8 +735,9 @@ class BertClient:
         is_tokenized: bool = False,
         show_tokens: bool = False,
         long_inputs: str | None = None,
+        header: dict[str, Any] | None = None,
     ) -> int:
-        header: dict[str, Any] = {"client_version": __version__}
+        header = {"client_version": __version__, **(header or {})}
         if command == ENCODE:
             header.update(is_tokenized=is_tokenized, show_tokens=show_tokens)
             if long_inputs is not None:
@@ -748,9 +758,9 @@ class BertClient:
         self._push.send_multipart(frames, zmq.NOBLOCK, copy=False)
         return request_id
 
-    def _call(self, command: bytes, what: str) -> dict[str, Any]:
+    def _call(self, command: bytes, what: str, header: dict[str, Any] | None = None) -> dict[str, Any]:
         deadline = self._deadline()
-        request_id = self._request(command, deadline)
+        request_id = self._request(command, deadline, header=header)
         reply = self._await_any({request_id}, deadline)
         if reply is None:
             raise self._timeout_error(f"{what} (request {request_id})")

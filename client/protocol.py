@@ -7,31 +7,33 @@ wire is pickled. Decoding a malformed message raises :class:`ProtocolError`, nev
 Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
 
     client PUSH -> ventilator PULL   [client_id, command, request_id, header, payload]
-        command   ENCODE | CONFIG | STATUS | TERMINATE
+        command   ENCODE | CONFIG | STATUS | TERMINATE | RELOAD
         header    JSON {"protocol", "client_version", ...}; ENCODE adds "is_tokenized", "show_tokens"
-                  and "count" (the number of inputs; optional, checked against the payload)
+                  and "count" (the number of inputs; optional, checked against the payload);
+                  RELOAD may add "version" ("latest" or a number of the server's model repository)
         payload   ENCODE: JSON list of strings (or of token lists); otherwise empty
 
     sink PUB -> client SUB           [client_id, request_id, status, header, *buffer]
         status    OK | ERROR
         header    ENCODE: array header {"dtype", "shape", "token_count", "chunked"} (+ "tokens", and
-                  "model_version" from a model repository); CONFIG/STATUS: the answer;
+                  "model_version" from a model repository); CONFIG/STATUS/RELOAD: the answer;
                   ERROR: {"error": message, "kind": short name}
         buffer    ENCODE: the vectors' raw bytes, C order
 
 Inside the server (same version, never seen by clients)::
 
-    ventilator PUSH -> sink PULL     [REGISTER, JSON {key, client (hex), request_id, count, show_tokens}]
+    ventilator PUSH -> sink PULL     [REGISTER, JSON {key, client (hex), request_id, count, show_tokens, version}]
                                      [PUBLISH, client_id, request_id, status, header, *buffer]
                                      [FAIL, JSON {keys, error, kind}]
                                      [STATUS, client_id, request_id, JSON ventilator status]
                                      [STOP]   (shutdown: publish what is left, then exit)
     worker <-> ventilator (ROUTER for jobs, PULL for credits and heartbeats)
-        worker DEALER -> ventilator  [READY, JSON {worker, pid, credits, model}]
+        worker DEALER -> ventilator  [READY, JSON {worker, pid, credits, model, version}]
         worker PUSH -> ventilator    [DONE, JSON {job, worker, seconds, tokens, slots}]   (returns the job's credit)
                                      [HEARTBEAT, worker identity]   (every second, from its own thread)
         ventilator -> worker         [JOB, job_id, JSON {parts, is_tokenized, show_tokens}, payload] | [STOP]
-    worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens, lengths}, buffer]
+    worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens, lengths, model_version},
+                                      buffer]
                                      [JOB_ERROR, job_id, JSON {parts, error}]
 
 Head and remote-worker hosts (``bertserve worker``), over one tcp link on ``--worker-port``,
@@ -78,7 +80,8 @@ ENCODE = b"ENCODE"
 CONFIG = b"CONFIG"
 STATUS = b"STATUS"
 TERMINATE = b"TERMINATE"
-COMMANDS = (ENCODE, CONFIG, STATUS, TERMINATE)
+RELOAD = b"RELOAD"  # check the model repository now, and swap to the version found
+COMMANDS = (ENCODE, CONFIG, STATUS, TERMINATE, RELOAD)
 
 # reply status
 OK = b"OK"

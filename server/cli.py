@@ -196,6 +196,12 @@ SERVER_FLAGS = [
     ),
     _Flag("--require-manifest", "refuse a model version without its bertserve.sha256", _bool, False, switch=True),
     _Flag(
+        "--poll-interval-s",
+        "with a repository of versions: look for a newer one this often and swap to it (0: only on `bertserve reload`)",
+        float,
+        0.0,
+    ),
+    _Flag(
         "--worker-port",
         "let remote workers (`bertserve worker`) join on this port: jobs, credits and results",
         int,

@@ -218,6 +218,7 @@ class ServerConfig:
     worker_port: int | None = None
     model_version: str = "latest"  # with a model repository: "latest" or a version number
     require_manifest: bool = False
+    poll_interval_s: float = 0.0  # with a model repository: look for a newer version this often (0: never)
 
     def __post_init__(self) -> None:
         port_out = self.port + 1 if self.port_out is None else self.port_out
@@ -262,6 +263,7 @@ class ServerConfig:
             (self.feed in ("thread", "tfdata"), "feed must be thread or tfdata"),
             (str(self.model_version).lower() == "latest" or str(self.model_version).isdigit(),
              "model_version must be latest or a version number"),
+            (self.poll_interval_s >= 0, "poll_interval_s must not be negative (0 turns polling off)"),
         ]  # fmt: skip
         for ok, problem in checks:
             if not ok:

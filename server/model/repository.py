@@ -11,8 +11,11 @@ served only if it is whole:
   and is refused until it settles;
 - and its model files must be readable as a model (the weights' shapes, the vocabulary).
 
-:func:`choose` picks the version to serve, ``latest`` (the highest number that passes,
-saying why each higher one was refused) or a given number.
+:func:`choose` picks the version to serve at start, ``latest`` (the highest number that
+passes, saying why each higher one was refused) or a given number. While serving, a
+:class:`Checker` looks again (``--poll-interval-s``, ``bertserve reload``), remembering what it
+found of each version until that version's files change, so a refused version is not hashed
+again at every look.
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ class Version:
 class Refusal:
     version: Version
     reason: str
+
+    @property
+    def settling(self) -> bool:
+        """Refused only for now: its files are still changing."""
+        return self.reason.startswith(_WRITING)
+
+
+_WRITING = "it is still being written"
 
 
 def versions(base: str) -> list[Version]:
@@ -64,7 +75,7 @@ def problem(version: Version, options: ModelConfig, *, require_manifest: bool, s
     now = time.time() if now is None else now
     newest = max((os.path.getmtime(os.path.join(version.path, rel)) for rel in model_files(version.path)), default=0.0)
     if now - newest < settle_s:
-        return f"it is still being written (a file changed {max(0.0, now - newest):.1f} s ago)"
+        return f"{_WRITING} (a file changed {max(0.0, now - newest):.1f} s ago)"
     if os.path.exists(os.path.join(version.path, MANIFEST)):
         problems = manifest_problems(version.path)
         if problems:
@@ -106,3 +117,66 @@ def choose(base: str, wanted: str | int, options: ModelConfig, *, require_manife
         refused.append(Refusal(version, reason))
     details = "; ".join(f"{r.version.number}: {r.reason}" for r in refused)
     raise ModelError(f"no version in {base} can be served ({details})")
+
+
+def signature(version: Version) -> tuple[tuple[str, int, int], ...]:
+    """What changes when any model file of ``version`` is written: each file's name, size and
+    modification time."""
+    found = []
+    for rel in model_files(version.path):
+        try:
+            stat = os.stat(os.path.join(version.path, rel))
+        except OSError:  # removed meanwhile
+            continue
+        found.append((rel, stat.st_size, stat.st_mtime_ns))
+    return tuple(found)
+
+
+class Checker:
+    """Checks the versions of ``base`` while a server runs, as :func:`choose` does at start;
+    a verdict on a version is remembered until its files change (except "still being
+    written", which is looked at again every time)."""
+
+    def __init__(self, base: str, options: ModelConfig, *, require_manifest: bool, settle_s: float = 2.0) -> None:
+        self.base = base
+        self.options = options
+        self.require_manifest = require_manifest
+        self.settle_s = settle_s
+        self._known: dict[int, tuple[tuple[tuple[str, int, int], ...], str | None]] = {}
+
+    def problem(self, version: Version) -> str | None:
+        """Why ``version`` cannot be served, or ``None``."""
+        files = signature(version)
+        known = self._known.get(version.number)
+        if known is not None and known[0] == files:
+            return known[1]
+        reason = problem(version, self.options, require_manifest=self.require_manifest, settle_s=self.settle_s)
+        if reason is None or not reason.startswith(_WRITING):
+            self._known[version.number] = (files, reason)
+        return reason
+
+    def refuse(self, version: Version, reason: str) -> None:
+        """Remember that ``version`` cannot be served (it failed to load, say) until its files change."""
+        self._known[version.number] = (signature(version), reason)
+
+    def newer(self, current: int) -> tuple[Version | None, list[Refusal]]:
+        """The newest whole version above ``current``, if any, and the ones refused above it."""
+        refused: list[Refusal] = []
+        for version in reversed(versions(self.base)):
+            if version.number <= current:
+                break
+            reason = self.problem(version)
+            if reason is None:
+                return version, refused
+            refused.append(Refusal(version, reason))
+        return None, refused
+
+    def get(self, number: int) -> tuple[Version | None, list[Refusal]]:
+        """Version ``number`` if it can be served, else its refusal; raises
+        :class:`ModelError` if there is no such version."""
+        match = [v for v in versions(self.base) if v.number == number]
+        if not match:
+            numbers = ", ".join(str(v.number) for v in versions(self.base)) or "none"
+            raise ModelError(f"{self.base} has no version {number} (it has {numbers})")
+        reason = self.problem(match[0])
+        return (match[0], []) if reason is None else (None, [Refusal(match[0], reason)])

@@ -145,6 +145,10 @@ class WordPieceTokenizer:
         tokens = [list(r[2]) for r in rows] if keep_tokens else None
         return TokenizedBatch(input_ids, segment_ids, lengths, truncated, tokens, owners)
 
+    def same_vocabulary(self, other: WordPieceTokenizer) -> bool:
+        """Whether ``other`` maps every token to the same id."""
+        return bool(self._tokenizer.get_vocab() == other._tokenizer.get_vocab())
+
     def count_tokens(self, texts: Sequence, *, is_tokenized: bool = False, chunk: bool = False) -> np.ndarray:
         """How many tokens each input becomes (after truncation; with ``chunk``, in all its
         windows), to sort and cut work by its cost."""

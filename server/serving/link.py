@@ -147,6 +147,7 @@ class WorkerLink:
             if not isinstance(info, dict):
                 raise p.ProtocolError("READY is not a JSON object")
             info.setdefault("hostname", host.hostname)
+            info["version"] = vent.version  # its files are the head's (checked); a head with a link never swaps
             if isinstance(info.get("model"), dict):  # the same files (checked), wherever they are there
                 info["model"]["model_dir"] = self.config.model.model_dir
             key = self._key(host, rest[0].bytes)

@@ -10,8 +10,9 @@ for a job it no longer holds, is ignored: its job went to another worker.
 
 A remote worker (on a ``bertserve worker`` host, reached over the worker link) is an entry like
 any other, keyed ``<host routing id>/<its identity on the host>``; ``host`` and ``name`` say
-where to send its jobs. A draining worker (its host is stopping) keeps what it holds and gets
-nothing new.
+where to send its jobs. A draining worker (its host is stopping, or it is being retired for
+another model version) keeps what it holds and gets nothing new. Each worker runs one model
+version and gets only jobs pinned to it (see :mod:`.swap`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class WorkerState:
     hostname: str = ""
     device: str = ""
     draining: bool = False
+    version: int | None = None  # the model version it runs (None: not from a model repository)
     jobs: dict[str, tuple[Job, float]] = field(default_factory=dict)  # job id -> (job, dispatched at)
     jobs_done: int = 0
     sentences: int = 0
@@ -50,6 +52,9 @@ class WorkerState:
         return self.credits - len(self.jobs)
 
 
+_ANY = object()
+
+
 class Registry:
     def __init__(self, *, job_timeout_s: float, heartbeat_timeout_s: float, max_failures: int = 2) -> None:
         self.job_timeout_s = job_timeout_s
@@ -57,7 +62,8 @@ class Registry:
         self.max_failures = max_failures  # workers a job may lose before it is not retried
         self.workers: dict[bytes, WorkerState] = {}
         self.recent_jobs: deque[tuple[float, int, bool]] = deque(maxlen=512)  # (seconds, sentences, bulk)
-        self.model: dict[str, Any] = {}
+        self.models: dict[int | None, dict[str, Any]] = {}  # what each version's workers report
+        self.serving: int | None = None  # the version new requests are pinned to
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -68,10 +74,17 @@ class Registry:
         worker.name = identity.rpartition(b"/")[2] if host is not None else identity
         worker.hostname = str(info.get("hostname", ""))[:255]
         worker.device = str(info.get("device", ""))[:64]
+        version = info.get("version")
+        worker.version = version if isinstance(version, int) and not isinstance(version, bool) else None
         self.workers[identity] = worker
         if isinstance(info.get("model"), dict):
-            self.model = info["model"]
+            self.models[worker.version] = info["model"]
         return worker
+
+    @property
+    def model(self) -> dict[str, Any]:
+        """What the workers of the version served report of their model (``{}`` before any has)."""
+        return self.models.get(self.serving) or next(iter(self.models.values()), {})
 
     @property
     def local_count(self) -> int:
@@ -82,22 +95,23 @@ class Registry:
         if worker is not None:
             worker.last_seen = now
 
-    def pick(self) -> WorkerState | None:
-        """The worker with the most free credits (and the fewest jobs), if any has one."""
-        open_ = [w for w in self.workers.values() if not w.draining]
+    def pick(self, version: object = _ANY) -> WorkerState | None:
+        """The worker (of ``version``, if given) with the most free credits and the fewest
+        jobs, if any has a free credit."""
+        open_ = [w for w in self.workers.values() if not w.draining and (version is _ANY or w.version == version)]
         if not open_:
             return None
         worker = max(open_, key=lambda w: (w.free, -len(w.jobs)))
         return worker if worker.free > 0 else None
 
-    def pick_overtake(self) -> WorkerState | None:
-        """A worker whose credits are all taken by bulk jobs and that holds no small one, so
-        a small job sent to it beyond its credits runs between two slices of its bulk work;
-        the one that holds the fewest jobs."""
+    def pick_overtake(self, version: object = _ANY) -> WorkerState | None:
+        """A worker (of ``version``, if given) whose credits are all taken by bulk jobs and
+        that holds no small one, so a small job sent to it beyond its credits runs between two
+        slices of its bulk work; the one that holds the fewest jobs."""
         busy = [
             w
             for w in self.workers.values()
-            if w.jobs and not w.draining and all(job.bulk for job, _ in w.jobs.values())
+            if w.jobs and not w.draining and _only_bulk(w) and (version is _ANY or w.version == version)
         ]
         return min(busy, key=lambda w: len(w.jobs), default=None)
 
@@ -181,7 +195,8 @@ class Registry:
             "workers": [
                 {
                     "index": w.index, "pid": w.pid, "host": w.hostname, "device": w.device,
-                    "remote": w.host is not None, "state": _state(w), "credits": w.credits, "jobs_done": w.jobs_done,
+                    "remote": w.host is not None, "state": _state(w), "version": w.version, "credits": w.credits,
+                    "jobs_done": w.jobs_done,
                     "sentences": w.sentences, "jobs_in_flight": len(w.jobs), "busy_s": round(w.busy_seconds, 3),
                     "tokens": w.tokens, "token_slots": w.slots, "up_s": round(now - w.joined, 1),
                     "last_heartbeat_s": round(now - w.last_seen, 2),

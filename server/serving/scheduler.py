@@ -62,11 +62,13 @@ class Piece:
     show_tokens: bool
     arrived: float
     chunk: bool = False  # long inputs are encoded in windows, not truncated
+    version: int | None = None  # the model version it runs on, pinned at admission
 
     @property
-    def kind(self) -> tuple[bool, bool]:
-        """Pieces of one kind may share a job: the worker reads these from the job."""
-        return self.is_tokenized, self.chunk
+    def kind(self) -> tuple[bool, bool, int | None]:
+        """Pieces of one kind may share a job: the worker reads the first two from the job,
+        and only a worker of the version runs it."""
+        return self.is_tokenized, self.chunk, self.version
 
 
 @dataclass
@@ -89,6 +91,10 @@ class Job:
     @property
     def texts(self) -> list[Any]:
         return [text for piece in self.pieces for text in piece.texts]
+
+    @property
+    def version(self) -> int | None:
+        return self.pieces[0].version
 
     def header(self) -> dict[str, Any]:
         return {
@@ -144,12 +150,13 @@ class Scheduler:
         show_tokens: bool,
         now: float,
         chunk: bool = False,
+        version: int | None = None,
     ) -> None:
-        """Queue a checked, non-empty request; raises :class:`Busy` or :class:`TooLarge`
-        without queuing any of it."""
+        """Queue a checked, non-empty request, to run on model ``version``; raises
+        :class:`Busy` or :class:`TooLarge` without queuing any of it."""
         count = len(texts)
         self.check_room(client, count)
-        piece = Piece(key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk)
+        piece = Piece(key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk, version)
         item = piece if count < self.config.max_batch_size else _Bulk(piece)
         queue = self.clients.get(client)
         if queue is None:
@@ -304,7 +311,7 @@ class Scheduler:
             share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
         return self._take_pieces([(client, share) for client in waiting], kind, room)
 
-    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool], room: int) -> Job:
+    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None], room: int) -> Job:
         """A job of up to ``share`` rows of small requests from each client, in order, and of
         at most ``room`` rows in all."""
         pieces: list[Piece] = []
@@ -356,6 +363,18 @@ class Scheduler:
         for part in reversed(parts):
             self.retries.appendleft(part)
             self.queued += part.size
+
+    def put_back(self, job: Job) -> None:
+        """A job taken but not sent (no worker of its version was free): it goes first next time."""
+        self.retries.appendleft(job)
+        self.queued += job.size
+
+    def versions(self) -> set[int | None]:
+        """The model versions that queued work is pinned to."""
+        found = {job.version for job in self.retries}
+        for queue in self.clients.values():
+            found.update(item.version if isinstance(item, Piece) else item.request.version for item in queue.items)
+        return found
 
     def remove(self, keys: set[str]) -> None:
         """Forget the queued work of the requests ``keys`` (they were answered with an error)."""

@@ -55,6 +55,7 @@ class _Pending:
     tokens: list[Any] | None = None
     token_count: int = 0  # tokens of the rows placed, [CLS] and [SEP] included
     chunked: int = 0  # rows placed that were encoded in windows (long_inputs=chunk)
+    version: int | None = None  # the model version its rows are computed with, pinned at admission
     filled: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -216,6 +217,8 @@ class Sink:
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         pending = _Pending(bytes.fromhex(info["client"]), int(info["request_id"]), int(info["count"]),
                            bool(info.get("show_tokens")), deadline)  # fmt: skip
+        version = info.get("version")
+        pending.version = version if isinstance(version, int) else self.config.version_number
         self.pending[key] = pending
         for _, rows, vectors, tokens, counts in self.orphans.pop(key, []):
             self._add(key, pending, rows, vectors, tokens, counts)
@@ -245,6 +248,7 @@ class Sink:
         vectors = p.array_from_buffer(header, buffer)
         tokens = header.get("tokens")
         counts = _row_counts(header, len(vectors))
+        version = header.get("model_version")
         offset = 0
         for part in header["parts"]:
             rows = np.asarray(part["rows"], dtype=np.int64)
@@ -257,6 +261,11 @@ class Sink:
             if pending is None:
                 if key not in self.closed:
                     self._keep_orphan(key, rows, chunk, chunk_tokens, part_counts)
+                continue
+            if isinstance(version, int) and pending.version is not None and version != pending.version:
+                logger.error("a result for %s came from model version %d, not %d", key, version, pending.version)
+                self._fail(key, f"the server computed part of this request with model version {version}, not "
+                           f"{pending.version}; please retry", "internal")  # fmt: skip
                 continue
             self._add(key, pending, rows, chunk, chunk_tokens, part_counts)
             self._maybe_publish(key)
@@ -298,8 +307,8 @@ class Sink:
             header = p.array_header(array)
             header["token_count"] = pending.token_count
             header["chunked"] = pending.chunked
-            if self.config.version_number is not None:
-                header["model_version"] = self.config.version_number
+            if pending.version is not None:
+                header["model_version"] = pending.version
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
             frames = p.encode_reply(pending.client, pending.request_id, True, header, array.data)

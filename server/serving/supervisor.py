@@ -10,7 +10,8 @@ failed. Shutdown runs in stages: stop accepting, drain what is in flight (with a
 fail what is left with an error reply, stop the workers, then the sink; a process that does
 not stop in time is killed. Remote workers (``--worker-port``) are not this process's to
 start or stop: their hosts keep them alive (:mod:`.remote`) and join again when a head
-comes back.
+comes back. With a repository of model versions, :mod:`.swap` rolls the workers to a new
+version while serving.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..errors import StartupError
 from .lifecycle import DRAIN_SECONDS, JOIN_SECONDS, STABLE_SECONDS, ExitFlags, restart_delay
 from .scheduler import Scheduler
 from .sink import run_sink
+from .swap import VersionSwap
 from .ventilator import Ventilator
 from .worker import Addresses, run_worker
 
@@ -48,12 +50,18 @@ class BertServer(ExitFlags):
         super().__init__()
         self._spawn = multiprocessing.get_context("spawn")
         self.workers: dict[int, BaseProcess] = {}
+        self.worker_config: dict[int, ServerConfig] = {}  # the config (model version) each worker runs
+        self.retiring: set[int] = set()  # workers told to stop for a swap: not restarted
+        self.addresses: Addresses | None = None
+        self.repository = ""  # the base directory of model versions, if --model-dir is one
+        self.follow_latest = True  # --model-version latest: newer versions are swapped in
+        self.swap: VersionSwap | None = None
         self.sink: BaseProcess | None = None
         self.http: BaseProcess | None = None
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.model_info: dict[str, Any] = {}
         self.model_sha256 = ""  # of the model files, which remote workers must share
-        self.refused_versions: list[dict[str, Any]] = []
+        self.refused_versions: list[dict[str, Any]] = []  # each version refused, with why and when
         self.tokenizer: Any = None
         self.gave_up: str | None = None
         self.failures: dict[str, int] = {}  # process name -> failures in a row
@@ -67,7 +75,9 @@ class BertServer(ExitFlags):
         self._check_model()
         context = zmq.Context()
         ipc_dir = tempfile.mkdtemp(prefix="bertserve-")
-        addresses = Addresses(f"ipc://{ipc_dir}/jobs", f"ipc://{ipc_dir}/credits", f"ipc://{ipc_dir}/sink")
+        addresses = self.addresses = Addresses(
+            f"ipc://{ipc_dir}/jobs", f"ipc://{ipc_dir}/credits", f"ipc://{ipc_dir}/sink"
+        )
         frontend = context.socket(zmq.PULL)
         frontend.linger = 0
         frontend.maxmsgsize = self.config.message_limit  # a larger frame is dropped unread
@@ -104,18 +114,16 @@ class BertServer(ExitFlags):
             self._start_sink(addresses)
             if self.config.http_port is not None:
                 self._start_http()
-            count_tokens = None
-            if self.tokenizer is not None:
-                tokenizer = self.tokenizer
-
-                def count_tokens(texts: list[Any], is_tokenized: bool, chunk: bool) -> Any:
-                    return tokenizer.count_tokens(texts, is_tokenized=is_tokenized, chunk=chunk)
-
-            scheduler = Scheduler(self.config, count_tokens)
+            scheduler = Scheduler(self.config, self._count_tokens if self.tokenizer is not None else None)
             ventilator = self._ventilator(context, frontend, addresses, scheduler, admins, gateway_public, curve_keys)
             ventilator.refused_versions = self.refused_versions
             metrics.MODEL_VERSION.set(self.config.version_number or 0)
             self._start_workers(ventilator, addresses)
+            if self.repository and self.config.worker_port is None:
+                self.swap = VersionSwap(self, ventilator, follow_latest=self.follow_latest)
+            elif self.repository and self.config.poll_interval_s:
+                logger.warning("--poll-interval-s is ignored with --worker-port: remote workers' model files "
+                               "cannot be swapped from here")  # fmt: skip
             if self.http is not None:
                 self._wait_http(ventilator)
             ventilator.update_gauges()
@@ -125,6 +133,8 @@ class BertServer(ExitFlags):
                 on_ready({**info, **{k: v for k, v in self.model_info.items() if info.get(k) is None}})
             self._serve(ventilator, addresses)
         finally:
+            if self.swap is not None:
+                self.swap.close()
             self._shutdown(ventilator)
             frontend.close()
             if ventilator is not None:
@@ -135,6 +145,10 @@ class BertServer(ExitFlags):
             shutil.rmtree(ipc_dir, ignore_errors=True)
         if self.gave_up is not None:
             raise StartupError(f"the server stopped: {self.gave_up} (see the errors above)")
+
+    def _count_tokens(self, texts: list[Any], is_tokenized: bool, chunk: bool) -> Any:
+        """Tokens per input, for cutting bulk requests (by the tokenizer of the version served)."""
+        return self.tokenizer.count_tokens(texts, is_tokenized=is_tokenized, chunk=chunk)
 
     def _curve_keys(self) -> Any:
         from ..security import load_curve_dir
@@ -211,13 +225,42 @@ class BertServer(ExitFlags):
                                       require_manifest=self.config.require_manifest)  # fmt: skip
         except (ValueError, OSError) as exc:
             raise StartupError(str(exc)) from exc
-        for refusal in refused:
-            logger.error("refused version %d of %s: %s", refusal.version.number, base, refusal.reason)
-            metrics.VERSIONS_REFUSED.inc()
-        self.refused_versions = [{"version": r.version.number, "reason": r.reason} for r in refused]
+        self.repository = base
+        self.follow_latest = str(self.config.model_version) == "latest"
+        self.record_refusals(refused)
         logger.info("serving version %d of %s", version.number, base)
         model = self.config.model.replace(model_dir=version.path)
         self.config = dataclasses.replace(self.config, model=model, model_version=str(version.number))
+
+    def record_refusals(self, refused: list[Any]) -> None:
+        """Log, count and list each version refused; a version refused again for the same
+        reason (or still being written) is not logged again."""
+        listed = {entry["version"]: entry for entry in self.refused_versions}
+        for refusal in refused:
+            number = refusal.version.number
+            entry = listed.get(number)
+            same = entry is not None and (entry["reason"] == refusal.reason or (entry["settling"] and refusal.settling))
+            if not same:
+                level = logging.WARNING if refusal.settling else logging.ERROR
+                logger.log(level, "refused version %d of %s: %s", number, self.repository, refusal.reason)
+                metrics.VERSIONS_REFUSED.inc()
+                entry = listed[number] = {"version": number}
+            assert entry is not None
+            entry.update(reason=refusal.reason, settling=refusal.settling, at=round(time.time(), 3))
+        self.refused_versions[:] = sorted(listed.values(), key=lambda entry: -entry["version"])
+
+    def add_worker(self, config: ServerConfig) -> int:
+        """Start one more worker, running ``config``'s model version; returns its index."""
+        assert self.addresses is not None
+        index = max(self.workers, default=-1) + 1
+        self._start_worker(index, self.addresses, config)
+        return index
+
+    def retire_worker(self, index: int) -> None:
+        """Tell worker ``index`` to stop once it holds nothing; it is not restarted."""
+        self.retiring.add(index)
+        if self.swap is not None:
+            self.swap.ventilator.stop_worker(index)
 
     def _check_model(self) -> None:
         """Catch a bad model directory or option here, with its cause, before any process starts."""
@@ -278,8 +321,9 @@ class BertServer(ExitFlags):
         self.sink = self._start(run_sink, args, "bertserve-sink")
         self.started_at["sink"] = time.monotonic()
 
-    def _start_worker(self, index: int, addresses: Addresses) -> None:
-        args = (self.config, index, addresses, self.log_level)
+    def _start_worker(self, index: int, addresses: Addresses, config: ServerConfig | None = None) -> None:
+        config = self.worker_config[index] = config or self.worker_config.get(index, self.config)
+        args = (config, index, addresses, self.log_level)
         self.workers[index] = self._start(run_worker, args, f"bertserve-worker-{index}")
         self.started_at[f"worker {index}"] = time.monotonic()
 
@@ -373,12 +417,31 @@ class BertServer(ExitFlags):
                     del self.restart_at[name]
                     self._start_worker(index, addresses)
             elif not process.is_alive():
-                logger.error("worker %d died (exit code %s); restarting it", index, process.exitcode)
-                ventilator.worker_lost(index, f"worker {index} died with exit code {process.exitcode}")
-                self._failed(name, now)
+                self._worker_died(ventilator, index, process.exitcode, now)
+        if self.swap is not None:
+            self.swap.tick(now)
         for name, started in list(self.started_at.items()):
             if now - started > STABLE_SECONDS:
                 self.failures.pop(name, None)  # up long enough: its next failure counts as the first
+
+    def _worker_died(self, ventilator: Ventilator, index: int, exitcode: int | None, now: float) -> None:
+        """Restart a worker that died, unless a swap retired it or no longer needs it."""
+        if index in self.retiring:
+            logger.info("worker %d (model version %s) stopped", index, self.worker_config[index].version_number)
+            ventilator.worker_lost(index, f"worker {index} stopped")
+        elif self.swap is not None and not self.swap.keep(index, exitcode):
+            logger.error("worker %d (model version %s) died (exit code %s)", index,
+                         self.worker_config[index].version_number, exitcode)  # fmt: skip
+            ventilator.worker_lost(index, f"worker {index} died with exit code {exitcode}")
+        else:
+            logger.error("worker %d died (exit code %s); restarting it", index, exitcode)
+            ventilator.worker_lost(index, f"worker {index} died with exit code {exitcode}")
+            self._failed(f"worker {index}", now)
+            return
+        self.retiring.discard(index)
+        del self.workers[index], self.worker_config[index]
+        self.failures.pop(f"worker {index}", None)
+        self.started_at.pop(f"worker {index}", None)
 
     def _failed(self, name: str, now: float) -> None:
         """Count a failure of ``name`` and schedule its restart, backing off; give up after

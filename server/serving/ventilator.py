@@ -93,7 +93,12 @@ class Ventilator:
         self._next_expiry = 0.0
         self._next_gauges = 0.0
         self._model_labelled = False
-        self.refused_versions: list[dict[str, Any]] = []  # model versions refused at start
+        self.refused_versions: list[dict[str, Any]] = []  # model versions refused (see .swap)
+        self.version = config.version_number  # the model version new requests are pinned to
+        self.registry.serving = self.version
+        self.swap: dict[str, Any] = {}  # the state of the latest version swap, for status
+        self.reload_requested: str | None = None  # "latest" or a version number, from RELOAD
+        self.reloads = 0  # RELOAD commands taken, so a caller can tell when its own is answered
         self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
         if config.worker_port is not None:
             self.link = WorkerLink(config, context, self, model_sha256, curve_keys)
@@ -102,6 +107,7 @@ class Ventilator:
             p.CONFIG: self._on_config,
             p.STATUS: self._on_status,
             p.TERMINATE: self._on_terminate,
+            p.RELOAD: self._on_reload,
         }
 
     def close(self) -> None:
@@ -298,6 +304,7 @@ class Ventilator:
         try:
             self.scheduler.admit(
                 key, principal, texts, is_tokenized=is_tokenized, show_tokens=show_tokens, now=now, chunk=chunk,
+                version=self.version,
             )  # fmt: skip
         except Busy as exc:
             return self._reject(request, str(exc), p.BUSY)
@@ -309,6 +316,7 @@ class Ventilator:
         register = {
             "key": key, "client": request.client_id.hex(),
             "request_id": request.request_id, "count": len(texts), "show_tokens": show_tokens,
+            "version": self.version,
         }  # fmt: skip
         self.to_sink([p.REGISTER, p.dumps(register)])
         return None
@@ -354,6 +362,8 @@ class Ventilator:
         header: dict[str, Any] = {"dtype": model.get("output_dtype", "float32"), "shape": shape}
         if request.header.get("show_tokens"):
             header["tokens"] = []
+        if self.version is not None:
+            header["model_version"] = self.version
         metrics.REQUESTS.labels(metrics.path_of(request.client_id), "ok").inc()
         self._publish(p.encode_reply(request.client_id, request.request_id, True, header, b""))
 
@@ -393,21 +403,51 @@ class Ventilator:
         }
 
     def _versions(self) -> dict[str, Any]:
-        if self.config.version_number is None:
+        if self.version is None:
             return {}
-        return {"model_version": self.config.version_number, "refused_versions": self.refused_versions}
+        return {"model_version": self.version, "refused_versions": self.refused_versions, "swap": self.swap}
+
+    def serve_version(self, config: ServerConfig) -> None:
+        """Pin new requests to ``config``'s model version (a swap's workers of it are ready)."""
+        self.config = config
+        self.version = self.registry.serving = config.version_number
+        self._model_labelled = False
+        metrics.MODEL_VERSION.set(self.version or 0)
 
     def _on_terminate(self, request: p.Request, user: bytes | None) -> None:
-        if not self._may_terminate(user):
+        if not self._is_admin(user, self.config.allow_terminate):
             why = "its key is not in the server's admins/" if self.curve else "it listens beyond loopback"
             return self._reject(request, f"this server does not accept TERMINATE from clients: {why}", "forbidden")
         self._publish(p.encode_reply(request.client_id, request.request_id, True, {"stopping": True}))
         self.terminate_requested = True
         return None
 
-    def _may_terminate(self, user: bytes | None) -> bool:
-        if self.config.allow_terminate is not None:
-            return self.config.allow_terminate
+    def _on_reload(self, request: p.Request, user: bytes | None) -> None:
+        """Check the model repository now (for ``version``, default the newest), and swap to
+        what it finds; answered at once, the swap's progress is in the status."""
+        if not self._is_admin(user):
+            why = "its key is not in the server's admins/" if self.curve else "it listens beyond loopback"
+            return self._reject(request, f"this server does not accept RELOAD from clients: {why}", "forbidden")
+        wanted = str(request.header.get("version", "latest")).lower()
+        if self.version is None:
+            return self._reject(request, "this server serves a model directory, not a repository of numbered "
+                                "versions (1/, 2/, ...): there is no other version to load")  # fmt: skip
+        if self.link is not None:
+            return self._reject(request, "this server takes remote workers (--worker-port), whose model files "
+                                "it cannot swap; restart the head and the workers on the new version")  # fmt: skip
+        if wanted != "latest" and not (wanted.isdigit() and len(wanted) <= 9):
+            return self._reject(request, f"version must be latest or a version number, not {wanted[:32]!r}")
+        self.reload_requested = wanted
+        self.reloads += 1
+        answer = {"reload": self.reloads, "wanted": wanted, "model_version": self.version}
+        self._publish(p.encode_reply(request.client_id, request.request_id, True, answer))
+        return None
+
+    def _is_admin(self, user: bytes | None, allowed: bool | None = None) -> bool:
+        """Whether a client may run an administrative command: ``allowed`` if set, else
+        admin keys under CURVE, else anyone when the server listens on loopback only."""
+        if allowed is not None:
+            return allowed
         if self.curve:
             return user is not None and user in self.admins
         return loopback_only(self.config.bind)
@@ -531,16 +571,24 @@ class Ventilator:
     # -- dispatch ------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        """Jobs to workers with free credits; a job runs only on a worker of its version (two
+        run side by side only while a swap is under way, see :mod:`.swap`)."""
         now = time.monotonic()
         while (worker := self.registry.pick()) is not None:
             job = self.scheduler.next_job(now, idle=not worker.jobs)
             if job is None:
+                return
+            if job.version != worker.version and (worker := self.registry.pick(job.version)) is None:
+                self.scheduler.put_back(job)  # its version's workers are all busy
                 return
             self._send_job(worker, job, now)
         # Every credit is taken: small requests overtake, to workers that hold only bulk work.
         while self.scheduler.small_count and (worker := self.registry.pick_overtake()) is not None:
             job = self.scheduler.next_small_job(self.config.model.batch_size)
             if job is None:
+                return
+            if job.version != worker.version and (worker := self.registry.pick_overtake(job.version)) is None:
+                self.scheduler.put_back(job)
                 return
             self._send_job(worker, job, now)
 
@@ -604,6 +652,12 @@ class Ventilator:
                 pooling_strategy=str(model.get("pooling_strategy")), output_dim=str(model.get("output_dim")),
                 max_seq_len=str(model.get("max_seq_len")),
             ).set(1)  # fmt: skip
+
+    def stop_worker(self, index: int) -> None:
+        """Tell local worker ``index`` to stop (it holds nothing: a swap drained it)."""
+        for worker in self.registry.by_index(index):
+            with contextlib.suppress(zmq.ZMQError):  # already gone: its exit is noticed anyway
+                self.backend.send_multipart([worker.identity, p.STOP], zmq.NOBLOCK)
 
     def stop_workers(self) -> None:
         """Local workers stop; remote hosts are told to join again (a head that comes back)."""

@@ -154,6 +154,7 @@ class Worker:
             ready = {
                 "worker": self.index, "pid": os.getpid(), "credits": self.config.prefetch_size,
                 "model": self.model.describe(), "device": self.device, "hostname": platform.node(),
+                "version": self.config.version_number,
             }  # fmt: skip
             socket.send_multipart([p.READY, p.dumps(ready)])
             if not self._heartbeat.is_alive():
@@ -251,7 +252,7 @@ class Worker:
             vectors, slots, lent = self._run_model(batch, bool(header.get("bulk")))
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
-            out = {"parts": parts, "tokens": header.get("tokens")}
+            out = {"parts": parts, "tokens": header.get("tokens"), "model_version": self.config.version_number}
             if owners is not None:  # windows of long inputs: one row per input again
                 vectors = np.ascontiguousarray(self.model.combine(batch, vectors))  # type: ignore[attr-defined]
                 out["windows"] = np.bincount(owners).tolist()

@@ -258,17 +258,17 @@ def test_an_expired_request_leaves_the_queue(rig: Rig, monkeypatch) -> None:
 
 def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_the_model_cannot(rig: Rig) -> None:
     dealer, _ = rig.worker(b"w0-1", 0, credits=4)
-    rig.ventilator.registry.model = {"pooling_strategy": "REDUCE_MEAN", "chunking": True}
+    rig.ventilator.registry.models[None] = {"pooling_strategy": "REDUCE_MEAN", "chunking": True}
     rig.client.send_multipart(p.encode_request(b"c", p.ENCODE, 1, {"long_inputs": "chunk"}, ["long one"]))
     rig.request(b"d", 1, ["plain one"])
     jobs = [rig.job(dealer), rig.job(dealer)]
     headers = {tuple(texts): header for _, header, texts in jobs}
     assert headers[("long one",)].get("chunk") is True and "chunk" not in headers[("plain one",)]
-    rig.ventilator.registry.model = {"pooling_strategy": "CLS_TOKEN", "chunking": False}
+    rig.ventilator.registry.models[None] = {"pooling_strategy": "CLS_TOKEN", "chunking": False}
     rig.client.send_multipart(p.encode_request(b"e", p.ENCODE, 1, {"long_inputs": "chunk"}, ["x"]))
     rig.client.send_multipart(p.encode_request(b"e", p.ENCODE, 2, {"long_inputs": "window"}, ["x"]))
     rig.pump()
-    rig.ventilator.registry.model = {"model_class": "some:Model"}
+    rig.ventilator.registry.models[None] = {"model_class": "some:Model"}
     rig.client.send_multipart(p.encode_request(b"e", p.ENCODE, 3, {"long_inputs": "chunk"}, ["x"]))
     replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == p.PUBLISH]
     errors = {reply.request_id: reply.header["error"] for reply in replies if not reply.ok}
