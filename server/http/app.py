@@ -33,6 +33,7 @@ from .. import metrics
 from .gateway import Gateway, GatewayError
 
 CHUNKED_HEADER = "X-Chunked-Inputs"  # how many inputs were encoded in windows (long_inputs=chunk)
+VERSION_HEADER = "X-Model-Version"  # the model version that made the vectors (a repository of versions)
 
 STATUS_OF_KIND = {
     "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "shutdown": 503,
@@ -286,8 +287,14 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 
 
 def _json(content: Any, reply: p.Reply | None = None) -> Response:
-    """``content`` as JSON; with the ``reply`` it came from, its ``X-Chunked-Inputs`` header."""
-    headers = {CHUNKED_HEADER: str(_chunked(reply))} if reply is not None else None
+    """``content`` as JSON; with the ``reply`` it came from, its ``X-Chunked-Inputs`` header
+    and, from a repository of model versions, ``X-Model-Version``."""
+    headers = None
+    if reply is not None:
+        headers = {CHUNKED_HEADER: str(_chunked(reply))}
+        version = reply.header.get("model_version")
+        if isinstance(version, int) and not isinstance(version, bool):
+            headers[VERSION_HEADER] = str(version)
     body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(body, media_type="application/json", headers=headers)
 

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from bertserve.client import BertClient
 from bertserve.server import Encoder
 from bertserve.server.model.checksum import write_manifest
-from serving import RunningServer, start_server
+from serving import RunningServer, free_port, start_server
 from tiny_bert import write_tiny_bert
 
 pytestmark = pytest.mark.timeout(300)
@@ -158,8 +159,10 @@ def test_broken_versions_are_refused_and_a_failed_load_rolls_back(
 ) -> None:
     base = tmp_path / "models"
     add_version(base, 1, models[1])
+    http_port = free_port()
     server = start_server(
         "--model-dir", str(base), "--graph-dir", session_graph_dir, "--max-seq-len", "32", "--poll-interval-s", "0.3",
+        "--http-port", str(http_port),
     )  # fmt: skip
     texts = sentences(30, seed=9)
     seeds = {1: 1}
@@ -219,6 +222,10 @@ def test_broken_versions_are_refused_and_a_failed_load_rolls_back(
             seeds[5] = 2
             wait_swap(client, "done", version_to=5)
             assert served() == 5
+            answer = httpx.post(f"http://127.0.0.1:{http_port}/v1/embeddings", json={"input": texts}, timeout=30)
+            assert answer.status_code == 200 and answer.headers["X-Model-Version"] == "5"
+            vectors = np.asarray([row["embedding"] for row in answer.json()["data"]], np.float32)
+            assert version_of(vectors, texts, encoders, seeds) == 5
 
             command = [sys.executable, "-m", "bertserve.server.cli", "reload", "--port", str(server.port),
                        "--port-out", str(server.port_out), "--model-version", "1"]  # fmt: skip

