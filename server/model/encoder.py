@@ -68,6 +68,7 @@ class Encoder:
         self.graph_path: str = os.path.join(graph_dir, f"{self.meta.key}.graph")
         self.graph_size: int = len(graph_bytes)
         self._fn = load_function(graph_bytes, self.meta, xla=self.config.xla)
+        del graph_bytes  # before the first run optimizes the graph: a worker's peak is while it loads
         self._device = self.config.device or "/CPU:0"
         self._lite = self._small_runner(graph_dir)
         self._warmup()

@@ -411,6 +411,7 @@ class Ventilator:
         """Pin new requests to ``config``'s model version (a swap's workers of it are ready)."""
         self.config = config
         self.version = self.registry.serving = config.version_number
+        metrics.MODEL.clear()  # labelled again with the new version's model by update_gauges
         self._model_labelled = False
         metrics.MODEL_VERSION.set(self.version or 0)
 
