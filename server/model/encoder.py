@@ -70,9 +70,13 @@ class Encoder:
         self._fn = load_function(graph_bytes, self.meta, xla=self.config.xla)
         del graph_bytes  # before the first run optimizes the graph: a worker's peak is while it loads
         self._device = self.config.device or "/CPU:0"
+        self._lite: lite.LiteRunner | None = None
+        self._warmup()  # TensorFlow optimizes the graph at its first run, with ~300 MiB it then frees,
+        trim_heap()  # given back before LiteRT loads, so the two do not add up to the worker's peak
         self._lite = self._small_runner(graph_dir)
-        self._warmup()
-        trim_heap()  # what loading and optimizing the graph freed
+        if self._lite is not None:
+            self._warmup()
+            trim_heap()
         logger.info(
             "encoder ready in %.1fs: %s layers of %d run, %s pooling, %s, output dim %d",
             time.perf_counter() - started, self.meta.layers_run, model.config.num_hidden_layers,
@@ -253,12 +257,13 @@ class Encoder:
         return result[:, :width] if self.token_level else result
 
     def _warmup(self) -> None:
-        """One tiny run on each runtime, so the first request does not pay for graph
-        optimization or LiteRT's set-up."""
+        """One tiny run on TensorFlow, or on LiteRT once it is set up, so the first request
+        does not pay for graph optimization or LiteRT's set-up."""
         ids = np.array([[self._tokenizer.cls_id, self._tokenizer.sep_id]], dtype=np.int32)
         mask, segments = np.ones_like(ids), np.zeros_like(ids)
-        self._run_tf(ids, mask, segments)
-        if self._lite is not None:
+        if self._lite is None:
+            self._run_tf(ids, mask, segments)
+        else:
             try:
                 self._run_lite(ids, mask, segments)
             except Exception as exc:
