@@ -176,6 +176,8 @@ class VersionSwap:
         self.target = config
         old, new = self.previous.version_number, config.version_number
         logger.info("swapping model version %s for %s, one worker at a time", old, new)
+        refused = self.server.refused_versions  # one refused while it was being written is whole now
+        refused[:] = [entry for entry in refused if entry["version"] != new]
         self.state.clear()
         self.state.update(
             state="rolling", reload=reload, version_from=old, version_to=new, started=time.time(), workers_replaced=0,

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from bertserve.server.config import ModelConfig
 from bertserve.server.errors import ModelError
+from bertserve.server.model import repository as repository_module
 from bertserve.server.model.checksum import write_manifest
-from bertserve.server.model.repository import choose, is_repository, versions
+from bertserve.server.model.repository import Checker, choose, is_repository, versions
 
 OPTIONS = ModelConfig(model_dir="unused")
 
@@ -73,3 +74,28 @@ def test_a_version_whose_files_are_no_model_is_refused(repository: Path) -> None
     version, refused = choose(str(repository), "latest", OPTIONS)
     assert version.number == 1
     assert "its model cannot be read" in refused[0].reason and refused[0].version.number == 4
+
+
+def test_the_checker_looks_above_the_served_version_and_remembers_until_files_change(
+    repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checker = Checker(str(repository), OPTIONS, require_manifest=False)
+    version, refused = checker.newer(1)
+    assert version is None and [r.version.number for r in refused] == [3, 2]
+    assert checker.newer(3) == (None, [])  # nothing above the served version; never a step down
+    hashed: list[str] = []
+    real = repository_module.manifest_problems
+    monkeypatch.setattr(repository_module, "manifest_problems", lambda d: hashed.append(d) or real(d))
+    checker.newer(1)
+    assert hashed == []  # unchanged files: the verdicts are remembered, nothing is hashed again
+    shutil.copy(repository / "1" / "vocab.txt", repository / "2" / "vocab.txt")  # the copy is mended...
+    version, refused = checker.newer(1)
+    assert version is None and refused[-1].settling  # ...just now: it must settle first
+    settled(repository / "2")
+    version, _ = checker.newer(1)
+    assert version is not None and version.number == 2 and hashed
+    checker.refuse(version, "it could not load")  # a worker failed on it: refused until its files change
+    found, refused = checker.get(2)
+    assert found is None and refused[0].reason == "it could not load"
+    with pytest.raises(ModelError, match="has no version 7"):
+        checker.get(7)
