@@ -31,6 +31,8 @@ def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
     name = config.served_model_name
     if name is None:
         path = os.path.normpath(config.model.model_dir)
+        if config.version_number is not None:  # a version of a repository: named after the repository
+            path = os.path.dirname(path)
         base = os.path.basename(path)
         parent = os.path.basename(os.path.dirname(path))
         name = base if base != "model" or not parent else parent

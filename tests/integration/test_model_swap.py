@@ -224,6 +224,8 @@ def test_broken_versions_are_refused_and_a_failed_load_rolls_back(
             assert served() == 5
             answer = httpx.post(f"http://127.0.0.1:{http_port}/v1/embeddings", json={"input": texts}, timeout=30)
             assert answer.status_code == 200 and answer.headers["X-Model-Version"] == "5"
+            listed = httpx.get(f"http://127.0.0.1:{http_port}/v1/models", timeout=30).json()
+            assert [model["id"] for model in listed["data"]] == ["models"]  # the repository, whatever the version
             vectors = np.asarray([row["embedding"] for row in answer.json()["data"]], np.float32)
             assert version_of(vectors, texts, encoders, seeds) == 5
 
