@@ -20,11 +20,11 @@ frame 1, theirs a JSON object there (:func:`is_reply`).
 Errors. bert-as-service answered a request it could not serve with silence: its client
 waited until its own ``timeout`` (by default forever). That client hands the reply header's
 ``dtype`` straight to ``numpy.frombuffer``, so an error reply here is a vector reply whose
-``dtype`` is the error text (``"bertserve error (input): texts[1] is empty"``), never a
-valid type name: the client raises at once, a ``TypeError`` ("data type '...' not
-understood") or, for a text with a comma, a ``ValueError`` ("format number 1 of '...' is not
-recognized"), with the server's message inside. The header also holds ``error`` and
-``kind`` as our own protocol names them. No error reply can pass for vectors.
+``dtype`` is the error text, never a valid type name: the client raises at once
+``TypeError: data type 'bertserve error (input): texts[1] is empty' not understood``. (In
+that text a comma is written ``;``: numpy would read a text with a comma as a list of
+formats and raise ``ValueError`` instead.) The header also holds ``error`` and ``kind``
+exactly as our own protocol has them. No error reply can pass for vectors.
 
 ZeroMQ drops what a PUB sends to a subscriber whose subscription has not arrived yet, and
 the old client asks for the server's config the moment it connects, without asking again.
@@ -126,8 +126,8 @@ def vectors_reply(client: bytes, request_id: int, array: np.ndarray, tokens: lis
 
 
 def error_reply(client: bytes, request_id: int, message: str, kind: str) -> list[Any]:
-    header = {"dtype": _unusable_dtype(f"bertserve error ({kind}): {message}"), "shape": [], "tokens": "",
-              "error": message, "kind": kind}  # fmt: skip
+    text = f"bertserve error ({kind}): {message}".replace(",", ";")
+    header = {"dtype": _unusable_dtype(text), "shape": [], "tokens": "", "error": message, "kind": kind}
     return [client, p.dumps(header), b"", _id(request_id)]
 
 
@@ -184,11 +184,14 @@ def _max_seq_len(value: object) -> int | None:
 
 
 def _unusable_dtype(text: str) -> str:
-    """``text`` if numpy refuses it as a dtype (any error message does); else a text it refuses."""
+    """``text`` if numpy refuses it as a dtype with ``TypeError`` (an error message without
+    a comma does); else a text it refuses so."""
     try:
         np.dtype(text)
-    except (TypeError, ValueError):
+    except TypeError:
         return text
+    except ValueError:
+        pass
     return "bertserve error: see the reply's error field"
 
 
