@@ -15,7 +15,10 @@ and writes it::
 
 A bertserve request has 5 frames, so a 4-frame message whose request id and length are
 decimal numbers is unambiguous (:func:`is_legacy`). Our replies carry the request id in
-frame 1, theirs a JSON object there (:func:`is_reply`).
+frame 1, theirs a JSON object there (:func:`is_reply`). Inside the server such a request
+is marked ``"legacy": true``: in its header, in the REGISTER the sink gets (so the sink
+answers it this way), and in the JSON of its STATUS (:data:`STATUS_MARK`, which the sink
+removes).
 
 Errors. bert-as-service answered a request it could not serve with silence: its client
 waited until its own ``timeout`` (by default forever). That client hands the reply header's
