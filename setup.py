@@ -58,6 +58,7 @@ setup(
             "httpx>=0.27",
             "pyyaml>=6",
             "kubernetes-validate==1.37.0",  # pinned: the schemas it ships decide what passes
+            "bert-serving-client==1.10.0",  # bert-as-service's own client, which bertserve answers
         ],
     },
     entry_points={"console_scripts": ["bertserve = bertserve.server.cli:main"]},

@@ -172,6 +172,8 @@ SERVER_FLAGS = [
         unset="plain TCP",
     ),
     _Flag("--allow-terminate", "let clients stop the server", _bool, unset="on loopback without CURVE, or admins"),
+    _Flag("--legacy-clients", "answer bert-as-service 1.x's own client too", _bool, True, switch=True),
+    _Flag("--show-tokens-to-client", "send bert-as-service clients each input's tokens", _bool, False, switch=True),
     _Flag(
         "--model-class",
         "MODULE:NAME of a class implementing bertserve.server.model.interface.Model",

@@ -208,6 +208,8 @@ class ServerConfig:
     max_restarts: int = 5
     curve_dir: str | None = None
     allow_terminate: bool | None = None
+    legacy_clients: bool = True  # answer bert-as-service 1.x's client in its own wire format
+    show_tokens_to_client: bool = False  # legacy clients get each input's tokens with its vectors
     model_class: str | None = None
     http_port: int | None = None
     http_bind: str | None = None

@@ -31,6 +31,7 @@ from bertserve.client import protocol as p
 
 from .. import metrics
 from ..config import ServerConfig
+from . import legacy
 
 logger = logging.getLogger("bertserve.sink")
 
@@ -56,6 +57,7 @@ class _Pending:
     token_count: int = 0  # tokens of the rows placed, [CLS] and [SEP] included
     chunked: int = 0  # rows placed that were encoded in windows (long_inputs=chunk)
     version: int | None = None  # the model version its rows are computed with, pinned at admission
+    legacy: bool = False  # answered in bert-as-service 1.x's layout
     filled: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +133,7 @@ class Sink:
         except BaseException:
             self.close()  # or context.term() would wait for these sockets forever
             raise
+        self.legacy = legacy.Publisher(self.pub)  # bert-as-service 1.x's clients' replies
         self.pending: dict[str, _Pending] = {}
         self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None, np.ndarray | None]]] = {}
         self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
@@ -185,6 +188,7 @@ class Sink:
                 next_sweep = now + 0.1
         for key in list(self.pending):
             self._fail(key, "the server is shutting down", "shutdown")
+        self.legacy.flush()
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -203,7 +207,8 @@ class Sink:
                 frame = self.pub.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            handle_subscription(self.pub, frame, self.curve)  # logs what it refuses
+            if handle_subscription(self.pub, frame, self.curve):  # logs what it refuses
+                self.legacy.subscribed(frame.bytes[1:])
 
     # -- messages ------------------------------------------------------------------------
 
@@ -219,12 +224,15 @@ class Sink:
                            bool(info.get("show_tokens")), deadline)  # fmt: skip
         version = info.get("version")
         pending.version = version if isinstance(version, int) else self.config.version_number
+        pending.legacy = bool(info.get("legacy"))
         self.pending[key] = pending
         for _, rows, vectors, tokens, counts in self.orphans.pop(key, []):
             self._add(key, pending, rows, vectors, tokens, counts)
         self._maybe_publish(key)
 
     def _on_publish(self, rest: list[Any]) -> None:
+        if legacy.is_reply(rest):
+            return self.legacy.send(rest)
         self.pub.send_multipart(rest)
 
     def _on_fail(self, rest: list[Any]) -> None:
@@ -240,6 +248,8 @@ class Sink:
             requests_failed=self.failed,
             requests_in_flight=len(self.pending),
         )
+        if status.pop(legacy.STATUS_MARK, False):
+            return self.legacy.send(legacy.status_reply(client, int(request_id), status))
         self.pub.send_multipart(p.encode_reply(client, int(request_id), True, status))
 
     def _on_result(self, rest: list[Any]) -> None:
@@ -312,13 +322,18 @@ class Sink:
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
             frames = p.encode_reply(pending.client, pending.request_id, True, header, array.data)
+            if pending.legacy:
+                frames = legacy.vectors_reply(pending.client, pending.request_id, array, pending.tokens)
         except Exception as exc:
             logger.exception("could not assemble the reply to %s", key)
             self._fail(key, f"the server could not assemble the reply: {exc}", "internal")
             return
         del self.pending[key]
         self._close(key)
-        self.pub.send_multipart(frames, copy=False)
+        if pending.legacy:
+            self.legacy.send(frames)
+        else:
+            self.pub.send_multipart(frames, copy=False)
         self.served += 1
         _count(pending, "ok")
 
@@ -328,7 +343,10 @@ class Sink:
             return
         self._close(key)
         self.failed += 1
-        self.pub.send_multipart(p.error_reply(pending.client, pending.request_id, error, kind))
+        if pending.legacy:
+            self.legacy.send(legacy.error_reply(pending.client, pending.request_id, error, kind))
+        else:
+            self.pub.send_multipart(p.error_reply(pending.client, pending.request_id, error, kind))
         _count(pending, kind)
 
     def _close(self, key: str) -> None:
@@ -336,6 +354,7 @@ class Sink:
         self.orphans.pop(key, None)
 
     def _sweep(self, now: float) -> None:
+        self.legacy.release_due(now)
         for key in [k for k, v in self.pending.items() if v.deadline <= now]:
             self._fail(key, "the request did not complete before its deadline", "timeout")
         for key in [k for k, parts in self.orphans.items() if parts[0][0] + _ORPHAN_TTL <= now]:

@@ -27,6 +27,7 @@ from .. import metrics
 from ..config import ServerConfig, parse_long_inputs
 from ..model.chunking import chunk_refusal
 from ..security import loopback_only, message_user_id, request_allowed
+from . import legacy
 from .link import WorkerLink
 from .registry import Registry, WorkerState
 from .scheduler import Busy, Job, Scheduler, TooLarge
@@ -46,6 +47,7 @@ class _Request:
     wire_key: str
     rows: int  # rows not yet computed
     deadline: float
+    legacy: bool = False  # answered in bert-as-service 1.x's layout
 
 
 class Ventilator:
@@ -231,7 +233,10 @@ class Ventilator:
         user_id = message_user_id(frames[0]) if self.curve and frames else None
         raw = [frame.bytes for frame in frames]
         try:
-            request = p.decode_request(raw, payload=False)  # a busy server need not read the texts
+            if self.config.legacy_clients and legacy.is_legacy(raw):  # bert-as-service 1.x's client
+                request = legacy.decode_request(raw, show_tokens=self.config.show_tokens_to_client)
+            else:
+                request = p.decode_request(raw, payload=False)  # a busy server need not read the texts
         except p.ProtocolError as exc:
             self._count_rejection("protocol")
             client = p.decode_client_id(raw)
@@ -260,7 +265,7 @@ class Ventilator:
         self._count_rejection(kind)
         if request.command == p.ENCODE:
             metrics.REQUESTS.labels(metrics.path_of(request.client_id), kind).inc()
-        self._publish(p.error_reply(request.client_id, request.request_id, error, kind))
+        self._publish(legacy.reply_to(request, p.error_reply(request.client_id, request.request_id, error, kind)))
 
     def _on_encode(self, request: p.Request, user: bytes | None) -> None:
         # Under CURVE a key is the principal that bounds and turns apply to, whatever ids it uses.
@@ -311,13 +316,16 @@ class Ventilator:
         except TooLarge as exc:
             return self._reject(request, str(exc), "limit")
         deadline = now + self.config.request_timeout_ms / 1000
-        self.requests[key] = _Request(request.client_id, request.request_id, request.key, len(texts), deadline)
+        self.requests[key] = _Request(request.client_id, request.request_id, request.key, len(texts), deadline,
+                                      legacy.is_legacy_request(request))  # fmt: skip
         self.live[request.key] = key
         register = {
             "key": key, "client": request.client_id.hex(),
             "request_id": request.request_id, "count": len(texts), "show_tokens": show_tokens,
             "version": self.version,
         }  # fmt: skip
+        if legacy.is_legacy_request(request):
+            register["legacy"] = True
         self.to_sink([p.REGISTER, p.dumps(register)])
         return None
 
@@ -365,10 +373,12 @@ class Ventilator:
         if self.version is not None:
             header["model_version"] = self.version
         metrics.REQUESTS.labels(metrics.path_of(request.client_id), "ok").inc()
-        self._publish(p.encode_reply(request.client_id, request.request_id, True, header, b""))
+        frames = p.encode_reply(request.client_id, request.request_id, True, header, b"")
+        self._publish(legacy.reply_to(request, frames))
 
     def _on_config(self, request: p.Request, user: bytes | None) -> None:
-        self._publish(p.encode_reply(request.client_id, request.request_id, True, self.describe()))
+        frames = p.encode_reply(request.client_id, request.request_id, True, self.describe())
+        self._publish(legacy.reply_to(request, frames))
 
     def describe(self) -> dict[str, Any]:
         public = self.config.public()
@@ -385,6 +395,8 @@ class Ventilator:
 
     def _on_status(self, request: p.Request, user: bytes | None) -> None:
         status = self.status()
+        if legacy.is_legacy_request(request):  # bert-as-service's status holds its config too
+            status = {**self.describe(), **status, legacy.STATUS_MARK: True}
         self.to_sink([p.STATUS, request.client_id, str(request.request_id).encode(), p.dumps(status)])
 
     def status(self) -> dict[str, Any]:
@@ -419,7 +431,8 @@ class Ventilator:
         if not self._is_admin(user, self.config.allow_terminate):
             why = "its key is not in the server's admins/" if self.curve else "it listens beyond loopback"
             return self._reject(request, f"this server does not accept TERMINATE from clients: {why}", "forbidden")
-        self._publish(p.encode_reply(request.client_id, request.request_id, True, {"stopping": True}))
+        frames = p.encode_reply(request.client_id, request.request_id, True, {"stopping": True})
+        self._publish(legacy.reply_to(request, frames))
         self.terminate_requested = True
         return None
 
@@ -566,7 +579,8 @@ class Ventilator:
             request = self.requests[key]
             self._finish(key)
             # Queued until the new sink binds; it lets clients subscribe again before it publishes.
-            self._publish(p.error_reply(request.client, request.request_id, error, "internal"))
+            reply = legacy.error_reply if request.legacy else p.error_reply
+            self._publish(reply(request.client, request.request_id, error, "internal"))
             metrics.REQUESTS.labels(metrics.path_of(request.client), "internal").inc()
 
     # -- dispatch ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 import zmq
+from bert_serving.client import BertClient as OldClient
 from bertserve.client import AuthenticationError, BertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.client.security import keygen, load_public_key, load_secret_cert
@@ -101,6 +102,19 @@ def test_an_unknown_key_and_a_plain_client_are_refused_clearly(server: RunningSe
         client(server, keys, "mallory", timeout=10_000)
     with pytest.raises(AuthenticationError, match="CURVE"):
         BertClient(port=server.port, port_out=server.port_out, timeout=10_000)
+
+
+def test_bert_as_service_clients_are_refused(server: RunningServer) -> None:
+    # Its own client (bert-serving-client 1.10) has no keys: the CURVE handshake fails, so
+    # nothing it sends is read and it gets no answer.
+    old = OldClient(port=server.port, port_out=server.port_out, ignore_all_checks=True, timeout=1500)
+    try:
+        with pytest.raises(TimeoutError):
+            old.encode(["no keys"])
+        with pytest.raises(TimeoutError):
+            old.server_config  # noqa: B018
+    finally:
+        old.close()
 
 
 def test_another_key_reads_none_of_a_clients_replies(server: RunningServer, keys: Keys) -> None:
