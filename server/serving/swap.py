@@ -259,7 +259,8 @@ class VersionSwap:
     def keep(self, index: int, exitcode: int | None) -> bool:
         """Worker ``index`` died: whether it is to be restarted. A new worker that died before
         it was ready rolls the swap back; an old one that died during a swap is replaced only
-        while requests pinned to its version are queued and no other worker of it is left."""
+        while work pinned to its version is queued or was held by it, and no other worker of
+        its version is left."""
         if not self.rolling:
             return True
         version = self._version(index)
@@ -271,8 +272,10 @@ class VersionSwap:
             return False
         if version == self.target.version_number:
             return True
-        others = [i for i in self.server.workers if i != index and self._version(i) == version]
-        return version in self.ventilator.scheduler.versions() and not others
+        others = [i for i in self.server.workers if i != index and i not in self.server.retiring
+                  and self._version(i) == version]  # fmt: skip
+        held = any(worker.jobs for worker in self.ventilator.registry.by_index(index))  # handed on when it is lost
+        return (held or version in self.ventilator.scheduler.versions()) and not others
 
     def _roll_back(self, index: int, exitcode: int | None) -> None:
         assert self.previous is not None
