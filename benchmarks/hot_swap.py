@@ -68,7 +68,8 @@ def write_version(source: Path, target: Path, *, scale: float | None = None) -> 
 
 
 class Sampler(threading.Thread):
-    """The server's process count and summed RSS (MiB), every ``interval`` seconds."""
+    """The processes the server started (not their own short-lived children) and the summed
+    RSS (MiB) of all of them, every ``interval`` seconds."""
 
     def __init__(self, server: RunningServer, interval: float = 0.1) -> None:
         super().__init__(daemon=True)
@@ -89,7 +90,11 @@ class Sampler(threading.Thread):
                 total += mib
                 self.first_seen.setdefault(process.pid, now)
                 self.peak_mib[process.pid] = max(mib, self.peak_mib.get(process.pid, 0.0))
-            self.samples.append((now, len(family), total))
+            try:
+                started = len(family[0].children()) if family else 0
+            except psutil.Error:  # the server is gone
+                return
+            self.samples.append((now, started, total))
             time.sleep(self.interval)
 
     def between(self, start: float, end: float) -> list[tuple[float, int, float]]:
