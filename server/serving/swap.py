@@ -55,6 +55,7 @@ class _Found:
     refused: list[Refusal]
     tokenizer: Any = None
     note: str = ""
+    state: str = "unchanged"  # what a reload that finds nothing to swap to ends in: unchanged or refused
 
 
 class VersionSwap:
@@ -126,10 +127,10 @@ class VersionSwap:
             else:
                 version, refused = (None, []) if int(wanted) == current else self.checker.get(int(wanted))
                 note = f"version {wanted} is already served"
-        except (ModelError, OSError) as exc:
-            return _Found(None, [], note=str(exc))
+        except (ModelError, OSError) as exc:  # no such version, or the repository is unreadable
+            return _Found(None, [], note=str(exc), state="refused")
         if version is None:
-            return _Found(None, refused, note=note)
+            return _Found(None, refused, note=note, state="refused" if refused else "unchanged")
         return self._prepare(version, refused)
 
     def _prepare(self, version: Version, refused: list[Refusal]) -> _Found:
@@ -143,15 +144,18 @@ class VersionSwap:
             _, tokenizer = resolve_options(config.model)
         except (ValueError, TypeError, OSError) as exc:
             reason = f"this server's options do not fit its model: {exc}"
-            self.checker.refuse(version, reason)
-            return _Found(None, [*refused, Refusal(version, reason)], note=f"version {version.number} is refused")
+            return self._refuse(version, reason, refused)
         served = self.server.tokenizer
         if self.server.config.http_port is not None and served is not None and not served.same_vocabulary(tokenizer):
             reason = ("its vocabulary differs from the served version's, with which the HTTP front end reads token "
                       "ids; restart the server to change vocabularies")  # fmt: skip
-            self.checker.refuse(version, reason)
-            return _Found(None, [*refused, Refusal(version, reason)], note=f"version {version.number} is refused")
+            return self._refuse(version, reason, refused)
         return _Found(config, refused, tokenizer)
+
+    def _refuse(self, version: Version, reason: str, refused: list[Refusal]) -> _Found:
+        self.checker.refuse(version, reason)
+        note = f"version {version.number} is refused: {reason}"
+        return _Found(None, [*refused, Refusal(version, reason)], note=note, state="refused")
 
     def _found(self, look: Future[_Found]) -> None:
         try:
@@ -162,8 +166,7 @@ class VersionSwap:
         self.server.record_refusals(found.refused)
         if found.config is None:
             if self.look_reload:
-                state = "refused" if found.refused or "no version" in found.note else "unchanged"
-                self.state.update(state=state, message=found.note, finished=time.time())
+                self.state.update(state=found.state, message=found.note, finished=time.time())
                 logger.info("reload: %s", found.note)
             return
         self.tokenizers[found.config.version_number] = found.tokenizer
@@ -207,6 +210,7 @@ class VersionSwap:
             workers = registry.by_index(index)
             if index not in server.retiring and workers and all(w.draining and not w.jobs for w in workers):
                 server.retire_worker(index)
+                self.state["workers_replaced"] += 1
         if any(index in server.retiring for index in stale) or len(ready) < len(fresh):
             return  # one at a time: a worker is leaving, or a new one is loading
         if len(fresh) < count and len(server.workers) <= count:

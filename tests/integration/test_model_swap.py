@@ -147,6 +147,9 @@ def test_a_swap_under_load_fails_no_request_and_each_reply_names_its_version(
             assert status["model_version"] == 2 and status["swap"]["version_from"] == 1
             assert [w["version"] for w in status["workers"]] == [2, 2]
             assert control.server_config["model_version"] == "2"
+            answer = control.reload()  # nothing newer: nothing to do
+            swap = wait_swap(control, "unchanged", reload=answer["reload"])["swap"]
+            assert swap["message"] == "no version newer than 2 can be served"
     finally:
         stop.set()
         server.stop()
