@@ -106,8 +106,11 @@ def test_an_unknown_key_and_a_plain_client_are_refused_clearly(server: RunningSe
 
 def test_bert_as_service_clients_are_refused(server: RunningServer) -> None:
     # Its own client (bert-serving-client 1.10) has no keys: the CURVE handshake fails, so
-    # nothing it sends is read and it gets no answer.
+    # nothing it sends is read and it gets no answer. Its send blocks while no connection is
+    # up, which its own timeout does not bound; a send timeout here makes that a TimeoutError
+    # too, so the test cannot hang.
     old = OldClient(port=server.port, port_out=server.port_out, ignore_all_checks=True, timeout=1500)
+    old.sender.setsockopt(zmq.SNDTIMEO, 1500)
     try:
         with pytest.raises(TimeoutError):
             old.encode(["no keys"])
