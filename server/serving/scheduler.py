@@ -15,6 +15,10 @@
   worker that holds nothing takes what has gathered at once, so an idle server adds no wait;
   only a job for a busy worker's prefetch slot waits, at most ``max_latency_ms``, for company
   (and not at all when bulk work is queued).
+- **Versions.** A request is pinned at admission to the model version then served; pieces
+  of different versions never share a job (two versions are served side by side only while
+  a swap is under way, see :mod:`.swap`). :meth:`Scheduler.put_back` returns a job that no
+  worker of its version could take yet.
 - **Overtaking.** When every worker is busy, small requests need not wait for a free
   credit: :meth:`Scheduler.next_small_job` merges them out of turn for a worker that holds
   only bulk work, which runs them between two model runs of its bulk job.
