@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config import ModelConfig, ServerConfig
 from bertserve.server.serving.remote import HostConfig
-from bertserve.server.serving.scheduler import Scheduler
-from bertserve.server.serving.ventilator import Ventilator
-from bertserve.server.serving.worker import Addresses
+from rigs import Rig, ventilator_rig
 from serving import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -23,17 +21,10 @@ SHA = "ab" * 32
 
 
 @dataclass
-class Head:
-    ventilator: Ventilator
-    context: zmq.Context
-    client: zmq.Socket
-    sink: zmq.Socket
-    worker_port: int
-    sockets: list[zmq.Socket] = field(default_factory=list)
+class Head(Rig):
+    """A rig whose ventilator takes remote workers on ``worker_port``."""
 
-    def pump(self, rounds: int = 5) -> None:
-        for _ in range(rounds):
-            self.ventilator.poll_once(10)
+    worker_port: int = 0
 
     def host(self, name: bytes = b"h-1") -> zmq.Socket:
         dealer = self.context.socket(zmq.DEALER)
@@ -67,38 +58,15 @@ class Head:
                 return
         raise AssertionError("the remote worker never registered")
 
-    def request(self, client_id: bytes, texts: list[str]) -> None:
-        self.client.send_multipart(p.encode_request(client_id, p.ENCODE, 1, {}, texts))
-        self.pump()
-
-    def sink_messages(self) -> list[list[bytes]]:
-        self.pump()
-        messages = []
-        while self.sink.poll(50):
-            messages.append(self.sink.recv_multipart())
-        return messages
-
 
 @pytest.fixture
 def head(tmp_path) -> Iterator[Head]:
-    context = zmq.Context()
-    addresses = Addresses(f"ipc://{tmp_path}/jobs", f"ipc://{tmp_path}/credits", f"ipc://{tmp_path}/sink")
-    frontend, sink, client = context.socket(zmq.PULL), context.socket(zmq.PULL), context.socket(zmq.PUSH)
-    frontend.bind(f"ipc://{tmp_path}/requests")
-    sink.bind(addresses.sink)
-    client.connect(f"ipc://{tmp_path}/requests")
     worker_port = free_port()
     model = ModelConfig(model_dir="/head/model", max_seq_len=40, pooling_layer=(-1, -2), dtype="bf16")
     config = ServerConfig(model=model, num_worker=0, worker_port=worker_port, max_batch_size=4, max_latency_ms=0)
-    ventilator = Ventilator(config, context, frontend, addresses, Scheduler(config), model_sha256=SHA)
-    rig = Head(ventilator, context, client, sink, worker_port)
-    try:
+    with ventilator_rig(tmp_path, config, Head, model_sha256=SHA) as rig:
+        rig.worker_port = worker_port
         yield rig
-    finally:
-        ventilator.close()
-        for socket in (frontend, sink, client, *rig.sockets):
-            socket.close(linger=0)
-        context.term()
 
 
 def test_welcome_carries_the_heads_model_options_and_the_host_keeps_its_own_files(head: Head) -> None:
@@ -129,7 +97,7 @@ def test_jobs_go_to_the_remote_worker_and_its_result_to_the_sink(head: Head) -> 
     head.join(dealer)
     (worker,) = head.ventilator.registry.workers.values()
     assert worker.host == b"h-1" and worker.device == "gpu" and worker.hostname == "far"
-    head.request(b"c1", ["one", "two"])
+    head.request(b"c1", 1, ["one", "two"])
     kind, name, job_id, header, payload = head.answer(dealer)
     assert (kind, name, p.loads(payload)) == (p.JOB, b"w0-7", ["one", "two"])
     head.sink_messages()  # the registration
@@ -143,7 +111,7 @@ def test_jobs_go_to_the_remote_worker_and_its_result_to_the_sink(head: Head) -> 
 def test_a_late_result_of_a_job_that_went_elsewhere_is_dropped(head: Head) -> None:
     dealer = head.host()
     head.join(dealer)
-    head.request(b"c1", ["one"])
+    head.request(b"c1", 1, ["one"])
     _, _, job_id, header, _ = head.answer(dealer)
     head.sink_messages()
     dealer.send_multipart([p.GONE, b"w0-7", b"it died"])  # its job goes back to the queue
@@ -156,11 +124,11 @@ def test_a_late_result_of_a_job_that_went_elsewhere_is_dropped(head: Head) -> No
 def test_a_draining_host_gets_nothing_new_and_what_it_hands_back_runs_elsewhere(head: Head) -> None:
     leaving, staying = head.host(b"h-1"), head.host(b"h-2")
     head.join(leaving, b"w0-1")
-    head.request(b"c1", ["one"])
+    head.request(b"c1", 1, ["one"])
     _, _, job_id, _, _ = head.answer(leaving)
     leaving.send_multipart([p.DRAIN])
     head.join(staying, b"w0-2")
-    head.request(b"c2", ["two"])
+    head.request(b"c2", 1, ["two"])
     assert p.loads(head.answer(staying)[4]) == ["two"]  # not to the draining host, though it had room
     staying.send_multipart([p.DONE, p.dumps({"job": "x", "worker": "w0-2"})])  # a stray DONE: ignored
     leaving.send_multipart([p.BYE])
@@ -173,7 +141,7 @@ def test_a_draining_host_gets_nothing_new_and_what_it_hands_back_runs_elsewhere(
 def test_a_silent_host_is_forgotten_and_its_jobs_count_an_attempt(head: Head) -> None:
     dealer = head.host()
     head.join(dealer)
-    head.request(b"c1", ["one"])
+    head.request(b"c1", 1, ["one"])
     head.answer(dealer)
     head.ventilator.link.tick(time.monotonic() + 60)  # type: ignore[union-attr]
     assert not head.ventilator.registry.workers and not head.ventilator.link.hosts  # type: ignore[union-attr]

@@ -3,89 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
-import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving.scheduler import Scheduler
-from bertserve.server.serving.ventilator import Ventilator
-from bertserve.server.serving.worker import Addresses
+from rigs import Rig, ventilator_rig
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@dataclass
-class Rig:
-    ventilator: Ventilator
-    context: zmq.Context
-    client: zmq.Socket
-    sink: zmq.Socket
-    addresses: Addresses
-    sockets: list[zmq.Socket] = field(default_factory=list)
-
-    def request(self, client_id: bytes, request_id: int, texts: list[str]) -> None:
-        self.client.send_multipart(p.encode_request(client_id, p.ENCODE, request_id, {}, texts))
-        self.pump()
-
-    def pump(self, rounds: int = 5) -> None:
-        for _ in range(rounds):
-            self.ventilator.poll_once(10)
-
-    def worker(
-        self, name: bytes, index: int, credits: int = 1, version: int | None = None
-    ) -> tuple[zmq.Socket, zmq.Socket]:
-        dealer = self.context.socket(zmq.DEALER)
-        dealer.identity = name
-        dealer.connect(self.addresses.jobs)
-        push = self.context.socket(zmq.PUSH)
-        push.connect(self.addresses.credits)
-        self.sockets += [dealer, push]
-        ready = {"worker": index, "pid": 100 + index, "credits": credits, "version": version}
-        dealer.send_multipart([p.READY, p.dumps(ready)])
-        for _ in range(50):
-            self.pump(1)
-            if name in self.ventilator.registry.workers:
-                return dealer, push
-        raise AssertionError("the worker never registered")
-
-    def job(self, dealer: zmq.Socket) -> tuple[str, dict, list[str]]:
-        self.pump()
-        assert dealer.poll(2000), "no job came"
-        kind, job_id, header, payload = dealer.recv_multipart()
-        assert kind == p.JOB
-        return job_id.decode(), p.loads(header), p.loads(payload)
-
-    def sink_messages(self) -> list[list[bytes]]:
-        self.pump()
-        messages = []
-        while self.sink.poll(50):
-            messages.append(self.sink.recv_multipart())
-        return messages
 
 
 @pytest.fixture
 def rig(tmp_path, request) -> Iterator[Rig]:
     """A ventilator on ipc sockets; ``indirect`` parametrization overrides its config."""
-    context = zmq.Context()
-    addresses = Addresses(f"ipc://{tmp_path}/jobs", f"ipc://{tmp_path}/credits", f"ipc://{tmp_path}/sink")
-    frontend, sink, client = context.socket(zmq.PULL), context.socket(zmq.PULL), context.socket(zmq.PUSH)
-    frontend.bind(f"ipc://{tmp_path}/requests")
-    sink.bind(addresses.sink)
-    client.connect(f"ipc://{tmp_path}/requests")
     options = {"max_batch_size": 4, "max_latency_ms": 0, "max_request_size": 10, "max_client_queued_sentences": 10,
                "max_queued_sentences": 20, **getattr(request, "param", {})}  # fmt: skip
-    config = ServerConfig(model=ModelConfig(model_dir="unused"), **options)
-    ventilator = Ventilator(config, context, frontend, addresses, Scheduler(config))
-    rig = Rig(ventilator, context, client, sink, addresses)
-    try:
+    with ventilator_rig(tmp_path, ServerConfig(model=ModelConfig(model_dir="unused"), **options)) as rig:
         yield rig
-    finally:
-        ventilator.close()
-        for socket in (frontend, sink, client, *rig.sockets):
-            socket.close(linger=0)
-        context.term()
 
 
 def kinds(messages: list[list[bytes]]) -> list[bytes]:
