@@ -97,26 +97,19 @@ def choose(base: str, wanted: str | int, options: ModelConfig, *, require_manife
     """The version of ``base`` to serve, and the versions refused on the way (newest first).
     ``wanted`` is ``"latest"`` or a version number; raises :class:`ModelError` when no
     version (or not the one wanted) can be served, naming why."""
-    available = versions(base)
-    if not available:
+    if not versions(base):
         raise ModelError(f"{base} holds no numbered version directory (1/, 2/, ...)")
-    refused: list[Refusal] = []
+    checker = Checker(base, options, require_manifest=require_manifest, settle_s=settle_s)
     if str(wanted).lower() != "latest":
-        number = int(wanted)
-        match = [v for v in available if v.number == number]
-        if not match:
-            raise ModelError(f"{base} has no version {number}; it has {', '.join(str(v.number) for v in available)}")
-        reason = problem(match[0], options, require_manifest=require_manifest, settle_s=settle_s)
-        if reason is not None:
-            raise ModelError(f"version {number} in {base} is refused: {reason}")
-        return match[0], refused
-    for version in reversed(available):
-        reason = problem(version, options, require_manifest=require_manifest, settle_s=settle_s)
-        if reason is None:
-            return version, refused
-        refused.append(Refusal(version, reason))
-    details = "; ".join(f"{r.version.number}: {r.reason}" for r in refused)
-    raise ModelError(f"no version in {base} can be served ({details})")
+        version, refused = checker.get(int(wanted))
+        if version is None:
+            raise ModelError(f"version {wanted} in {base} is refused: {refused[0].reason}")
+        return version, []
+    version, refused = checker.newer(0)
+    if version is None:
+        details = "; ".join(f"{r.version.number}: {r.reason}" for r in refused)
+        raise ModelError(f"no version in {base} can be served ({details})")
+    return version, refused
 
 
 def signature(version: Version) -> tuple[tuple[str, int, int], ...]:
@@ -177,6 +170,6 @@ class Checker:
         match = [v for v in versions(self.base) if v.number == number]
         if not match:
             numbers = ", ".join(str(v.number) for v in versions(self.base)) or "none"
-            raise ModelError(f"{self.base} has no version {number} (it has {numbers})")
+            raise ModelError(f"{self.base} has no version {number}; it has {numbers}")
         reason = self.problem(match[0])
         return (match[0], []) if reason is None else (None, [Refusal(match[0], reason)])
