@@ -96,20 +96,20 @@ def choose(base: str, wanted: str | int, options: ModelConfig, *, require_manife
            settle_s: float = 2.0) -> tuple[Version, list[Refusal]]:  # fmt: skip
     """The version of ``base`` to serve, and the versions refused on the way (newest first).
     ``wanted`` is ``"latest"`` or a version number; raises :class:`ModelError` when no
-    version (or not the one wanted) can be served, naming why."""
+    version (or not the one wanted) can be served, naming why. A version refused only because
+    its files changed just now (a copy that just ended, say) is looked at again once it has
+    had ``settle_s`` to settle."""
     if not versions(base):
         raise ModelError(f"{base} holds no numbered version directory (1/, 2/, ...)")
     checker = Checker(base, options, require_manifest=require_manifest, settle_s=settle_s)
-    if str(wanted).lower() != "latest":
-        version, refused = checker.get(int(wanted))
-        if version is None:
-            raise ModelError(f"version {wanted} in {base} is refused: {refused[0].reason}")
-        return version, []
-    version, refused = checker.newer(0)
+    latest = str(wanted).lower() == "latest"
+    version, refused = checker.find(str(wanted).lower(), 0)
+    if version is None and not latest:
+        raise ModelError(f"version {wanted} in {base} is refused: {refused[0].reason}")
     if version is None:
         details = "; ".join(f"{r.version.number}: {r.reason}" for r in refused)
         raise ModelError(f"no version in {base} can be served ({details})")
-    return version, refused
+    return version, refused if latest else []
 
 
 def signature(version: Version) -> tuple[tuple[str, int, int], ...]:
@@ -163,6 +163,16 @@ class Checker:
                 return version, refused
             refused.append(Refusal(version, reason))
         return None, refused
+
+    def find(self, wanted: str, current: int) -> tuple[Version | None, list[Refusal]]:
+        """``wanted`` ("latest": the newest whole version above ``current``; else a number)
+        and the versions refused on the way. A version refused only because its files changed
+        just now is looked at again once it has had ``settle_s`` to settle."""
+        version, refused = self.newer(current) if wanted == "latest" else self.get(int(wanted))
+        if any(refusal.settling for refusal in refused):
+            time.sleep(self.settle_s)
+            version, refused = self.newer(current) if wanted == "latest" else self.get(int(wanted))
+        return version, refused
 
     def get(self, number: int) -> tuple[Version | None, list[Refusal]]:
         """Version ``number`` if it can be served, else its refusal; raises

@@ -121,15 +121,15 @@ class VersionSwap:
     def _look(self, wanted: str, current: int) -> _Found:
         """On the look's thread: the version to swap to, checked, and its tokenizer."""
         try:
-            if wanted == "latest":
-                version, refused = self.checker.newer(current)
-                note = f"no version newer than {current} can be served"
-            else:
-                version, refused = (None, []) if int(wanted) == current else self.checker.get(int(wanted))
-                note = f"version {wanted} is already served"
+            if wanted != "latest" and int(wanted) == current:
+                return _Found(None, [], note=f"version {wanted} is already served")
+            version, refused = self.checker.find(wanted, current)
         except (ModelError, OSError) as exc:  # no such version, or the repository is unreadable
             return _Found(None, [], note=str(exc), state="refused")
         if version is None:
+            note = f"no version newer than {current} can be served"
+            if refused:
+                note = "; ".join(f"version {r.version.number} is refused: {r.reason}" for r in refused)
             return _Found(None, refused, note=note, state="refused" if refused else "unchanged")
         return self._prepare(version, refused)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -63,8 +64,12 @@ def test_a_version_still_being_written_or_without_a_required_manifest_is_refused
     with pytest.raises(ModelError, match=r"no bertserve\.sha256"):
         choose(str(repository), "latest", OPTIONS, require_manifest=True)
     (repository / "1" / "vocab.txt").touch()  # a file changed just now: a copy in progress
+    assert choose(str(repository), "latest", OPTIONS, settle_s=0.5)[0].number == 1  # served once it settles
+    toucher = threading.Timer(0.3, (repository / "1" / "vocab.txt").touch)  # still changing during that wait
+    toucher.start()
     with pytest.raises(ModelError, match="1: it is still being written"):
-        choose(str(repository), "latest", OPTIONS)
+        choose(str(repository), "latest", OPTIONS, settle_s=0.6)
+    toucher.join()
 
 
 def test_a_version_whose_files_are_no_model_is_refused(repository: Path) -> None:
