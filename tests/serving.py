@@ -18,6 +18,7 @@ The benchmarks put ``tests/`` on ``sys.path`` to import this module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -44,21 +45,44 @@ class ServerStartError(RuntimeError):
 
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1)[0]
+
+
+_handed_out: set[int] = set()
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different TCP ports that are free on 127.0.0.1 right now.
+
+    The kernel may hand out a port again as soon as its probe is closed, so each probe stays
+    bound until all are chosen, and no port is handed out twice in one test process: a port
+    chosen for one role and not bound yet is never chosen again for another.
+    """
+    with contextlib.ExitStack() as stack:
+        chosen: list[int] = []
+        for _ in range(count + 200):  # bounded: each probe holds a descriptor
+            probe = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                chosen.append(port)
+                if len(chosen) == count:
+                    return chosen
+    raise RuntimeError(f"found no {count} free ports not handed out before")
 
 
 def free_port_pair() -> int:
     """A port P on 127.0.0.1 such that P and P + 1 are both free right now."""
     for _ in range(100):
         port = free_port()
-        if port < 65535:
+        if port < 65535 and port + 1 not in _handed_out:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
                 try:
                     probe.bind(("127.0.0.1", port + 1))
                 except OSError:
                     continue
+            _handed_out.add(port + 1)
             return port
     raise RuntimeError("found no two adjacent free ports")
 
@@ -195,7 +219,7 @@ def start_server(
     ``log_path`` if given.
     """
     if pass_port_out:
-        port, port_out = free_port(), free_port()
+        port, port_out = free_ports(2)
         ports = ["--port", str(port), "--port-out", str(port_out)]
     else:
         port = free_port_pair()

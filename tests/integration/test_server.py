@@ -20,7 +20,7 @@ import zmq
 from bertserve.client import BertClient, ConcurrentBertClient, ServerError, ServerTimeoutError
 from bertserve.client import protocol as p
 from bertserve.server import Encoder
-from serving import RunningServer, free_port, start_server
+from serving import RunningServer, free_port, free_ports, start_server
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -267,9 +267,10 @@ def test_the_tf_data_feed_serves_the_same_vectors(tiny_google: str, session_grap
 
 
 def test_client_raises_within_its_timeout_when_the_server_is_down() -> None:
+    port, port_out = free_ports(2)
     started = time.monotonic()
     with pytest.raises(ServerTimeoutError):
-        BertClient(port=free_port(), port_out=free_port(), timeout=1000)
+        BertClient(port=port, port_out=port_out, timeout=1000)
     assert time.monotonic() - started < 5
 
 
@@ -334,7 +335,7 @@ def test_sigterm_mid_request_fails_it_with_a_reply(tiny_google: str, session_gra
 
 
 def test_ctrl_c_stops_every_process(tiny_google: str, session_graph_dir: str) -> None:
-    http_port, metrics_port = free_port(), free_port()
+    http_port, metrics_port = free_ports(2)
     server = start_server(
         "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--num-worker", "2",
         "--http-port", str(http_port), "--metrics-port", str(metrics_port),

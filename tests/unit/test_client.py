@@ -47,7 +47,7 @@ from bertserve.client import protocol as p
 from bertserve.client.cli import add_client_commands
 from bertserve.client.protocol import check_texts
 from bertserve.client.security import keygen, load_public_key
-from serving import free_port
+from serving import free_ports
 from zmq.auth.thread import ThreadAuthenticator
 
 pytestmark = pytest.mark.timeout(30)  # every test here talks to sockets and could hang
@@ -199,7 +199,7 @@ def responder() -> Iterator[Callable[..., Responder]]:
 
 
 def test_no_server_times_out_within_the_timeout() -> None:
-    port, port_out = free_port(), free_port()
+    port, port_out = free_ports(2)
     started = time.monotonic()
     with pytest.raises(ServerTimeoutError, match=rf"127\.0\.0\.1:{port}.*500 ms") as info:
         BertClient("127.0.0.1", port, port_out, timeout=500)
@@ -252,7 +252,7 @@ def test_good_input_passes() -> None:
 
 
 def test_pool_without_a_server_times_out() -> None:
-    port, port_out = free_port(), free_port()
+    port, port_out = free_ports(2)
     with ConcurrentBertClient(host="127.0.0.1", port=port, port_out=port_out, timeout=300) as pool:
         with pytest.raises(ServerTimeoutError):
             pool.encode(["hello"])
@@ -721,7 +721,7 @@ def test_cli(
     assert run_cli("stop", *server) == 0
     assert "stopping" in capsys.readouterr().out
 
-    port, port_out = free_port(), free_port()
+    port, port_out = free_ports(2)
     assert run_cli("status", "--port", str(port), "--port-out", str(port_out), "--timeout", "200") == 1
     err = capsys.readouterr().err
     assert err.startswith("bertserve: error: no bertserve server answered") and err.count("\n") == 1
