@@ -28,6 +28,7 @@ from . import chunking, lite
 from .chunking import check_chunkable
 from .graph import GraphSpec, load_function, load_or_build
 from .model_dir import ModelFiles, inspect_model
+from .prepare import wants_lite
 from .tokenization import TokenizedBatch, WordPieceTokenizer, tokens_per_input
 
 logger = logging.getLogger("bertserve.encoder")
@@ -202,14 +203,14 @@ class Encoder:
         return self._lite is not None
 
     def _small_runner(self, graph_dir: str) -> lite.LiteRunner | None:
-        if not self.config.lite_max_tokens or self.spec.dtype != "fp32" or self.config.xla:
+        if not wants_lite(self.config, self.spec):
             return None
         if "CPU" not in self._device.upper():
             return None
         if not lite.available():
             logger.info("ai-edge-litert is not installed: small runs stay on TensorFlow")
             return None
-        flatbuffer = lite.load_or_convert(self._fn, self.meta, graph_dir)
+        flatbuffer = lite.load_or_convert(None, self.meta, graph_dir)  # from the cached graph
         if flatbuffer is None:
             return None
         import tensorflow as tf

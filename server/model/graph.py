@@ -11,7 +11,9 @@ model files' content and every option that changes the graph.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -62,12 +64,11 @@ class GraphMeta:
 
 
 def cache_key(model: ModelFiles, spec: GraphSpec) -> str:
-    import tensorflow as tf
-
+    """The cache's name for the graph of ``model`` with ``spec``; needs no TensorFlow."""
     digest = hashlib.sha256()
     digest.update(json.dumps({
         "format": _FORMAT,
-        "tensorflow": tf.__version__,
+        "tensorflow": tensorflow_version(),
         "config": asdict(model.config),
         "spec": asdict(spec),
     }, sort_keys=True).encode())  # fmt: skip
@@ -137,6 +138,20 @@ def write_cache(path: str, graph_bytes: bytes, meta: GraphMeta) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@functools.cache
+def tensorflow_version() -> str:
+    """The installed TensorFlow's version, read from its package's metadata so that the
+    server process can name cached graphs without loading TensorFlow."""
+    for distribution in ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos", "tf-nightly"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    import tensorflow as tf
+
+    return str(tf.__version__)
 
 
 # -- building ----------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable
 
 import numpy as np
 
@@ -38,20 +37,22 @@ def available() -> bool:
     return True
 
 
-def load_or_convert(fn: Callable, meta: GraphMeta, graph_dir: str) -> bytes | None:
-    """The LiteRT flatbuffer of the graph ``fn`` runs: from the cache when sound, else
-    converted (and cached). None, with a warning, when the graph does not convert."""
+def load_or_convert(graph_bytes: bytes | None, meta: GraphMeta, graph_dir: str) -> bytes | None:
+    """The LiteRT flatbuffer of the graph ``graph_bytes`` (by default the cached graph of
+    ``meta.key``): from the cache when sound, else converted (and cached). None, with a
+    warning, when the graph does not convert."""
     path = os.path.join(graph_dir, f"{meta.key}.lite")
     cached = read_cache(path, meta.key)
     if cached is not None:
         return cached[0]
-    import tensorflow as tf
-
+    if graph_bytes is None:
+        graph = read_cache(os.path.join(graph_dir, f"{meta.key}.graph"), meta.key)
+        if graph is None:
+            logger.warning("small runs stay on TensorFlow: the graph to convert to LiteRT is not in %s", graph_dir)
+            return None
+        graph_bytes = graph[0]
     try:
-        holder = tf.Module()  # the converter wants the function's owner; the graph holds no variables
-        holder.fn = fn
-        converter = tf.lite.TFLiteConverter.from_concrete_functions([fn], trackable_obj=holder)
-        flatbuffer = converter.convert()
+        flatbuffer = convert(graph_bytes, meta)
     except Exception as exc:  # the converter raises its own error types, and plain ones
         logger.warning("small runs stay on TensorFlow: the graph does not convert to LiteRT (%s)", exc)
         return None
@@ -60,6 +61,25 @@ def load_or_convert(fn: Callable, meta: GraphMeta, graph_dir: str) -> bytes | No
     except OSError as exc:
         logger.warning("could not cache the LiteRT model in %s: %s", graph_dir, exc)
     return flatbuffer
+
+
+def convert(graph_bytes: bytes, meta: GraphMeta) -> bytes:
+    """The serialized frozen graph converted by TensorFlow's LiteRT converter, its inputs
+    ``[batch, length]`` of any size. Converting the GraphDef itself, rather than a function
+    made from it, spares the converter a freezing pass with copies of every weight."""
+    import tensorflow as tf
+
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(graph_bytes)
+    with tf.Graph().as_default() as graph:
+        tf.compat.v1.import_graph_def(graph_def, name="")
+    del graph_def
+    inputs = [graph.get_tensor_by_name(f"{name}:0") for name in INPUT_NAMES]
+    output = graph.get_tensor_by_name(f"{meta.output_node}:0")
+    with held_native_output():  # the converter logs its passes natively
+        converter = tf.compat.v1.lite.TFLiteConverter(graph.as_graph_def(), inputs, [output])
+        del graph
+        return bytes(converter.convert())
 
 
 class LiteRunner:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import shutil
 import socket
 import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -37,6 +38,9 @@ from .sink import run_sink
 from .swap import VersionSwap
 from .ventilator import Ventilator
 from .worker import Addresses, run_worker
+
+if TYPE_CHECKING:
+    from ..model.prepare import Preparation
 
 logger = logging.getLogger("bertserve.server")
 
@@ -256,6 +260,25 @@ class BertServer(ExitFlags):
         self._start_worker(index, self.addresses, config)
         return index
 
+    def preparation(self, config: ServerConfig, steps: list[str] | None = None) -> Preparation | None:
+        """The steps that make what ``config``'s workers load, if any is missing (``steps``
+        when the caller has looked already)."""
+        from ..model.prepare import STEP_NAMES, Preparation, missing_steps
+
+        if config.model_class:
+            return None  # a model class loads itself
+        try:
+            steps = missing_steps(config.model) if steps is None else steps
+        except (ValueError, TypeError, OSError) as exc:  # the workers will fail on it and say why
+            logger.warning("cannot tell whether the model's graph is cached: %s", exc)
+            return None
+        if not steps:
+            return None
+        names = " and ".join(STEP_NAMES[step] for step in steps)
+        logger.info("building the %s of model %s before a worker loads it", names, config.model.model_dir)
+        return Preparation(config.model, steps, cpu_only=config.cpu, threads=max(1, os.cpu_count() or 1),
+                           log_level=self.log_level)  # fmt: skip
+
     def retire_worker(self, index: int) -> None:
         """Tell worker ``index`` to stop once it holds nothing; it is not restarted."""
         self.retiring.add(index)
@@ -351,10 +374,19 @@ class BertServer(ExitFlags):
                 ventilator.poll_once(100)
 
     def _start_workers(self, ventilator: Ventilator, addresses: Addresses) -> None:
-        """Worker 0 first (it builds and caches the graph), then the rest load it."""
+        """What the workers load is made first, in processes of its own (see
+        :mod:`..model.prepare`); then worker 0, then the rest."""
         if self.config.num_worker == 0:
             logger.info("no local workers: serving once remote workers join on port %d", self.config.worker_port)
             return
+        preparation = self.preparation(self.config)
+        while preparation is not None and (done := preparation.poll()) is None:
+            if self.should_exit.is_set():
+                preparation.stop()
+                raise StartupError("interrupted while the model's graph was being built")
+            ventilator.poll_once(100)
+        if preparation is not None and not done:
+            raise StartupError(f"the model cannot be served: {preparation.failure}")
         self._start_worker(0, addresses)
         self._wait_ready(ventilator, 1)
         for index in range(1, self.config.num_worker):

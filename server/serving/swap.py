@@ -5,8 +5,11 @@ server looks for a newer whole version every ``--poll-interval-s`` seconds and w
 sends RELOAD (``bertserve reload``). Hashing model files takes a while, so the look runs on a
 thread of its own while the ventilator keeps serving.
 
-A swap is rolling, one worker at a time, and never holds more than one worker beyond
-``--num-worker``:
+A version found is first made ready to load: its graph and LiteRT model, when not cached
+yet, are built in a child process of their own (:mod:`..model.prepare`, status state
+``preparing``), so a build's transient memory never stays in a worker. A version whose graph
+cannot be built is refused there, before any worker is touched. Then the swap is rolling,
+one worker at a time, and never holds more than one worker beyond ``--num-worker``:
 
 1. a worker of the new version starts in an extra slot, beside the old ones;
 2. once it is ready, new requests are pinned to the new version (requests already admitted
@@ -37,6 +40,7 @@ from ..errors import ModelError
 from ..model.repository import Checker, Refusal, Version
 
 if TYPE_CHECKING:
+    from ..model.prepare import Preparation
     from .supervisor import BertServer
     from .ventilator import Ventilator
 
@@ -54,6 +58,7 @@ class _Found:
     config: ServerConfig | None
     refused: list[Refusal]
     tokenizer: Any = None
+    steps: list[str] = dataclasses.field(default_factory=list)  # what its workers load that is not cached yet
     note: str = ""
     state: str = "unchanged"  # what a reload that finds nothing to swap to ends in: unchanged or refused
 
@@ -77,11 +82,15 @@ class VersionSwap:
         self.previous: ServerConfig | None = None  # what was served when the swap began
         self.tokenizers: dict[int | None, Any] = {}  # version -> its tokenizer, until it is served
         self.loading: dict[int, float] = {}  # new workers not ready yet: index -> started
+        self.preparing: Preparation | None = None  # building what a found version's workers load
+        self.prepared: tuple[ServerConfig, int] | None = None  # that version's config, and the RELOAD it answers
         self.state: dict[str, Any] = ventilator.swap
         self.state.update(state="idle", reload=0)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.preparing is not None:
+            self.preparing.stop()
 
     @property
     def rolling(self) -> bool:
@@ -91,10 +100,13 @@ class VersionSwap:
 
     def tick(self, now: float) -> None:
         """Called by the server's loop a few times a second."""
+        if self.preparing is not None:
+            self._prepared()
+            return
         if self.look is not None and self.look.done():
             self._found(self.look)
             self.look = None
-        if self.look is None and not self.rolling:
+        if self.look is None and not self.rolling and self.preparing is None:
             wanted = self.ventilator.reload_requested
             if wanted is not None:
                 self.ventilator.reload_requested = None
@@ -135,6 +147,7 @@ class VersionSwap:
 
     def _prepare(self, version: Version, refused: list[Refusal]) -> _Found:
         from ..model.encoder import resolve_options
+        from ..model.prepare import missing_steps
 
         config = dataclasses.replace(
             self.server.config, model=self.server.config.model.replace(model_dir=version.path),
@@ -150,7 +163,11 @@ class VersionSwap:
             reason = ("its vocabulary differs from the served version's, with which the HTTP front end reads token "
                       "ids; restart the server to change vocabularies")  # fmt: skip
             return self._refuse(version, reason, refused)
-        return _Found(config, refused, tokenizer)
+        try:
+            steps = [] if config.model_class else missing_steps(config.model)
+        except (ValueError, TypeError, OSError) as exc:
+            return self._refuse(version, f"cannot read it: {exc}", refused)
+        return _Found(config, refused, tokenizer, steps)
 
     def _refuse(self, version: Version, reason: str, refused: list[Refusal]) -> _Found:
         self.checker.refuse(version, reason)
@@ -170,7 +187,35 @@ class VersionSwap:
                 logger.info("reload: %s", found.note)
             return
         self.tokenizers[found.config.version_number] = found.tokenizer
-        self._begin(found.config, self.look_reload)
+        self.preparing = self.server.preparation(found.config, found.steps)
+        if self.preparing is None:
+            self._begin(found.config, self.look_reload)
+            return
+        self.prepared = (found.config, self.look_reload)
+        self.state.clear()
+        self.state.update(
+            state="preparing", reload=self.look_reload, version_from=self._serving,
+            version_to=found.config.version_number, started=time.time(),
+            message=f"building the graph of version {found.config.version_number}",
+        )  # fmt: skip
+
+    def _prepared(self) -> None:
+        """Once the preparation has ended: the swap begins, or the version is refused."""
+        assert self.preparing is not None and self.prepared is not None
+        done = self.preparing.poll()
+        if done is None:
+            return
+        (config, reload), failure = self.prepared, self.preparing.failure
+        self.preparing = self.prepared = None
+        if done:
+            self._begin(config, reload)
+            return
+        version = Version(int(config.model_version), config.model.model_dir)
+        self.checker.refuse(version, failure)
+        self.server.record_refusals([Refusal(version, failure)])
+        self.tokenizers.pop(config.version_number, None)
+        self.state.update(state="refused", message=f"version {version.number} is refused: {failure}",
+                          finished=time.time())  # fmt: skip
 
     # -- rolling -------------------------------------------------------------------------
 

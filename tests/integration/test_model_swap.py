@@ -1,5 +1,6 @@
 """Model versions while serving: the real server swapping tiny BERTs under load, refusing
-broken versions, rolling back a version that cannot load, and a rollback asked for by hand."""
+broken versions, rolling back a version whose worker dies as it loads, and a rollback asked for
+by hand."""
 
 from __future__ import annotations
 
@@ -168,9 +169,9 @@ def test_broken_versions_are_refused_and_a_failed_load_rolls_back(
     base = tmp_path / "models"
     add_version(base, 1, models[1])
     http_port = free_port()
-    server = start_server(
-        "--model-dir", str(base), "--graph-dir", session_graph_dir, "--max-seq-len", "32", "--poll-interval-s", "0.3",
-        "--http-port", str(http_port),
+    server = start_server(  # a graph cache of its own: each version's graph is built while serving
+        "--model-dir", str(base), "--graph-dir", str(tmp_path / "graphs"), "--max-seq-len", "32",
+        "--poll-interval-s", "0.3", "--http-port", str(http_port),
     )  # fmt: skip
     texts = sentences(30, seed=9)
     seeds = {1: 1}
@@ -216,26 +217,42 @@ def test_broken_versions_are_refused_and_a_failed_load_rolls_back(
                 f.truncate(weights.stat().st_size // 2)
             write_manifest(str(truncated))
             settle(truncated)
-            status = wait_swap(client, "rolled_back", version_to=4)
-            refusal(4, "could not load it")
+            status = wait_swap(client, "refused", version_to=4)  # its graph cannot be built: no worker is touched
+            refusal(4, "could not be built")
+            assert status["model_version"] == 1
+            assert [w["version"] for w in status["workers"]] == [1]
+            assert served() == 1
+
+            before = {child.pid for child in psutil.Process(server.process.pid).children()}
+            add_version(base, 5, models[2])  # sound, but its worker dies while it loads
+            wait_swap(client, "rolling", version_to=5)
+            deadline = time.monotonic() + 30
+            while not (started := [c for c in psutil.Process(server.process.pid).children() if c.pid not in before]):
+                assert time.monotonic() < deadline, "no worker of version 5 started"
+                time.sleep(0.05)
+            (loading,) = started
+            loading.kill()
+            status = wait_swap(client, "rolled_back", version_to=5)
+            refusal(5, "could not load it")
             assert status["model_version"] == 1
             assert [w["version"] for w in status["workers"]] == [1]
             assert served() == 1
             time.sleep(1)  # a few more polls: each refusal is logged once
             log = "".join(server.output)
-            for number in (2, 3, 4):
+            for number in (2, 3, 4, 5):
                 assert log.count(f"refused version {number} ") == 1, log
+            assert log.count("before a worker loads it") == 3, log  # at start, and for versions 4 and 5
 
-            add_version(base, 5, models[2])
-            seeds[5] = 2
-            wait_swap(client, "done", version_to=5)
-            assert served() == 5
+            add_version(base, 6, models[2])
+            seeds[6] = 2
+            wait_swap(client, "done", version_to=6)
+            assert served() == 6
             answer = httpx.post(f"http://127.0.0.1:{http_port}/v1/embeddings", json={"input": texts}, timeout=30)
-            assert answer.status_code == 200 and answer.headers["X-Model-Version"] == "5"
+            assert answer.status_code == 200 and answer.headers["X-Model-Version"] == "6"
             listed = httpx.get(f"http://127.0.0.1:{http_port}/v1/models", timeout=30).json()
             assert [model["id"] for model in listed["data"]] == ["models"]  # the repository, whatever the version
             vectors = np.asarray([row["embedding"] for row in answer.json()["data"]], np.float32)
-            assert version_of(vectors, texts, encoders, seeds) == 5
+            assert version_of(vectors, texts, encoders, seeds) == 6
 
             command = [sys.executable, "-m", "bertserve.server.cli", "reload", "--port", str(server.port),
                        "--port-out", str(server.port_out), "--model-version", "1"]  # fmt: skip
@@ -243,7 +260,7 @@ def test_broken_versions_are_refused_and_a_failed_load_rolls_back(
             assert rollback.returncode == 0, rollback.stdout + rollback.stderr
             assert "done: serving version 1" in rollback.stdout
             assert served() == 1
-            time.sleep(1)  # asked for by number: polling does not take version 5 again
+            time.sleep(1)  # asked for by number: polling does not take version 6 again
             assert served() == 1 and client.server_status["model_version"] == 1
 
             answer = client.reload(1)

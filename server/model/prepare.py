@@ -1,0 +1,125 @@
+"""What a worker loads, made ahead of it in a short-lived process of its own.
+
+A worker loads two things its model directory does not hold: the optimized graph
+(:mod:`.graph`) and, where small runs go to LiteRT, that graph converted (:mod:`.lite`).
+Both are cached, but making them holds several copies of the weights at once: for
+all-MiniLM-L6-v2 a build peaks ~300 MiB and a conversion ~650 MiB above TensorFlow's own
+footprint, and the C heap keeps much of that afterwards. A worker that made them would
+carry the excess for its life, and during a version swap its peak would come on top of
+every serving worker's.
+
+So the server looks for what is missing (:func:`missing_steps`, without TensorFlow) and
+makes it in a child process (:class:`Preparation`) before it starts a worker: the child
+gives the heap back between a build and a conversion, exits, and the worker finds both in
+the cache. An ``Encoder`` made in process still makes whatever is missing itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import multiprocessing
+import os
+import signal
+from multiprocessing.process import BaseProcess
+
+from ..config import ModelConfig, default_graph_dir
+from .graph import GraphSpec, cache_key, load_or_build, read_cache
+from .model_dir import inspect_model
+
+logger = logging.getLogger("bertserve.prepare")
+
+STEPS = ("graph", "lite")
+STEP_NAMES = {"graph": "graph", "lite": "LiteRT model"}
+FAILED_EXIT_CODE = 4
+
+
+def wants_lite(config: ModelConfig, spec: GraphSpec) -> bool:
+    """Whether small runs of this model go to LiteRT on a CPU (see :mod:`.lite`)."""
+    return bool(config.lite_max_tokens) and spec.dtype == "fp32" and not config.xla
+
+
+def missing_steps(requested: ModelConfig) -> list[str]:
+    """The steps of :data:`STEPS` whose product is not in the graph cache yet. Reads and
+    hashes the model files (for the cache key) but loads no TensorFlow."""
+    from .encoder import _resolve
+
+    model = inspect_model(requested)
+    config, spec = _resolve(requested, model)
+    graph_dir = config.graph_dir or default_graph_dir()
+    key = cache_key(model, spec)
+    steps = []
+    if not os.path.exists(os.path.join(graph_dir, f"{key}.graph")):
+        steps.append("graph")
+    lite_installed = importlib.util.find_spec("ai_edge_litert") is not None
+    if wants_lite(config, spec) and lite_installed and not os.path.exists(os.path.join(graph_dir, f"{key}.lite")):
+        steps.append("lite")
+    return steps
+
+
+def run_steps(requested: ModelConfig, steps: list[str], cpu_only: bool, threads: int, log_level: int) -> None:
+    """Entry point of the preparing child (started with ``spawn``): make each of ``steps``'
+    products and cache them, the heap given back between the two. Exits with
+    :data:`FAILED_EXIT_CODE` when the model cannot be built."""
+    from ..logs import child_logging, held_native_output
+    from ..memory import trim_heap
+    from . import lite
+    from .encoder import _resolve
+
+    child_logging(log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
+    with held_native_output():  # TensorFlow's libraries log as they load, and CUDA as it looks for GPUs
+        import tensorflow as tf
+
+        gpus = [] if cpu_only else tf.config.list_physical_devices("GPU")
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.set_visible_devices([], "GPU")  # the steps run on the CPU and leave the GPUs to workers
+    step = ""
+    try:
+        model = inspect_model(requested)
+        config, spec = _resolve(requested, model)
+        graph_dir = config.graph_dir or default_graph_dir()
+        for step in steps:
+            if step == "graph":
+                load_or_build(model, spec, graph_dir)
+                trim_heap()  # a build's copies of the weights, given back before the conversion needs its own
+            elif step == "lite" and not gpus:  # GPU workers take no LiteRT path
+                key = cache_key(model, spec)
+                cached = read_cache(os.path.join(graph_dir, f"{key}.graph"), key)
+                if cached is not None:  # else the graph could not be cached, and each worker converts its own
+                    lite.load_or_convert(cached[0], cached[1], graph_dir)
+    except Exception as exc:
+        logger.error("could not build the %s of %s: %s", STEP_NAMES.get(step, step), requested.model_dir, exc)
+        raise SystemExit(FAILED_EXIT_CODE) from None
+
+
+class Preparation:
+    """The missing steps for one model, run in a child process; :meth:`poll` returns None
+    while it runs, then True, or False when it failed (:attr:`failure` says how)."""
+
+    def __init__(
+        self, requested: ModelConfig, steps: list[str], *, cpu_only: bool, threads: int, log_level: int
+    ) -> None:
+        self.steps = list(steps)
+        self.failure = ""
+        args = (requested, self.steps, cpu_only, threads, log_level)
+        self.process: BaseProcess = multiprocessing.get_context("spawn").Process(
+            target=run_steps, args=args, name="bertserve-prepare", daemon=True
+        )
+        self.process.start()
+
+    def poll(self) -> bool | None:
+        if self.process.is_alive():
+            return None
+        self.process.join()
+        code = self.process.exitcode
+        if code != 0:
+            names = " and ".join(STEP_NAMES[step] for step in self.steps)
+            self.failure = f"its {names} could not be built (exit code {code}; see above)"
+        return code == 0
+
+    def stop(self) -> None:
+        """Kill the child if it still runs (the server is stopping)."""
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
