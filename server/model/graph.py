@@ -80,7 +80,7 @@ def cache_key(model: ModelFiles, spec: GraphSpec) -> str:
     return digest.hexdigest()[:32]
 
 
-def load_or_build(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> tuple[bytes, GraphMeta, bool]:
+def load_or_build(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> tuple[bytes | memoryview, GraphMeta, bool]:
     """The serialized graph for ``spec``: from the cache when it holds a sound copy, else
     built (and cached). Returns ``(graph_def_bytes, meta, built)``."""
     key = cache_key(model, spec)
@@ -98,7 +98,7 @@ def load_or_build(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> tuple[b
     return graph_bytes, meta, True
 
 
-def read_cache(path: str, key: str) -> tuple[bytes, GraphMeta] | None:
+def read_cache(path: str, key: str) -> tuple[bytes | memoryview, GraphMeta] | None:
     try:
         with open(path, "rb") as f:
             blob = f.read()
@@ -113,7 +113,7 @@ def read_cache(path: str, key: str) -> tuple[bytes, GraphMeta] | None:
         (header_len,) = struct.unpack_from("<I", blob, len(_MAGIC))
         start = len(_MAGIC) + 4
         meta = GraphMeta(**json.loads(blob[start : start + header_len]))
-        graph_bytes = blob[start + header_len :]
+        graph_bytes = memoryview(blob)[start + header_len :]  # not a copy of a graph's weights
         if meta.key != key or hashlib.sha256(graph_bytes).hexdigest() != meta.digest:
             raise ValueError("checksum mismatch")
     except (ValueError, TypeError, struct.error, UnicodeDecodeError) as exc:
@@ -356,7 +356,7 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
 # -- loading -----------------------------------------------------------------------------
 
 
-def load_function(graph_bytes: bytes, meta: GraphMeta, *, xla: bool = False) -> Callable:
+def load_function(graph_bytes: bytes | memoryview, meta: GraphMeta, *, xla: bool = False) -> Callable:
     """Import a serialized frozen graph as a callable ``f(input_ids, input_mask, segment_ids)``.
 
     The embedding tables are taken out of the graph and captured as tensors: a constant is

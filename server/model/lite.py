@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -37,22 +38,22 @@ def available() -> bool:
     return True
 
 
-def load_or_convert(graph_bytes: bytes | None, meta: GraphMeta, graph_dir: str) -> bytes | None:
-    """The LiteRT flatbuffer of the graph ``graph_bytes`` (by default the cached graph of
+def load_or_convert(graph: Any, meta: GraphMeta, graph_dir: str) -> bytes | None:
+    """The LiteRT flatbuffer of ``graph`` (a GraphDef, or None for the cached graph of
     ``meta.key``): from the cache when sound, else converted (and cached). None, with a
     warning, when the graph does not convert."""
     path = os.path.join(graph_dir, f"{meta.key}.lite")
     cached = read_cache(path, meta.key)
     if cached is not None:
-        return cached[0]
-    if graph_bytes is None:
-        graph = read_cache(os.path.join(graph_dir, f"{meta.key}.graph"), meta.key)
-        if graph is None:
+        return bytes(cached[0])
+    if graph is None:
+        found = read_graph_def(graph_dir, meta.key)
+        if found is None:
             logger.warning("small runs stay on TensorFlow: the graph to convert to LiteRT is not in %s", graph_dir)
             return None
-        graph_bytes = graph[0]
+        graph = found[0]
     try:
-        flatbuffer = convert(graph_bytes, meta)
+        flatbuffer = convert(graph, meta)
     except Exception as exc:  # the converter raises its own error types, and plain ones
         logger.warning("small runs stay on TensorFlow: the graph does not convert to LiteRT (%s)", exc)
         return None
@@ -63,22 +64,33 @@ def load_or_convert(graph_bytes: bytes | None, meta: GraphMeta, graph_dir: str) 
     return flatbuffer
 
 
-def convert(graph_bytes: bytes, meta: GraphMeta) -> bytes:
-    """The serialized frozen graph converted by TensorFlow's LiteRT converter, its inputs
-    ``[batch, length]`` of any size. Converting the GraphDef itself, rather than a function
-    made from it, spares the converter a freezing pass with copies of every weight."""
+def read_graph_def(graph_dir: str, key: str) -> tuple[Any, GraphMeta] | None:
+    """The cached graph of ``key`` as a GraphDef (its serialized bytes let go of) and its
+    meta, or None."""
     import tensorflow as tf
 
+    cached = read_cache(os.path.join(graph_dir, f"{key}.graph"), key)
+    if cached is None:
+        return None
     graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString(graph_bytes)
-    with tf.Graph().as_default() as graph:
-        tf.compat.v1.import_graph_def(graph_def, name="")
-    del graph_def
-    inputs = [graph.get_tensor_by_name(f"{name}:0") for name in INPUT_NAMES]
-    output = graph.get_tensor_by_name(f"{meta.output_node}:0")
+    graph_def.ParseFromString(cached[0])
+    return graph_def, cached[1]
+
+
+def convert(graph_def: Any, meta: GraphMeta) -> bytes:
+    """The frozen ``graph_def`` converted by TensorFlow's LiteRT converter, its inputs
+    ``[batch, length]`` of any size. The GraphDef goes to the converter as it is, by input
+    and output names: making a function or a graph of it first would add copies of every
+    weight to the conversion's peak (for all-MiniLM-L6-v2, ~1,250-1,450 MiB in all against
+    ~1,400-1,750 MiB through an imported graph)."""
+    import tensorflow as tf
+
+    converter = tf.compat.v1.lite.TFLiteConverter(
+        graph_def, None, None,
+        input_arrays_with_shape=[(name, [-1, -1]) for name in INPUT_NAMES],  # -1: any batch, any length
+        output_arrays=[meta.output_node],
+    )  # fmt: skip
     with held_native_output():  # the converter logs its passes natively
-        converter = tf.compat.v1.lite.TFLiteConverter(graph.as_graph_def(), inputs, [output])
-        del graph
         return bytes(converter.convert())
 
 

@@ -24,7 +24,7 @@ import signal
 from multiprocessing.process import BaseProcess
 
 from ..config import ModelConfig, default_graph_dir
-from .graph import GraphSpec, cache_key, load_or_build, read_cache
+from .graph import GraphSpec, cache_key, load_or_build
 from .model_dir import inspect_model
 
 logger = logging.getLogger("bertserve.prepare")
@@ -85,9 +85,10 @@ def run_steps(requested: ModelConfig, steps: list[str], cpu_only: bool, threads:
                 trim_heap()  # a build's copies of the weights, given back before the conversion needs its own
             elif step == "lite" and not gpus:  # GPU workers take no LiteRT path
                 key = cache_key(model, spec)
-                cached = read_cache(os.path.join(graph_dir, f"{key}.graph"), key)
-                if cached is not None:  # else the graph could not be cached, and each worker converts its own
-                    lite.load_or_convert(cached[0], cached[1], graph_dir)
+                found = lite.read_graph_def(graph_dir, key)
+                trim_heap()  # the file's bytes, read and parsed
+                if found is not None:  # else the graph could not be cached, and each worker converts its own
+                    lite.load_or_convert(*found, graph_dir)
     except Exception as exc:
         logger.error("could not build the %s of %s: %s", STEP_NAMES.get(step, step), requested.model_dir, exc)
         raise SystemExit(FAILED_EXIT_CODE) from None
