@@ -205,11 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         appeared = time.monotonic()
         shutil.move(str(spare), str(base / "2"))
         log("version 2 is in the repository")
-        rolling_at = None  # when the preparation had ended and the first new worker could start
+        preparing_until = appeared  # the last time the status said "preparing": no new worker had started yet
         with BertClient(**server.client_kwargs, timeout=30_000) as control:
             while (state := control.server_status.get("swap", {}).get("state")) != "done":
-                if rolling_at is None and state == "rolling":
-                    rolling_at = time.monotonic()
+                if state == "preparing":
+                    preparing_until = time.monotonic()
                 if time.monotonic() - appeared > 600:
                     raise RuntimeError(f"the swap did not finish: {control.server_status.get('swap')}")
                 time.sleep(0.2)
@@ -228,13 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     during = sampler.between(appeared, done + 1)
     steady_mib = statistics.median(s[2] for s in steady)
     peak_mib = max(s[2] for s in during)
-    rolling_at = rolling_at or appeared
 
     def new_peaks(start: float, end: float) -> list[float]:
         return [mib for pid, mib in sampler.peak_mib.items() if start < sampler.first_seen[pid] <= end]
 
-    preparing_peaks = new_peaks(appeared, rolling_at)  # the child that built version 2's graph, if any
-    new_peak_mib = max(new_peaks(rolling_at, done))
+    preparing_peaks = new_peaks(appeared, preparing_until)  # the child that built version 2's graph, if any
+    new_peak_mib = max(new_peaks(preparing_until, done))
 
     def median_ms(start: float, end: float) -> float:
         return 1000 * statistics.median([o[1] for o in outcomes if start <= o[0] < end] or [0.0])
