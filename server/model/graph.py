@@ -2,11 +2,11 @@
 
 ``build_graph`` builds the encoder as a graph with its weights as constants and prunes
 every node the requested output does not need (the layers above the deepest pooled
-layer, the pooler unless ``CLS_POOLED`` is asked for). With
-``dtype`` fp16 or bf16 the weight matrices are stored in that type and the matrix
-products run in it, while embeddings sums, softmax, layer norm, residuals and pooling are
-accumulated in fp32. The serialized graph is cached on disk under a key made from the
-model files' content and every option that changes the graph.
+layer, the pooler unless ``CLS_POOLED`` is asked for). With ``dtype`` fp16 or bf16 the
+weight matrices are stored in that type and the matrix products run in it, while
+embeddings sums, softmax, layer norm, residuals and pooling are accumulated in fp32. The
+serialized graph is cached on disk under a key made from the model files' content and every
+option that changes the graph.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
 
     The graph is built directly, not traced with variables and frozen: freezing copies every
     weight through several forms of the function, so a build peaked at ~1,100 MiB above
-    TensorFlow's own footprint for all-MiniLM-L6-v2, against ~300 MiB this way. Each weight
+    TensorFlow's own footprint for all-MiniLM-L6-v2, against ~350 MiB this way. Each weight
     becomes a ``Const`` that feeds its consumers directly, with no ``Identity`` read between:
     oneDNN's matrix product keeps its reordered copy of a weight only when the weight comes
     from a ``Const`` (behind an ``Identity`` it reorders every weight on every run).

@@ -81,8 +81,8 @@ def convert(graph_def: Any, meta: GraphMeta) -> bytes:
     """The frozen ``graph_def`` converted by TensorFlow's LiteRT converter, its inputs
     ``[batch, length]`` of any size. The GraphDef goes to the converter as it is, by input
     and output names: making a function or a graph of it first would add copies of every
-    weight to the conversion's peak (for all-MiniLM-L6-v2, ~1,250-1,450 MiB in all against
-    ~1,400-1,750 MiB through an imported graph)."""
+    weight to the conversion's peak (for all-MiniLM-L6-v2 the process converting peaked at
+    ~1,570-1,610 MiB, against ~1,740 MiB through an imported graph)."""
     import tensorflow as tf
 
     converter = tf.compat.v1.lite.TFLiteConverter(

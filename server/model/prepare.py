@@ -3,7 +3,7 @@
 A worker loads two things its model directory does not hold: the optimized graph
 (:mod:`.graph`) and, where small runs go to LiteRT, that graph converted (:mod:`.lite`).
 Both are cached, but making them holds several copies of the weights at once: for
-all-MiniLM-L6-v2 a build peaks ~300 MiB and a conversion ~650 MiB above TensorFlow's own
+all-MiniLM-L6-v2 a build peaks ~350 MiB and a conversion ~950 MiB above TensorFlow's own
 footprint, and the C heap keeps much of that afterwards. A worker that made them would
 carry the excess for its life, and during a version swap its peak would come on top of
 every serving worker's.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import shutil
 import socket
 import tempfile
@@ -276,7 +275,8 @@ class BertServer(ExitFlags):
             return None
         names = " and ".join(STEP_NAMES[step] for step in steps)
         logger.info("building the %s of model %s before a worker loads it", names, config.model.model_dir)
-        return Preparation(config.model, steps, cpu_only=config.cpu, threads=max(1, os.cpu_count() or 1),
+        # A worker's share of the cores: during a swap the serving workers keep theirs.
+        return Preparation(config.model, steps, cpu_only=config.cpu, threads=config.worker_threads(),
                            log_level=self.log_level)  # fmt: skip
 
     def retire_worker(self, index: int) -> None:
