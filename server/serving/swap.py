@@ -226,9 +226,11 @@ class VersionSwap:
         logger.info("swapping model version %s for %s, one worker at a time", old, new)
         refused = self.server.refused_versions  # one refused while it was being written is whole now
         refused[:] = [entry for entry in refused if entry["version"] != new]
+        prepared = self.state.get("state") == "preparing" and self.state.get("version_to") == new
+        started = self.state["started"] if prepared else time.time()  # a swap starts with its preparation
         self.state.clear()
         self.state.update(
-            state="rolling", reload=reload, version_from=old, version_to=new, started=time.time(), workers_replaced=0,
+            state="rolling", reload=reload, version_from=old, version_to=new, started=started, workers_replaced=0,
             message=f"starting a worker of version {new}",
         )  # fmt: skip
 
