@@ -79,12 +79,13 @@ def run_steps(requested: ModelConfig, steps: list[str], cpu_only: bool, threads:
         model = inspect_model(requested)
         config, spec = _resolve(requested, model)
         graph_dir = config.graph_dir or default_graph_dir()
+        built = None  # the meta of the graph built here, whose key names its LiteRT model too
         for step in steps:
             if step == "graph":
-                load_or_build(model, spec, graph_dir)
+                built = load_or_build(model, spec, graph_dir)[1]
                 trim_heap()  # a build's copies of the weights, given back before the conversion needs its own
             elif step == "lite" and not gpus:  # GPU workers take no LiteRT path
-                key = cache_key(model, spec)
+                key = built.key if built is not None else cache_key(model, spec)
                 found = lite.read_graph_def(graph_dir, key)
                 trim_heap()  # the file's bytes, read and parsed
                 if found is not None:  # else the graph could not be cached, and each worker converts its own

@@ -208,29 +208,32 @@ class VersionSwap:
         (config, reload), failure = self.prepared, self.preparing.failure
         self.preparing = self.prepared = None
         if done:
-            self._begin(config, reload)
+            self._begin(config, reload, started=self.state["started"])  # a swap starts with its preparation
             return
-        version = Version(int(config.model_version), config.model.model_dir)
-        self.checker.refuse(version, failure)
-        self.server.record_refusals([Refusal(version, failure)])
-        self.tokenizers.pop(config.version_number, None)
-        self.state.update(state="refused", message=f"version {version.number} is refused: {failure}",
+        self._refuse_config(config, failure)
+        self.state.update(state="refused", message=f"version {config.version_number} is refused: {failure}",
                           finished=time.time())  # fmt: skip
+
+    def _refuse_config(self, config: ServerConfig, reason: str) -> None:
+        """Refuse the version ``config`` serves, found sound but failed once tried."""
+        version = Version(int(config.model_version), config.model.model_dir)
+        self.checker.refuse(version, reason)
+        self.server.record_refusals([Refusal(version, reason)])
+        self.tokenizers.pop(config.version_number, None)
 
     # -- rolling -------------------------------------------------------------------------
 
-    def _begin(self, config: ServerConfig, reload: int) -> None:
+    def _begin(self, config: ServerConfig, reload: int, started: float | None = None) -> None:
         self.previous = self.target
         self.target = config
         old, new = self.previous.version_number, config.version_number
         logger.info("swapping model version %s for %s, one worker at a time", old, new)
         refused = self.server.refused_versions  # one refused while it was being written is whole now
         refused[:] = [entry for entry in refused if entry["version"] != new]
-        prepared = self.state.get("state") == "preparing" and self.state.get("version_to") == new
-        started = self.state["started"] if prepared else time.time()  # a swap starts with its preparation
         self.state.clear()
         self.state.update(
-            state="rolling", reload=reload, version_from=old, version_to=new, started=started, workers_replaced=0,
+            state="rolling", reload=reload, version_from=old, version_to=new, started=started or time.time(),
+            workers_replaced=0,
             message=f"starting a worker of version {new}",
         )  # fmt: skip
 
@@ -332,9 +335,6 @@ class VersionSwap:
         assert self.previous is not None
         failed, self.target = self.target, self.previous
         reason = f"its worker {index} could not load it (exit code {exitcode}; see the errors above)"
-        version = Version(int(failed.model_version), failed.model.model_dir)
-        self.checker.refuse(version, reason)
-        self.server.record_refusals([Refusal(version, reason)])
-        self.tokenizers.pop(failed.version_number, None)
+        self._refuse_config(failed, reason)
         logger.error("rolling back to model version %s", self.target.version_number)
         self.state.update(state="rolling_back", message=f"version {failed.version_number} failed: {reason}")
