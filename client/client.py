@@ -1,7 +1,8 @@
 """``BertClient``: sentences in, vectors out, from a bertserve server over ZeroMQ.
 
-The client pushes requests to the server's PULL port and reads replies from its PUB port,
-subscribed to its own identity. Every wait is a poll with a deadline (the ZeroMQ guide's
+The client pushes requests to the server's PULL port and reads replies from its reply port,
+subscribed to its own identity (under CURVE: on a DEALER that announces it, see
+:func:`~bertserve.client.security.reply_socket`). Every wait is a poll with a deadline (the ZeroMQ guide's
 Lazy Pirate client), so a server that is down or gone gives :class:`ServerTimeoutError`
 within ``timeout`` milliseconds instead of a hang. A reply to a request nobody waits for any
 more (it timed out) is recognised by its request id and dropped.
@@ -56,7 +57,15 @@ from .protocol import (
     decode_reply,
     encode_request,
 )
-from .security import CURVE_KEY_LENGTH, HandshakeWatch, KeySource, load_public_key, load_secret_cert
+from .security import (
+    CURVE_KEY_LENGTH,
+    HandshakeWatch,
+    KeySource,
+    announce,
+    load_public_key,
+    load_secret_cert,
+    reply_socket,
+)
 from .terminal import progress_bar
 
 logger = logging.getLogger("bertserve.client")
@@ -275,21 +284,19 @@ class BertClient:
         try:
             self._push = self._context.socket(zmq.PUSH)
             self._push.setsockopt(zmq.LINGER, 0)
-            self._sub = self._context.socket(zmq.SUB)
-            self._sub.setsockopt(zmq.LINGER, 0)
-            self._sub.setsockopt(zmq.SUBSCRIBE, self.identity)
-            for sock in (self._push, self._sub):
+            self._replies = reply_socket(self._context, self.identity, routed=curve is not None)
+            for sock in (self._push, self._replies):
                 sock.setsockopt(zmq.IPV6, ":" in host)
                 if curve is not None:
                     curve.apply(sock)
             self._watch = HandshakeWatch(
-                {self._address: self._push, self._address_out: self._sub},
+                {self._address: self._push, self._address_out: self._replies},
                 public_key=None if curve is None else curve.public,
             )
             self._push.connect(self._address)
-            self._sub.connect(self._address_out)
+            self._replies.connect(self._address_out)
             self._poller = zmq.Poller()
-            for sock in (self._sub, *self._watch.monitors):
+            for sock in (self._replies, *self._watch.monitors):
                 self._poller.register(sock, zmq.POLLIN)
             with self._using():
                 self._config = self._handshake()
@@ -322,7 +329,7 @@ class BertClient:
             self._arrived.clear()
             self._watch.close()
             self._push.close(linger=0)
-            self._sub.close(linger=0)
+            self._replies.close(linger=0)
             self._context.term()
         finally:
             self._lock.release()
@@ -751,6 +758,7 @@ class BertClient:
                 f"the request is {len(frames[-1])} bytes as JSON; the server takes at most {limit} bytes per "
                 "message (max_message_bytes): send fewer or shorter texts per request"
             )
+        announce(self._replies, self.identity)  # under CURVE: where the reply goes, as the sink may be new
         # Without a server the frames just queue; this wait only matters once the queue is full.
         remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
         if not self._push.poll(remaining_ms, zmq.POLLOUT):
@@ -820,13 +828,13 @@ class BertClient:
         while True:
             remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
             ready = dict(self._poller.poll(remaining_ms))
-            if len(ready) > (self._sub in ready):
+            if len(ready) > (self._replies in ready):
                 self._watch.drain()  # a handshake happened; keep the monitors' queues empty
-            if self._sub not in ready:
+            if self._replies not in ready:
                 if time.monotonic() >= deadline:
                     return None
                 continue
-            frames = self._sub.recv_multipart(zmq.NOBLOCK, copy=False)
+            frames = self._replies.recv_multipart(zmq.NOBLOCK, copy=False)
             try:
                 reply = decode_reply([frame.buffer for frame in frames])
             except ProtocolError as exc:

@@ -14,6 +14,9 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
         payload   ENCODE: JSON list of strings (or of token lists); otherwise empty
 
     sink PUB -> client SUB           [client_id, request_id, status, header, *buffer]
+      (under CURVE: sink ROUTER -> client DEALER, the same frames; the client first sends
+       [ANNOUNCE, client_id] from a DEALER whose routing id is 16 random bytes, and the sink
+       routes replies to a client id only to connections of the key it belongs to)
         status    OK | ERROR
         header    ENCODE: array header {"dtype", "shape", "token_count", "chunked"} (+ "tokens", and
                   "model_version" from a model repository); CONFIG/STATUS/RELOAD: the answer;
@@ -81,6 +84,7 @@ CONFIG = b"CONFIG"
 STATUS = b"STATUS"
 TERMINATE = b"TERMINATE"
 RELOAD = b"RELOAD"  # check the model repository now, and swap to the version found
+ANNOUNCE = b"ANNOUNCE"  # client DEALER -> sink ROUTER under CURVE: route replies to this topic here
 COMMANDS = (ENCODE, CONFIG, STATUS, TERMINATE, RELOAD)
 
 # reply status

@@ -6,6 +6,10 @@ key and may be handed out; ``NAME.key_secret`` holds both keys and stays with it
 package because the client needs them without the server; ``bertserve.server.security``
 re-exports them.
 
+Under CURVE a client reads its replies from a ``DEALER`` that announces its client id
+(:func:`reply_socket`, :func:`announce`), never from a ``SUB``: the server routes each reply
+by the key that announced it, not by a subscription.
+
 A ZeroMQ socket whose handshake fails just retries in silence, so a refused client would
 look like a server that is down. :class:`HandshakeWatch` reads the sockets' monitor events
 and turns a failed handshake into an :class:`AuthenticationError` that says what to fix.
@@ -13,6 +17,7 @@ and turns a failed handshake into an :class:`AuthenticationError` that says what
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -25,6 +30,7 @@ import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from .errors import AuthenticationError
+from .protocol import ANNOUNCE
 
 CURVE_KEY_LENGTH = 40
 """Length of a z85-encoded CURVE key, and of the ``User-Id`` the authenticator gives a client."""
@@ -106,6 +112,39 @@ def _read_certificate(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None
     if not is_z85_key(public) or (secret is not None and not is_z85_key(secret)):
         raise ValueError(f"{where} is not a ZeroMQ CURVE certificate: its keys are not 40 z85 characters")
     return public, secret
+
+
+ROUTE_ID_BYTES = 16
+"""Length of the random routing id of a client's reply ``DEALER`` under CURVE."""
+
+
+def reply_socket(context: zmq.Context, topic: bytes, *, routed: bool) -> zmq.Socket:
+    """The socket a client reads replies to client ids starting with ``topic`` from, not yet
+    connected: a ``SUB`` subscribed to ``topic``, or with ``routed`` (a CURVE server) a
+    ``DEALER`` with a random routing id, on which :func:`announce` tells the server the topic.
+
+    The routing id is 16 random bytes (never starting with a zero byte, which libzmq keeps
+    for ids it makes itself): it travels only inside CURVE's encryption, so no other peer
+    can connect under it and take this client's route over.
+    """
+    if not routed:
+        sock = context.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, topic)
+    else:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, b"\x01" + os.urandom(ROUTE_ID_BYTES - 1))
+    sock.setsockopt(zmq.LINGER, 0)
+    return sock
+
+
+def announce(sock: zmq.Socket, topic: bytes) -> None:
+    """Tell the server (again) that replies to ``topic`` go to this ``DEALER`` from
+    :func:`reply_socket`. Cheap and idempotent, so clients announce before every request: a
+    restarted server learns the route with the first one. A full queue (no server) skips it."""
+    if sock.socket_type != zmq.DEALER:
+        return
+    with contextlib.suppress(zmq.Again):
+        sock.send_multipart([ANNOUNCE, topic], zmq.NOBLOCK)
 
 
 _WATCHED = (

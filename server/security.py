@@ -6,9 +6,11 @@ the replies of any client whose id it knows, and stop the server. With CURVE (a 
 directory, :func:`load_curve_dir`) only clients whose public key is listed in ``clients/``
 can connect, and all traffic is encrypted. A client authenticated with key ``K`` must use
 client ids ``K:suffix`` (:func:`identity_belongs`), so it can neither send requests as
-another key nor subscribe to another key's replies (:func:`subscription_allowed`, applied by
-the sink's ``XPUB_MANUAL`` socket through :func:`handle_subscription`). TERMINATE is
-honoured only from keys listed in ``admins/`` (:func:`is_admin`).
+another key (:func:`request_allowed`, checked against each request's own ``User-Id``) nor
+route another key's replies to itself (:func:`route_allowed`, checked against each
+announcement's own ``User-Id`` by the sink's reply ``ROUTER``, see
+``bertserve.server.serving.replies``). TERMINATE is honoured only from keys listed in
+``admins/`` (:func:`is_admin`).
 
 The key-file helpers live in ``bertserve.client.security`` (the client needs them without
 the server) and are re-exported here.
@@ -44,6 +46,7 @@ __all__ = [
     "make_curve_server",
     "message_user_id",
     "request_allowed",
+    "route_allowed",
     "start_authenticator",
     "subscription_allowed",
 ]
@@ -186,27 +189,30 @@ def request_allowed(user_id: UserId, client_id: bytes, curve: bool) -> bool:
     return identity_belongs(user_id, client_id) if curve else True
 
 
-def subscription_allowed(user_id: UserId, topic: bytes, curve: bool) -> bool:
-    """Whether a subscriber may receive messages whose topic starts with ``topic``.
-
-    ZeroMQ matches topics by prefix, so the empty topic would read every client's replies
-    and is always refused. Under CURVE the topic must be a client id of the subscriber's
-    own key (:func:`identity_belongs`); without CURVE any topic of 1 to 64 bytes.
-    """
-    if not topic or len(topic) > MAX_TOPIC_BYTES:
-        return False
-    return identity_belongs(user_id, topic) if curve else True
+def subscription_allowed(topic: bytes) -> bool:
+    """Whether a subscriber (on the server without CURVE) may receive messages whose topic
+    starts with ``topic``: any topic of 1 to 64 bytes. ZeroMQ matches topics by prefix, so
+    the empty topic would read every client's replies and is always refused."""
+    return 0 < len(topic) <= MAX_TOPIC_BYTES
 
 
-def handle_subscription(xpub: zmq.Socket, frame: zmq.Frame, curve: bool) -> bool:
+def route_allowed(user_id: UserId, topic: bytes) -> bool:
+    """Whether a connection authenticated as ``user_id`` may announce ``topic`` on a CURVE
+    server's reply port, and so receive replies to client ids that start with it: only a
+    client id of its own key (:func:`identity_belongs`), at most 64 bytes."""
+    return len(topic) <= MAX_TOPIC_BYTES and identity_belongs(user_id, topic)
+
+
+def handle_subscription(xpub: zmq.Socket, frame: zmq.Frame) -> bool:
     """Apply one (un)subscription message read from an ``XPUB_MANUAL`` socket, if allowed.
 
-    ``frame`` must be the message just received from ``xpub`` with ``recv(copy=False)``
-    (ZeroMQ applies the option to the subscriber the last message came from, and the frame
-    carries its ``User-Id``). The first byte is 1 to subscribe, 0 to unsubscribe, the rest
-    is the topic. Returns whether a subscription was applied; a refused one is logged and
-    dropped, so that subscriber receives nothing. Unsubscribing is always applied: it can
-    only narrow what a subscriber reads.
+    For the server without CURVE only, which authenticates nobody: libzmq applies the option
+    to the pipe of the last *subscription* message read, and other messages shift that
+    pairing, so no per-subscriber check may rest on it (CURVE replies are routed instead).
+    ``frame`` is the message just received from ``xpub``; its first byte is 1 to subscribe,
+    0 to unsubscribe, the rest is the topic. Returns whether a subscription was applied; a
+    refused one is logged and dropped. Unsubscribing is always applied: it can only narrow
+    what a subscriber reads.
     """
     message = frame.bytes
     if not message or message[0] not in (0, 1):
@@ -216,9 +222,8 @@ def handle_subscription(xpub: zmq.Socket, frame: zmq.Frame, curve: bool) -> bool
     if message[0] == 0:
         xpub.setsockopt(zmq.UNSUBSCRIBE, topic)
         return False
-    user_id = message_user_id(frame)
-    if not subscription_allowed(user_id, topic, curve):
-        logger.warning("refused a subscription to %r from %s", topic[:MAX_TOPIC_BYTES], user_id or "an unknown key")
+    if not subscription_allowed(topic):
+        logger.warning("refused a subscription to %r", topic[:MAX_TOPIC_BYTES])
         return False
     xpub.setsockopt(zmq.SUBSCRIBE, topic)
     return True

@@ -1,13 +1,13 @@
 """The HTTP front end's way into the server: an asyncio ZeroMQ client of the ventilator.
 
-It speaks the same protocol as ``BertClient``, over one PUSH and one SUB socket shared by
+It speaks the same protocol as ``BertClient``, over one PUSH and one reply socket shared by
 every HTTP request in flight: each request gets its own request id, and a reader that the
-event loop calls when the SUB socket's file descriptor signals hands each reply straight to
+event loop calls when the reply socket's file descriptor signals hands each reply straight to
 the request waiting for it (one loop turn, no task in between). HTTP callers are told apart by their client
 id, ``<prefix>.<caller hash>``, so the ventilator's per-client bounds and turns apply to
-each caller; the SUB socket subscribes to the prefix and so reads the replies of them all.
-Under CURVE the prefix starts with the front end's own public key, which the server
-generated for it and allows.
+each caller; the reply socket subscribes to the prefix (under CURVE: announces it) and so
+reads the replies of them all. Under CURVE the prefix starts with the front end's own public
+key, which the server generated for it and allows.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 from bertserve.client import __version__
 from bertserve.client import protocol as p
+from bertserve.client.security import announce, reply_socket
 
 from ..metrics import HTTP_ID_MARK
 
@@ -58,17 +59,16 @@ class Gateway:
         self.address = f"tcp://{bracketed}:{port}"
         self._context = zmq.Context()
         self._push = self._context.socket(zmq.PUSH)
-        self._sub = self._context.socket(zmq.SUB)
-        for sock in (self._push, self._sub):
+        self._replies = reply_socket(self._context, self.prefix + b".", routed=keys is not None)
+        for sock in (self._push, self._replies):
             sock.linger = 0
             sock.ipv6 = ":" in host
             if keys is not None:
                 sock.curve_serverkey = keys.server_public
                 sock.curve_publickey = keys.public
                 sock.curve_secretkey = keys.secret
-        self._sub.setsockopt(zmq.SUBSCRIBE, self.prefix + b".")
         self._push.connect(self.address)
-        self._sub.connect(f"tcp://{bracketed}:{port_out}")
+        self._replies.connect(f"tcp://{bracketed}:{port_out}")
         self._ids = itertools.count(1)
         self._waiting: dict[tuple[bytes, int], asyncio.Future[p.Reply]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -83,7 +83,7 @@ class Gateway:
         """Start reading replies, and ask for the server's configuration until it answers
         (the subscription takes a moment to reach the server)."""
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._sub.fileno(), self._read)
+        self._loop.add_reader(self._replies.fileno(), self._read)
         deadline = time.monotonic() + timeout_s
         caller = self.client_id("bertserve")
         while True:
@@ -102,11 +102,11 @@ class Gateway:
 
     async def close(self) -> None:
         if self._loop is not None:
-            self._loop.remove_reader(self._sub.fileno())
+            self._loop.remove_reader(self._replies.fileno())
         for future in self._waiting.values():
             future.cancel()
         self._push.close(linger=0)
-        self._sub.close(linger=0)
+        self._replies.close(linger=0)
         self._context.term()
 
     async def request(
@@ -131,6 +131,7 @@ class Gateway:
         self._waiting[key] = future
         frames = p.encode_request(client_id, command, request_id, header, texts)
         deadline = time.monotonic() + timeout_s
+        announce(self._replies, self.prefix + b".")  # under CURVE: where the reply goes, as the sink may be new
         try:
             await self._send(frames, deadline)
             return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
@@ -163,10 +164,10 @@ class Gateway:
                 await asyncio.sleep(_SEND_RETRY_S)
 
     def _read(self) -> None:
-        """Every reply waiting on the SUB socket, each to its request. ZeroMQ's descriptor
+        """Every reply waiting on the reply socket, each to its request. ZeroMQ's descriptor
         signals edges, so this drains until the socket says nothing is left."""
-        while self._sub.poll(0, zmq.POLLIN):
-            frames = self._sub.recv_multipart(zmq.NOBLOCK, copy=False)
+        while self._replies.poll(0, zmq.POLLIN):
+            frames = self._replies.recv_multipart(zmq.NOBLOCK, copy=False)
             try:
                 reply = p.decode_reply([frame.buffer for frame in frames])
             except p.ProtocolError as exc:

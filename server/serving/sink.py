@@ -7,11 +7,10 @@ neither complete a request early nor overwrite it. Each request is published onc
 client's topic, when every row is in; a request that can no longer complete (its job
 failed, its deadline passed, assembling it failed) gets an error reply instead of silence.
 
-Replies go out on an XPUB socket with ``XPUB_MANUAL``: a subscription is applied only when
-its topic is one the subscriber may read (never the empty topic that reads everyone's
-replies; under CURVE only its own key's client ids). Each subscriber's queue is bounded by
-``reply_hwm`` messages: a client that does not read loses its own replies, not the
-server's memory.
+Replies leave through :mod:`.replies`: published by topic on an ``XPUB`` without CURVE,
+routed to the connections of the key that owns them on a ``ROUTER`` under CURVE. Each
+client's queue is bounded by ``reply_hwm`` messages: a client that does not read loses its
+own replies, not the server's memory.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from bertserve.client import protocol as p
 from .. import metrics
 from ..config import ServerConfig
 from . import legacy
+from .replies import Replies, open_replies
 
 logger = logging.getLogger("bertserve.sink")
 
@@ -107,33 +107,29 @@ class _Pending:
 
 
 class Sink:
-    """Runs in its own process: PULL from the ventilator and the workers, XPUB to clients."""
+    """Runs in its own process: PULL from the ventilator and the workers, replies to clients (:mod:`.replies`)."""
 
     def __init__(
         self, config: ServerConfig, pull_address: str, context: zmq.Context, extra_keys: frozenset[bytes] = frozenset()
     ) -> None:
         self.config = config
         self.authenticator: Any = None
-        self.curve = config.curve_dir is not None
         self.pull = context.socket(zmq.PULL)
         self.pull.linger = 0
-        self.pub = context.socket(zmq.XPUB)
-        self.pub.linger = 1000
-        self.pub.sndhwm = config.reply_hwm  # per subscriber: a client that does not read loses its own replies
-        self.pub.setsockopt(zmq.XPUB_MANUAL, 1)
         try:
             self.pull.bind(pull_address)
+            keys = None
             if config.curve_dir is not None:
-                from ..security import load_curve_dir, make_curve_server, start_authenticator
+                from ..security import load_curve_dir, start_authenticator
 
                 keys = load_curve_dir(config.curve_dir)
                 self.authenticator = start_authenticator(context, keys, extra_keys)
-                make_curve_server(self.pub, keys)
-            self.pub.bind(f"tcp://{config.bind}:{config.port_out}")
-        except BaseException:
-            self.close()  # or context.term() would wait for these sockets forever
+            self.replies: Replies = open_replies(config, context, keys)
+        except BaseException:  # or context.term() would wait for these forever
+            self.pull.close()
+            if self.authenticator is not None:
+                self.authenticator.stop()
             raise
-        self.legacy = legacy.Publisher(self.pub)  # bert-as-service 1.x's clients' replies
         self.pending: dict[str, _Pending] = {}
         self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None, np.ndarray | None]]] = {}
         self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
@@ -156,7 +152,7 @@ class Sink:
 
     def close(self) -> None:
         self.pull.close()
-        self.pub.close()
+        self.replies.close()
         if self.authenticator is not None:
             self.authenticator.stop()
 
@@ -165,16 +161,16 @@ class Sink:
         for clients to subscribe again, so the error replies waiting for it reach them."""
         until = time.monotonic() + grace_s
         while time.monotonic() < until:
-            if self.pub.poll(50):
-                self._on_subscriptions()
+            if self.replies.socket.poll(50):
+                self.replies.read()
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
-        poller.register(self.pub, zmq.POLLIN)  # subscriptions
+        poller.register(self.replies.socket, zmq.POLLIN)  # subscriptions or announcements
         next_sweep = time.monotonic()
         while self.running:
             events = dict(poller.poll(100))
-            if self.pub in events:
-                self._on_subscriptions()
+            if self.replies.socket in events:
+                self.replies.read()
             if self.pull in events:
                 for _ in range(1000):
                     try:
@@ -188,7 +184,7 @@ class Sink:
                 next_sweep = now + 0.1
         for key in list(self.pending):
             self._fail(key, "the server is shutting down", "shutdown")
-        self.legacy.flush()
+        self.replies.flush()
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -198,17 +194,6 @@ class Sink:
             logger.error("dropped a malformed internal message: %s", exc)
         except Exception:
             logger.exception("error while handling a %r message", bytes(frames[0].bytes[:16]))
-
-    def _on_subscriptions(self) -> None:
-        from ..security import handle_subscription
-
-        for _ in range(1000):
-            try:
-                frame = self.pub.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            if handle_subscription(self.pub, frame, self.curve):  # logs what it refuses
-                self.legacy.subscribed(frame.bytes[1:])
 
     # -- messages ------------------------------------------------------------------------
 
@@ -231,9 +216,7 @@ class Sink:
         self._maybe_publish(key)
 
     def _on_publish(self, rest: list[Any]) -> None:
-        if legacy.is_reply(rest):
-            return self.legacy.send(rest)
-        self.pub.send_multipart(rest)
+        self.replies.send(rest, legacy_client=legacy.is_reply(rest))
 
     def _on_fail(self, rest: list[Any]) -> None:
         info = p.loads(rest[0])
@@ -249,8 +232,8 @@ class Sink:
             requests_in_flight=len(self.pending),
         )
         if status.pop(legacy.STATUS_MARK, False):
-            return self.legacy.send(legacy.status_reply(client, int(request_id), status))
-        self.pub.send_multipart(p.encode_reply(client, int(request_id), True, status))
+            return self.replies.send(legacy.status_reply(client, int(request_id), status), legacy_client=True)
+        self.replies.send(p.encode_reply(client, int(request_id), True, status))
 
     def _on_result(self, rest: list[Any]) -> None:
         _, raw_header, buffer = rest
@@ -330,10 +313,7 @@ class Sink:
             return
         del self.pending[key]
         self._close(key)
-        if pending.legacy:
-            self.legacy.send(frames)
-        else:
-            self.pub.send_multipart(frames, copy=False)
+        self.replies.send(frames, legacy_client=pending.legacy)
         self.served += 1
         _count(pending, "ok")
 
@@ -344,9 +324,9 @@ class Sink:
         self._close(key)
         self.failed += 1
         if pending.legacy:
-            self.legacy.send(legacy.error_reply(pending.client, pending.request_id, error, kind))
+            self.replies.send(legacy.error_reply(pending.client, pending.request_id, error, kind), legacy_client=True)
         else:
-            self.pub.send_multipart(p.error_reply(pending.client, pending.request_id, error, kind))
+            self.replies.send(p.error_reply(pending.client, pending.request_id, error, kind))
         _count(pending, kind)
 
     def _close(self, key: str) -> None:
@@ -354,7 +334,7 @@ class Sink:
         self.orphans.pop(key, None)
 
     def _sweep(self, now: float) -> None:
-        self.legacy.release_due(now)
+        self.replies.release_due(now)
         for key in [k for k, v in self.pending.items() if v.deadline <= now]:
             self._fail(key, "the request did not complete before its deadline", "timeout")
         for key in [k for k, parts in self.orphans.items() if parts[0][0] + _ORPHAN_TTL <= now]:

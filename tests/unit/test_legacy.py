@@ -103,7 +103,7 @@ class OldClientOverPub:
     def subscribe(self) -> None:
         assert self.pub.poll(5000), "the old client's subscription did not arrive"
         frame = self.pub.recv(copy=False)
-        assert handle_subscription(self.pub, frame, curve=False)  # a UUID topic, without CURVE
+        assert handle_subscription(self.pub, frame)  # a UUID topic, without CURVE
         self.publisher.subscribed(frame.bytes[1:])
 
     def close(self) -> None:
@@ -246,7 +246,7 @@ def test_a_reply_waits_for_its_subscription(xpub_and_sub: tuple[zmq.Socket, zmq.
     sub.setsockopt(zmq.SUBSCRIBE, b"late-joiner")
     assert pub.poll(5000)
     frame = pub.recv(copy=False)
-    assert handle_subscription(pub, frame, curve=False)
+    assert handle_subscription(pub, frame)
     publisher.subscribed(frame.bytes[1:])
     assert not publisher.held
     assert _receive(sub, 1) == [reply]

@@ -1,11 +1,10 @@
 """``server/security.py``: key files, the identity rules, and the real ZeroMQ mechanism the
-server relies on (CURVE + ZAP ``User-Id`` + an ``XPUB_MANUAL`` that applies only allowed
-subscriptions), shown with raw pyzmq sockets on loopback."""
+server relies on (CURVE + ZAP ``User-Id`` on each message), shown with raw pyzmq sockets on
+loopback. The reply routing built on it is tested in ``test_replies.py``."""
 
 from __future__ import annotations
 
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,24 +133,30 @@ def test_identity_belongs(user_id: Any, client_id: bytes, expected: bool) -> Non
 
 
 @pytest.mark.parametrize(
-    ("user_id", "topic", "curve", "expected"),
+    ("user_id", "topic", "expected"),
     [
-        (K, K + b":a", True, True),
-        (K, b"", True, False),  # ZeroMQ's prefix match: the empty topic reads every reply
-        (None, b"", False, False),  # ... also without CURVE
-        (K, K, True, False),  # the key alone would read every client id of that key, not ids
-        (K, K[:10], True, False),
-        (K, K + b":", True, False),
-        (K, OTHER + b":a", True, False),
-        (None, K + b":a", True, False),
-        (None, b"anything", False, True),
-        (None, b"x" * 64, False, True),
-        (None, b"x" * 65, False, False),
-        (K, K + b":" + b"x" * 24, True, False),  # 65 bytes
+        (K, K + b":a", True),
+        (K.decode(), K + b":a", True),
+        (K, b"", False),  # ZeroMQ's prefix match: the empty topic reads every reply
+        (K, K, False),  # the key alone would read every client id of that key, not ids
+        (K, K[:10], False),
+        (K, K + b":", False),
+        (K, OTHER + b":a", False),
+        (None, K + b":a", False),
+        (K, K + b":" + b"x" * 23, True),  # 64 bytes
+        (K, K + b":" + b"x" * 24, False),  # 65 bytes
     ],
 )
-def test_subscription_allowed(user_id: Any, topic: bytes, curve: bool, expected: bool) -> None:
-    assert s.subscription_allowed(user_id, topic, curve) is expected
+def test_route_allowed(user_id: Any, topic: bytes, expected: bool) -> None:
+    assert s.route_allowed(user_id, topic) is expected
+
+
+@pytest.mark.parametrize(
+    ("topic", "expected"), [(b"", False), (b"anything", True), (b"x" * 64, True), (b"x" * 65, False)]
+)
+def test_subscription_allowed(topic: bytes, expected: bool) -> None:
+    # Without CURVE: the empty topic (every reply) and over-long topics are refused.
+    assert s.subscription_allowed(topic) is expected
 
 
 @pytest.mark.parametrize(
@@ -165,14 +170,8 @@ def test_loopback_only(bind: str, expected: bool) -> None:
 
 
 class FakeFrame:
-    def __init__(self, message: bytes, user_id: str | None) -> None:
+    def __init__(self, message: bytes) -> None:
         self.bytes = message
-        self._user_id = user_id
-
-    def get(self, name: str) -> str:
-        if self._user_id is None:
-            raise zmq.ZMQError(zmq.EINVAL)
-        return self._user_id
 
 
 class FakeXPub:
@@ -185,14 +184,11 @@ class FakeXPub:
 
 def test_handle_subscription_applies_only_what_is_allowed() -> None:
     xpub = FakeXPub()
-    key = K.decode()
-    assert s.handle_subscription(xpub, FakeFrame(b"\x01" + K + b":a", key), curve=True)  # type: ignore[arg-type]
-    for message, user_id in [(b"\x01", key), (b"\x01" + OTHER + b":a", key), (b"\x01" + K + b":a", None),
-                             (b"", key), (b"\x02" + K + b":a", key)]:  # fmt: skip
-        assert not s.handle_subscription(xpub, FakeFrame(message, user_id), curve=True)  # type: ignore[arg-type]
-    assert not s.handle_subscription(xpub, FakeFrame(b"\x00" + K + b":a", None), curve=True)  # type: ignore[arg-type]
-    assert s.handle_subscription(xpub, FakeFrame(b"\x01plain", None), curve=False)  # type: ignore[arg-type]
-    assert xpub.calls == [(zmq.SUBSCRIBE, K + b":a"), (zmq.UNSUBSCRIBE, K + b":a"), (zmq.SUBSCRIBE, b"plain")]
+    assert s.handle_subscription(xpub, FakeFrame(b"\x01plain"))  # type: ignore[arg-type]
+    for message in (b"\x01", b"", b"\x02plain", b"\x01" + b"x" * 65):
+        assert not s.handle_subscription(xpub, FakeFrame(message))  # type: ignore[arg-type]
+    assert not s.handle_subscription(xpub, FakeFrame(b"\x00plain"))  # type: ignore[arg-type]
+    assert xpub.calls == [(zmq.SUBSCRIBE, b"plain"), (zmq.UNSUBSCRIBE, b"plain")]
 
 
 # -- the real mechanism, with pyzmq on loopback ------------------------------------------
@@ -213,65 +209,6 @@ def curve_client(ctx: zmq.Context, kind: int, keys: s.CurveServerKeys, own: tupl
     sock.curve_serverkey = keys.public
     sock.curve_publickey, sock.curve_secretkey = own
     return sock
-
-
-def drain(sock: zmq.Socket, until: bytes | None, wait_s: float) -> list[bytes]:
-    """The payloads ``sock`` receives until payload ``until`` (or for ``wait_s`` seconds)."""
-    got: list[bytes] = []
-    deadline = time.monotonic() + wait_s
-    while (remaining := deadline - time.monotonic()) > 0 and sock.poll(int(remaining * 1000) + 1):
-        got.append(sock.recv_multipart()[1])
-        if got[-1] == until:
-            break
-    return got
-
-
-def test_xpub_manual_applies_only_subscriptions_of_the_subscribers_key(context: zmq.Context, curve_dir: Path) -> None:
-    keys = s.load_curve_dir(curve_dir)
-    authenticator = s.start_authenticator(context, keys)
-    try:
-        xpub = context.socket(zmq.XPUB)
-        xpub.setsockopt(zmq.LINGER, 0)
-        xpub.setsockopt(zmq.XPUB_MANUAL, 1)
-        s.make_curve_server(xpub, keys)
-        xpub.bind("tcp://127.0.0.1:0")
-        endpoint = xpub.getsockopt(zmq.LAST_ENDPOINT).decode()
-
-        alice, bob = cert(curve_dir, "alice"), cert(curve_dir, "bob")
-        alice_id, bob_id = alice[0] + b":a", bob[0] + b":b"
-        topics = {
-            "alice": (alice, [alice_id]),
-            # bob also tries every way into alice's replies; only his own id may be applied
-            "bob": (bob, [bob_id, b"", alice_id, alice[0], alice[0] + b":", bob[0], bob[0] + b":"]),
-            # carol is bob's key with nothing of its own to read
-            "carol": (bob, [b"", alice_id, alice[0] + b":"]),
-        }
-        subs: dict[str, zmq.Socket] = {}
-        for name, (own, wanted) in topics.items():
-            subs[name] = sub = curve_client(context, zmq.SUB, keys, own)
-            for topic in wanted:
-                sub.setsockopt(zmq.SUBSCRIBE, topic)
-            sub.connect(endpoint)
-
-        expected = sum(len(wanted) for _, wanted in topics.values())
-        applied: list[bool] = []
-        deadline = time.monotonic() + 10
-        while len(applied) < expected and time.monotonic() < deadline:
-            if xpub.poll(100):
-                frame = xpub.recv(copy=False)
-                assert s.message_user_id(frame) in {alice[0].decode(), bob[0].decode()}
-                applied.append(s.handle_subscription(xpub, frame, curve=True))
-        assert len(applied) == expected and applied.count(True) == 2
-
-        for n in range(3):
-            xpub.send_multipart([alice_id, b"for alice %d" % n])
-            xpub.send_multipart([bob_id, b"for bob %d" % n])
-        # bob's last message comes after all of alice's, so once it is in nothing else is on its way
-        assert drain(subs["bob"], b"for bob 2", 5) == [b"for bob %d" % n for n in range(3)]
-        assert drain(subs["alice"], b"for alice 2", 5) == [b"for alice %d" % n for n in range(3)]
-        assert drain(subs["carol"], None, 0.3) == []
-    finally:
-        authenticator.stop()
 
 
 def test_curve_pull_reads_the_senders_key_and_refuses_strangers(context: zmq.Context, curve_dir: Path) -> None:
