@@ -141,7 +141,7 @@ def announce(sock: zmq.Socket, topic: bytes) -> None:
     """Tell the server (again) that replies to ``topic`` go to this ``DEALER`` from
     :func:`reply_socket`. Cheap and idempotent, so clients announce before every request: a
     restarted server learns the route with the first one. A full queue (no server) skips it."""
-    if sock.socket_type != zmq.DEALER:
+    if sock.type != zmq.DEALER:
         return
     with contextlib.suppress(zmq.Again):
         sock.send_multipart([ANNOUNCE, topic], zmq.NOBLOCK)

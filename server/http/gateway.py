@@ -132,6 +132,7 @@ class Gateway:
         frames = p.encode_request(client_id, command, request_id, header, texts)
         deadline = time.monotonic() + timeout_s
         announce(self._replies, self.prefix + b".")  # under CURVE: where the reply goes, as the sink may be new
+        self._read()  # a send can take the descriptor's edge for a reply already in; read it now
         try:
             await self._send(frames, deadline)
             return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))

@@ -51,9 +51,11 @@ logger = logging.getLogger("bertserve.sink.replies")
 HOLD_S = legacy.HOLD_S
 """Longest a reply waits for its client's connection (subscription or route) to reach the sink."""
 
-MAX_INBOUND_BYTES = 256
+MAX_INBOUND_BYTES = 1024
 """Largest frame a client may send on the reply port: a subscription or an announcement is
-at most 65 bytes, so a larger frame (and the connection that sent it) is dropped unread."""
+at most 65 bytes, so a larger frame (and the connection that sent it) is dropped unread.
+libzmq applies the limit to the handshake's messages too, and CURVE's INITIATE with a
+DEALER's metadata (its socket type and 16-byte routing id) is past 256 bytes."""
 
 MAX_ROUTES_PER_KEY = 4096
 """Topics remembered per CURVE key; past it that key's oldest routes are forgotten."""

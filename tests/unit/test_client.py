@@ -5,7 +5,9 @@ The responder is the protocol, not the server: one thread with a PULL and a PUB 
 answers CONFIG/STATUS/TERMINATE and "encodes" texts as ``[words, row, request id, 0]``.
 Texts containing "slow" are answered after 0.6 s, texts containing "boom" with an error,
 "busy" with a refusal of kind "busy". With ``curve_dir`` both sockets are CURVE servers
-behind pyzmq's authenticator, allowing the keys in ``curve_dir/clients``.
+behind pyzmq's authenticator, allowing the keys in ``curve_dir/clients``, and replies go
+out on a ROUTER to the connections that announced a prefix of their client id, as a CURVE
+server routes them.
 The real server is tested end to end in ``tests/integration``.
 """
 
@@ -75,7 +77,8 @@ class Responder:
         self._context = zmq.Context()
         self._authenticator: ThreadAuthenticator | None = None
         self._pull = self._context.socket(zmq.PULL)
-        self._pub = self._context.socket(zmq.PUB)
+        self._pub = self._context.socket(zmq.PUB if curve_dir is None else zmq.ROUTER)
+        self._routes: dict[bytes, bytes] = {}  # under CURVE: routing id -> announced topic
         for sock in (self._pull, self._pub):
             sock.setsockopt(zmq.LINGER, 0)
         if curve_dir is not None:
@@ -129,14 +132,26 @@ class Responder:
                     delay, reply = self._answer(request)
                     if reply is not None:
                         heapq.heappush(scheduled, (time.monotonic() + delay, next(order), reply))
+                while self._authenticator is not None and self._pub.poll(0):
+                    route, command, topic = self._pub.recv_multipart()
+                    assert command == p.ANNOUNCE
+                    self._routes[route] = topic
                 while scheduled and scheduled[0][0] <= time.monotonic():
-                    self._pub.send_multipart(heapq.heappop(scheduled)[2])
+                    self._reply(heapq.heappop(scheduled)[2])
         finally:
             self._pull.close()
             self._pub.close()
             if self._authenticator is not None:
                 self._authenticator.stop()
             self._context.term()
+
+    def _reply(self, frames: list[Any]) -> None:
+        if self._authenticator is None:
+            self._pub.send_multipart(frames)
+            return
+        for route, topic in self._routes.items():
+            if bytes(frames[0]).startswith(topic):
+                self._pub.send_multipart([route, *frames])
 
     def _answer(self, request: p.Request) -> tuple[float, list[Any] | None]:
         cid, rid = request.client_id, request.request_id
