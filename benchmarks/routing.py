@@ -169,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         env=env, echo=False, pass_port_out=False,
     )  # fmt: skip
     try:
-        host = start_worker_host(worker_port, "--num-worker", str(args.workers), env=env, echo=False)
+        host = start_worker_host(
+            worker_port, "--num-worker", str(args.workers), "--model-class", MODEL, env=env, echo=False
+        )
         try:
             with BertClient(port=head.port, port_out=head.port_out, timeout=30_000) as probe:
                 deadline = time.monotonic() + 60

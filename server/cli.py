@@ -24,7 +24,7 @@ from bertserve.client import __version__
 from bertserve.client.cli import HelpFormatter, add_client_commands, read_lines, unset_help
 from bertserve.client.terminal import paint, print_status
 
-from .config import ModelConfig, ServerConfig
+from .config import HTTP_BODY_BYTES_TOTAL, ModelConfig, ServerConfig
 from .errors import BertServeError
 from .logs import quiet_native_logs, setup_logging
 
@@ -186,7 +186,29 @@ SERVER_FLAGS = [
         unset="no HTTP",
     ),
     _Flag("--http-bind", "address the HTTP port listens on", unset="--bind"),
-    _Flag("--api-key", "HTTP callers must send Authorization: Bearer KEY", unset="none needed"),
+    _Flag(
+        "--api-key",
+        "HTTP callers must send Authorization: Bearer KEY (principal 'default'); prefer BERTSERVE_API_KEY, "
+        "since a command line is visible to every user of the machine",
+        unset="none needed",
+    ),
+    _Flag(
+        "--api-keys",
+        "FILE of NAME KEY lines: each key a principal of its own (bounds, turns, metrics)",
+        unset="none",
+    ),
+    _Flag(
+        "--max-http-body-bytes",
+        "largest HTTP request body; larger is refused with 413",
+        int,
+        unset="16 MiB, at most the request frame limit",
+    ),
+    _Flag(
+        "--max-http-body-bytes-total",
+        "HTTP bodies held at once, each counted as its bytes plus 64 per comma; past it 429",
+        int,
+        HTTP_BODY_BYTES_TOTAL,
+    ),
     _Flag(
         "--metrics-port",
         "serve Prometheus /metrics alone on this port (with --http-port it is at /metrics)",
@@ -232,6 +254,7 @@ WORKER_FLAGS = [
     _Flag("--prefetch-size", "jobs a worker holds at once: its credits; give faster devices more", int, 1),
     *(_server_flag(name) for name in ("--cpu", "--device-map", "--gpu-memory-fraction", "--threads-per-worker")),
     *(_server_flag(name) for name in ("--worker-nice", "--feed", "--max-restarts")),
+    _server_flag("--model-class"),  # the only class it may import: the head must serve the same
     _Flag(
         "--client-cert",
         "CURVE: this worker's NAME.key_secret, whose NAME.key is in the head's workers/",
@@ -262,6 +285,9 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def _cmd_start(args: argparse.Namespace) -> int:
     config = server_config_from_args(args)
+    if config.api_key is not None and os.environ.get(_server_flag("--api-key").env) != args.api_key:
+        logger.warning("--api-key on the command line is visible to every user of this machine (ps); "
+                       "prefer BERTSERVE_API_KEY or --api-keys FILE")  # fmt: skip
     # Every process of this server writes its metrics here; prometheus_client reads the
     # variable when it is first imported, so it is set before anything imports it.
     metrics_dir = tempfile.mkdtemp(prefix="bertserve-metrics-")

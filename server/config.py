@@ -168,6 +168,12 @@ def _parse_layers(value: object) -> tuple[int, ...]:
 
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+HTTP_BODY_BYTES = 16 * 1024 * 1024
+"""Default largest HTTP body: bulk work is better sent as several requests, or over ZeroMQ."""
+HTTP_BODY_BYTES_TOTAL = 32 * 1024 * 1024
+"""Default budget of the HTTP bodies held at once (``server/http/bodies.py``): a body costs the head
+a few times its size while it is parsed and sent on, so this keeps HTTP within about 300 MiB of a
+Kubernetes head's 1 GiB (docker/README.md)."""
 HEARTBEAT_INTERVAL_MS = 1000
 """How often a worker tells the ventilator it is alive."""
 
@@ -214,6 +220,9 @@ class ServerConfig:
     http_port: int | None = None
     http_bind: str | None = None
     api_key: str | None = dataclasses.field(default=None, repr=False)
+    api_keys: str | None = None  # a file of NAME KEY lines: the HTTP principals (server/http/principals.py)
+    max_http_body_bytes: int | None = None  # None: HTTP_BODY_BYTES, at most message_limit and the total
+    max_http_body_bytes_total: int = HTTP_BODY_BYTES_TOTAL
     metrics_port: int | None = None
     served_model_name: str | None = None
     model_alias: tuple[str, ...] = ()
@@ -238,8 +247,16 @@ class ServerConfig:
             (len({self.port, port_out, *extra_ports}) == 2 + len(extra_ports),
              "port, port_out, http_port, metrics_port and worker_port must all differ"),
             (self.api_key is None or len(self.api_key.strip()) >= 8, "api_key must be at least 8 characters"),
-            (self.curve_dir is None or self.http_port is None or self.api_key is not None,
-             "with curve_dir, serving HTTP needs api_key too: else HTTP would serve anyone CURVE keeps out"),
+            (self.curve_dir is None or self.http_port is None or self.api_key is not None or self.api_keys is not None,
+             "with curve_dir, serving HTTP needs api_key (or api_keys) too: else HTTP would serve anyone CURVE keeps "
+             "out"),
+            (self.max_http_body_bytes_total >= 1024, "max_http_body_bytes_total must be at least 1024"),
+            (self.max_http_body_bytes is None or 1024 <= self.max_http_body_bytes <= self.message_limit,
+             f"max_http_body_bytes must be between 1024 and the request frame limit, {self.message_limit} bytes "
+             "(max_message_bytes, or what max_request_size and max_text_chars need)"),
+            (self.max_http_body_bytes is None or self.max_http_body_bytes <= self.max_http_body_bytes_total,
+             "max_http_body_bytes must not exceed max_http_body_bytes_total, or a body at the limit could never "
+             "be read"),
             (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
             (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
             (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),
@@ -291,6 +308,14 @@ class ServerConfig:
         per_text = 4 * self.max_text_chars + 8  # UTF-8 bytes, quotes and comma
         return min(MAX_MESSAGE_BYTES, self.max_request_size * per_text + 65_536)
 
+    @property
+    def http_body_limit(self) -> int:
+        """Largest HTTP request body: ``max_http_body_bytes``, or :data:`HTTP_BODY_BYTES`, at most
+        the request frame limit and ``max_http_body_bytes_total``."""
+        if self.max_http_body_bytes is not None:
+            return self.max_http_body_bytes
+        return min(HTTP_BODY_BYTES, self.message_limit, self.max_http_body_bytes_total)
+
     def worker_threads(self) -> int:
         """TensorFlow threads per CPU worker: the cores shared out, so workers do not fight."""
         if self.threads_per_worker is not None:
@@ -301,6 +326,7 @@ class ServerConfig:
         """The configuration as plain JSON values, for the CONFIG command."""
         data = dataclasses.asdict(self)
         data["api_key"] = "(set)" if self.api_key is not None else None  # never the key itself
+        data["api_keys"] = "(set)" if self.api_keys is not None else None
         model = data.pop("model")
         model["pooling_strategy"] = self.model.pooling_strategy.value if self.model.pooling_strategy else None
         return {**data, **{f"model_{k}" if k in data else k: v for k, v in model.items()}}

@@ -9,9 +9,10 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from bertserve.client.terminal import colour_wanted
 
@@ -55,6 +56,29 @@ def setup_logging(level: int = logging.INFO) -> None:
     root.propagate = False
     # TensorFlow's Python logger warns of deprecations inside its own APIs: noise unless -v.
     logging.getLogger("tensorflow").setLevel(logging.NOTSET if level <= logging.DEBUG else logging.ERROR)
+
+
+class Refusals:
+    """Logs refused messages to ``logger`` at most once per ``interval_s``, counting the ones
+    not logged, so a flood of bad messages cannot flood the log."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 1.0, level: int = logging.WARNING) -> None:
+        self._logger = logger
+        self._interval_s = interval_s
+        self._level = level
+        self._next = 0.0
+        self._quiet = 0
+
+    def log(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._quiet += 1
+            return
+        if self._quiet:
+            message += " (and %d more refused in the last second)"
+            args = (*args, self._quiet)
+        self._logger.log(self._level, message, *args)
+        self._next, self._quiet = now + self._interval_s, 0
 
 
 def child_logging(level: int) -> None:

@@ -74,6 +74,16 @@ HTTP_SECONDS = Histogram(
     "bertserve_http_request_duration_seconds", "HTTP request time by endpoint", ["endpoint"],
     buckets=_LATENCY_BUCKETS,
 )  # fmt: skip
+HTTP_PRINCIPAL_REQUESTS = Counter(
+    "bertserve_http_principal_requests_total",
+    "HTTP requests past the API key check, by principal (the key's name; anonymous without keys) and status code",
+    ["principal", "status"],
+)  # fmt: skip
+HTTP_BODY_BYTES = Gauge(
+    "bertserve_http_body_bytes",
+    "What the HTTP bodies in flight hold of --max-http-body-bytes-total (their bytes, and 64 per comma)",
+    multiprocess_mode="mostrecent",
+)  # fmt: skip
 
 
 def path_of(client_id: bytes) -> str:

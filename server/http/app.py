@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -30,7 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import metrics
+from .bodies import COMMA_COST, BodyBudget, parse_cost
 from .gateway import Gateway, GatewayError
+from .principals import Principals
 
 CHUNKED_HEADER = "X-Chunked-Inputs"  # how many inputs were encoded in windows (long_inputs=chunk)
 VERSION_HEADER = "X-Model-Version"  # the model version that made the vectors (a repository of versions)
@@ -42,6 +43,8 @@ STATUS_OF_KIND = {
 _OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error",
                  422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 _OPEN_PATHS = {"/health", "/ready"}  # probes need no key
+_PRINCIPAL = "bertserve.principal"  # the scope key of the principal's name, once its API key is checked
+ANONYMOUS = "anonymous"  # the metrics' principal label on a server without keys
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,9 @@ class Settings:
 
     model_name: str
     aliases: tuple[str, ...]
-    api_key: str | None
+    principals: Principals  # none: no key needed, and each peer address is a principal
     max_body_bytes: int
+    max_bodies_bytes: int  # what the bodies in flight may hold at once (see .bodies)
     max_inputs: int
     request_timeout_s: float
     tokenizer: Any  # WordPieceTokenizer: finds over-long inputs, maps token ids back to tokens
@@ -74,7 +78,10 @@ class EmbeddingRequest(BaseModel):
     model: str | None = Field(None, description="the served model's name or one of its aliases (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="must be the model's own dimension if given")
-    user: str | None = Field(None, description="who is asking: the server's fairness is per user")
+    user: str | None = Field(
+        None, description="accepted and ignored: the server's bounds and turns go by API key (without keys, by "
+        "the caller's address), never by this field",
+    )  # fmt: skip
     long_inputs: Literal["truncate", "chunk"] | None = Field(
         None,
         description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
@@ -126,7 +133,10 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         title="bertserve", version=__version__, lifespan=lifespan,
         description="BERT sentence embeddings over HTTP: OpenAI-, TEI- and bert-as-service-compatible.",
     )  # fmt: skip
-    app.add_middleware(_Front, api_key=settings.api_key, limit=settings.max_body_bytes)
+    app.add_middleware(
+        _Front, principals=settings.principals, limit=settings.max_body_bytes,
+        budget=BodyBudget(settings.max_bodies_bytes),
+    )  # fmt: skip
 
     def gateway() -> Gateway:
         return state["gateway"]
@@ -151,14 +161,12 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         return texts
 
     async def encode(
-        request: Request, texts: list[Any], *, is_tokenized: bool = False, user: str | None,
-        long_inputs: str | None = None,
-    ) -> p.Reply:  # fmt: skip
+        request: Request, texts: list[Any], *, is_tokenized: bool = False, long_inputs: str | None = None
+    ) -> p.Reply:
         gw = gateway()
-        caller = user or (request.client.host if request.client else "unknown")
         try:
             reply = await gw.request(
-                gw.client_id(caller), p.ENCODE, texts, is_tokenized=is_tokenized, long_inputs=long_inputs,
+                gw.client_id(_caller(request)), p.ENCODE, texts, is_tokenized=is_tokenized, long_inputs=long_inputs,
                 timeout_s=settings.request_timeout_s + 5,
             )  # fmt: skip
         except GatewayError as exc:
@@ -209,7 +217,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         if body.dimensions is not None and body.dimensions != dim:
             raise HTTPError(422, f"dimensions={body.dimensions} is not supported: this model's vectors have {dim} "
                             "dimensions", param="dimensions")  # fmt: skip
-        reply = await encode(request, texts, is_tokenized=is_tokenized, user=body.user, long_inputs=body.long_inputs)
+        reply = await encode(request, texts, is_tokenized=is_tokenized, long_inputs=body.long_inputs)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer
         if body.encoding_format == "base64":
@@ -245,7 +253,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                 first = int(np.argmax(over))
                 raise HTTPError(413, f"inputs[{first}] is longer than the {settings.tokenizer.max_len} tokens this "
                                 "server takes; pass truncate=true to cut it, or long_inputs=chunk")  # fmt: skip
-        reply = await encode(request, texts, user=None, long_inputs=body.long_inputs)
+        reply = await encode(request, texts, long_inputs=body.long_inputs)
         vectors = reply.array().astype(np.float32, copy=False)
         if body.normalize and not info.get("normalize"):
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
@@ -255,7 +263,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
         texts = check_count(_checked(body.texts, "texts", is_tokenized=body.is_tokenized))
         await ready_or_503()
-        reply = await encode(request, texts, is_tokenized=body.is_tokenized, user=None, long_inputs=body.long_inputs)
+        reply = await encode(request, texts, is_tokenized=body.is_tokenized, long_inputs=body.long_inputs)
         result = reply.array().astype(np.float32, copy=False)
         return _json({"id": body.id, "result": result, "chunked": _chunked(reply)}, reply)
 
@@ -305,9 +313,19 @@ def _chunked(reply: p.Reply) -> int:
     return chunked if isinstance(chunked, int) and not isinstance(chunked, bool) else 0
 
 
-def _authorized(headers: dict[bytes, bytes], api_key: str) -> bool:
+def _authenticated(headers: dict[bytes, bytes], principals: Principals) -> str | None:
+    """The name of the principal whose key the request's ``Authorization: Bearer`` holds."""
     scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-    return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), api_key.encode())
+    return principals.authenticate(token.strip()) if scheme.lower() == b"bearer" else None
+
+
+def _caller(request: Request) -> str:
+    """Whom the server's bounds and turns count an encode request to: its API key's principal,
+    or without keys its peer address (never the body's ``user``)."""
+    name = request.scope.get(_PRINCIPAL)
+    if name is not None:
+        return "key:" + name
+    return "address:" + (request.client.host if request.client else "unknown")
 
 
 def _checked(texts: Any, name: str, *, is_tokenized: bool = False) -> list[Any]:
@@ -368,63 +386,108 @@ def _error_response(path: str, error: HTTPError) -> Response:
 
 
 class _Front:
-    """What every request passes first, as plain ASGI (no per-request task): the API key,
-    the body limit, and the request's count and time for ``/metrics``.
+    """What every request passes first, as plain ASGI (no per-request task): the API key and
+    its principal, the body limits, and the request's count and time for ``/metrics``.
 
-    A body larger than ``limit`` bytes is refused with 413 before it is read in full: at once
-    by its Content-Length, or as soon as a chunked body passes the limit (the application
-    then sees the client leave, and its own answer is dropped).
+    The body is read here, whole, before the application sees the request, so a body refused
+    on the way is dropped at once (no half-read body lingers in the application's exception
+    handling). A body larger than ``limit`` bytes is refused with 413: at once by its
+    Content-Length, or as soon as a chunked body passes the limit. Every body also holds its
+    part of ``budget`` (:mod:`.bodies`) from its first byte until its response is sent: one
+    whose Content-Length does not fit what is left is refused with 429 before it is read, and
+    one that outgrows what is left as it arrives (a chunked body, or its commas) is cut off
+    with 429, or with 413 if it alone costs more than the whole budget.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None, limit: int) -> None:
-        self.app, self.api_key, self.limit = app, api_key, limit
+    def __init__(self, app: ASGIApp, principals: Principals, limit: int, budget: BodyBudget) -> None:
+        self.app, self.principals, self.limit, self.budget = app, principals, limit, budget
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = time.perf_counter()
         status = 500
-        refused = False
+        principal: str | None = None
+        held = 0  # what this request holds of the budget
 
         async def reply(message: Message) -> None:
             nonlocal status
-            if refused:
-                return
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
 
-        async def refuse(error: HTTPError) -> None:
-            nonlocal refused
-            response = _error_response(scope["path"], error)
-            await response(scope, receive, reply)
-            refused = True
+        def hold(amount: int) -> HTTPError | None:
+            """Take ``amount`` more of the budget for this body; the error if it does not fit."""
+            nonlocal held
+            if held + amount > self.budget.total:
+                return HTTPError(413, f"the request body would take about {_mib(held + amount)} of memory once "
+                                 f"parsed (its bytes, and {COMMA_COST} bytes for each comma: a JSON value each); "
+                                 f"this server holds at most {_mib(self.budget.total)} of bodies at once: send "
+                                 "fewer inputs per request", code="limit")  # fmt: skip
+            if not self.budget.take(amount):
+                return HTTPError(429, f"the server holds as many request bodies as it can at once "
+                                 f"({_mib(self.budget.total)}); retry later", code="busy")  # fmt: skip
+            held += amount
+            metrics.HTTP_BODY_BYTES.set(self.budget.in_use)
+            return None
 
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         too_large = HTTPError(413, f"the request body is larger than this server's limit of {self.limit} bytes",
                               code="limit")  # fmt: skip
         try:
-            if self.api_key is not None and scope["path"] not in _OPEN_PATHS and not _authorized(headers, self.api_key):
-                return await refuse(HTTPError(401, "a valid API key is needed: Authorization: Bearer KEY"))
+            if scope["path"] not in _OPEN_PATHS:
+                principal = _authenticated(headers, self.principals) if self.principals.required else ANONYMOUS
+                if principal is None:
+                    unknown = HTTPError(401, "a valid API key is needed: Authorization: Bearer KEY")
+                    return await _error_response(scope["path"], unknown)(scope, receive, reply)
+                if self.principals.required:
+                    scope[_PRINCIPAL] = principal
             if length is not None and (not length.isdigit() or int(length) > self.limit):
-                return await refuse(too_large)
+                return await _error_response(scope["path"], too_large)(scope, receive, reply)
+            error = hold(int(length)) if length is not None else None
+            if error is not None:
+                return await _error_response(scope["path"], error)(scope, receive, reply)
+            chunks: list[bytes] = []
             received = 0
-
-            async def limited() -> Message:
-                nonlocal received
-                if refused:
-                    return {"type": "http.disconnect"}
+            while True:
                 message = await receive()
-                received += len(message.get("body", b""))
+                if message["type"] != "http.request":
+                    status = 499  # the client left before its body was whole: no one to answer
+                    return None
+                chunk = message.get("body", b"")
+                received += len(chunk)
                 if received > self.limit:
-                    await refuse(too_large)
-                    return {"type": "http.disconnect"}
-                return message
+                    error = too_large
+                elif chunk:
+                    error = hold(parse_cost(chunk) + (len(chunk) if length is None else 0))
+                if error is not None:
+                    chunks.clear()
+                    return await _error_response(scope["path"], error)(scope, receive, reply)
+                if chunk:
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            whole = [b"".join(chunks)]  # one chunk is passed on as it is, without a copy
+            chunks.clear()
 
-            await self.app(scope, limited, reply)
+            async def replay() -> Message:
+                if whole:  # the body once, whole; then whatever the client does next
+                    return {"type": "http.request", "body": whole.pop(), "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, reply)
         finally:
+            if held:
+                self.budget.give(held)
+                metrics.HTTP_BODY_BYTES.set(self.budget.in_use)
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "other"
             metrics.HTTP_REQUESTS.labels(endpoint, str(status)).inc()
             metrics.HTTP_SECONDS.labels(endpoint).observe(time.perf_counter() - started)
+            if principal is not None:
+                metrics.HTTP_PRINCIPAL_REQUESTS.labels(principal, str(status)).inc()
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"

@@ -3,9 +3,10 @@
 It speaks the same protocol as ``BertClient``, over one PUSH and one reply socket shared by
 every HTTP request in flight: each request gets its own request id, and a reader that the
 event loop calls when the reply socket's file descriptor signals hands each reply straight to
-the request waiting for it (one loop turn, no task in between). HTTP callers are told apart by their client
-id, ``<prefix>.<caller hash>``, so the ventilator's per-client bounds and turns apply to
-each caller; the reply socket subscribes to the prefix (under CURVE: announces it) and so
+the request waiting for it (one loop turn, no task in between). HTTP principals (an API key's
+name, or without keys a peer address: :mod:`.principals`) are told apart by their client id,
+``<prefix>.<caller hash>``, so the ventilator's per-client bounds and turns apply to each
+principal; the reply socket subscribes to the prefix (under CURVE: announces it) and so
 reads the replies of them all. Under CURVE the prefix starts with the front end's own public
 key, which the server generated for it and allows.
 """
@@ -76,7 +77,8 @@ class Gateway:
         self.config: dict[str, Any] = {}
 
     def client_id(self, caller: str) -> bytes:
-        """The client id of one HTTP caller (its API user, or its address)."""
+        """The client id of one HTTP caller: ``key:NAME`` (an API key's principal), ``address:HOST``
+        (without keys), or ``bertserve`` (the front end's own questions)."""
         return self.prefix + b"." + hashlib.blake2b(caller.encode(), digest_size=5).hexdigest().encode()
 
     async def start(self, timeout_s: float) -> None:

@@ -8,6 +8,7 @@ import os
 from ..cli import DEFAULT_MODEL_PACKAGE
 from ..config import ServerConfig
 from .gateway import Gateway, GatewayKeys
+from .principals import Principals, load_principals
 
 logger = logging.getLogger("bertserve.http")
 
@@ -42,8 +43,10 @@ def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
     return name, aliases
 
 
-def run_http(config: ServerConfig, log_level: int, keys: GatewayKeys | None) -> None:
-    """Entry point of the HTTP process."""
+def run_http(
+    config: ServerConfig, log_level: int, keys: GatewayKeys | None, principals: Principals | None = None
+) -> None:
+    """Entry point of the HTTP process; ``principals`` as the supervisor read them (else read here)."""
     from ..logs import child_logging
 
     child_logging(log_level)
@@ -62,8 +65,9 @@ def run_http(config: ServerConfig, log_level: int, keys: GatewayKeys | None) -> 
     settings = Settings(
         model_name=name,
         aliases=aliases,
-        api_key=config.api_key,
-        max_body_bytes=config.message_limit,
+        principals=principals if principals is not None else load_principals(config.api_key, config.api_keys),
+        max_body_bytes=config.http_body_limit,
+        max_bodies_bytes=config.max_http_body_bytes_total,
         max_inputs=config.max_request_size,
         request_timeout_s=config.request_timeout_ms / 1000,
         tokenizer=tokenizer,

@@ -21,9 +21,24 @@ processes on its machine; each of them enters the registry like a local worker, 
 - **Leaving.** A host that stops sends DRAIN (its workers get nothing new, and finish what
   they hold), then BYE: the head takes back what they still hold, without counting it
   against the jobs.
+- **Checked at the edge.** Every message is parsed by its schema (:mod:`.link_schema`) before
+  anything acts on it; one that does not follow it is dropped with one log line (at most one a
+  second, counting the rest), from a joined host or not. A host has at most the workers its
+  HELLO named; a worker gets at most :data:`~.registry.MAX_CREDITS` credits (or the head's
+  ``--prefetch-size`` if larger): one asking for more is given that many, and the head says so
+  once per host.
+- **Results only for the job held.** A RESULT is passed to the sink only if its worker holds
+  the job and its parts are exactly the job's (the same request keys, the same rows, in
+  order), rebuilt from the parsed header; a JOB_ERROR fails the job's own requests (whatever
+  parts it names), with its text cut short and its kind one of
+  :data:`~.link_schema.ERROR_KINDS` (else ``worker``). A worker that sends the result of a job
+  it holds that does not fit it, a second result, or a DONE before the result, is broken: the
+  head loses it (its jobs run elsewhere, an attempt counted against each) and tells its host to
+  replace it (FORGET).
 
 Under CURVE the socket is a CURVE server in the ZAP domain ``workers``: only keys in the key
-directory's ``workers/`` may join.
+directory's ``workers/`` may join. Without CURVE anyone who reaches the port may join, and
+nothing tells a host that its head is the real one: see :mod:`.remote`.
 """
 
 from __future__ import annotations
@@ -40,6 +55,8 @@ from bertserve.client import __version__
 from bertserve.client import protocol as p
 
 from ..config import HEARTBEAT_INTERVAL_MS, ModelConfig, ServerConfig
+from ..logs import Refusals
+from . import link_schema as schema
 
 if TYPE_CHECKING:
     from .ventilator import Ventilator
@@ -48,6 +65,13 @@ logger = logging.getLogger("bertserve.link")
 
 _REJOIN_INTERVAL_S = 1.0  # at most one BYE a second to a host the head does not know
 
+MAX_HOSTS = 1024
+"""Most hosts joined at once; a HELLO past it is refused."""
+
+MAX_FRAME_BYTES = 512 * 1024 * 1024
+"""Largest frame a host may send (ZeroMQ's MAXMSGSIZE; a larger one drops its connection): a
+job's vectors, up to 256 rows of 512 tokens of 1024 float32 values."""
+
 
 @dataclass
 class Host:
@@ -55,6 +79,8 @@ class Host:
     hostname: str
     last_seen: float
     draining: bool = False
+    workers: int = 1  # the most workers it may register (its HELLO's count)
+    clamped: bool = False  # told once that a worker of it asked for more credits than it gets
 
 
 def welcome_options(config: ServerConfig) -> dict[str, Any]:
@@ -91,9 +117,11 @@ class WorkerLink:
         self.timeout_s = config.heartbeat_timeout_ms / 1000
         self._next_beat = 0.0
         self._told_to_rejoin: dict[bytes, float] = {}
+        self._refusals = Refusals(logger, level=logging.ERROR)
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
         self.socket.router_mandatory = True
+        self.socket.maxmsgsize = MAX_FRAME_BYTES
         if curve_keys is not None:
             from ..security import WORKER_DOMAIN, make_curve_server
 
@@ -108,103 +136,172 @@ class WorkerLink:
     # -- what hosts send -------------------------------------------------------------------
 
     def handle(self, frames: list[zmq.Frame]) -> None:
-        """One message from a host: ``[routing id, kind, ...]``."""
-        if len(frames) < 2:
+        """One message from a host: ``[routing id, kind, ...]``. One that does not follow its
+        schema is dropped with one log line; nothing a host sends raises past this method."""
+        if not frames:
             return
-        host_id, kind = frames[0].bytes, frames[1].bytes
-        host = self.hosts.get(host_id)
-        if kind == p.HELLO:
-            self._on_hello(host_id, frames[2:])
-            return
-        if host is None:
-            self._tell_to_rejoin(host_id)
-            return
-        host.last_seen = time.monotonic()
+        host_id = frames[0].bytes
         try:
-            self._dispatch(host, kind, frames[2:])
-        except (p.ProtocolError, KeyError, TypeError, ValueError, IndexError) as exc:
-            logger.error("dropped a malformed %r message from host %s: %s", kind[:16], host.hostname, exc)
+            message = schema.from_host(frames[1:])
+        except schema.LinkError as exc:
+            self._on_malformed(host_id, frames, exc)
+            return
+        try:
+            if isinstance(message, schema.Hello):
+                self._on_hello(host_id, message)
+                return
+            host = self.hosts.get(host_id)
+            if host is None:
+                self._tell_to_rejoin(host_id)
+                return
+            host.last_seen = time.monotonic()
+            self._dispatch(host, message)
+        except Exception:  # a bug, not the peer's doing: logged in full, and the head goes on
+            logger.exception("handling a %s from %s failed", type(message).__name__, self._who(host_id))
 
-    def _dispatch(self, host: Host, kind: bytes, rest: list[zmq.Frame]) -> None:
-        vent = self.ventilator
-        if kind == p.HEARTBEAT:
-            if rest:
-                vent.registry.heartbeat(self._key(host, rest[0].bytes), time.monotonic())
-        elif kind == p.DONE:
-            info = p.loads(rest[0].bytes)
-            if not isinstance(info, dict):
-                raise p.ProtocolError("DONE is not a JSON object")
-            info["worker"] = self._key(host, str(info["worker"]).encode()).decode("utf-8", "replace")
-            vent.job_done(info)
-        elif kind in (p.RESULT, p.JOB_ERROR):
-            key, job_id = self._key(host, rest[0].bytes), rest[1].bytes
-            if vent.registry.holds(key, job_id.decode("utf-8", "replace")):
-                vent.to_sink([kind, job_id, *rest[2:]])
+    def _on_malformed(self, host_id: bytes, frames: list[zmq.Frame], exc: schema.LinkError) -> None:
+        """Drop a message that does not follow its schema; a malformed result of a job its
+        worker holds makes that worker broken (else the job would wait for its deadline)."""
+        host = self.hosts.get(host_id)
+        if host is not None and exc.kind in (p.RESULT, p.JOB_ERROR) and len(frames) >= 4:
+            try:
+                key, job_id = self._key(host, schema.name(frames[2])), schema.job_id(frames[3])
+            except schema.LinkError:
+                pass
             else:
-                logger.debug("dropped a late result of job %r from %r: the job is no longer its", job_id, key)
-        elif kind == p.READY:
-            info = p.loads(rest[1].bytes)
-            if not isinstance(info, dict):
-                raise p.ProtocolError("READY is not a JSON object")
-            info.setdefault("hostname", host.hostname)
-            info["version"] = vent.version  # its files are the head's (checked); a head with a link never swaps
-            if isinstance(info.get("model"), dict):  # the same files (checked), wherever they are there
-                info["model"]["model_dir"] = self.config.model.model_dir
-            key = self._key(host, rest[0].bytes)
-            if key in vent.registry.workers:  # registered again: what it held is not coming back
-                vent.hand_back(key)
-            worker = vent.registry.add(key, info, time.monotonic(), host=host.routing_id)
-            worker.draining = host.draining
-            logger.info("remote worker %d on %s (%s) joined with %d credit(s)", worker.index, worker.hostname,
-                        worker.device or "?", worker.credits)  # fmt: skip
-        elif kind == p.GONE:
-            reason = rest[1].bytes.decode("utf-8", "replace")[:200] if len(rest) > 1 else "its process died"
-            vent.lose_worker(self._key(host, rest[0].bytes), f"remote worker on {host.hostname}: {reason}")
-        elif kind == p.DRAIN:
+                if self.ventilator.registry.held(key, job_id) is not None:
+                    self._broken(host, key, f"its result of job {job_id} is malformed ({exc})")
+                    return
+        self._refusals.log("dropped a message from %s: %s", self._who(host_id), exc)
+
+    def _who(self, host_id: bytes) -> str:
+        host = self.hosts.get(host_id)
+        return f"host {host.hostname}" if host is not None else f"unjoined peer {host_id[:32]!r}"
+
+    def _dispatch(self, host: Host, message: schema.FromHost) -> None:
+        vent = self.ventilator
+        if isinstance(message, schema.Heartbeat):
+            if message.worker:
+                vent.registry.heartbeat(self._key(host, message.worker), time.monotonic())
+        elif isinstance(message, schema.Done):
+            self._on_done(host, message)
+        elif isinstance(message, schema.WorkerResult):
+            self._on_result(host, message)
+        elif isinstance(message, schema.WorkerError):
+            self._on_job_error(host, message)
+        elif isinstance(message, schema.WorkerReady):
+            self._on_ready(host, message)
+        elif isinstance(message, schema.Gone):
+            vent.lose_worker(self._key(host, message.worker), f"remote worker on {host.hostname}: {message.reason}")
+        elif isinstance(message, schema.Drain):
             host.draining = True
             for worker in vent.registry.of_host(host.routing_id):
                 worker.draining = True
             logger.info("host %s is stopping: its workers finish what they hold and get nothing new", host.hostname)
-        elif kind == p.BYE:
+        elif isinstance(message, schema.Bye):
             self._forget(host, None)
             logger.info("host %s left", host.hostname)
-        else:
-            raise p.ProtocolError(f"unexpected message {kind[:32]!r}")
+        else:  # a HELLO is handled before
+            raise AssertionError(f"unexpected {message!r}")
 
-    def _on_hello(self, host_id: bytes, rest: list[zmq.Frame]) -> None:
-        try:
-            hello = p.loads(rest[0].bytes) if rest else None
-            if not isinstance(hello, dict):
-                raise p.ProtocolError("HELLO is not a JSON object")
-        except p.ProtocolError as exc:
-            logger.error("dropped a malformed HELLO from %r: %s", host_id, exc)
+    def _on_ready(self, host: Host, message: schema.WorkerReady) -> None:
+        vent = self.ventilator
+        key = self._key(host, message.worker)
+        known = key in vent.registry.workers
+        if not known and len(vent.registry.of_host(host.routing_id)) >= host.workers:
+            self._refusals.log("refused worker %s of host %s: its HELLO named %d worker(s), all registered",
+                               message.worker.decode(), host.hostname, host.workers)  # fmt: skip
             return
-        hostname = str(hello.get("hostname", "?"))[:255]
-        error = self._refusal(hello)
+        ready = message.ready
+        model = ready.model
+        if model is not None:  # the same files (checked), wherever they are there
+            model = model.model_copy(update={"model_dir": self.config.model.model_dir})
+        # Its files are the head's (checked), so it runs the head's version: a head with a link never swaps.
+        ready = ready.model_copy(update={"hostname": ready.hostname or host.hostname, "version": vent.version,
+                                         "model": model})  # fmt: skip
+        if known:  # registered again: what it held is not coming back
+            vent.hand_back(key)
+        worker = vent.registry.add(key, ready, time.monotonic(), host=host.routing_id)
+        worker.draining = host.draining
+        if worker.credits < ready.credits and not host.clamped:
+            host.clamped = True
+            logger.warning("remote worker %d on %s asked for %d credits; a worker of this head gets at most %d",
+                           worker.index, worker.hostname, ready.credits, worker.credits)  # fmt: skip
+        logger.log(logging.DEBUG if known else logging.INFO, "remote worker %d on %s (%s) joined with %d credit(s)",
+                   worker.index, worker.hostname, worker.device or "?", worker.credits)  # fmt: skip
+
+    def _on_done(self, host: Host, done: schema.Done) -> None:
+        key = self._key(host, done.worker.encode())
+        registry = self.ventilator.registry
+        if registry.held(key, done.job) is not None and not registry.answered(key, done.job):
+            self._broken(host, key, f"it returned the credit of job {done.job} before its result")
+            return
+        self.ventilator.job_done(key, done)
+
+    def _on_result(self, host: Host, message: schema.WorkerResult) -> None:
+        key = self._key(host, message.worker)
+        job = self.ventilator.registry.held(key, message.job_id)
+        if job is None:
+            logger.debug("dropped a late result of job %s from %r: the job is no longer its", message.job_id, key)
+            return
+        parts = [(part.key, part.rows) for part in message.header.parts]
+        if parts != [(piece.key, piece.rows.tolist()) for piece in job.pieces]:
+            self._broken(host, key, f"its result of job {job.job_id} names other requests or rows than the job's")
+            return
+        if not self.ventilator.registry.answer(key, job.job_id):
+            self._broken(host, key, f"it sent a second result of job {job.job_id}")
+            return
+        header = p.dumps(message.header.plain())
+        self.ventilator.to_sink([p.RESULT, job.job_id.encode(), header, message.buffer])
+
+    def _on_job_error(self, host: Host, message: schema.WorkerError) -> None:
+        key = self._key(host, message.worker)
+        job = self.ventilator.registry.held(key, message.job_id)
+        if job is None:
+            logger.debug("dropped a late error of job %s from %r: the job is no longer its", message.job_id, key)
+            return
+        if not self.ventilator.registry.answer(key, job.job_id):
+            self._broken(host, key, f"it sent a second result of job {job.job_id}")
+            return
+        error = message.error
+        header = {"parts": job.header()["parts"], "error": error.safe_error, "kind": error.safe_kind}
+        self.ventilator.to_sink([p.JOB_ERROR, job.job_id.encode(), p.dumps(header)])
+
+    def _broken(self, host: Host, key: bytes, reason: str) -> None:
+        """A worker broke the link's rules: lose it (its jobs run elsewhere), and have its host replace it."""
+        name = key.rpartition(b"/")[2]
+        self._refusals.log("remote worker %s on %s is broken: %s; forgetting it", name.decode(), host.hostname, reason)
+        self.ventilator.lose_worker(key, f"remote worker {name.decode()} on {host.hostname} is broken ({reason})")
+        self.forget_worker(host.routing_id, name, reason)
+
+    def _on_hello(self, host_id: bytes, hello: schema.Hello) -> None:
+        error = self._refusal(hello, host_id)
         if error is not None:
-            logger.error("refused host %s: %s", hostname, error)
+            self._refusals.log("refused host %s: %s", hello.hostname, error)
             self._send([host_id, p.REFUSED, p.dumps({"error": error})])
             return
         old = self.hosts.get(host_id)
         if old is not None:  # said HELLO again: what it had is gone
             self._forget(old, "it joined again")
-        self.hosts[host_id] = Host(host_id, hostname, time.monotonic())
+        self.hosts[host_id] = Host(host_id, hello.hostname, time.monotonic(), workers=hello.workers)
         self._told_to_rejoin.pop(host_id, None)
-        logger.info("host %s joined (bertserve %s, %s worker(s))", hostname, hello.get("version"), hello.get("workers"))
+        logger.info("host %s joined (bertserve %s, %d worker(s))", hello.hostname, hello.version, hello.workers)
         self._send([host_id, p.WELCOME, self.welcome])
 
-    def _refusal(self, hello: dict[str, Any]) -> str | None:
-        if hello.get("link") != p.LINK_VERSION:
+    def _refusal(self, hello: schema.Hello, host_id: bytes) -> str | None:
+        if hello.link != p.LINK_VERSION:
             return (
-                f"the worker speaks link version {hello.get('link')} (bertserve {hello.get('version')}); this head "
+                f"the worker speaks link version {hello.link} (bertserve {hello.version}); this head "
                 f"speaks {p.LINK_VERSION} (bertserve {__version__}): run the same bertserve version on both"
             )
-        if hello.get("model_sha256") != self.model_sha256:
+        if hello.model_sha256 != self.model_sha256:
             return (
-                f"the worker's model files (sha256 {str(hello.get('model_sha256'))[:16]}...) differ from the head's "
-                f"(sha256 {self.model_sha256[:16]}...): give the worker the same model directory as the head "
+                f"the worker's model files (sha256 {schema.printable(hello.model_sha256, 16)}...) differ from the "
+                f"head's (sha256 {self.model_sha256[:16]}...): give the worker the same model directory as the head "
                 f"(--model-dir{' and --tuned-model-dir' if self.config.model.tuned_model_dir else ''})"
             )
+        if host_id not in self.hosts and len(self.hosts) >= MAX_HOSTS:
+            return f"this head has {len(self.hosts)} hosts joined, the most it takes"
         return None
 
     def _tell_to_rejoin(self, host_id: bytes) -> None:

@@ -2,7 +2,9 @@
 
 A worker registers with READY (its identity names one incarnation of one worker process,
 so a restarted worker is a new entry), takes jobs while it has free credits, returns a
-credit with each DONE and sends a heartbeat every second. The registry says who gets the
+credit with each DONE and sends a heartbeat every second. READY and DONE come parsed
+(:mod:`.link_schema`), and a worker holds at most ``max_credits`` credits, whatever it asks:
+a worker that asks for more gets ``max_credits``. The registry says who gets the
 next job (the most free credits), which workers have gone silent or hold a job past its
 deadline, and which jobs a lost worker held: each loss counts an attempt against a job, and a
 job that has lost two workers is not to be retried. A DONE from a worker that was forgotten, or
@@ -23,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from .link_schema import Done, Ready
 from .scheduler import Job
+
+MAX_CREDITS = 8
+"""The most credits (jobs held at once) a worker gets, unless the head's own ``--prefetch-size``
+is larger: a worker on the link cannot claim every job by asking for more."""
 
 
 @dataclass
@@ -41,6 +48,7 @@ class WorkerState:
     draining: bool = False
     version: int | None = None  # the model version it runs (None: not from a model repository)
     jobs: dict[str, tuple[Job, float]] = field(default_factory=dict)  # job id -> (job, dispatched at)
+    answered: set[str] = field(default_factory=set)  # jobs held whose result came over the link
     jobs_done: int = 0
     sentences: int = 0
     busy_seconds: float = 0.0
@@ -56,8 +64,11 @@ _ANY = object()
 
 
 class Registry:
-    def __init__(self, *, job_timeout_s: float, heartbeat_timeout_s: float, max_failures: int = 2) -> None:
+    def __init__(
+        self, *, job_timeout_s: float, heartbeat_timeout_s: float, max_failures: int = 2, max_credits: int = MAX_CREDITS
+    ) -> None:
         self.job_timeout_s = job_timeout_s
+        self.max_credits = max_credits
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.max_failures = max_failures  # workers a job may lose before it is not retried
         self.workers: dict[bytes, WorkerState] = {}
@@ -68,17 +79,18 @@ class Registry:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def add(self, identity: bytes, info: dict[str, Any], now: float, *, host: bytes | None = None) -> WorkerState:
-        worker = WorkerState(identity, int(info["worker"]), int(info["pid"]), max(1, int(info["credits"])), now, now)
+    def add(self, identity: bytes, ready: Ready, now: float, *, host: bytes | None = None) -> WorkerState:
+        """Register a worker; it gets ``ready.credits``, at most :attr:`max_credits`."""
+        credits = min(ready.credits, self.max_credits)
+        worker = WorkerState(identity, ready.worker, ready.pid, credits, now, now)
         worker.host = host
         worker.name = identity.rpartition(b"/")[2] if host is not None else identity
-        worker.hostname = str(info.get("hostname", ""))[:255]
-        worker.device = str(info.get("device", ""))[:64]
-        version = info.get("version")
-        worker.version = version if isinstance(version, int) and not isinstance(version, bool) else None
+        worker.hostname = ready.hostname
+        worker.device = ready.device
+        worker.version = ready.version
         self.workers[identity] = worker
-        if isinstance(info.get("model"), dict):
-            self.models[worker.version] = info["model"]
+        if ready.model is not None:
+            self.models[worker.version] = ready.model.public()
         return worker
 
     @property
@@ -119,27 +131,41 @@ class Registry:
         worker.jobs[job.job_id] = (job, now)
 
     def holds(self, identity: bytes, job_id: str) -> bool:
-        worker = self.workers.get(identity)
-        return worker is not None and job_id in worker.jobs
+        return self.held(identity, job_id) is not None
 
-    def done(self, identity: bytes, job_id: str, info: dict[str, Any], now: float) -> Job | None:
+    def held(self, identity: bytes, job_id: str) -> Job | None:
+        """The job ``job_id`` if worker ``identity`` holds it, else ``None``."""
+        worker = self.workers.get(identity)
+        entry = worker.jobs.get(job_id) if worker is not None else None
+        return entry[0] if entry is not None else None
+
+    def answer(self, identity: bytes, job_id: str) -> bool:
+        """Note that the result (or error) of a job the worker holds has come; ``False`` if it
+        had come already (the worker holds the job: see :meth:`held`)."""
+        worker = self.workers[identity]
+        if job_id in worker.answered:
+            return False
+        worker.answered.add(job_id)
+        return True
+
+    def answered(self, identity: bytes, job_id: str) -> bool:
+        worker = self.workers.get(identity)
+        return worker is not None and job_id in worker.answered
+
+    def done(self, identity: bytes, done: Done, now: float) -> Job | None:
         """Record a finished job; ``None`` if this worker does not hold it (any more)."""
         worker = self.workers.get(identity)
-        if worker is None or job_id not in worker.jobs:
+        if worker is None or done.job not in worker.jobs:
             return None
-        try:
-            seconds = float(info.get("seconds", 0.0))
-            tokens, slots = int(info.get("tokens", 0)), int(info.get("slots", 0))
-        except (TypeError, ValueError):  # statistics only: the job is done all the same
-            seconds, tokens, slots = 0.0, 0, 0
-        job, _ = worker.jobs.pop(job_id)
+        job, _ = worker.jobs.pop(done.job)
+        worker.answered.discard(done.job)
         worker.last_seen = now
         worker.jobs_done += 1
         worker.sentences += job.size
-        worker.busy_seconds += seconds
-        worker.tokens += tokens
-        worker.slots += slots
-        self.recent_jobs.append((seconds, job.size, job.bulk))
+        worker.busy_seconds += done.seconds
+        worker.tokens += done.tokens
+        worker.slots += done.slots
+        self.recent_jobs.append((done.seconds, job.size, job.bulk))
         return job
 
     def remove(self, identity: bytes) -> list[Job]:

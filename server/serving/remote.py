@@ -24,6 +24,16 @@ draws the messages):
 
 ``--health-port`` serves ``GET /health`` (200 while the host loop runs) and ``GET /ready`` (200
 while joined to a head with a worker ready) for container probes.
+
+What the head says is checked before it is used (:mod:`.link_schema`), since only CURVE tells
+a host that its head is the real one: with ``--server-key`` (and ``--client-cert``) the link
+is a CURVE client that talks only to the holder of that key's secret; without it, whatever
+answers on the head's address is taken for the head, and the host warns at start unless the
+head is on loopback. Either way a WELCOME's file names (``vocab_name``, ``config_name``,
+``ckpt_name``) must be plain relative names inside the model directory, and a model class is
+imported only if this host's own ``--model-class`` names the same one: a head alone never
+makes a host import code. A WELCOME that breaks these rules is refused: the host says why and
+exits (code 2), as for REFUSED.
 """
 
 from __future__ import annotations
@@ -33,7 +43,9 @@ import http.server
 import json
 import logging
 import multiprocessing
+import os
 import platform
+import re
 import shutil
 import tempfile
 import threading
@@ -49,6 +61,9 @@ from bertserve.client import protocol as p
 
 from ..config import HEARTBEAT_INTERVAL_MS, ModelConfig, ServerConfig
 from ..errors import ConfigError, StartupError
+from ..logs import Refusals
+from ..security import loopback_only
+from . import link_schema as schema
 from .lifecycle import DRAIN_SECONDS, JOIN_SECONDS, STABLE_SECONDS, ExitFlags, restart_delay
 from .worker import Addresses, run_worker
 
@@ -76,6 +91,7 @@ class HostConfig:
     threads_per_worker: int | None = None
     worker_nice: int = 5
     feed: str = "thread"
+    model_class: str | None = None  # the only model class this host may import: the head must name the same
     client_cert: str | None = None
     server_key: str | None = None
     health_port: int | None = None
@@ -91,12 +107,15 @@ class HostConfig:
             ((self.client_cert is None) == (self.server_key is None),
              "CURVE needs both client_cert (this worker's NAME.key_secret) and server_key (the head's public key)"),
             (self.max_restarts >= 1, "max_restarts must be at least 1"),
+            (self.model_class is None or re.match(schema.MODEL_CLASS_PATTERN, self.model_class) is not None,
+             f"model_class must be written package.module:Name, not {self.model_class!r}"),
         ]  # fmt: skip
         for ok, problem in checks:
             if not ok:
                 raise ConfigError(problem)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
-        self.server_config({"model": {}, "heartbeat_timeout_ms": 10_000})  # the worker options, checked now
+        welcome = schema.Welcome(model=schema.WelcomeModel(), model_class=self.model_class, heartbeat_timeout_ms=10_000)
+        self.server_config(welcome)  # the worker options, checked now
 
     @property
     def address(self) -> str:
@@ -105,18 +124,40 @@ class HostConfig:
             host = f"[{host}]"  # an IPv6 address
         return f"tcp://{host}:{self.worker_port}"
 
-    def server_config(self, welcome: dict[str, Any]) -> ServerConfig:
+    def server_config(self, welcome: schema.Welcome) -> ServerConfig:
         """The configuration this host's workers run: the head's model options, this
-        machine's files, devices and process settings."""
+        machine's files, devices and process settings. Raises ``ConfigError`` if the head
+        names a model class this host was not given, or a file outside its model directory."""
+        if welcome.model_class != self.model_class:
+            if welcome.model_class is None:
+                raise ConfigError(f"the head serves BERT from its model directory, but this worker was started with "
+                                  f"--model-class {self.model_class}: leave it out")  # fmt: skip
+            given = f"was started with --model-class {self.model_class}" if self.model_class else "was given none"
+            raise ConfigError(
+                f"the head serves the model class {welcome.model_class}, and this worker {given}: a worker imports "
+                f"a model class only if its own command line names it; pass --model-class {welcome.model_class} "
+                "if you trust that code"
+            )
+        options = welcome.model.options()
+        for field in ("ckpt_name", "config_name", "vocab_name"):
+            for directory in (self.model_dir, self.tuned_model_dir):
+                if field in options and directory is not None and not _inside(directory, options[field]):
+                    raise ConfigError(f"the head names {field} {options[field]!r}, which is not inside {directory}")
         model = ModelConfig(
-            **welcome["model"], model_dir=self.model_dir, tuned_model_dir=self.tuned_model_dir, graph_dir=self.graph_dir
+            **options, model_dir=self.model_dir, tuned_model_dir=self.tuned_model_dir, graph_dir=self.graph_dir
         )
         return ServerConfig(
             model=model, num_worker=self.num_worker, prefetch_size=self.prefetch_size, cpu=self.cpu,
             device_map=self.device_map, gpu_memory_fraction=self.gpu_memory_fraction,
             threads_per_worker=self.threads_per_worker, worker_nice=self.worker_nice, feed=self.feed,
-            model_class=welcome.get("model_class"), heartbeat_timeout_ms=int(welcome["heartbeat_timeout_ms"]),
+            model_class=self.model_class, heartbeat_timeout_ms=welcome.heartbeat_timeout_ms,
         )  # fmt: skip
+
+
+def _inside(directory: str, name: str) -> bool:
+    """Whether ``name`` joined to ``directory`` stays inside it (as written: links are not followed)."""
+    base = os.path.normpath(os.path.abspath(directory))
+    return os.path.normpath(os.path.join(base, name)).startswith(base.rstrip(os.sep) + os.sep)
 
 
 @dataclass
@@ -147,7 +188,8 @@ class WorkerHost(ExitFlags):
         self.restart_at: dict[int, float] = {}
         self.started_at: dict[int, float] = {}
         self.server_config: ServerConfig | None = None
-        self.welcome_options: dict[str, Any] | None = None
+        self.welcome_options: schema.Welcome | None = None
+        self._refusals = Refusals(logger, level=logging.ERROR)
         self.ready: dict[bytes, bytes] = {}  # worker identity -> its READY, to register again with a new head
         self.held: dict[bytes, _Held] = {}  # job id -> who holds it
         self.link: zmq.Socket | None = None
@@ -177,6 +219,12 @@ class WorkerHost(ExitFlags):
             self._connect()
             logger.info("joining the head at %s (%d worker(s), model sha256 %s...)", self.config.address,
                         self.config.num_worker, self.model_sha256[:16])  # fmt: skip
+            if self.config.server_key is None and not loopback_only(self.config.server):
+                logger.warning(
+                    "no --server-key: nothing tells this worker that %s is the real head, and whoever answers there "
+                    "gets its workers; run the link under CURVE (the head's --curve-dir) and give --server-key and "
+                    "--client-cert", self.config.address,
+                )  # fmt: skip
             while not self.should_exit.is_set():
                 self._poll(100)
                 now = time.monotonic()
@@ -315,63 +363,62 @@ class WorkerHost(ExitFlags):
             try:
                 handle(frames)
             except (p.ProtocolError, KeyError, TypeError, ValueError, IndexError) as exc:
-                logger.error("dropped a malformed message: %s", exc)
+                self._refusals.log("dropped a malformed message: %s", exc)
 
     # -- what the head sends ---------------------------------------------------------------
 
     def _on_head(self, frames: list[zmq.Frame]) -> None:
-        kind = frames[0].bytes
+        try:
+            message = schema.from_head(frames)
+        except schema.LinkError as exc:
+            if exc.kind == p.WELCOME:  # the head's options cannot be read: this host cannot run for it
+                self._refuse_head(str(exc))
+                return
+            raise
         self.last_head = time.monotonic()
-        if kind == p.JOB:
-            worker, job_id = frames[1].bytes, frames[2].bytes
+        if isinstance(message, schema.JobFor):
+            worker, job_id = message.worker, message.job_id
             self.held[job_id] = _Held(worker)
             try:
-                self.jobs.send_multipart([worker, p.JOB, *frames[2:]], zmq.NOBLOCK, copy=False)
+                self.jobs.send_multipart([worker, p.JOB, *message.frames], zmq.NOBLOCK, copy=False)
             except zmq.ZMQError:  # that worker is gone: the head hears so, and runs the job elsewhere
                 self.held.pop(job_id, None)
                 self._to_head([p.GONE, worker, b"it is not running on this host"])
-        elif kind == p.HEARTBEAT:
+        elif isinstance(message, schema.Heartbeat):
             pass
-        elif kind == p.WELCOME:
-            self._on_welcome(p.loads(frames[1].bytes))
-        elif kind == p.REFUSED:
-            answer = p.loads(frames[1].bytes)
-            error = answer.get("error") if isinstance(answer, dict) else None
-            logger.error("the head at %s refused this worker: %s", self.config.address, error or "no reason given")
+        elif isinstance(message, schema.Welcome):
+            self._on_welcome(message)
+        elif isinstance(message, schema.Refused):
+            error = schema.printable(message.error, 1000)
+            logger.error("the head at %s refused this worker: %s", self.config.address, error)
             self.exit_code = 2
             self.should_exit.set()
-        elif kind == p.FORGET:
-            worker = frames[1].bytes
-            reason = frames[2].bytes.decode("utf-8", "replace") if len(frames) > 2 else "it stopped answering"
-            self._kill(worker, reason)
-        elif kind == p.BYE:
-            if self.joined:
-                self._rejoin(f"the head at {self.config.address} stopped, or forgot this host")
-        else:
-            logger.error("dropped an unexpected %r message from the head", kind[:16])
+        elif isinstance(message, schema.Forget):
+            self._kill(message.worker, message.reason)
+        elif isinstance(message, schema.Bye) and self.joined:
+            self._rejoin(f"the head at {self.config.address} stopped, or forgot this host")
 
-    def _on_welcome(self, options: Any) -> None:
-        if not isinstance(options, dict) or not isinstance(options.get("model"), dict):
-            raise p.ProtocolError("WELCOME has no model options")
+    def _refuse_head(self, why: str) -> None:
+        logger.error("refused the WELCOME of the head at %s: %s", self.config.address, why)
+        self.exit_code = 2
+        self.should_exit.set()
+
+    def _on_welcome(self, welcome: schema.Welcome) -> None:
         try:
-            config = self.config.server_config(options)
+            config = self.config.server_config(welcome)
         except (ConfigError, TypeError, ValueError) as exc:
-            logger.error("cannot run the head's model options %s: %s", options.get("model"), exc)
-            self.exit_code = 2
-            self.should_exit.set()
+            self._refuse_head(f"cannot run its model options: {exc}")
             return
         self.joined = True
         self.last_head = time.monotonic()
         logger.info("joined the head at %s", self.config.address)
-        if self.welcome_options is not None and (options["model"], options.get("model_class")) != (
-            self.welcome_options["model"],
-            self.welcome_options.get("model_class"),
-        ):
+        previous = self.welcome_options
+        if previous is not None and (welcome.model, welcome.model_class) != (previous.model, previous.model_class):
             logger.warning("the head now serves other model options; restarting the workers")
             self._stop_workers()
             for state in (self.processes, self.ready, self.restart_at, self.failures):
                 state.clear()
-        self.welcome_options = options
+        self.welcome_options = welcome
         self.server_config = config
         if not self.processes:
             self._start_worker(0)
@@ -406,16 +453,13 @@ class WorkerHost(ExitFlags):
             self._send_done(job_id, held.done)
 
     def _on_credit(self, frames: list[zmq.Frame]) -> None:
-        kind = frames[0].bytes
-        if kind == p.HEARTBEAT:
+        message = schema.local_credit(frames)
+        if isinstance(message, schema.Heartbeat):
             if self.joined:
-                self._to_head([p.HEARTBEAT, frames[1].bytes])
+                self._to_head([p.HEARTBEAT, message.worker])
             return
-        if kind != p.DONE:
-            raise p.ProtocolError(f"unexpected message {kind[:16]!r} from a worker")
         raw = frames[1].bytes
-        info = p.loads(raw)
-        job_id = str(info["job"]).encode()
+        job_id = message.job.encode()
         held = self.held.get(job_id)
         if held is None:
             return

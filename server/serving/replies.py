@@ -36,6 +36,7 @@ import zmq
 from bertserve.client import protocol as p
 
 from ..config import ServerConfig
+from ..logs import Refusals
 from ..security import (
     MAX_TOPIC_BYTES,
     CurveServerKeys,
@@ -102,26 +103,6 @@ def open_replies(config: ServerConfig, context: zmq.Context, keys: CurveServerKe
         replies.close()
         raise
     return replies
-
-
-class _Refusals:
-    """Logs refused messages at most once a second, counting the ones not logged, so a
-    flood of bad messages cannot flood the log."""
-
-    def __init__(self) -> None:
-        self._next = 0.0
-        self._quiet = 0
-
-    def log(self, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._quiet += 1
-            return
-        if self._quiet:
-            message += " (and %d more refused in the last second)"
-            args = (*args, self._quiet)
-        logger.warning(message, *args)
-        self._next, self._quiet = now + _REFUSAL_LOG_S, 0
 
 
 class _Held:
@@ -200,7 +181,7 @@ class Routed:
         self._routes: dict[bytes, OrderedDict[bytes, None]] = {}
         self._topics_of_route: dict[bytes, set[bytes]] = {}
         self._held = _Held()
-        self._refusals = _Refusals()
+        self._refusals = Refusals(logger, _REFUSAL_LOG_S)
 
     # -- announcements -------------------------------------------------------------------
 

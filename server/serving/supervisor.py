@@ -62,6 +62,7 @@ class BertServer(ExitFlags):
         self.sink: BaseProcess | None = None
         self.http: BaseProcess | None = None
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
+        self.principals: Any = None  # who may call the HTTP API (http.principals.Principals), read at start
         self.model_info: dict[str, Any] = {}
         self.model_sha256 = ""  # of the model files, which remote workers must share
         self.refused_versions: list[dict[str, Any]] = []  # each version refused, with why and when
@@ -75,6 +76,8 @@ class BertServer(ExitFlags):
 
     def run(self, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Serve until told to stop (a signal, ``TERMINATE``, or ``should_exit``)."""
+        if self.config.http_port is not None:
+            self._load_principals()
         self._check_model()
         context = zmq.Context()
         ipc_dir = tempfile.mkdtemp(prefix="bertserve-")
@@ -208,10 +211,11 @@ class BertServer(ExitFlags):
         from ..security import loopback_only
 
         http_bind = self.config.http_bind or self.config.bind
-        if self.config.http_port is not None and self.config.api_key is None and not loopback_only(http_bind):
+        keyless = self.config.api_key is None and self.config.api_keys is None
+        if self.config.http_port is not None and keyless and not loopback_only(http_bind):
             logger.warning(
-                "SERVING HTTP ON %s:%d WITHOUT AN API KEY: anyone who reaches it can encode. Set --api-key "
-                "(or BERTSERVE_API_KEY).", http_bind, self.config.http_port,
+                "SERVING HTTP ON %s:%d WITHOUT AN API KEY: anyone who reaches it can encode. Set --api-keys FILE "
+                "or BERTSERVE_API_KEY.", http_bind, self.config.http_port,
             )  # fmt: skip
 
     def _choose_version(self) -> None:
@@ -350,10 +354,18 @@ class BertServer(ExitFlags):
         self.workers[index] = self._start(run_worker, args, f"bertserve-worker-{index}")
         self.started_at[f"worker {index}"] = time.monotonic()
 
+    def _load_principals(self) -> None:
+        """Read the HTTP API's keys once, at start; a restarted HTTP process gets the same."""
+        from ..http.principals import load_principals
+
+        self.principals = load_principals(self.config.api_key, self.config.api_keys)
+
     def _start_http(self) -> None:
         from ..http.process import run_http
 
-        self.http = self._start(run_http, (self.config, self.log_level, self.gateway_keys), "bertserve-http")
+        # The keys go to the child through multiprocessing's pipe (as SHA-256 digests), never its command line.
+        args = (self.config, self.log_level, self.gateway_keys, self.principals)
+        self.http = self._start(run_http, args, "bertserve-http")
         self.started_at["http"] = time.monotonic()
 
     def _wait_http(self, ventilator: Ventilator) -> None:

@@ -6,6 +6,7 @@ under CURVE, that a client id belongs to the sender's key), answers control comm
 jobs to workers and tells the sink what to expect. It never blocks on a send: messages for
 the sink that ZeroMQ cannot take at once wait in an outbox, in order. Workers on other
 machines reach it through :mod:`.link` (``--worker-port``) and get jobs by the same credits.
+Its own workers' READY and DONE are parsed by the same schemas as theirs (:mod:`.link_schema`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from .. import metrics
 from ..config import ServerConfig, parse_long_inputs
 from ..model.chunking import chunk_refusal
 from ..security import loopback_only, message_user_id, request_allowed
-from . import legacy
+from . import legacy, link_schema
 from .link import WorkerLink
-from .registry import Registry, WorkerState
+from .registry import MAX_CREDITS, Registry, WorkerState
 from .scheduler import Busy, Job, Scheduler, TooLarge
 from .worker import Addresses
 
@@ -67,8 +68,9 @@ class Ventilator:
         self.config = config
         self.scheduler = scheduler
         self.registry = Registry(
-            job_timeout_s=config.job_timeout_ms / 1000, heartbeat_timeout_s=config.heartbeat_timeout_ms / 1000
-        )
+            job_timeout_s=config.job_timeout_ms / 1000, heartbeat_timeout_s=config.heartbeat_timeout_ms / 1000,
+            max_credits=max(MAX_CREDITS, config.prefetch_size),
+        )  # fmt: skip
         self.curve = curve_admins is not None
         self.admins = curve_admins or frozenset()
         self.gateway_key = gateway_key  # under CURVE, the HTTP front end's key: its callers are principals
@@ -469,42 +471,33 @@ class Ventilator:
     # -- workers -------------------------------------------------------------------------
 
     def _on_worker_message(self, frames: list[bytes]) -> None:
-        identity, rest = frames[0], frames[1:]
+        identity = frames[0]
         try:
-            _, (raw,) = p.split_message(rest, {p.READY: 1})
-            info = p.loads(raw)
-            worker = self.registry.add(identity, info, time.monotonic())
-        except (p.ProtocolError, KeyError, TypeError, ValueError) as exc:
-            logger.error("dropped a malformed message from %r: %s", identity, exc)
+            ready = link_schema.local_ready(frames[1:])
+        except p.ProtocolError as exc:
+            logger.error("dropped a malformed message from %r: %s", identity[:64], exc)
             return
+        worker = self.registry.add(identity, ready, time.monotonic())
         logger.debug("worker %d (pid %d) ready with %d credits", worker.index, worker.pid, worker.credits)
 
     def _on_credit(self, frames: list[bytes]) -> None:
         try:
-            kind, rest = p.split_message(frames, {p.DONE: 1, p.HEARTBEAT: 1})
-            if kind == p.HEARTBEAT:
-                self.registry.heartbeat(rest[0], time.monotonic())
-                return
-            info = p.loads(rest[0])
-            if not isinstance(info, dict):
-                raise p.ProtocolError("DONE is not a JSON object")
+            message = link_schema.local_credit(frames)
         except p.ProtocolError as exc:
             logger.error("dropped a malformed credit message: %s", exc)
             return
-        self.job_done(info)
+        if isinstance(message, link_schema.Heartbeat):
+            self.registry.heartbeat(message.worker, time.monotonic())
+        else:
+            self.job_done(message.worker.encode(), message)
 
-    def job_done(self, info: dict[str, Any]) -> None:
-        """A worker's DONE: its credit is free again, and the rows it computed are counted."""
-        try:
-            identity, job_id = str(info["worker"]).encode(), str(info["job"])
-        except KeyError as exc:
-            logger.error("dropped a DONE without %s", exc)
-            return
-        job = self.registry.done(identity, job_id, info, time.monotonic())
+    def job_done(self, identity: bytes, done: link_schema.Done) -> None:
+        """Worker ``identity``'s DONE: its credit is free again, and the rows it computed are counted."""
+        job = self.registry.done(identity, done, time.monotonic())
         if job is None:
-            logger.debug("ignored DONE of job %s from %r: it is no longer that worker's", job_id, identity)
+            logger.debug("ignored DONE of job %s from %r: it is no longer that worker's", done.job, identity)
             return
-        _count_job(job.size, info)
+        _count_job(job.size, done)
         for piece in job.pieces:
             request = self.requests.get(piece.key)
             if request is not None:
@@ -685,13 +678,9 @@ class Ventilator:
             self.link.stop()
 
 
-def _count_job(size: int, info: dict[str, Any]) -> None:
+def _count_job(size: int, done: link_schema.Done) -> None:
     """A worker's DONE: its inputs, tokens and model time, for ``/metrics``."""
-    try:
-        tokens, slots, seconds = int(info.get("tokens", 0)), int(info.get("slots", 0)), float(info.get("seconds", 0))
-    except (TypeError, ValueError):
-        return
     metrics.SENTENCES.inc(size)
-    metrics.TOKENS.inc(max(0, tokens))
-    metrics.TOKEN_SLOTS.inc(max(0, slots))
-    metrics.JOB_SECONDS.observe(max(0.0, seconds))
+    metrics.TOKENS.inc(done.tokens)
+    metrics.TOKEN_SLOTS.inc(done.slots)
+    metrics.JOB_SECONDS.observe(done.seconds)

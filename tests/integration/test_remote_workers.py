@@ -63,7 +63,7 @@ def paced_head(tiny_google: str) -> Iterator[tuple[RunningServer, Hosts]]:
         "--model-dir", tiny_google, "--model-class", PACED, "--worker-port", str(worker_port), *HEAD_FLAGS,
         env=pythonpath_env(),
     )  # fmt: skip
-    hosts = Hosts(worker_port, "--model-dir", tiny_google)
+    hosts = Hosts(worker_port, "--model-dir", tiny_google, "--model-class", PACED)
     try:
         yield head, hosts
     finally:
@@ -172,7 +172,7 @@ def test_hosts_join_a_restarted_head_by_themselves(tiny_google: str) -> None:
     worker_port = free_port()
     flags = ("--model-dir", tiny_google, "--model-class", PACED, "--worker-port", str(worker_port), *HEAD_FLAGS)
     head = start_server(*flags, env=pythonpath_env())
-    hosts = Hosts(worker_port, "--model-dir", tiny_google)
+    hosts = Hosts(worker_port, "--model-dir", tiny_google, "--model-class", PACED)
     try:
         host = hosts.start()
         with BertClient(**head.client_kwargs, timeout=10_000) as client:
@@ -229,7 +229,7 @@ def test_under_curve_only_listed_worker_keys_join(tiny_google: str, tmp_path: Pa
         "--curve-dir", str(curve), env=pythonpath_env(),
     )  # fmt: skip
     server_key = str(curve / "server.key")
-    hosts = Hosts(worker_port, "--model-dir", tiny_google, "--server-key", server_key)
+    hosts = Hosts(worker_port, "--model-dir", tiny_google, "--model-class", PACED, "--server-key", server_key)
     client_options = {**head.client_kwargs, "server_key": server_key, "client_cert": str(secret), "timeout": 10_000}
     try:
         bad = hosts.start("--client-cert", str(bad_secret), expect_joined=False)

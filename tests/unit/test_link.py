@@ -11,6 +11,7 @@ import pytest
 import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.serving import link_schema
 from bertserve.server.serving.remote import HostConfig
 from rigs import Rig, ventilator_rig
 from serving import free_port
@@ -73,7 +74,9 @@ def test_welcome_carries_the_heads_model_options_and_the_host_keeps_its_own_file
     kind, raw = head.hello(head.host())
     assert kind == p.WELCOME
     host = HostConfig(server="head", worker_port=1, model_dir="/here/model", graph_dir="/here/cache", num_worker=3)
-    config = host.server_config(p.loads(raw))
+    welcome = link_schema.from_head([p.WELCOME, raw])
+    assert isinstance(welcome, link_schema.Welcome)
+    config = host.server_config(welcome)
     assert config.model == head.ventilator.config.model.replace(model_dir="/here/model", graph_dir="/here/cache")
     assert config.num_worker == 3 and config.model.dtype == "bf16" and config.model.pooling_layer == (-1, -2)
 
@@ -101,11 +104,18 @@ def test_jobs_go_to_the_remote_worker_and_its_result_to_the_sink(head: Head) -> 
     kind, name, job_id, header, payload = head.answer(dealer)
     assert (kind, name, p.loads(payload)) == (p.JOB, b"w0-7", ["one", "two"])
     head.sink_messages()  # the registration
-    dealer.send_multipart([p.RESULT, b"w0-7", job_id, header, b"vectors"])
+    result_header = p.dumps({**result_of(header), "extra": "dropped"})
+    dealer.send_multipart([p.RESULT, b"w0-7", job_id, result_header, b"\0" * 16])
     dealer.send_multipart([p.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})])
     (result,) = head.sink_messages()
-    assert result == [p.RESULT, job_id, header, b"vectors"]
+    assert result == [p.RESULT, job_id, p.dumps(result_of(header)), b"\0" * 16]
     assert head.ventilator.idle and worker.jobs_done == 1
+
+
+def result_of(job_header: bytes, dim: int = 2) -> dict:
+    """The header of a float32 result of ``dim`` values a row for the job of ``job_header``."""
+    parts = p.loads(job_header)["parts"]
+    return {"parts": parts, "dtype": "float32", "shape": [sum(len(part["rows"]) for part in parts), dim]}
 
 
 def test_a_late_result_of_a_job_that_went_elsewhere_is_dropped(head: Head) -> None:
@@ -147,3 +157,72 @@ def test_a_silent_host_is_forgotten_and_its_jobs_count_an_attempt(head: Head) ->
     assert not head.ventilator.registry.workers and not head.ventilator.link.hosts  # type: ignore[union-attr]
     (job,) = head.ventilator.scheduler.retries
     assert job.failures == 1
+
+
+def test_a_malformed_ready_is_dropped_and_credits_past_the_cap_are_clamped(
+    head: Head, caplog: pytest.LogCaptureFixture
+) -> None:
+    dealer = head.host()
+    assert head.hello(dealer, workers=2)[0] == p.WELCOME
+    dealer.send_multipart([p.READY, b"w0-7", b'{"worker":0,"pid":7,"credits":1e999}'])
+    head.pump()
+    assert not head.ventilator.registry.workers and "credits" in caplog.text
+    head.join(dealer, b"w0-7", credits=1_000_000)
+    (worker,) = head.ventilator.registry.workers.values()
+    assert worker.credits == 8 and "asked for 1000000 credits" in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+def test_a_host_registers_no_more_workers_than_its_hello_named(head: Head) -> None:
+    dealer = head.host()
+    head.join(dealer, b"w0-1")  # HELLO named 1 worker
+    dealer.send_multipart([p.READY, b"w0-2", p.dumps({"worker": 1, "pid": 8, "credits": 1})])
+    dealer.send_multipart([p.READY, b"w0-1", p.dumps({"worker": 0, "pid": 7, "credits": 1})])  # itself again: fine
+    head.pump()
+    assert [w.name for w in head.ventilator.registry.workers.values()] == [b"w0-1"]
+
+
+def held_job(head: Head, dealer: zmq.Socket) -> tuple[bytes, bytes]:
+    head.request(b"c1", 1, ["one", "two"])
+    kind, _, job_id, header, _ = head.answer(dealer)
+    assert kind == p.JOB
+    head.sink_messages()  # the registration
+    return job_id, header
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda job_id, header: [p.RESULT, b"w0-7", job_id, p.dumps({**result_of(header), "parts": [
+            {"key": "someone-else#1@0", "rows": [0, 1]}]}), b"\0" * 16],
+        lambda job_id, header: [p.RESULT, b"w0-7", job_id, p.dumps({**result_of(header), "shape": [1, 2], "parts": [
+            {**p.loads(header)["parts"][0], "rows": [0]}]}), b"\0" * 8],
+        lambda job_id, header: [p.RESULT, b"w0-7", job_id, p.dumps(result_of(header)), b"\0" * 15],
+        lambda job_id, header: [p.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})],
+    ],
+    ids=["other-requests", "other-rows", "short-buffer", "done-before-result"],
+)  # fmt: skip
+def test_a_worker_that_answers_its_job_wrongly_is_replaced_and_the_job_runs_again(head: Head, bad) -> None:
+    dealer = head.host()
+    head.join(dealer)
+    job_id, header = held_job(head, dealer)
+    dealer.send_multipart(bad(job_id, header))
+    kind, name, reason = head.answer(dealer)
+    assert (kind, name) == (p.FORGET, b"w0-7") and reason
+    assert head.sink_messages() == [] and not head.ventilator.registry.workers
+    (job,) = head.ventilator.scheduler.retries
+    assert job.job_id == job_id.decode() and job.failures == 1
+
+
+def test_a_job_error_fails_the_jobs_own_requests_with_a_known_kind(head: Head) -> None:
+    dealer = head.host()
+    head.join(dealer)
+    job_id, header = held_job(head, dealer)
+    error = {"parts": [{"key": "someone-else#1@0", "rows": [0]}], "error": "boom " * 1000, "kind": "evil\nlabel"}
+    dealer.send_multipart([p.JOB_ERROR, b"w0-7", job_id, p.dumps(error)])
+    dealer.send_multipart([p.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})])
+    (message,) = head.sink_messages()
+    sent = p.loads(message[2])
+    assert message[:2] == [p.JOB_ERROR, job_id] and sent["parts"] == p.loads(header)["parts"]
+    assert sent["kind"] == "worker" and len(sent["error"]) <= 503
+    assert head.ventilator.registry.workers  # an error is an answer: the worker stays

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from bertserve.server.serving.registry import Registry
+from bertserve.server.serving.link_schema import Done, Ready
+from bertserve.server.serving.registry import MAX_CREDITS, Registry
 from bertserve.server.serving.scheduler import Job, Piece
 
 
@@ -14,9 +17,13 @@ def job(job_id: str, key: str = "k", size: int = 2, bulk: bool = False) -> Job:
 
 def registry() -> Registry:
     r = Registry(job_timeout_s=5.0, heartbeat_timeout_s=3.0)
-    r.add(b"w0-1", {"worker": 0, "pid": 1, "credits": 2, "model": {"output_dim": 4}}, now=0.0)
-    r.add(b"w1-2", {"worker": 1, "pid": 2, "credits": 1}, now=0.0)
+    r.add(b"w0-1", Ready.model_validate({"worker": 0, "pid": 1, "credits": 2, "model": {"output_dim": 4}}), now=0.0)
+    r.add(b"w1-2", Ready(worker=1, pid=2, credits=1), now=0.0)
     return r
+
+
+def done(job_id: str, worker: str, **stats: Any) -> Done:
+    return Done(job=job_id, worker=worker, **stats)
 
 
 def test_the_worker_with_most_free_credits_gets_the_next_job() -> None:
@@ -44,7 +51,7 @@ def test_a_small_job_may_overtake_only_on_a_worker_that_holds_only_bulk_work() -
     assert chosen is not None and chosen.identity == b"w0-1"
     r.assign(chosen, job("s2"), now=0.0)  # beyond its credits
     assert chosen.free == -1 and r.pick() is None and r.pick_overtake() is None
-    r.done(b"w0-1", "s2", {}, now=1.0)
+    r.done(b"w0-1", done("s2", "w0-1"), now=1.0)
     assert r.pick_overtake() is chosen
 
 
@@ -53,11 +60,11 @@ def test_done_counts_only_for_the_worker_that_holds_the_job() -> None:
     worker = r.pick()
     assert worker is not None
     r.assign(worker, job("1", size=3), now=0.0)
-    assert r.done(b"w1-2", "1", {}, now=1.0) is None  # not that worker's job
-    assert r.done(b"w9-9", "1", {}, now=1.0) is None  # a worker the registry forgot
-    done = r.done(worker.identity, "1", {"seconds": 0.5, "tokens": 30, "slots": 40}, now=1.0)
-    assert done is not None and done.job_id == "1"
-    assert r.done(worker.identity, "1", {}, now=1.0) is None  # delivered twice: counted once
+    assert r.done(b"w1-2", done("1", "w1-2"), now=1.0) is None  # not that worker's job
+    assert r.done(b"w9-9", done("1", "w9-9"), now=1.0) is None  # a worker the registry forgot
+    finished = r.done(worker.identity, done("1", "w0-1", seconds=0.5, tokens=30, slots=40), now=1.0)
+    assert finished is not None and finished.job_id == "1"
+    assert r.done(worker.identity, done("1", "w0-1"), now=1.0) is None  # delivered twice: counted once
     stats = r.stats(now=2.0)
     w0 = stats["workers"][0]
     assert (w0["jobs_done"], w0["sentences"], w0["tokens"], w0["token_slots"]) == (1, 3, 30, 40)
@@ -95,3 +102,25 @@ def test_a_job_that_loses_two_workers_is_not_to_be_retried() -> None:
     r.assign(r.workers[b"w1-2"], held, now=1.0)
     assert r.lose(b"w1-2") == ([], [held]) and held.failures == 2
     assert r.lose(b"w1-2") == ([], []) and len(r) == 0
+
+
+def test_a_worker_gets_at_most_the_credit_cap_whatever_it_asks() -> None:
+    r = Registry(job_timeout_s=5.0, heartbeat_timeout_s=3.0)
+    greedy = r.add(b"h/w0-1", Ready(worker=0, pid=1, credits=2**31 - 1), now=0.0, host=b"h")
+    assert greedy.credits == MAX_CREDITS == 8
+    for i in range(MAX_CREDITS):
+        assert r.pick() is greedy
+        r.assign(greedy, job(str(i)), now=0.0)
+    assert r.pick() is None  # every job beyond the cap waits for another worker
+    roomy = Registry(job_timeout_s=5.0, heartbeat_timeout_s=3.0, max_credits=12)
+    assert roomy.add(b"w0-1", Ready(worker=0, pid=1, credits=12), now=0.0).credits == 12
+
+
+def test_a_result_is_answered_once_and_forgotten_with_its_job() -> None:
+    r = registry()
+    r.assign(r.workers[b"w0-1"], job("1"), now=0.0)
+    assert r.held(b"w0-1", "1") is not None and r.held(b"w1-2", "1") is None and r.held(b"w9", "1") is None
+    assert not r.answered(b"w0-1", "1")
+    assert r.answer(b"w0-1", "1") and not r.answer(b"w0-1", "1")
+    r.done(b"w0-1", done("1", "w0-1"), now=1.0)
+    assert not r.answered(b"w0-1", "1")

@@ -1,0 +1,198 @@
+"""The worker link's schemas: what each message kind accepts, and the one line that says why not."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from bertserve.client import protocol as p
+from bertserve.server.errors import ConfigError
+from bertserve.server.serving import link_schema as schema
+from bertserve.server.serving.remote import HostConfig
+
+READY = {"worker": 0, "pid": 7, "credits": 2, "device": "/CPU:0", "hostname": "far"}
+RESULT = {
+    "parts": [{"key": "a#1@0", "rows": [0, 1]}, {"key": "b#1@1", "rows": [0]}],
+    "dtype": "float32",
+    "shape": [3, 4],
+}
+
+
+def raw(obj: Any) -> bytes:
+    return p.dumps(obj)
+
+
+def refused(frames: list[bytes], direction: Any = schema.from_host) -> str:
+    with pytest.raises(schema.LinkError) as caught:
+        direction(frames)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 400
+    return message
+
+
+def test_ready_parses_into_typed_fields() -> None:
+    message = schema.from_host([p.READY, b"w0-7", raw({**READY, "model": {"output_dim": 4, "extra": [1, "x"]}})])
+    assert isinstance(message, schema.WorkerReady) and message.worker == b"w0-7"
+    ready = message.ready
+    assert (ready.worker, ready.pid, ready.credits, ready.device, ready.version) == (0, 7, 2, "/CPU:0", None)
+    assert ready.model is not None and ready.model.public() == {"output_dim": 4, "extra": [1, "x"]}
+    moved = ready.model.model_copy(update={"model_dir": "/head/model"})
+    assert moved.public() == {"output_dim": 4, "extra": [1, "x"], "model_dir": "/head/model"}
+
+
+@pytest.mark.parametrize(
+    "credits",
+    [b"1e999", b"-1e999", b"NaN", b"Infinity", b"-1", b"0", b"1.0", b"true", b'"2"', b"null", b"[1]", b"2147483648",
+     b"1" * 400],
+)  # fmt: skip
+def test_credits_must_be_a_positive_integer_in_range(credits: bytes) -> None:
+    body = b'{"worker":0,"pid":7,"credits":' + credits + b"}"
+    assert "credits" in refused([p.READY, b"w0-7", body])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("seconds", math.nan), ("seconds", math.inf), ("seconds", -1.0), ("seconds", "0.1"), ("tokens", -5),
+     ("tokens", 2**64), ("slots", 1.5), ("job", ""), ("job", "x" * 65), ("job", "1\n2"), ("worker", 7)],
+)  # fmt: skip
+def test_done_refuses_bad_numbers_and_names(field: str, value: Any) -> None:
+    body = json.dumps({"job": "12.0", "worker": "w0-7", field: value}).encode()  # json writes NaN and Infinity
+    assert field in refused([p.DONE, body])
+
+
+def test_done_needs_its_job_and_worker_and_fills_in_its_statistics() -> None:
+    assert "worker" in refused([p.DONE, raw({"job": "1"})])
+    done = schema.from_host([p.DONE, raw({"job": "1", "worker": "w0-7", "unknown": {"ignored": True}})])
+    assert done == schema.Done(job="1", worker="w0-7", seconds=0.0, tokens=0, slots=0)
+
+
+@pytest.mark.parametrize(
+    ("frames", "said"),
+    [([], "empty"), ([b"NOPE"], "unknown kind 'NOPE'"), ([b"X" * 1000], "unknown kind"), ([p.HELLO], "0 frame"),
+     ([p.DRAIN, b"x"], "1 frame"), ([p.BYE, b"", b""], "2 frame"), ([p.READY, b"w0"], "1 frame"),
+     ([p.HEARTBEAT, b"w0", b"w1"], "2 frame"), ([p.RESULT, b"w0", b"1", b"{}"], "3 frame"),
+     ([p.GONE], "0 frame"), ([p.JOB, b"w0", b"1", b"{}", b"[]"], "unknown kind"),
+     ([p.WELCOME, b"{}"], "unknown kind"), ([p.READY, b"w0", b"\xff\xfe"], "Invalid JSON"),
+     ([p.READY, b"w0", b"[" * 10_000], "JSON"), ([p.READY, b"w0", b"[]"], "object"),
+     ([p.DONE, b" " * (schema.MAX_CONTROL_BYTES + 1)], "at most"), ([p.READY, b"", raw(READY)], "worker name"),
+     ([p.READY, b"w" * 65, raw(READY)], "worker name"), ([p.READY, b"../w0", raw(READY)], "worker name"),
+     ([p.HEARTBEAT, b"w0\x00"], "worker name"), ([p.RESULT, b"w0", b"", raw(RESULT), b"\0" * 48], "job id")],
+)  # fmt: skip
+def test_a_message_of_the_wrong_layout_is_refused_with_one_line(frames: list[bytes], said: str) -> None:
+    assert said in refused(frames)
+
+
+def test_a_hello_of_any_link_version_parses_so_it_can_be_refused_with_the_reason() -> None:
+    hello = schema.from_host([p.HELLO, raw({"link": 99, "future": "field"})])
+    assert hello == schema.Hello(link=99, version="?", hostname="?", model_sha256="", workers=1)
+    assert "workers" in refused([p.HELLO, raw({"link": 1, "workers": schema.MAX_HOST_WORKERS + 1})])
+    assert "hostname" in refused([p.HELLO, raw({"link": 1, "hostname": "evil\x1b[2J"})])
+
+
+def test_a_result_parses_when_its_rows_lists_and_buffer_agree() -> None:
+    header = {**RESULT, "lengths": [3, 4, 5], "tokens": [["a"], ["b"], None], "model_version": None, "x": 1}
+    message = schema.from_host([p.RESULT, b"w0-7", b"3.1", raw(header), b"\0" * 48])
+    assert isinstance(message, schema.WorkerResult) and message.job_id == "3.1"
+    assert message.header.plain() == {**RESULT, "lengths": [3, 4, 5], "tokens": [["a"], ["b"], None]}
+
+
+@pytest.mark.parametrize(
+    ("changes", "buffer", "said"),
+    [({}, 47, "buffer holds 47 bytes"), ({"shape": [4, 4]}, 64, "4 rows, the parts 3"),
+     ({"lengths": [1, 2]}, 48, "lengths has 2 entries"), ({"windows": [1, 1, 1, 1]}, 48, "windows"),
+     ({"dtype": "object"}, 48, "dtype"), ({"shape": [3]}, 48, "shape"), ({"shape": [3, -4]}, 48, "shape"),
+     ({"shape": [3, 2**40]}, 48, "shape"), ({"parts": []}, 48, "parts"), ({"parts": "all"}, 48, "parts"),
+     ({"parts": [{"key": "a", "rows": [-1, 0, 1]}]}, 48, "rows"), ({"lengths": [1, math.inf, 1]}, 48, "lengths")],
+)  # fmt: skip
+def test_a_result_that_does_not_add_up_is_refused(changes: dict[str, Any], buffer: int, said: str) -> None:
+    body = json.dumps({**RESULT, **changes}).encode()
+    assert said in refused([p.RESULT, b"w0-7", b"3", body, b"\0" * buffer])
+
+
+def test_a_job_errors_kind_is_one_of_a_fixed_set_and_its_text_is_cut() -> None:
+    message = schema.from_host([p.JOB_ERROR, b"w0-7", b"3", raw({"error": "x" * 10_000, "kind": "evil\nkind"})])
+    assert isinstance(message, schema.WorkerError)
+    assert message.error.safe_kind == "worker" and len(message.error.safe_error) == schema.MAX_ERROR_CHARS + 3
+    for kind in schema.ERROR_KINDS:
+        error = schema.from_host([p.JOB_ERROR, b"w0-7", b"3", raw({"error": "bad", "kind": kind})])
+        assert isinstance(error, schema.WorkerError) and error.error.safe_kind == kind
+    assert "kind" in refused([p.JOB_ERROR, b"w0-7", b"3", raw({"kind": 5})])
+
+
+def test_gone_and_forget_reasons_are_cut_and_made_printable() -> None:
+    gone = schema.from_host([p.GONE, b"w0-7", b"died\n\x1b[31m" + b"!" * 500])
+    assert isinstance(gone, schema.Gone) and gone.reason.startswith("died\\n\\x1b[31m") and len(gone.reason) < 220
+    assert schema.from_host([p.GONE, b"w0-7"]) == schema.Gone(b"w0-7", "its process died")
+    assert schema.from_head([p.FORGET, b"w0-7"]) == schema.Forget(b"w0-7", "it stopped answering")
+
+
+def welcome(**model: Any) -> list[bytes]:
+    return [p.WELCOME, raw({"model": model, "model_class": None, "heartbeat_timeout_ms": 3000})]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["/etc/passwd", "../vocab.txt", "sub/../../vocab.txt", "..", "C:\\vocab.txt", "..\\vocab.txt", "", "a\x00b",
+     "\\\\server\\share\\vocab.txt"],
+)  # fmt: skip
+@pytest.mark.parametrize("field", ["vocab_name", "config_name", "ckpt_name"])
+def test_welcome_file_names_must_stay_inside_the_model_directory(field: str, name: str) -> None:
+    message = refused(welcome(**{field: name}), schema.from_head)
+    assert field in message
+
+
+def test_a_welcome_with_plain_names_gives_model_options() -> None:
+    message = schema.from_head(welcome(vocab_name="vocab.txt", ckpt_name="ckpt/model.ckpt", max_seq_len=40,
+                                       pooling_layer=[-1, -2], normalize=None))  # fmt: skip
+    assert isinstance(message, schema.Welcome)
+    assert message.model.options() == {"vocab_name": "vocab.txt", "ckpt_name": "ckpt/model.ckpt", "max_seq_len": 40,
+                                       "pooling_layer": [-1, -2]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [({"model": {"nope": 1}, "heartbeat_timeout_ms": 3000}, "nope"), ({"model": {}}, "heartbeat_timeout_ms"),
+     ({"model": {}, "heartbeat_timeout_ms": 1e999}, "heartbeat_timeout_ms"),
+     ({"model": {}, "heartbeat_timeout_ms": 3000, "model_class": "os:system; rm"}, "model_class"),
+     ({"model": {"batch_size": 0}, "heartbeat_timeout_ms": 3000}, "batch_size"), ({"model": []}, "model")],
+)  # fmt: skip
+def test_a_welcome_that_breaks_its_schema_is_refused(body: dict[str, Any], said: str) -> None:
+    with pytest.raises(schema.LinkError) as caught:
+        schema.from_head([p.WELCOME, json.dumps(body).encode()])
+    assert said in str(caught.value) and caught.value.kind == p.WELCOME
+
+
+def test_a_host_imports_a_model_class_only_if_its_own_command_line_names_it() -> None:
+    def config(model_class: str | None) -> HostConfig:
+        return HostConfig(server="head", worker_port=1, model_dir="/here/model", model_class=model_class)
+
+    def offer(model_class: str | None) -> schema.Welcome:
+        return schema.Welcome(model=schema.WelcomeModel(), model_class=model_class, heartbeat_timeout_ms=3000)
+
+    with pytest.raises(ConfigError, match="pass --model-class evil:Model"):
+        config(None).server_config(offer("evil:Model"))
+    with pytest.raises(ConfigError, match="started with --model-class mine:Model"):
+        config("mine:Model").server_config(offer("evil:Model"))
+    with pytest.raises(ConfigError, match="leave it out"):
+        config("mine:Model").server_config(offer(None))
+    assert config("mine:Model").server_config(offer("mine:Model")).model_class == "mine:Model"
+    assert config(None).server_config(offer(None)).model_class is None
+
+
+def test_local_workers_ready_and_credits_use_the_same_schemas() -> None:
+    assert schema.local_ready([p.READY, raw(READY)]).credits == 2
+    with pytest.raises(schema.LinkError, match="credits"):
+        schema.local_ready([p.READY, b'{"worker":0,"pid":7,"credits":1e999}'])
+    assert schema.local_credit([p.HEARTBEAT, b"w0-7"]) == schema.Heartbeat(b"w0-7")
+    done = schema.local_credit([p.DONE, raw({"job": "1", "worker": "w0-7", "seconds": 0.25})])
+    assert isinstance(done, schema.Done) and done.seconds == 0.25
+    with pytest.raises(schema.LinkError):
+        schema.local_credit([p.READY, raw(READY)])
+
+
+def test_printable_escapes_control_characters_and_cuts() -> None:
+    assert schema.printable("plain") == "plain"
+    assert schema.printable("a\nb\x1b", 10) == "a\\nb\\x1b"
+    assert schema.printable("x" * 500, 20) == "x" * 20
