@@ -24,7 +24,15 @@ from bertserve.client import __version__
 from bertserve.client.cli import HelpFormatter, add_client_commands, read_lines, unset_help
 from bertserve.client.terminal import paint, print_status
 
-from .config import HTTP_BODY_BYTES_TOTAL, ModelConfig, ServerConfig
+from .config import (
+    CLIENT_QUEUED_SENTENCES,
+    HTTP_BODY_BYTES_TOTAL,
+    QUEUED_BYTES,
+    QUEUED_SENTENCES,
+    REQUEST_SIZE,
+    ModelConfig,
+    ServerConfig,
+)
 from .errors import BertServeError
 from .logs import quiet_native_logs, setup_logging
 
@@ -156,12 +164,35 @@ SERVER_FLAGS = [
     _Flag("--gpu-memory-fraction", "share of its GPU's memory a worker may take", float, unset="grow as needed"),
     _Flag("--threads-per-worker", "TensorFlow threads per CPU worker", int, unset="the cores shared out"),
     _Flag("--worker-nice", "how much lower the workers' CPU priority is, so requests move while they compute", int, 5),
-    _Flag("--max-request-size", "most inputs in one request", int, 100_000),
+    _Flag(
+        "--max-request-size",
+        "most inputs in one request",
+        int,
+        unset=f"{REQUEST_SIZE}, at most --max-client-queued-sentences",
+    ),
     _Flag("--max-text-chars", "most characters in one input", int, 100_000),
     _Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
-    _Flag("--max-queued-sentences", "most inputs queued at once; past it requests get a busy error", int, 500_000),
-    _Flag("--max-client-queued-sentences", "most inputs one client may have queued", int, 200_000),
-    _Flag("--max-message-bytes", "largest request frame", int, unset="what the size limits need, at most 64 MiB"),
+    _Flag(
+        "--max-queued-sentences", "most inputs queued at once; past it requests get a busy error", int, QUEUED_SENTENCES
+    ),
+    _Flag(
+        "--max-client-queued-sentences",
+        "most inputs one client may have queued",
+        int,
+        unset=f"{CLIENT_QUEUED_SENTENCES}, at most --max-queued-sentences",
+    ),
+    _Flag(
+        "--max-queued-bytes",
+        "memory the texts of queued requests may hold; past it requests get a busy error",
+        int,
+        QUEUED_BYTES,
+    ),
+    _Flag(
+        "--max-message-bytes",
+        "largest request frame; a larger one is dropped unread",
+        int,
+        unset="what the size limits need, at most 16 MiB and --max-queued-bytes",
+    ),
     _Flag("--reply-hwm", "replies queued per client that does not read them; more are dropped", int, 100),
     _Flag("--job-timeout-ms", "a worker holding a job longer than this is killed and replaced", int, 120_000),
     _Flag("--heartbeat-timeout-ms", "a worker silent this long is killed and replaced", int, 10_000),

@@ -168,6 +168,17 @@ def _parse_layers(value: object) -> tuple[int, ...]:
 
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The largest request frame ``--max-message-bytes`` may allow."""
+MESSAGE_BYTES = 16 * 1024 * 1024
+"""Default largest request frame: larger requests are better sent as several. ZeroMQ reads a
+frame whole before the ventilator sees it, one per connection at a time, so this bounds what a
+flood of large frames can make the head hold (docker/README.md)."""
+QUEUED_BYTES = 128 * 1024 * 1024
+"""Default bound on the memory the texts of admitted requests hold in the head
+(``--max-queued-bytes``): with the HTTP budget and the idle head, within a 1 GiB limit."""
+QUEUED_SENTENCES = 500_000
+CLIENT_QUEUED_SENTENCES = 200_000
+REQUEST_SIZE = 100_000
 HTTP_BODY_BYTES = 16 * 1024 * 1024
 """Default largest HTTP body: bulk work is better sent as several requests, or over ZeroMQ."""
 HTTP_BODY_BYTES_TOTAL = 32 * 1024 * 1024
@@ -202,11 +213,12 @@ class ServerConfig:
     threads_per_worker: int | None = None
     worker_nice: int = 5
     feed: str = "thread"
-    max_request_size: int = 100_000
+    max_request_size: int | None = None  # None: REQUEST_SIZE, at most max_client_queued_sentences
     max_text_chars: int = 100_000
     request_timeout_ms: int = 600_000
-    max_queued_sentences: int = 500_000
-    max_client_queued_sentences: int = 200_000
+    max_queued_sentences: int = QUEUED_SENTENCES
+    max_client_queued_sentences: int | None = None  # None: CLIENT_QUEUED_SENTENCES, at most max_queued_sentences
+    max_queued_bytes: int = QUEUED_BYTES
     max_message_bytes: int | None = None
     reply_hwm: int = 100
     job_timeout_ms: int = 120_000
@@ -232,6 +244,7 @@ class ServerConfig:
     poll_interval_s: float = 0.0  # with a model repository: look for a newer version this often (0: never)
 
     def __post_init__(self) -> None:
+        self._follow_bounds()
         port_out = self.port + 1 if self.port_out is None else self.port_out
         extra_ports = [p for p in (self.http_port, self.metrics_port, self.worker_port) if p is not None]
         checks = [
@@ -261,15 +274,15 @@ class ServerConfig:
             (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
             (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),
             (self.prefetch_size >= 1, "prefetch_size must be at least 1"),
-            (self.max_request_size >= 1, "max_request_size must be at least 1"),
             (self.max_text_chars >= 1, "max_text_chars must be at least 1"),
             (self.request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
-            (self.max_client_queued_sentences >= self.max_request_size,
-             "max_client_queued_sentences must be at least max_request_size, or a full request could never queue"),
-            (self.max_queued_sentences >= self.max_client_queued_sentences,
-             "max_queued_sentences must be at least max_client_queued_sentences"),
             (self.max_message_bytes is None or 1024 <= self.max_message_bytes <= MAX_MESSAGE_BYTES,
-             f"max_message_bytes must be between 1024 and {MAX_MESSAGE_BYTES}"),
+             f"--max-message-bytes must be between 1024 and {MAX_MESSAGE_BYTES}, not {self.max_message_bytes}"),
+            (self.max_queued_bytes >= 1024 * 1024,
+             f"--max-queued-bytes must be at least 1 MiB (1048576), not {self.max_queued_bytes}"),
+            (self.max_message_bytes is None or self.max_message_bytes <= self.max_queued_bytes,
+             f"--max-message-bytes {self.max_message_bytes} is more than --max-queued-bytes {self.max_queued_bytes}: a "
+             "request that large could never be queued; lower --max-message-bytes or raise --max-queued-bytes"),
             (self.reply_hwm >= 1, "reply_hwm must be at least 1"),
             (self.job_timeout_ms >= 100, "job_timeout_ms must be at least 100"),
             (self.heartbeat_timeout_ms >= 3 * HEARTBEAT_INTERVAL_MS,
@@ -294,6 +307,47 @@ class ServerConfig:
             object.__setattr__(self, "curve_dir", os.fspath(self.curve_dir))
         object.__setattr__(self, "model_version", str(self.model_version).lower())
 
+    def _follow_bounds(self) -> None:
+        """Set the sentence bounds left out: each follows the one above it down (a client's
+        queue at most the server's, a request at most a client's queue). Only bounds given
+        that contradict each other are an error, which names both flags and their values."""
+        queued = self.max_queued_sentences
+        if queued < 1:
+            raise ConfigError(f"--max-queued-sentences must be at least 1, not {queued}")
+        client = self.max_client_queued_sentences
+        if client is None:
+            client = min(CLIENT_QUEUED_SENTENCES, queued)
+            client_is = f"--max-client-queued-sentences ({client}, following --max-queued-sentences)"
+        elif not 1 <= client <= queued:
+            raise ConfigError(
+                f"--max-client-queued-sentences {client} must be between 1 and --max-queued-sentences {queued}: "
+                "one client cannot queue more than the whole server"
+            )
+        else:
+            client_is = f"--max-client-queued-sentences {client}"
+        request = self.max_request_size
+        if request is None:
+            request = min(REQUEST_SIZE, client)
+        elif not 1 <= request <= client:
+            raise ConfigError(
+                f"--max-request-size {request} must be between 1 and {client_is}: a request that large could "
+                "never queue; lower --max-request-size or raise the queue bounds"
+            )
+        object.__setattr__(self, "max_client_queued_sentences", client)
+        object.__setattr__(self, "max_request_size", request)
+
+    @property
+    def client_queue_limit(self) -> int:
+        """Most inputs one client may have queued (``max_client_queued_sentences``, resolved)."""
+        assert self.max_client_queued_sentences is not None  # __post_init__ resolved it
+        return self.max_client_queued_sentences
+
+    @property
+    def request_size_limit(self) -> int:
+        """Most inputs in one request (``max_request_size``, resolved)."""
+        assert self.max_request_size is not None  # __post_init__ resolved it
+        return self.max_request_size
+
     @property
     def version_number(self) -> int | None:
         """The model version served, once a repository's version is chosen; else None."""
@@ -302,11 +356,12 @@ class ServerConfig:
     @property
     def message_limit(self) -> int:
         """Largest frame the request socket accepts (ZeroMQ's MAXMSGSIZE): ``max_message_bytes``,
-        or what the largest allowed request can take as UTF-8 JSON, at most 64 MiB."""
+        or what the largest allowed request can take as UTF-8 JSON, at most :data:`MESSAGE_BYTES`
+        and ``max_queued_bytes``."""
         if self.max_message_bytes is not None:
             return self.max_message_bytes
         per_text = 4 * self.max_text_chars + 8  # UTF-8 bytes, quotes and comma
-        return min(MAX_MESSAGE_BYTES, self.max_request_size * per_text + 65_536)
+        return min(MESSAGE_BYTES, self.max_queued_bytes, self.request_size_limit * per_text + 65_536)
 
     @property
     def http_body_limit(self) -> int:

@@ -52,6 +52,10 @@ QUEUED_REQUESTS = Gauge(
     "bertserve_queued_requests", "Requests waiting in the scheduler, by queue (small, bulk)",
     ["queue"], multiprocess_mode="mostrecent",
 )  # fmt: skip
+QUEUED_BYTES = Gauge(
+    "bertserve_queued_bytes", "Memory the texts of admitted requests hold in the head (of --max-queued-bytes)",
+    multiprocess_mode="mostrecent",
+)  # fmt: skip
 RUNNING_JOBS = Gauge("bertserve_running_jobs", "Mini-jobs held by workers", multiprocess_mode="mostrecent")
 IN_FLIGHT = Gauge("bertserve_in_flight_requests", "Admitted requests not answered yet", multiprocess_mode="mostrecent")
 REJECTIONS = Counter("bertserve_rejections_total", "Requests refused on arrival, by kind (busy, limit, ...)", ["kind"])

@@ -68,7 +68,7 @@ def run_http(
         principals=principals if principals is not None else load_principals(config.api_key, config.api_keys),
         max_body_bytes=config.http_body_limit,
         max_bodies_bytes=config.max_http_body_bytes_total,
-        max_inputs=config.max_request_size,
+        max_inputs=config.request_size_limit,
         request_timeout_s=config.request_timeout_ms / 1000,
         tokenizer=tokenizer,
     )

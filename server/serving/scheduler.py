@@ -179,7 +179,7 @@ class Scheduler:
     def check_room(self, client: bytes, count: int) -> None:
         """Raise :class:`Busy` (or :class:`TooLarge`) unless ``count`` more inputs of ``client``
         may be queued now. Cheap, so a flood is refused before its texts are looked at."""
-        per_client = self.config.max_client_queued_sentences
+        per_client = self.config.client_queue_limit
         if count > per_client:
             raise TooLarge(f"the request has {count} inputs; a client may queue at most {per_client}")
         queue = self.clients.get(client)

@@ -87,8 +87,10 @@ class BertServer(ExitFlags):
         frontend = context.socket(zmq.PULL)
         frontend.linger = 0
         frontend.maxmsgsize = self.config.message_limit  # a larger frame is dropped unread
-        # Requests a connection may have waiting in this process: at most ~512 MiB of them.
-        frontend.rcvhwm = max(8, min(1000, 512 * 2**20 // self.config.message_limit))
+        # Requests one connection may have waiting in this process, read but not yet taken: at most
+        # ~64 MiB of them. ZeroMQ bounds this per connection only; the ventilator takes them as they
+        # come, and refuses what does not fit --max-queued-bytes.
+        frontend.rcvhwm = max(4, min(1000, 64 * 2**20 // self.config.message_limit))
         ventilator: Ventilator | None = None
         authenticator = None
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,6 +50,19 @@ class _Request:
     rows: int  # rows not yet computed
     deadline: float
     legacy: bool = False  # answered in bert-as-service 1.x's layout
+    nbytes: int = 0  # what its texts hold in memory, counted against max_queued_bytes
+
+
+def held_bytes(texts: list[Any]) -> int:
+    """What a request's decoded texts hold in this process: each ``str`` object (its header and
+    its characters, at 1, 2 or 4 bytes each as Python stores them) and a list slot for it; a
+    pre-tokenized input counts its list and each token."""
+    total = sys.getsizeof(texts)
+    for text in texts:
+        total += sys.getsizeof(text)
+        if isinstance(text, list):
+            total += sum(map(sys.getsizeof, text))
+    return total
 
 
 class Ventilator:
@@ -87,6 +101,7 @@ class Ventilator:
         self.sink = self._connect_sink()
         self.outbox: deque[list[Any]] = deque()
         self.requests: dict[str, _Request] = {}
+        self.queued_bytes = 0  # what the texts of self.requests hold (held_bytes), at most max_queued_bytes
         self.accepting = True
         self.started = time.time()
         self.received = 0
@@ -228,6 +243,7 @@ class Ventilator:
         request = self.requests.pop(key, None)
         if request is not None:
             self.live.pop(request.wire_key, None)
+            self.queued_bytes -= request.nbytes
 
     # -- clients -------------------------------------------------------------------------
 
@@ -280,11 +296,16 @@ class Ventilator:
             return self._reject(request, refusal)
         if request.count is not None and not self._room_for(request, principal, request.count):
             return None  # refused on the count its header declares, without reading the texts
+        if not self._room_for_bytes(request, len(request.payload or b"") // 6):
+            return None  # full: refused without reading the texts (a text takes at least a sixth of its JSON)
         try:
             texts = request.texts = p.decode_texts(request, request.payload)
         except p.ProtocolError as exc:
             return self._reject(request, f"malformed request: {exc}", "protocol")
         if request.count is None and not self._room_for(request, principal, len(texts)):
+            return None
+        nbytes = held_bytes(texts)
+        if not self._room_for_bytes(request, nbytes):
             return None
         try:
             p.check_texts(texts, is_tokenized)
@@ -319,7 +340,8 @@ class Ventilator:
             return self._reject(request, str(exc), "limit")
         deadline = now + self.config.request_timeout_ms / 1000
         self.requests[key] = _Request(request.client_id, request.request_id, request.key, len(texts), deadline,
-                                      legacy.is_legacy_request(request))  # fmt: skip
+                                      legacy.is_legacy_request(request), nbytes)  # fmt: skip
+        self.queued_bytes += nbytes
         self.live[request.key] = key
         register = {
             "key": key, "client": request.client_id.hex(),
@@ -349,10 +371,10 @@ class Ventilator:
 
     def _room_for(self, request: p.Request, principal: bytes, count: int) -> bool:
         """Whether ``count`` inputs fit the size limit and the queues; if not, the refusal is sent."""
-        if count > self.config.max_request_size:
+        if count > self.config.request_size_limit:
             self._reject(
                 request, f"the request has {count} inputs; this server takes at most "
-                f"{self.config.max_request_size} per request", "limit"
+                f"{self.config.request_size_limit} per request", "limit"
             )  # fmt: skip
             return False
         try:
@@ -362,6 +384,25 @@ class Ventilator:
             return False
         except TooLarge as exc:
             self._reject(request, str(exc), "limit")
+            return False
+        return True
+
+    def _room_for_bytes(self, request: p.Request, nbytes: int) -> bool:
+        """Whether texts holding ``nbytes`` fit ``max_queued_bytes`` beside the requests admitted;
+        if not, the refusal is sent: ``limit`` if they never could, else ``busy``."""
+        cap = self.config.max_queued_bytes
+        if nbytes > cap:
+            self._reject(
+                request, f"the request's texts take {_mib(nbytes)} in memory; this server holds at most {_mib(cap)} "
+                "of queued texts (--max-queued-bytes): send fewer or shorter texts per request", "limit"
+            )  # fmt: skip
+            return False
+        if self.queued_bytes + nbytes > cap:
+            self._reject(
+                request, f"the server is busy: the texts of the requests it holds take {_mib(self.queued_bytes)} of "
+                f"its {_mib(cap)} (--max-queued-bytes), and this request's {_mib(nbytes)}; retry when some are "
+                "answered", p.BUSY
+            )  # fmt: skip
             return False
         return True
 
@@ -410,6 +451,7 @@ class Ventilator:
             "requests_rejected": sum(self.rejected.values()),
             "rejections": dict(sorted(self.rejected.items())),
             "requests_pending": len(self.requests),
+            "queued_bytes": self.queued_bytes,
             **self._versions(),
             **self.scheduler.stats(),
             **self.registry.stats(time.monotonic()),
@@ -650,6 +692,7 @@ class Ventilator:
         slots = sum(w.slots for w in workers)
         metrics.PADDING.set(1 - sum(w.tokens for w in workers) / slots if slots else 0.0)
         metrics.IN_FLIGHT.set(len(self.requests))
+        metrics.QUEUED_BYTES.set(self.queued_bytes)
         metrics.WORKERS.set(len(self.registry))
         metrics.READY.set(1 if self.ready and self.accepting else 0)
         model = self.registry.model
@@ -676,6 +719,10 @@ class Ventilator:
                 self.backend.send_multipart([worker.identity, p.STOP], zmq.NOBLOCK)
         if self.link is not None:
             self.link.stop()
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 def _count_job(size: int, done: link_schema.Done) -> None:

@@ -1,0 +1,184 @@
+"""Attack: many large request frames at once on the ZeroMQ request port must not run the head
+out of memory.
+
+ZeroMQ reads a frame whole before the ventilator sees it, and bounds its receive queue per
+connection only, so what bounds the head is the frame size limit (``--max-message-bytes``,
+16 MiB by default: a larger frame is dropped as its header arrives, unread) and the bound on
+what the texts of admitted requests may hold (``--max-queued-bytes``). Each test samples the
+head's resident memory (the server process and its children, the workers left out) while 32
+connections send at once, and checks that it never grew by more than 300 MiB, that every
+request was answered or refused, and that the server serves the right vectors after.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import psutil
+import pytest
+import zmq
+from bertserve.client import BertClient, ServerBusyError
+from bertserve.client import protocol as p
+from faulty_model import expected, pythonpath_env, sentences
+from serving import RunningServer, start_server
+
+CONNECTIONS = 32
+HEADROOM_MIB = 300
+MIB = 2**20
+
+
+def head_rss_mib(server: RunningServer, workers: set[int]) -> float:
+    total = 0
+    for process in server.family():
+        if process.pid not in workers:
+            try:
+                total += process.memory_info().rss
+            except psutil.Error:
+                continue
+    return total / MIB
+
+
+def peak_while(server: RunningServer, action: Callable[[], None]) -> tuple[float, float]:
+    """The head's resident memory before ``action`` and at its peak while it runs, in MiB."""
+    with BertClient(**server.client_kwargs, timeout=30_000) as client:
+        workers = {int(worker["pid"]) for worker in client.server_status["workers"]}
+        client.encode(["warm"])
+    idle = peak = head_rss_mib(server, workers)
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.02):
+            peak = max(peak, head_rss_mib(server, workers))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        action()
+    finally:
+        done.set()
+        sampler.join(5)
+    return idle, peak
+
+
+def long_texts(count: int, chars: int) -> list[str]:
+    """``count`` texts of about ``chars`` characters, each of fewer words than the model keeps."""
+    texts = []
+    for text in sentences(count, seed=3):
+        words = text.split()
+        texts.append(" ".join(word * (chars // len(text) + 1) for word in words))
+    return texts
+
+
+def still_serves(server: RunningServer) -> dict[str, object]:
+    texts = sentences(50, seed=5)
+    with BertClient(**server.client_kwargs, timeout=30_000) as client:
+        np.testing.assert_allclose(client.encode(texts), expected(texts), atol=1e-6)
+        return client.server_status
+
+
+@pytest.fixture(scope="module")
+def server(tiny_google: str) -> Iterator[RunningServer]:
+    running = start_server(
+        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--max-queued-bytes", str(48 * MIB),
+        env=pythonpath_env(),
+    )  # fmt: skip
+    yield running
+    running.stop()
+
+
+@pytest.mark.timeout(180)
+def test_32_frames_of_60_mb_at_once_are_dropped_unread(server: RunningServer) -> None:
+    texts = long_texts(20_000, 3_600)
+    frames = p.encode_request(b"raw-sender", p.ENCODE, 1, {"count": len(texts)}, texts)
+    assert len(frames[-1]) > 60_000_000
+    with BertClient(**server.client_kwargs, timeout=30_000) as client:  # ours refuses to send it
+        limit = client.server_config["max_message_bytes"]
+        assert limit == 16 * MIB
+        with pytest.raises(ValueError, match="max_message_bytes"):
+            client.encode(texts)
+    context = zmq.Context()
+    sockets = []
+
+    def send_all() -> None:
+        for _ in range(CONNECTIONS):
+            sock = context.socket(zmq.PUSH)
+            sock.linger = 0
+            sock.sndtimeo = 30_000
+            sock.connect(f"tcp://127.0.0.1:{server.port}")
+            sockets.append(sock)
+        senders = [
+            threading.Thread(target=sock.send_multipart, args=([f"raw-{i}".encode(), *frames[1:]],),
+                             kwargs={"copy": False}, daemon=True)
+            for i, sock in enumerate(sockets)
+        ]  # fmt: skip
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(60)
+        threading.Event().wait(3)  # ZeroMQ's I/O threads push the frames out meanwhile
+
+    try:
+        idle, peak = peak_while(server, send_all)
+    finally:
+        for sock in sockets:
+            sock.close(linger=0)
+        context.term()
+    assert peak - idle < HEADROOM_MIB, f"the head grew from {idle:.0f} MiB to {peak:.0f} MiB"
+    status = still_serves(server)
+    assert status["queued_bytes"] == 0
+    assert server.process.poll() is None
+    print(f"32 frames of {len(frames[-1]) / 1e6:.0f} MB: head idle {idle:.0f} MiB, peak {peak:.0f} MiB")
+
+
+@pytest.mark.timeout(180)
+def test_32_requests_under_the_frame_limit_are_answered_or_busy_within_the_byte_bound(server: RunningServer) -> None:
+    """Frames of 6 MB, each 2,000 texts that hold about 6 MiB once parsed: a 48 MiB
+    --max-queued-bytes takes some at a time, and the rest are refused with busy."""
+    texts = long_texts(2_000, 3_000)
+    want = expected(texts)
+    outcomes: list[str] = []
+    statuses: list[int] = []
+
+    def one() -> None:
+        with BertClient(**server.client_kwargs, timeout=120_000) as client:
+            try:
+                vectors = client.encode(texts)
+            except ServerBusyError as exc:
+                outcomes.append("busy" if "--max-queued-bytes" in str(exc) else f"busy: {exc}")
+                return
+            except Exception as exc:
+                outcomes.append(repr(exc))
+                return
+            outcomes.append("ok" if np.allclose(vectors, want, atol=1e-6) else "wrong")
+
+    def watch(stop: threading.Event) -> None:
+        with BertClient(**server.client_kwargs, timeout=30_000) as client:
+            while not stop.wait(0.05):
+                statuses.append(int(client.server_status["queued_bytes"]))
+
+    def send_all() -> None:
+        stop = threading.Event()
+        watcher = threading.Thread(target=watch, args=(stop,), daemon=True)
+        watcher.start()
+        clients = [threading.Thread(target=one, daemon=True) for _ in range(CONNECTIONS)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join(150)
+        stop.set()
+        watcher.join(10)
+
+    idle, peak = peak_while(server, send_all)
+    assert len(outcomes) == CONNECTIONS, outcomes
+    assert set(outcomes) <= {"ok", "busy"}, outcomes
+    assert "ok" in outcomes and "busy" in outcomes, outcomes
+    assert max(statuses, default=0) <= 48 * MIB
+    assert peak - idle < HEADROOM_MIB, f"the head grew from {idle:.0f} MiB to {peak:.0f} MiB"
+    status = still_serves(server)
+    assert status["queued_bytes"] == 0
+    held = max(statuses, default=0) / MIB
+    print(f"32 requests of 6 MB: {outcomes.count('ok')} answered, {outcomes.count('busy')} busy; at most "
+          f"{held:.0f} MiB of texts held; head idle {idle:.0f} MiB, peak {peak:.0f} MiB")  # fmt: skip
