@@ -256,3 +256,19 @@ def test_an_identity_used_again_by_a_new_client_is_served(hashing_server: Runnin
     for _ in range(2):
         with BertClient(**hashing_server.client_kwargs, timeout=10_000, identity="reconnecting") as client:
             np.testing.assert_allclose(client.encode(texts), expected(texts), atol=1e-6)
+
+
+def test_a_server_started_with_only_a_lower_queue_bound_starts_and_the_others_follow(tiny_google: str) -> None:
+    server = serve(tiny_google, "FaultyModel", "--num-worker", "1", "--max-queued-sentences", "2000")
+    try:
+        with BertClient(**server.client_kwargs, timeout=30_000) as client:
+            config = client.server_config
+            bounds = ("max_queued_sentences", "max_client_queued_sentences", "max_request_size")
+            assert [config[name] for name in bounds] == [2000, 2000, 2000]
+            texts = sentences(2001)
+            np.testing.assert_allclose(client.encode(texts[:2000]), expected(texts[:2000]), atol=1e-6)
+            with pytest.raises(ServerError, match="at most 2000 per request") as refused:
+                client.encode(texts)
+            assert refused.value.kind == "limit"
+    finally:
+        server.stop()

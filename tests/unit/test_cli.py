@@ -148,3 +148,35 @@ def test_help_shows_a_default_from_the_environment(
     assert "port that publishes results (default: 7000)" in start
     assert "where optimized graphs are cached (default: /graphs)" in start
     assert "server port for replies (default: 7000)" in _help(["status", "--help"], capsys)
+
+
+def test_bounds_left_out_follow_a_lowered_server_wide_bound() -> None:
+    config = _server_config(["--max-queued-sentences", "2000"])
+    assert (config.max_queued_sentences, config.max_client_queued_sentences, config.max_request_size) == (2000,) * 3
+    config = _server_config(["--max-queued-sentences", "2000", "--max-request-size", "500"])
+    assert (config.max_client_queued_sentences, config.max_request_size) == (2000, 500)
+    config = _server_config([])
+    assert (config.max_queued_sentences, config.max_client_queued_sentences, config.max_request_size) == (
+        500_000, 200_000, 100_000,
+    )  # fmt: skip
+    assert config.message_limit == 16 * 2**20
+    assert _server_config(["--max-queued-bytes", str(4 * 2**20)]).message_limit == 4 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--max-queued-sentences", "2000", "--max-client-queued-sentences", "5000"],
+         "--max-client-queued-sentences 5000 must be between 1 and --max-queued-sentences 2000"),
+        (["--max-queued-sentences", "2000", "--max-request-size", "5000"],
+         r"--max-request-size 5000 must be between 1 and --max-client-queued-sentences \(2000, following "
+         "--max-queued-sentences\\)"),
+        (["--max-client-queued-sentences", "100", "--max-request-size", "500"],
+         "--max-request-size 500 must be between 1 and --max-client-queued-sentences 100"),
+        (["--max-queued-bytes", str(2**21), "--max-message-bytes", str(2**22)],
+         "--max-message-bytes 4194304 is more than --max-queued-bytes 2097152"),
+    ],
+)  # fmt: skip
+def test_only_bounds_given_that_contradict_each_other_are_an_error_naming_both(argv: list[str], problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        _server_config(argv)

@@ -229,3 +229,23 @@ def test_a_job_goes_only_to_a_worker_of_the_model_version_it_was_admitted_under(
     assert texts == ["c"] and rig.ventilator.scheduler.empty
     registers = [p.loads(m[1]) for m in rig.sink_messages() if m[0] == p.REGISTER]
     assert [r["version"] for r in registers] == [1, 2]
+
+
+@pytest.mark.parametrize("rig", [{"max_queued_bytes": 2**20, "max_text_chars": 200_000}], indirect=True)
+def test_requests_past_the_byte_bound_are_refused_busy_and_a_request_that_never_fits_limit(rig: Rig) -> None:
+    rig.request(b"c", 1, ["a" * 60_000] * 10)  # no worker: it stays queued, holding about 600 KB
+    rig.request(b"d", 1, ["b" * 60_000] * 10)  # would pass 1 MiB beside it
+    rig.request(b"e", 1, ["€" * 100_000] * 6)  # two bytes a character in memory: 1.2 MB never fits
+    rig.request(b"f", 1, ["small"])
+    messages = rig.sink_messages()
+    assert kinds(messages) == [p.REGISTER, p.PUBLISH, p.PUBLISH, p.REGISTER]
+    busy, never = p.decode_reply(messages[1][1:]), p.decode_reply(messages[2][1:])
+    assert busy.header["kind"] == p.BUSY and "--max-queued-bytes" in busy.header["error"]
+    assert never.header["kind"] == "limit" and "--max-queued-bytes" in never.header["error"]
+    held = rig.ventilator.status()["queued_bytes"]
+    assert 600_000 < held < 700_000
+    first = rig.ventilator.live[p.request_key(b"c", 1)]
+    rig.ventilator._fail({first}, "the test gave up on it", "timeout")  # answered: its bytes are free
+    assert rig.ventilator.status()["queued_bytes"] < 1000  # only the small request's
+    rig.request(b"d", 2, ["b" * 60_000] * 10)
+    assert kinds(rig.sink_messages()) == [p.FAIL, p.REGISTER]
