@@ -263,13 +263,15 @@ class ServerConfig:
             (self.curve_dir is None or self.http_port is None or self.api_key is not None or self.api_keys is not None,
              "with curve_dir, serving HTTP needs api_key (or api_keys) too: else HTTP would serve anyone CURVE keeps "
              "out"),
-            (self.max_http_body_bytes_total >= 1024, "max_http_body_bytes_total must be at least 1024"),
+            (self.max_http_body_bytes_total >= 1024,
+             f"--max-http-body-bytes-total must be at least 1024, not {self.max_http_body_bytes_total}"),
             (self.max_http_body_bytes is None or 1024 <= self.max_http_body_bytes <= self.message_limit,
-             f"max_http_body_bytes must be between 1024 and the request frame limit, {self.message_limit} bytes "
-             "(max_message_bytes, or what max_request_size and max_text_chars need)"),
+             f"--max-http-body-bytes {self.max_http_body_bytes} must be between 1024 and the request frame limit, "
+             f"{self.message_limit} bytes (--max-message-bytes, or what --max-request-size and --max-text-chars "
+             "need, at most 16 MiB): raise --max-message-bytes too"),
             (self.max_http_body_bytes is None or self.max_http_body_bytes <= self.max_http_body_bytes_total,
-             "max_http_body_bytes must not exceed max_http_body_bytes_total, or a body at the limit could never "
-             "be read"),
+             f"--max-http-body-bytes {self.max_http_body_bytes} must not exceed --max-http-body-bytes-total "
+             f"{self.max_http_body_bytes_total}, or a body at the limit could never be read"),
             (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
             (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
             (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),

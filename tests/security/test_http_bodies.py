@@ -168,6 +168,7 @@ def test_bodies_the_limit_allows_are_read_one_budget_at_a_time(tiny_google: str)
     time: the rest get 429 by their Content-Length, before they are read."""
     front = serve(
         tiny_google, "--max-http-body-bytes", str(64 * MIB), "--max-http-body-bytes-total", str(64 * MIB),
+        "--max-message-bytes", str(64 * MIB),
         "--max-request-size", "1000",
     )  # fmt: skip
     try:
