@@ -26,7 +26,7 @@ from typing import Any
 import zmq
 from bertserve.client import __version__
 from bertserve.client import protocol as p
-from bertserve.client.security import announce, reply_socket
+from bertserve.client.security import HandshakeWatch, announce, reply_socket
 
 from ..metrics import HTTP_ID_MARK
 
@@ -68,8 +68,12 @@ class Gateway:
                 sock.curve_serverkey = keys.server_public
                 sock.curve_publickey = keys.public
                 sock.curve_secretkey = keys.secret
+        # Until the server first answers: what a failed handshake says, if the wait runs out.
+        reply_address = f"tcp://{bracketed}:{port_out}"
+        sockets = {self.address: self._push, reply_address: self._replies}
+        self._watch: HandshakeWatch | None = HandshakeWatch(sockets, public_key=keys.public if keys else None)
         self._push.connect(self.address)
-        self._replies.connect(f"tcp://{bracketed}:{port_out}")
+        self._replies.connect(reply_address)
         self._ids = itertools.count(1)
         self._waiting: dict[tuple[bytes, int], asyncio.Future[p.Reply]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,16 +97,25 @@ class Gateway:
                 reply = await self.request(caller, p.CONFIG, timeout_s=_HANDSHAKE_RESEND_S)
             except GatewayError:
                 if time.monotonic() >= deadline:
+                    failure = self._watch.error() if self._watch is not None else None
                     raise GatewayError(
                         f"no bertserve server answered at {self.address} within {timeout_s:g} s"
+                        + (f": {failure}" if failure is not None else "")
                     ) from None
                 continue
+            self._close_watch()
             if not reply.ok:
                 raise GatewayError(f"the server refused its configuration: {reply.header.get('error')}")
             self.config = reply.header
             return
 
+    def _close_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
     async def close(self) -> None:
+        self._close_watch()
         if self._loop is not None:
             self._loop.remove_reader(self._replies.fileno())
         for future in self._waiting.values():
