@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import zmq
 from bertserve.client import protocol as p
+from bertserve.client.security import CURVE_KEY_LENGTH
 
 from ..config import ServerConfig
 from ..logs import Refusals
@@ -166,6 +167,12 @@ class Published:
         self.socket.close()
 
 
+def _key_of(topic: bytes) -> bytes:
+    """The key a routed topic belongs to: its first :data:`CURVE_KEY_LENGTH` bytes (a z85 key
+    may itself hold a ``:``, so the topic is never split at its first colon)."""
+    return topic[:CURVE_KEY_LENGTH]
+
+
 class Routed:
     """Replies routed to the connections of the key that owns them, on a CURVE ``ROUTER``."""
 
@@ -209,7 +216,7 @@ class Routed:
             self._refusals.log("refused an announcement of %r from %s", topic[:MAX_TOPIC_BYTES],
                                user_id or "an unknown key")  # fmt: skip
             return
-        self._add_route(topic[: topic.index(b":")], topic, route)
+        self._add_route(_key_of(topic), topic, route)
         for held in self._held.take(lambda _, client_id: client_id.startswith(topic)):
             self._route(held)
 
@@ -247,7 +254,7 @@ class Routed:
             routes.pop(route, None)
             if not routes:
                 del self._routes[topic]
-                key = topic[: topic.index(b":")]
+                key = _key_of(topic)
                 if (topics := self._topics_of_key.get(key)) is not None:
                     topics.pop(topic, None)
                     if not topics:
@@ -256,11 +263,10 @@ class Routed:
     def routes_to(self, client_id: bytes) -> list[bytes]:
         """The connections a reply to ``client_id`` goes to: those whose announced topic is
         a prefix of it (ZeroMQ's topic rule; at most 64 lookups)."""
-        colon = client_id.find(b":")
-        if colon <= 0:
+        if client_id[CURVE_KEY_LENGTH : CURVE_KEY_LENGTH + 1] != b":":
             return []
         found: list[bytes] = []
-        for end in range(colon + 2, min(len(client_id), MAX_TOPIC_BYTES) + 1):
+        for end in range(CURVE_KEY_LENGTH + 2, min(len(client_id), MAX_TOPIC_BYTES) + 1):
             routes = self._routes.get(client_id[:end])
             if routes:
                 found.extend(routes)
