@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ import zmq
 from bert_serving.client import BertClient as OldClient
 from bertserve.client import AuthenticationError, BertClient, ServerError
 from bertserve.client import protocol as p
-from bertserve.client.security import keygen, load_public_key, load_secret_cert
+from bertserve.client.security import ROUTE_ID_BYTES, announce, keygen, load_public_key, load_secret_cert
 from serving import RunningServer, free_port, start_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -120,23 +121,43 @@ def test_bert_as_service_clients_are_refused(server: RunningServer) -> None:
         old.close()
 
 
+def reply_dealer(context: zmq.Context, keys: Keys, name: str, server: RunningServer, topic: bytes) -> zmq.Socket:
+    """A connection to the CURVE reply port as a client makes it (a DEALER with a random
+    routing id, under ``name``'s key) that announces ``topic``."""
+    socket = curve_socket(context, zmq.DEALER, keys, name)
+    socket.routing_id = b"\x01" + os.urandom(ROUTE_ID_BYTES - 1)  # a random id, as a client's
+    socket.connect(f"tcp://127.0.0.1:{server.port_out}")
+    announce(socket, topic)
+    return socket
+
+
+def replies_read(socket: zmq.Socket, wait_ms: int) -> list[p.Reply]:
+    got = []
+    while socket.poll(wait_ms):
+        got.append(p.decode_reply(socket.recv_multipart()))
+    return got
+
+
 def test_another_key_reads_none_of_a_clients_replies(server: RunningServer, keys: Keys) -> None:
+    """bob announces alice's identity and a prefix of it (refused: not his key's), and his own
+    client's identity (allowed): he reads his own replies there, and none of alice's."""
     context = zmq.Context()
     try:
-        with client(server, keys, "alice") as alice:
-            snoops = []
-            for topic in (b"", alice.identity, alice.identity[:20]):
-                snoop = curve_socket(context, zmq.SUB, keys, "bob")
-                snoop.setsockopt(zmq.SUBSCRIBE, topic)
-                snoop.connect(f"tcp://127.0.0.1:{server.port_out}")
-                snoops.append(snoop)
-            with client(server, keys, "bob") as bob:  # bob is a real client too, and is served
-                assert bob.encode(["bob's own"]).shape == (1, 32)
-            for i in range(5):
+        with client(server, keys, "alice") as alice, client(server, keys, "bob") as bob:
+            snoops = [reply_dealer(context, keys, "bob", server, topic)
+                      for topic in (alice.identity, alice.identity[:45])]  # fmt: skip
+            own = reply_dealer(context, keys, "bob", server, bob.identity)
+            mine: list[p.Reply] = []
+            for i in range(20):  # at least 5 rounds, and until bob's own route is through
+                assert bob.encode([f"bob's own {i}"]).shape == (1, 32)
                 alice.encode([f"alice's secret number {i}"])
+                mine += replies_read(own, 100)
+                if i >= 4 and mine:
+                    break
             for snoop in snoops:
-                assert not snoop.poll(500), "bob read a reply addressed to alice"
-                snoop.close()
+                assert not replies_read(snoop, 500), "bob read a reply addressed to alice"
+            mine += replies_read(own, 500)
+            assert {reply.client_id for reply in mine} == {bob.identity}, "bob's own route got none of his replies"
     finally:
         context.destroy(linger=0)
 
@@ -145,19 +166,23 @@ def test_a_request_under_another_keys_identity_is_dropped(server: RunningServer,
     context = zmq.Context()
     try:
         with client(server, keys, "alice") as alice:
-            listener = curve_socket(context, zmq.SUB, keys, "alice")
-            listener.setsockopt(zmq.SUBSCRIBE, alice.identity)
-            listener.connect(f"tcp://127.0.0.1:{server.port_out}")
-            alice.encode(["make sure alice is subscribed"])
+            listener = reply_dealer(context, keys, "alice", server, alice.identity)
+            alice.encode(["make sure alice is routed"])
             spoof = curve_socket(context, zmq.PUSH, keys, "bob")
             spoof.connect(f"tcp://127.0.0.1:{server.port}")
             spoof.send_multipart(p.encode_request(alice.identity, p.ENCODE, 999_999, {}, ["spoofed"]))
-            while listener.poll(1500):
-                reply = p.decode_reply(listener.recv_multipart())
-                assert reply.request_id != 999_999, "a request sent under alice's identity by bob was served"
+            got: list[p.Reply] = []
+            for _ in range(10):  # until the listener's handshake and announcement are through
+                alice.encode(["after the spoof"])
+                got += replies_read(listener, 300)
+                if got:
+                    break
+            got += replies_read(listener, 1000)
+            assert got, "the listener under alice's key read none of her replies"
+            assert all(reply.request_id != 999_999 for reply in got), (
+                "a request sent under alice's id by bob was served"
+            )
             assert alice.server_status["rejections"].get("spoofed", 0) >= 1
-            spoof.close()
-            listener.close()
     finally:
         context.destroy(linger=0)
 
