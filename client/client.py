@@ -83,6 +83,7 @@ Embedding: TypeAlias = "np.ndarray | list[Any]"
 _HANDSHAKE_RESEND_S = 0.2
 # Requests encode_async, and encode with show_progress, keep in flight at once.
 _ASYNC_WINDOW = 4
+_ANNOUNCE_EVERY_MS = 1000  # how often a client waiting for replies announces its route again (CURVE)
 _REPLY_INFO = ("token_count", "chunked", "model_version")  # reply header fields kept in last_info
 # encode(show_progress=True) sends its input in chunks of this many of the server's mini-jobs
 # (max_batch_size texts each): a chunk is still a bulk request the server sorts by length and
@@ -827,12 +828,14 @@ class BertClient:
         """The next well-formed reply addressed to this client, or ``None`` at the deadline."""
         while True:
             remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-            ready = dict(self._poller.poll(remaining_ms))
+            ready = dict(self._poller.poll(min(remaining_ms, _ANNOUNCE_EVERY_MS)))
             if len(ready) > (self._replies in ready):
                 self._watch.drain()  # a handshake happened; keep the monitors' queues empty
             if self._replies not in ready:
                 if time.monotonic() >= deadline:
                     return None
+                # Under CURVE a restarted sink knows no route until told: tell it again while waiting.
+                announce(self._replies, self.identity)
                 continue
             frames = self._replies.recv_multipart(zmq.NOBLOCK, copy=False)
             try:

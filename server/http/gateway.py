@@ -35,6 +35,7 @@ logger = logging.getLogger("bertserve.http.gateway")
 _HANDSHAKE_RESEND_S = 0.2
 _STATUS_TTL_S = 0.25  # readiness probes and /status share one answer this long
 _SEND_RETRY_S = 0.005
+_ANNOUNCE_EVERY_S = 1.0  # while requests wait, the route is announced again this often (CURVE)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Gateway:
         self._ids = itertools.count(1)
         self._waiting: dict[tuple[bytes, int], asyncio.Future[p.Reply]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._announcer: asyncio.TimerHandle | None = None
         self._status: tuple[float, dict[str, Any]] | None = None
         self.config: dict[str, Any] = {}
 
@@ -90,6 +92,7 @@ class Gateway:
         (the subscription takes a moment to reach the server)."""
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._replies.fileno(), self._read)
+        self._keep_announced()
         deadline = time.monotonic() + timeout_s
         caller = self.client_id("bertserve")
         while True:
@@ -109,6 +112,15 @@ class Gateway:
             self.config = reply.header
             return
 
+    def _keep_announced(self) -> None:
+        """While requests wait, announce the route again every second: under CURVE a restarted
+        sink knows no route until it is told, and an announcement is cheap."""
+        if self._waiting:
+            announce(self._replies, self.prefix + b".")
+            self._read()  # the send can take the descriptor's edge for a reply already in
+        assert self._loop is not None
+        self._announcer = self._loop.call_later(_ANNOUNCE_EVERY_S, self._keep_announced)
+
     def _close_watch(self) -> None:
         if self._watch is not None:
             self._watch.close()
@@ -116,6 +128,8 @@ class Gateway:
 
     async def close(self) -> None:
         self._close_watch()
+        if self._announcer is not None:
+            self._announcer.cancel()
         if self._loop is not None:
             self._loop.remove_reader(self._replies.fileno())
         for future in self._waiting.values():

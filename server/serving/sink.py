@@ -158,7 +158,8 @@ class Sink:
 
     def run(self, grace_s: float = 0.0) -> None:
         """Serve until STOP. A sink started in place of one that died first waits ``grace_s``
-        for clients to subscribe again, so the error replies waiting for it reach them."""
+        for clients to subscribe again (under CURVE: to announce their routes, which clients
+        waiting for a reply do every second), so the error replies waiting for it reach them."""
         until = time.monotonic() + grace_s
         while time.monotonic() < until:
             if self.replies.socket.poll(50):

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import zmq
 from bert_serving.client import BertClient as OldClient
 from bertserve.client import AuthenticationError, BertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.client.security import ROUTE_ID_BYTES, announce, keygen, load_public_key, load_secret_cert
+from faulty_model import expected as faulty_expected
+from faulty_model import pythonpath_env, sentences, wait_for
+from integration.test_faults import sink_pid
 from serving import RunningServer, free_port, start_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -201,3 +208,46 @@ def test_only_an_admin_key_may_stop_the_server(keys: Keys, tiny_google: str, ses
         assert running.process.wait(60) == 0
     finally:
         running.stop()
+
+
+@pytest.mark.timeout(120)
+def test_after_the_sink_is_killed_clients_and_the_http_front_end_hear_of_their_requests(
+    keys: Keys, tiny_google: str
+) -> None:
+    """A restarted sink knows no route until a client announces again: clients waiting for a
+    reply announce every second, so the in-flight requests' errors reach them (not a timeout)."""
+    http_port = free_port()
+    server = start_server(
+        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--curve-dir", str(keys.root),
+        "--heartbeat-timeout-ms", "60000", "--http-port", str(http_port),
+        env=pythonpath_env(BERTSERVE_API_KEY=HTTP_KEY),
+    )  # fmt: skip
+    texts = sentences(5, seed=1)
+    url, auth = f"http://127.0.0.1:{http_port}/v1/embeddings", {"Authorization": f"Bearer {HTTP_KEY}"}
+    try:
+        with client(server, keys, "alice", timeout=30_000) as alice:
+            np.testing.assert_allclose(alice.encode(texts), faulty_expected(texts), atol=1e-6)
+            (worker,) = [w["pid"] for w in alice.server_status["workers"]]
+            sink = sink_pid(server)
+            assert sink is not None
+            os.kill(worker, signal.SIGSTOP)  # holds the next requests in flight
+            try:
+                alice.encode(sentences(3, seed=2), blocking=False)
+                with ThreadPoolExecutor(1) as pool:
+                    http_reply = pool.submit(httpx.post, url, json={"input": ["held"]}, headers=auth, timeout=60)
+                    wait_for(lambda: alice.server_status["requests_pending"] >= 2, 10, "both requests in flight")
+                    started = time.monotonic()
+                    psutil.Process(sink).kill()
+                    with pytest.raises(ServerError) as caught:
+                        alice.fetch_all()
+                    status = http_reply.result().status_code
+                    took = time.monotonic() - started
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            assert caught.value.kind == "internal", caught.value
+            assert status >= 500 and took < 20, (status, took)
+            wait_for(lambda: sink_pid(server) not in (None, sink), 20, "a new sink")
+            np.testing.assert_allclose(alice.encode(texts), faulty_expected(texts), atol=1e-6)
+            assert httpx.post(url, json={"input": texts}, headers=auth, timeout=30).status_code == 200
+    finally:
+        server.stop()
