@@ -236,7 +236,8 @@ SERVER_FLAGS = [
     ),
     _Flag(
         "--max-http-body-bytes-total",
-        "HTTP bodies held at once, each counted as its bytes plus 64 per comma; past it 429",
+        "HTTP bodies held at once, each counted as its bytes plus 64 per comma, 232 per '{' and 88 per '['; "
+        "past it 429",
         int,
         HTTP_BODY_BYTES_TOTAL,
     ),

@@ -85,7 +85,8 @@ HTTP_PRINCIPAL_REQUESTS = Counter(
 )  # fmt: skip
 HTTP_BODY_BYTES = Gauge(
     "bertserve_http_body_bytes",
-    "What the HTTP bodies in flight hold of --max-http-body-bytes-total (their bytes, and 64 per comma)",
+    "What the HTTP bodies in flight hold of --max-http-body-bytes-total (their bytes, and 64 per comma, 232 per "
+    "'{', 88 per '[')",
     multiprocess_mode="mostrecent",
 )  # fmt: skip
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import metrics
-from .bodies import COMMA_COST, BodyBudget, parse_cost
+from .bodies import ARRAY_COST, COMMA_COST, OBJECT_COST, BodyBudget, parse_cost
 from .gateway import Gateway, GatewayError
 from .principals import Principals
 
@@ -421,7 +421,8 @@ class _Front:
             nonlocal held
             if held + amount > self.budget.total:
                 return HTTPError(413, f"the request body would take about {_mib(held + amount)} of memory once "
-                                 f"parsed (its bytes, and {COMMA_COST} bytes for each comma: a JSON value each); "
+                                 f"parsed (its bytes, and {COMMA_COST} bytes for each comma, {OBJECT_COST} for "
+                                 f"each '{{' and {ARRAY_COST} for each '['); "
                                  f"this server holds at most {_mib(self.budget.total)} of bodies at once: send "
                                  "fewer inputs per request", code="limit")  # fmt: skip
             if not self.budget.take(amount):

@@ -4,20 +4,28 @@ A body holds memory from its first byte until its response is sent: as bytes, th
 Python objects its JSON parses into, then as the request sent on to the ventilator. The
 objects can take far more than the bytes (a JSON list of two-letter strings takes about 14
 times its size: each element is a 50-byte ``str`` and an 8-byte pointer, from 5 bytes of
-JSON), so a body is counted as its bytes plus :data:`COMMA_COST` for each comma in it (every
-JSON value but the first follows a comma). A comma inside a string is counted too: the
-count is an upper bound, never an underestimate of what parsing makes.
+JSON; a list of empty objects about 24 times), so a body is counted as its bytes plus
+:data:`COMMA_COST` for each comma (every JSON value but the first follows one),
+:data:`OBJECT_COST` for each ``{`` and :data:`ARRAY_COST` for each ``[``. Such characters
+inside strings are counted too. Measured with ``tracemalloc`` against ``json.loads``, the
+count is 1.1 to 4 times what parsing makes, for lists of strings, numbers, arrays and
+objects nested as deep as one likes: an upper bound, with room for what the objects' owners
+add.
 """
 
 from __future__ import annotations
 
 COMMA_COST = 64
 """What one JSON value can take once parsed, beyond its bytes (an empty list: 56 + 8)."""
+OBJECT_COST = 232
+"""What a JSON object takes once parsed beyond its entries (a small ``dict``)."""
+ARRAY_COST = 88
+"""What a JSON array takes once parsed beyond its elements (a ``list`` and its spare room)."""
 
 
 def parse_cost(chunk: bytes) -> int:
-    """What a piece of a body counts against the budget beyond its bytes: its commas."""
-    return COMMA_COST * chunk.count(b",")
+    """What a piece of a body counts against the budget beyond its bytes."""
+    return COMMA_COST * chunk.count(b",") + OBJECT_COST * chunk.count(b"{") + ARRAY_COST * chunk.count(b"[")
 
 
 class BodyBudget:

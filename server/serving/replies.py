@@ -115,7 +115,7 @@ class _Held:
         self.nbytes = 0
 
     def add(self, frames: list[Any], now: float | None = None) -> bool:
-        size = sum(len(frame) for frame in frames)
+        size = _nbytes(frames)
         if len(self.items) >= _MAX_HELD or self.nbytes + size > _MAX_HELD_BYTES:
             return False
         self.items.append(((time.monotonic() if now is None else now) + HOLD_S, bytes(frames[0]), frames))
@@ -127,8 +127,13 @@ class _Held:
         taken = [item for item in self.items if wanted(item[0], item[1])]
         if taken:
             self.items = [item for item in self.items if not wanted(item[0], item[1])]
-            self.nbytes -= sum(len(frame) for _, _, frames in taken for frame in frames)
+            self.nbytes -= sum(_nbytes(frames) for _, _, frames in taken)
         return [frames for _, _, frames in taken]
+
+
+def _nbytes(frames: list[Any]) -> int:
+    """The bytes of a reply's frames (a frame may be an array's buffer, whose ``len`` is its rows)."""
+    return sum(memoryview(frame).nbytes for frame in frames)
 
 
 class Published:

@@ -90,7 +90,7 @@ class BertServer(ExitFlags):
         # Requests one connection may have waiting in this process, read but not yet taken: at most
         # ~64 MiB of them. ZeroMQ bounds this per connection only; the ventilator takes them as they
         # come, and refuses what does not fit --max-queued-bytes.
-        frontend.rcvhwm = max(4, min(1000, 64 * 2**20 // self.config.message_limit))
+        frontend.rcvhwm = max(1, min(1000, 64 * 2**20 // self.config.message_limit))
         ventilator: Ventilator | None = None
         authenticator = None
         try:

@@ -666,6 +666,7 @@ class Ventilator:
         keys = set(self.requests)
         self.requests.clear()
         self.live.clear()
+        self.queued_bytes = 0
         if keys:
             self.to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
 

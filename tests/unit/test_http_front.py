@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from bertserve.server.http.app import _caller, _Front
-from bertserve.server.http.bodies import COMMA_COST, BodyBudget
+from bertserve.server.http.bodies import COMMA_COST, OBJECT_COST, BodyBudget
 from bertserve.server.http.principals import Principal, Principals
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -96,7 +96,7 @@ def test_bodies_that_do_not_fit_the_budget_are_429_and_commas_count() -> None:
                 if budget.in_use:
                     break
                 await asyncio.sleep(0.01)
-            assert budget.in_use == 60_013
+            assert budget.in_use == 60_013 + OBJECT_COST  # its bytes, and the cost of its one object
             # 60,013 of 102,400 held: 50,000 bytes do not fit by their Content-Length, nor as they stream
             busy = await http.post("/v1/embeddings", content=b"a" * 50_000)
             assert busy.status_code == 429 and busy.headers["retry-after"] == "1", busy.text

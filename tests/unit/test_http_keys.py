@@ -10,7 +10,7 @@ import pytest
 from bertserve.server.cli import build_parser, server_config_from_args
 from bertserve.server.config import HTTP_BODY_BYTES, HTTP_BODY_BYTES_TOTAL, ModelConfig, ServerConfig
 from bertserve.server.errors import ConfigError
-from bertserve.server.http.bodies import COMMA_COST, BodyBudget, parse_cost
+from bertserve.server.http.bodies import ARRAY_COST, COMMA_COST, OBJECT_COST, BodyBudget, parse_cost
 from bertserve.server.http.principals import (
     SINGLE_KEY_NAME,
     KeyFileError,
@@ -168,9 +168,11 @@ def test_an_api_key_on_the_command_line_is_warned_of(
 # -- the body budget ------------------------------------------------------------------------
 
 
-def test_a_body_costs_its_bytes_and_its_commas() -> None:
-    assert parse_cost(b'{"input": "no commas here"}') == 0
-    assert parse_cost(b'["ab","cd","ef"]') == 2 * COMMA_COST
+def test_a_body_costs_its_bytes_its_commas_and_brackets() -> None:
+    assert parse_cost(b'"no commas here"') == 0
+    assert parse_cost(b'{"input": "no commas here"}') == OBJECT_COST
+    assert parse_cost(b'["ab","cd","ef"]') == 2 * COMMA_COST + ARRAY_COST
+    assert parse_cost(b'[{"0":[]}]') == OBJECT_COST + 2 * ARRAY_COST
     budget = BodyBudget(1000)
     assert budget.take(600) and not budget.take(401) and budget.in_use == 600
     assert budget.take(400) and budget.in_use == 1000 and not budget.take(1)
