@@ -173,13 +173,16 @@ SERVER_FLAGS = [
     _Flag("--max-text-chars", "most characters in one input", int, 100_000),
     _Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
     _Flag(
-        "--max-queued-sentences", "most inputs queued at once; past it requests get a busy error", int, QUEUED_SENTENCES
+        "--max-queued-sentences",
+        "most inputs queued at once; past it requests get a busy error",
+        int,
+        unset=f"{QUEUED_SENTENCES}, at least the two bounds below",
     ),
     _Flag(
         "--max-client-queued-sentences",
         "most inputs one client may have queued",
         int,
-        unset=f"{CLIENT_QUEUED_SENTENCES}, at most --max-queued-sentences",
+        unset=f"{CLIENT_QUEUED_SENTENCES}, within --max-request-size and --max-queued-sentences",
     ),
     _Flag(
         "--max-queued-bytes",

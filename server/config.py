@@ -216,8 +216,8 @@ class ServerConfig:
     max_request_size: int | None = None  # None: REQUEST_SIZE, at most max_client_queued_sentences
     max_text_chars: int = 100_000
     request_timeout_ms: int = 600_000
-    max_queued_sentences: int = QUEUED_SENTENCES
-    max_client_queued_sentences: int | None = None  # None: CLIENT_QUEUED_SENTENCES, at most max_queued_sentences
+    max_queued_sentences: int | None = None  # None: QUEUED_SENTENCES, at least the two below (_follow_bounds)
+    max_client_queued_sentences: int | None = None  # None: CLIENT_QUEUED_SENTENCES, within the two around it
     max_queued_bytes: int = QUEUED_BYTES
     max_message_bytes: int | None = None
     reply_hwm: int = 100
@@ -310,33 +310,40 @@ class ServerConfig:
         object.__setattr__(self, "model_version", str(self.model_version).lower())
 
     def _follow_bounds(self) -> None:
-        """Set the sentence bounds left out: each follows the one above it down (a client's
-        queue at most the server's, a request at most a client's queue). Only bounds given
-        that contradict each other are an error, which names both flags and their values."""
-        queued = self.max_queued_sentences
-        if queued < 1:
-            raise ConfigError(f"--max-queued-sentences must be at least 1, not {queued}")
-        client = self.max_client_queued_sentences
-        if client is None:
-            client = min(CLIENT_QUEUED_SENTENCES, queued)
-            client_is = f"--max-client-queued-sentences ({client}, following --max-queued-sentences)"
-        elif not 1 <= client <= queued:
-            raise ConfigError(
-                f"--max-client-queued-sentences {client} must be between 1 and --max-queued-sentences {queued}: "
-                "one client cannot queue more than the whole server"
-            )
-        else:
-            client_is = f"--max-client-queued-sentences {client}"
-        request = self.max_request_size
-        if request is None:
-            request = min(REQUEST_SIZE, client)
-        elif not 1 <= request <= client:
-            raise ConfigError(
-                f"--max-request-size {request} must be between 1 and {client_is}: a request that large could "
-                "never queue; lower --max-request-size or raise the queue bounds"
-            )
+        """Set the sentence bounds left out so that they fit those given: a request at most a
+        client's queue, a client's queue at most the server's. Each left out takes its default,
+        moved as far as the bounds given need (``--max-queued-sentences 2000`` alone lowers
+        the other two to 2000; ``--max-request-size 300000`` alone raises the queues to it).
+        Only bounds given that contradict each other are an error, naming both flags."""
+        names = {"queued": "--max-queued-sentences", "client": "--max-client-queued-sentences",
+                 "request": "--max-request-size"}  # fmt: skip
+        given = {"queued": self.max_queued_sentences, "client": self.max_client_queued_sentences,
+                 "request": self.max_request_size}  # fmt: skip
+        for key, value in given.items():
+            if value is not None and value < 1:
+                raise ConfigError(f"{names[key]} must be at least 1, not {value}")
+        for low, high in (("request", "client"), ("client", "queued"), ("request", "queued")):
+            small, large = given[low], given[high]
+            if small is not None and large is not None and small > large:
+                raise ConfigError(
+                    f"{names[low]} {small} is more than {names[high]} {large}: "
+                    + ("a request that large could never queue" if low == "request" else
+                       "one client cannot queue more than the whole server")
+                    + f"; lower {names[low]} or raise {names[high]}"
+                )  # fmt: skip
+        request_given, client_given = given["request"] or 0, given["client"] or 0
+        queued = given["queued"] or max(QUEUED_SENTENCES, client_given, request_given)
+        client = given["client"] or max(min(CLIENT_QUEUED_SENTENCES, queued), request_given)
+        request = given["request"] or min(REQUEST_SIZE, client)
+        object.__setattr__(self, "max_queued_sentences", queued)
         object.__setattr__(self, "max_client_queued_sentences", client)
         object.__setattr__(self, "max_request_size", request)
+
+    @property
+    def queue_limit(self) -> int:
+        """Most inputs queued at once, all clients together (``max_queued_sentences``, resolved)."""
+        assert self.max_queued_sentences is not None  # __post_init__ resolved it
+        return self.max_queued_sentences
 
     @property
     def client_queue_limit(self) -> int:

@@ -190,10 +190,10 @@ class Scheduler:
                 f"the server is busy: this client already has {mine} inputs queued and may queue at most "
                 f"{per_client}; retry when some are answered"
             )
-        if self.queued + count > self.config.max_queued_sentences:
+        if self.queued + count > self.config.queue_limit:
             self.busy_rejections += 1
             raise Busy(
-                f"the server is busy: {self.queued} inputs are queued, at most {self.config.max_queued_sentences} "
+                f"the server is busy: {self.queued} inputs are queued, at most {self.config.queue_limit} "
                 "may be; retry later"
             )
 

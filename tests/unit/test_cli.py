@@ -150,16 +150,18 @@ def test_help_shows_a_default_from_the_environment(
     assert "server port for replies (default: 7000)" in _help(["status", "--help"], capsys)
 
 
-def test_bounds_left_out_follow_a_lowered_server_wide_bound() -> None:
-    config = _server_config(["--max-queued-sentences", "2000"])
-    assert (config.max_queued_sentences, config.max_client_queued_sentences, config.max_request_size) == (2000,) * 3
-    config = _server_config(["--max-queued-sentences", "2000", "--max-request-size", "500"])
-    assert (config.max_client_queued_sentences, config.max_request_size) == (2000, 500)
-    config = _server_config([])
-    assert (config.max_queued_sentences, config.max_client_queued_sentences, config.max_request_size) == (
-        500_000, 200_000, 100_000,
-    )  # fmt: skip
-    assert config.message_limit == 16 * 2**20
+def test_bounds_left_out_follow_those_given() -> None:
+    def bounds(argv: list[str]) -> tuple[int | None, ...]:
+        config = _server_config(argv)
+        return config.max_queued_sentences, config.max_client_queued_sentences, config.max_request_size
+
+    assert bounds([]) == (500_000, 200_000, 100_000)
+    assert bounds(["--max-queued-sentences", "2000"]) == (2000, 2000, 2000)  # lowered: the others follow down
+    assert bounds(["--max-queued-sentences", "2000", "--max-request-size", "500"]) == (2000, 2000, 500)
+    assert bounds(["--max-request-size", "300000"]) == (500_000, 300_000, 300_000)  # raised: the queue follows up
+    assert bounds(["--max-client-queued-sentences", "600000"]) == (600_000, 600_000, 100_000)
+    assert bounds(["--max-client-queued-sentences", "50"]) == (500_000, 50, 50)
+    assert _server_config([]).message_limit == 16 * 2**20
     assert _server_config(["--max-queued-bytes", str(4 * 2**20)]).message_limit == 4 * 2**20
 
 
@@ -167,12 +169,12 @@ def test_bounds_left_out_follow_a_lowered_server_wide_bound() -> None:
     ("argv", "problem"),
     [
         (["--max-queued-sentences", "2000", "--max-client-queued-sentences", "5000"],
-         "--max-client-queued-sentences 5000 must be between 1 and --max-queued-sentences 2000"),
+         "--max-client-queued-sentences 5000 is more than --max-queued-sentences 2000"),
         (["--max-queued-sentences", "2000", "--max-request-size", "5000"],
-         r"--max-request-size 5000 must be between 1 and --max-client-queued-sentences \(2000, following "
-         "--max-queued-sentences\\)"),
+         "--max-request-size 5000 is more than --max-queued-sentences 2000"),
         (["--max-client-queued-sentences", "100", "--max-request-size", "500"],
-         "--max-request-size 500 must be between 1 and --max-client-queued-sentences 100"),
+         "--max-request-size 500 is more than --max-client-queued-sentences 100"),
+        (["--max-request-size", "0"], "--max-request-size must be at least 1, not 0"),
         (["--max-queued-bytes", str(2**21), "--max-message-bytes", str(2**22)],
          "--max-message-bytes 4194304 is more than --max-queued-bytes 2097152"),
     ],
