@@ -187,6 +187,10 @@ class Routed:
         self.socket.sndhwm = config.reply_hwm  # per connection
         self.socket.maxmsgsize = MAX_INBOUND_BYTES
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone connection raises, so its routes go
+        # A connection that died without closing is found within seconds, so the client's new
+        # one (same routing id) is not refused as a duplicate for long.
+        self.socket.heartbeat_ivl = 2000
+        self.socket.heartbeat_timeout = 6000
         make_curve_server(self.socket, keys)
         # key -> {topic: None}, oldest first; topic -> {routing id: None}; routing id -> its topics
         self._topics_of_key: dict[bytes, OrderedDict[bytes, None]] = {}
