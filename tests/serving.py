@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -119,10 +119,13 @@ class RunningServer:
         except psutil.Error:
             return []
 
-    def family_rss_mib(self) -> float:
-        """Summed resident memory of :meth:`family`, in MiB (0 once the server is gone)."""
+    def family_rss_mib(self, leave_out: Collection[int] = ()) -> float:
+        """Summed resident memory of :meth:`family` but the pids ``leave_out`` (the workers,
+        say, to measure the head alone), in MiB (0 once the server is gone)."""
         total = 0
         for process in self.family():
+            if process.pid in leave_out:
+                continue
             try:
                 total += process.memory_info().rss
             except psutil.Error:  # exited between listing and reading

@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,7 @@ from ..logs import Refusals
 from . import link_schema as schema
 
 if TYPE_CHECKING:
+    from .scheduler import Job
     from .ventilator import Ventilator
 
 logger = logging.getLogger("bertserve.link")
@@ -240,32 +242,39 @@ class WorkerLink:
 
     def _on_result(self, host: Host, message: schema.WorkerResult) -> None:
         key = self._key(host, message.worker)
-        job = self.ventilator.registry.held(key, message.job_id)
-        if job is None:
-            logger.debug("dropped a late result of job %s from %r: the job is no longer its", message.job_id, key)
-            return
         parts = [(part.key, part.rows) for part in message.header.parts]
-        if parts != [(piece.key, piece.rows.tolist()) for piece in job.pieces]:
-            self._broken(host, key, f"its result of job {job.job_id} names other requests or rows than the job's")
-            return
-        if not self.ventilator.registry.answer(key, job.job_id):
-            self._broken(host, key, f"it sent a second result of job {job.job_id}")
-            return
-        header = p.dumps(message.header.plain())
-        self.ventilator.to_sink([p.RESULT, job.job_id.encode(), header, message.buffer])
+        job = self._answered_job(host, key, message.job_id, lambda job: parts == [
+            (piece.key, piece.rows.tolist()) for piece in job.pieces
+        ])  # fmt: skip
+        if job is not None:
+            header = p.dumps(message.header.plain())
+            self.ventilator.to_sink([p.RESULT, job.job_id.encode(), header, message.buffer])
 
     def _on_job_error(self, host: Host, message: schema.WorkerError) -> None:
-        key = self._key(host, message.worker)
-        job = self.ventilator.registry.held(key, message.job_id)
+        job = self._answered_job(host, self._key(host, message.worker), message.job_id)
         if job is None:
-            logger.debug("dropped a late error of job %s from %r: the job is no longer its", message.job_id, key)
-            return
-        if not self.ventilator.registry.answer(key, job.job_id):
-            self._broken(host, key, f"it sent a second result of job {job.job_id}")
             return
         error = message.error
         header = {"parts": job.header()["parts"], "error": error.safe_error, "kind": error.safe_kind}
         self.ventilator.to_sink([p.JOB_ERROR, job.job_id.encode(), p.dumps(header)])
+
+    def _answered_job(
+        self, host: Host, key: bytes, job_id: str, fits: Callable[[Job], bool] = lambda job: True
+    ) -> Job | None:
+        """The job a RESULT or JOB_ERROR answers, if worker ``key`` holds it, the answer
+        ``fits`` it and is its first; else ``None`` (a late answer is dropped, a misfit or a
+        second one makes the worker broken)."""
+        registry = self.ventilator.registry
+        job = registry.held(key, job_id)
+        if job is None:
+            logger.debug("dropped a late answer of job %s from %r: the job is no longer its", job_id, key)
+        elif not fits(job):
+            self._broken(host, key, f"its result of job {job_id} names other requests or rows than the job's")
+        elif not registry.answer(key, job_id):
+            self._broken(host, key, f"it sent a second result of job {job_id}")
+        else:
+            return job
+        return None
 
     def _broken(self, host: Host, key: bytes, reason: str) -> None:
         """A worker broke the link's rules: lose it (its jobs run elsewhere), and have its host replace it."""

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import httpx
-import psutil
 import pytest
 from faulty_model import pythonpath_env
 from serving import RunningServer, free_port, start_server
@@ -36,15 +35,7 @@ class Front:
         return {int(worker["pid"]) for worker in status["workers"]}
 
     def head_rss_mib(self, workers: set[int]) -> float:
-        total = 0
-        for process in self.running.family():
-            if process.pid in workers:
-                continue
-            try:
-                total += process.memory_info().rss
-            except psutil.Error:
-                continue
-        return total / MIB
+        return self.running.family_rss_mib(workers)
 
 
 def _auth() -> dict[str, str]:

@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
-import psutil
 import pytest
 import zmq
 from bertserve.client import BertClient, ServerBusyError
@@ -30,29 +29,18 @@ QUEUED_MIB = 12  # --max-queued-bytes of the server here, in MiB
 MIB = 2**20
 
 
-def head_rss_mib(server: RunningServer, workers: set[int]) -> float:
-    total = 0
-    for process in server.family():
-        if process.pid not in workers:
-            try:
-                total += process.memory_info().rss
-            except psutil.Error:
-                continue
-    return total / MIB
-
-
 def peak_while(server: RunningServer, action: Callable[[], None]) -> tuple[float, float]:
     """The head's resident memory before ``action`` and at its peak while it runs, in MiB."""
     with BertClient(**server.client_kwargs, timeout=30_000) as client:
         workers = {int(worker["pid"]) for worker in client.server_status["workers"]}
         client.encode(["warm"])
-    idle = peak = head_rss_mib(server, workers)
+    idle = peak = server.family_rss_mib(workers)
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not done.wait(0.02):
-            peak = max(peak, head_rss_mib(server, workers))
+            peak = max(peak, server.family_rss_mib(workers))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
