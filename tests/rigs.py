@@ -12,6 +12,7 @@ from typing import Any
 import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config import ServerConfig
+from bertserve.server.serving import wire
 from bertserve.server.serving.scheduler import Scheduler
 from bertserve.server.serving.ventilator import Ventilator
 from bertserve.server.serving.worker import Addresses
@@ -44,7 +45,7 @@ class Rig:
         push.connect(self.addresses.credits)
         self.sockets += [dealer, push]
         ready = {"worker": index, "pid": 100 + index, "credits": credits, "version": version}
-        dealer.send_multipart([p.READY, p.dumps(ready)])
+        dealer.send_multipart([wire.READY, p.dumps(ready)])
         for _ in range(50):
             self.pump(1)
             if name in self.ventilator.registry.workers:
@@ -55,7 +56,7 @@ class Rig:
         self.pump()
         assert dealer.poll(2000), "no job came"
         kind, job_id, header, payload = dealer.recv_multipart()
-        assert kind == p.JOB
+        assert kind == wire.JOB
         return job_id.decode(), p.loads(header), p.loads(payload)
 
     def sink_messages(self) -> list[list[bytes]]:

@@ -58,6 +58,7 @@ from bertserve.client import protocol as p
 from ..config import HEARTBEAT_INTERVAL_MS, ModelConfig, ServerConfig
 from ..logs import Refusals
 from . import link_schema as schema
+from . import wire
 
 if TYPE_CHECKING:
     from .scheduler import Job
@@ -165,7 +166,7 @@ class WorkerLink:
         """Drop a message that does not follow its schema; a malformed result of a job its
         worker holds makes that worker broken (else the job would wait for its deadline)."""
         host = self.hosts.get(host_id)
-        if host is not None and exc.kind in (p.RESULT, p.JOB_ERROR) and len(frames) >= 4:
+        if host is not None and exc.kind in (wire.RESULT, wire.JOB_ERROR) and len(frames) >= 4:
             try:
                 key, job_id = self._key(host, schema.name(frames[2])), schema.job_id(frames[3])
             except schema.LinkError:
@@ -248,7 +249,7 @@ class WorkerLink:
         ])  # fmt: skip
         if job is not None:
             header = p.dumps(message.header.plain())
-            self.ventilator.to_sink([p.RESULT, job.job_id.encode(), header, message.buffer])
+            self.ventilator.to_sink([wire.RESULT, job.job_id.encode(), header, message.buffer])
 
     def _on_job_error(self, host: Host, message: schema.WorkerError) -> None:
         job = self._answered_job(host, self._key(host, message.worker), message.job_id)
@@ -256,7 +257,7 @@ class WorkerLink:
             return
         error = message.error
         header = {"parts": job.header()["parts"], "error": error.safe_error, "kind": error.safe_kind}
-        self.ventilator.to_sink([p.JOB_ERROR, job.job_id.encode(), p.dumps(header)])
+        self.ventilator.to_sink([wire.JOB_ERROR, job.job_id.encode(), p.dumps(header)])
 
     def _answered_job(
         self, host: Host, key: bytes, job_id: str, fits: Callable[[Job], bool] = lambda job: True
@@ -287,7 +288,7 @@ class WorkerLink:
         error = self._refusal(hello, host_id)
         if error is not None:
             self._refusals.log("refused host %s: %s", hello.hostname, error)
-            self._send([host_id, p.REFUSED, p.dumps({"error": error})])
+            self._send([host_id, wire.REFUSED, p.dumps({"error": error})])
             return
         old = self.hosts.get(host_id)
         if old is not None:  # said HELLO again: what it had is gone
@@ -295,13 +296,13 @@ class WorkerLink:
         self.hosts[host_id] = Host(host_id, hello.hostname, time.monotonic(), workers=hello.workers)
         self._told_to_rejoin.pop(host_id, None)
         logger.info("host %s joined (bertserve %s, %d worker(s))", hello.hostname, hello.version, hello.workers)
-        self._send([host_id, p.WELCOME, self.welcome])
+        self._send([host_id, wire.WELCOME, self.welcome])
 
     def _refusal(self, hello: schema.Hello, host_id: bytes) -> str | None:
-        if hello.link != p.LINK_VERSION:
+        if hello.link != wire.LINK_VERSION:
             return (
                 f"the worker speaks link version {hello.link} (bertserve {hello.version}); this head "
-                f"speaks {p.LINK_VERSION} (bertserve {__version__}): run the same bertserve version on both"
+                f"speaks {wire.LINK_VERSION} (bertserve {__version__}): run the same bertserve version on both"
             )
         if hello.model_sha256 != self.model_sha256:
             return (
@@ -319,7 +320,7 @@ class WorkerLink:
             if len(self._told_to_rejoin) > 10_000:
                 self._told_to_rejoin.clear()
             self._told_to_rejoin[host_id] = now
-            self._send([host_id, p.BYE])
+            self._send([host_id, wire.BYE])
 
     @staticmethod
     def _key(host: Host, name: bytes) -> bytes:
@@ -334,7 +335,7 @@ class WorkerLink:
 
     def forget_worker(self, host: bytes, name: bytes, reason: str) -> None:
         """The head forgot this worker (it stopped answering): its host kills and replaces it."""
-        self._send([host, p.FORGET, name, reason.encode()])
+        self._send([host, wire.FORGET, name, reason.encode()])
 
     def _send(self, frames: list[Any]) -> bool:
         try:
@@ -354,7 +355,7 @@ class WorkerLink:
                 logger.error("host %s sent nothing for %.1f s; forgetting it and its workers", host.hostname, silent)
                 self._forget(host, f"its host {host.hostname} sent nothing for {silent:.1f} s")
             else:
-                self._send([host.routing_id, p.HEARTBEAT])
+                self._send([host.routing_id, wire.HEARTBEAT])
 
     def _forget(self, host: Host, reason: str | None) -> None:
         """Forget ``host`` and its workers: their jobs run elsewhere. ``reason`` None: the host
@@ -370,7 +371,7 @@ class WorkerLink:
         """The head is stopping: every host is told to join again (a head that comes back)."""
         for host_id in list(self.hosts):
             with contextlib.suppress(zmq.ZMQError):
-                self.socket.send_multipart([host_id, p.BYE], zmq.NOBLOCK)
+                self.socket.send_multipart([host_id, wire.BYE], zmq.NOBLOCK)
         self.hosts.clear()
 
     def stats(self) -> list[dict[str, Any]]:

@@ -48,6 +48,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from bertserve.client import protocol as p
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from . import wire
+
 MAX_CONTROL_BYTES = 64 * 1024
 """Largest JSON frame of HELLO, READY, DONE, WELCOME, REFUSED, and a GONE's or FORGET's reason."""
 
@@ -348,59 +350,59 @@ FromHead = Welcome | Refused | Heartbeat | JobFor | Forget | Bye
 def from_host(frames: Sequence[Any]) -> FromHost:
     """A host's message to the head (``frames`` after the routing id), parsed; raises :class:`LinkError`."""
     kind, rest = _split(frames, _FROM_HOST)
-    if kind == p.HELLO:
+    if kind == wire.HELLO:
         return parse(Hello, rest[0], kind)
-    if kind == p.HEARTBEAT:
+    if kind == wire.HEARTBEAT:
         return Heartbeat(name(rest[0], kind)) if rest else Heartbeat()
-    if kind == p.READY:
+    if kind == wire.READY:
         return WorkerReady(name(rest[0], kind), parse(Ready, rest[1], kind))
-    if kind == p.DONE:
+    if kind == wire.DONE:
         return parse(Done, rest[0], kind)
-    if kind == p.RESULT:
+    if kind == wire.RESULT:
         header = parse(ResultHeader, rest[2], kind, MAX_RESULT_HEADER_BYTES)
         if _size(rest[3]) != header.nbytes:
             raise LinkError(f"RESULT's buffer holds {_size(rest[3])} bytes, its header says {header.nbytes}", kind)
         return WorkerResult(name(rest[0], kind), job_id(rest[1], kind), header, rest[3])
-    if kind == p.JOB_ERROR:
+    if kind == wire.JOB_ERROR:
         return WorkerError(name(rest[0], kind), job_id(rest[1], kind), parse(JobError, rest[2], kind, MAX_ERROR_BYTES))
-    if kind == p.GONE:
+    if kind == wire.GONE:
         return Gone(name(rest[0], kind), _reason(rest[1], kind) if len(rest) > 1 else "its process died")
-    return Drain() if kind == p.DRAIN else Bye()
+    return Drain() if kind == wire.DRAIN else Bye()
 
 
 def from_head(frames: Sequence[Any]) -> FromHead:
     """The head's message to a host, parsed; raises :class:`LinkError`."""
     kind, rest = _split(frames, _FROM_HEAD)
-    if kind == p.WELCOME:
+    if kind == wire.WELCOME:
         return parse(Welcome, rest[0], kind)
-    if kind == p.REFUSED:
+    if kind == wire.REFUSED:
         return parse(Refused, rest[0], kind)
-    if kind == p.JOB:
+    if kind == wire.JOB:
         return JobFor(name(rest[0], kind), job_id(rest[1], kind).encode(), list(rest[1:]))
-    if kind == p.FORGET:
+    if kind == wire.FORGET:
         return Forget(name(rest[0], kind), _reason(rest[1], kind) if len(rest) > 1 else "it stopped answering")
-    return Heartbeat() if kind == p.HEARTBEAT else Bye()
+    return Heartbeat() if kind == wire.HEARTBEAT else Bye()
 
 
 def local_ready(frames: Sequence[Any]) -> Ready:
     """A local worker's ``[READY, Ready]``."""
-    kind, rest = _split(frames, {p.READY: (1,)})
+    kind, rest = _split(frames, {wire.READY: (1,)})
     return parse(Ready, rest[0], kind)
 
 
 def local_credit(frames: Sequence[Any]) -> Done | Heartbeat:
     """A local worker's ``[DONE, Done]`` or ``[HEARTBEAT, W]``."""
-    kind, rest = _split(frames, {p.DONE: (1,), p.HEARTBEAT: (1,)})
-    return parse(Done, rest[0], kind) if kind == p.DONE else Heartbeat(name(rest[0], kind))
+    kind, rest = _split(frames, {wire.DONE: (1,), wire.HEARTBEAT: (1,)})
+    return parse(Done, rest[0], kind) if kind == wire.DONE else Heartbeat(name(rest[0], kind))
 
 
 # frames after the kind each kind may have
 _FROM_HOST: dict[bytes, tuple[int, ...]] = {
-    p.HELLO: (1,), p.HEARTBEAT: (0, 1), p.READY: (2,), p.DONE: (1,), p.RESULT: (4,), p.JOB_ERROR: (3,),
-    p.GONE: (1, 2), p.DRAIN: (0,), p.BYE: (0,),
+    wire.HELLO: (1,), wire.HEARTBEAT: (0, 1), wire.READY: (2,), wire.DONE: (1,), wire.RESULT: (4,),
+    wire.JOB_ERROR: (3,), wire.GONE: (1, 2), wire.DRAIN: (0,), wire.BYE: (0,),
 }  # fmt: skip
 _FROM_HEAD: dict[bytes, tuple[int, ...]] = {
-    p.WELCOME: (1,), p.REFUSED: (1,), p.HEARTBEAT: (0,), p.JOB: (4,), p.FORGET: (1, 2), p.BYE: (0,),
+    wire.WELCOME: (1,), wire.REFUSED: (1,), wire.HEARTBEAT: (0,), wire.JOB: (4,), wire.FORGET: (1, 2), wire.BYE: (0,),
 }  # fmt: skip
 
 

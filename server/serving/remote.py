@@ -64,6 +64,7 @@ from ..errors import ConfigError, StartupError
 from ..logs import Refusals
 from ..security import loopback_only
 from . import link_schema as schema
+from . import wire
 from .lifecycle import DRAIN_SECONDS, JOIN_SECONDS, STABLE_SECONDS, ExitFlags, restart_delay
 from .worker import Addresses, run_worker
 
@@ -306,15 +307,15 @@ class WorkerHost(ExitFlags):
                 self._rejoin(f"the head at {self.config.address} sent nothing for {now - self.last_head:.1f} s")
             elif now >= self.next_beat:
                 self.next_beat = now + HEARTBEAT_INTERVAL_MS / 1000
-                self._to_head([p.HEARTBEAT])
+                self._to_head([wire.HEARTBEAT])
             return
         if now >= self.next_hello:
             self.next_hello = now + _HELLO_INTERVAL_S
             hello = {
-                "link": p.LINK_VERSION, "version": __version__, "hostname": self.hostname,
+                "link": wire.LINK_VERSION, "version": __version__, "hostname": self.hostname,
                 "model_sha256": self.model_sha256, "workers": self.config.num_worker,
             }  # fmt: skip
-            self._to_head([p.HELLO, p.dumps(hello)])
+            self._to_head([wire.HELLO, p.dumps(hello)])
         if now < self.next_notice or self.watch is None:
             return
         # A refused key is told at once; silence only after a while (the head may be starting).
@@ -371,7 +372,7 @@ class WorkerHost(ExitFlags):
         try:
             message = schema.from_head(frames)
         except schema.LinkError as exc:
-            if exc.kind == p.WELCOME:  # the head's options cannot be read: this host cannot run for it
+            if exc.kind == wire.WELCOME:  # the head's options cannot be read: this host cannot run for it
                 self._refuse_head(str(exc))
                 return
             raise
@@ -380,10 +381,10 @@ class WorkerHost(ExitFlags):
             worker, job_id = message.worker, message.job_id
             self.held[job_id] = _Held(worker)
             try:
-                self.jobs.send_multipart([worker, p.JOB, *message.frames], zmq.NOBLOCK, copy=False)
+                self.jobs.send_multipart([worker, wire.JOB, *message.frames], zmq.NOBLOCK, copy=False)
             except zmq.ZMQError:  # that worker is gone: the head hears so, and runs the job elsewhere
                 self.held.pop(job_id, None)
-                self._to_head([p.GONE, worker, b"it is not running on this host"])
+                self._to_head([wire.GONE, worker, b"it is not running on this host"])
         elif isinstance(message, schema.Heartbeat):
             pass
         elif isinstance(message, schema.Welcome):
@@ -423,7 +424,7 @@ class WorkerHost(ExitFlags):
         if not self.processes:
             self._start_worker(0)
         for identity, info in self.ready.items():
-            self._to_head([p.READY, identity, info])
+            self._to_head([wire.READY, identity, info])
 
     def _kill(self, identity: bytes, reason: str) -> None:
         for index, process in self.processes.items():
@@ -435,11 +436,11 @@ class WorkerHost(ExitFlags):
 
     def _on_ready(self, frames: list[zmq.Frame]) -> None:
         identity, kind = frames[0].bytes, frames[1].bytes
-        if kind != p.READY or len(frames) != 3:
+        if kind != wire.READY or len(frames) != 3:
             raise p.ProtocolError(f"unexpected message {kind[:16]!r} from worker {identity!r}")
         self.ready[identity] = frames[2].bytes
         if self.joined:
-            self._to_head([p.READY, identity, frames[2].bytes])
+            self._to_head([wire.READY, identity, frames[2].bytes])
 
     def _on_result(self, frames: list[zmq.Frame]) -> None:
         kind, job_id = frames[0].bytes, frames[1].bytes
@@ -456,7 +457,7 @@ class WorkerHost(ExitFlags):
         message = schema.local_credit(frames)
         if isinstance(message, schema.Heartbeat):
             if self.joined:
-                self._to_head([p.HEARTBEAT, message.worker])
+                self._to_head([wire.HEARTBEAT, message.worker])
             return
         raw = frames[1].bytes
         job_id = message.job.encode()
@@ -471,7 +472,7 @@ class WorkerHost(ExitFlags):
     def _send_done(self, job_id: bytes, raw: bytes) -> None:
         self.held.pop(job_id, None)
         if self.joined:
-            self._to_head([p.DONE, raw])
+            self._to_head([wire.DONE, raw])
 
     # -- the worker processes ----------------------------------------------------------------
 
@@ -508,7 +509,7 @@ class WorkerHost(ExitFlags):
         for job_id in [job for job, held in self.held.items() if held.worker == identity]:
             del self.held[job_id]
         if self.joined:
-            self._to_head([p.GONE, identity, f"it died with exit code {process.exitcode}".encode()])
+            self._to_head([wire.GONE, identity, f"it died with exit code {process.exitcode}".encode()])
         failures = self.failures[index] = self.failures.get(index, 0) + 1
         if failures > self.config.max_restarts:
             logger.critical("worker %d failed %d times in a row; stopping (see the errors above)", index, failures)
@@ -523,7 +524,7 @@ class WorkerHost(ExitFlags):
         """Ask for nothing new, let the workers finish what they hold, hand back the rest."""
         if not self.joined or self.link is None:
             return
-        self._to_head([p.DRAIN])
+        self._to_head([wire.DRAIN])
         if self.held and not self.force_exit:
             logger.info("finishing %d job(s) before leaving (Ctrl-C again to hand them back now)", len(self.held))
         deadline = time.monotonic() + DRAIN_SECONDS
@@ -532,12 +533,12 @@ class WorkerHost(ExitFlags):
         if self.joined and self.link is not None:
             if self.held:
                 logger.warning("handing %d unfinished job(s) back to the head", len(self.held))
-            self._to_head([p.BYE])
+            self._to_head([wire.BYE])
 
     def _stop_workers(self) -> None:
         for index, process in self.processes.items():
             with contextlib.suppress(zmq.ZMQError):
-                self.jobs.send_multipart([_identity(index, process), p.STOP], zmq.NOBLOCK)
+                self.jobs.send_multipart([_identity(index, process), wire.STOP], zmq.NOBLOCK)
         deadline = time.monotonic() + JOIN_SECONDS
         for process in self.processes.values():
             process.join(max(0.0, deadline - time.monotonic()))

@@ -30,7 +30,7 @@ from bertserve.client import protocol as p
 
 from .. import metrics
 from ..config import ServerConfig
-from . import legacy
+from . import legacy, wire
 from .replies import Replies, open_replies
 
 logger = logging.getLogger("bertserve.sink")
@@ -138,16 +138,17 @@ class Sink:
         self.started = time.time()
         self.running = True
         self._handlers: dict[bytes, Callable[[list[Any]], None]] = {
-            p.REGISTER: self._on_register,
-            p.PUBLISH: self._on_publish,
-            p.FAIL: self._on_fail,
+            wire.REGISTER: self._on_register,
+            wire.PUBLISH: self._on_publish,
+            wire.FAIL: self._on_fail,
             p.STATUS: self._on_status,
-            p.RESULT: self._on_result,
-            p.JOB_ERROR: self._on_job_error,
-            p.STOP: self._on_stop,
+            wire.RESULT: self._on_result,
+            wire.JOB_ERROR: self._on_job_error,
+            wire.STOP: self._on_stop,
         }
         self._frame_counts = {
-            p.REGISTER: 1, p.PUBLISH: -1, p.FAIL: 1, p.STATUS: 3, p.RESULT: 3, p.JOB_ERROR: 2, p.STOP: 0,
+            wire.REGISTER: 1, wire.PUBLISH: -1, wire.FAIL: 1, p.STATUS: 3, wire.RESULT: 3,
+            wire.JOB_ERROR: 2, wire.STOP: 0,
         }  # fmt: skip
 
     def close(self) -> None:
@@ -189,7 +190,7 @@ class Sink:
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
         try:
-            kind, rest = p.split_message([f.bytes for f in frames], self._frame_counts)
+            kind, rest = wire.split_message([f.bytes for f in frames], self._frame_counts)
             self._handlers[kind](rest)
         except p.ProtocolError as exc:
             logger.error("dropped a malformed internal message: %s", exc)

@@ -29,7 +29,7 @@ from .. import metrics
 from ..config import ServerConfig, parse_long_inputs
 from ..model.chunking import chunk_refusal
 from ..security import loopback_only, message_user_id, request_allowed
-from . import legacy, link_schema
+from . import legacy, link_schema, wire
 from .link import WorkerLink
 from .registry import MAX_CREDITS, Registry, WorkerState
 from .scheduler import Busy, Job, Scheduler, TooLarge
@@ -228,7 +228,7 @@ class Ventilator:
             self.outbox.popleft()
 
     def _publish(self, frames: list[Any]) -> None:
-        self.to_sink([p.PUBLISH, *frames])
+        self.to_sink([wire.PUBLISH, *frames])
 
     def _fail(self, keys: set[str], error: str, kind: str) -> None:
         """Answer the requests ``keys`` with an error and drop what is left of them."""
@@ -237,7 +237,7 @@ class Ventilator:
         self.scheduler.remove(keys)
         for key in keys:
             self._finish(key)
-        self.to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
+        self.to_sink([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
 
     def _finish(self, key: str) -> None:
         request = self.requests.pop(key, None)
@@ -350,7 +350,7 @@ class Ventilator:
         }  # fmt: skip
         if legacy.is_legacy_request(request):
             register["legacy"] = True
-        self.to_sink([p.REGISTER, p.dumps(register)])
+        self.to_sink([wire.REGISTER, p.dumps(register)])
         return None
 
     def _chunking(self, long_inputs: object) -> tuple[bool, str | None]:
@@ -643,7 +643,7 @@ class Ventilator:
             self._send_job(worker, job, now)
 
     def _send_job(self, worker: WorkerState, job: Job, now: float) -> None:
-        frames = [p.JOB, job.job_id.encode(), p.dumps(job.header()), p.dumps(job.texts)]
+        frames = [wire.JOB, job.job_id.encode(), p.dumps(job.header()), p.dumps(job.texts)]
         try:
             if worker.host is None:
                 self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
@@ -668,11 +668,11 @@ class Ventilator:
         self.live.clear()
         self.queued_bytes = 0
         if keys:
-            self.to_sink([p.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
+            self.to_sink([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
 
     def stop_sink(self, timeout_s: float = 5.0) -> None:
         """Tell the sink to publish what is left and exit, after everything already queued for it."""
-        self.to_sink([p.STOP])
+        self.to_sink([wire.STOP])
         deadline = time.monotonic() + timeout_s
         while self.outbox and time.monotonic() < deadline:
             if self.sink.poll(50, zmq.POLLOUT):
@@ -709,7 +709,7 @@ class Ventilator:
         """Tell local worker ``index`` to stop (it holds nothing: a swap drained it)."""
         for worker in self.registry.by_index(index):
             with contextlib.suppress(zmq.ZMQError):  # already gone: its exit is noticed anyway
-                self.backend.send_multipart([worker.identity, p.STOP], zmq.NOBLOCK)
+                self.backend.send_multipart([worker.identity, wire.STOP], zmq.NOBLOCK)
 
     def stop_workers(self) -> None:
         """Local workers stop; remote hosts are told to join again (a head that comes back)."""
@@ -717,7 +717,7 @@ class Ventilator:
             if worker.host is not None:
                 continue
             with contextlib.suppress(zmq.ZMQError):  # a worker that is already gone needs no STOP
-                self.backend.send_multipart([worker.identity, p.STOP], zmq.NOBLOCK)
+                self.backend.send_multipart([worker.identity, wire.STOP], zmq.NOBLOCK)
         if self.link is not None:
             self.link.stop()
 

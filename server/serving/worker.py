@@ -39,6 +39,7 @@ from ..config import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ..memory import trim_heap
 from ..model.interface import Model
 from ..model.tokenization import TokenizedBatch, tokens_per_input
+from . import wire
 
 logger = logging.getLogger("bertserve.worker")
 
@@ -138,7 +139,7 @@ class Worker:
         try:
             while not self.stop.wait(HEARTBEAT_INTERVAL_MS / 1000):
                 with contextlib.suppress(zmq.Again):
-                    socket.send_multipart([p.HEARTBEAT, self.identity], zmq.NOBLOCK)
+                    socket.send_multipart([wire.HEARTBEAT, self.identity], zmq.NOBLOCK)
         finally:
             socket.close()
 
@@ -156,7 +157,7 @@ class Worker:
                 "model": self.model.describe(), "device": self.device, "hostname": platform.node(),
                 "version": self.config.version_number,
             }  # fmt: skip
-            socket.send_multipart([p.READY, p.dumps(ready)])
+            socket.send_multipart([wire.READY, p.dumps(ready)])
             if not self._heartbeat.is_alive():
                 self._heartbeat.start()
             while not self.stop.is_set():
@@ -167,11 +168,11 @@ class Worker:
                     continue
                 frames = socket.recv_multipart()
                 try:
-                    kind, rest = p.split_message(frames, {p.JOB: 3, p.STOP: 0})
+                    kind, rest = wire.split_message(frames, {wire.JOB: 3, wire.STOP: 0})
                 except p.ProtocolError as exc:
                     logger.error("worker %d dropped a malformed message: %s", self.index, exc)
                     continue
-                if kind == p.STOP:
+                if kind == wire.STOP:
                     return
                 yield self._tokenize(*rest)
         finally:
@@ -260,18 +261,18 @@ class Worker:
             else:
                 out["lengths"] = np.asarray(lengths).tolist()
             out.update(p.array_header(vectors))
-            self.results.send_multipart([p.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
+            self.results.send_multipart([wire.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
             tokens = int(batch.lengths.sum())
         except Exception as exc:
             logger.exception("worker %d failed on job %s", self.index, job_id)
             error = {"parts": parts, "error": f"the worker failed on this request: {exc}", "kind": "worker"}
-            self.results.send_multipart([p.JOB_ERROR, job_id, p.dumps(error)])
+            self.results.send_multipart([wire.JOB_ERROR, job_id, p.dumps(error)])
             tokens = slots = 0
         elapsed = time.perf_counter() - started - lent
         logger.debug("worker %d ran job %s: %d inputs in %.3fs", self.index, job_id.decode(), len(lengths), elapsed)
         done = {"job": job_id.decode(), "worker": self.identity.decode(), "seconds": elapsed, "tokens": tokens,
                 "slots": slots}  # fmt: skip
-        self.credits.send_multipart([p.DONE, p.dumps(done)])
+        self.credits.send_multipart([wire.DONE, p.dumps(done)])
         if header.get("bulk") and (self.feed is None or self.feed.empty):
             trim_heap()  # a bulk burst is over: the big batches' activations go back to the system
 

@@ -28,6 +28,7 @@ import zmq
 from bertserve.client import BertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.server.model.checksum import tree_sha256
+from bertserve.server.serving import wire
 from bertserve.server.serving.link_schema import ERROR_KINDS
 from faulty_model import expected, pythonpath_env, sentences, wait_for
 from serving import free_port, start_server, start_worker_host
@@ -46,8 +47,10 @@ STRINGS: list[Any] = ["", "w0-1", "x" * 300, "\n\x1b[31mred", "../../etc/passwd"
                       "1e999", "NaN"]  # fmt: skip
 RAW_JSON = [b"1e999", b"-1e999", b"NaN", b"Infinity", b"[" * 5000, b"{", b"\xff\xfe", b"", b"null", b"[]", b'"x"',
             b"{}", b'{"credits":1e999}', b'{"a":' * 3000]  # fmt: skip
-KINDS = [p.HELLO, p.HEARTBEAT, p.READY, p.DONE, p.RESULT, p.JOB_ERROR, p.GONE, p.DRAIN, p.BYE]
-OTHER_KINDS = [p.WELCOME, p.JOB, p.FORGET, p.REFUSED, p.STOP, b"", b"NOPE", b"\x00\xff", b"ready", b"X" * 100]
+KINDS = [wire.HELLO, wire.HEARTBEAT, wire.READY, wire.DONE, wire.RESULT, wire.JOB_ERROR, wire.GONE, wire.DRAIN,
+         wire.BYE]  # fmt: skip
+OTHER_KINDS = [wire.WELCOME, wire.JOB, wire.FORGET, wire.REFUSED, wire.STOP, b"", b"NOPE", b"\x00\xff", b"ready",
+               b"X" * 100]  # fmt: skip
 BAD_NAMES = [b"", b"w" * 65, b"../w0", b"w0\n", b"\xff", b"w 0"]
 JOB_ERROR_KINDS = ["worker", "input", "timeout", "evil\nlabel", "x" * 200, "", "busy"]
 
@@ -95,26 +98,27 @@ class Fuzzer:
 
     def frames(self, kind: bytes, joined_sha: bool) -> list[bytes]:
         name, job = self.name(), self.job_id()
-        if kind == p.HELLO:
+        if kind == wire.HELLO:
             sha = self.sha if joined_sha else f"{self.rng.getrandbits(256):064x}"
-            hello = {"link": p.LINK_VERSION, "version": "fuzz", "hostname": "fuzz", "model_sha256": sha, "workers": 4}
+            hello = {"link": wire.LINK_VERSION, "version": "fuzz", "hostname": "fuzz", "model_sha256": sha,
+                     "workers": 4}  # fmt: skip
             frames = [self.body(hello)]
-        elif kind == p.HEARTBEAT:
+        elif kind == wire.HEARTBEAT:
             frames = self.rng.choice([[], [name]])
-        elif kind == p.READY:
+        elif kind == wire.READY:
             ready = {"worker": 0, "pid": 1, "credits": 1, "device": "fuzz", "hostname": "fuzz"}
             frames = [name, self.body(ready)]
-        elif kind == p.DONE:
+        elif kind == wire.DONE:
             frames = [self.body({"job": job.decode(errors="replace"), "worker": name.decode(errors="replace"),
                                  "seconds": 0.1, "tokens": 1, "slots": 1})]  # fmt: skip
-        elif kind == p.RESULT:
+        elif kind == wire.RESULT:
             rows = self.rng.choice([1, 2, 3])
             header = {"parts": [{"key": "k#1@0", "rows": list(range(rows))}], "dtype": "float32", "shape": [rows, 16]}
             frames = [name, job, self.body(header), b"\0" * self.rng.choice([64 * rows, 0, 7, 64])]
-        elif kind == p.JOB_ERROR:
+        elif kind == wire.JOB_ERROR:
             error = {"parts": [{"key": "k#1@0", "rows": [0]}], "error": "boom", "kind": "worker"}
             frames = [name, job, self.body(error)]
-        elif kind == p.GONE:
+        elif kind == wire.GONE:
             frames = self.rng.choice([[name], [name, b"died\n\x1b[31m"]])
         else:
             frames = []
@@ -130,7 +134,7 @@ class Fuzzer:
         if roll < 0.06:
             return [self.rng.choice(OTHER_KINDS), *[self.rng.choice(RAW_JSON) for _ in range(self.rng.randrange(4))]]
         if roll < 0.07:
-            return [self.rng.choice([p.READY, p.DONE, p.HELLO]), *([b"w0-1"] * (self.rng.random() < 0.5)),
+            return [self.rng.choice([wire.READY, wire.DONE, wire.HELLO]), *([b"w0-1"] * (self.rng.random() < 0.5)),
                     b'{"pad":"' + b"x" * (2 << 20) + b'"}']  # fmt: skip
         return self.frames(self.rng.choice(KINDS), joined_sha)
 
@@ -143,8 +147,8 @@ class Fuzzer:
         texts = p.loads(payload)
         header = {"parts": parts, "dtype": "float32", "shape": [len(texts), 16]}
         vectors = np.ascontiguousarray(expected(texts), dtype=np.float32).tobytes()
-        result = [p.RESULT, worker, job_id, p.dumps(header), vectors]
-        done = [p.DONE, p.dumps({"job": job_id.decode(), "worker": worker.decode(), "seconds": 0.01})]
+        result = [wire.RESULT, worker, job_id, p.dumps(header), vectors]
+        done = [wire.DONE, p.dumps({"job": job_id.decode(), "worker": worker.decode(), "seconds": 0.01})]
         other_parts = [{**part, "key": "someone-else#" + part["key"]} for part in parts]
         fewer_rows = [{**parts[0], "rows": parts[0]["rows"][:-1]}, *parts[1:]]
         choice = self.rng.choice(["good", "good", "good", "other-requests", "other-rows", "short", "second", "early",
@@ -155,10 +159,10 @@ class Fuzzer:
         if choice == "good":
             return [result, done]
         if choice == "other-requests":
-            return [[p.RESULT, worker, job_id, p.dumps({**header, "parts": other_parts}), vectors], done]
+            return [[wire.RESULT, worker, job_id, p.dumps({**header, "parts": other_parts}), vectors], done]
         if choice == "other-rows":
             shape = [len(texts) - 1, 16]
-            return [[p.RESULT, worker, job_id, p.dumps({**header, "parts": fewer_rows, "shape": shape}),
+            return [[wire.RESULT, worker, job_id, p.dumps({**header, "parts": fewer_rows, "shape": shape}),
                      vectors[: 64 * (len(texts) - 1)]], done]  # fmt: skip
         if choice == "short":
             return [[*result[:4], vectors[:-1]], done]
@@ -168,8 +172,8 @@ class Fuzzer:
             return [done, result]
         if choice == "error":
             error = {"parts": other_parts, "error": "boom\n" * 400, "kind": self.rng.choice(JOB_ERROR_KINDS)}
-            return [[p.JOB_ERROR, worker, job_id, dumps(error)], done]
-        return [[p.GONE, worker, b"it died (says the fuzz)"]]  # its jobs run elsewhere; it registers again
+            return [[wire.JOB_ERROR, worker, job_id, dumps(error)], done]
+        return [[wire.GONE, worker, b"it died (says the fuzz)"]]  # its jobs run elsewhere; it registers again
 
 
 class Peer:
@@ -198,11 +202,11 @@ class Peer:
 
 
 def join(peer: Peer, fuzzer: Fuzzer, context_timeout: float = 20.0) -> None:
-    peer.send([p.HELLO, p.dumps({"link": p.LINK_VERSION, "version": "fuzz", "hostname": "fuzz",
+    peer.send([wire.HELLO, p.dumps({"link": wire.LINK_VERSION, "version": "fuzz", "hostname": "fuzz",
                                  "model_sha256": fuzzer.sha, "workers": 4})])  # fmt: skip
     deadline = time.monotonic() + context_timeout
     while time.monotonic() < deadline:
-        if peer.socket.poll(100) and peer.socket.recv_multipart()[0] == p.WELCOME:
+        if peer.socket.poll(100) and peer.socket.recv_multipart()[0] == wire.WELCOME:
             register(peer)
             return
     raise AssertionError("the head did not welcome the fake host")
@@ -210,7 +214,7 @@ def join(peer: Peer, fuzzer: Fuzzer, context_timeout: float = 20.0) -> None:
 
 def register(peer: Peer, names: list[bytes] = NAMES) -> None:
     for index, name in enumerate(names):  # each asks for far more credits than it gets
-        peer.send([p.READY, name, p.dumps({"worker": index, "pid": 1, "credits": 1_000_000, "hostname": "fuzz"})])
+        peer.send([wire.READY, name, p.dumps({"worker": index, "pid": 1, "credits": 1_000_000, "hostname": "fuzz"})])
 
 
 def test_a_fuzzed_worker_link_raises_nothing_and_the_head_serves_right_after(tiny_google: str, tmp_path: Path) -> None:
@@ -263,7 +267,7 @@ def test_a_fuzzed_worker_link_raises_nothing_and_the_head_serves_right_after(tin
         for loader in loaders:
             loader.start()
         started = time.monotonic()
-        joined.send([p.RESULT, b"w0-1", b"1", b'{"pad":"' + b"x" * (65 << 20) + b'"}', b""])  # past the header bound
+        joined.send([wire.RESULT, b"w0-1", b"1", b'{"pad":"' + b"x" * (65 << 20) + b'"}', b""])  # past the header bound
         while stranger.sent < STRANGER_MESSAGES or joined.sent < JOINED_MESSAGES:
             if stranger.sent < STRANGER_MESSAGES:
                 stranger.send(fuzzer.message(joined_sha=False))
@@ -271,31 +275,31 @@ def test_a_fuzzed_worker_link_raises_nothing_and_the_head_serves_right_after(tin
             if joined.sent >= JOINED_MESSAGES:
                 continue
             for message in joined.received():
-                if message[0] == p.JOB:
+                if message[0] == wire.JOB:
                     fuzzer.held.append((message[1], message[2], message[3], message[4]))
-                elif message[0] == p.WELCOME:
+                elif message[0] == wire.WELCOME:
                     register(joined)
-                elif message[0] == p.FORGET and message[1] in NAMES:
+                elif message[0] == wire.FORGET and message[1] in NAMES:
                     register(joined, [message[1]])  # "replaced": the same name joins again
-                elif message[0] == p.BYE:  # the head forgot us (a BYE of ours, say): join again
+                elif message[0] == wire.BYE:  # the head forgot us (a BYE of ours, say): join again
                     join(joined, fuzzer)
             if fuzzer.held and rng.random() < 0.5:
                 job = fuzzer.held.pop(rng.randrange(len(fuzzer.held)))
                 answer = fuzzer.answer(job)
                 for frames in answer:
                     joined.send(frames)
-                if answer[-1][0] == p.GONE:
+                if answer[-1][0] == wire.GONE:
                     register(joined, [job[0]])
             elif rng.random() < 0.05:
-                joined.send([p.HEARTBEAT, rng.choice(NAMES)])
+                joined.send([wire.HEARTBEAT, rng.choice(NAMES)])
             elif not fuzzer.held and rng.random() < 0.3:
                 joined.socket.poll(2)  # a moment for the client's next jobs
             else:
                 message = fuzzer.message(joined_sha=True)
-                if message[0] not in (p.BYE, p.DRAIN) or rng.random() < 0.05:
+                if message[0] not in (wire.BYE, wire.DRAIN) or rng.random() < 0.05:
                     joined.send(message)
         fuzzed_s = time.monotonic() - started
-        joined.send([p.BYE])  # what it still holds runs on the real worker
+        joined.send([wire.BYE])  # what it still holds runs on the real worker
         stop.set()
         for loader in loaders:
             loader.join(90)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import zmq
 from bertserve.client import protocol as p
+from bertserve.server.serving import wire
 from faulty_model import pythonpath_env
 from serving import RunningServer, free_port, start_worker_host
 
@@ -51,8 +52,8 @@ class RogueHead:
                 continue
             frames = self.socket.recv_multipart()
             self.kinds.append(frames[1])
-            if frames[1] == p.HELLO:
-                self.socket.send_multipart([frames[0], p.WELCOME, self.welcome])
+            if frames[1] == wire.HELLO:
+                self.socket.send_multipart([frames[0], wire.WELCOME, self.welcome])
 
 
 @pytest.fixture
@@ -102,7 +103,7 @@ def test_a_worker_refuses_a_rogue_heads_welcome(tiny_google: str, tmp_path: Path
     assert "refused the WELCOME of the head" in log and said in log, log
     assert "joined the head" not in log and "worker 0" not in log, log
     assert not evil_module.exists(), "the worker imported the class the head named"
-    assert rogue.kinds and set(rogue.kinds) <= {p.HELLO}, rogue.kinds  # no READY: no worker process ran
+    assert rogue.kinds and set(rogue.kinds) <= {wire.HELLO}, rogue.kinds  # no READY: no worker process ran
 
 
 def test_a_welcome_that_keeps_the_rules_is_taken(tiny_google: str, tmp_path: Path, context: zmq.Context) -> None:
@@ -110,8 +111,8 @@ def test_a_welcome_that_keeps_the_rules_is_taken(tiny_google: str, tmp_path: Pat
     host = start_worker_host(rogue.port, "--model-dir", tiny_google, "--model-class", MODEL, env=env_with(tmp_path),
                              expect_joined=False)  # fmt: skip
     try:
-        rogue.serve(host, 60, until=p.READY)  # its worker process runs, and registers
-        assert p.READY in rogue.kinds, host.tail(100)
+        rogue.serve(host, 60, until=wire.READY)  # its worker process runs, and registers
+        assert wire.READY in rogue.kinds, host.tail(100)
         assert "joined the head" in host.tail(200)
     finally:
         host.stop()

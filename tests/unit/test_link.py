@@ -11,7 +11,7 @@ import pytest
 import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving import link_schema
+from bertserve.server.serving import link_schema, wire
 from bertserve.server.serving.remote import HostConfig
 from rigs import Rig, ventilator_rig
 from serving import free_port
@@ -36,11 +36,11 @@ class Head(Rig):
         return dealer
 
     def hello(self, dealer: zmq.Socket, **changes: object) -> list[bytes]:
-        hello = {"link": p.LINK_VERSION, "version": "0", "hostname": "far", "model_sha256": SHA, "workers": 1}
-        dealer.send_multipart([p.HELLO, p.dumps({**hello, **changes})])
+        hello = {"link": wire.LINK_VERSION, "version": "0", "hostname": "far", "model_sha256": SHA, "workers": 1}
+        dealer.send_multipart([wire.HELLO, p.dumps({**hello, **changes})])
         return self.answer(dealer)
 
-    def answer(self, dealer: zmq.Socket, skip: tuple[bytes, ...] = (p.HEARTBEAT,)) -> list[bytes]:
+    def answer(self, dealer: zmq.Socket, skip: tuple[bytes, ...] = (wire.HEARTBEAT,)) -> list[bytes]:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             self.pump(1)
@@ -51,8 +51,9 @@ class Head(Rig):
         raise AssertionError("the head did not answer")
 
     def join(self, dealer: zmq.Socket, worker: bytes = b"w0-7", credits: int = 1) -> None:
-        assert self.hello(dealer)[0] == p.WELCOME
-        dealer.send_multipart([p.READY, worker, p.dumps({"worker": 0, "pid": 7, "credits": credits, "device": "gpu"})])
+        assert self.hello(dealer)[0] == wire.WELCOME
+        ready = {"worker": 0, "pid": 7, "credits": credits, "device": "gpu"}
+        dealer.send_multipart([wire.READY, worker, p.dumps(ready)])
         for _ in range(100):
             self.pump(1)
             if any(w.name == worker for w in self.ventilator.registry.workers.values()):
@@ -72,9 +73,9 @@ def head(tmp_path) -> Iterator[Head]:
 
 def test_welcome_carries_the_heads_model_options_and_the_host_keeps_its_own_files(head: Head) -> None:
     kind, raw = head.hello(head.host())
-    assert kind == p.WELCOME
+    assert kind == wire.WELCOME
     host = HostConfig(server="head", worker_port=1, model_dir="/here/model", graph_dir="/here/cache", num_worker=3)
-    welcome = link_schema.from_head([p.WELCOME, raw])
+    welcome = link_schema.from_head([wire.WELCOME, raw])
     assert isinstance(welcome, link_schema.Welcome)
     config = host.server_config(welcome)
     assert config.model == head.ventilator.config.model.replace(model_dir="/here/model", graph_dir="/here/cache")
@@ -83,16 +84,16 @@ def test_welcome_carries_the_heads_model_options_and_the_host_keeps_its_own_file
 
 def test_other_model_files_or_another_link_version_are_refused_with_the_reason(head: Head) -> None:
     kind, raw = head.hello(head.host(b"h-a"), model_sha256="cd" * 32)
-    assert kind == p.REFUSED and "model files" in p.loads(raw)["error"]
-    kind, raw = head.hello(head.host(b"h-b"), link=p.LINK_VERSION + 1)
-    assert kind == p.REFUSED and "link version" in p.loads(raw)["error"]
+    assert kind == wire.REFUSED and "model files" in p.loads(raw)["error"]
+    kind, raw = head.hello(head.host(b"h-b"), link=wire.LINK_VERSION + 1)
+    assert kind == wire.REFUSED and "link version" in p.loads(raw)["error"]
     assert not head.ventilator.link.hosts  # type: ignore[union-attr]
 
 
 def test_a_host_the_head_does_not_know_is_told_to_join_again(head: Head) -> None:
     dealer = head.host()
-    dealer.send_multipart([p.HEARTBEAT])
-    assert head.answer(dealer) == [p.BYE]
+    dealer.send_multipart([wire.HEARTBEAT])
+    assert head.answer(dealer) == [wire.BYE]
 
 
 def test_jobs_go_to_the_remote_worker_and_its_result_to_the_sink(head: Head) -> None:
@@ -102,13 +103,13 @@ def test_jobs_go_to_the_remote_worker_and_its_result_to_the_sink(head: Head) -> 
     assert worker.host == b"h-1" and worker.device == "gpu" and worker.hostname == "far"
     head.request(b"c1", 1, ["one", "two"])
     kind, name, job_id, header, payload = head.answer(dealer)
-    assert (kind, name, p.loads(payload)) == (p.JOB, b"w0-7", ["one", "two"])
+    assert (kind, name, p.loads(payload)) == (wire.JOB, b"w0-7", ["one", "two"])
     head.sink_messages()  # the registration
     result_header = p.dumps({**result_of(header), "extra": "dropped"})
-    dealer.send_multipart([p.RESULT, b"w0-7", job_id, result_header, b"\0" * 16])
-    dealer.send_multipart([p.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})])
+    dealer.send_multipart([wire.RESULT, b"w0-7", job_id, result_header, b"\0" * 16])
+    dealer.send_multipart([wire.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})])
     (result,) = head.sink_messages()
-    assert result == [p.RESULT, job_id, p.dumps(result_of(header)), b"\0" * 16]
+    assert result == [wire.RESULT, job_id, p.dumps(result_of(header)), b"\0" * 16]
     assert head.ventilator.idle and worker.jobs_done == 1
 
 
@@ -124,10 +125,10 @@ def test_a_late_result_of_a_job_that_went_elsewhere_is_dropped(head: Head) -> No
     head.request(b"c1", 1, ["one"])
     _, _, job_id, header, _ = head.answer(dealer)
     head.sink_messages()
-    dealer.send_multipart([p.GONE, b"w0-7", b"it died"])  # its job goes back to the queue
+    dealer.send_multipart([wire.GONE, b"w0-7", b"it died"])  # its job goes back to the queue
     head.pump()
     assert not head.ventilator.registry.workers and len(head.ventilator.scheduler.retries) == 1
-    dealer.send_multipart([p.RESULT, b"w0-7", job_id, header, b"late"])
+    dealer.send_multipart([wire.RESULT, b"w0-7", job_id, header, b"late"])
     assert head.sink_messages() == []
 
 
@@ -136,12 +137,12 @@ def test_a_draining_host_gets_nothing_new_and_what_it_hands_back_runs_elsewhere(
     head.join(leaving, b"w0-1")
     head.request(b"c1", 1, ["one"])
     _, _, job_id, _, _ = head.answer(leaving)
-    leaving.send_multipart([p.DRAIN])
+    leaving.send_multipart([wire.DRAIN])
     head.join(staying, b"w0-2")
     head.request(b"c2", 1, ["two"])
     assert p.loads(head.answer(staying)[4]) == ["two"]  # not to the draining host, though it had room
-    staying.send_multipart([p.DONE, p.dumps({"job": "x", "worker": "w0-2"})])  # a stray DONE: ignored
-    leaving.send_multipart([p.BYE])
+    staying.send_multipart([wire.DONE, p.dumps({"job": "x", "worker": "w0-2"})])  # a stray DONE: ignored
+    leaving.send_multipart([wire.BYE])
     head.pump()
     assert [w.name for w in head.ventilator.registry.workers.values()] == [b"w0-2"]
     (job,) = head.ventilator.scheduler.retries
@@ -163,8 +164,8 @@ def test_a_malformed_ready_is_dropped_and_credits_past_the_cap_are_clamped(
     head: Head, caplog: pytest.LogCaptureFixture
 ) -> None:
     dealer = head.host()
-    assert head.hello(dealer, workers=2)[0] == p.WELCOME
-    dealer.send_multipart([p.READY, b"w0-7", b'{"worker":0,"pid":7,"credits":1e999}'])
+    assert head.hello(dealer, workers=2)[0] == wire.WELCOME
+    dealer.send_multipart([wire.READY, b"w0-7", b'{"worker":0,"pid":7,"credits":1e999}'])
     head.pump()
     assert not head.ventilator.registry.workers and "credits" in caplog.text
     head.join(dealer, b"w0-7", credits=1_000_000)
@@ -176,8 +177,8 @@ def test_a_malformed_ready_is_dropped_and_credits_past_the_cap_are_clamped(
 def test_a_host_registers_no_more_workers_than_its_hello_named(head: Head) -> None:
     dealer = head.host()
     head.join(dealer, b"w0-1")  # HELLO named 1 worker
-    dealer.send_multipart([p.READY, b"w0-2", p.dumps({"worker": 1, "pid": 8, "credits": 1})])
-    dealer.send_multipart([p.READY, b"w0-1", p.dumps({"worker": 0, "pid": 7, "credits": 1})])  # itself again: fine
+    dealer.send_multipart([wire.READY, b"w0-2", p.dumps({"worker": 1, "pid": 8, "credits": 1})])
+    dealer.send_multipart([wire.READY, b"w0-1", p.dumps({"worker": 0, "pid": 7, "credits": 1})])  # itself again: fine
     head.pump()
     assert [w.name for w in head.ventilator.registry.workers.values()] == [b"w0-1"]
 
@@ -185,7 +186,7 @@ def test_a_host_registers_no_more_workers_than_its_hello_named(head: Head) -> No
 def held_job(head: Head, dealer: zmq.Socket) -> tuple[bytes, bytes]:
     head.request(b"c1", 1, ["one", "two"])
     kind, _, job_id, header, _ = head.answer(dealer)
-    assert kind == p.JOB
+    assert kind == wire.JOB
     head.sink_messages()  # the registration
     return job_id, header
 
@@ -193,12 +194,12 @@ def held_job(head: Head, dealer: zmq.Socket) -> tuple[bytes, bytes]:
 @pytest.mark.parametrize(
     "bad",
     [
-        lambda job_id, header: [p.RESULT, b"w0-7", job_id, p.dumps({**result_of(header), "parts": [
+        lambda job_id, header: [wire.RESULT, b"w0-7", job_id, p.dumps({**result_of(header), "parts": [
             {"key": "someone-else#1@0", "rows": [0, 1]}]}), b"\0" * 16],
-        lambda job_id, header: [p.RESULT, b"w0-7", job_id, p.dumps({**result_of(header), "shape": [1, 2], "parts": [
+        lambda job_id, header: [wire.RESULT, b"w0-7", job_id, p.dumps({**result_of(header), "shape": [1, 2], "parts": [
             {**p.loads(header)["parts"][0], "rows": [0]}]}), b"\0" * 8],
-        lambda job_id, header: [p.RESULT, b"w0-7", job_id, p.dumps(result_of(header)), b"\0" * 15],
-        lambda job_id, header: [p.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})],
+        lambda job_id, header: [wire.RESULT, b"w0-7", job_id, p.dumps(result_of(header)), b"\0" * 15],
+        lambda job_id, header: [wire.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})],
     ],
     ids=["other-requests", "other-rows", "short-buffer", "done-before-result"],
 )  # fmt: skip
@@ -208,7 +209,7 @@ def test_a_worker_that_answers_its_job_wrongly_is_replaced_and_the_job_runs_agai
     job_id, header = held_job(head, dealer)
     dealer.send_multipart(bad(job_id, header))
     kind, name, reason = head.answer(dealer)
-    assert (kind, name) == (p.FORGET, b"w0-7") and reason
+    assert (kind, name) == (wire.FORGET, b"w0-7") and reason
     assert head.sink_messages() == [] and not head.ventilator.registry.workers
     (job,) = head.ventilator.scheduler.retries
     assert job.job_id == job_id.decode() and job.failures == 1
@@ -219,10 +220,10 @@ def test_a_job_error_fails_the_jobs_own_requests_with_a_known_kind(head: Head) -
     head.join(dealer)
     job_id, header = held_job(head, dealer)
     error = {"parts": [{"key": "someone-else#1@0", "rows": [0]}], "error": "boom " * 1000, "kind": "evil\nlabel"}
-    dealer.send_multipart([p.JOB_ERROR, b"w0-7", job_id, p.dumps(error)])
-    dealer.send_multipart([p.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})])
+    dealer.send_multipart([wire.JOB_ERROR, b"w0-7", job_id, p.dumps(error)])
+    dealer.send_multipart([wire.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})])
     (message,) = head.sink_messages()
     sent = p.loads(message[2])
-    assert message[:2] == [p.JOB_ERROR, job_id] and sent["parts"] == p.loads(header)["parts"]
+    assert message[:2] == [wire.JOB_ERROR, job_id] and sent["parts"] == p.loads(header)["parts"]
     assert sent["kind"] == "worker" and len(sent["error"]) <= 503
     assert head.ventilator.registry.workers  # an error is an answer: the worker stays

@@ -10,6 +10,7 @@ import pytest
 from bertserve.client import protocol as p
 from bertserve.server.errors import ConfigError
 from bertserve.server.serving import link_schema as schema
+from bertserve.server.serving import wire
 from bertserve.server.serving.remote import HostConfig
 
 READY = {"worker": 0, "pid": 7, "credits": 2, "device": "/CPU:0", "hostname": "far"}
@@ -33,7 +34,7 @@ def refused(frames: list[bytes], direction: Any = schema.from_host) -> str:
 
 
 def test_ready_parses_into_typed_fields() -> None:
-    message = schema.from_host([p.READY, b"w0-7", raw({**READY, "model": {"output_dim": 4, "extra": [1, "x"]}})])
+    message = schema.from_host([wire.READY, b"w0-7", raw({**READY, "model": {"output_dim": 4, "extra": [1, "x"]}})])
     assert isinstance(message, schema.WorkerReady) and message.worker == b"w0-7"
     ready = message.ready
     assert (ready.worker, ready.pid, ready.credits, ready.device, ready.version) == (0, 7, 2, "/CPU:0", None)
@@ -49,7 +50,7 @@ def test_ready_parses_into_typed_fields() -> None:
 )  # fmt: skip
 def test_credits_must_be_a_positive_integer_in_range(credits: bytes) -> None:
     body = b'{"worker":0,"pid":7,"credits":' + credits + b"}"
-    assert "credits" in refused([p.READY, b"w0-7", body])
+    assert "credits" in refused([wire.READY, b"w0-7", body])
 
 
 @pytest.mark.parametrize(
@@ -59,41 +60,41 @@ def test_credits_must_be_a_positive_integer_in_range(credits: bytes) -> None:
 )  # fmt: skip
 def test_done_refuses_bad_numbers_and_names(field: str, value: Any) -> None:
     body = json.dumps({"job": "12.0", "worker": "w0-7", field: value}).encode()  # json writes NaN and Infinity
-    assert field in refused([p.DONE, body])
+    assert field in refused([wire.DONE, body])
 
 
 def test_done_needs_its_job_and_worker_and_fills_in_its_statistics() -> None:
-    assert "worker" in refused([p.DONE, raw({"job": "1"})])
-    done = schema.from_host([p.DONE, raw({"job": "1", "worker": "w0-7", "unknown": {"ignored": True}})])
+    assert "worker" in refused([wire.DONE, raw({"job": "1"})])
+    done = schema.from_host([wire.DONE, raw({"job": "1", "worker": "w0-7", "unknown": {"ignored": True}})])
     assert done == schema.Done(job="1", worker="w0-7", seconds=0.0, tokens=0, slots=0)
 
 
 @pytest.mark.parametrize(
     ("frames", "said"),
-    [([], "empty"), ([b"NOPE"], "unknown kind 'NOPE'"), ([b"X" * 1000], "unknown kind"), ([p.HELLO], "0 frame"),
-     ([p.DRAIN, b"x"], "1 frame"), ([p.BYE, b"", b""], "2 frame"), ([p.READY, b"w0"], "1 frame"),
-     ([p.HEARTBEAT, b"w0", b"w1"], "2 frame"), ([p.RESULT, b"w0", b"1", b"{}"], "3 frame"),
-     ([p.GONE], "0 frame"), ([p.JOB, b"w0", b"1", b"{}", b"[]"], "unknown kind"),
-     ([p.WELCOME, b"{}"], "unknown kind"), ([p.READY, b"w0", b"\xff\xfe"], "Invalid JSON"),
-     ([p.READY, b"w0", b"[" * 10_000], "JSON"), ([p.READY, b"w0", b"[]"], "object"),
-     ([p.DONE, b" " * (schema.MAX_CONTROL_BYTES + 1)], "at most"), ([p.READY, b"", raw(READY)], "worker name"),
-     ([p.READY, b"w" * 65, raw(READY)], "worker name"), ([p.READY, b"../w0", raw(READY)], "worker name"),
-     ([p.HEARTBEAT, b"w0\x00"], "worker name"), ([p.RESULT, b"w0", b"", raw(RESULT), b"\0" * 48], "job id")],
+    [([], "empty"), ([b"NOPE"], "unknown kind 'NOPE'"), ([b"X" * 1000], "unknown kind"), ([wire.HELLO], "0 frame"),
+     ([wire.DRAIN, b"x"], "1 frame"), ([wire.BYE, b"", b""], "2 frame"), ([wire.READY, b"w0"], "1 frame"),
+     ([wire.HEARTBEAT, b"w0", b"w1"], "2 frame"), ([wire.RESULT, b"w0", b"1", b"{}"], "3 frame"),
+     ([wire.GONE], "0 frame"), ([wire.JOB, b"w0", b"1", b"{}", b"[]"], "unknown kind"),
+     ([wire.WELCOME, b"{}"], "unknown kind"), ([wire.READY, b"w0", b"\xff\xfe"], "Invalid JSON"),
+     ([wire.READY, b"w0", b"[" * 10_000], "JSON"), ([wire.READY, b"w0", b"[]"], "object"),
+     ([wire.DONE, b" " * (schema.MAX_CONTROL_BYTES + 1)], "at most"), ([wire.READY, b"", raw(READY)], "worker name"),
+     ([wire.READY, b"w" * 65, raw(READY)], "worker name"), ([wire.READY, b"../w0", raw(READY)], "worker name"),
+     ([wire.HEARTBEAT, b"w0\x00"], "worker name"), ([wire.RESULT, b"w0", b"", raw(RESULT), b"\0" * 48], "job id")],
 )  # fmt: skip
 def test_a_message_of_the_wrong_layout_is_refused_with_one_line(frames: list[bytes], said: str) -> None:
     assert said in refused(frames)
 
 
 def test_a_hello_of_any_link_version_parses_so_it_can_be_refused_with_the_reason() -> None:
-    hello = schema.from_host([p.HELLO, raw({"link": 99, "future": "field"})])
+    hello = schema.from_host([wire.HELLO, raw({"link": 99, "future": "field"})])
     assert hello == schema.Hello(link=99, version="?", hostname="?", model_sha256="", workers=1)
-    assert "workers" in refused([p.HELLO, raw({"link": 1, "workers": schema.MAX_HOST_WORKERS + 1})])
-    assert "hostname" in refused([p.HELLO, raw({"link": 1, "hostname": "evil\x1b[2J"})])
+    assert "workers" in refused([wire.HELLO, raw({"link": 1, "workers": schema.MAX_HOST_WORKERS + 1})])
+    assert "hostname" in refused([wire.HELLO, raw({"link": 1, "hostname": "evil\x1b[2J"})])
 
 
 def test_a_result_parses_when_its_rows_lists_and_buffer_agree() -> None:
     header = {**RESULT, "lengths": [3, 4, 5], "tokens": [["a"], ["b"], None], "model_version": None, "x": 1}
-    message = schema.from_host([p.RESULT, b"w0-7", b"3.1", raw(header), b"\0" * 48])
+    message = schema.from_host([wire.RESULT, b"w0-7", b"3.1", raw(header), b"\0" * 48])
     assert isinstance(message, schema.WorkerResult) and message.job_id == "3.1"
     assert message.header.plain() == {**RESULT, "lengths": [3, 4, 5], "tokens": [["a"], ["b"], None]}
 
@@ -108,28 +109,28 @@ def test_a_result_parses_when_its_rows_lists_and_buffer_agree() -> None:
 )  # fmt: skip
 def test_a_result_that_does_not_add_up_is_refused(changes: dict[str, Any], buffer: int, said: str) -> None:
     body = json.dumps({**RESULT, **changes}).encode()
-    assert said in refused([p.RESULT, b"w0-7", b"3", body, b"\0" * buffer])
+    assert said in refused([wire.RESULT, b"w0-7", b"3", body, b"\0" * buffer])
 
 
 def test_a_job_errors_kind_is_one_of_a_fixed_set_and_its_text_is_cut() -> None:
-    message = schema.from_host([p.JOB_ERROR, b"w0-7", b"3", raw({"error": "x" * 10_000, "kind": "evil\nkind"})])
+    message = schema.from_host([wire.JOB_ERROR, b"w0-7", b"3", raw({"error": "x" * 10_000, "kind": "evil\nkind"})])
     assert isinstance(message, schema.WorkerError)
     assert message.error.safe_kind == "worker" and len(message.error.safe_error) == schema.MAX_ERROR_CHARS + 3
     for kind in schema.ERROR_KINDS:
-        error = schema.from_host([p.JOB_ERROR, b"w0-7", b"3", raw({"error": "bad", "kind": kind})])
+        error = schema.from_host([wire.JOB_ERROR, b"w0-7", b"3", raw({"error": "bad", "kind": kind})])
         assert isinstance(error, schema.WorkerError) and error.error.safe_kind == kind
-    assert "kind" in refused([p.JOB_ERROR, b"w0-7", b"3", raw({"kind": 5})])
+    assert "kind" in refused([wire.JOB_ERROR, b"w0-7", b"3", raw({"kind": 5})])
 
 
 def test_gone_and_forget_reasons_are_cut_and_made_printable() -> None:
-    gone = schema.from_host([p.GONE, b"w0-7", b"died\n\x1b[31m" + b"!" * 500])
+    gone = schema.from_host([wire.GONE, b"w0-7", b"died\n\x1b[31m" + b"!" * 500])
     assert isinstance(gone, schema.Gone) and gone.reason.startswith("died\\n\\x1b[31m") and len(gone.reason) < 220
-    assert schema.from_host([p.GONE, b"w0-7"]) == schema.Gone(b"w0-7", "its process died")
-    assert schema.from_head([p.FORGET, b"w0-7"]) == schema.Forget(b"w0-7", "it stopped answering")
+    assert schema.from_host([wire.GONE, b"w0-7"]) == schema.Gone(b"w0-7", "its process died")
+    assert schema.from_head([wire.FORGET, b"w0-7"]) == schema.Forget(b"w0-7", "it stopped answering")
 
 
 def welcome(**model: Any) -> list[bytes]:
-    return [p.WELCOME, raw({"model": model, "model_class": None, "heartbeat_timeout_ms": 3000})]
+    return [wire.WELCOME, raw({"model": model, "model_class": None, "heartbeat_timeout_ms": 3000})]
 
 
 @pytest.mark.parametrize(
@@ -160,8 +161,8 @@ def test_a_welcome_with_plain_names_gives_model_options() -> None:
 )  # fmt: skip
 def test_a_welcome_that_breaks_its_schema_is_refused(body: dict[str, Any], said: str) -> None:
     with pytest.raises(schema.LinkError) as caught:
-        schema.from_head([p.WELCOME, json.dumps(body).encode()])
-    assert said in str(caught.value) and caught.value.kind == p.WELCOME
+        schema.from_head([wire.WELCOME, json.dumps(body).encode()])
+    assert said in str(caught.value) and caught.value.kind == wire.WELCOME
 
 
 def test_a_host_imports_a_model_class_only_if_its_own_command_line_names_it() -> None:
@@ -182,14 +183,14 @@ def test_a_host_imports_a_model_class_only_if_its_own_command_line_names_it() ->
 
 
 def test_local_workers_ready_and_credits_use_the_same_schemas() -> None:
-    assert schema.local_ready([p.READY, raw(READY)]).credits == 2
+    assert schema.local_ready([wire.READY, raw(READY)]).credits == 2
     with pytest.raises(schema.LinkError, match="credits"):
-        schema.local_ready([p.READY, b'{"worker":0,"pid":7,"credits":1e999}'])
-    assert schema.local_credit([p.HEARTBEAT, b"w0-7"]) == schema.Heartbeat(b"w0-7")
-    done = schema.local_credit([p.DONE, raw({"job": "1", "worker": "w0-7", "seconds": 0.25})])
+        schema.local_ready([wire.READY, b'{"worker":0,"pid":7,"credits":1e999}'])
+    assert schema.local_credit([wire.HEARTBEAT, b"w0-7"]) == schema.Heartbeat(b"w0-7")
+    done = schema.local_credit([wire.DONE, raw({"job": "1", "worker": "w0-7", "seconds": 0.25})])
     assert isinstance(done, schema.Done) and done.seconds == 0.25
     with pytest.raises(schema.LinkError):
-        schema.local_credit([p.READY, raw(READY)])
+        schema.local_credit([wire.READY, raw(READY)])
 
 
 def test_printable_escapes_control_characters_and_cuts() -> None:

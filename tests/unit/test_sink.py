@@ -12,6 +12,7 @@ import pytest
 import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.serving import wire
 from bertserve.server.serving.sink import Sink, _Pending
 from serving import free_port
 
@@ -30,13 +31,13 @@ class Harness:
 
     def register(self, key: str, client: bytes, request_id: int, count: int) -> None:
         info = {"key": key, "client": client.hex(), "request_id": request_id, "count": count, "show_tokens": False}
-        self.send(p.REGISTER, p.dumps(info))
+        self.send(wire.REGISTER, p.dumps(info))
 
     def result(self, parts: list[tuple[str, list[int]]], vectors: np.ndarray, lengths: list[int] | None = None) -> None:
         header = {"parts": [{"key": k, "rows": r} for k, r in parts], **p.array_header(vectors), "tokens": None}
         if lengths is not None:
             header["lengths"] = lengths
-        self.send(p.RESULT, b"job", p.dumps(header), np.ascontiguousarray(vectors).tobytes())
+        self.send(wire.RESULT, b"job", p.dumps(header), np.ascontiguousarray(vectors).tobytes())
 
     def subscriber(self, topic: bytes) -> zmq.Socket:
         sub = self.context.socket(zmq.SUB)
@@ -63,7 +64,7 @@ def harness(tmp_path) -> Iterator[Harness]:
     try:
         yield harness
     finally:
-        harness.send(p.STOP)
+        harness.send(wire.STOP)
         thread.join(5)
         push.close()
         sink.close()
@@ -188,7 +189,7 @@ def test_failed_requests_get_an_error_and_late_parts_are_dropped(harness: Harnes
     sub = subscribed(harness, b"c")
     key = p.request_key(b"c", 6)
     harness.register(key, b"c", 6, 2)
-    harness.send(p.FAIL, p.dumps({"keys": [key], "error": "it crashed a worker twice", "kind": "worker"}))
+    harness.send(wire.FAIL, p.dumps({"keys": [key], "error": "it crashed a worker twice", "kind": "worker"}))
     reply = receive(sub)
     assert reply is not None and not reply.ok
     assert reply.header == {"error": "it crashed a worker twice", "kind": "worker"}

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from bertserve.client import protocol as p
 from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.serving import wire
 from rigs import Rig, ventilator_rig
 
 pytestmark = pytest.mark.timeout(30)
@@ -35,8 +36,8 @@ def test_a_request_is_registered_then_dispatched(rig: Rig) -> None:
     assert header["parts"] == [{"key": key, "rows": [0]}]
     (register,) = rig.sink_messages()
     info = p.loads(register[1])
-    assert register[0] == p.REGISTER and bytes.fromhex(info["client"]) == b"\x00caf\xc3\xa9" and info["key"] == key
-    push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
+    assert register[0] == wire.REGISTER and bytes.fromhex(info["client"]) == b"\x00caf\xc3\xa9" and info["key"] == key
+    push.send_multipart([wire.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
     rig.pump()
     assert rig.ventilator.idle
 
@@ -51,7 +52,7 @@ def test_an_idle_worker_gets_a_lone_request_at_once_a_busy_ones_prefetch_slot_wa
     rig.request(b"c", 1, ["third"])
     rig.pump()
     assert not dealer.poll(100), "a job went to the busy worker's prefetch slot before its wait"
-    push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
+    push.send_multipart([wire.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
     _, _, texts = rig.job(dealer)  # idle again: what gathered goes as one job
     assert texts == ["second", "third"]
 
@@ -68,11 +69,11 @@ def test_a_small_request_overtakes_to_a_worker_busy_with_bulk_work(rig: Rig) -> 
     rig.request(b"b", 1, ["second small"])
     rig.pump()
     assert not dealer.poll(100), "a second small job went to a worker that already holds one"
-    push.send_multipart([p.DONE, p.dumps({"job": small_id, "worker": "w0-1"})])
+    push.send_multipart([wire.DONE, p.dumps({"job": small_id, "worker": "w0-1"})])
     second_id, _, texts = rig.job(dealer)
     assert texts == ["second small"]
     for job_id in (second_id, bulk_id):
-        push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
+        push.send_multipart([wire.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])
     _, header, _ = rig.job(dealer)  # the credit back: the rest of the bulk request
     assert header["bulk"] is True
 
@@ -82,7 +83,7 @@ def test_a_pending_request_id_is_refused_and_the_first_is_untouched(rig: Rig) ->
     rig.request(b"c", 1, ["first"])
     rig.request(b"c", 1, ["second"])
     messages = rig.sink_messages()
-    assert kinds(messages) == [p.REGISTER, p.PUBLISH]
+    assert kinds(messages) == [wire.REGISTER, wire.PUBLISH]
     reply = p.decode_reply(messages[1][1:])
     assert not reply.ok and reply.header["kind"] == "duplicate"
     assert rig.ventilator.live[p.request_key(b"c", 1)] in rig.ventilator.requests
@@ -93,7 +94,7 @@ def test_a_request_over_the_bounds_is_refused_busy_at_once(rig: Rig) -> None:
     rig.request(b"c", 2, ["b"] * 3)
     rig.request(b"d", 1, ["c"] * 3)
     messages = rig.sink_messages()
-    assert kinds(messages) == [p.REGISTER, p.PUBLISH, p.REGISTER]
+    assert kinds(messages) == [wire.REGISTER, wire.PUBLISH, wire.REGISTER]
     reply = p.decode_reply(messages[1][1:])
     assert (reply.request_id, reply.ok, reply.header["kind"]) == (2, False, p.BUSY)
     status = rig.ventilator.status()
@@ -108,10 +109,10 @@ def test_a_lost_workers_job_goes_to_another_and_its_late_done_is_ignored(rig: Ri
     rig.ventilator.worker_lost(0, "killed by the test")
     again, _, texts = rig.job(second)
     assert again == job_id and texts == ["hello"]
-    first_push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])  # the dead one, late
+    first_push.send_multipart([wire.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])  # the dead one, late
     rig.pump()
     assert p.request_key(b"c", 1) in rig.ventilator.live
-    second_push.send_multipart([p.DONE, p.dumps({"job": job_id, "worker": "w1-2"})])
+    second_push.send_multipart([wire.DONE, p.dumps({"job": job_id, "worker": "w1-2"})])
     rig.pump()
     assert rig.ventilator.idle
 
@@ -129,7 +130,7 @@ def test_a_job_that_loses_two_workers_fails_its_requests_and_spares_the_others(r
     assert texts == ["poison"]  # the merged job was split
     rig.ventilator.worker_lost(0, "worker 0 died")
     messages = rig.sink_messages()
-    fail = next(m for m in messages if m[0] == p.FAIL)
+    fail = next(m for m in messages if m[0] == wire.FAIL)
     info = p.loads(fail[1])
     assert [key.split("@")[0] for key in info["keys"]] == [p.request_key(b"a", 1)]
     assert info["kind"] == "worker" and "2 times" in info["error"]
@@ -162,7 +163,7 @@ def test_after_a_sink_restart_every_known_request_gets_an_error(rig: Rig, monkey
     rig.request(b"c", 2, ["queued"] * 9)
     rig.sink_messages()
     rig.ventilator.sink_lost()
-    replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == p.PUBLISH]
+    replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == wire.PUBLISH]
     assert sorted(r.request_id for r in replies) == [1, 2] and {r.header["kind"] for r in replies} == {"internal"}
     assert rig.ventilator.scheduler.queued == 0 and not rig.ventilator.live
 
@@ -208,7 +209,7 @@ def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_th
     rig.pump()
     rig.ventilator.registry.models[None] = {"model_class": "some:Model"}
     rig.client.send_multipart(p.encode_request(b"e", p.ENCODE, 3, {"long_inputs": "chunk"}, ["x"]))
-    replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == p.PUBLISH]
+    replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == wire.PUBLISH]
     errors = {reply.request_id: reply.header["error"] for reply in replies if not reply.ok}
     assert "CLS_TOKEN takes one token of one window" in errors[1]
     assert "long_inputs must be truncate or chunk" in errors[2]
@@ -227,7 +228,7 @@ def test_a_job_goes_only_to_a_worker_of_the_model_version_it_was_admitted_under(
     new, _ = rig.worker(b"new", 1, version=2)
     _, header, texts = rig.job(new)
     assert texts == ["c"] and rig.ventilator.scheduler.empty
-    registers = [p.loads(m[1]) for m in rig.sink_messages() if m[0] == p.REGISTER]
+    registers = [p.loads(m[1]) for m in rig.sink_messages() if m[0] == wire.REGISTER]
     assert [r["version"] for r in registers] == [1, 2]
 
 
@@ -238,7 +239,7 @@ def test_requests_past_the_byte_bound_are_refused_busy_and_a_request_that_never_
     rig.request(b"e", 1, ["€" * 100_000] * 6)  # two bytes a character in memory: 1.2 MB never fits
     rig.request(b"f", 1, ["small"])
     messages = rig.sink_messages()
-    assert kinds(messages) == [p.REGISTER, p.PUBLISH, p.PUBLISH, p.REGISTER]
+    assert kinds(messages) == [wire.REGISTER, wire.PUBLISH, wire.PUBLISH, wire.REGISTER]
     busy, never = p.decode_reply(messages[1][1:]), p.decode_reply(messages[2][1:])
     assert busy.header["kind"] == p.BUSY and "--max-queued-bytes" in busy.header["error"]
     assert never.header["kind"] == "limit" and "--max-queued-bytes" in never.header["error"]
@@ -248,4 +249,4 @@ def test_requests_past_the_byte_bound_are_refused_busy_and_a_request_that_never_
     rig.ventilator._fail({first}, "the test gave up on it", "timeout")  # answered: its bytes are free
     assert rig.ventilator.status()["queued_bytes"] < 1000  # only the small request's
     rig.request(b"d", 2, ["b" * 60_000] * 10)
-    assert kinds(rig.sink_messages()) == [p.FAIL, p.REGISTER]
+    assert kinds(rig.sink_messages()) == [wire.FAIL, wire.REGISTER]

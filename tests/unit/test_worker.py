@@ -13,6 +13,7 @@ import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config import ModelConfig, ServerConfig
 from bertserve.server.model.interface import HashingModel, Model
+from bertserve.server.serving import wire
 from bertserve.server.serving.worker import Addresses, Worker
 
 pytestmark = pytest.mark.timeout(30)
@@ -41,9 +42,9 @@ class Rig:
 
     def send_job(self, job_id: bytes, texts: list[str], parts: list[dict], bulk: bool = False) -> None:
         header = {"parts": parts, "is_tokenized": False, "show_tokens": False, "bulk": bulk}
-        self.jobs.send_multipart([self.identity, p.JOB, job_id, p.dumps(header), p.dumps(texts)])
+        self.jobs.send_multipart([self.identity, wire.JOB, job_id, p.dumps(header), p.dumps(texts)])
 
-    def credit(self, kinds: tuple[bytes, ...] = (p.DONE,)) -> list[bytes]:
+    def credit(self, kinds: tuple[bytes, ...] = (wire.DONE,)) -> list[bytes]:
         while True:
             assert self.credits.poll(5000), "no credit came back"
             frames = self.credits.recv_multipart()
@@ -64,13 +65,13 @@ def rig(tmp_path, model: Model) -> Iterator[Rig]:
     thread.start()
     assert jobs.poll(5000)
     identity, kind, raw = jobs.recv_multipart()
-    assert kind == p.READY and identity == worker.identity
+    assert kind == wire.READY and identity == worker.identity
     ready = p.loads(raw)
     assert ready["worker"] == 3 and ready["model"]["output_dim"] == 16
     try:
         yield Rig(jobs, credits, sink, worker, identity)
     finally:
-        jobs.send_multipart([identity, p.STOP])
+        jobs.send_multipart([identity, wire.STOP])
         thread.join(5)
         worker.close()
         for socket in (jobs, credits, sink):
@@ -102,7 +103,7 @@ def test_a_small_job_runs_between_two_model_runs_of_a_bulk_job(slow: Rig) -> Non
     for _ in range(2):
         assert slow.sink.poll(5000)
         kind, job_id, raw, buffer = slow.sink.recv_multipart()
-        assert kind == p.RESULT
+        assert kind == wire.RESULT
         order.append(job_id)
         vectors[job_id] = p.array_from_buffer(p.loads(raw), buffer)
     assert order == [b"small", b"bulk"]  # it did not wait for the whole bulk job
@@ -120,7 +121,7 @@ def test_a_job_goes_to_the_sink_and_its_credit_back(hashing: Rig) -> None:
     assert hashing.sink.poll(5000)
     kind, job_id, raw, buffer = hashing.sink.recv_multipart()
     header = p.loads(raw)
-    assert (kind, job_id, header["parts"]) == (p.RESULT, b"42", parts)
+    assert (kind, job_id, header["parts"]) == (wire.RESULT, b"42", parts)
     vectors = p.array_from_buffer(header, buffer)
     model = HashingModel()
     np.testing.assert_allclose(vectors, model.run(model.tokenize(texts)), rtol=1e-6)
@@ -129,19 +130,19 @@ def test_a_job_goes_to_the_sink_and_its_credit_back(hashing: Rig) -> None:
 
 
 def test_the_worker_sends_heartbeats_from_its_own_thread(hashing: Rig) -> None:
-    kind, identity = hashing.credit((p.HEARTBEAT,))
-    assert (kind, identity) == (p.HEARTBEAT, hashing.identity)
+    kind, identity = hashing.credit((wire.HEARTBEAT,))
+    assert (kind, identity) == (wire.HEARTBEAT, hashing.identity)
 
 
 def test_a_malformed_message_is_dropped_and_the_worker_carries_on(hashing: Rig) -> None:
     hashing.jobs.send_multipart([hashing.identity, b"NONSENSE", b"x"])
-    hashing.jobs.send_multipart([hashing.identity, p.JOB, b"1", b"{not json", b"[]"])
+    hashing.jobs.send_multipart([hashing.identity, wire.JOB, b"1", b"{not json", b"[]"])
     hashing.send_job(b"2", ["still here"], [{"key": "k#1", "rows": [0]}])
     seen = []
     for _ in range(2):
         assert hashing.sink.poll(5000)
         seen.append(hashing.sink.recv_multipart()[:2])
-    assert [p.JOB_ERROR, b"1"] in seen and [p.RESULT, b"2"] in seen
+    assert [wire.JOB_ERROR, b"1"] in seen and [wire.RESULT, b"2"] in seen
 
 
 def test_a_model_failure_becomes_an_error_for_the_job_and_the_credit_returns(broken: Rig) -> None:
@@ -149,7 +150,7 @@ def test_a_model_failure_becomes_an_error_for_the_job_and_the_credit_returns(bro
     assert broken.sink.poll(5000)
     kind, _job_id, raw = broken.sink.recv_multipart()
     info = p.loads(raw)
-    assert kind == p.JOB_ERROR and "the model fell over" in info["error"] and info["kind"] == "worker"
+    assert kind == wire.JOB_ERROR and "the model fell over" in info["error"] and info["kind"] == "worker"
     assert p.loads(broken.credit()[1])["job"] == "7"
 
 
