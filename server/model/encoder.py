@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 from bertserve.client.protocol import check_texts
 
-from ..config import DYNAMIC, ModelConfig, PoolingStrategy, default_graph_dir, parse_long_inputs
-from ..errors import ModelError
+from ..config import ModelConfig, default_graph_dir, parse_long_inputs
 from ..logs import held_native_output
 from ..memory import trim_heap
 from . import chunking, lite
 from .chunking import check_chunkable
 from .graph import GraphSpec, load_function, load_or_build
-from .model_dir import ModelFiles, inspect_model
+from .model_dir import inspect_model
+from .options import build_tokenizer, describe, resolve
 from .prepare import wants_lite
-from .tokenization import TokenizedBatch, WordPieceTokenizer, tokens_per_input
+from .tokenization import TokenizedBatch, tokens_per_input
 
 logger = logging.getLogger("bertserve.encoder")
 
@@ -58,9 +58,9 @@ class Encoder:
             requested = ModelConfig(model_dir=os.fspath(model_dir), **options)
         started = time.perf_counter()
         model = inspect_model(requested)
-        self.config, spec = _resolve(requested, model)
+        self.config, spec = resolve(requested, model)
         self.spec: GraphSpec = spec
-        self._tokenizer = _build_tokenizer(model, self.config)
+        self._tokenizer = build_tokenizer(model, self.config)
         self.max_len: int = self._tokenizer.max_len
         graph_dir = self.config.graph_dir or default_graph_dir()
         with held_native_output():  # TensorFlow's libraries log as they load
@@ -87,7 +87,7 @@ class Encoder:
     def describe(self) -> dict[str, Any]:
         """The resolved options and the graph's shape, as plain JSON values."""
         return {
-            **_describe(self.config, self.spec),
+            **describe(self.config, self.spec),
             "output_dim": self.output_dim,
             "token_level": self.token_level,
             "layers_run": self.meta.layers_run,
@@ -271,89 +271,4 @@ class Encoder:
                 self._drop_lite("its warm-up run", exc)
 
 
-def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTokenizer]:
-    """Check a model directory and options without loading weights or TensorFlow; returns
-    the resolved options and the model's tokenizer."""
-    model = inspect_model(requested)
-    config, spec = _resolve(requested, model)
-    return _describe(config, spec), _build_tokenizer(model, config)
-
-
-def _build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenizer:
-    limit = model.config.max_position_embeddings
-    max_len = limit if config.max_seq_len == DYNAMIC or config.max_seq_len is None else int(config.max_seq_len)
-    tokenizer = WordPieceTokenizer(
-        vocab_path=model.vocab_path,
-        tokenizer_json=model.tokenizer_json,
-        do_lower_case=model.do_lower_case,
-        max_len=max_len,
-        stride=config.chunk_stride,
-    )
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ModelError(
-            f"the tokenizer knows {tokenizer.vocab_size} tokens but the model embeds "
-            f"only vocab_size={model.config.vocab_size}"
-        )
-    return tokenizer
-
-
-def _describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:
-    return {
-        "model_dir": config.model_dir,
-        "max_seq_len": config.max_seq_len,
-        "pooling_strategy": spec.pooling_strategy.value,
-        "pooling_layer": list(config.pooling_layer or ()),
-        "mask_cls_sep": spec.mask_cls_sep,
-        "normalize": spec.normalize,
-        "dtype": spec.dtype,
-        "output_dtype": spec.output_dtype,
-        "do_lower_case": config.do_lower_case,
-        "long_inputs": config.long_inputs,
-        "chunk_stride": config.chunk_stride,
-        "chunking": chunking.chunk_refusal(spec.pooling_strategy) is None,
-    }
-
-
-def _resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:
-    """Fill the options the user left out from the model's defaults, and check them."""
-    defaults = model.defaults
-    num_layers = model.config.num_hidden_layers
-    strategy = requested.pooling_strategy or defaults.pooling_strategy
-    if strategy is PoolingStrategy.CLS_POOLED:
-        # The pooler reads the last layer's [CLS] vector; other layers have no pooler.
-        if requested.pooling_layer not in (None, (-1,), (num_layers - 1,)):
-            raise ModelError("CLS_POOLED is computed from the last layer; leave pooling_layer at -1")
-        layers: tuple[int, ...] = (-1,)
-    else:
-        layers = requested.pooling_layer or defaults.pooling_layer
-    absolute = []
-    for layer in layers:
-        if not -num_layers <= layer < num_layers:
-            raise ModelError(f"pooling_layer {layer} is out of range: the model has {num_layers} layers")
-        absolute.append(layer % num_layers)
-    max_seq_len = requested.max_seq_len if requested.max_seq_len is not None else defaults.max_seq_len
-    limit = model.config.max_position_embeddings
-    if max_seq_len != DYNAMIC and int(max_seq_len) > limit:
-        raise ModelError(f"max_seq_len {max_seq_len} is above the model's max_position_embeddings {limit}")
-    normalize = defaults.normalize if requested.normalize is None else requested.normalize
-    if requested.long_inputs == "chunk":
-        check_chunkable(strategy)
-    resolved = requested.replace(
-        max_seq_len=max_seq_len,
-        pooling_strategy=strategy,
-        pooling_layer=layers,
-        normalize=normalize,
-        do_lower_case=model.do_lower_case,
-    )
-    spec = GraphSpec(
-        pooling_strategy=strategy,
-        pooling_layer=tuple(absolute),
-        mask_cls_sep=requested.mask_cls_sep,
-        normalize=normalize,
-        dtype=requested.dtype,
-        output_dtype=requested.output_dtype,
-    )
-    return resolved, spec
-
-
-__all__ = ["Encoder", "resolve_options"]
+__all__ = ["Encoder"]

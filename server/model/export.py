@@ -31,7 +31,7 @@ def export_saved_model(options: ModelConfig, out: str) -> dict[str, Any]:
     """Write the SavedModel for ``options`` to ``out`` (which must not exist, or be empty);
     returns what ``bertserve.json`` says."""
     from ..logs import held_native_output
-    from .encoder import _build_tokenizer, _describe, _resolve
+    from .options import build_tokenizer, describe, resolve
 
     with held_native_output():  # TensorFlow's libraries log as they load
         import tensorflow as tf
@@ -39,15 +39,15 @@ def export_saved_model(options: ModelConfig, out: str) -> dict[str, Any]:
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise FileExistsError(f"{out} exists and is not an empty directory")
     model = inspect_model(options)
-    config, spec = _resolve(options, model)
-    tokenizer = _build_tokenizer(model, config)
+    config, spec = resolve(options, model)
+    tokenizer = build_tokenizer(model, config)
     graph_bytes, meta, _ = load_or_build(model, spec, config.graph_dir or default_graph_dir())
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(graph_bytes)
     graph_fn = wrap_graph(graph_def, meta)  # the weights stay constants, so the SavedModel holds them
     signature = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
     description = {
-        **_describe(config, spec),
+        **describe(config, spec),
         "model_dir": os.path.abspath(config.model_dir),
         "output_dim": meta.output_dim,
         "token_level": meta.token_level,

@@ -26,6 +26,7 @@ from multiprocessing.process import BaseProcess
 from ..config import ModelConfig, default_graph_dir
 from .graph import GraphSpec, cache_key, load_or_build
 from .model_dir import inspect_model
+from .options import resolve
 
 logger = logging.getLogger("bertserve.prepare")
 
@@ -42,10 +43,9 @@ def wants_lite(config: ModelConfig, spec: GraphSpec) -> bool:
 def missing_steps(requested: ModelConfig) -> list[str]:
     """The steps of :data:`STEPS` whose product is not in the graph cache yet. Reads and
     hashes the model files (for the cache key) but loads no TensorFlow."""
-    from .encoder import _resolve
 
     model = inspect_model(requested)
-    config, spec = _resolve(requested, model)
+    config, spec = resolve(requested, model)
     graph_dir = config.graph_dir or default_graph_dir()
     key = cache_key(model, spec)
     steps = []
@@ -64,7 +64,6 @@ def run_steps(requested: ModelConfig, steps: list[str], cpu_only: bool, threads:
     from ..logs import child_logging, held_native_output
     from ..memory import trim_heap
     from . import lite
-    from .encoder import _resolve
 
     child_logging(log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
@@ -77,7 +76,7 @@ def run_steps(requested: ModelConfig, steps: list[str], cpu_only: bool, threads:
     step = ""
     try:
         model = inspect_model(requested)
-        config, spec = _resolve(requested, model)
+        config, spec = resolve(requested, model)
         graph_dir = config.graph_dir or default_graph_dir()
         built = None  # the meta of the graph built here, whose key names its LiteRT model too
         for step in steps:

@@ -293,7 +293,7 @@ class BertServer(ExitFlags):
 
     def _check_model(self) -> None:
         """Catch a bad model directory or option here, with its cause, before any process starts."""
-        from ..model.encoder import resolve_options
+        from ..model.options import resolve_options
 
         self._choose_version()
         try:

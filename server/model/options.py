@@ -1,0 +1,101 @@
+"""A model's options, resolved: what the user left out filled from the model's defaults and
+checked against the model, the graph's spec, the description servers and clients show, and
+the model's tokenizer. Nothing here loads weights or TensorFlow, so the server's head, the
+HTTP process and the version swap use it as the workers do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import DYNAMIC, ModelConfig, PoolingStrategy
+from ..errors import ModelError
+from . import chunking
+from .chunking import check_chunkable
+from .graph import GraphSpec
+from .model_dir import ModelFiles, inspect_model
+from .tokenization import WordPieceTokenizer
+
+
+def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTokenizer]:
+    """Check a model directory and options without loading weights or TensorFlow; returns
+    the resolved options and the model's tokenizer."""
+    model = inspect_model(requested)
+    config, spec = resolve(requested, model)
+    return describe(config, spec), build_tokenizer(model, config)
+
+
+def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenizer:
+    limit = model.config.max_position_embeddings
+    max_len = limit if config.max_seq_len == DYNAMIC or config.max_seq_len is None else int(config.max_seq_len)
+    tokenizer = WordPieceTokenizer(
+        vocab_path=model.vocab_path,
+        tokenizer_json=model.tokenizer_json,
+        do_lower_case=model.do_lower_case,
+        max_len=max_len,
+        stride=config.chunk_stride,
+    )
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ModelError(
+            f"the tokenizer knows {tokenizer.vocab_size} tokens but the model embeds "
+            f"only vocab_size={model.config.vocab_size}"
+        )
+    return tokenizer
+
+
+def describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:
+    return {
+        "model_dir": config.model_dir,
+        "max_seq_len": config.max_seq_len,
+        "pooling_strategy": spec.pooling_strategy.value,
+        "pooling_layer": list(config.pooling_layer or ()),
+        "mask_cls_sep": spec.mask_cls_sep,
+        "normalize": spec.normalize,
+        "dtype": spec.dtype,
+        "output_dtype": spec.output_dtype,
+        "do_lower_case": config.do_lower_case,
+        "long_inputs": config.long_inputs,
+        "chunk_stride": config.chunk_stride,
+        "chunking": chunking.chunk_refusal(spec.pooling_strategy) is None,
+    }
+
+
+def resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:
+    """Fill the options the user left out from the model's defaults, and check them."""
+    defaults = model.defaults
+    num_layers = model.config.num_hidden_layers
+    strategy = requested.pooling_strategy or defaults.pooling_strategy
+    if strategy is PoolingStrategy.CLS_POOLED:
+        # The pooler reads the last layer's [CLS] vector; other layers have no pooler.
+        if requested.pooling_layer not in (None, (-1,), (num_layers - 1,)):
+            raise ModelError("CLS_POOLED is computed from the last layer; leave pooling_layer at -1")
+        layers: tuple[int, ...] = (-1,)
+    else:
+        layers = requested.pooling_layer or defaults.pooling_layer
+    absolute = []
+    for layer in layers:
+        if not -num_layers <= layer < num_layers:
+            raise ModelError(f"pooling_layer {layer} is out of range: the model has {num_layers} layers")
+        absolute.append(layer % num_layers)
+    max_seq_len = requested.max_seq_len if requested.max_seq_len is not None else defaults.max_seq_len
+    limit = model.config.max_position_embeddings
+    if max_seq_len != DYNAMIC and int(max_seq_len) > limit:
+        raise ModelError(f"max_seq_len {max_seq_len} is above the model's max_position_embeddings {limit}")
+    normalize = defaults.normalize if requested.normalize is None else requested.normalize
+    if requested.long_inputs == "chunk":
+        check_chunkable(strategy)
+    resolved = requested.replace(
+        max_seq_len=max_seq_len,
+        pooling_strategy=strategy,
+        pooling_layer=layers,
+        normalize=normalize,
+        do_lower_case=model.do_lower_case,
+    )
+    spec = GraphSpec(
+        pooling_strategy=strategy,
+        pooling_layer=tuple(absolute),
+        mask_cls_sep=requested.mask_cls_sep,
+        normalize=normalize,
+        dtype=requested.dtype,
+        output_dtype=requested.output_dtype,
+    )
+    return resolved, spec
