@@ -184,6 +184,12 @@ class Registry:
             job.failures += 1
         return [j for j in jobs if j.failures < self.max_failures], [j for j in jobs if j.failures >= self.max_failures]
 
+    def drain(self, identity: bytes) -> None:
+        """Worker ``identity`` gets nothing new from now on, and finishes what it holds."""
+        worker = self.workers.get(identity)
+        if worker is not None:
+            worker.draining = True
+
     def by_index(self, index: int) -> list[WorkerState]:
         """The local worker(s) of process slot ``index``."""
         return [w for w in self.workers.values() if w.index == index and w.host is None]

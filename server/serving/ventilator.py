@@ -705,6 +705,33 @@ class Ventilator:
                 max_seq_len=str(model.get("max_seq_len")),
             ).set(1)  # fmt: skip
 
+    # -- what the version swap sees (interfaces.WorkerPool) ----------------------------------
+
+    @property
+    def serving_version(self) -> int | None:
+        return self.version
+
+    def queued_versions(self) -> set[int | None]:
+        return self.scheduler.versions()
+
+    def worker_ready(self, index: int) -> bool:
+        return bool(self.registry.by_index(index))
+
+    def worker_draining(self, index: int) -> bool:
+        workers = self.registry.by_index(index)
+        return bool(workers) and all(worker.draining for worker in workers)
+
+    def worker_holds_jobs(self, index: int) -> bool:
+        return any(worker.jobs for worker in self.registry.by_index(index))
+
+    def drain_worker(self, index: int) -> None:
+        for worker in self.registry.by_index(index):
+            self.registry.drain(worker.identity)
+
+    def take_reload(self) -> tuple[str, int] | None:
+        wanted, self.reload_requested = self.reload_requested, None
+        return None if wanted is None else (wanted, self.reloads)
+
     def stop_worker(self, index: int) -> None:
         """Tell local worker ``index`` to stop (it holds nothing: a swap drained it)."""
         for worker in self.registry.by_index(index):
