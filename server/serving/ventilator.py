@@ -30,6 +30,7 @@ from ..config import ServerConfig, parse_long_inputs
 from ..model.chunking import chunk_refusal
 from ..security import loopback_only, message_user_id, request_allowed
 from . import legacy, link_schema, wire
+from .interfaces import VersionsView
 from .link import WorkerLink
 from .registry import MAX_CREDITS, Registry, WorkerState
 from .scheduler import Busy, Job, Scheduler, TooLarge
@@ -118,6 +119,7 @@ class Ventilator:
         self.swap: dict[str, Any] = {}  # the state of the latest version swap, for status
         self.reload_requested: str | None = None  # "latest" or a version number, from RELOAD
         self.reloads = 0  # RELOAD commands taken, so a caller can tell when its own is answered
+        self.versions_view: VersionsView | None = None  # the model versions' side of the status
         self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
         if config.worker_port is not None:
             self.link = WorkerLink(config, context, self, model_sha256, curve_keys)
@@ -461,7 +463,9 @@ class Ventilator:
     def _versions(self) -> dict[str, Any]:
         if self.version is None:
             return {}
-        return {"model_version": self.version, "refused_versions": self.refused_versions, "swap": self.swap}
+        if self.versions_view is None:
+            return {"model_version": self.version, "refused_versions": self.refused_versions, "swap": self.swap}
+        return {"model_version": self.version, **self.versions_view.version_status()}
 
     def serve_version(self, config: ServerConfig) -> None:
         """Pin new requests to ``config``'s model version (a swap's workers of it are ready)."""
@@ -727,6 +731,14 @@ class Ventilator:
     def drain_worker(self, index: int) -> None:
         for worker in self.registry.by_index(index):
             self.registry.drain(worker.identity)
+
+    def attach_versions(self, view: VersionsView) -> None:
+        """Where the status reads the refused versions and the swap's progress from."""
+        self.versions_view = view
+
+    def stop_accepting(self) -> None:
+        """Shutdown's first stage: no request is read from now on."""
+        self.accepting = False
 
     def take_reload(self) -> tuple[str, int] | None:
         wanted, self.reload_requested = self.reload_requested, None
