@@ -61,6 +61,7 @@ setup(
             "kubernetes-validate==1.37.0",  # pinned: the schemas it ships decide what passes
             "bert-serving-client==1.10.0",  # bert-as-service's own client, which bertserve answers
         ],
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },
     entry_points={"console_scripts": ["bertserve = bertserve.server.cli:main"]},
     classifiers=[
