@@ -14,11 +14,9 @@ and writes it::
                                 error            [identity, JSON {"dtype": text, ...}, b"", request_id]
 
 A bertserve request has 5 frames, so a 4-frame message whose request id and length are
-decimal numbers is unambiguous (:func:`is_legacy`). Our replies carry the request id in
-frame 1, theirs a JSON object there (:func:`is_reply`). Inside the server such a request
-is marked ``"legacy": true``: in its header, in the REGISTER the sink gets (so the sink
-answers it this way), and in the JSON of its STATUS (:data:`STATUS_MARK`, which the sink
-removes).
+decimal numbers is unambiguous (:func:`is_legacy`). Such a request is answered in this
+layout by the reply format :data:`.formats.LEGACY`, chosen when it is read and carried with
+it to the sink.
 
 Errors. bert-as-service answered a request it could not serve with silence: its client
 waited until its own ``timeout`` (by default forever). That client hands the reply header's
@@ -61,7 +59,6 @@ SHOW_STATUS = b"SHOW_STATUS"
 TERMINATION = b"TERMINATION"
 _COMMANDS = {SHOW_CONFIG: p.CONFIG, SHOW_STATUS: p.STATUS, TERMINATION: p.TERMINATE}
 
-STATUS_MARK = "legacy"
 """Key the ventilator adds to a legacy client's STATUS for the sink (which removes it)."""
 
 _MAX_HELD = 1000  # replies held for subscriptions not in yet; past it they go out at once
@@ -91,7 +88,7 @@ def decode_request(frames: Sequence[bytes], *, show_tokens: bool) -> p.Request:
     """
     client_id, message, raw_id, raw_len = (bytes(f) for f in frames)
     command = _COMMANDS.get(message, p.ENCODE)
-    header: dict[str, Any] = {"legacy": True}
+    header: dict[str, Any] = {}
     if command == p.ENCODE:
         header.update(count=int(raw_len), is_tokenized=_holds_lists(message), show_tokens=show_tokens)
     request = p.Request(client_id, command, int(raw_id), header)
@@ -108,17 +105,7 @@ def _holds_lists(message: bytes) -> bool:
     return text[:1] == b"[" and text[1:].lstrip(_JSON_SPACE)[:1] == b"["
 
 
-def is_legacy_request(request: p.Request) -> bool:
-    return request.header.get("legacy") is True
-
-
 # -- replies -----------------------------------------------------------------------------
-
-
-def is_reply(frames: Sequence[Any]) -> bool:
-    """Whether reply frames are laid out for the old client (a JSON object in frame 1,
-    where ours hold the request id)."""
-    return len(frames) in (3, 4) and bytes(frames[1][:1]) == b"{"
 
 
 def vectors_reply(client: bytes, request_id: int, array: np.ndarray, tokens: list[Any] | None) -> list[Any]:
@@ -145,10 +132,8 @@ def status_reply(client: bytes, request_id: int, status: dict[str, Any]) -> list
     return answer_reply(client, request_id, answer)
 
 
-def reply_to(request: p.Request, frames: list[Any]) -> list[Any]:
-    """Our reply ``frames`` to ``request``, laid out for the old client if it sent it."""
-    if not is_legacy_request(request):
-        return frames
+def translate(request: p.Request, frames: list[Any]) -> list[Any]:
+    """Our reply ``frames`` to the old client's ``request``, laid out its way."""
     reply = p.decode_reply(frames)
     if not reply.ok:
         message = str(reply.header.get("error", "the request failed"))

@@ -30,7 +30,7 @@ from bertserve.client import protocol as p
 
 from .. import metrics
 from ..config import ServerConfig
-from . import legacy, wire
+from . import formats, wire
 from .replies import Replies, open_replies
 
 logger = logging.getLogger("bertserve.sink")
@@ -57,7 +57,7 @@ class _Pending:
     token_count: int = 0  # tokens of the rows placed, [CLS] and [SEP] included
     chunked: int = 0  # rows placed that were encoded in windows (long_inputs=chunk)
     version: int | None = None  # the model version its rows are computed with, pinned at admission
-    legacy: bool = False  # answered in bert-as-service 1.x's layout
+    format: formats.ReplyFormat = formats.NATIVE  # how its replies are laid out, chosen at admission
     filled: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -147,7 +147,7 @@ class Sink:
             wire.STOP: self._on_stop,
         }
         self._frame_counts = {
-            wire.REGISTER: 1, wire.PUBLISH: -1, wire.FAIL: 1, p.STATUS: 3, wire.RESULT: 3,
+            wire.REGISTER: 1, wire.PUBLISH: -1, wire.FAIL: 1, p.STATUS: 4, wire.RESULT: 3,
             wire.JOB_ERROR: 2, wire.STOP: 0,
         }  # fmt: skip
 
@@ -211,14 +211,17 @@ class Sink:
                            bool(info.get("show_tokens")), deadline)  # fmt: skip
         version = info.get("version")
         pending.version = version if isinstance(version, int) else self.config.version_number
-        pending.legacy = bool(info.get("legacy"))
+        pending.format = formats.named(str(info.get("format", "native")))
         self.pending[key] = pending
         for _, rows, vectors, tokens, counts in self.orphans.pop(key, []):
             self._add(key, pending, rows, vectors, tokens, counts)
         self._maybe_publish(key)
 
     def _on_publish(self, rest: list[Any]) -> None:
-        self.replies.send(rest, legacy_client=legacy.is_reply(rest))
+        if len(rest) < 2:
+            raise p.ProtocolError(f"PUBLISH has {len(rest)} frames, expected at least 2")
+        fmt = formats.named(rest[0])
+        self.replies.send(rest[1:], legacy_client=fmt.held)
 
     def _on_fail(self, rest: list[Any]) -> None:
         info = p.loads(rest[0])
@@ -226,16 +229,15 @@ class Sink:
             self._fail(key, info["error"], info.get("kind", "error"))
 
     def _on_status(self, rest: list[Any]) -> None:
-        client, request_id, raw = rest
+        name, client, request_id, raw = rest
+        fmt = formats.named(name)
         status = p.loads(raw)
         status.update(
             requests_served=self.served,
             requests_failed=self.failed,
             requests_in_flight=len(self.pending),
         )
-        if status.pop(legacy.STATUS_MARK, False):
-            return self.replies.send(legacy.status_reply(client, int(request_id), status), legacy_client=True)
-        self.replies.send(p.encode_reply(client, int(request_id), True, status))
+        self.replies.send(fmt.status(client, int(request_id), status), legacy_client=fmt.held)
 
     def _on_result(self, rest: list[Any]) -> None:
         _, raw_header, buffer = rest
@@ -306,16 +308,14 @@ class Sink:
                 header["model_version"] = pending.version
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
-            frames = p.encode_reply(pending.client, pending.request_id, True, header, array.data)
-            if pending.legacy:
-                frames = legacy.vectors_reply(pending.client, pending.request_id, array, pending.tokens)
+            frames = pending.format.vectors(pending.client, pending.request_id, array, header)
         except Exception as exc:
             logger.exception("could not assemble the reply to %s", key)
             self._fail(key, f"the server could not assemble the reply: {exc}", "internal")
             return
         del self.pending[key]
         self._close(key)
-        self.replies.send(frames, legacy_client=pending.legacy)
+        self.replies.send(frames, legacy_client=pending.format.held)
         self.served += 1
         _count(pending, "ok")
 
@@ -325,10 +325,8 @@ class Sink:
             return
         self._close(key)
         self.failed += 1
-        if pending.legacy:
-            self.replies.send(legacy.error_reply(pending.client, pending.request_id, error, kind), legacy_client=True)
-        else:
-            self.replies.send(p.error_reply(pending.client, pending.request_id, error, kind))
+        reply = pending.format.error(pending.client, pending.request_id, error, kind)
+        self.replies.send(reply, legacy_client=pending.format.held)
         _count(pending, kind)
 
     def _close(self, key: str) -> None:

@@ -1,24 +1,22 @@
 """The ventilator: moves frames between clients, the scheduler, the workers and the sink.
 
-Policy lives elsewhere: :mod:`.scheduler` decides what runs next and what is refused,
-:mod:`.registry` knows which worker holds which job. This module reads requests (checking,
-under CURVE, that a client id belongs to the sender's key), answers control commands, hands
-jobs to workers and tells the sink what to expect. It never blocks on a send: messages for
-the sink that ZeroMQ cannot take at once wait in an outbox, in order. Workers on other
-machines reach it through :mod:`.link` (``--worker-port``) and get jobs by the same credits.
-Its own workers' READY and DONE are parsed by the same schemas as theirs (:mod:`.link_schema`).
+It is socket glue and dispatch. Policy lives elsewhere, each part the one owner of its
+state: :mod:`.admission` says whether a request is taken, :mod:`.scheduler` what runs next,
+:mod:`.registry` which worker holds which job, :mod:`.admitted` the requests not yet seen
+through, :mod:`.control` the answers to control commands, :mod:`.formats` how a reply is laid
+out for its client. This module reads requests (checking, under CURVE, that a client id
+belongs to the sender's key), hands jobs to workers and tells the sink what to expect,
+without ever blocking on a send (:mod:`.outbox`). Workers on other machines reach it through
+:mod:`.link` (``--worker-port``) and get jobs by the same credits; its own workers' READY and
+DONE are parsed by the same schemas as theirs (:mod:`.link_schema`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import sys
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -26,44 +24,27 @@ from bertserve.client import __version__
 from bertserve.client import protocol as p
 
 from .. import metrics
-from ..config import ServerConfig, parse_long_inputs
-from ..model.chunking import chunk_refusal
-from ..security import loopback_only, message_user_id, request_allowed
-from . import legacy, link_schema, wire
+from ..config import ServerConfig
+from ..security import message_user_id, request_allowed
+from . import admission, legacy, link_schema, wire
+from .admission import Refusal
+from .admitted import Admitted, AdmittedRequests
+from .control import Control, describe
+from .formats import LEGACY, NATIVE, ReplyFormat
+from .gauges import HeadGauges
 from .interfaces import VersionsView
 from .link import WorkerLink
+from .outbox import SinkOutbox
 from .registry import MAX_CREDITS, Registry, WorkerState
 from .scheduler import Busy, Job, Scheduler, TooLarge
 from .worker import Addresses
 
 logger = logging.getLogger("bertserve.ventilator")
 
-_MAX_OUTBOX = 10_000  # messages waiting for the sink before the ventilator stops reading clients
 _CLIENT_DRAIN_S = 0.05  # longest the loop reads clients before it looks at workers again
 _GAUGE_INTERVAL_S = 0.5
 
-
-@dataclass
-class _Request:
-    client: bytes
-    request_id: int
-    wire_key: str
-    rows: int  # rows not yet computed
-    deadline: float
-    legacy: bool = False  # answered in bert-as-service 1.x's layout
-    nbytes: int = 0  # what its texts hold in memory, counted against max_queued_bytes
-
-
-def held_bytes(texts: list[Any]) -> int:
-    """What a request's decoded texts hold in this process: each ``str`` object (its header and
-    its characters, at 1, 2 or 4 bytes each as Python stores them) and a list slot for it; a
-    pre-tokenized input counts its list and each token."""
-    total = sys.getsizeof(texts)
-    for text in texts:
-        total += sys.getsizeof(text)
-        if isinstance(text, list):
-            total += sum(map(sys.getsizeof, text))
-    return total
+_Command = Callable[[p.Request, bytes | None, ReplyFormat], None]
 
 
 class Ventilator:
@@ -87,8 +68,8 @@ class Ventilator:
             max_credits=max(MAX_CREDITS, config.prefetch_size),
         )  # fmt: skip
         self.curve = curve_admins is not None
-        self.admins = curve_admins or frozenset()
         self.gateway_key = gateway_key  # under CURVE, the HTTP front end's key: its callers are principals
+        self.control = Control(config, admins=curve_admins, remote_workers=config.worker_port is not None)
         self.frontend = frontend  # PULL from clients, bound by the server
         self.backend = context.socket(zmq.ROUTER)
         self.backend.linger = 0
@@ -97,33 +78,24 @@ class Ventilator:
         self.credit_socket = context.socket(zmq.PULL)
         self.credit_socket.linger = 0
         self.credit_socket.bind(addresses.credits)
-        self.context = context
-        self.addresses = addresses
-        self.sink = self._connect_sink()
-        self.outbox: deque[list[Any]] = deque()
-        self.requests: dict[str, _Request] = {}
-        self.queued_bytes = 0  # what the texts of self.requests hold (held_bytes), at most max_queued_bytes
+        self.outbox = SinkOutbox(context, addresses.sink)
+        self.requests = AdmittedRequests()
+        self.gauges = HeadGauges()
         self.accepting = True
         self.started = time.time()
         self.received = 0
         self.rejected: dict[str, int] = {}
-        self.terminate_requested = False
-        self.live: dict[str, str] = {}  # the wire key (client id and request id) -> the internal key
-        self._serials = itertools.count()
         self._next_expiry = 0.0
         self._next_gauges = 0.0
-        self._model_labelled = False
-        self.refused_versions: list[dict[str, Any]] = []  # model versions refused (see .swap)
         self.version = config.version_number  # the model version new requests are pinned to
         self.registry.serving = self.version
-        self.swap: dict[str, Any] = {}  # the state of the latest version swap, for status
-        self.reload_requested: str | None = None  # "latest" or a version number, from RELOAD
-        self.reloads = 0  # RELOAD commands taken, so a caller can tell when its own is answered
         self.versions_view: VersionsView | None = None  # the model versions' side of the status
+        self.refused_versions: list[dict[str, Any]] = []  # TEMPORARY
+        self.swap: dict[str, Any] = {}  # TEMPORARY
         self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
         if config.worker_port is not None:
             self.link = WorkerLink(config, context, self, model_sha256, curve_keys)
-        self._commands: dict[bytes, Callable[[p.Request, bytes | None], None]] = {
+        self._commands: dict[bytes, _Command] = {
             p.ENCODE: self._on_encode,
             p.CONFIG: self._on_config,
             p.STATUS: self._on_status,
@@ -132,8 +104,9 @@ class Ventilator:
         }
 
     def close(self) -> None:
-        for socket in (self.backend, self.credit_socket, self.sink):
+        for socket in (self.backend, self.credit_socket):
             socket.close()
+        self.outbox.close()
         if self.link is not None:
             self.link.close()
 
@@ -145,18 +118,26 @@ class Ventilator:
     def idle(self) -> bool:
         return not self.requests and self.scheduler.empty and not self.outbox
 
+    @property
+    def terminate_requested(self) -> bool:
+        return self.control.terminate_requested
+
+    def stop_accepting(self) -> None:
+        """Shutdown's first stage: no request is read from now on."""
+        self.accepting = False
+
     # -- the loop ------------------------------------------------------------------------
 
     def poll_once(self, timeout_ms: int = 100) -> None:
         poller = zmq.Poller()
-        if self.accepting and len(self.outbox) < _MAX_OUTBOX:  # a stalled sink holds clients back
+        if self.accepting and not self.outbox.full:  # a stalled sink holds clients back
             poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         poller.register(self.credit_socket, zmq.POLLIN)
         if self.link is not None:
             poller.register(self.link.socket, zmq.POLLIN)
         if self.outbox:
-            poller.register(self.sink, zmq.POLLOUT)
+            poller.register(self.outbox.socket, zmq.POLLOUT)
         wait = timeout_ms
         due = self.scheduler.wake_in(time.monotonic())
         if due is not None and self.registry.pick() is not None:
@@ -170,7 +151,7 @@ class Ventilator:
             self._drain(self.link.socket, self.link.handle, copy=False)
         if self.frontend in events:
             self._drain(self.frontend, self._on_client_message, copy=False, seconds=_CLIENT_DRAIN_S)
-        self._flush()
+        self.outbox.flush()
         self._dispatch()
         now = time.monotonic()
         if self.link is not None:
@@ -197,40 +178,19 @@ class Ventilator:
     def _expire(self, now: float) -> None:
         """Drop the queued work of requests past their deadline: the sink has answered them."""
         self._next_expiry = now + 1.0
-        expired = {key for key, request in self.requests.items() if request.deadline <= now}
+        expired = self.requests.expired(now)
         if expired:
             self.scheduler.remove(expired)
             for key in expired:
-                self._finish(key)
+                self.requests.finish(key)
 
-    # -- the sink, without blocking --------------------------------------------------------
-
-    def _connect_sink(self) -> zmq.Socket:
-        socket = self.context.socket(zmq.PUSH)
-        socket.linger = 2000
-        socket.sndhwm = 100_000
-        socket.connect(self.addresses.sink)
-        return socket
+    # -- the sink --------------------------------------------------------------------------
 
     def to_sink(self, frames: list[Any]) -> None:
-        if not self.outbox:
-            try:
-                self.sink.send_multipart(frames, zmq.NOBLOCK)
-                return
-            except zmq.Again:
-                pass
-        self.outbox.append(frames)
+        self.outbox.send(frames)
 
-    def _flush(self) -> None:
-        while self.outbox:
-            try:
-                self.sink.send_multipart(self.outbox[0], zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.outbox.popleft()
-
-    def _publish(self, frames: list[Any]) -> None:
-        self.to_sink([wire.PUBLISH, *frames])
+    def _publish(self, fmt: ReplyFormat, frames: list[Any]) -> None:
+        self.outbox.send([wire.PUBLISH, fmt.name, *frames])
 
     def _fail(self, keys: set[str], error: str, kind: str) -> None:
         """Answer the requests ``keys`` with an error and drop what is left of them."""
@@ -238,22 +198,17 @@ class Ventilator:
             return
         self.scheduler.remove(keys)
         for key in keys:
-            self._finish(key)
-        self.to_sink([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
-
-    def _finish(self, key: str) -> None:
-        request = self.requests.pop(key, None)
-        if request is not None:
-            self.live.pop(request.wire_key, None)
-            self.queued_bytes -= request.nbytes
+            self.requests.finish(key)
+        self.outbox.send([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
 
     # -- clients -------------------------------------------------------------------------
 
     def _on_client_message(self, frames: list[zmq.Frame]) -> None:
         user_id = message_user_id(frames[0]) if self.curve and frames else None
         raw = [frame.bytes for frame in frames]
+        fmt = LEGACY if self.config.legacy_clients and legacy.is_legacy(raw) else NATIVE  # bert-as-service 1.x's
         try:
-            if self.config.legacy_clients and legacy.is_legacy(raw):  # bert-as-service 1.x's client
+            if fmt is LEGACY:
                 request = legacy.decode_request(raw, show_tokens=self.config.show_tokens_to_client)
             else:
                 request = p.decode_request(raw, payload=False)  # a busy server need not read the texts
@@ -265,14 +220,14 @@ class Ventilator:
             logger.warning("rejected a malformed request from %r: %s", client, exc)
             if client is not None and len(raw) >= 3 and self._owns(user_id, client):
                 request_id = int(raw[2]) if raw[2].isdigit() and len(raw[2]) <= 19 else -1
-                self._publish(p.error_reply(client, request_id, f"malformed request: {exc}", "protocol"))
+                self._publish(NATIVE, p.error_reply(client, request_id, f"malformed request: {exc}", "protocol"))
             return
         if not self._owns(user_id, request.client_id):
             # Its replies would go to another key's client: no answer, only a log line.
             self._count_rejection("spoofed")
             logger.warning("refused a request whose client id %r does not belong to key %s", request.client_id, user_id)
             return
-        self._commands[request.command](request, user_id.encode() if user_id else None)
+        self._commands[request.command](request, user_id.encode() if user_id else None, fmt)
 
     def _owns(self, user_id: str | None, client_id: bytes) -> bool:
         return request_allowed(user_id, client_id, self.curve)
@@ -281,134 +236,69 @@ class Ventilator:
         self.rejected[kind] = self.rejected.get(kind, 0) + 1
         metrics.REJECTIONS.labels(kind).inc()
 
-    def _reject(self, request: p.Request, error: str, kind: str = "input") -> None:
-        self._count_rejection(kind)
+    def _refuse(self, request: p.Request, fmt: ReplyFormat, refusal: Refusal) -> None:
+        self._count_rejection(refusal.kind)
         if request.command == p.ENCODE:
-            metrics.REQUESTS.labels(metrics.path_of(request.client_id), kind).inc()
-        self._publish(legacy.reply_to(request, p.error_reply(request.client_id, request.request_id, error, kind)))
+            metrics.REQUESTS.labels(metrics.path_of(request.client_id), refusal.kind).inc()
+        self._publish(fmt, fmt.refusal(request, refusal.message, refusal.kind))
 
-    def _on_encode(self, request: p.Request, user: bytes | None) -> None:
-        # Under CURVE a key is the principal that bounds and turns apply to, whatever ids it uses.
-        principal = b"key:" + user if user is not None and user != self.gateway_key else request.client_id
+    def _on_encode(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
+        who = admission.principal(request.client_id, user, self.gateway_key)
         self.received += 1
         is_tokenized = bool(request.header.get("is_tokenized", False))
         show_tokens = bool(request.header.get("show_tokens", False))
-        chunk, refusal = self._chunking(request.header.get("long_inputs"))
+        chunk, refusal = admission.chunking(request.header.get("long_inputs"), self.config, self.registry.model)
+        if refusal is None and request.count is not None:  # refused on the count its header declares, unread
+            refusal = admission.check_count(request.count, self.config, self.scheduler, who)
+        if refusal is None:  # a full server refuses it without reading the texts
+            floor = admission.payload_floor(len(request.payload or b""))
+            refusal = admission.check_bytes(floor, self.requests.queued_bytes, self.config.max_queued_bytes)
         if refusal is not None:
-            return self._reject(request, refusal)
-        if request.count is not None and not self._room_for(request, principal, request.count):
-            return None  # refused on the count its header declares, without reading the texts
-        if not self._room_for_bytes(request, len(request.payload or b"") // 6):
-            return None  # full: refused without reading the texts (a text takes at least a sixth of its JSON)
+            return self._refuse(request, fmt, refusal)
         try:
             texts = request.texts = p.decode_texts(request, request.payload)
         except p.ProtocolError as exc:
-            return self._reject(request, f"malformed request: {exc}", "protocol")
-        if request.count is None and not self._room_for(request, principal, len(texts)):
-            return None
-        nbytes = held_bytes(texts)
-        if not self._room_for_bytes(request, nbytes):
-            return None
-        try:
-            p.check_texts(texts, is_tokenized)
-        except (TypeError, ValueError) as exc:
-            return self._reject(request, str(exc))
-        sizes = [len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts]
-        too_long = next((i for i, n in enumerate(sizes) if n > self.config.max_text_chars), None)
-        if too_long is not None:
-            return self._reject(
-                request, f"texts[{too_long}] has {sizes[too_long]} characters; this server takes at most "
-                f"{self.config.max_text_chars}", "limit"
-            )  # fmt: skip
-        if request.key in self.live:
-            return self._reject(
-                request, f"request id {request.request_id} of this client is already pending; it was not queued "
-                "again (the first request is unaffected)", "duplicate"
-            )  # fmt: skip
+            return self._refuse(request, fmt, Refusal(f"malformed request: {exc}", "protocol"))
+        if request.count is None:
+            refusal = admission.check_count(len(texts), self.config, self.scheduler, who)
+        nbytes = admission.held_bytes(texts)
+        refusal = refusal or admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.max_queued_bytes)
+        if refusal is None:
+            try:
+                p.check_texts(texts, is_tokenized)
+            except (TypeError, ValueError) as exc:
+                refusal = Refusal(str(exc))
+        refusal = (
+            refusal
+            or admission.check_lengths(texts, self.config.max_text_chars)
+            or admission.check_unique(request.request_id, self.requests.pending(request.key))
+        )
+        if refusal is not None:
+            return self._refuse(request, fmt, refusal)
         if not texts:
-            return self._publish_empty(request)
-        # The internal key is unique per admission, so nothing of an earlier request under the
-        # same client and request id (a late result, say) can land in this one.
-        key = f"{request.key}@{next(self._serials)}"
+            return self._answer_empty(request, fmt)
+        key = self.requests.new_key(request.key)
         now = time.monotonic()
         try:
             self.scheduler.admit(
-                key, principal, texts, is_tokenized=is_tokenized, show_tokens=show_tokens, now=now, chunk=chunk,
+                key, who, texts, is_tokenized=is_tokenized, show_tokens=show_tokens, now=now, chunk=chunk,
                 version=self.version,
             )  # fmt: skip
         except Busy as exc:
-            return self._reject(request, str(exc), p.BUSY)
+            return self._refuse(request, fmt, Refusal(str(exc), admission.BUSY))
         except TooLarge as exc:
-            return self._reject(request, str(exc), "limit")
+            return self._refuse(request, fmt, Refusal(str(exc), "limit"))
         deadline = now + self.config.request_timeout_ms / 1000
-        self.requests[key] = _Request(request.client_id, request.request_id, request.key, len(texts), deadline,
-                                      legacy.is_legacy_request(request), nbytes)  # fmt: skip
-        self.queued_bytes += nbytes
-        self.live[request.key] = key
+        admitted = Admitted(request.client_id, request.request_id, request.key, len(texts), deadline, fmt, nbytes)
+        self.requests.add(key, admitted)
         register = {
-            "key": key, "client": request.client_id.hex(),
-            "request_id": request.request_id, "count": len(texts), "show_tokens": show_tokens,
-            "version": self.version,
+            "key": key, "client": request.client_id.hex(), "request_id": request.request_id, "count": len(texts),
+            "show_tokens": show_tokens, "version": self.version, "format": fmt.name.decode(),
         }  # fmt: skip
-        if legacy.is_legacy_request(request):
-            register["legacy"] = True
-        self.to_sink([wire.REGISTER, p.dumps(register)])
+        self.outbox.send([wire.REGISTER, p.dumps(register)])
         return None
 
-    def _chunking(self, long_inputs: object) -> tuple[bool, str | None]:
-        """Whether a request's long inputs are chunked (its ``long_inputs``, else the
-        server's), and why that cannot be, if it cannot."""
-        if long_inputs is None:
-            return self.config.model.long_inputs == "chunk", None
-        try:
-            if parse_long_inputs(long_inputs) == "truncate":
-                return False, None
-        except ValueError as exc:
-            return False, str(exc)
-        model = self.registry.model
-        if model and not model.get("chunking"):
-            refusal = chunk_refusal(model.get("pooling_strategy")) if "pooling_strategy" in model else None
-            return False, refusal or "this server's model cannot encode long inputs in windows (long_inputs=chunk)"
-        return True, None
-
-    def _room_for(self, request: p.Request, principal: bytes, count: int) -> bool:
-        """Whether ``count`` inputs fit the size limit and the queues; if not, the refusal is sent."""
-        if count > self.config.request_size_limit:
-            self._reject(
-                request, f"the request has {count} inputs; this server takes at most "
-                f"{self.config.request_size_limit} per request", "limit"
-            )  # fmt: skip
-            return False
-        try:
-            self.scheduler.check_room(principal, count)
-        except Busy as exc:
-            self._reject(request, str(exc), p.BUSY)
-            return False
-        except TooLarge as exc:
-            self._reject(request, str(exc), "limit")
-            return False
-        return True
-
-    def _room_for_bytes(self, request: p.Request, nbytes: int) -> bool:
-        """Whether texts holding ``nbytes`` fit ``max_queued_bytes`` beside the requests admitted;
-        if not, the refusal is sent: ``limit`` if they never could, else ``busy``."""
-        cap = self.config.max_queued_bytes
-        if nbytes > cap:
-            self._reject(
-                request, f"the request's texts take {_mib(nbytes)} in memory; this server holds at most {_mib(cap)} "
-                "of queued texts (--max-queued-bytes): send fewer or shorter texts per request", "limit"
-            )  # fmt: skip
-            return False
-        if self.queued_bytes + nbytes > cap:
-            self._reject(
-                request, f"the server is busy: the texts of the requests it holds take {_mib(self.queued_bytes)} of "
-                f"its {_mib(cap)} (--max-queued-bytes), and this request's {_mib(nbytes)}; retry when some are "
-                "answered", p.BUSY
-            )  # fmt: skip
-            return False
-        return True
-
-    def _publish_empty(self, request: p.Request) -> None:
+    def _answer_empty(self, request: p.Request, fmt: ReplyFormat) -> None:
         model = self.registry.model
         dim = int(model.get("output_dim", 0))
         shape = [0, 0, dim] if model.get("token_level") else [0, dim]
@@ -418,31 +308,22 @@ class Ventilator:
         if self.version is not None:
             header["model_version"] = self.version
         metrics.REQUESTS.labels(metrics.path_of(request.client_id), "ok").inc()
-        frames = p.encode_reply(request.client_id, request.request_id, True, header, b"")
-        self._publish(legacy.reply_to(request, frames))
+        self._publish(fmt, fmt.answer(request, header, b""))
 
-    def _on_config(self, request: p.Request, user: bytes | None) -> None:
-        frames = p.encode_reply(request.client_id, request.request_id, True, self.describe())
-        self._publish(legacy.reply_to(request, frames))
+    # -- control commands (answered by .control) -------------------------------------------
+
+    def _on_config(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
+        self._publish(fmt, fmt.answer(request, self.describe()))
 
     def describe(self) -> dict[str, Any]:
-        public = self.config.public()
-        public.pop("curve_dir", None)  # where the server keeps its keys is nobody else's business
-        return {
-            "server_version": __version__,
-            "protocol": p.PROTOCOL_VERSION,
-            "ready": self.ready,
-            "curve": self.curve,
-            **public,
-            "max_message_bytes": self.config.message_limit,
-            **self.registry.model,
-        }
+        return describe(self.config, curve=self.curve, ready=self.ready, model=self.registry.model)
 
-    def _on_status(self, request: p.Request, user: bytes | None) -> None:
+    def _on_status(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         status = self.status()
-        if legacy.is_legacy_request(request):  # bert-as-service's status holds its config too
-            status = {**self.describe(), **status, legacy.STATUS_MARK: True}
-        self.to_sink([p.STATUS, request.client_id, str(request.request_id).encode(), p.dumps(status)])
+        if fmt.status_with_config:  # bert-as-service's status holds its config too
+            status = {**self.describe(), **status}
+        request_id = str(request.request_id).encode()
+        self.outbox.send([p.STATUS, fmt.name, request.client_id, request_id, p.dumps(status)])
 
     def status(self) -> dict[str, Any]:
         return {
@@ -453,7 +334,7 @@ class Ventilator:
             "requests_rejected": sum(self.rejected.values()),
             "rejections": dict(sorted(self.rejected.items())),
             "requests_pending": len(self.requests),
-            "queued_bytes": self.queued_bytes,
+            "queued_bytes": self.requests.queued_bytes,
             **self._versions(),
             **self.scheduler.stats(),
             **self.registry.stats(time.monotonic()),
@@ -463,56 +344,38 @@ class Ventilator:
     def _versions(self) -> dict[str, Any]:
         if self.version is None:
             return {}
-        if self.versions_view is None:
+        if self.versions_view is None:  # TEMPORARY until the swap attaches its view
             return {"model_version": self.version, "refused_versions": self.refused_versions, "swap": self.swap}
         return {"model_version": self.version, **self.versions_view.version_status()}
 
-    def serve_version(self, config: ServerConfig) -> None:
-        """Pin new requests to ``config``'s model version (a swap's workers of it are ready)."""
-        self.config = config
-        self.version = self.registry.serving = config.version_number
-        metrics.MODEL.clear()  # labelled again with the new version's model by update_gauges
-        self._model_labelled = False
-        metrics.MODEL_VERSION.set(self.version or 0)
+    # TEMPORARY, until the swap and supervisor use take_reload and attach_versions
+    @property
+    def reload_requested(self) -> str | None:
+        return self.control._reload
 
-    def _on_terminate(self, request: p.Request, user: bytes | None) -> None:
-        if not self._is_admin(user, self.config.allow_terminate):
-            why = "its key is not in the server's admins/" if self.curve else "it listens beyond loopback"
-            return self._reject(request, f"this server does not accept TERMINATE from clients: {why}", "forbidden")
-        frames = p.encode_reply(request.client_id, request.request_id, True, {"stopping": True})
-        self._publish(legacy.reply_to(request, frames))
-        self.terminate_requested = True
-        return None
+    @reload_requested.setter
+    def reload_requested(self, value: str | None) -> None:
+        self.control._reload = value
 
-    def _on_reload(self, request: p.Request, user: bytes | None) -> None:
-        """Check the model repository now (for ``version``, default the newest), and swap to
-        what it finds; answered at once, the swap's progress is in the status."""
-        if not self._is_admin(user):
-            why = "its key is not in the server's admins/" if self.curve else "it listens beyond loopback"
-            return self._reject(request, f"this server does not accept RELOAD from clients: {why}", "forbidden")
-        wanted = str(request.header.get("version", "latest")).lower()
-        if self.version is None:
-            return self._reject(request, "this server serves a model directory, not a repository of numbered "
-                                "versions (1/, 2/, ...): there is no other version to load")  # fmt: skip
-        if self.link is not None:
-            return self._reject(request, "this server takes remote workers (--worker-port), whose model files "
-                                "it cannot swap; restart the head and the workers on the new version")  # fmt: skip
-        if wanted != "latest" and not (wanted.isdigit() and len(wanted) <= 9):
-            return self._reject(request, f"version must be latest or a version number, not {wanted[:32]!r}")
-        self.reload_requested = wanted
-        self.reloads += 1
-        answer = {"reload": self.reloads, "wanted": wanted, "model_version": self.version}
-        self._publish(p.encode_reply(request.client_id, request.request_id, True, answer))
-        return None
+    @property
+    def reloads(self) -> int:
+        return self.control.reloads
 
-    def _is_admin(self, user: bytes | None, allowed: bool | None = None) -> bool:
-        """Whether a client may run an administrative command: ``allowed`` if set, else
-        admin keys under CURVE, else anyone when the server listens on loopback only."""
-        if allowed is not None:
-            return allowed
-        if self.curve:
-            return user is not None and user in self.admins
-        return loopback_only(self.config.bind)
+    def attach_versions(self, view: VersionsView) -> None:
+        """Where the status reads the refused versions and the swap's progress from."""
+        self.versions_view = view
+
+    def _on_terminate(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
+        self._answer(request, fmt, self.control.terminate(user))
+
+    def _on_reload(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
+        self._answer(request, fmt, self.control.reload(request.header, user, self.version))
+
+    def _answer(self, request: p.Request, fmt: ReplyFormat, answer: Refusal | dict[str, Any]) -> None:
+        if isinstance(answer, Refusal):
+            self._refuse(request, fmt, answer)
+        else:
+            self._publish(fmt, fmt.answer(request, answer))
 
     # -- workers -------------------------------------------------------------------------
 
@@ -545,11 +408,7 @@ class Ventilator:
             return
         _count_job(job.size, done)
         for piece in job.pieces:
-            request = self.requests.get(piece.key)
-            if request is not None:
-                request.rows -= len(piece.rows)
-                if request.rows <= 0:
-                    self._finish(piece.key)
+            self.requests.rows_done(piece.key, len(piece.rows))
 
     def worker_lost(self, index: int, reason: str) -> None:
         """Worker ``index`` died or stopped answering: forget it, and run its jobs elsewhere,
@@ -607,19 +466,15 @@ class Ventilator:
         error reply (through the new sink), and its queued work is dropped. A request whose
         rows were all computed was published by the old sink (it publishes as the last row
         arrives), so it is not answered again."""
-        # What was queued for the dead sink (registrations of these requests) must not reach the new one.
-        self.sink.close(linger=0)
-        self.sink = self._connect_sink()
-        self.outbox.clear()
-        keys = sorted(self.requests)
+        self.outbox.reconnect()  # what was queued for the dead sink (their registrations) must not reach the new one
+        keys = sorted(self.requests.requests)
         self.scheduler.remove(set(keys))
         error = "the server's sink process failed while this request was in flight; please retry"
         for key in keys:
-            request = self.requests[key]
-            self._finish(key)
+            request = self.requests.finish(key)
+            assert request is not None
             # Queued until the new sink binds; it lets clients subscribe again before it publishes.
-            reply = legacy.error_reply if request.legacy else p.error_reply
-            self._publish(reply(request.client, request.request_id, error, "internal"))
+            self._publish(request.format, request.format.error(request.client, request.request_id, error, "internal"))
             metrics.REQUESTS.labels(metrics.path_of(request.client), "internal").inc()
 
     # -- dispatch ------------------------------------------------------------------------
@@ -667,47 +522,21 @@ class Ventilator:
     def fail_everything(self, error: str) -> None:
         """Shutdown: every request still queued or in flight gets an error reply."""
         self.scheduler.drain_keys()
-        keys = set(self.requests)
-        self.requests.clear()
-        self.live.clear()
-        self.queued_bytes = 0
+        keys = self.requests.clear()
         if keys:
-            self.to_sink([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
+            self.outbox.send([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
 
     def stop_sink(self, timeout_s: float = 5.0) -> None:
         """Tell the sink to publish what is left and exit, after everything already queued for it."""
-        self.to_sink([wire.STOP])
-        deadline = time.monotonic() + timeout_s
-        while self.outbox and time.monotonic() < deadline:
-            if self.sink.poll(50, zmq.POLLOUT):
-                self._flush()
+        self.outbox.send([wire.STOP])
+        self.outbox.drain(timeout_s)
 
     def update_gauges(self) -> None:
         """Queue depths, requests in flight, workers and readiness, for ``/metrics``."""
-        stats = self.scheduler.stats()
-        small = stats["queued_small_sentences"]
-        retries = sum(job.size for job in self.scheduler.retries)
-        metrics.QUEUED.labels("small").set(small)
-        metrics.QUEUED.labels("retry").set(retries)
-        metrics.QUEUED.labels("bulk").set(max(0, stats["queued_sentences"] - small - retries))
-        metrics.QUEUED_REQUESTS.labels("small").set(stats["queued_small_requests"])
-        metrics.QUEUED_REQUESTS.labels("bulk").set(stats["queued_bulk_requests"])
-        metrics.RUNNING_JOBS.set(self.registry.in_flight)
-        workers = self.registry.workers.values()
-        slots = sum(w.slots for w in workers)
-        metrics.PADDING.set(1 - sum(w.tokens for w in workers) / slots if slots else 0.0)
-        metrics.IN_FLIGHT.set(len(self.requests))
-        metrics.QUEUED_BYTES.set(self.queued_bytes)
-        metrics.WORKERS.set(len(self.registry))
-        metrics.READY.set(1 if self.ready and self.accepting else 0)
-        model = self.registry.model
-        if model and not self._model_labelled:
-            self._model_labelled = True
-            metrics.MODEL.labels(
-                model=self.config.model.model_dir, dtype=str(model.get("dtype")),
-                pooling_strategy=str(model.get("pooling_strategy")), output_dim=str(model.get("output_dim")),
-                max_seq_len=str(model.get("max_seq_len")),
-            ).set(1)  # fmt: skip
+        self.gauges.update(
+            self.config, self.scheduler, self.registry, in_flight=len(self.requests),
+            queued_bytes=self.requests.queued_bytes, ready=self.ready and self.accepting,
+        )  # fmt: skip
 
     # -- what the version swap sees (interfaces.WorkerPool) ----------------------------------
 
@@ -732,17 +561,15 @@ class Ventilator:
         for worker in self.registry.by_index(index):
             self.registry.drain(worker.identity)
 
-    def attach_versions(self, view: VersionsView) -> None:
-        """Where the status reads the refused versions and the swap's progress from."""
-        self.versions_view = view
-
-    def stop_accepting(self) -> None:
-        """Shutdown's first stage: no request is read from now on."""
-        self.accepting = False
-
     def take_reload(self) -> tuple[str, int] | None:
-        wanted, self.reload_requested = self.reload_requested, None
-        return None if wanted is None else (wanted, self.reloads)
+        return self.control.take_reload()
+
+    def serve_version(self, config: ServerConfig) -> None:
+        """Pin new requests to ``config``'s model version (a swap's workers of it are ready)."""
+        self.config = config
+        self.version = self.registry.serving = config.version_number
+        self.gauges.model_changed()  # labelled again with the new version's model by update_gauges
+        metrics.MODEL_VERSION.set(self.version or 0)
 
     def stop_worker(self, index: int) -> None:
         """Tell local worker ``index`` to stop (it holds nothing: a swap drained it)."""
@@ -759,10 +586,6 @@ class Ventilator:
                 self.backend.send_multipart([worker.identity, wire.STOP], zmq.NOBLOCK)
         if self.link is not None:
             self.link.stop()
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
 
 
 def _count_job(size: int, done: link_schema.Done) -> None:

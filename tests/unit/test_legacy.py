@@ -14,7 +14,7 @@ from bert_serving.client import BertClient as OldClient
 from bertserve.client import protocol as p
 from bertserve.server import cli
 from bertserve.server.security import handle_subscription
-from bertserve.server.serving import legacy
+from bertserve.server.serving import formats, legacy
 from serving import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -51,7 +51,6 @@ def test_a_four_frame_message_with_numbers_is_legacy_and_ours_is_not() -> None:
 def test_commands_map_onto_ours(body: bytes, command: bytes) -> None:
     request = legacy.decode_request(message(b"c", body, 12), show_tokens=False)
     assert (request.client_id, request.command, request.request_id) == (b"c", command, 12)
-    assert legacy.is_legacy_request(request)
 
 
 @pytest.mark.parametrize(
@@ -192,21 +191,22 @@ def test_status_answers_hold_the_config_and_a_statistic() -> None:
     assert answer["server_version"] == "1.10.0" and answer["requests_received"] == 7
 
 
-def test_our_replies_are_translated_only_for_legacy_requests() -> None:
+def test_each_reply_format_lays_out_its_own_clients_replies() -> None:
     ours = p.decode_request(p.encode_request(b"c", p.ENCODE, 1, {}, ["a"]))
-    frames = p.error_reply(b"c", 1, "texts[0] is empty", "input")
-    assert legacy.reply_to(ours, frames) is frames
-    assert not legacy.is_reply(frames)
+    frames = formats.NATIVE.refusal(ours, "texts[0] is empty", "input")
+    assert frames == p.error_reply(b"c", 1, "texts[0] is empty", "input")
+    assert formats.named(b"native") is formats.NATIVE and formats.named("legacy") is formats.LEGACY
     old_encode = legacy.decode_request(message(b"c", b"[]", 1, 0), show_tokens=False)
-    translated = legacy.reply_to(old_encode, frames)
-    assert legacy.is_reply(translated) and json.loads(translated[1])["error"] == "texts[0] is empty"
-    empty = p.encode_reply(b"c", 1, True, {"dtype": "float32", "shape": [0, 8]}, b"")
-    client, raw, buffer, request_id = legacy.reply_to(old_encode, empty)
+    client, raw, buffer, request_id = formats.LEGACY.refusal(old_encode, "texts[0] is empty", "input")
+    assert json.loads(raw)["error"] == "texts[0] is empty" and (client, buffer, request_id) == (b"c", b"", b"1")
+    empty = {"dtype": "float32", "shape": [0, 8]}
+    client, raw, buffer, request_id = formats.LEGACY.answer(old_encode, empty, b"")
     assert json.loads(raw) == {"dtype": "float32", "shape": [0, 8], "tokens": ""}
     assert (client, buffer, request_id) == (b"c", b"", b"1")
     old_config = legacy.decode_request(message(b"c", legacy.SHOW_CONFIG, 2), show_tokens=False)
-    answer = legacy.reply_to(old_config, p.encode_reply(b"c", 2, True, {"server_version": "0.1.0"}))
+    answer = formats.LEGACY.answer(old_config, {"server_version": "0.1.0"})
     assert len(answer) == 3 and json.loads(answer[1])["server_version"] == "1.10.0"
+    assert formats.LEGACY.held and not formats.NATIVE.held
 
 
 # -- holding replies until the subscription is in --------------------------------------------

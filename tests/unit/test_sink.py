@@ -81,7 +81,7 @@ def subscribed(harness: Harness, client: bytes) -> zmq.Socket:
     """A subscriber that the sink has certainly seen: it answers a STATUS published to it."""
     sub = harness.subscriber(client)
     for _ in range(50):
-        harness.send(p.STATUS, client, b"0", p.dumps({}))
+        harness.send(p.STATUS, b"native", client, b"0", p.dumps({}))
         if receive(sub, 100) is not None:
             return sub
     raise AssertionError("the sink never applied the subscription")

@@ -32,7 +32,7 @@ def test_a_request_is_registered_then_dispatched(rig: Rig) -> None:
     rig.request(b"\x00caf\xc3\xa9", 1, ["hello there"])
     job_id, header, texts = rig.job(dealer)
     assert texts == ["hello there"]
-    key = rig.ventilator.live[p.request_key(b"\x00caf\xc3\xa9", 1)]
+    key = rig.ventilator.requests.key_of(p.request_key(b"\x00caf\xc3\xa9", 1))
     assert header["parts"] == [{"key": key, "rows": [0]}]
     (register,) = rig.sink_messages()
     info = p.loads(register[1])
@@ -84,9 +84,9 @@ def test_a_pending_request_id_is_refused_and_the_first_is_untouched(rig: Rig) ->
     rig.request(b"c", 1, ["second"])
     messages = rig.sink_messages()
     assert kinds(messages) == [wire.REGISTER, wire.PUBLISH]
-    reply = p.decode_reply(messages[1][1:])
+    reply = p.decode_reply(messages[1][2:])
     assert not reply.ok and reply.header["kind"] == "duplicate"
-    assert rig.ventilator.live[p.request_key(b"c", 1)] in rig.ventilator.requests
+    assert rig.ventilator.requests.key_of(p.request_key(b"c", 1)) in rig.ventilator.requests
 
 
 def test_a_request_over_the_bounds_is_refused_busy_at_once(rig: Rig) -> None:
@@ -95,7 +95,7 @@ def test_a_request_over_the_bounds_is_refused_busy_at_once(rig: Rig) -> None:
     rig.request(b"d", 1, ["c"] * 3)
     messages = rig.sink_messages()
     assert kinds(messages) == [wire.REGISTER, wire.PUBLISH, wire.REGISTER]
-    reply = p.decode_reply(messages[1][1:])
+    reply = p.decode_reply(messages[1][2:])
     assert (reply.request_id, reply.ok, reply.header["kind"]) == (2, False, p.BUSY)
     status = rig.ventilator.status()
     assert status["busy_rejections"] == 1 and status["rejections"] == {"busy": 1} and status["queued_sentences"] == 11
@@ -111,7 +111,7 @@ def test_a_lost_workers_job_goes_to_another_and_its_late_done_is_ignored(rig: Ri
     assert again == job_id and texts == ["hello"]
     first_push.send_multipart([wire.DONE, p.dumps({"job": job_id, "worker": "w0-1"})])  # the dead one, late
     rig.pump()
-    assert p.request_key(b"c", 1) in rig.ventilator.live
+    assert rig.ventilator.requests.pending(p.request_key(b"c", 1))
     second_push.send_multipart([wire.DONE, p.dumps({"job": job_id, "worker": "w1-2"})])
     rig.pump()
     assert rig.ventilator.idle
@@ -150,10 +150,10 @@ def test_a_silent_worker_is_reported_and_its_job_handed_on(rig: Rig, monkeypatch
 
 
 def test_terminate_is_refused_beyond_loopback(rig: Rig) -> None:
-    rig.ventilator.config = ServerConfig(model=ModelConfig(model_dir="unused"), bind="0.0.0.0")
+    rig.ventilator.control.config = ServerConfig(model=ModelConfig(model_dir="unused"), bind="0.0.0.0")
     rig.client.send_multipart(p.encode_request(b"c", p.TERMINATE, 1, {}))
     messages = rig.sink_messages()
-    reply = p.decode_reply(messages[0][1:])
+    reply = p.decode_reply(messages[0][2:])
     assert not reply.ok and reply.header["kind"] == "forbidden" and not rig.ventilator.terminate_requested
 
 
@@ -163,9 +163,9 @@ def test_after_a_sink_restart_every_known_request_gets_an_error(rig: Rig, monkey
     rig.request(b"c", 2, ["queued"] * 9)
     rig.sink_messages()
     rig.ventilator.sink_lost()
-    replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == wire.PUBLISH]
+    replies = [p.decode_reply(m[2:]) for m in rig.sink_messages() if m[0] == wire.PUBLISH]
     assert sorted(r.request_id for r in replies) == [1, 2] and {r.header["kind"] for r in replies} == {"internal"}
-    assert rig.ventilator.scheduler.queued == 0 and not rig.ventilator.live
+    assert rig.ventilator.scheduler.queued == 0 and not rig.ventilator.requests
 
 
 def test_a_worker_found_unreachable_hands_back_every_job_it_held(rig: Rig) -> None:
@@ -188,7 +188,7 @@ def test_a_worker_found_unreachable_hands_back_every_job_it_held(rig: Rig) -> No
 def test_an_expired_request_leaves_the_queue(rig: Rig, monkeypatch) -> None:
     rig.request(b"c", 1, ["no worker will come"] * 3)
     assert rig.ventilator.scheduler.queued == 3
-    for request in rig.ventilator.requests.values():
+    for request in rig.ventilator.requests.requests.values():
         request.deadline = 0.0
     rig.ventilator._next_expiry = 0.0
     rig.pump()
@@ -209,7 +209,7 @@ def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_th
     rig.pump()
     rig.ventilator.registry.models[None] = {"model_class": "some:Model"}
     rig.client.send_multipart(p.encode_request(b"e", p.ENCODE, 3, {"long_inputs": "chunk"}, ["x"]))
-    replies = [p.decode_reply(m[1:]) for m in rig.sink_messages() if m[0] == wire.PUBLISH]
+    replies = [p.decode_reply(m[2:]) for m in rig.sink_messages() if m[0] == wire.PUBLISH]
     errors = {reply.request_id: reply.header["error"] for reply in replies if not reply.ok}
     assert "CLS_TOKEN takes one token of one window" in errors[1]
     assert "long_inputs must be truncate or chunk" in errors[2]
@@ -240,12 +240,13 @@ def test_requests_past_the_byte_bound_are_refused_busy_and_a_request_that_never_
     rig.request(b"f", 1, ["small"])
     messages = rig.sink_messages()
     assert kinds(messages) == [wire.REGISTER, wire.PUBLISH, wire.PUBLISH, wire.REGISTER]
-    busy, never = p.decode_reply(messages[1][1:]), p.decode_reply(messages[2][1:])
+    busy, never = p.decode_reply(messages[1][2:]), p.decode_reply(messages[2][2:])
     assert busy.header["kind"] == p.BUSY and "--max-queued-bytes" in busy.header["error"]
     assert never.header["kind"] == "limit" and "--max-queued-bytes" in never.header["error"]
     held = rig.ventilator.status()["queued_bytes"]
     assert 600_000 < held < 700_000
-    first = rig.ventilator.live[p.request_key(b"c", 1)]
+    first = rig.ventilator.requests.key_of(p.request_key(b"c", 1))
+    assert first is not None
     rig.ventilator._fail({first}, "the test gave up on it", "timeout")  # answered: its bytes are free
     assert rig.ventilator.status()["queued_bytes"] < 1000  # only the small request's
     rig.request(b"d", 2, ["b" * 60_000] * 10)

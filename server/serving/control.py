@@ -1,0 +1,88 @@
+"""The answers to clients' control commands (CONFIG, STATUS, TERMINATE, RELOAD) and the
+rule of who may run the administrative ones.
+
+The ventilator reads the command and sends the answer; :class:`Control` decides it and owns
+what the commands change: a stop asked for, and the RELOADs taken, which the version swap
+takes in turn (:meth:`Control.take_reload`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bertserve.client import __version__
+from bertserve.client import protocol as p
+
+from ..config import ServerConfig
+from ..security import loopback_only
+from .admission import Refusal
+
+
+def describe(config: ServerConfig, *, curve: bool, ready: bool, model: dict[str, Any]) -> dict[str, Any]:
+    """The CONFIG answer: the server's options and the model its workers reported."""
+    public = config.public()
+    public.pop("curve_dir", None)  # where the server keeps its keys is nobody else's business
+    return {
+        "server_version": __version__,
+        "protocol": p.PROTOCOL_VERSION,
+        "ready": ready,
+        "curve": curve,
+        **public,
+        "max_message_bytes": config.message_limit,
+        **model,
+    }
+
+
+class Control:
+    """TERMINATE and RELOAD: who may send them, and what they ask for."""
+
+    def __init__(self, config: ServerConfig, *, admins: frozenset[bytes] | None, remote_workers: bool) -> None:
+        self.config = config
+        self.curve = admins is not None
+        self.admins = admins or frozenset()
+        self.remote_workers = remote_workers  # a head with remote workers cannot swap their model files
+        self.terminate_requested = False
+        self.reloads = 0  # RELOAD commands taken, so a caller can tell when its own is answered
+        self._reload: str | None = None  # "latest" or a version number, not yet taken by the swap
+
+    def is_admin(self, user: bytes | None, allowed: bool | None = None) -> bool:
+        """Whether a client may run an administrative command: ``allowed`` if set, else
+        admin keys under CURVE, else anyone when the server listens on loopback only."""
+        if allowed is not None:
+            return allowed
+        if self.curve:
+            return user is not None and user in self.admins
+        return loopback_only(self.config.bind)
+
+    def _forbidden(self, command: str) -> Refusal:
+        why = "its key is not in the server's admins/" if self.curve else "it listens beyond loopback"
+        return Refusal(f"this server does not accept {command} from clients: {why}", "forbidden")
+
+    def terminate(self, user: bytes | None) -> Refusal | dict[str, Any]:
+        if not self.is_admin(user, self.config.allow_terminate):
+            return self._forbidden("TERMINATE")
+        self.terminate_requested = True
+        return {"stopping": True}
+
+    def reload(self, header: dict[str, Any], user: bytes | None, version: int | None) -> Refusal | dict[str, Any]:
+        """Check the model repository now (for ``version``, default the newest), and swap to
+        what it finds; answered at once, the swap's progress is in the status."""
+        if not self.is_admin(user):
+            return self._forbidden("RELOAD")
+        wanted = str(header.get("version", "latest")).lower()
+        if version is None:
+            return Refusal("this server serves a model directory, not a repository of numbered versions (1/, 2/, "
+                           "...): there is no other version to load")  # fmt: skip
+        if self.remote_workers:
+            return Refusal("this server takes remote workers (--worker-port), whose model files it cannot swap; "
+                           "restart the head and the workers on the new version")  # fmt: skip
+        if wanted != "latest" and not (wanted.isdigit() and len(wanted) <= 9):
+            return Refusal(f"version must be latest or a version number, not {wanted[:32]!r}")
+        self._reload = wanted
+        self.reloads += 1
+        return {"reload": self.reloads, "wanted": wanted, "model_version": version}
+
+    def take_reload(self) -> tuple[str, int] | None:
+        """The version the latest RELOAD asked for and its count, once."""
+        wanted, self._reload = self._reload, None
+        return None if wanted is None else (wanted, self.reloads)
