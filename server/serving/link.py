@@ -49,7 +49,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq
 from bertserve.client import __version__
@@ -59,10 +59,8 @@ from ..config import HEARTBEAT_INTERVAL_MS, ModelConfig, ServerConfig
 from ..logs import Refusals
 from . import link_schema as schema
 from . import wire
-
-if TYPE_CHECKING:
-    from .scheduler import Job
-    from .ventilator import Ventilator
+from .registry import Registry
+from .scheduler import Job
 
 logger = logging.getLogger("bertserve.link")
 
@@ -105,15 +103,33 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
 _MODEL_FIELDS = frozenset(field.name for field in dataclasses.fields(ModelConfig))
 
 
+class Head(Protocol):
+    """What the link needs of the head (the ventilator): its registry, which the link's
+    workers join, and what happens to their jobs and answers."""
+
+    registry: Registry
+
+    @property
+    def serving_version(self) -> int | None: ...
+
+    def job_done(self, identity: bytes, done: schema.Done) -> None: ...
+
+    def to_sink(self, frames: list[Any]) -> None: ...
+
+    def lose_worker(self, identity: bytes, reason: str) -> None: ...
+
+    def hand_back(self, identity: bytes) -> None: ...
+
+
 class WorkerLink:
     """The head's side of the worker link; the ventilator polls :attr:`socket` and calls
     :meth:`handle` with what it reads, and :meth:`tick` from its loop."""
 
-    def __init__(self, config: ServerConfig, context: zmq.Context, ventilator: Ventilator, model_sha256: str,
+    def __init__(self, config: ServerConfig, context: zmq.Context, head: Head, model_sha256: str,
                  curve_keys: Any = None) -> None:  # fmt: skip
         assert config.worker_port is not None
         self.config = config
-        self.ventilator = ventilator
+        self.head = head
         self.model_sha256 = model_sha256
         self.welcome = p.dumps(welcome_options(config))
         self.hosts: dict[bytes, Host] = {}
@@ -172,7 +188,7 @@ class WorkerLink:
             except schema.LinkError:
                 pass
             else:
-                if self.ventilator.registry.held(key, job_id) is not None:
+                if self.head.registry.held(key, job_id) is not None:
                     self._broken(host, key, f"its result of job {job_id} is malformed ({exc})")
                     return
         self._refusals.log("dropped a message from %s: %s", self._who(host_id), exc)
@@ -182,7 +198,7 @@ class WorkerLink:
         return f"host {host.hostname}" if host is not None else f"unjoined peer {host_id[:32]!r}"
 
     def _dispatch(self, host: Host, message: schema.FromHost) -> None:
-        vent = self.ventilator
+        vent = self.head
         if isinstance(message, schema.Heartbeat):
             if message.worker:
                 vent.registry.heartbeat(self._key(host, message.worker), time.monotonic())
@@ -199,7 +215,7 @@ class WorkerLink:
         elif isinstance(message, schema.Drain):
             host.draining = True
             for worker in vent.registry.of_host(host.routing_id):
-                worker.draining = True
+                vent.registry.drain(worker.identity)
             logger.info("host %s is stopping: its workers finish what they hold and get nothing new", host.hostname)
         elif isinstance(message, schema.Bye):
             self._forget(host, None)
@@ -208,7 +224,7 @@ class WorkerLink:
             raise AssertionError(f"unexpected {message!r}")
 
     def _on_ready(self, host: Host, message: schema.WorkerReady) -> None:
-        vent = self.ventilator
+        vent = self.head
         key = self._key(host, message.worker)
         known = key in vent.registry.workers
         if not known and len(vent.registry.of_host(host.routing_id)) >= host.workers:
@@ -220,12 +236,13 @@ class WorkerLink:
         if model is not None:  # the same files (checked), wherever they are there
             model = model.model_copy(update={"model_dir": self.config.model.model_dir})
         # Its files are the head's (checked), so it runs the head's version: a head with a link never swaps.
-        ready = ready.model_copy(update={"hostname": ready.hostname or host.hostname, "version": vent.version,
+        ready = ready.model_copy(update={"hostname": ready.hostname or host.hostname, "version": vent.serving_version,
                                          "model": model})  # fmt: skip
         if known:  # registered again: what it held is not coming back
             vent.hand_back(key)
         worker = vent.registry.add(key, ready, time.monotonic(), host=host.routing_id)
-        worker.draining = host.draining
+        if host.draining:
+            vent.registry.drain(key)
         if worker.credits < ready.credits and not host.clamped:
             host.clamped = True
             logger.warning("remote worker %d on %s asked for %d credits; a worker of this head gets at most %d",
@@ -235,11 +252,11 @@ class WorkerLink:
 
     def _on_done(self, host: Host, done: schema.Done) -> None:
         key = self._key(host, done.worker.encode())
-        registry = self.ventilator.registry
+        registry = self.head.registry
         if registry.held(key, done.job) is not None and not registry.answered(key, done.job):
             self._broken(host, key, f"it returned the credit of job {done.job} before its result")
             return
-        self.ventilator.job_done(key, done)
+        self.head.job_done(key, done)
 
     def _on_result(self, host: Host, message: schema.WorkerResult) -> None:
         key = self._key(host, message.worker)
@@ -249,7 +266,7 @@ class WorkerLink:
         ])  # fmt: skip
         if job is not None:
             header = p.dumps(message.header.plain())
-            self.ventilator.to_sink([wire.RESULT, job.job_id.encode(), header, message.buffer])
+            self.head.to_sink([wire.RESULT, job.job_id.encode(), header, message.buffer])
 
     def _on_job_error(self, host: Host, message: schema.WorkerError) -> None:
         job = self._answered_job(host, self._key(host, message.worker), message.job_id)
@@ -257,7 +274,7 @@ class WorkerLink:
             return
         error = message.error
         header = {"parts": job.header()["parts"], "error": error.safe_error, "kind": error.safe_kind}
-        self.ventilator.to_sink([wire.JOB_ERROR, job.job_id.encode(), p.dumps(header)])
+        self.head.to_sink([wire.JOB_ERROR, job.job_id.encode(), p.dumps(header)])
 
     def _answered_job(
         self, host: Host, key: bytes, job_id: str, fits: Callable[[Job], bool] = lambda job: True
@@ -265,7 +282,7 @@ class WorkerLink:
         """The job a RESULT or JOB_ERROR answers, if worker ``key`` holds it, the answer
         ``fits`` it and is its first; else ``None`` (a late answer is dropped, a misfit or a
         second one makes the worker broken)."""
-        registry = self.ventilator.registry
+        registry = self.head.registry
         job = registry.held(key, job_id)
         if job is None:
             logger.debug("dropped a late answer of job %s from %r: the job is no longer its", job_id, key)
@@ -281,7 +298,7 @@ class WorkerLink:
         """A worker broke the link's rules: lose it (its jobs run elsewhere), and have its host replace it."""
         name = key.rpartition(b"/")[2]
         self._refusals.log("remote worker %s on %s is broken: %s; forgetting it", name.decode(), host.hostname, reason)
-        self.ventilator.lose_worker(key, f"remote worker {name.decode()} on {host.hostname} is broken ({reason})")
+        self.head.lose_worker(key, f"remote worker {name.decode()} on {host.hostname} is broken ({reason})")
         self.forget_worker(host.routing_id, name, reason)
 
     def _on_hello(self, host_id: bytes, hello: schema.Hello) -> None:
@@ -361,11 +378,11 @@ class WorkerLink:
         """Forget ``host`` and its workers: their jobs run elsewhere. ``reason`` None: the host
         handed them back (they count as never run); else it was lost (an attempt each)."""
         self.hosts.pop(host.routing_id, None)
-        for worker in self.ventilator.registry.of_host(host.routing_id):
+        for worker in self.head.registry.of_host(host.routing_id):
             if reason is None:
-                self.ventilator.hand_back(worker.identity)
+                self.head.hand_back(worker.identity)
             else:
-                self.ventilator.lose_worker(worker.identity, reason)
+                self.head.lose_worker(worker.identity, reason)
 
     def stop(self) -> None:
         """The head is stopping: every host is told to join again (a head that comes back)."""
@@ -378,6 +395,6 @@ class WorkerLink:
         now = time.monotonic()
         return [
             {"hostname": h.hostname, "draining": h.draining, "last_heartbeat_s": round(now - h.last_seen, 2),
-             "workers": len(self.ventilator.registry.of_host(h.routing_id))}
+             "workers": len(self.head.registry.of_host(h.routing_id))}
             for h in self.hosts.values()
         ]  # fmt: skip

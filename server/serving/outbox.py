@@ -9,6 +9,9 @@ from typing import Any
 
 import zmq
 
+from . import wire
+from .formats import ReplyFormat
+
 MAX_WAITING = 10_000  # messages waiting for the sink before the ventilator stops reading clients
 
 
@@ -42,6 +45,10 @@ class SinkOutbox:
             except zmq.Again:
                 pass
         self.waiting.append(frames)
+
+    def publish(self, fmt: ReplyFormat, frames: list[Any]) -> None:
+        """A reply for the sink to send as it is, laid out by ``fmt``."""
+        self.send([wire.PUBLISH, fmt.name, *frames])
 
     def flush(self) -> None:
         while self.waiting:
