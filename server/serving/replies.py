@@ -81,8 +81,9 @@ class Replies(Protocol):
     def read(self) -> None:
         """Handle every subscription or announcement waiting on :attr:`socket`."""
 
-    def send(self, frames: list[Any], *, legacy_client: bool = False) -> None:
-        """Send one reply, addressed to ``frames[0]``, or drop it if its client cannot be reached."""
+    def send(self, frames: list[Any], *, held: bool = False) -> None:
+        """Send one reply, addressed to ``frames[0]``, or drop it if its client cannot be reached;
+        ``held``: it waits for its client's subscription (see :mod:`.legacy`)."""
 
     def release_due(self, now: float) -> None:
         """Send or drop the held replies that waited :data:`HOLD_S`."""
@@ -156,8 +157,8 @@ class Published:
             if handle_subscription(self.socket, frame):  # logs what it refuses
                 self._legacy.subscribed(frame.bytes[1:])
 
-    def send(self, frames: list[Any], *, legacy_client: bool = False) -> None:
-        if legacy_client:
+    def send(self, frames: list[Any], *, held: bool = False) -> None:
+        if held:  # its client subscribes late (bert-as-service's): wait for the subscription
             self._legacy.send(frames)
         else:
             self.socket.send_multipart(frames, copy=False)
@@ -283,7 +284,7 @@ class Routed:
 
     # -- replies -------------------------------------------------------------------------
 
-    def send(self, frames: list[Any], *, legacy_client: bool = False) -> None:
+    def send(self, frames: list[Any], *, held: bool = False) -> None:
         # bert-as-service's client has no keys, so under CURVE it never gets this far.
         if not self._route(frames) and not self._held.add(frames):
             logger.debug("dropped a reply to %r: its client is not connected", bytes(frames[0])[:MAX_TOPIC_BYTES])

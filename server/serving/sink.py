@@ -221,7 +221,7 @@ class Sink:
         if len(rest) < 2:
             raise p.ProtocolError(f"PUBLISH has {len(rest)} frames, expected at least 2")
         fmt = formats.named(rest[0])
-        self.replies.send(rest[1:], legacy_client=fmt.held)
+        self.replies.send(rest[1:], held=fmt.held)
 
     def _on_fail(self, rest: list[Any]) -> None:
         info = p.loads(rest[0])
@@ -237,7 +237,7 @@ class Sink:
             requests_failed=self.failed,
             requests_in_flight=len(self.pending),
         )
-        self.replies.send(fmt.status(client, int(request_id), status), legacy_client=fmt.held)
+        self.replies.send(fmt.status(client, int(request_id), status), held=fmt.held)
 
     def _on_result(self, rest: list[Any]) -> None:
         _, raw_header, buffer = rest
@@ -315,7 +315,7 @@ class Sink:
             return
         del self.pending[key]
         self._close(key)
-        self.replies.send(frames, legacy_client=pending.format.held)
+        self.replies.send(frames, held=pending.format.held)
         self.served += 1
         _count(pending, "ok")
 
@@ -326,7 +326,7 @@ class Sink:
         self._close(key)
         self.failed += 1
         reply = pending.format.error(pending.client, pending.request_id, error, kind)
-        self.replies.send(reply, legacy_client=pending.format.held)
+        self.replies.send(reply, held=pending.format.held)
         _count(pending, kind)
 
     def _close(self, key: str) -> None:
