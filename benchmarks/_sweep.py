@@ -12,25 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from _common import (
-    environment,
-    format_load,
-    read_corpus,
-)
-from _harness import (
-    Load,
-    Percentiles,
-    Progress,
-    ServerOptions,
-    ServerPool,
-    ServerProcess,
-    WorkCounters,
-    clean,
-    fmt,
-    pyplot,
-    run_load,
-    warm_up_server,
-)
+from lib.inputs import read_corpus
+from lib.load import Load, run_load, warm_up_server
+from lib.report import Progress, environment, format_load, pyplot
+from lib.servers import ServerOptions, ServerPool, ServerProcess, WorkCounters
+from lib.stats import Percentiles, clean, fmt
 
 
 @dataclass(frozen=True)

@@ -31,22 +31,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import (
-    DEFAULT_CORPUS,
-    NO_MODEL_HINT,
-    NO_ST_HINT,
-    ST_NAME,
-    Contender,
-    cosine_rows,
-    describe_corpus,
-    encoder_contender,
-    environment,
-    format_load,
-    read_corpus,
-    resolve_model_dir,
-    st_contender,
-    write_json,
-)
+from lib.contenders import NO_ST_HINT, ST_NAME, Contender, encoder_contender, st_contender
+from lib.inputs import DEFAULT_CORPUS, NO_MODEL_HINT, describe_corpus, read_corpus, resolve_model_dir
+from lib.report import environment, format_load, write_json
+from lib.stats import cosine_rows
 
 WARMUP_SENTENCES = 64
 

@@ -30,26 +30,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
-from _common import (
-    environment,
-    model_dir_or_exit,
-    model_parser,
-    read_corpus,
-    start_server,
-    write_report,
-)
 from bertserve.client import BertClient
 from bertserve.server import Encoder
 from bertserve.server.model.checksum import write_manifest
-from serving import RunningServer
+from lib.inputs import model_dir_or_exit, model_parser, read_corpus
+from lib.report import environment, tagged_log, write_report
+from lib.rss import RssSampler, largest_child_mib
+from lib.servers import start_server
 
 CLIENTS = 8
 SIZES = (1, 5, 20, 100)
 
 
-def log(message: str) -> None:
-    print(f"[hot-swap] {message}", file=sys.stderr, flush=True)
+log = tagged_log("hot-swap")
 
 
 def write_version(source: Path, target: Path, *, scale: float | None = None) -> None:
@@ -70,51 +63,6 @@ def write_version(source: Path, target: Path, *, scale: float | None = None) -> 
     for path in staging.rglob("*"):
         os.utime(path, (past, past))
     staging.rename(target)
-
-
-class Sampler(threading.Thread):
-    """The processes the server started (not their own short-lived children) and the summed
-    RSS (MiB) of all of them, every ``interval`` seconds."""
-
-    def __init__(self, server: RunningServer, interval: float = 0.1) -> None:
-        super().__init__(daemon=True)
-        self.server, self.interval = server, interval
-        self.samples: list[tuple[float, int, float]] = []  # (time, processes, MiB)
-        self.first_seen: dict[int, float] = {}  # pid -> when
-        self.peak_mib: dict[int, float] = {}  # pid -> its largest RSS
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            now, total, family = time.monotonic(), 0.0, self.server.family()
-            for process in family:
-                try:
-                    mib = process.memory_info().rss / 2**20
-                except psutil.Error:  # exited between listing and reading
-                    continue
-                total += mib
-                self.first_seen.setdefault(process.pid, now)
-                self.peak_mib[process.pid] = max(mib, self.peak_mib.get(process.pid, 0.0))
-            try:
-                started = len(family[0].children()) if family else 0
-            except psutil.Error:  # the server is gone
-                return
-            self.samples.append((now, started, total))
-            time.sleep(self.interval)
-
-    def between(self, start: float, end: float) -> list[tuple[float, int, float]]:
-        return [s for s in self.samples if start <= s[0] <= end]
-
-
-def worker_rss_mib(server: RunningServer) -> float:
-    """One worker's resident memory: the largest child's (the sink is far smaller)."""
-    sizes = []
-    for process in server.family()[1:]:
-        try:
-            sizes.append(process.memory_info().rss / 2**20)
-        except psutil.Error:
-            continue
-    return max(sizes)
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -170,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"versions 1 and 2 differ: median cosine {np.median(cosine):.4f}")
     server = start_server("--model-dir", str(base), "--num-worker", "2", "--cpu", "--max-seq-len", "128",
                           "--graph-dir", str(graphs), "--poll-interval-s", "1", echo=False)  # fmt: skip
-    sampler = Sampler(server)
+    sampler = RssSampler(server, 0.1, count_children=True)
     outcomes: list[tuple[float, float, str, int | None]] = []  # (sent, seconds, outcome, version)
     lock = threading.Lock()
     stop = threading.Event()
@@ -201,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         for thread in threads:
             thread.start()
         time.sleep(args.steady_s)
-        worker_mib = worker_rss_mib(server)
+        worker_mib = largest_child_mib(server)
         appeared = time.monotonic()
         shutil.move(str(spare), str(base / "2"))
         log("version 2 is in the repository")
@@ -221,16 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         for thread in threads:
             thread.join(120)
-        sampler.stop.set()
+        sampler.stop()
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     steady = sampler.between(appeared - args.steady_s + 2, appeared)
     during = sampler.between(appeared, done + 1)
-    steady_mib = statistics.median(s[2] for s in steady)
-    peak_mib = max(s[2] for s in during)
+    steady_mib = statistics.median(s.total_mib for s in steady)
+    peak_mib = max(s.total_mib for s in during)
 
     def new_peaks(start: float, end: float) -> list[float]:
-        return [mib for pid, mib in sampler.peak_mib.items() if start < sampler.first_seen[pid] <= end]
+        return [mib for pid, mib in sampler.peak_by_pid.items() if start < sampler.first_seen[pid] <= end]
 
     preparing_peaks = new_peaks(appeared, preparing_until)  # the child that built version 2's graph, if any
     new_peak_mib = max(new_peaks(preparing_until, done))
@@ -255,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             "median_ms_during": median_ms(appeared, done),
         },
         "memory": {
-            "processes_steady": max(s[1] for s in steady),
-            "processes_peak": max(s[1] for s in during),
+            "processes_steady": max(s.children or 0 for s in steady),
+            "processes_peak": max(s.children or 0 for s in during),
             "steady_mib": steady_mib,
             "peak_mib": peak_mib,
             "worker_mib": worker_mib,

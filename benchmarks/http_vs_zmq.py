@@ -28,24 +28,17 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
-from _common import (
-    environment,
-    free_port,
-    model_dir_or_exit,
-    model_parser,
-    read_corpus,
-    start_server,
-    write_report,
-)
 from bertserve.client import BertClient
-from latency import take_turns
+from lib.inputs import cycle_take, model_dir_or_exit, model_parser, read_corpus
+from lib.load import take_turns
+from lib.report import environment, tagged_log, write_report
+from lib.servers import free_port, start_server
 
 SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", "128")
 TARGETS = {"bulk": 0.9, "one": 1.3}
 
 
-def log(message: str) -> None:
-    print(f"[http] {message}", file=sys.stderr, flush=True)
+log = tagged_log("http")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def bulk_rounds(zmq_encode: Callable, over_http: Callable, corpus: list[str], args: argparse.Namespace) -> dict:
     """Sentences per second of ``--bulk-size`` requests, the paths taking turns each round."""
-    texts = (corpus * (1 + args.bulk_size // len(corpus)))[: args.bulk_size]
+    texts = cycle_take(corpus, 0, args.bulk_size)
     paths: dict[str, Callable[[], Any]] = {
         "ZeroMQ": lambda: zmq_encode(texts),
         "HTTP, JSON floats": lambda: over_http(texts),

@@ -34,58 +34,25 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
-from _common import (
-    DEFAULT_CORPUS,
-    NO_MODEL_HINT,
-    RunningServer,
-    encoder_contender,
-    environment,
-    read_corpus,
-    resolve_model_dir,
-    st_contender,
-    start_server,
-    write_report,
-)
 from bertserve.client import BertClient
+from lib.contenders import encoder_contender, st_contender
+from lib.inputs import DEFAULT_CORPUS, NO_MODEL_HINT, cycle_take, read_corpus, resolve_model_dir
+from lib.load import take_turns
+from lib.report import environment, pyplot, tagged_log, write_report
+from lib.rss import max_rss_mib
+from lib.servers import RunningServer, start_server
+from lib.stats import latency_row
 
 SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", "128")
 NO_LITE = "Encoder fp32, TensorFlow only"  # --lite-max-tokens 0: every run on oneDNN
 
 
-def log(message: str) -> None:
-    print(f"[latency] {message}", file=sys.stderr, flush=True)
-
-
-def percentiles(seconds: Sequence[float]) -> dict[str, float]:
-    ms = np.asarray(seconds) * 1000
-    if not len(ms):
-        return {"p50_ms": float("nan"), "p90_ms": float("nan"), "p99_ms": float("nan"), "count": 0}
-    return {
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p90_ms": float(np.percentile(ms, 90)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "count": len(ms),
-    }
-
-
-def take_turns(calls: dict[str, Callable[[list[str]], Any]], texts: Sequence[str], warmup: int) -> dict[str, dict]:
-    """Time each call on each text alone, the calls taking turns (rotated per text)."""
-    names = list(calls)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i, text in enumerate(texts):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            started = time.perf_counter()
-            calls[name]([text])
-            if i >= warmup:
-                times[name].append(time.perf_counter() - started)
-    return {name: percentiles(values) for name, values in times.items()}
+log = tagged_log("latency")
 
 
 def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str]) -> dict[str, dict]:
@@ -109,7 +76,7 @@ def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str]) -> d
                 [sys.executable, __file__, "--child"], input=request, capture_output=True, text=True, check=True
             )
             times[name] += json.loads(child.stdout.strip().splitlines()[-1])
-    return {name: percentiles(values) for name, values in times.items()}
+    return {name: latency_row(values) for name, values in times.items()}
 
 
 def child() -> int:
@@ -163,12 +130,12 @@ def through_servers(args: argparse.Namespace, model_dir: Path, texts: list[str])
 def under_bulk(client: BertClient, running: RunningServer, texts: list[str], args: argparse.Namespace) -> dict:
     """One-sentence latency while another client keeps the server busy with bulk requests."""
     stop = threading.Event()
-    bulk = texts * (1 + 1000 // len(texts))
+    bulk = cycle_take(texts, 0, 1000)
 
     def flood() -> None:
         with BertClient(**running.client_kwargs, timeout=120_000) as bulk_client:
             while not stop.is_set():
-                bulk_client.encode(bulk[:1000])
+                bulk_client.encode(bulk)
 
     thread = threading.Thread(target=flood, daemon=True)
     thread.start()
@@ -186,7 +153,7 @@ def under_bulk(client: BertClient, running: RunningServer, texts: list[str], arg
         thread.join(120)
     recent = status["recent_jobs"]
     log(f"under bulk load: {len(times)} sentences; bulk mini-job median {recent['bulk_median_seconds']} s")
-    return {**percentiles(times), "bulk_job_median_ms": 1000 * float(recent["bulk_median_seconds"])}
+    return {**latency_row(times), "bulk_job_median_ms": 1000 * float(recent["bulk_median_seconds"])}
 
 
 def many_clients(running: RunningServer, texts: list[str], clients: int = 32, seconds: float = 15.0) -> dict:
@@ -211,7 +178,7 @@ def many_clients(running: RunningServer, texts: list[str], clients: int = 32, se
     stop.set()
     for thread in threads:
         thread.join(60)
-    bulk = (texts * (1 + 2000 // len(texts)))[:2000]
+    bulk = cycle_take(texts, 0, 2000)
     with BertClient(**running.client_kwargs, timeout=120_000) as bc:
         bc.encode(bulk[:500])
         rates = []
@@ -242,9 +209,8 @@ def start_and_memory(args: argparse.Namespace, model_dir: Path, texts: list[str]
                         bc.encode([text])
                         steady.append(time.perf_counter() - started)
                     if kind == "warm":
-                        bc.encode((texts * (1 + 3000 // len(texts)))[:3000])
-                        workers = [w["pid"] for w in bc.server_status["workers"]]
-                        worker_rss = max(psutil.Process(pid).memory_info().rss for pid in workers) / 2**20
+                        bc.encode(cycle_take(texts, 0, 3000))
+                        worker_rss = max_rss_mib(w["pid"] for w in bc.server_status["workers"])
             finally:
                 running.stop()
             log(f"{kind} start: ready in {ready[kind]:.1f} s, first request {first_ms[kind]:.1f} ms")
@@ -309,11 +275,7 @@ def ratios(report: dict[str, Any]) -> dict[str, float]:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(report["latency"])
     fig, ax = plt.subplots(figsize=(8, 4))
     x = np.arange(len(names))

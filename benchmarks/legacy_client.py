@@ -21,23 +21,17 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _common import (
-    cosine_rows,
-    environment,
-    model_dir_or_exit,
-    model_parser,
-    read_corpus,
-    start_server,
-    write_report,
-)
 from bert_serving.client import BertClient as OldClient
 from bertserve.client import BertClient
+from lib.inputs import model_dir_or_exit, model_parser, read_corpus
+from lib.report import environment, tagged_log, write_report
+from lib.servers import start_server
+from lib.stats import cosine_rows
 
 TARGET = 0.95
 
 
-def log(message: str) -> None:
-    print(f"[legacy] {message}", file=sys.stderr, flush=True)
+log = tagged_log("legacy")
 
 
 def bulk_rate(encode: Callable[[list[str]], Any], texts: list[str], size: int) -> tuple[float, np.ndarray]:

@@ -19,21 +19,15 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import (
-    cosine_rows,
-    environment,
-    model_dir_or_exit,
-    model_parser,
-    read_corpus,
-    write_report,
-)
+from lib.inputs import model_dir_or_exit, model_parser, read_corpus
+from lib.report import environment, tagged_log, write_report
+from lib.stats import cosine_rows
 
 LENGTHS = (300, 400, 480, 1000, 2000)
 FULL = 512
 
 
-def log(message: str) -> None:
-    print(f"[long] {message}", file=sys.stderr, flush=True)
+log = tagged_log("long")
 
 
 def make_inputs(corpus: list[str], counter: Any, target: int, count: int, seed: int) -> list[str]:

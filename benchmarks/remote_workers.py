@@ -29,22 +29,13 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import (
-    cosine_rows,
-    environment,
-    free_port,
-    model_dir_or_exit,
-    model_parser,
-    read_corpus,
-    start_server,
-    write_report,
-)
 from bertserve.client import BertClient
-from serving import RunningServer, start_worker_host
+from lib.inputs import model_dir_or_exit, model_parser, read_corpus
+from lib.report import environment, tagged_log, write_report
+from lib.servers import RunningServer, free_port, start_server, start_worker_host
+from lib.stats import cosine_rows
 
-
-def log(message: str) -> None:
-    print(f"[remote] {message}", file=sys.stderr, flush=True)
+log = tagged_log("remote")
 
 
 def bulk_rate(server: RunningServer, texts: list[str], size: int) -> tuple[float, np.ndarray]:

@@ -27,16 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _common import BENCHMARKS_DIR, DEFAULT_CORPUS, environment, free_port, read_corpus, start_server, write_report
 from bertserve.client import BertClient
-from serving import RunningServer, start_worker_host
+from lib.inputs import BENCHMARKS_DIR, DEFAULT_CORPUS, read_corpus
+from lib.report import environment, tagged_log, write_report
+from lib.servers import RunningServer, free_port, start_server, start_worker_host
 
 MODEL = "instant_model:InstantModel"
 WINDOW = 32  # one-sentence requests a client has in flight
 
 
-def log(message: str) -> None:
-    print(f"[routing] {message}", file=sys.stderr, flush=True)
+log = tagged_log("routing")
 
 
 def _client(port: int, texts: list[str], size: int, until: float, counts: Any, index: int) -> None:

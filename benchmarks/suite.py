@@ -18,9 +18,10 @@ cold and warm start, padding; then a table of targets, each PASS or MISS.
     python benchmarks/suite.py compare --json benchmarks/results/compare.json --plots benchmarks/results/plots
     python benchmarks/suite.py sweep --quick --model-dir /tmp/tiny_bert      # a seconds-long smoke run
 
-Progress goes to stderr, the markdown tables to stdout. The code: ``_harness.py`` (server
-processes, client load, statistics), ``_sweep.py``, ``_compare.py``, and the command line
-here; servers are started by the one launcher the tests use (``tests/serving.py``).
+Progress goes to stderr, the markdown tables to stdout. The code: ``_sweep.py``;
+``_compare.py`` with ``_compare_latency.py`` and ``_compare_report.py``; the command line
+here; and the benchmarks' library, ``lib/`` (servers, client load, RSS, statistics), whose
+servers come from the one launcher the tests use (``tests/serving.py``).
 """
 
 from __future__ import annotations
@@ -34,16 +35,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from _common import (
-    DEFAULT_CORPUS,
-    NO_MODEL_HINT,
-    format_load,
-    resolve_model_dir,
-    write_json,
-)
-from _compare import compare_markdown, plot_compare, run_compare
-from _harness import BenchmarkError, Progress
+from _compare import run_compare
+from _compare_report import compare_markdown, plot_compare
 from _sweep import SWEEP_PARAMETERS, plot_sweep, run_sweep, sweep_markdown
+from lib.inputs import DEFAULT_CORPUS, NO_MODEL_HINT, resolve_model_dir
+from lib.report import Progress, format_load, write_report
+from lib.servers import BenchmarkError
 
 # ----------------------------------------------------------------------------------------
 # command line
@@ -133,13 +130,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def emit(markdown: str, report: Any, plots: Callable[[Path], list[Path]], args: argparse.Namespace) -> None:
-    print(markdown)
-    if args.markdown is not None:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown + "\n", encoding="utf-8")
-        print(f"wrote {args.markdown}", file=sys.stderr)
-    if args.json is not None:
-        write_json(asdict(report), args.json)
+    write_report(asdict(report), markdown, args.json, args.markdown)
     if args.plots is not None:
         for path in plots(args.plots):
             print(f"wrote {path}", file=sys.stderr)
