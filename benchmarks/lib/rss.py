@@ -15,19 +15,26 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import psutil
 
 from lib.stats import median
 
-if TYPE_CHECKING:
-    from lib.servers import RunningServer
-
 MIB = 2**20
 
 
-def family_rss(server: RunningServer) -> dict[int, float]:
+class Family(Protocol):
+    """What is read of a server (a ``RunningServer``): the processes it is and started, and
+    whether it has printed its ready line."""
+
+    process: Any  # the server's own process, by its ``pid``
+    ready: threading.Event
+
+    def family(self) -> list[psutil.Process]: ...
+
+
+def family_rss(server: Family) -> dict[int, float]:
     """RSS in MiB of the server and each process it started, by pid."""
     rss = {}
     for process in server.family():
@@ -43,17 +50,17 @@ def max_rss_mib(pids: Iterable[int]) -> float:
     return max(psutil.Process(pid).memory_info().rss for pid in pids) / MIB
 
 
-def largest_child_mib(server: RunningServer) -> float:
+def largest_child_mib(server: Family) -> float:
     """The largest RSS of the processes the server started: a worker's (a sink is far smaller)."""
     return max(mib for pid, mib in family_rss(server).items() if pid != server.process.pid)
 
 
-def settled_rss(server: RunningServer, samples: int = 5, interval: float = 0.5) -> float:
+def settled_rss(server: Family, samples: int = 5, interval: float = 0.5) -> float:
     """The family's RSS once it has settled: the median of ``samples`` reads after 2 s."""
     time.sleep(2.0)
     values = []
     for _ in range(samples):
-        values.append(server.family_rss_mib())
+        values.append(sum(family_rss(server).values()))
         time.sleep(interval)
     return median(values)
 
@@ -74,7 +81,7 @@ class RssSampler:
     (not their own short-lived children).
     """
 
-    def __init__(self, server: RunningServer, interval: float, *, count_children: bool = False) -> None:
+    def __init__(self, server: Family, interval: float, *, count_children: bool = False) -> None:
         self.server, self.interval, self.count_children = server, interval, count_children
         self.samples: list[Sample] = []  # appended by the thread only
         self.initial_by_pid: dict[int, float] = {}  # the first sample's
