@@ -6,18 +6,23 @@ The head has four parts, each the one owner of its state:
   :mod:`.registry`, which worker holds which job;
 - the control answers (:mod:`.control`) own the counters and flags clients' commands change
   (a TERMINATE asked for, the RELOADs taken);
-- the supervisor (:mod:`.supervisor`) owns the child processes, through :mod:`.children`;
-- the version swap (:mod:`.swap`) owns which model version each worker runs, the swap's
-  progress and the versions refused.
+- the supervisor (:mod:`.supervisor`) owns the child processes, through :mod:`.children`,
+  and so which model version each worker runs;
+- the version swap (:mod:`.swap`) owns the version the workers converge on; the book of
+  versions (:mod:`.versions`) owns the swap's progress, the versions refused and the
+  tokenizer of the version served.
 
 Each part sees the others only through the :class:`typing.Protocol` below.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import ServerConfig
+
+if TYPE_CHECKING:
+    from ..model.prepare import Preparation
 
 
 class WorkerPool(Protocol):
@@ -67,4 +72,38 @@ class VersionsView(Protocol):
 
     def version_status(self) -> dict[str, Any]:
         """``refused_versions`` (each with why and when) and ``swap`` (the latest swap's progress)."""
+        ...
+
+
+class WorkerProcesses(Protocol):
+    """What the version swap asks of the supervisor about the local worker processes."""
+
+    def worker_versions(self) -> dict[int, int | None]:
+        """Each local worker process (running, or waiting to start again) and the model
+        version it runs."""
+        ...
+
+    def worker_alive(self, index: int) -> bool:
+        """Whether the process of worker ``index`` runs."""
+        ...
+
+    def retiring_workers(self) -> set[int]:
+        """The workers told to stop for a swap that have not exited yet."""
+        ...
+
+    def add_worker(self, config: ServerConfig) -> int:
+        """Start one more worker, running ``config``'s model version; returns its index."""
+        ...
+
+    def retire_worker(self, index: int) -> None:
+        """Worker ``index`` is told to stop: when it exits it is not started again."""
+        ...
+
+    def kill_worker(self, index: int) -> None:
+        """Kill worker ``index`` if it runs (it did not load in time)."""
+        ...
+
+    def prepare(self, config: ServerConfig, steps: list[str]) -> Preparation | None:
+        """Start building the ``steps`` ``config``'s workers load, in a process of its own
+        (``None``: nothing to build)."""
         ...

@@ -2,8 +2,9 @@
 a worker machine's :class:`.remote.WorkerHost`.
 
 Signal handlers only set flags (``should_exit``; a second Ctrl-C sets ``force_exit``), which
-the main loop polls. A child that keeps failing is restarted after a delay that doubles with
-each failure in a row; one that stayed up :data:`STABLE_SECONDS` has its failures forgiven.
+the main loop polls. Shutdown gives what is in flight :data:`DRAIN_SECONDS` to finish, and the
+children :data:`JOIN_SECONDS` to exit before they are killed. Their restarts follow
+:mod:`.restarts`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,6 @@ from typing import Any
 
 DRAIN_SECONDS = 10.0  # what is in flight gets this long to finish at shutdown
 JOIN_SECONDS = 10.0  # children get this long to exit before they are killed
-STABLE_SECONDS = 60.0  # a process up this long has its failures forgiven
-_FIRST_BACKOFF = 0.5  # seconds before the first restart; doubled for each failure in a row
-_MAX_BACKOFF = 30.0
-
-
-def restart_delay(failures: int) -> float:
-    """Seconds to wait before restarting a process that failed ``failures`` times in a row."""
-    return min(_MAX_BACKOFF, _FIRST_BACKOFF * 2 ** (failures - 1))
 
 
 class ExitFlags:

@@ -22,35 +22,30 @@ draws the messages):
   what they hold for up to 10 s, hands back the rest (BYE), and stops them. A second Ctrl-C
   skips the wait.
 
-``--health-port`` serves ``GET /health`` (200 while the host loop runs) and ``GET /ready`` (200
-while joined to a head with a worker ready) for container probes.
+``--health-port`` serves container probes (:mod:`.probes`). The workers are
+:class:`.children.Children`, restarted by :mod:`.restarts`' rule, as the head's are.
 
 What the head says is checked before it is used (:mod:`.link_schema`), since only CURVE tells
 a host that its head is the real one: with ``--server-key`` (and ``--client-cert``) the link
 is a CURVE client that talks only to the holder of that key's secret; without it, whatever
 answers on the head's address is taken for the head, and the host warns at start unless the
-head is on loopback. Either way a WELCOME's file names (``vocab_name``, ``config_name``,
-``ckpt_name``) must be plain relative names inside the model directory, and a model class is
-imported only if this host's own ``--model-class`` names the same one: a head alone never
-makes a host import code. A WELCOME that breaks these rules is refused: the host says why and
-exits (code 2), as for REFUSED.
+head is on loopback. Either way the model options of a WELCOME are held to
+:class:`.host_config.HostConfig`'s rules (plain file names inside the model directory; a
+model class only if this host's own ``--model-class`` names it), and one that breaks them is
+refused: the host says why and exits (code 2), as for REFUSED.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.server
-import json
+import functools
 import logging
-import multiprocessing
-import os
 import platform
-import re
 import shutil
 import tempfile
-import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -59,106 +54,26 @@ import zmq
 from bertserve.client import __version__
 from bertserve.client import protocol as p
 
-from ..config import HEARTBEAT_INTERVAL_MS, ModelConfig, ServerConfig
+from ..config import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ..errors import ConfigError, StartupError
 from ..logs import Refusals
 from ..security import loopback_only
 from . import link_schema as schema
 from . import wire
-from .lifecycle import DRAIN_SECONDS, JOIN_SECONDS, STABLE_SECONDS, ExitFlags, restart_delay
+from .children import Children, worker_index, worker_name
+from .host_config import HostConfig
+from .lifecycle import DRAIN_SECONDS, ExitFlags
+from .probes import serve_probes
+from .restarts import Fate
+from .sockets import bound, drain
 from .worker import Addresses, run_worker
+
+__all__ = ["HostConfig", "WorkerHost"]
 
 logger = logging.getLogger("bertserve.host")
 
 _HELLO_INTERVAL_S = 1.0
 _WAITING_NOTICE_S = 10.0  # how often "no answer from the head yet" is logged
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostConfig:
-    """How ``bertserve worker`` runs: where the head is, and this machine's workers. The
-    model options come from the head; the files from ``model_dir`` here."""
-
-    server: str
-    worker_port: int
-    model_dir: str
-    num_worker: int = 1
-    tuned_model_dir: str | None = None
-    graph_dir: str | None = None
-    prefetch_size: int = 1
-    cpu: bool = False
-    device_map: tuple[int, ...] = ()
-    gpu_memory_fraction: float | None = None
-    threads_per_worker: int | None = None
-    worker_nice: int = 5
-    feed: str = "thread"
-    model_class: str | None = None  # the only model class this host may import: the head must name the same
-    client_cert: str | None = None
-    server_key: str | None = None
-    health_port: int | None = None
-    health_bind: str = "127.0.0.1"
-    max_restarts: int = 5
-
-    def __post_init__(self) -> None:
-        checks = [
-            (bool(self.server.strip()), "server must name the head's host"),
-            (1 <= self.worker_port <= 65535, "worker_port must be between 1 and 65535"),
-            (self.num_worker >= 1, "num_worker must be at least 1"),
-            (self.health_port is None or 1 <= self.health_port <= 65535, "health_port must be between 1 and 65535"),
-            ((self.client_cert is None) == (self.server_key is None),
-             "CURVE needs both client_cert (this worker's NAME.key_secret) and server_key (the head's public key)"),
-            (self.max_restarts >= 1, "max_restarts must be at least 1"),
-            (self.model_class is None or re.match(schema.MODEL_CLASS_PATTERN, self.model_class) is not None,
-             f"model_class must be written package.module:Name, not {self.model_class!r}"),
-        ]  # fmt: skip
-        for ok, problem in checks:
-            if not ok:
-                raise ConfigError(problem)
-        object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
-        welcome = schema.Welcome(model=schema.WelcomeModel(), model_class=self.model_class, heartbeat_timeout_ms=10_000)
-        self.server_config(welcome)  # the worker options, checked now
-
-    @property
-    def address(self) -> str:
-        host = self.server.strip()
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"  # an IPv6 address
-        return f"tcp://{host}:{self.worker_port}"
-
-    def server_config(self, welcome: schema.Welcome) -> ServerConfig:
-        """The configuration this host's workers run: the head's model options, this
-        machine's files, devices and process settings. Raises ``ConfigError`` if the head
-        names a model class this host was not given, or a file outside its model directory."""
-        if welcome.model_class != self.model_class:
-            if welcome.model_class is None:
-                raise ConfigError(f"the head serves BERT from its model directory, but this worker was started with "
-                                  f"--model-class {self.model_class}: leave it out")  # fmt: skip
-            given = f"was started with --model-class {self.model_class}" if self.model_class else "was given none"
-            raise ConfigError(
-                f"the head serves the model class {welcome.model_class}, and this worker {given}: a worker imports "
-                f"a model class only if its own command line names it; pass --model-class {welcome.model_class} "
-                "if you trust that code"
-            )
-        options = welcome.model.options()
-        for field in ("ckpt_name", "config_name", "vocab_name"):
-            for directory in (self.model_dir, self.tuned_model_dir):
-                if field in options and directory is not None and not _inside(directory, options[field]):
-                    raise ConfigError(f"the head names {field} {options[field]!r}, which is not inside {directory}")
-        model = ModelConfig(
-            **options, model_dir=self.model_dir, tuned_model_dir=self.tuned_model_dir, graph_dir=self.graph_dir
-        )
-        return ServerConfig(
-            model=model, num_worker=self.num_worker, prefetch_size=self.prefetch_size, cpu=self.cpu,
-            device_map=self.device_map, gpu_memory_fraction=self.gpu_memory_fraction,
-            threads_per_worker=self.threads_per_worker, worker_nice=self.worker_nice, feed=self.feed,
-            model_class=self.model_class, heartbeat_timeout_ms=welcome.heartbeat_timeout_ms,
-        )  # fmt: skip
-
-
-def _inside(directory: str, name: str) -> bool:
-    """Whether ``name`` joined to ``directory`` stays inside it (as written: links are not followed)."""
-    base = os.path.normpath(os.path.abspath(directory))
-    return os.path.normpath(os.path.join(base, name)).startswith(base.rstrip(os.sep) + os.sep)
 
 
 @dataclass
@@ -183,11 +98,7 @@ class WorkerHost(ExitFlags):
             self.model_sha256 = tree_sha256(config.model_dir, config.tuned_model_dir)
         except OSError as exc:
             raise StartupError(f"cannot read the model files: {exc}") from None
-        self._spawn = multiprocessing.get_context("spawn")
-        self.processes: dict[int, BaseProcess] = {}
-        self.failures: dict[int, int] = {}
-        self.restart_at: dict[int, float] = {}
-        self.started_at: dict[int, float] = {}
+        self.children = Children(config.max_restarts, logger)  # this machine's workers
         self.server_config: ServerConfig | None = None
         self.welcome_options: schema.Welcome | None = None
         self._refusals = Refusals(logger, level=logging.ERROR)
@@ -211,11 +122,13 @@ class WorkerHost(ExitFlags):
         self.context = zmq.Context()
         ipc_dir = tempfile.mkdtemp(prefix="bertserve-worker-")
         self.addresses = Addresses(f"ipc://{ipc_dir}/jobs", f"ipc://{ipc_dir}/credits", f"ipc://{ipc_dir}/sink")
-        self.jobs = self._bind(zmq.ROUTER, self.addresses.jobs)
+        self.jobs = bound(self.context, zmq.ROUTER, self.addresses.jobs)
         self.jobs.router_mandatory = True
-        self.credits = self._bind(zmq.PULL, self.addresses.credits)
-        self.results = self._bind(zmq.PULL, self.addresses.sink)
-        health = self._serve_health() if self.config.health_port is not None else None
+        self.credits = bound(self.context, zmq.PULL, self.addresses.credits)
+        self.results = bound(self.context, zmq.PULL, self.addresses.sink)
+        health = None
+        if self.config.health_port is not None:
+            health = serve_probes(self.config.health_bind, self.config.health_port, self._probe_state)
         try:
             self._connect()
             logger.info("joining the head at %s (%d worker(s), model sha256 %s...)", self.config.address,
@@ -245,12 +158,6 @@ class WorkerHost(ExitFlags):
             shutil.rmtree(ipc_dir, ignore_errors=True)
         logger.info("bertserve worker stopped")
         return self.exit_code
-
-    def _bind(self, kind: int, address: str) -> zmq.Socket:
-        sock = self.context.socket(kind)
-        sock.linger = 0
-        sock.bind(address)
-        return sock
 
     # -- the link to the head ---------------------------------------------------------------
 
@@ -352,19 +259,13 @@ class WorkerHost(ExitFlags):
             (self.credits, self._on_credit),
         ):  # fmt: skip
             if sock in events:
-                self._drain(sock, handle)
+                drain(sock, functools.partial(self._handle, handle), copy=False, seconds=0.05)
 
-    def _drain(self, sock: zmq.Socket, handle: Any) -> None:
-        until = time.monotonic() + 0.05
-        while time.monotonic() < until and not sock.closed:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                handle(frames)
-            except (p.ProtocolError, KeyError, TypeError, ValueError, IndexError) as exc:
-                self._refusals.log("dropped a malformed message: %s", exc)
+    def _handle(self, handle: Callable[[list[zmq.Frame]], None], frames: list[zmq.Frame]) -> None:
+        try:
+            handle(frames)
+        except (p.ProtocolError, KeyError, TypeError, ValueError, IndexError) as exc:
+            self._refusals.log("dropped a malformed message: %s", exc)
 
     # -- what the head sends ---------------------------------------------------------------
 
@@ -417,17 +318,17 @@ class WorkerHost(ExitFlags):
         if previous is not None and (welcome.model, welcome.model_class) != (previous.model, previous.model_class):
             logger.warning("the head now serves other model options; restarting the workers")
             self._stop_workers()
-            for state in (self.processes, self.ready, self.restart_at, self.failures):
-                state.clear()
+            self.children.clear()
+            self.ready.clear()
         self.welcome_options = welcome
         self.server_config = config
-        if not self.processes:
+        if not self.children:
             self._start_worker(0)
         for identity, info in self.ready.items():
             self._to_head([wire.READY, identity, info])
 
     def _kill(self, identity: bytes, reason: str) -> None:
-        for index, process in self.processes.items():
+        for index, process in self.children.workers().items():
             if _identity(index, process) == identity and process.is_alive():
                 logger.error("the head forgot worker %d (pid %s): %s; killing it", index, process.pid, reason)
                 process.kill()
@@ -479,28 +380,20 @@ class WorkerHost(ExitFlags):
     def _start_worker(self, index: int) -> None:
         assert self.server_config is not None and self.addresses is not None
         args = (self.server_config, index, self.addresses, self.log_level)
-        process = self._spawn.Process(target=run_worker, args=args, name=f"bertserve-worker-{index}", daemon=True)
-        process.start()
-        self.processes[index] = process
-        self.started_at[index] = time.monotonic()
+        self.children.start(worker_name(index), run_worker, args, f"bertserve-worker-{index}")
 
     def _supervise(self, now: float) -> None:
         if self.server_config is None:
             return
-        if self.ready and len(self.processes) < self.config.num_worker:
+        if self.ready and len(self.children) < self.config.num_worker:
             for index in range(self.config.num_worker):  # worker 0 built the graph: the rest load it
-                if index not in self.processes:
+                if worker_name(index) not in self.children:
                     self._start_worker(index)
-        for index, process in list(self.processes.items()):
-            if index in self.restart_at:
-                if now >= self.restart_at[index]:
-                    del self.restart_at[index]
-                    self._start_worker(index)
-            elif not process.is_alive():
-                self._worker_died(index, process, now)
-        for index, started in list(self.started_at.items()):
-            if now - started > STABLE_SECONDS:
-                self.failures.pop(index, None)
+        for name in self.children.due(now):
+            self._start_worker(_index(name))
+        for name, process in self.children.dead():
+            self._worker_died(_index(name), process, now)
+        self.children.forgive(now)
 
     def _worker_died(self, index: int, process: BaseProcess, now: float) -> None:
         identity = _identity(index, process)
@@ -510,13 +403,12 @@ class WorkerHost(ExitFlags):
             del self.held[job_id]
         if self.joined:
             self._to_head([wire.GONE, identity, f"it died with exit code {process.exitcode}".encode()])
-        failures = self.failures[index] = self.failures.get(index, 0) + 1
-        if failures > self.config.max_restarts:
-            logger.critical("worker %d failed %d times in a row; stopping (see the errors above)", index, failures)
+        verdict = self.children.exited(worker_name(index), now)
+        if verdict.fate is Fate.GIVE_UP:
+            logger.critical("worker %d failed %d times in a row; stopping (see the errors above)", index,
+                            verdict.failures)  # fmt: skip
             self.exit_code = 3
             self.should_exit.set()
-            return
-        self.restart_at[index] = now + restart_delay(failures)
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -536,55 +428,22 @@ class WorkerHost(ExitFlags):
             self._to_head([wire.BYE])
 
     def _stop_workers(self) -> None:
-        for index, process in self.processes.items():
+        for index, process in self.children.workers().items():
             with contextlib.suppress(zmq.ZMQError):
                 self.jobs.send_multipart([_identity(index, process), wire.STOP], zmq.NOBLOCK)
-        deadline = time.monotonic() + JOIN_SECONDS
-        for process in self.processes.values():
-            process.join(max(0.0, deadline - time.monotonic()))
-        for process in self.processes.values():
-            if process.is_alive():
-                logger.warning("%s did not stop in time; killing it", process.name)
-                process.kill()
-                process.join(5)
+        self.children.join()
 
-    # -- probes --------------------------------------------------------------------------
-
-    def _serve_health(self) -> http.server.ThreadingHTTPServer:
-        host = self
-
-        class Probe(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                alive = time.monotonic() - host.loop_at < 10.0
-                state = {"alive": alive, "joined": host.joined, "workers_ready": len(host.ready)}
-                if self.path.split("?")[0] == "/health":
-                    ok = alive
-                elif self.path.split("?")[0] == "/ready":
-                    ok = alive and host.joined and bool(host.ready)
-                else:
-                    self.send_error(404)
-                    return
-                body = json.dumps(state).encode()
-                self.send_response(200 if ok else 503)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # probes every few seconds would drown the log
-
-        assert self.config.health_port is not None
-        try:
-            server = http.server.ThreadingHTTPServer((self.config.health_bind, self.config.health_port), Probe)
-        except OSError as exc:
-            where = f"{self.config.health_bind}:{self.config.health_port}"
-            raise StartupError(f"cannot serve health probes on {where}: {exc.strerror}") from None
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
-        return server
+    def _probe_state(self) -> dict[str, Any]:
+        alive = time.monotonic() - self.loop_at < 10.0
+        return {"alive": alive, "joined": self.joined, "workers_ready": len(self.ready)}
 
 
 def _identity(index: int, process: BaseProcess) -> bytes:
     """The identity a worker process registers under (see :class:`.worker.Worker`)."""
     return f"w{index}-{process.pid}".encode()
+
+
+def _index(name: str) -> int:
+    index = worker_index(name)
+    assert index is not None  # a host's children are its workers
+    return index

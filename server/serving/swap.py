@@ -19,11 +19,16 @@ one worker at a time, and never holds more than one worker beyond ``--num-worker
    request pinned to its version is queued, so nothing admitted before the flip is failed.
 
 A new worker that cannot load its version (it exits before it is ready, or takes longer
-than :data:`LOAD_TIMEOUT_S`) rolls the swap back the same way: the old version is served
-again, its workers are started again, and new-version workers that were ready finish what
-was pinned to them and leave. The version is refused from then on, until its files change.
-A head that takes remote workers (``--worker-port``) does not swap: their hosts hold their
-own copies of the model files.
+than :data:`.swap_plan.LOAD_TIMEOUT_S`) rolls the swap back the same way: the old version is
+served again, its workers are started again, and new-version workers that were ready finish
+what was pinned to them and leave. The version is refused from then on, until its files
+change. A head that takes remote workers (``--worker-port``) does not swap: their hosts hold
+their own copies of the model files.
+
+Each turn :mod:`.swap_plan` says what to do next from a snapshot of the workers; this module
+carries it out, through the ventilator (:class:`.interfaces.WorkerPool`) and the supervisor
+(:class:`.interfaces.WorkerProcesses`), and writes the progress and the refusals in the
+:class:`.versions.VersionsBook`.
 """
 
 from __future__ import annotations
@@ -38,16 +43,15 @@ from typing import TYPE_CHECKING, Any
 from ..config import ServerConfig
 from ..errors import ModelError
 from ..model.repository import Checker, Refusal, Version
+from . import swap_plan as plan
+from .swap_plan import Death, Roll, Seen, Step, SwapState
 
 if TYPE_CHECKING:
     from ..model.prepare import Preparation
-    from .supervisor import BertServer
-    from .ventilator import Ventilator
+    from .interfaces import WorkerPool, WorkerProcesses
+    from .versions import VersionsBook
 
 logger = logging.getLogger("bertserve.server")
-
-LOAD_TIMEOUT_S = 600.0  # a new-version worker not ready by then has failed to load
-FINAL_STATES = ("unchanged", "refused", "done", "rolled_back")
 
 
 @dataclass
@@ -60,41 +64,49 @@ class _Found:
     tokenizer: Any = None
     steps: list[str] = dataclasses.field(default_factory=list)  # what its workers load that is not cached yet
     note: str = ""
-    state: str = "unchanged"  # what a reload that finds nothing to swap to ends in: unchanged or refused
+    state: SwapState = SwapState.UNCHANGED  # what a reload that finds nothing to swap to ends in: unchanged or refused
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A version whose graph is being built: its config, the RELOAD it answers, and when."""
+
+    config: ServerConfig
+    reload: int
+    started: float
 
 
 class VersionSwap:
-    """Looks for versions and rolls the workers of ``server`` from one to another."""
+    """Looks for versions in ``config``'s repository and rolls the local workers from one to
+    another."""
 
-    def __init__(self, server: BertServer, ventilator: Ventilator, *, follow_latest: bool) -> None:
-        assert server.config.version_number is not None
-        self.server = server
-        self.ventilator = ventilator
-        self.base = server.repository
-        self.checker = Checker(self.base, server.config.model, require_manifest=server.config.require_manifest)
+    def __init__(
+        self, config: ServerConfig, *, pool: WorkerPool, processes: WorkerProcesses, book: VersionsBook,
+        follow_latest: bool,
+    ) -> None:  # fmt: skip
+        assert config.version_number is not None
+        self.config = config  # the server's options: a version found replaces its model directory
+        self.pool = pool
+        self.processes = processes
+        self.book = book
+        self.checker = Checker(book.repository, config.model, require_manifest=config.require_manifest)
         self.follow_latest = follow_latest  # --model-version latest (or reload): newer versions are taken
-        self.interval = server.config.poll_interval_s
+        self.interval = config.poll_interval_s
         self.next_look = time.monotonic() + self.interval
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="bertserve-versions")
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="bertserve-versions")
         self.look: Future[_Found] | None = None
         self.look_reload = 0  # the RELOAD the running look answers (0: a poll)
-        self.target = server.config  # the version the workers converge on
-        self.previous: ServerConfig | None = None  # what was served when the swap began
+        self.served = config  # what the workers run when no swap is under way
+        self.roll: Roll | None = None  # the swap under way
         self.tokenizers: dict[int | None, Any] = {}  # version -> its tokenizer, until it is served
-        self.loading: dict[int, float] = {}  # new workers not ready yet: index -> started
         self.preparing: Preparation | None = None  # building what a found version's workers load
-        self.prepared: tuple[ServerConfig, int] | None = None  # that version's config, and the RELOAD it answers
-        self.state: dict[str, Any] = ventilator.swap
-        self.state.update(state="idle", reload=0)
+        self.prepared: _Prepared | None = None
+        book.swap.begin(SwapState.IDLE, reload=0)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
         if self.preparing is not None:
             self.preparing.stop()
-
-    @property
-    def rolling(self) -> bool:
-        return self.previous is not None
 
     # -- looking -------------------------------------------------------------------------
 
@@ -106,27 +118,26 @@ class VersionSwap:
         if self.look is not None and self.look.done():
             self._found(self.look)
             self.look = None
-        if self.look is None and not self.rolling and self.preparing is None:
-            wanted = self.ventilator.reload_requested
-            if wanted is not None:
-                self.ventilator.reload_requested = None
-                self._start_look(wanted, self.ventilator.reloads)
+        if self.look is None and self.roll is None and self.preparing is None:
+            reload = self.pool.take_reload()
+            if reload is not None:
+                self._start_look(*reload)
             elif self.interval > 0 and self.follow_latest and now >= self.next_look:
                 self._start_look("latest", 0)
-        if self.rolling:
+        if self.roll is not None:
             self._roll(now)
 
     def _start_look(self, wanted: str, reload: int) -> None:
         self.next_look = time.monotonic() + self.interval
         if reload:
             self.follow_latest = wanted == "latest"  # a version asked for by number stays until asked again
-            self.state.update(state="checking", reload=reload, wanted=wanted, message="")
+            self.book.swap.update(SwapState.CHECKING, reload=reload, wanted=wanted, message="")
         self.look_reload = reload
-        self.look = self.pool.submit(self._look, wanted, self._serving)
+        self.look = self.executor.submit(self._look, wanted, self._serving)
 
     @property
     def _serving(self) -> int:
-        version = self.ventilator.version
+        version = self.pool.serving_version
         assert version is not None
         return version
 
@@ -137,12 +148,12 @@ class VersionSwap:
                 return _Found(None, [], note=f"version {wanted} is already served")
             version, refused = self.checker.find(wanted, current)
         except (ModelError, OSError) as exc:  # no such version, or the repository is unreadable
-            return _Found(None, [], note=str(exc), state="refused")
+            return _Found(None, [], note=str(exc), state=SwapState.REFUSED)
         if version is None:
             note = f"no version newer than {current} can be served"
             if refused:
                 note = "; ".join(f"version {r.version.number} is refused: {r.reason}" for r in refused)
-            return _Found(None, refused, note=note, state="refused" if refused else "unchanged")
+            return _Found(None, refused, note=note, state=SwapState.REFUSED if refused else SwapState.UNCHANGED)
         return self._prepare(version, refused)
 
     def _prepare(self, version: Version, refused: list[Refusal]) -> _Found:
@@ -150,16 +161,15 @@ class VersionSwap:
         from ..model.prepare import missing_steps
 
         config = dataclasses.replace(
-            self.server.config, model=self.server.config.model.replace(model_dir=version.path),
-            model_version=str(version.number),
-        )  # fmt: skip
+            self.config, model=self.config.model.replace(model_dir=version.path), model_version=str(version.number)
+        )
         try:
             _, tokenizer = resolve_options(config.model)
         except (ValueError, TypeError, OSError) as exc:
             reason = f"this server's options do not fit its model: {exc}"
             return self._refuse(version, reason, refused)
-        served = self.server.tokenizer
-        if self.server.config.http_port is not None and served is not None and not served.same_vocabulary(tokenizer):
+        served = self.book.tokenizer
+        if self.config.http_port is not None and served is not None and not served.same_vocabulary(tokenizer):
             reason = ("its vocabulary differs from the served version's, with which the HTTP front end reads token "
                       "ids; restart the server to change vocabularies")  # fmt: skip
             return self._refuse(version, reason, refused)
@@ -172,7 +182,7 @@ class VersionSwap:
     def _refuse(self, version: Version, reason: str, refused: list[Refusal]) -> _Found:
         self.checker.refuse(version, reason)
         note = f"version {version.number} is refused: {reason}"
-        return _Found(None, [*refused, Refusal(version, reason)], note=note, state="refused")
+        return _Found(None, [*refused, Refusal(version, reason)], note=note, state=SwapState.REFUSED)
 
     def _found(self, look: Future[_Found]) -> None:
         try:
@@ -180,22 +190,21 @@ class VersionSwap:
         except Exception as exc:  # a bug in looking must not stop the server
             logger.exception("looking for model versions failed")
             found = _Found(None, [], note=f"looking for model versions failed: {exc}")
-        self.server.record_refusals(found.refused)
+        self.book.record_refusals(found.refused)
         if found.config is None:
             if self.look_reload:
-                self.state.update(state=found.state, message=found.note, finished=time.time())
+                self.book.swap.update(found.state, message=found.note, finished=time.time())
                 logger.info("reload: %s", found.note)
             return
         self.tokenizers[found.config.version_number] = found.tokenizer
-        self.preparing = self.server.preparation(found.config, found.steps)
+        self.preparing = self.processes.prepare(found.config, found.steps)
         if self.preparing is None:
-            self._begin(found.config, self.look_reload)
+            self.begin(found.config, self.look_reload)
             return
-        self.prepared = (found.config, self.look_reload)
-        self.state.clear()
-        self.state.update(
-            state="preparing", reload=self.look_reload, version_from=self._serving,
-            version_to=found.config.version_number, started=time.time(),
+        self.prepared = _Prepared(found.config, self.look_reload, time.time())
+        self.book.swap.begin(
+            SwapState.PREPARING, reload=self.look_reload, version_from=self._serving,
+            version_to=found.config.version_number, started=self.prepared.started,
             message=f"building the graph of version {found.config.version_number}",
         )  # fmt: skip
 
@@ -205,136 +214,109 @@ class VersionSwap:
         done = self.preparing.poll()
         if done is None:
             return
-        (config, reload), failure = self.prepared, self.preparing.failure
+        prepared, failure = self.prepared, self.preparing.failure
         self.preparing = self.prepared = None
         if done:
-            self._begin(config, reload, started=self.state["started"])  # a swap starts with its preparation
+            self.begin(prepared.config, prepared.reload, started=prepared.started)  # it starts with its preparation
             return
-        self._refuse_config(config, failure)
-        self.state.update(state="refused", message=f"version {config.version_number} is refused: {failure}",
-                          finished=time.time())  # fmt: skip
+        self._refuse_config(prepared.config, failure)
+        message = f"version {prepared.config.version_number} is refused: {failure}"
+        self.book.swap.update(SwapState.REFUSED, message=message, finished=time.time())
 
     def _refuse_config(self, config: ServerConfig, reason: str) -> None:
         """Refuse the version ``config`` serves, found sound but failed once tried."""
         version = Version(int(config.model_version), config.model.model_dir)
         self.checker.refuse(version, reason)
-        self.server.record_refusals([Refusal(version, reason)])
+        self.book.record_refusals([Refusal(version, reason)])
         self.tokenizers.pop(config.version_number, None)
 
     # -- rolling -------------------------------------------------------------------------
 
-    def _begin(self, config: ServerConfig, reload: int, started: float | None = None) -> None:
-        self.previous = self.target
-        self.target = config
-        old, new = self.previous.version_number, config.version_number
+    def begin(self, config: ServerConfig, reload: int, started: float | None = None) -> None:
+        """Start rolling the workers to ``config`` (a version found, and prepared), for the
+        RELOAD ``reload`` (0: a poll), which started at ``started`` (default now)."""
+        old, new = self.served.version_number, config.version_number
+        self.roll = Roll(target=config, previous=self.served)
         logger.info("swapping model version %s for %s, one worker at a time", old, new)
-        refused = self.server.refused_versions  # one refused while it was being written is whole now
-        refused[:] = [entry for entry in refused if entry["version"] != new]
-        self.state.clear()
-        self.state.update(
-            state="rolling", reload=reload, version_from=old, version_to=new, started=started or time.time(),
-            workers_replaced=0,
-            message=f"starting a worker of version {new}",
+        self.book.forget_refusal(new)
+        self.book.swap.begin(
+            SwapState.ROLLING, reload=reload, version_from=old, version_to=new, started=started or time.time(),
+            workers_replaced=0, message=f"starting a worker of version {new}",
         )  # fmt: skip
 
-    def _version(self, index: int) -> int | None:
-        return self.server.worker_config[index].version_number
+    def _seen(self, now: float) -> Seen:
+        """What the planner is shown: the local workers, the version served, the queue."""
+        pool, processes = self.pool, self.processes
+        retiring = processes.retiring_workers()
+        workers = {index: self._worker(index, version, index in retiring)
+                   for index, version in processes.worker_versions().items()}  # fmt: skip
+        return Seen(now, pool.serving_version, workers, frozenset(pool.queued_versions()))
+
+    def _worker(self, index: int, version: int | None, retiring: bool) -> plan.Worker:
+        pool = self.pool
+        return plan.Worker(
+            version, alive=self.processes.worker_alive(index), retiring=retiring, ready=pool.worker_ready(index),
+            draining=pool.worker_draining(index), holds_jobs=pool.worker_holds_jobs(index),
+        )  # fmt: skip
 
     def _roll(self, now: float) -> None:
-        """One step towards ``--num-worker`` workers of the target version."""
-        server, registry = self.server, self.ventilator.registry
-        target = self.target.version_number
-        count = server.config.num_worker
-        fresh = [i for i in server.workers if self._version(i) == target]
-        stale = sorted(i for i in server.workers if self._version(i) != target)
-        ready = [i for i in fresh if registry.by_index(i)]
-        for index in ready:
-            self.loading.pop(index, None)
-        for index, started in self.loading.items():
-            if now - started > LOAD_TIMEOUT_S and server.workers[index].is_alive():
-                logger.error("worker %d did not load version %s in %.0f s; killing it", index, target, LOAD_TIMEOUT_S)
-                server.workers[index].kill()  # its exit rolls the swap back
-        if ready and self.ventilator.version != target:
-            self._serve_target()
-        for index in stale:
-            workers = registry.by_index(index)
-            if index not in server.retiring and workers and all(w.draining and not w.jobs for w in workers):
-                server.retire_worker(index)
-                self.state["workers_replaced"] += 1
-        if any(index in server.retiring for index in stale) or len(ready) < len(fresh):
-            return  # one at a time: a worker is leaving, or a new one is loading
-        if len(fresh) < count and len(server.workers) <= count:
-            index = server.add_worker(self.target)
-            self.loading[index] = now
-            self.state["message"] = f"worker {index} is loading version {target}"
-            return
-        draining = [i for i in stale if any(w.draining for w in registry.by_index(i))]
-        if stale and not draining:
-            self._drain_one(stale)
-        elif not stale:
-            self._finish()
+        """One turn towards ``--num-worker`` workers of the target version."""
+        assert self.roll is not None
+        self.roll, steps = plan.plan(self.roll, self._seen(now))
+        for step in steps:
+            self._carry_out(step, now)
 
-    def _drain_one(self, stale: list[int]) -> None:
-        """Drain the first old worker that may go: the last one of a version stays while
-        requests pinned to that version are queued."""
-        registry = self.ventilator.registry
-        queued = self.ventilator.scheduler.versions()
-        for index in stale:
-            workers = registry.by_index(index)
-            if not workers:
-                continue  # not registered (yet): nothing to drain
-            version = self._version(index)
-            others = [i for i in stale if i != index and self._version(i) == version and registry.by_index(i)]
-            if version in queued and not others:
-                continue
-            for worker in workers:
-                worker.draining = True
-            self.state["message"] = f"worker {index} of version {version} is finishing its jobs"
-            return
+    def _carry_out(self, step: Step, now: float) -> None:
+        assert self.roll is not None
+        target = self.roll.target.version_number
+        if isinstance(step, plan.KillWorker):
+            logger.error("worker %d did not load version %s in %.0f s; killing it", step.index, target,
+                         plan.LOAD_TIMEOUT_S)  # fmt: skip
+            self.processes.kill_worker(step.index)  # its exit rolls the swap back
+        elif isinstance(step, plan.ServeTarget):
+            self._serve(step.config)
+        elif isinstance(step, plan.RetireWorker):
+            self.processes.retire_worker(step.index)
+            self.pool.stop_worker(step.index)
+            self.book.swap.count_replaced()
+        elif isinstance(step, plan.StartWorker):
+            index = self.processes.add_worker(step.config)
+            self.roll = self.roll.started(index, now)
+            self.book.swap.update(message=f"worker {index} is loading version {target}")
+        elif isinstance(step, plan.DrainWorker):
+            self.pool.drain_worker(step.index)
+            self.book.swap.update(message=f"worker {step.index} of version {step.version} is finishing its jobs")
+        elif isinstance(step, plan.Finish):
+            self._finish(step.rolled_back)
 
-    def _serve_target(self) -> None:
-        self.ventilator.serve_version(self.target)
-        tokenizer = self.tokenizers.pop(self.target.version_number, None)
+    def _serve(self, config: ServerConfig) -> None:
+        self.pool.serve_version(config)
+        tokenizer = self.tokenizers.pop(config.version_number, None)
         if tokenizer is not None:
-            self.server.tokenizer = tokenizer
-        logger.info("new requests run on model version %s", self.target.version_number)
+            self.book.serve_tokenizer(tokenizer)
+        logger.info("new requests run on model version %s", config.version_number)
 
-    def _finish(self) -> None:
-        assert self.previous is not None
-        rolled_back = self.state.get("state") == "rolling_back"
-        self.state.update(state="rolled_back" if rolled_back else "done", finished=time.time(),
-                          message=f"serving version {self.target.version_number}")  # fmt: skip
+    def _finish(self, rolled_back: bool) -> None:
+        assert self.roll is not None
+        self.served, self.roll = self.roll.target, None
+        state = SwapState.ROLLED_BACK if rolled_back else SwapState.DONE
+        self.book.swap.update(state, finished=time.time(), message=f"serving version {self.served.version_number}")
         logger.info("%s: %d worker(s) serve model version %s", "rolled back" if rolled_back else "swap done",
-                    len(self.server.workers), self.target.version_number)  # fmt: skip
-        self.previous = None
+                    len(self.processes.worker_versions()), self.served.version_number)  # fmt: skip
 
     # -- deaths --------------------------------------------------------------------------
 
     def keep(self, index: int, exitcode: int | None) -> bool:
-        """Worker ``index`` died: whether it is to be restarted. A new worker that died before
-        it was ready rolls the swap back; an old one that died during a swap is replaced only
-        while work pinned to its version is queued or was held by it, and no other worker of
-        its version is left."""
-        if not self.rolling:
+        """Worker ``index`` died: whether it is to be started again (see
+        :func:`.swap_plan.on_death`). A new worker that died before it was ready rolls the
+        swap back."""
+        if self.roll is None:
             return True
-        version = self._version(index)
-        if index in self.loading and version == self.target.version_number:
-            del self.loading[index]
-            if self.state.get("state") == "rolling_back":
-                return True  # the version that served until now fails too: the usual restarts and limits
-            self._roll_back(index, exitcode)
-            return False
-        if version == self.target.version_number:
-            return True
-        others = [i for i in self.server.workers if i != index and i not in self.server.retiring
-                  and self._version(i) == version]  # fmt: skip
-        held = any(worker.jobs for worker in self.ventilator.registry.by_index(index))  # handed on when it is lost
-        return (held or version in self.ventilator.scheduler.versions()) and not others
-
-    def _roll_back(self, index: int, exitcode: int | None) -> None:
-        assert self.previous is not None
-        failed, self.target = self.target, self.previous
-        reason = f"its worker {index} could not load it (exit code {exitcode}; see the errors above)"
-        self._refuse_config(failed, reason)
-        logger.error("rolling back to model version %s", self.target.version_number)
-        self.state.update(state="rolling_back", message=f"version {failed.version_number} failed: {reason}")
+        failed = self.roll.target
+        self.roll, death = plan.on_death(self.roll, self._seen(time.monotonic()), index)
+        if death is Death.ROLL_BACK:
+            reason = f"its worker {index} could not load it (exit code {exitcode}; see the errors above)"
+            self._refuse_config(failed, reason)
+            logger.error("rolling back to model version %s", self.roll.target.version_number)
+            self.book.swap.update(SwapState.ROLLING_BACK, message=f"version {failed.version_number} failed: {reason}")
+        return death is Death.RESTART

@@ -1,0 +1,119 @@
+"""The child processes of a supervising process: the head's sink, HTTP front end and workers
+(:mod:`.supervisor`), or a worker machine's workers (:mod:`.remote`).
+
+:class:`Children` owns the process objects, by name (``sink``, ``http``, ``worker 0``...): it
+starts each child in a fresh interpreter (spawn), tells which died and which are due to start
+again, and at the end joins them, killing what does not exit in time. When to start one
+again, and when to give up, is the :class:`.restarts.RestartPolicy`'s to say; what a death
+means (jobs handed on, the requests a sink held failed) is the supervisor's.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from .lifecycle import JOIN_SECONDS
+from .restarts import Exit, Fate, RestartPolicy
+
+_WORKER = "worker "
+
+
+def worker_name(index: int) -> str:
+    return f"{_WORKER}{index}"
+
+
+def worker_index(name: str) -> int | None:
+    """The index of the worker ``name`` (``None``: not a worker)."""
+    return int(name[len(_WORKER) :]) if name.startswith(_WORKER) else None
+
+
+class Children:
+    """Child processes by name, supervised with one :class:`.restarts.RestartPolicy`."""
+
+    def __init__(self, max_restarts: int, logger: logging.Logger) -> None:
+        self.policy = RestartPolicy(max_restarts)
+        self._logger = logger
+        self._spawn = multiprocessing.get_context("spawn")
+        self._processes: dict[str, BaseProcess] = {}
+
+    def __len__(self) -> int:
+        return len(self._processes)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._processes
+
+    def get(self, name: str) -> BaseProcess | None:
+        return self._processes.get(name)
+
+    def workers(self) -> dict[int, BaseProcess]:
+        """The worker processes, by index."""
+        return {index: p for name, p in self._processes.items() if (index := worker_index(name)) is not None}
+
+    def start(self, name: str, target: Callable[..., None], args: tuple[Any, ...], process_name: str) -> BaseProcess:
+        """Start (or start again) the child ``name``, running ``target(*args)``."""
+        process = self._spawn.Process(target=target, args=args, name=process_name, daemon=True)
+        process.start()
+        self._processes[name] = process
+        self.policy.started(name, time.monotonic())
+        return process
+
+    def due(self, now: float) -> list[str]:
+        """The children to start again now: their delay after a failure is over."""
+        return [name for name in self._processes if self.policy.due(name, now)]
+
+    def dead(self) -> list[tuple[str, BaseProcess]]:
+        """The children that exited and were not handled yet (none waits for its restart)."""
+        return [(n, p) for n, p in self._processes.items() if not self.policy.waiting(n) and not p.is_alive()]
+
+    def exited(self, name: str, now: float, *, wanted: Callable[[], bool] | None = None) -> Exit:
+        """``name`` was found dead: whether and when it starts again (see
+        :meth:`.restarts.RestartPolicy.exited`). One that does not is forgotten."""
+        exit = self.policy.exited(name, now, wanted=wanted)
+        if exit.fate in (Fate.RETIRED, Fate.LET_GO):
+            del self._processes[name]
+        return exit
+
+    def retire(self, name: str) -> None:
+        """``name`` is told to stop: when it exits it does not start again."""
+        self.policy.retire(name)
+
+    def retiring(self, name: str) -> bool:
+        return self.policy.retiring(name)
+
+    def alive(self, name: str) -> bool:
+        process = self._processes.get(name)
+        return process is not None and process.is_alive()
+
+    def kill(self, name: str, pid: int | None = None) -> bool:
+        """Kill ``name`` if it runs (and is process ``pid``, if given); whether it was."""
+        process = self._processes.get(name)
+        if process is None or (pid is not None and process.pid != pid) or not process.is_alive():
+            return False
+        process.kill()
+        return True
+
+    def forgive(self, now: float) -> None:
+        self.policy.forgive(now)
+
+    def join(self, names: list[str] | None = None) -> None:
+        """Give the children (``names``, else all) :data:`.lifecycle.JOIN_SECONDS` together to
+        exit, then kill those still running."""
+        processes = [self._processes[n] for n in (self._processes if names is None else names) if n in self._processes]
+        deadline = time.monotonic() + JOIN_SECONDS
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in processes:
+            if process.is_alive():
+                self._logger.warning("%s did not stop in time; killing it", process.name)
+                process.kill()
+                process.join(5)
+
+    def clear(self) -> None:
+        """Forget every child (they were stopped)."""
+        self._processes.clear()
+        self.policy.clear()

@@ -1,0 +1,107 @@
+"""The head's book of model versions: the versions refused (with why and when), the latest
+swap's progress, and the tokenizer of the version served.
+
+:class:`VersionsBook` is the one owner of these. The supervisor records what the start
+refused and gives the first tokenizer; the version swap (:mod:`.swap`) records what it
+refuses, its progress and the tokenizer of a version it serves; the ventilator's status
+reads them through :class:`.interfaces.VersionsView`, and the scheduler counts tokens
+with :meth:`VersionsBook.count_tokens`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .. import metrics
+from ..model.repository import Refusal
+from .swap_plan import SwapState
+
+logger = logging.getLogger("bertserve.server")
+
+
+class SwapProgress:
+    """The latest swap's progress, as the status shows it under ``swap``: ``state`` (a
+    :class:`.swap_plan.SwapState` value), the RELOAD it answers, the versions from and to, a
+    message, the workers replaced, and when it started and finished."""
+
+    def __init__(self) -> None:
+        self._fields: dict[str, Any] = {}
+
+    @property
+    def state(self) -> SwapState | None:
+        state = self._fields.get("state")
+        return None if state is None else SwapState(state)
+
+    def begin(self, state: SwapState, **fields: Any) -> None:
+        """A new stage: what the status showed of the one before is dropped."""
+        self._fields = {"state": state.value, **fields}
+
+    def update(self, state: SwapState | None = None, **fields: Any) -> None:
+        """The same stage further on, or a look that changes nothing (what the status showed
+        of the latest swap stays beside it)."""
+        if state is not None:
+            fields["state"] = state.value
+        self._fields.update(fields)
+
+    def count_replaced(self) -> None:
+        self._fields["workers_replaced"] = self._fields.get("workers_replaced", 0) + 1
+
+    def get(self, key: str) -> Any:
+        return self._fields.get(key)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._fields)
+
+
+class VersionsBook:
+    """The model versions' side of the head (implements :class:`.interfaces.VersionsView`)."""
+
+    def __init__(self) -> None:
+        self.repository = ""  # the base directory of model versions, once --model-dir is found to be one
+        self.refused: list[dict[str, Any]] = []  # each version refused, with why and when; newest first
+        self.swap = SwapProgress()
+        self._tokenizer: Any = None
+
+    # -- the version served --------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer of the version served (``None`` for a model class)."""
+        return self._tokenizer
+
+    def serve_tokenizer(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def count_tokens(self, texts: list[Any], is_tokenized: bool, chunk: bool) -> Any:
+        """Tokens per input, for cutting bulk requests (by the tokenizer of the version served)."""
+        return self._tokenizer.count_tokens(texts, is_tokenized=is_tokenized, chunk=chunk)
+
+    # -- refusals ------------------------------------------------------------------------
+
+    def record_refusals(self, refused: list[Refusal]) -> None:
+        """Log, count and list each version refused; a version refused again for the same
+        reason (or still being written) is not logged again."""
+        listed = {entry["version"]: entry for entry in self.refused}
+        for refusal in refused:
+            number = refusal.version.number
+            entry = listed.get(number)
+            same = entry is not None and (entry["reason"] == refusal.reason or (entry["settling"] and refusal.settling))
+            if not same:
+                level = logging.WARNING if refusal.settling else logging.ERROR
+                logger.log(level, "refused version %d of %s: %s", number, self.repository, refusal.reason)
+                metrics.VERSIONS_REFUSED.inc()
+                entry = listed[number] = {"version": number}
+            assert entry is not None
+            entry.update(reason=refusal.reason, settling=refusal.settling, at=round(time.time(), 3))
+        self.refused = sorted(listed.values(), key=lambda entry: -entry["version"])
+
+    def forget_refusal(self, number: int | None) -> None:
+        """Version ``number`` is served now (one refused while it was being written is whole)."""
+        self.refused = [entry for entry in self.refused if entry["version"] != number]
+
+    # -- interfaces.VersionsView ---------------------------------------------------------
+
+    def version_status(self) -> dict[str, Any]:
+        return {"refused_versions": list(self.refused), "swap": self.swap.as_dict()}
