@@ -29,7 +29,8 @@ import numpy as np
 
 from ..config import PoolingStrategy
 from ..errors import ModelError
-from .model_dir import BertConfig, ModelFiles, read_weights
+from .model_dir import BertConfig, ModelFiles
+from .weights import read_weights
 
 logger = logging.getLogger("bertserve.graph")
 

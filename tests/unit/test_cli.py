@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from bertserve.server import BertServeError, ConfigError, ModelConfig, cli
+from bertserve.server import BertServeError, ConfigError, ModelConfig, cli, flags
 from bertserve.server.config import ServerConfig
 from bertserve.server.model import default
 
 
 def _server_config(argv: list[str]):
-    return cli.server_config_from_args(cli.build_parser().parse_args(["start", "--model-dir", "/m", *argv]))
+    return flags.server_config_from_args(cli.build_parser().parse_args(["start", "--model-dir", "/m", *argv]))
 
 
 def test_flags_become_the_config() -> None:
@@ -136,7 +136,7 @@ def test_help_shows_each_flags_default(command: str, shown: list[str], capsys: p
     for nonsense in ("(default: None)", "(default: ())", "(default: [])", "--is-tokenized (default"):
         assert nonsense not in text
     if command == "start":
-        for flag in [*cli.MODEL_FLAGS, *cli.SERVER_FLAGS]:
+        for flag in [*flags.MODEL_FLAGS, *flags.SERVER_FLAGS]:
             assert f"{flag.help} (default: " in text, flag.name
 
 

@@ -1,4 +1,4 @@
-"""What every HTTP request passes first (``server/http/app.py``'s ``_Front``), in process:
+"""What every HTTP request passes first (``server/http/front.py``'s ``Front``), in process:
 the API key and its principal, the body limit, and the budget of bodies held at once."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from bertserve.server.http.app import _caller, _Front
 from bertserve.server.http.bodies import COMMA_COST, OBJECT_COST, BodyBudget
+from bertserve.server.http.front import Front, caller
 from bertserve.server.http.principals import Principal, Principals
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,16 +25,16 @@ KEYS = Principals([Principal.of("alice", "alice-key-0123"), Principal.of("bob", 
 async def _echo(request: Request) -> JSONResponse:
     body = await request.body()
     user = json.loads(body).get("user") if body.startswith(b"{") else None
-    return JSONResponse({"caller": _caller(request), "bytes": len(body), "user": user})
+    return JSONResponse({"caller": caller(request), "bytes": len(body), "user": user})
 
 
-def _front(principals: Principals = KEYS) -> tuple[_Front, BodyBudget]:
+def _front(principals: Principals = KEYS) -> tuple[Front, BodyBudget]:
     budget = BodyBudget(TOTAL)
     inner = Starlette(routes=[Route("/v1/embeddings", _echo, methods=["POST"]), Route("/health", _echo)])
-    return _Front(inner, principals, LIMIT, budget), budget
+    return Front(inner, principals, LIMIT, budget), budget
 
 
-def _client(front: _Front, key: str | None = "alice-key-0123") -> httpx.AsyncClient:
+def _client(front: Front, key: str | None = "alice-key-0123") -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=front), base_url="http://test", headers=headers)
 

@@ -8,7 +8,8 @@ import shutil
 import pytest
 import tiny_bert
 from bertserve.server import ModelConfig, ModelFileError, ModelShapeError
-from bertserve.server.model.model_dir import detect_layout, inspect_model, read_weights
+from bertserve.server.model.model_dir import detect_layout, inspect_model
+from bertserve.server.model.weights import read_weights
 
 
 def _inspect(model_dir: str, **options: object):

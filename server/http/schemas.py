@@ -1,0 +1,162 @@
+"""What goes in and out of the HTTP API: the request bodies and their inputs, checked with
+messages that name the element at fault, and the JSON answers, errors in each API's own format.
+
+The server's error kinds map to status codes (:data:`STATUS_OF_KIND`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from bertserve.client import protocol as p
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation
+
+CHUNKED_HEADER = "X-Chunked-Inputs"  # how many inputs were encoded in windows (long_inputs=chunk)
+VERSION_HEADER = "X-Model-Version"  # the model version that made the vectors (a repository of versions)
+
+STATUS_OF_KIND = {
+    "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "shutdown": 503,
+    "forbidden": 403, "duplicate": 409, "worker": 500, "internal": 500,
+}  # fmt: skip
+_OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error",
+                 422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+# -- request bodies (their schemas are what /docs shows; inputs are checked by hand, to name the element) --
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    input: SkipValidation[str | list[str] | list[int] | list[list[int]]] = Field(
+        description="A string, a list of strings, a list of token ids, or a list of such lists"
+    )
+    model: str | None = Field(None, description="the served model's name or one of its aliases (GET /v1/models)")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="must be the model's own dimension if given")
+    user: str | None = Field(
+        None, description="accepted and ignored: the server's bounds and turns go by API key (without keys, by "
+        "the caller's address), never by this field",
+    )  # fmt: skip
+    long_inputs: Literal["truncate", "chunk"] | None = Field(
+        None,
+        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
+        "combine their vectors); by default what the server was started with",
+    )
+
+
+class EmbedRequest(BaseModel):
+    """Text Embeddings Inference's ``/embed``."""
+
+    inputs: SkipValidation[str | list[str]]
+    normalize: bool = True
+    truncate: bool = False
+    long_inputs: Literal["truncate", "chunk"] | None = Field(
+        None,
+        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
+        "combine their vectors); by default what the server was started with",
+    )
+
+
+class EncodeRequest(BaseModel):
+    """bert-as-service's HTTP ``/encode``."""
+
+    id: SkipValidation[Any] = None
+    texts: SkipValidation[list[str] | list[list[str]]]
+    is_tokenized: bool = False
+    long_inputs: Literal["truncate", "chunk"] | None = Field(
+        None,
+        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
+        "combine their vectors); by default what the server was started with",
+    )
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+
+def checked_texts(texts: Any, name: str, *, is_tokenized: bool = False) -> list[Any]:
+    """``texts`` (the body's field ``name``) as a non-empty list of inputs; raises :class:`HTTPError`."""
+    try:
+        texts = p.check_texts(texts, is_tokenized)
+    except (TypeError, ValueError) as exc:
+        raise HTTPError(422, str(exc).replace("texts", name, 1), param=name) from None
+    if not texts:
+        raise HTTPError(422, f"{name} is empty", param=name)
+    return texts
+
+
+def openai_input(value: Any, tokenizer: Any) -> tuple[list[Any], bool]:
+    """OpenAI's ``input`` as texts, or as token lists (``is_tokenized``) for token ids."""
+    if isinstance(value, str):
+        return checked_texts([value], "input"), False
+    if not isinstance(value, list) or not value:
+        raise HTTPError(422, "input must be a non-empty string or list", param="input")
+    if all(isinstance(item, str) for item in value):
+        return checked_texts(value, "input"), False
+    if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+        return [_tokens_of(value, tokenizer, "input")], True
+    if all(isinstance(item, list) for item in value):
+        return [_tokens_of(ids, tokenizer, f"input[{i}]") for i, ids in enumerate(value)], True
+    bad = next(i for i, item in enumerate(value) if not isinstance(item, type(value[0])) or isinstance(item, bool))
+    raise HTTPError(422, f"input[{bad}] is a {type(value[bad]).__name__}; input must be a string, a list of "
+                    "strings, a list of token ids or a list of such lists", param="input")  # fmt: skip
+
+
+def _tokens_of(ids: list[Any], tokenizer: Any, name: str) -> list[str]:
+    if not ids:
+        raise HTTPError(422, f"{name} is an empty list of token ids", param="input")
+    bad = next((i for i, t in enumerate(ids) if not isinstance(t, int) or isinstance(t, bool)), None)
+    if bad is not None:
+        raise HTTPError(422, f"{name}[{bad}] is not a token id (an integer)", param="input")
+    try:
+        return tokenizer.tokens_of(ids)
+    except ValueError as exc:
+        raise HTTPError(422, f"{name}: {exc}", param="input") from None
+
+
+# -- answers -----------------------------------------------------------------------------
+
+
+def json_response(content: Any, reply: p.Reply | None = None) -> Response:
+    """``content`` as JSON; with the ``reply`` it came from, its ``X-Chunked-Inputs`` header
+    and, from a repository of model versions, ``X-Model-Version``."""
+    headers = None
+    if reply is not None:
+        headers = {CHUNKED_HEADER: str(chunked_count(reply))}
+        version = reply.header.get("model_version")
+        if isinstance(version, int) and not isinstance(version, bool):
+            headers[VERSION_HEADER] = str(version)
+    body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def chunked_count(reply: p.Reply) -> int:
+    """How many inputs of a reply were encoded in windows (long_inputs=chunk)."""
+    chunked = reply.header.get("chunked", 0)
+    return chunked if isinstance(chunked, int) and not isinstance(chunked, bool) else 0
+
+
+def error_response(path: str, error: HTTPError) -> Response:
+    """``error`` in the format of the API that ``path`` belongs to."""
+    if path == "/embed":
+        body: Any = {"error": error.message, "error_type": error.code or "Validation"}
+    elif path == "/encode":
+        body = {"error": error.message, "kind": error.code}
+    else:
+        body = {"error": {
+            "message": error.message, "type": _OPENAI_TYPES.get(error.status, "server_error"),
+            "param": error.param, "code": error.code,
+        }}  # fmt: skip
+    response = Response(orjson.dumps(body), status_code=error.status, media_type="application/json")
+    if error.status == 429:
+        response.headers["Retry-After"] = "1"
+    if error.status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
