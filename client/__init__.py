@@ -11,7 +11,7 @@ CURVE, pass ``server_key="server.key"`` and ``client_cert="me.key_secret"`` (see
 """
 
 from ._version import __version__
-from .client import BertClient, EncodeResult
+from .client import BertClient
 from .errors import (
     AuthenticationError,
     BertClientError,
@@ -23,6 +23,7 @@ from .errors import (
     ServerTimeoutError,
 )
 from .pool import ConcurrentBertClient
+from .results import EncodeResult
 
 __all__ = [
     "AuthenticationError",

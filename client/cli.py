@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, BertClient
+from .client import BertClient
 from .errors import BertClientError
+from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS
 from .security import keygen
 from .terminal import is_terminal, print_status, progress_bar
 

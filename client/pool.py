@@ -16,8 +16,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .client import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, BertClient, Embedding, check_texts, check_timeout
+from .client import BertClient
 from .errors import ClientClosedError, ServerError, ServerTimeoutError
+from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, check_timeout
+from .protocol import check_texts
+from .results import Embedding
 
 
 class ConcurrentBertClient:

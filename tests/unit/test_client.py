@@ -497,7 +497,7 @@ def test_progress_keeps_order_and_raises_what_one_request_raises(
             with pytest.raises(error) as piped:
                 bc.encode(bad, show_progress=True)
             assert (piped.value.kind, piped.value.message) == (whole.value.kind, whole.value.message)
-            assert not bc._expected and bc.encode(texts[:3]).shape == (3, 4)
+            assert not bc._connection.transport.pending and bc.encode(texts[:3]).shape == (3, 4)
         with pytest.raises(ValueError, match="show_progress needs blocking=True"):
             bc.encode(texts, blocking=False, show_progress=True)
 
@@ -510,10 +510,10 @@ def test_progress_keeps_order_and_raises_what_one_request_raises(
 
 
 def test_per_token_answers_are_joined_as_the_server_joins_them() -> None:
-    from bertserve.client.client import _join
+    from bertserve.client.chunking import join
 
     first, second = np.ones((2, 3, 4), np.float16), np.full((1, 5, 4), 2, np.float16)
-    joined = _join([first, second])
+    joined = join([first, second])
     assert joined.shape == (3, 5, 4) and joined.dtype == np.float16
     assert (joined[:2, 3:] == 0).all() and (joined[:2, :3] == 1).all() and (joined[2] == 2).all()
 

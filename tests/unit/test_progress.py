@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 from bertserve.client import BertClient, ConcurrentBertClient, ServerError
-from bertserve.client import client as client_module
 from bertserve.client import protocol as p
+from bertserve.client.chunking import ASYNC_WINDOW
+from bertserve.client.connection import Connection
 from bertserve.server import cli
 from faulty_model import sentences
 from serving import RunningServer, start_server
@@ -43,14 +44,14 @@ def server(tiny_google: str) -> Iterator[RunningServer]:
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """For each ENCODE request a client sends, how many of its requests were already in flight."""
     in_flight: list[int] = []
-    send = BertClient._request
+    send = Connection.request
 
-    def spy(self: BertClient, command: bytes, *args: Any, **kwargs: Any) -> int:
+    def spy(self: Connection, command: bytes, *args: Any, **kwargs: Any) -> int:
         if command == p.ENCODE:
-            in_flight.append(len(self._expected))
+            in_flight.append(len(self.transport.pending))
         return send(self, command, *args, **kwargs)
 
-    monkeypatch.setattr(BertClient, "_request", spy)
+    monkeypatch.setattr(Connection, "request", spy)
     return in_flight
 
 
@@ -66,7 +67,7 @@ def test_progress_gives_the_answer_of_one_request(
         piped, piped_tokens = bc.encode(texts, show_tokens=True, show_progress=True)
         np.testing.assert_array_equal(piped, whole)
         assert piped.dtype == whole.dtype and piped_tokens == whole_tokens and len(piped_tokens) == 1000
-        assert len(sent) == 16 and max(sent) == client_module._ASYNC_WINDOW - 1  # four in flight
+        assert len(sent) == 16 and max(sent) == ASYNC_WINDOW - 1  # four in flight
         bar = capsys.readouterr().err
         assert "encoding: 100%" in bar and "1000/1000" in bar
 
@@ -92,7 +93,7 @@ def test_a_failing_chunk_raises_what_one_request_raises(server: RunningServer) -
             bc.encode(texts, show_progress=True)
         assert type(piped.value) is type(whole.value) and piped.value.kind == whole.value.kind == "limit"
         assert str(piped.value) == str(whole.value) == "texts[500] has 500 characters; this server takes at most 400"
-        assert not bc._expected  # the chunks still in flight were given up
+        assert not bc._connection.transport.pending  # the chunks still in flight were given up
         assert bc.encode(texts[:10], show_progress=True).shape == (10, 16)  # and the client still works
 
 

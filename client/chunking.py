@@ -1,0 +1,128 @@
+"""Many requests for one call: a window of them in flight, answered in order, and a big input
+cut into chunks whose answers join into the answer one request would get.
+
+``encode_async`` checks its caller's batches with :func:`checked` and sends them through
+:func:`in_order`. ``encode(show_progress=True)`` cuts its input with :func:`chunks` into
+requests of :func:`chunk_size` texts, sends them the same way, and :func:`gather` counts
+their answers on a progress bar and joins them.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .errors import ServerError
+from .protocol import check_texts
+from .results import EncodeResult
+from .terminal import progress_bar
+
+ASYNC_WINDOW = 4
+"""Requests ``encode_async``, and ``encode`` with ``show_progress``, keep in flight at once."""
+
+# encode(show_progress=True) sends its input in chunks of this many of the server's mini-jobs
+# (max_batch_size texts each): a chunk is still a bulk request the server sorts by length and
+# cuts, and with a window of chunks in flight the server holds the next ones while we read.
+_PROGRESS_CHUNK_JOBS = 4
+_PROGRESS_CHUNK_DEFAULT = 1024  # when the server's config does not give max_batch_size
+_TEXT_INDEX = re.compile(r"\btexts\[(\d+)\]")  # how an error names an input: texts[3]
+
+BatchT = TypeVar("BatchT")
+ResultT = TypeVar("ResultT")
+
+
+def checked(
+    batches: Iterable[Sequence[Any]], is_tokenized: bool, length_warning: Callable[[list[Any], bool], str | None] | None
+) -> Iterator[list[Any]]:
+    """``batches`` checked as ``encode`` checks its input, an error naming the batch; the
+    first batch for which ``length_warning`` has a message warns, once."""
+    for index, batch in enumerate(batches):
+        try:
+            texts = check_texts(batch, is_tokenized)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"batch {index}: {exc}") from None
+        if length_warning is not None and (message := length_warning(texts, is_tokenized)):
+            warnings.warn(message, stacklevel=4)  # past in_order and encode_async: their caller
+            length_warning = None
+        yield texts
+
+
+def in_order(
+    batches: Iterator[BatchT],
+    send: Callable[[BatchT], int],
+    collect: Callable[[int], ResultT],
+    give_up: Callable[[Iterable[int]], None],
+    window: int = ASYNC_WINDOW,
+) -> Generator[ResultT, None, None]:
+    """``send`` each of ``batches`` as one request, at most ``window`` in flight, and yield
+    what ``collect`` makes of their answers, in the order of the batches.
+
+    Closing the generator hands the requests still in flight to ``give_up``.
+    """
+    in_flight: deque[int] = deque()
+    try:
+        while True:
+            while len(in_flight) < window and (batch := next(batches, None)) is not None:
+                in_flight.append(send(batch))
+            if not in_flight:
+                return
+            yield collect(in_flight.popleft())
+    finally:
+        give_up(in_flight)
+
+
+def chunk_size(config: dict[str, Any]) -> int:
+    """Texts per request of ``encode(show_progress=True)``, from the server's ``config``."""
+    size = config.get("max_batch_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return _PROGRESS_CHUNK_DEFAULT
+    return _PROGRESS_CHUNK_JOBS * size
+
+
+def chunks(texts: list[Any], size: int) -> Iterator[list[Any]]:
+    """``texts`` in consecutive pieces of ``size`` texts (the last may be shorter)."""
+    return (texts[start : start + size] for start in range(0, len(texts), size))
+
+
+def gather(answers: Generator[EncodeResult, None, None], total: int) -> tuple[np.ndarray, list[list[str]]]:
+    """The answers to the chunks of an input of ``total`` texts, counted on a bar as they come,
+    joined as the server joins the parts of one request. An error names each text by its place
+    in the whole input, as the answer to one request would; ``answers`` is closed either way."""
+    arrays: list[np.ndarray] = []
+    tokens: list[list[str]] = []
+    done = 0
+    try:
+        with progress_bar(total) as bar:
+            for result in answers:
+                arrays.append(np.asarray(result.embedding))
+                tokens.extend(result.tokens or [])
+                done += len(result.embedding)
+                bar.update(len(result.embedding))
+    except ServerError as exc:  # about the chunk from texts[done] on
+        raise _renumbered(exc, done) from None
+    finally:
+        answers.close()
+    return join(arrays), tokens
+
+
+def join(parts: list[np.ndarray]) -> np.ndarray:
+    """The answers to consecutive parts of one input as one answer. Per-token vectors are
+    padded with zeros to the widest part, as the server pads the parts of one request."""
+    if parts[0].ndim == 3:
+        width = max(part.shape[1] for part in parts)
+        parts = [np.pad(part, ((0, 0), (0, width - part.shape[1]), (0, 0))) for part in parts]
+    return np.concatenate(parts, axis=0)
+
+
+def _renumbered(error: ServerError, offset: int) -> ServerError:
+    """``error``, about a request of the texts from ``offset`` on, naming each text by its place
+    in the whole input, as the answer to one request of the whole input would."""
+    if not offset:
+        return error
+    message = _TEXT_INDEX.sub(lambda match: f"texts[{int(match[1]) + offset}]", error.message)
+    return type(error)(message, kind=error.kind, request_id=error.request_id)

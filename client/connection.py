@@ -1,0 +1,217 @@
+"""A client's connection to one server: what it learnt on connecting, and requests whose
+answers it awaits, each wait bounded by the timeout.
+
+:meth:`Connection.handshake` asks for the server's configuration, again every 0.2 s until an
+answer comes through: until the server's ``PUB`` has seen the client's subscription (ZeroMQ's
+slow joiner), a reply published to it is silently lost. Each request is framed here, its
+header saying what it asks, and handed to the :class:`~bertserve.client.transport.Transport`.
+A wait that runs out raises :class:`AuthenticationError` if a handshake was refused, since
+then the server never saw the client, and :class:`ServerTimeoutError` otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._version import __version__
+from .errors import BertClientError, ProtocolVersionError, ServerTimeoutError
+from .options import Curve
+from .protocol import CONFIG, ENCODE, PROTOCOL_VERSION, encode_request
+from .results import EncodeResult, answer, encode_result
+from .transport import Transport
+
+_HANDSHAKE_RESEND_S = 0.2
+
+
+@dataclass
+class Pending:
+    """What becomes of the reply to a request someone will collect."""
+
+    show_tokens: bool
+    fetchable: bool  # sent with blocking=False, so fetch() hands it out
+
+
+class Connection:
+    """The sockets to the server at ``host`` (see :class:`Transport`), the server's
+    configuration once :meth:`handshake` has asked for it, and ``timeout`` (milliseconds)
+    bounding every wait."""
+
+    def __init__(
+        self, host: str, port: int, port_out: int, identity: bytes, curve: Curve | None, *, timeout: float
+    ) -> None:
+        self.timeout = timeout
+        self.port_out = port_out
+        self.config: dict[str, Any] = {}
+        self.transport: Transport[Pending] = Transport(host, port, port_out, identity, curve)
+        self.address = self.transport.address
+
+    def deadline(self) -> float:
+        """When a wait that starts now gives up."""
+        return time.monotonic() + self.timeout / 1000
+
+    # -- connecting --------------------------------------------------------------------
+
+    def handshake(self) -> dict[str, Any]:
+        """Ask for the server's config, re-asking until the subscription has reached the
+        server's PUB socket and an answer comes through."""
+        deadline = self.deadline()
+        asked: set[int] = set()
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise self.transport.refusal() or ServerTimeoutError(
+                    f"no bertserve server answered at {self.address} (replies on port {self.port_out}) "
+                    f"within {self.timeout:g} ms",
+                    address=self.address,
+                    timeout_ms=self.timeout,
+                )
+            asked.add(self.request(CONFIG, deadline))
+            reply = self.transport.await_any(asked, min(deadline, now + _HANDSHAKE_RESEND_S))
+            if reply is None:
+                if (refused := self.transport.refusal(certain_only=True)) is not None:
+                    raise refused  # retrying cannot help, so do not wait out the timeout
+                continue
+            if not reply.ok and reply.header.get("kind") == "protocol":
+                raise ProtocolVersionError(
+                    f"the server at {self.address} does not speak protocol {PROTOCOL_VERSION} "
+                    f"(bertserve client {__version__}): {reply.header.get('error')}"
+                )
+            self.config = answer(reply)
+            return self.config
+
+    def ask_config(self) -> dict[str, Any]:
+        """The server's config, asked for afresh and kept."""
+        self.config = self.call(CONFIG, "CONFIG")
+        return self.config
+
+    def check_server(self) -> None:
+        """Raise :class:`ProtocolVersionError` if the server speaks another protocol; warn
+        (on behalf of whoever made the client) if it runs another version of bertserve."""
+        protocol = self.config.get("protocol")
+        if protocol is not None and protocol != PROTOCOL_VERSION:
+            raise ProtocolVersionError(
+                f"the server at {self.address} speaks protocol {protocol!r}, this client "
+                f"{PROTOCOL_VERSION}: install the bertserve version the server runs "
+                f"({self.config.get('server_version', 'unknown')})"
+            )
+        server_version = self.config.get("server_version")
+        if server_version != __version__:
+            warnings.warn(
+                f"the server at {self.address} runs bertserve {server_version or '(unknown version)'}, "
+                f"this client {__version__}; pass check_version=False to silence this",
+                stacklevel=3,  # past BertClient.__init__: its caller
+            )
+
+    def length_warning(self, texts: list[Any], is_tokenized: bool) -> str | None:
+        """What to warn of if one of ``texts`` has more words than the server's ``max_seq_len``."""
+        limit = self.config.get("max_seq_len")
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            return None
+        for i, item in enumerate(texts):
+            if (words := len(item) if is_tokenized else len(item.split())) > limit:
+                return (
+                    f"texts[{i}] has {words} words, more than the server's max_seq_len={limit} tokens: "
+                    "it and any other long text will be truncated; pass long_inputs='chunk' to encode it in "
+                    "windows, start the server with a larger max_seq_len, or pass check_length=False to silence this"
+                )
+        return None
+
+    # -- requests ----------------------------------------------------------------------
+
+    def request(
+        self,
+        command: bytes,
+        deadline: float,
+        texts: Sequence[Any] = (),
+        is_tokenized: bool = False,
+        show_tokens: bool = False,
+        long_inputs: str | None = None,
+        header: dict[str, Any] | None = None,
+    ) -> int:
+        """Send one request; its id."""
+        header = {"client_version": __version__, **(header or {})}
+        if command == ENCODE:
+            header.update(is_tokenized=is_tokenized, show_tokens=show_tokens)
+            if long_inputs is not None:
+                header["long_inputs"] = long_inputs
+        request_id = self.transport.new_id()
+        frames = encode_request(self.transport.identity, command, request_id, header, texts)
+        limit = self.config.get("max_message_bytes")
+        if isinstance(limit, int) and not isinstance(limit, bool) and len(frames[-1]) > limit:
+            # The server's socket would drop it unread and this client would only see a timeout.
+            raise ValueError(
+                f"the request is {len(frames[-1])} bytes as JSON; the server takes at most {limit} bytes per "
+                "message (max_message_bytes): send fewer or shorter texts per request"
+            )
+        if not self.transport.send(frames, deadline):
+            raise self.timeout_error(f"request {request_id} (the send queue stayed full)")
+        return request_id
+
+    def send_encode(
+        self,
+        texts: Sequence[Any],
+        deadline: float,
+        *,
+        is_tokenized: bool,
+        show_tokens: bool,
+        long_inputs: str | None,
+        fetchable: bool,
+    ) -> int:
+        """Send an ENCODE request whose answer someone will collect; its id."""
+        request_id = self.request(ENCODE, deadline, texts, is_tokenized, show_tokens, long_inputs)
+        self.transport.expect(request_id, Pending(show_tokens, fetchable))
+        return request_id
+
+    def call(self, command: bytes, what: str, header: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Send a command (``what`` names it in a timeout) and wait for its answer."""
+        deadline = self.deadline()
+        request_id = self.request(command, deadline, header=header)
+        reply = self.transport.await_any({request_id}, deadline)
+        if reply is None:
+            raise self.timeout_error(f"{what} (request {request_id})")
+        return answer(reply)
+
+    def collect(
+        self, wanted: Collection[int], deadline: float, what: str, output_fmt: Literal["ndarray", "list"]
+    ) -> EncodeResult:
+        """The answer to the first of the ENCODE requests ``wanted`` to be answered, in
+        ``output_fmt``. If none is answered by ``deadline`` they are all given up, and the
+        timeout names them as ``what``."""
+        reply = self.transport.await_any(wanted, deadline)
+        if reply is None:
+            self.give_up(wanted)
+            raise self.timeout_error(what)
+        return encode_result(reply, self.transport.take(reply.request_id).show_tokens, output_fmt)
+
+    def fetchable(self) -> set[int]:
+        """The ``blocking=False`` requests whose answers :meth:`collect` has not yet given."""
+        return {request_id for request_id, pending in self.transport.pending.items() if pending.fetchable}
+
+    def give_up(self, request_ids: Iterable[int]) -> None:
+        """Drop the replies to ``request_ids`` if they come."""
+        self.transport.give_up(request_ids)
+
+    def timeout_error(self, what: str) -> BertClientError:
+        """The error for a wait that ran out: a failed handshake if there was one, since
+        then the server never saw us, else a timeout."""
+        refused = self.transport.refusal()
+        if refused is not None:
+            return refused
+        return ServerTimeoutError(
+            f"no answer from the bertserve server at {self.address} (replies on port {self.port_out}) "
+            f"to {what} within {self.timeout:g} ms",
+            address=self.address,
+            timeout_ms=self.timeout,
+        )
+
+    def close(self) -> None:
+        """Forget every request and close the sockets."""
+        self.transport.close()
+
+    def destroy(self) -> None:
+        """Close the sockets of a connection that never came up."""
+        self.transport.destroy()

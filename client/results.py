@@ -1,0 +1,63 @@
+"""What a reply becomes on the client's side: an :class:`EncodeResult`, or the
+:class:`~bertserve.client.errors.ServerError` it carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+import numpy as np
+
+from .errors import ServerBusyError, ServerError
+from .protocol import Reply
+
+Embedding: TypeAlias = "np.ndarray | list[Any]"
+"""One request's vectors: an array, or nested lists with ``output_fmt="list"``."""
+
+_REPLY_INFO = ("token_count", "chunked", "model_version")  # reply header fields kept in last_info
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    """The answer to one non-blocking request, as :meth:`BertClient.fetch` yields it."""
+
+    id: int
+    embedding: Embedding
+    tokens: list[list[str]] | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # token_count, chunked: see BertClient.last_info
+
+
+def server_error(reply: Reply) -> ServerError:
+    """The error an error reply carries: :class:`ServerBusyError` for a refusal of kind busy."""
+    message = str(reply.header.get("error", "the server gave no reason"))
+    kind = reply.header.get("kind")
+    error = ServerBusyError if kind == "busy" else ServerError
+    return error(message, kind=None if kind is None else str(kind), request_id=reply.request_id)
+
+
+def answer(reply: Reply) -> dict[str, Any]:
+    """The answer to a command (CONFIG, STATUS, ...), or its error raised."""
+    if not reply.ok:
+        raise server_error(reply)
+    return reply.header
+
+
+def encode_result(reply: Reply, show_tokens: bool, output_fmt: Literal["ndarray", "list"]) -> EncodeResult:
+    """The answer to an ENCODE request in ``output_fmt``, or its error raised."""
+    if not reply.ok:
+        raise server_error(reply)
+    array = reply.array().copy()  # own the memory, not the ZeroMQ frame's
+    embedding: Embedding = array.tolist() if output_fmt == "list" else array
+    tokens = reply.header.get("tokens") if show_tokens else None
+    info = {key: reply.header[key] for key in _REPLY_INFO if key in reply.header}
+    return EncodeResult(reply.request_id, embedding, tokens, info)
+
+
+def empty_embedding(config: dict[str, Any], output_fmt: Literal["ndarray", "list"]) -> Embedding | None:
+    """The answer to an empty request, if the server's ``config`` tells its shape."""
+    dim = config.get("output_dim")
+    if isinstance(dim, bool) or not isinstance(dim, int) or config.get("token_level"):
+        return None
+    dtype = config.get("output_dtype")
+    empty = np.zeros((0, dim), np.float16 if dtype == "float16" else np.float32)
+    return empty.tolist() if output_fmt == "list" else empty
