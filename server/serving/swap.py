@@ -101,7 +101,7 @@ class VersionSwap:
         self.tokenizers: dict[int | None, Any] = {}  # version -> its tokenizer, until it is served
         self.preparing: Preparation | None = None  # building what a found version's workers load
         self.prepared: _Prepared | None = None
-        book.swap.begin(SwapState.IDLE, reload=0)
+        book.swap_begin(SwapState.IDLE, reload=0)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -131,7 +131,7 @@ class VersionSwap:
         self.next_look = time.monotonic() + self.interval
         if reload:
             self.follow_latest = wanted == "latest"  # a version asked for by number stays until asked again
-            self.book.swap.update(SwapState.CHECKING, reload=reload, wanted=wanted, message="")
+            self.book.swap_update(SwapState.CHECKING, reload=reload, wanted=wanted, message="")
         self.look_reload = reload
         self.look = self.executor.submit(self._look, wanted, self._serving)
 
@@ -193,7 +193,7 @@ class VersionSwap:
         self.book.record_refusals(found.refused)
         if found.config is None:
             if self.look_reload:
-                self.book.swap.update(found.state, message=found.note, finished=time.time())
+                self.book.swap_update(found.state, message=found.note, finished=time.time())
                 logger.info("reload: %s", found.note)
             return
         self.tokenizers[found.config.version_number] = found.tokenizer
@@ -202,7 +202,7 @@ class VersionSwap:
             self.begin(found.config, self.look_reload)
             return
         self.prepared = _Prepared(found.config, self.look_reload, time.time())
-        self.book.swap.begin(
+        self.book.swap_begin(
             SwapState.PREPARING, reload=self.look_reload, version_from=self._serving,
             version_to=found.config.version_number, started=self.prepared.started,
             message=f"building the graph of version {found.config.version_number}",
@@ -221,7 +221,7 @@ class VersionSwap:
             return
         self._refuse_config(prepared.config, failure)
         message = f"version {prepared.config.version_number} is refused: {failure}"
-        self.book.swap.update(SwapState.REFUSED, message=message, finished=time.time())
+        self.book.swap_update(SwapState.REFUSED, message=message, finished=time.time())
 
     def _refuse_config(self, config: ServerConfig, reason: str) -> None:
         """Refuse the version ``config`` serves, found sound but failed once tried."""
@@ -239,7 +239,7 @@ class VersionSwap:
         self.roll = Roll(target=config, previous=self.served)
         logger.info("swapping model version %s for %s, one worker at a time", old, new)
         self.book.forget_refusal(new)
-        self.book.swap.begin(
+        self.book.swap_begin(
             SwapState.ROLLING, reload=reload, version_from=old, version_to=new, started=started or time.time(),
             workers_replaced=0, message=f"starting a worker of version {new}",
         )  # fmt: skip
@@ -278,14 +278,14 @@ class VersionSwap:
         elif isinstance(step, plan.RetireWorker):
             self.processes.retire_worker(step.index)
             self.pool.stop_worker(step.index)
-            self.book.swap.count_replaced()
+            self.book.swap_replaced()
         elif isinstance(step, plan.StartWorker):
             index = self.processes.add_worker(step.config)
             self.roll = self.roll.started(index, now)
-            self.book.swap.update(message=f"worker {index} is loading version {target}")
+            self.book.swap_update(message=f"worker {index} is loading version {target}")
         elif isinstance(step, plan.DrainWorker):
             self.pool.drain_worker(step.index)
-            self.book.swap.update(message=f"worker {step.index} of version {step.version} is finishing its jobs")
+            self.book.swap_update(message=f"worker {step.index} of version {step.version} is finishing its jobs")
         elif isinstance(step, plan.Finish):
             self._finish(step.rolled_back)
 
@@ -300,7 +300,7 @@ class VersionSwap:
         assert self.roll is not None
         self.served, self.roll = self.roll.target, None
         state = SwapState.ROLLED_BACK if rolled_back else SwapState.DONE
-        self.book.swap.update(state, finished=time.time(), message=f"serving version {self.served.version_number}")
+        self.book.swap_update(state, finished=time.time(), message=f"serving version {self.served.version_number}")
         logger.info("%s: %d worker(s) serve model version %s", "rolled back" if rolled_back else "swap done",
                     len(self.processes.worker_versions()), self.served.version_number)  # fmt: skip
 
@@ -318,5 +318,5 @@ class VersionSwap:
             reason = f"its worker {index} could not load it (exit code {exitcode}; see the errors above)"
             self._refuse_config(failed, reason)
             logger.error("rolling back to model version %s", self.roll.target.version_number)
-            self.book.swap.update(SwapState.ROLLING_BACK, message=f"version {failed.version_number} failed: {reason}")
+            self.book.swap_update(SwapState.ROLLING_BACK, message=f"version {failed.version_number} failed: {reason}")
         return death is Death.RESTART

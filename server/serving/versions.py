@@ -21,47 +21,13 @@ from .swap_plan import SwapState
 logger = logging.getLogger("bertserve.server")
 
 
-class SwapProgress:
-    """The latest swap's progress, as the status shows it under ``swap``: ``state`` (a
-    :class:`.swap_plan.SwapState` value), the RELOAD it answers, the versions from and to, a
-    message, the workers replaced, and when it started and finished."""
-
-    def __init__(self) -> None:
-        self._fields: dict[str, Any] = {}
-
-    @property
-    def state(self) -> SwapState | None:
-        state = self._fields.get("state")
-        return None if state is None else SwapState(state)
-
-    def begin(self, state: SwapState, **fields: Any) -> None:
-        """A new stage: what the status showed of the one before is dropped."""
-        self._fields = {"state": state.value, **fields}
-
-    def update(self, state: SwapState | None = None, **fields: Any) -> None:
-        """The same stage further on, or a look that changes nothing (what the status showed
-        of the latest swap stays beside it)."""
-        if state is not None:
-            fields["state"] = state.value
-        self._fields.update(fields)
-
-    def count_replaced(self) -> None:
-        self._fields["workers_replaced"] = self._fields.get("workers_replaced", 0) + 1
-
-    def get(self, key: str) -> Any:
-        return self._fields.get(key)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self._fields)
-
-
 class VersionsBook:
     """The model versions' side of the head (implements :class:`.interfaces.VersionsView`)."""
 
     def __init__(self) -> None:
         self.repository = ""  # the base directory of model versions, once --model-dir is found to be one
         self.refused: list[dict[str, Any]] = []  # each version refused, with why and when; newest first
-        self.swap = SwapProgress()
+        self._swap: dict[str, Any] = {}  # the latest swap's progress, as the status shows it
         self._tokenizer: Any = None
 
     # -- the version served --------------------------------------------------------------
@@ -77,6 +43,25 @@ class VersionsBook:
     def count_tokens(self, texts: list[Any], is_tokenized: bool, chunk: bool) -> Any:
         """Tokens per input, for cutting bulk requests (by the tokenizer of the version served)."""
         return self._tokenizer.count_tokens(texts, is_tokenized=is_tokenized, chunk=chunk)
+
+    # -- the swap's progress -------------------------------------------------------------
+    # ``state`` (a :class:`.swap_plan.SwapState` value), the RELOAD answered, the versions from
+    # and to, a message, the workers replaced, and when the swap started and finished.
+
+    def swap_begin(self, state: SwapState, **fields: Any) -> None:
+        """A new stage: what the status showed of the one before is dropped."""
+        self._swap = {"state": state.value, **fields}
+
+    def swap_update(self, state: SwapState | None = None, **fields: Any) -> None:
+        """The same stage further on, or a look that changes nothing (what the status showed
+        of the latest swap stays beside it)."""
+        if state is not None:
+            fields["state"] = state.value
+        self._swap.update(fields)
+
+    def swap_replaced(self) -> None:
+        """One more old worker replaced."""
+        self._swap["workers_replaced"] = self._swap.get("workers_replaced", 0) + 1
 
     # -- refusals ------------------------------------------------------------------------
 
@@ -104,4 +89,4 @@ class VersionsBook:
     # -- interfaces.VersionsView ---------------------------------------------------------
 
     def version_status(self) -> dict[str, Any]:
-        return {"refused_versions": list(self.refused), "swap": self.swap.as_dict()}
+        return {"refused_versions": list(self.refused), "swap": dict(self._swap)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bertserve.server.config import ModelConfig, ServerConfig
@@ -95,6 +96,10 @@ def version(repository: Path, number: int) -> ServerConfig:
     return ServerConfig(model=model, model_version=str(number), num_worker=1, poll_interval_s=0)
 
 
+def progress(book: VersionsBook) -> dict[str, Any]:
+    return book.version_status()["swap"]
+
+
 def swap_of(repository: Path, head: FakeHead, book: VersionsBook) -> VersionSwap:
     book.repository = str(repository)
     return VersionSwap(version(repository, 1), pool=head, processes=head, book=book, follow_latest=False)
@@ -106,22 +111,22 @@ def test_a_swap_replaces_the_worker_and_reports_its_progress(repository: Path) -
     try:
         assert book.version_status() == {"refused_versions": [], "swap": {"state": "idle", "reload": 0}}
         swap.begin(version(repository, 2), reload=3)
-        status = book.version_status()["swap"]
+        status = progress(book)
         assert {k: status[k] for k in ("state", "reload", "version_from", "version_to", "workers_replaced")} == {
             "state": "rolling", "reload": 3, "version_from": 1, "version_to": 2, "workers_replaced": 0,
         }  # fmt: skip
         swap.tick(0.0)
         assert head.worker_versions() == {0: 1, 1: 2}
-        assert book.swap.get("message") == "worker 1 is loading version 2"
+        assert progress(book)["message"] == "worker 1 is loading version 2"
         head.workers[1].ready = True
         swap.tick(0.25)
         assert head.serving == 2 and head.workers[0].draining
-        assert book.swap.get("message") == "worker 0 of version 1 is finishing its jobs"
+        assert progress(book)["message"] == "worker 0 of version 1 is finishing its jobs"
         swap.tick(0.5)
-        assert head.workers[0].retiring and head.stopped == [0] and book.swap.get("workers_replaced") == 1
+        assert head.workers[0].retiring and head.stopped == [0] and progress(book)["workers_replaced"] == 1
         del head.workers[0]
         swap.tick(0.75)
-        status = book.version_status()["swap"]
+        status = progress(book)
         assert status["state"] == "done" and status["message"] == "serving version 2" and "finished" in status
     finally:
         swap.close()
