@@ -282,7 +282,7 @@ class BertServer(ExitFlags):
         self._wait_ready(ventilator, self.config.num_worker)
 
     def _wait_ready(self, ventilator: Ventilator, count: int) -> None:
-        while ventilator.registry.local_count < count:
+        while ventilator.local_workers < count:
             if self.should_exit.is_set():
                 raise StartupError("interrupted while the workers were loading the model")
             for index, process in self.children.workers().items():

@@ -36,6 +36,7 @@ from .link import WorkerLink
 from .outbox import SinkOutbox
 from .registry import MAX_CREDITS, Registry, WorkerState
 from .scheduler import Job, Scheduler
+from .sockets import drain
 from .worker import Addresses
 
 logger = logging.getLogger("bertserve.ventilator")
@@ -90,8 +91,6 @@ class Ventilator:
         self.version = config.version_number  # the model version new requests are pinned to
         self.registry.serving = self.version
         self.versions_view: VersionsView | None = None  # the model versions' side of the status
-        self.refused_versions: list[dict[str, Any]] = []  # TEMPORARY
-        self.swap: dict[str, Any] = {}  # TEMPORARY
         self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
         if config.worker_port is not None:
             self.link = WorkerLink(config, context, self, model_sha256, curve_keys)
@@ -137,13 +136,13 @@ class Ventilator:
             wait = min(wait, int(due * 1000) + 1)  # a waiting small request falls due
         events = dict(poller.poll(wait))
         if self.backend in events:
-            self._drain(self.backend, self._on_worker_message)
+            drain(self.backend, self._on_worker_message)
         if self.credit_socket in events:
-            self._drain(self.credit_socket, self._on_credit)
+            drain(self.credit_socket, self._on_credit)
         if self.link is not None and self.link.socket in events:
-            self._drain(self.link.socket, self.link.handle, copy=False)
+            drain(self.link.socket, self.link.handle, copy=False)
         if self.frontend in events:
-            self._drain(self.frontend, self.clients.handle, copy=False, seconds=_CLIENT_DRAIN_S)
+            drain(self.frontend, self.clients.handle, copy=False, seconds=_CLIENT_DRAIN_S)
         self.outbox.flush()
         self._dispatch()
         now = time.monotonic()
@@ -154,19 +153,6 @@ class Ventilator:
         if now >= self._next_gauges:
             self._next_gauges = now + _GAUGE_INTERVAL_S
             self.update_gauges()
-
-    @staticmethod
-    def _drain(
-        socket: zmq.Socket, handle: Callable[[list[Any]], None], *, copy: bool = True, seconds: float = 1.0
-    ) -> None:
-        """Handle what ``socket`` holds, for at most ``seconds`` so the other sockets get a turn."""
-        until = time.monotonic() + seconds
-        while time.monotonic() < until:
-            try:
-                frames = socket.recv_multipart(zmq.NOBLOCK, copy=copy)
-            except zmq.Again:
-                return
-            handle(frames)
 
     def _expire(self, now: float) -> None:
         """Drop the queued work of requests past their deadline: the sink has answered them."""
@@ -213,22 +199,8 @@ class Ventilator:
     def _versions(self) -> dict[str, Any]:
         if self.version is None:
             return {}
-        if self.versions_view is None:  # TEMPORARY until the swap attaches its view
-            return {"model_version": self.version, "refused_versions": self.refused_versions, "swap": self.swap}
-        return {"model_version": self.version, **self.versions_view.version_status()}
-
-    # TEMPORARY, until the swap and supervisor use take_reload and attach_versions
-    @property
-    def reload_requested(self) -> str | None:
-        return self.control._reload
-
-    @reload_requested.setter
-    def reload_requested(self, value: str | None) -> None:
-        self.control._reload = value
-
-    @property
-    def reloads(self) -> int:
-        return self.control.reloads
+        view = self.versions_view.version_status() if self.versions_view is not None else {}
+        return {"model_version": self.version, "refused_versions": [], "swap": {}, **view}
 
     def attach_versions(self, view: VersionsView) -> None:
         """Where the status reads the refused versions and the swap's progress from."""
@@ -302,9 +274,9 @@ class Ventilator:
         """``(index, pid, reason)`` of local workers to kill: silent, or holding a job too long.
         They are forgotten at once and their jobs handed on; a remote one's host is told to
         kill it."""
-        self._drain(self.credit_socket, self._on_credit)  # heartbeats that came while the loop was busy
+        drain(self.credit_socket, self._on_credit)  # heartbeats that came while the loop was busy
         if self.link is not None:
-            self._drain(self.link.socket, self.link.handle, copy=False)
+            drain(self.link.socket, self.link.handle, copy=False)
         found = []
         for worker, reason in self.registry.unresponsive(time.monotonic()):
             if worker.host is None:
@@ -398,6 +370,11 @@ class Ventilator:
         )  # fmt: skip
 
     # -- what the version swap sees (interfaces.WorkerPool) ----------------------------------
+
+    @property
+    def local_workers(self) -> int:
+        """Local workers registered (they loaded the model)."""
+        return self.registry.local_count
 
     @property
     def serving_version(self) -> int | None:
