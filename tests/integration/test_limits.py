@@ -101,7 +101,8 @@ def test_a_flood_is_refused_at_once_while_other_clients_are_queued(tiny_google: 
             try:
                 batches = [sentences(50, seed=i) for i in range(10)]
                 flood.encode(batches[0], blocking=False)
-                wait_for(lambda: watcher.server_status["jobs_in_flight"], 5, "the first request reaching the worker")
+                wait_for(lambda: (s := watcher.server_status)["jobs_in_flight"] and not s["queued_sentences"], 5,
+                         "the whole first request reaching the worker")  # fmt: skip
                 ids = [flood.encode(batch, blocking=False) for batch in batches[1:]]
                 started = time.monotonic()
                 refused = []
