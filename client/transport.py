@@ -36,6 +36,7 @@ from .security import HandshakeWatch, announce, reply_socket
 logger = logging.getLogger("bertserve.client")
 
 _ANNOUNCE_EVERY_MS = 1000  # how often a client waiting for replies announces its route again (CURVE)
+_SEND_CHECK_MS = 100  # how often a send waiting for room looks for a refused handshake
 
 TagT = TypeVar("TagT")
 
@@ -93,13 +94,19 @@ class Transport(Generic[TagT]):
 
     def send(self, frames: list[Any], deadline: float) -> bool:
         """Queue a request's ``frames`` for the server; ``False`` if the send queue stayed full
-        until ``deadline``. Without a server the frames just queue, so this wait only matters
-        once the queue is full."""
+        until ``deadline``, or a handshake was refused for good meanwhile. Without a server the
+        frames just queue, so this wait only matters once the queue is full."""
         announce(self._replies, self.identity)  # under CURVE: where the reply goes, as the sink may be new
-        if not self._push.poll(_remaining_ms(deadline), zmq.POLLOUT):
-            return False
-        self._push.send_multipart(frames, zmq.NOBLOCK, copy=False)
-        return True
+        while True:
+            if self._push.poll(min(_remaining_ms(deadline), _SEND_CHECK_MS), zmq.POLLOUT):
+                try:
+                    self._push.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    return True
+                except zmq.Again:  # the connection the poll saw went away (its handshake refused) before the send
+                    time.sleep(0.01)
+            # A handshake refused for good ends the wait: the caller reports it (Connection.timeout_error).
+            if time.monotonic() >= deadline or self._watch.error(certain_only=True) is not None:
+                return False
 
     # -- correlation -------------------------------------------------------------------
 
