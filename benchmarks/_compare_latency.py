@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,25 @@ def single_sentence_latencies(
         client.encode([sentence])
         latencies.append(time.perf_counter() - started)
         index += 1
+    return latencies
+
+
+def single_sentence_turns(
+    servers: Mapping[str, ServerProcess], corpus: Sequence[str], count: int
+) -> dict[str, list[float]]:
+    """Seconds per one-sentence request to each idle server, the servers taking turns sentence
+    by sentence (the same sentence to each, the first server rotating), so that noise falls on all."""
+    latencies: dict[str, list[float]] = {name: [] for name in servers}
+    with ExitStack() as stack:
+        clients = {name: stack.enter_context(server.client()) for name, server in servers.items()}
+        names = list(clients)
+        for index in range(count):
+            sentence = corpus[(index * 131) % len(corpus)]
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                started = time.perf_counter()
+                clients[name].encode([sentence])
+                latencies[name].append(time.perf_counter() - started)
     return latencies
 
 

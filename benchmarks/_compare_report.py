@@ -10,13 +10,11 @@ from typing import Any
 
 import numpy as np
 from _compare_latency import LatencyResult
+from _compare_targets import Target, targets_markdown
 from lib.contenders import ST_NAME
-from lib.report import format_load, pyplot
+from lib.report import describe_cpu, format_load, pyplot
+from lib.roofline import Roofline, fraction, roofline_markdown
 from lib.stats import clean, fmt, median, milliseconds, ratio
-
-SERVER_FP32, SERVER_BF16 = "server fp32", "server bf16"
-SERVER_NO_MERGE = "server fp32 no-merge"
-CLIENTS_MERGE, CLIENTS_NO_MERGE = "single-sentence clients, merging on", "single-sentence clients, merging off"
 
 
 @dataclass
@@ -27,6 +25,7 @@ class Timed:
     what: str
     rates: list[float] = field(default_factory=list)
     note: str = ""
+    dtype: str = "fp32"  # the precision of its matrix products, for the roofline
 
 
 @dataclass
@@ -37,6 +36,9 @@ class ThroughputRow:
     runs: list[float]
     ratio_to_sentence_transformers: float | None
     note: str
+    dtype: str
+    of_fp32_ceiling: float | None  # median / the fp32 matmul ceiling in sentences/s
+    of_own_ceiling: float | None  # median / its own dtype's ceiling, where measured
 
 
 @dataclass
@@ -46,15 +48,6 @@ class StartupResult:
     median_cold_seconds: float | None
     median_warm_seconds: float | None
     warm_to_cold: float | None
-
-
-@dataclass
-class Target:
-    name: str
-    measured: float | None
-    target: str
-    passed: bool | None
-    detail: str
 
 
 @dataclass
@@ -74,6 +67,9 @@ class CompareReport:
     status_padding_fraction_after_first_bulk: float | None
     peak_rss_mib: dict[str, dict[str, float]]
     startup: StartupResult
+    single_sentence_p50_ms: dict[str, float | None]  # idle servers taking turns, sentence by sentence
+    accuracy: dict[str, dict[str, Any]]  # min and mean cosine to the fp32 reference, per sentence
+    roofline: Roofline | None
     targets: list[Target]
     skipped: str | None
     load_average: dict[str, list[float]]
@@ -81,9 +77,10 @@ class CompareReport:
     environment: dict[str, Any]
 
 
-def throughput_rows(timed: Sequence[Timed]) -> list[ThroughputRow]:
+def throughput_rows(timed: Sequence[Timed], roof: Roofline | None) -> list[ThroughputRow]:
     medians = {t.name: median(t.rates) for t in timed}
     reference = medians.get(ST_NAME, math.nan)
+    ceiling = (lambda dtype: roof.ceiling(dtype)) if roof is not None else (lambda dtype: None)
     return [
         ThroughputRow(
             name=t.name,
@@ -92,73 +89,48 @@ def throughput_rows(timed: Sequence[Timed]) -> list[ThroughputRow]:
             runs=[round(r, 1) for r in t.rates],
             ratio_to_sentence_transformers=clean(ratio(medians[t.name], reference)),
             note=t.note,
+            dtype=t.dtype,
+            of_fp32_ceiling=fraction(medians[t.name], ceiling("fp32")),
+            of_own_ceiling=fraction(medians[t.name], ceiling(t.dtype)),
         )
         for t in timed
     ]
 
 
-def target(name: str, measured: float, op: str, bound: float, detail: str) -> Target:
-    """A target row; ``op`` is ``>=`` or ``<=``; NaN (not measured) is neither PASS nor MISS."""
-    if math.isnan(measured):
-        return Target(name, None, f"{op} {bound:g}", None, detail)
-    passed = measured >= bound if op == ">=" else measured <= bound
-    return Target(name, round(measured, 3), f"{op} {bound:g}", passed, detail)
-
-
-def throughput_target(rows: dict[str, ThroughputRow], name: str, top: str, bottom: str, bound: float) -> Target:
-    """``top``/``bottom`` as a ratio of medians; the detail lists the ratio within each repeat."""
-    if top not in rows or bottom not in rows:
-        return target(name, math.nan, ">=", bound, "not measured")
-    a, b = rows[top], rows[bottom]
-    median_a = math.nan if a.median_sentences_per_second is None else a.median_sentences_per_second
-    median_b = math.nan if b.median_sentences_per_second is None else b.median_sentences_per_second
-    paired = ", ".join(f"{x / y:.2f}" for x, y in zip(a.runs, b.runs, strict=False) if y)
-    return target(name, ratio(median_a, median_b), ">=", bound, f"ratio of medians; per repeat: {paired}")
-
-
-def compute_targets(
-    rows: Sequence[ThroughputRow],
-    latency: LatencyResult,
-    padding: float,
-    startup: StartupResult,
-    st_targets: tuple[float, float],
-) -> list[Target]:
-    by_name = {r.name: r for r in rows}
-    p99, limit = latency.under_load.p99, latency.limit_ms
-    warm_cold = math.nan if startup.warm_to_cold is None else startup.warm_to_cold
-    return [
-        throughput_target(by_name, "server fp32 / sentence-transformers", SERVER_FP32, ST_NAME, st_targets[0]),
-        throughput_target(by_name, "server bf16 / sentence-transformers", SERVER_BF16, ST_NAME, st_targets[1]),
-        throughput_target(by_name, "server fp32 / Encoder fp32", SERVER_FP32, "Encoder fp32", 0.95),
-        throughput_target(by_name, "server bf16 / Encoder bf16", SERVER_BF16, "Encoder bf16", 0.95),
-        throughput_target(by_name, "single-sentence clients / one bulk client", CLIENTS_MERGE, SERVER_FP32, 0.6),
-        target("p99 under load / (idle p50 + 1.5 x bulk job)", ratio(p99, math.nan if limit is None else limit),
-               "<=", 1.0, f"p99 {p99:.0f} ms vs limit {fmt(limit, 0)} ms"),
-        target("padding fraction (bulk corpus)", padding, "<=", 0.15, "server fp32, median of repeats"),
-        target("warm start / cold start", warm_cold, "<=", 0.5,
-               f"medians {fmt(startup.median_warm_seconds)} s vs {fmt(startup.median_cold_seconds)} s"),
-    ]  # fmt: skip
-
-
-def targets_markdown(targets: Sequence[Target]) -> str:
-    lines = ["| target | measured | goal | result | detail |", "| --- | ---: | --- | --- | --- |"]
-    for t in targets:
-        result = "n/a" if t.passed is None else ("PASS" if t.passed else "MISS")
-        lines.append(f"| {t.name} | {fmt(t.measured, 3)} | {t.target} | {result} | {t.detail} |")
-    return "\n".join(lines)
-
-
 def throughput_markdown(rows: Sequence[ThroughputRow]) -> list[str]:
     lines = [
-        "| contender | what | median sentences/s | ratio to sentence-transformers | runs | note |",
-        "| --- | --- | ---: | ---: | --- | --- |",
+        "| contender | what | median sentences/s | ratio to sentence-transformers | of fp32 ceiling "
+        "| of own dtype's ceiling | runs | note |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
         runs = ", ".join(f"{x:.1f}" for x in r.runs)
         ratio_text = "n/a" if r.ratio_to_sentence_transformers is None else f"{r.ratio_to_sentence_transformers:.2f}x"
+        own = "n/a" if r.of_own_ceiling is None else f"{r.of_own_ceiling:.2f} ({r.dtype})"
         lines.append(
-            f"| {r.name} | {r.what} | {fmt(r.median_sentences_per_second)} | {ratio_text} | {runs} | {r.note} |"
+            f"| {r.name} | {r.what} | {fmt(r.median_sentences_per_second)} | {ratio_text} "
+            f"| {fmt(r.of_fp32_ceiling, 2)} | {own} | {runs} | {r.note} |"
         )
+    return lines
+
+
+def accuracy_text(report: CompareReport) -> list[str]:
+    if not report.accuracy:
+        return []
+    cosines = "; ".join(
+        f"{k} to {v['reference']}: min {v['min']:.4f}, mean {v['mean']:.5f}" for k, v in report.accuracy.items()
+    )
+    p50 = ", ".join(f"{k} {fmt(v)} ms" for k, v in report.single_sentence_p50_ms.items())
+    lines = [
+        "Per-sentence cosine to the fp32 vectors (the fp32 server's for the servers, the in-process "
+        f"Encoder fp32's for the in-process contenders): {cosines}.",
+        "",
+    ]
+    if p50:
+        lines += [
+            f"One-sentence p50 through each idle server, the servers taking turns sentence by sentence: {p50}.",
+            "",
+        ]
     return lines
 
 
@@ -192,13 +164,18 @@ def resources_text(report: CompareReport) -> list[str]:
 
 
 def compare_markdown(report: CompareReport) -> str:
+    roof = [*roofline_markdown(report.roofline), ""] if report.roofline is not None else []
     lines = [
         f"Compare: model {report.model_dir}, {report.sentences} sentences, max_seq_len {report.max_seq_len}, "
         f"median of {report.repeats} repeats (round-robin). Servers: 1 worker; bulk client sends requests of "
         f"{report.bulk_request}; in-process batch size {report.batch_size or 'the Encoder default'}.",
         "",
+        f"CPU: {describe_cpu(report.environment)}.",
+        "",
         *throughput_markdown(report.throughput),
         "",
+        *roof,
+        *accuracy_text(report),
         latency_text(report.latency),
         "",
         *resources_text(report),

@@ -10,9 +10,11 @@ parameters (max_seq_len, max_batch_size, pooling_layer, dtype, workers) start a 
 every value but the base one, all sharing one graph cache.
 
 ``compare``: on benchmarks/data/corpus.txt, side by side in one run, repeated round-robin:
-the server end to end (fp32, bf16), the in-process Encoder, sentence-transformers, 32
-single-sentence clients with and without cross-client merging, latency under load, memory,
-cold and warm start, padding; then a table of targets, each PASS or MISS.
+the server end to end (fp32, bf16, and int8 and auto where this bertserve has them), the
+in-process Encoder, sentence-transformers, ONNX Runtime fp32 and int8, 32 single-sentence
+clients with and without cross-client merging, latency under load, memory, cold and warm
+start, padding, each contender's share of this machine's matmul ceiling; then a table of
+targets, each PASS or MISS.
 
     python benchmarks/suite.py sweep --json benchmarks/results/sweep.json --plots benchmarks/results/plots
     python benchmarks/suite.py compare --json benchmarks/results/compare.json --plots benchmarks/results/plots
@@ -102,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--idle-requests", type=int, default=None, help="single requests timed on the idle server (default: 50)")
     add("--start-repeats", type=int, default=None, help="cold and warm starts timed (default: 3)")
     add("--no-sentence-transformers", action="store_true", help="leave sentence-transformers out")
+    add("--no-onnx", action="store_true", help="leave ONNX Runtime (fp32 and int8) out")
+    add("--no-roofline", action="store_true", help="do not measure this machine's matmul rates")
     add("--st-targets", type=_two_ratios, default=(1.5, 3.0), metavar="FP32,BF16",
         help="server / sentence-transformers throughput goals (default: 1.5,3; 2,4 for corpus-long.txt)")  # fmt: skip
     return parser

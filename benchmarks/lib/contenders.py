@@ -32,6 +32,7 @@ class Contender:
     run_seconds: list[float] = field(default_factory=list)
     vectors: np.ndarray | None = field(default=None, repr=False)
     batch_size: int | None = None
+    dtype: str = "fp32"  # the precision of its matrix products, for the roofline
 
 
 def encoder_contender(
@@ -67,7 +68,7 @@ def encoder_contender(
     def encode(texts: list[str]) -> np.ndarray:
         return np.asarray(encoder.encode(texts))
 
-    return Contender(f"Encoder {dtype}", encode, setup, note, batch_size=used_batch_size)
+    return Contender(f"Encoder {dtype}", encode, setup, note, batch_size=used_batch_size, dtype=dtype)
 
 
 def st_contender(model_dir: Path, *, max_seq_len: int, batch_size: int) -> Contender | None:

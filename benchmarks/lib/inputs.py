@@ -7,6 +7,7 @@ import importlib.util
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 BENCHMARKS_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = BENCHMARKS_DIR / "data" / "corpus.txt"
@@ -66,3 +67,25 @@ def model_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, help="write the report as JSON here")
     parser.add_argument("--markdown", type=Path, help="write the report as Markdown here")
     return parser
+
+
+def model_tokenizer(model_dir: Path, max_seq_len: int) -> Any:
+    """A ``tokenizers`` tokenizer for ``model_dir`` (its ``tokenizer.json``, else a lower-casing
+    WordPiece on ``vocab.txt``) that truncates at ``max_seq_len`` tokens and does not pad."""
+    from tokenizers import Tokenizer
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    json_path = model_dir / "tokenizer.json"
+    if json_path.is_file():
+        tokenizer = Tokenizer.from_file(str(json_path))
+    else:
+        tokenizer = BertWordPieceTokenizer(str(model_dir / "vocab.txt"), lowercase=True)
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_seq_len)
+    return tokenizer
+
+
+def mean_tokens(model_dir: Path, corpus: Sequence[str], max_seq_len: int) -> float:
+    """Mean tokens per sentence of ``corpus``, ``[CLS]`` and ``[SEP]`` included, truncated as the model is."""
+    encoded = model_tokenizer(model_dir, max_seq_len).encode_batch(list(corpus))
+    return statistics.mean(len(e.ids) for e in encoded) if encoded else 0.0

@@ -50,6 +50,27 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags() -> list[str]:
+    """Which of ``CPU_FLAGS`` (the ones that decide fp32, bf16 and int8 speed) this CPU has."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                present = set(line.split(":", 1)[1].split())
+                return [flag for flag in CPU_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
+def native_bf16(flags: Sequence[str]) -> bool:
+    """Whether the CPU multiplies bf16 natively (``--dtype auto`` then picks bf16)."""
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
 def package_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
@@ -58,15 +79,24 @@ def package_version(name: str) -> str | None:
 
 
 def environment() -> dict[str, Any]:
+    packages = (
+        "bertserve", "tensorflow", "ai-edge-litert", "numpy", "torch", "sentence-transformers", "transformers",
+        "onnxruntime", "onnx",
+    )  # fmt: skip
     return {
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cpus": os.cpu_count(),
-        "packages": {
-            name: package_version(name)
-            for name in ("bertserve", "tensorflow", "numpy", "torch", "sentence-transformers", "transformers")
-        },
+        "packages": {name: package_version(name) for name in packages},
     }
+
+
+def describe_cpu(env: dict[str, Any]) -> str:
+    """``AMD EPYC, 2 CPUs, flags avx2 fma`` from :func:`environment`'s answer."""
+    flags = " ".join(env.get("cpu_flags") or []) or "none of " + " ".join(CPU_FLAGS)
+    return f"{env.get('cpu', 'unknown CPU')}, {env.get('cpus')} CPUs, flags {flags}"
 
 
 def without_nan(data: Any) -> Any:

@@ -15,7 +15,7 @@ import math
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -174,6 +174,7 @@ class ServerPool:
         self.log_dir = Path(tempfile.mkdtemp(prefix="bertserve-bench-"))
         self.progress = progress
         self.failed = False
+        self.refused: dict[str, str] = {}  # optional servers that did not start, and why
         stack.callback(self._clean_up)
 
     def _clean_up(self) -> None:
@@ -183,16 +184,31 @@ class ServerPool:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
     @contextmanager
-    def running(self, *named: tuple[str, ServerOptions]) -> Iterator[list[ServerProcess]]:
-        """Start the servers together, wait until all are ready, stop them all at the end."""
+    def running(
+        self, *named: tuple[str, ServerOptions], optional: Sequence[tuple[str, ServerOptions]] = ()
+    ) -> Iterator[list[ServerProcess]]:
+        """Start the servers together, wait until all are ready, stop them all at the end. A
+        server of ``optional`` that does not start (a flag this bertserve refuses, say) is left
+        out of the list, and why is kept in ``refused``."""
         servers: list[ServerProcess] = []
+        ready: list[ServerProcess] = []
+        optional_names = {name for name, _ in optional}
         try:
-            for name, options in named:
+            for name, options in (*named, *optional):
                 servers.append(ServerProcess(name, options, self.log_dir))
             for server in servers:
-                seconds = server.wait_ready()
+                try:
+                    seconds = server.wait_ready()
+                except BenchmarkError:
+                    if server.name not in optional_names:
+                        raise
+                    why = _last_error_line(server.server.tail(40))
+                    self.refused[server.name] = f"{server.name} left out, it did not start: {why}"
+                    self.progress(self.refused[server.name])
+                    continue
+                ready.append(server)
                 self.progress(f"server {server.name} ready in {seconds:.1f} s (port {server.port})")
-            yield servers
+            yield ready
         except BaseException:
             self.failed = True
             raise
@@ -201,3 +217,12 @@ class ServerPool:
                 server.terminate()
             for server in servers:
                 server.wait_stopped()
+
+
+def _last_error_line(tail: str) -> str:
+    """The last line of a server's output that says what went wrong, else its last line."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "error" in line.lower() or "unknown" in line.lower() or "invalid" in line.lower():
+            return line[-300:]
+    return lines[-1][-300:] if lines else "no output"
