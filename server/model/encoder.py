@@ -14,13 +14,14 @@ import importlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from bertserve.client.protocol import check_texts
 
 from ..config import ModelConfig, default_graph_dir, parse_long_inputs
+from ..errors import ModelError
 from ..logs import held_native_output
 from ..memory import trim_heap
 from . import chunking, lite
@@ -68,13 +69,19 @@ class Encoder:
         graph_bytes, self.meta, self.graph_built = load_or_build(model, spec, graph_dir)
         self.graph_path: str = os.path.join(graph_dir, f"{self.meta.key}.graph")
         self.graph_size: int = len(graph_bytes)
-        self._fn = load_function(graph_bytes, self.meta, xla=self.config.xla)
-        del graph_bytes  # before the first run optimizes the graph: a worker's peak is while it loads
         self._device = self.config.device or "/CPU:0"
         self._lite: lite.LiteRunner | None = None
-        self._warmup()  # TensorFlow optimizes the graph at its first run, with ~300 MiB it then frees,
-        trim_heap()  # given back before LiteRT loads, so the two do not add up to the worker's peak
-        self._lite = self._small_runner(graph_dir)
+        self._quantized = spec.dtype == "int8"
+        if self._quantized:  # every run on LiteRT's int8 model: the fp32 graph is not loaded
+            del graph_bytes
+            self._fn: Callable | None = None
+            self._lite = self._int8_runner(graph_dir)
+        else:
+            self._fn = load_function(graph_bytes, self.meta, xla=self.config.xla)
+            del graph_bytes  # before the first run optimizes the graph: a worker's peak is while it loads
+            self._warmup()  # TensorFlow optimizes the graph at its first run, with ~300 MiB it then frees,
+            trim_heap()  # given back before LiteRT loads, so the two do not add up to the worker's peak
+            self._lite = self._small_runner(graph_dir)
         if self._lite is not None:
             self._warmup()
             trim_heap()
@@ -92,7 +99,10 @@ class Encoder:
             "token_level": self.token_level,
             "layers_run": self.meta.layers_run,
             "graph_key": self.meta.key,
-            "lite_max_tokens": self.config.lite_max_tokens if self._lite is not None else 0,
+            "lite_max_tokens": self.config.lite_max_tokens if self._lite is not None and not self._quantized else 0,
+            "runtime": "LiteRT"
+            if self._quantized
+            else "TensorFlow" + (" and LiteRT" if self._lite is not None else ""),
         }
 
     @property
@@ -213,10 +223,28 @@ class Encoder:
         flatbuffer = lite.load_or_convert(None, self.meta, graph_dir)  # from the cached graph
         if flatbuffer is None:
             return None
+        return lite.LiteRunner(flatbuffer, self._threads())
+
+    def _int8_runner(self, graph_dir: str) -> lite.LiteRunner:
+        """LiteRT over the int8 model; a clear error where it cannot run."""
+        if "CPU" not in self._device.upper():
+            raise ModelError(f"dtype int8 runs on the CPU only, not on {self._device}; use fp16 on a GPU")
+        if not lite.available():
+            raise ModelError("dtype int8 runs on LiteRT, which is not installed: pip install ai-edge-litert")
+        flatbuffer = lite.load_or_convert(None, self.meta, graph_dir, quantized=True)
+        if flatbuffer is None:
+            raise ModelError(
+                "dtype int8: this model's graph does not convert to LiteRT's int8 form (see the warning above)"
+            )
+        try:
+            return lite.LiteRunner(flatbuffer, self._threads())
+        except (RuntimeError, ValueError) as exc:
+            raise ModelError(f"dtype int8: LiteRT cannot run this model's int8 form on this CPU ({exc})") from None
+
+    def _threads(self) -> int:
         import tensorflow as tf
 
-        threads = tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
-        return lite.LiteRunner(flatbuffer, threads)
+        return tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
 
     def _run_lite(self, ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> np.ndarray:
         assert self._lite is not None
@@ -230,6 +258,8 @@ class Encoder:
     def _run_padded(self, batch: TokenizedBatch) -> np.ndarray:
         ids, segments, mask = batch.input_ids, batch.segment_ids, batch.input_mask
         rows, width = ids.shape
+        if self._quantized:
+            return self._run_lite(ids, mask, segments)
         if self._lite is not None and rows * width <= self.config.lite_max_tokens:
             try:
                 return self._run_lite(ids, mask, segments)
@@ -252,6 +282,7 @@ class Encoder:
                 np.pad(a, ((0, padded_rows - rows), (0, padded - width))) for a in (ids, segments, mask)
             )
             mask[rows:, 0] = 1  # padding rows hold one token so no row is empty
+        assert self._fn is not None
         with tf.device(self._device):
             result = self._fn(tf.constant(ids), tf.constant(mask), tf.constant(segments)).numpy()
         result = result[:rows]
@@ -264,6 +295,11 @@ class Encoder:
         mask, segments = np.ones_like(ids), np.zeros_like(ids)
         if self._lite is None:
             self._run_tf(ids, mask, segments)
+        elif self._quantized:  # no TensorFlow to fall back on: a failure is the model's error
+            try:
+                self._run_lite(ids, mask, segments)
+            except (RuntimeError, ValueError) as exc:
+                raise ModelError(f"dtype int8: LiteRT failed on the warm-up run ({exc})") from None
         else:
             try:
                 self._run_lite(ids, mask, segments)

@@ -48,7 +48,7 @@ class GraphSpec:
     pooling_layer: tuple[int, ...]  # absolute encoder layer indexes, 0-based
     mask_cls_sep: bool
     normalize: bool
-    dtype: str  # fp32, fp16, bf16
+    dtype: str  # fp32, fp16, bf16, int8 (an fp32 graph whose LiteRT form has int8 weights)
     output_dtype: str  # float32, float16
 
 
@@ -259,13 +259,14 @@ def _numpy_dtype(dtype: str) -> np.dtype:
         import tensorflow as tf
 
         return tf.bfloat16.as_numpy_dtype
-    return np.dtype({"fp32": np.float32, "fp16": np.float16}[dtype])
+    return np.dtype({"fp32": np.float32, "fp16": np.float16, "int8": np.float32}[dtype])
 
 
 def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask, segment_ids):
     import tensorflow as tf
 
-    compute = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}[spec.dtype]
+    # int8's graph is fp32: its LiteRT form (see .int8) holds the int8 weights.
+    compute = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16, "int8": tf.float32}[spec.dtype]
     f32 = tf.float32
     batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
     hidden, heads = config.hidden_size, config.num_attention_heads

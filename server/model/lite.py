@@ -7,8 +7,9 @@ and lose to oneDNN from about a hundred padded tokens on. So the ``Encoder`` giv
 of at most ``lite_max_tokens`` padded tokens to LiteRT and every bigger run to TensorFlow.
 
 Only fp32 graphs on the CPU take this path: LiteRT has no bf16 matrix products, and a GPU
-is better left with whole batches. The converted model is cached beside the graph, under
-the same key, and checked the same way.
+is better left with whole batches. With ``dtype`` int8 every run takes it, on a model whose
+matrix weights are int8 (see :mod:`.int8`). The converted model is cached beside the graph,
+under the same key, and checked the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..logs import held_native_output
+from . import int8
 from .graph import INPUT_NAMES, GraphMeta, read_cache, write_cache
 
 logger = logging.getLogger("bertserve.lite")
@@ -38,10 +40,10 @@ def available() -> bool:
     return True
 
 
-def load_or_convert(graph: Any, meta: GraphMeta, graph_dir: str) -> bytes | None:
+def load_or_convert(graph: Any, meta: GraphMeta, graph_dir: str, *, quantized: bool = False) -> bytes | None:
     """The LiteRT flatbuffer of ``graph`` (a GraphDef, or None for the cached graph of
-    ``meta.key``): from the cache when sound, else converted (and cached). None, with a
-    warning, when the graph does not convert."""
+    ``meta.key``), with int8 weights when ``quantized``: from the cache when sound, else
+    converted (and cached). None, with a warning, when the graph does not convert."""
     path = os.path.join(graph_dir, f"{meta.key}.lite")
     cached = read_cache(path, meta.key)
     if cached is not None:
@@ -53,9 +55,10 @@ def load_or_convert(graph: Any, meta: GraphMeta, graph_dir: str) -> bytes | None
             return None
         graph = found[0]
     try:
-        flatbuffer = convert(graph, meta)
+        flatbuffer = int8.convert(graph, meta) if quantized else convert(graph, meta)
     except Exception as exc:  # the converter raises its own error types, and plain ones
-        logger.warning("small runs stay on TensorFlow: the graph does not convert to LiteRT (%s)", exc)
+        what = "int8 needs LiteRT, and" if quantized else "small runs stay on TensorFlow:"
+        logger.warning("%s the graph does not convert to LiteRT (%s)", what, exc)
         return None
     try:
         write_cache(path, flatbuffer, dataclasses.replace(meta, digest=hashlib.sha256(flatbuffer).hexdigest()))

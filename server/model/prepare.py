@@ -36,7 +36,10 @@ FAILED_EXIT_CODE = 4
 
 
 def wants_lite(config: ModelConfig, spec: GraphSpec) -> bool:
-    """Whether small runs of this model go to LiteRT on a CPU (see :mod:`.lite`)."""
+    """Whether runs of this model go to LiteRT on a CPU: small ones in fp32 (see
+    :mod:`.lite`), every one in int8 (see :mod:`.int8`)."""
+    if spec.dtype == "int8":
+        return True
     return bool(config.lite_max_tokens) and spec.dtype == "fp32" and not config.xla
 
 
@@ -88,7 +91,7 @@ def run_steps(requested: ModelConfig, steps: list[str], cpu_only: bool, threads:
                 found = lite.read_graph_def(graph_dir, key)
                 trim_heap()  # the file's bytes, read and parsed
                 if found is not None:  # else the graph could not be cached, and each worker converts its own
-                    lite.load_or_convert(*found, graph_dir)
+                    lite.load_or_convert(*found, graph_dir, quantized=spec.dtype == "int8")
     except Exception as exc:
         logger.error("could not build the %s of %s: %s", STEP_NAMES.get(step, step), requested.model_dir, exc)
         raise SystemExit(FAILED_EXIT_CODE) from None

@@ -1,0 +1,138 @@
+"""int8 on the CPU: the frozen fp32 graph converted to LiteRT with int8 matrix weights.
+
+TensorFlow's converter quantizes each fully connected weight to int8 per output channel
+(dynamic-range quantization), and LiteRT's kernels quantize the activations feeding it at
+run time, row by row, so no calibration is needed and no fixed range clips a long or odd
+sentence. Everything else stays fp32: the embeddings, attention's own products (both
+operands are activations), softmax, layer norm, the residual stream, pooling and
+normalisation.
+
+A product whose rounding costs the most accuracy can be kept in fp32
+(:data:`KEEP_FLOAT`): after conversion its weight is written back as fp32, so the runtime
+picks its fp32 kernel for it. The choice came from measuring each product's error alone
+(``benchmarks/int8_layers.py``; the figures are beside :data:`KEEP_FLOAT`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError
+from ..logs import held_native_output
+from .graph import INPUT_NAMES, GraphMeta
+
+#: The products kept in fp32, as ``layer/role`` patterns (roles: qkv, attn_out, ffn_in,
+#: ffn_out, pooler). Measured on all-MiniLM-L6-v2, min / mean cosine to fp32 over 1,130
+#: sentences with one kind of product in int8 and the rest fp32: qkv 0.989 / 0.9982,
+#: attn_out 0.997 / 0.9993, ffn_in 0.996 / 0.9993, ffn_out 0.997 / 0.9993; every product
+#: in int8 0.993 / 0.9988, every one but qkv 0.995 / 0.9991. The fused query, key and value
+#: product reads the layer norm's output, whose few outlier channels set each row's scale,
+#: and its error is then magnified by the attention scores; kept in fp32 it costs a quarter
+#: of the int8 products' work and leaves a margin above the 0.99 bar.
+KEEP_FLOAT: tuple[str, ...] = ("*/qkv",)
+
+_LAYER = re.compile(r"layer_(\d+)/MatMul")  # a fused name lists the ops folded in; the product comes last
+#: The converter would fold the layer norm's scale into the next product's weight, giving
+#: each input channel its own range, which one scale per output channel then rounds badly:
+#: every product in int8 gave a min cosine of 0.989 folded and 0.993 not.
+FUSE_DISABLED = True
+_FLOAT32, _INT8 = 0, 9  # TensorType values in LiteRT's schema
+
+
+def convert(graph_def: Any, meta: GraphMeta, keep_float: Iterable[str] = KEEP_FLOAT) -> bytes:
+    """The frozen fp32 ``graph_def`` as a LiteRT model with int8 matrix weights, the
+    products named in ``keep_float`` (``"layer_3/ffn_out"``, ``"*/ffn_out"``, ``"layer_5/*"``)
+    left in fp32."""
+    import tensorflow as tf
+
+    converter = tf.compat.v1.lite.TFLiteConverter(
+        graph_def, None, None,
+        input_arrays_with_shape=[(name, [-1, -1]) for name in INPUT_NAMES],
+        output_arrays=[meta.output_node],
+    )  # fmt: skip
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter._experimental_disable_fuse_mul_and_fc = FUSE_DISABLED
+    with held_native_output():
+        flatbuffer = bytes(converter.convert())
+    kept = tuple(keep_float)
+    return (
+        restore_float(flatbuffer, lambda name: any(_matches(name, pattern) for pattern in kept)) if kept else flatbuffer
+    )
+
+
+def _matches(product: str, pattern: str) -> bool:
+    layer, _, role = product.partition("/")
+    want_layer, _, want_role = pattern.partition("/")
+    return want_layer in ("*", layer) and want_role in ("*", role)
+
+
+def products(flatbuffer: bytes) -> list[str]:
+    """The names of the int8 products in ``flatbuffer``, in graph order."""
+    model = _read(flatbuffer)
+    return [name for name, _ in _int8_products(model)]
+
+
+def restore_float(flatbuffer: bytes, keep: Callable[[str], bool]) -> bytes:
+    """``flatbuffer`` with the int8 weight of each product ``keep`` names written back as
+    fp32 (the int8 values times their channel's scale), so that product runs in fp32."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = _read(flatbuffer)
+    for name, (tensor, buffer) in _int8_products(model):
+        if not keep(name):
+            continue
+        scales = np.asarray(tensor.quantization.scale, dtype=np.float32)
+        axis = tensor.quantization.quantizedDimension
+        weights = np.frombuffer(bytes(buffer.data), dtype=np.int8).reshape(tensor.shape).astype(np.float32)
+        shape = [1] * weights.ndim
+        shape[axis] = -1
+        buffer.data = np.frombuffer((weights * scales.reshape(shape)).tobytes(), dtype=np.uint8)
+        tensor.type = _FLOAT32
+        tensor.quantization = None
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def _read(flatbuffer: bytes) -> Any:
+    try:
+        from ai_edge_litert.tools import flatbuffer_utils
+    except ImportError as exc:
+        raise ModelError(f"dtype int8 needs ai-edge-litert: pip install ai-edge-litert ({exc})") from None
+    return flatbuffer_utils.read_model_from_bytearray(bytearray(flatbuffer))
+
+
+def _int8_products(model: Any) -> list[tuple[str, tuple[Any, Any]]]:
+    """Each fully connected op with an int8 weight: its name (``layer_N/role``) and its
+    weight tensor and buffer."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    graph = model.subgraphs[0]
+    found = []
+    for op in graph.operators:
+        if flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) != "FULLY_CONNECTED":
+            continue
+        tensor = graph.tensors[op.inputs[1]]
+        if tensor.type != _INT8:
+            continue
+        name = tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
+        output = graph.tensors[op.outputs[0]].name
+        output = output.decode() if isinstance(output, bytes) else str(output)
+        layers = _LAYER.findall(name) or _LAYER.findall(output)
+        out_features, in_features = tensor.shape
+        product = f"layer_{layers[-1] if layers else '?'}/{_role(name, out_features, in_features)}"
+        found.append((product, (tensor, model.buffers[tensor.buffer])))
+    return found
+
+
+def _role(name: str, out_features: int, in_features: int) -> str:
+    """A BERT layer's product by its weight's shape."""
+    if "pooler" in name:
+        return "pooler"
+    if out_features == 3 * in_features:
+        return "qkv"
+    if out_features == in_features:
+        return "attn_out"
+    return "ffn_in" if out_features > in_features else "ffn_out"
