@@ -34,6 +34,7 @@ from .flags import (
     worker_options_from_args,
 )
 from .logs import quiet_native_logs, setup_logging
+from .model.hardware import short_reason
 
 logger = logging.getLogger("bertserve.cli")
 
@@ -69,7 +70,7 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
         f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
         f"results on port {config.port_out}, {config.num_worker} worker(s), "
         f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
-        f"dim {info.get('output_dim')}, {info.get('dtype')}, model {info.get('model_dir') or config.model.model_dir}"
+        f"dim {info.get('output_dim')}, {dtype_text(info)}, model {info.get('model_dir') or config.model.model_dir}"
     )
     if str(info.get("model_version", "")).isdigit():  # a version of a model repository
         line += f" (version {info['model_version']})"
@@ -78,6 +79,16 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
     if config.worker_port is not None:
         line += f", remote workers join on tcp://{config.bind}:{config.worker_port}"
     print(paint(line, "green", sys.stdout), flush=True)
+
+
+def dtype_text(info: dict[str, Any]) -> str:
+    """The ready line's dtype: the one the workers run, and, when ``auto`` chose it, why."""
+    dtype, reason = info.get("dtype"), info.get("dtype_reason")
+    if dtype == "auto":  # no worker has told yet: remote ones each decide on their own machine
+        return "auto (each worker decides for its own device)"
+    if info.get("dtype_requested") != "auto" or not reason:
+        return str(dtype)
+    return f"{dtype} (auto: {short_reason(str(reason))})"
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:

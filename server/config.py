@@ -43,12 +43,16 @@ class PoolingStrategy(str, enum.Enum):
 
 _POOLING_ALIASES = {"FIRST_TOKEN": "CLS_TOKEN", "LAST_TOKEN": "SEP_TOKEN"}
 
-#: Accepted spellings of each dtype, mapped to the canonical short name.
+#: Accepted spellings of each dtype, mapped to the canonical short name. ``auto`` is resolved
+#: for the model's device by ``model.options.resolve`` (see ``model/hardware.py``).
 _DTYPES = {
+    "auto": "auto",
     "fp32": "fp32", "float32": "fp32",
     "fp16": "fp16", "float16": "fp16", "half": "fp16",
     "bf16": "bf16", "bfloat16": "bf16",
+    "int8": "int8", "qint8": "int8",
 }  # fmt: skip
+DTYPE_CHOICES = "auto, fp32, bf16, fp16 or int8"
 _OUTPUT_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
 
 DYNAMIC = "NONE"
@@ -83,7 +87,7 @@ class ModelConfig:
     mask_cls_sep: bool = False
     normalize: bool | None = None
     do_lower_case: bool | None = None
-    dtype: str = "fp32"
+    dtype: str = "auto"  # chosen for the device and CPU when the options are resolved
     output_dtype: str = "float32"
     xla: bool = False
     graph_dir: str | None = None
@@ -105,7 +109,7 @@ class ModelConfig:
             set_(self, "pooling_layer", _parse_layers(self.pooling_layer))
         dtype = _DTYPES.get(str(self.dtype).lower())
         if dtype is None:
-            raise ModelOptionError(f"unknown dtype {self.dtype!r}; choose fp32, fp16 or bf16")
+            raise ModelOptionError(f"unknown dtype {self.dtype!r}; choose {DTYPE_CHOICES}")
         set_(self, "dtype", dtype)
         output_dtype = _OUTPUT_DTYPES.get(str(self.output_dtype).lower())
         if output_dtype is None:

@@ -106,7 +106,12 @@ MODEL_FLAGS = [
     Flag("--mask-cls-sep", "leave [CLS] and [SEP] out of pooling", _bool, False, switch=True),
     Flag("--normalize", "L2-normalize the output", _bool, switch=True, unset="what the model says"),
     Flag("--do-lower-case", "lower-case the input", _bool, unset="what the vocabulary implies"),
-    Flag("--dtype", "fp32, bf16 or fp16 weights and matrix products", default="fp32"),
+    Flag(
+        "--dtype",
+        "auto, fp32, bf16, fp16 or int8 weights and matrix products; auto: fp16 on a GPU, bf16 on a CPU with "
+        "amx_bf16 or avx512_bf16, else fp32 (never int8)",
+        default="auto",
+    ),
     Flag("--output-dtype", "float32 or float16 vectors", default="float32"),
     Flag("--xla", "XLA-compile the graph", _bool, False, switch=True),
     Flag("--graph-dir", "where optimized graphs are cached", unset="the user cache dir"),

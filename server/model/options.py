@@ -1,7 +1,11 @@
 """A model's options, resolved: what the user left out filled from the model's defaults and
 checked against the model, the graph's spec, the description servers and clients show, and
 the model's tokenizer. Nothing here loads weights or TensorFlow, so the server's head, the
-HTTP process and the version swap use it as the workers do."""
+HTTP process and the version swap use it as the workers do.
+
+``dtype`` ``auto`` is resolved here, for the model's ``device`` (:mod:`.hardware`): the graph's
+spec, and so the graph cache's key, always holds the concrete dtype, while the resolved config
+keeps the dtype asked for, which :func:`describe` reports beside the one chosen and why."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 
 from ..config import DYNAMIC, ModelConfig, PoolingStrategy
 from ..errors import ModelError
-from . import chunking
+from . import chunking, hardware
 from .chunking import check_chunkable
 from .graph import GraphSpec
 from .model_dir import ModelFiles, inspect_model
@@ -43,6 +47,8 @@ def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenize
 
 
 def describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:
+    """The resolved options as plain JSON values: ``dtype`` is the one the graph runs,
+    ``dtype_requested`` the one asked for (``auto``) and ``dtype_reason`` why."""
     return {
         "model_dir": config.model_dir,
         "max_seq_len": config.max_seq_len,
@@ -51,6 +57,8 @@ def describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:
         "mask_cls_sep": spec.mask_cls_sep,
         "normalize": spec.normalize,
         "dtype": spec.dtype,
+        "dtype_requested": config.dtype,
+        "dtype_reason": hardware.resolve_dtype(config.dtype, config.device)[1],
         "output_dtype": spec.output_dtype,
         "do_lower_case": config.do_lower_case,
         "long_inputs": config.long_inputs,
@@ -95,7 +103,7 @@ def resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, Gra
         pooling_layer=tuple(absolute),
         mask_cls_sep=requested.mask_cls_sep,
         normalize=normalize,
-        dtype=requested.dtype,
+        dtype=hardware.resolve_dtype(requested.dtype, requested.device)[0],
         output_dtype=requested.output_dtype,
     )
     return resolved, spec

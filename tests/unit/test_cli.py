@@ -119,7 +119,7 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
                    "GPU ids the workers take in turn (default: every visible GPU)",
                    "XLA-compile the graph (default: False)", "(default: 10.0)"]),
         ("embed", ["where to write the vectors (default: embeddings.npy)", "one sentence a line (default: stdin)",
-                   "weights and matrix products (default: fp32)", "BERT model directory (default: all-MiniLM"]),
+                   "else fp32 (never int8) (default: auto)", "BERT model directory (default: all-MiniLM"]),
         ("encode", ["sentences per request (default: 256)", "wait for an answer (default: 60000)",
                     "server port for replies (default: --port + 1)", "(needs --client-cert) (default: plain TCP)"]),
         ("status", ["server host (default: localhost)", "for requests (default: 5555)", "answer (default: 5000)"]),

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tiny_bert
 from bertserve.server import Encoder, ModelError
+from bertserve.server.model import hardware
 from checks import cosine_rows
 
 TEXTS = [
@@ -19,6 +20,13 @@ TEXTS = [
     "你好 世界",
     "the fox ||| the dog",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests hold the default dtype to fp32's tolerances (and LiteRT's fp32 path): they
+    run what ``--dtype auto`` picks on a CPU without bf16 matrix instructions, on any CPU."""
+    monkeypatch.setenv(hardware.FLAGS_ENV, "avx2 fma")
 
 
 def _expected(directory: str, encoder: Encoder, texts: list[str]) -> list[np.ndarray]:
@@ -300,7 +308,7 @@ def test_option_errors_name_the_problem(tiny_google: str, session_graph_dir: str
     with pytest.raises(ModelError, match="unknown pooling_strategy"):
         Encoder(tiny_google, pooling_strategy="AVERAGE", graph_dir=session_graph_dir)
     with pytest.raises(ModelError, match="unknown dtype"):
-        Encoder(tiny_google, dtype="int8", graph_dir=session_graph_dir)
+        Encoder(tiny_google, dtype="int4", graph_dir=session_graph_dir)
     with pytest.raises(TypeError, match="pooling_stratgy"):
         Encoder(tiny_google, pooling_stratgy="NONE")
 
