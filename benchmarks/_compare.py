@@ -44,7 +44,7 @@ from lib.inputs import describe_corpus, mean_tokens, read_corpus
 from lib.load import Load, run_load
 from lib.onnx_contenders import onnx_contenders
 from lib.report import Progress, cpu_flags, describe_cpu, environment, native_bf16
-from lib.roofline import Roofline, Shapes, roofline
+from lib.roofline import Roofline, RooflineRun, Shapes
 from lib.servers import BenchmarkError, ServerOptions, ServerPool, ServerProcess, WorkCounters
 from lib.stats import clean, cosine_rows, median, percentile_ms, ratio
 
@@ -286,17 +286,23 @@ def initial_timed(
     return {t.name: t for t in timed}
 
 
-def measure_roofline(settings: CompareSettings, model_dir: Path, progress: Progress) -> Roofline | None:
-    """The machine's matmul rates at the model's shapes, before any server is up."""
+def start_roofline(settings: CompareSettings, model_dir: Path, progress: Progress) -> RooflineRun | None:
+    """The machine's matmul rates at the model's shapes, measured in a process of its own."""
     shapes = Shapes.of_model(model_dir)
     if not settings.roofline or shapes is None:
         return None
     progress(f"matmul rates at the model's shapes (T {settings.roofline_tokens}, {THREADS} threads)")
     tokens = mean_tokens(model_dir, settings.corpus, settings.max_seq_len)
-    roof = roofline(
+    return RooflineRun(
         shapes, tokens_per_sentence=tokens, tokens=settings.roofline_tokens, threads=THREADS,
         repeats=settings.roofline_repeats,
     )  # fmt: skip
+
+
+def finish_roofline(run: RooflineRun | None, progress: Progress) -> Roofline | None:
+    if run is None:
+        return None
+    roof = run.result()
     rates = ", ".join(f"{d} {r.gflops} GFLOP/s" for d, r in roof.rates.items())
     progress(f"  {rates}; fp32 ceiling {roof.ceiling('fp32')} sentences/s" if not roof.error else roof.error)
     return roof
@@ -336,12 +342,18 @@ def run_compare(args: argparse.Namespace, model_dir: Path, progress: Progress) -
         skipped_auto = []
     with ExitStack() as stack:
         pool = ServerPool(stack, progress)
-        roof = measure_roofline(settings, model_dir, progress)
+        roofline_run = start_roofline(settings, model_dir, progress)
+        if roofline_run is not None:
+            stack.callback(roofline_run.stop)
+        # A full run measures the rates on a quiet machine, before anything else starts; a
+        # smoke run (--quick), whose figures mean nothing, lets it overlap the servers' start.
+        roof = None if args.quick else finish_roofline(roofline_run, progress)
         progress("starting the servers: fp32, bf16, fp32 without merging; int8 and auto if this bertserve has them")
         with pool.running(*named, optional=optional) as started:
             servers = {s.name: s for s in started}
             progress("building the in-process contenders")
             contenders, skipped = build_in_process(settings, model_dir)
+            roof = finish_roofline(roofline_run, progress) if args.quick else roof
             skipped = [*pool.refused.values(), *skipped_auto, *skipped]
             state = CompareState(timed=initial_timed(list(servers), contenders, settings))
             load_before = os.getloadavg()

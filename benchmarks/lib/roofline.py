@@ -15,7 +15,7 @@ are left out: at corpus lengths they are under 2 % of the work (the report gives
 
 The measurement runs in a process of its own (``python benchmarks/lib/roofline.py``), so
 that TensorFlow's thread count is set before it starts and no other runtime's threads are
-about; :func:`measure_rates` starts it and reads its JSON.
+about; :class:`RooflineRun` starts it and reads its JSON.
 """
 
 from __future__ import annotations
@@ -93,42 +93,55 @@ class Roofline:
         return self.ceilings.get(dtype)
 
 
-def measure_rates(shapes: Shapes, *, tokens: int, threads: int, repeats: int) -> tuple[dict[str, Rate], str | None]:
-    """Run this module as a child process and read its rates; an error message instead when it fails."""
-    command = [
-        sys.executable, __file__, "--hidden", str(shapes.hidden), "--intermediate", str(shapes.intermediate),
-        "--tokens", str(tokens), "--threads", str(threads), "--repeats", str(repeats),
-    ]  # fmt: skip
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=ROOFLINE_TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired:
-        return {}, f"the matmul measurement took over {ROOFLINE_TIMEOUT_S:.0f} s"
-    if done.returncode != 0:
-        return {}, f"the matmul measurement failed ({done.returncode}): {done.stderr.strip()[-500:]}"
-    raw = json.loads(done.stdout.strip().splitlines()[-1])
-    return {name: Rate(**value) for name, value in raw.items()}, None
+class RooflineRun:
+    """The measurement in its own process, started at once; :meth:`result` waits for it and
+    turns each rate into the ceiling in sentences/s at ``tokens_per_sentence``."""
 
+    def __init__(self, shapes: Shapes, *, tokens_per_sentence: float, tokens: int, threads: int, repeats: int) -> None:
+        self.shapes, self.tokens_per_sentence, self.tokens, self.threads = shapes, tokens_per_sentence, tokens, threads
+        command = [
+            sys.executable, __file__, "--hidden", str(shapes.hidden), "--intermediate", str(shapes.intermediate),
+            "--tokens", str(tokens), "--threads", str(threads), "--repeats", str(repeats),
+        ]  # fmt: skip
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
-def roofline(shapes: Shapes, *, tokens_per_sentence: float, tokens: int, threads: int, repeats: int) -> Roofline:
-    """Measure the rates and turn each into the ceiling in sentences/s at ``tokens_per_sentence``."""
-    rates, error = measure_rates(shapes, tokens=tokens, threads=threads, repeats=repeats)
-    per_sentence = shapes.flops_per_token() * tokens_per_sentence
-    ceilings = {
-        dtype: (None if rate.gflops is None else round(rate.gflops * 1e9 / per_sentence, 1))
-        for dtype, rate in rates.items()
-    }
-    return Roofline(
-        shapes={"hidden": shapes.hidden, "intermediate": shapes.intermediate, "layers": shapes.layers},
-        tokens=tokens,
-        threads=threads,
-        flops_per_token=shapes.flops_per_token(),
-        tokens_per_sentence=round(tokens_per_sentence, 2),
-        attention_share=round(shapes.attention_share(tokens_per_sentence), 4),
-        rates=rates,
-        ceilings=ceilings,
-        error=error,
-    )
+    def _rates(self) -> tuple[dict[str, Rate], str | None]:
+        try:
+            out, err = self._process.communicate(timeout=ROOFLINE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.communicate()
+            return {}, f"the matmul measurement took over {ROOFLINE_TIMEOUT_S:.0f} s"
+        if self._process.returncode != 0:
+            return {}, f"the matmul measurement failed ({self._process.returncode}): {err.strip()[-500:]}"
+        raw = json.loads(out.strip().splitlines()[-1])
+        return {name: Rate(**value) for name, value in raw.items()}, None
+
+    def result(self) -> Roofline:
+        rates, error = self._rates()
+        shapes = self.shapes
+        per_sentence = shapes.flops_per_token() * self.tokens_per_sentence
+        return Roofline(
+            shapes={"hidden": shapes.hidden, "intermediate": shapes.intermediate, "layers": shapes.layers},
+            tokens=self.tokens,
+            threads=self.threads,
+            flops_per_token=shapes.flops_per_token(),
+            tokens_per_sentence=round(self.tokens_per_sentence, 2),
+            attention_share=round(shapes.attention_share(self.tokens_per_sentence), 4),
+            rates=rates,
+            ceilings={
+                dtype: (None if rate.gflops is None else round(rate.gflops * 1e9 / per_sentence, 1))
+                for dtype, rate in rates.items()
+            },
+            error=error,
+        )
+
+    def stop(self) -> None:
+        """End the measurement if it still runs (an interrupted benchmark)."""
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
 
 
 def roofline_markdown(roof: Roofline) -> list[str]:
