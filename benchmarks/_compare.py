@@ -46,7 +46,7 @@ from lib.onnx_contenders import onnx_contenders
 from lib.report import Progress, cpu_flags, describe_cpu, environment, native_bf16
 from lib.roofline import Roofline, RooflineRun, Shapes
 from lib.servers import BenchmarkError, ServerOptions, ServerPool, ServerProcess, WorkCounters
-from lib.stats import clean, cosine_rows, median, percentile_ms, ratio
+from lib.stats import clean, cosine_rows, fmt, median, percentile_ms, ratio
 
 BULK_SERVERS = (SERVER_FP32, SERVER_BF16, SERVER_INT8, SERVER_AUTO)
 THREADS = 2  # what every contender computes with: the server's worker, the Encoder, torch, ONNX Runtime
@@ -376,7 +376,7 @@ def run_compare(args: argparse.Namespace, model_dir: Path, progress: Progress) -
         latency=latency,
         padding=median(state.padding.get(SERVER_FP32, [])),
         warm_to_cold=math.nan if startup.warm_to_cold is None else startup.warm_to_cold,
-        startup_detail=f"medians {startup.median_warm_seconds} s vs {startup.median_cold_seconds} s",
+        startup_detail=f"medians {fmt(startup.median_warm_seconds)} s vs {fmt(startup.median_cold_seconds)} s",
         st_targets=settings.st_targets,
         accuracy=accurate,
         single_p50_ms=single_p50,

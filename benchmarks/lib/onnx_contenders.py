@@ -7,8 +7,9 @@ normalisation are done in numpy, as embedding servers built on ONNX Runtime do.
 
 The exported models are cached in ``benchmarks/results/onnx/`` (git-ignored), keyed by the
 model directory and its weights' size and time, so only the first run exports. Needs
-``onnxruntime``, ``onnx`` and ``onnxscript`` (``pip install -r requirements-bench.txt``) and,
-for the export, torch with transformers (which sentence-transformers brings).
+``onnxruntime`` and ``onnx`` (``pip install -r requirements-bench.txt``) and, for the export,
+torch with transformers (which sentence-transformers brings); the TorchScript exporter
+(``dynamo=False``) takes dynamic axes as they are and needs no ``onnxscript``.
 """
 
 from __future__ import annotations
