@@ -361,20 +361,26 @@ def _forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask
 def load_function(graph_bytes: bytes | memoryview, meta: GraphMeta, *, xla: bool = False) -> Callable:
     """Import a serialized frozen graph as a callable ``f(input_ids, input_mask, segment_ids)``.
 
-    The embedding tables are taken out of the graph and captured as tensors: a constant is
-    copied into every form a function takes (the imported graph, the function library, the
-    optimized graph's kernels), and the word embeddings are half of a small BERT's weights.
-    A table only feeds a ``Gather``, which runs as fast on a captured tensor; the matrix
-    weights stay constants, which oneDNN's matrix products need to keep their reordered
-    copies. Measured with all-MiniLM-L6-v2 on a 2-core CPU: a worker's RSS after bulk work
-    fell from ~1,500 to ~1,220 MiB, run times unchanged.
+    The weights are taken out of the graph and captured as tensors: a constant is copied
+    into every form a function takes (the parsed GraphDef, the imported graph, the function
+    library, the optimized graph's kernels), a captured tensor is held once. At first only
+    the embedding tables were, as they only feed a ``Gather``: oneDNN keeps a matrix
+    product's reordered weight between runs only when it comes from a ``Const``. Measured
+    with all-MiniLM-L6-v2 on a 2-core AMD EPYC (TensorFlow 2.21), capturing the fp32 matrix
+    weights too costs nothing: bulk 0.98-1.02x, one to sixteen sentences a call within 6%
+    either way, the same vectors, and an encoder's RSS falls from ~1,140 to ~890 MiB. bf16 and
+    fp16 weights stay constants: their blocked reorders (AMX's, a GPU's) could not be
+    measured here, and they weigh half as much.
     """
     import tensorflow as tf
 
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(graph_bytes)
-    tables = {f"{name}:0": tf.constant(table) for name, table in _take_gather_tables(graph_def).items()}
-    fn = wrap_graph(graph_def, meta, tables)
+    matrices = _matrix_weight_dtypes(graph_def) == {tf.float32.as_datatype_enum}
+    taken = _take_constants(graph_def, matrices=matrices)
+    fn = wrap_graph(graph_def, meta, {f"{name}:0": tf.constant(value) for name, value in taken.items()})
+    del taken
+    graph_def.Clear()  # traced: the function holds what it needs, the parsed copy can go
     if xla:
         return tf.function(fn, jit_compile=True)
     return fn
@@ -399,24 +405,35 @@ def wrap_graph(graph_def, meta: GraphMeta, captured: dict[str, Any] | None = Non
     return tf.compat.v1.wrap_function(_imported, signature)
 
 
-def _take_gather_tables(graph_def) -> dict[str, np.ndarray]:
-    """Turn each constant that only ``Gather`` ops read, as their table, into a placeholder
-    of the same type and shape; returns the constants' values by node name."""
+def _matrix_weight_dtypes(graph_def) -> set[int]:
+    """The dtypes of the constants the graph's ``MatMul`` ops read."""
+    consts = {node.name: node for node in graph_def.node if node.op == "Const"}
+    names = (name.lstrip("^").split(":")[0] for node in graph_def.node if node.op == "MatMul" for name in node.input)
+    return {consts[name].attr["dtype"].type for name in names if name in consts}
+
+
+def _take_constants(graph_def, *, matrices: bool, min_bytes: int = 1 << 16) -> dict[str, np.ndarray]:
+    """Turn each constant that only ``Gather`` ops read, as their table, and with ``matrices``
+    every other constant of at least ``min_bytes``, into a placeholder of the same type and
+    shape; returns the constants' values by node name."""
     import tensorflow as tf
 
     readers: dict[str, list[tuple[str, int]]] = {}
     for node in graph_def.node:
         for position, name in enumerate(node.input):
             readers.setdefault(name.lstrip("^").split(":")[0], []).append((node.op, position))
-    tables = {}
+    taken = {}
     for node in graph_def.node:
         uses = readers.get(node.name, [])
-        if node.op != "Const" or not uses or any(use != ("GatherV2", 0) for use in uses):
+        if node.op != "Const" or not uses:
             continue
-        tables[node.name] = tf.make_ndarray(node.attr["value"].tensor)
+        table = all(use == ("GatherV2", 0) for use in uses)
+        if not table and not (matrices and node.attr["value"].tensor.ByteSize() >= min_bytes):
+            continue
+        taken[node.name] = tf.make_ndarray(node.attr["value"].tensor)
         dtype = node.attr["dtype"].type
         node.op = "Placeholder"
         node.ClearField("attr")
         node.attr["dtype"].type = dtype
-        node.attr["shape"].shape.CopyFrom(tf.TensorShape(tables[node.name].shape).as_proto())
-    return tables
+        node.attr["shape"].shape.CopyFrom(tf.TensorShape(taken[node.name].shape).as_proto())
+    return taken
