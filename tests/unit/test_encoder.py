@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import tiny_bert
 from bertserve.server import Encoder, ModelError
-from bertserve.server.model import hardware
 from checks import cosine_rows
 
 TEXTS = [
@@ -20,13 +19,6 @@ TEXTS = [
     "你好 世界",
     "the fox ||| the dog",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests hold the default dtype to fp32's tolerances (and LiteRT's fp32 path): they
-    run what ``--dtype auto`` picks on a CPU without bf16 matrix instructions, on any CPU."""
-    monkeypatch.setenv(hardware.FLAGS_ENV, "avx2 fma")
 
 
 def _expected(directory: str, encoder: Encoder, texts: list[str]) -> list[np.ndarray]:

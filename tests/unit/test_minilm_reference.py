@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from bertserve.server import Encoder
-from bertserve.server.model import hardware
 from checks import cosine_rows
 
 pytestmark = pytest.mark.minilm
@@ -17,13 +16,6 @@ THRESHOLD = {"fp32": 0.99999, "fp16": 0.999, "bf16": 0.999}  # bf16's is --dtype
 # would cost 8 s apiece. The LiteRT path has its own test below, and the tiny model's tests
 # compare it with TensorFlow for every pooling.
 TF_ONLY = {"lite_max_tokens": 0}
-
-
-@pytest.fixture(autouse=True)
-def _cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests hold the default dtype to fp32's tolerances (and LiteRT's fp32 path): they
-    run what ``--dtype auto`` picks on a CPU without bf16 matrix instructions, on any CPU."""
-    monkeypatch.setenv(hardware.FLAGS_ENV, "avx2 fma")
 
 
 def test_token_ids_are_identical(minilm: str, session_graph_dir: str, reference, reference_sentences) -> None:
