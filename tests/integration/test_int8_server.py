@@ -1,0 +1,56 @@
+"""A server started with ``--dtype int8`` and one with ``--dtype auto``, end to end: what
+they say they run, and the vectors they return."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from bertserve.client import BertClient
+from bertserve.server import Encoder
+from checks import cosine_rows
+from serving import start_server
+
+pytestmark = pytest.mark.timeout(300)
+
+TEXTS = [f"the quick brown fox {i} jumps over the lazy dog" * (1 + i % 4) for i in range(150)]
+
+
+def test_an_int8_server_serves_litert_int8_vectors(tiny_google: str, tmp_path) -> None:
+    graph_dir = str(tmp_path / "graphs")
+    server = start_server(
+        "--model-dir", tiny_google, "--graph-dir", graph_dir, "--max-seq-len", "32", "--dtype", "int8",
+        "--num-worker", "1",
+    )  # fmt: skip
+    try:
+        assert server.ready_line is not None and "int8" in server.ready_line
+        with BertClient(**server.client_kwargs, timeout=60_000) as client:
+            config = client.server_config
+            many = client.encode(TEXTS, check_length=False)  # some rows are cut at 32 tokens, on purpose
+            one = np.concatenate([client.encode([text], check_length=False) for text in TEXTS[:5]])
+        assert config["dtype"] == "int8" and config["dtype_requested"] == "int8"
+        key = Encoder(tiny_google, max_seq_len=32, dtype="int8", graph_dir=graph_dir).meta.key
+        assert f"{key}.lite" in os.listdir(graph_dir)  # made before the worker started, by the preparation
+    finally:
+        server.stop()
+    quantized = Encoder(tiny_google, max_seq_len=32, dtype="int8", graph_dir=graph_dir)
+    np.testing.assert_allclose(many, quantized.encode(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(one, many[:5], atol=1e-5)
+    fp32 = Encoder(tiny_google, max_seq_len=32, dtype="fp32", lite_max_tokens=0, graph_dir=graph_dir)
+    assert cosine_rows(many, fp32.encode(TEXTS)).min() >= 0.99
+
+
+def test_auto_says_what_it_chose_and_why(tiny_google: str, session_graph_dir: str) -> None:
+    server = start_server(
+        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32", "--num-worker", "1",
+        env={"BERTSERVE_CPU_FLAGS": "avx2 fma"},
+    )  # fmt: skip
+    try:
+        assert server.ready_line is not None and "fp32 (auto: " in server.ready_line
+        with BertClient(**server.client_kwargs, timeout=60_000) as client:
+            config = client.server_config
+        assert (config["dtype"], config["dtype_requested"]) == ("fp32", "auto")
+        assert "bf16" in config["dtype_reason"]  # says why not bf16
+    finally:
+        server.stop()
