@@ -229,6 +229,8 @@ class Encoder:
         """LiteRT over the int8 model; a clear error where it cannot run."""
         if "CPU" not in self._device.upper():
             raise ModelError(f"dtype int8 runs on the CPU only, not on {self._device}; use fp16 on a GPU")
+        if self.config.xla:
+            raise ModelError("dtype int8 runs on LiteRT, which XLA does not compile: leave xla off")
         if not lite.available():
             raise ModelError("dtype int8 runs on LiteRT, which is not installed: pip install ai-edge-litert")
         flatbuffer = lite.load_or_convert(None, self.meta, graph_dir, quantized=True)

@@ -94,6 +94,8 @@ def test_restoring_every_product_gives_back_fp32_weights(tiny_google: str, sessi
 def test_int8_is_refused_on_a_gpu_and_without_litert(tiny_google: str, session_graph_dir: str, monkeypatch) -> None:
     with pytest.raises(ModelError, match="CPU only"):
         Encoder(tiny_google, dtype="int8", device="/GPU:0", graph_dir=session_graph_dir)
+    with pytest.raises(ModelError, match="XLA"):
+        Encoder(tiny_google, dtype="int8", xla=True, graph_dir=session_graph_dir)
     monkeypatch.setattr(lite, "available", lambda: False)
     with pytest.raises(ModelError, match="pip install ai-edge-litert"):
         Encoder(tiny_google, dtype="int8", graph_dir=session_graph_dir)
