@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         cases.update({f"only {layer} int8": lambda n, x=layer: not n.startswith(x + "/") for layer in layers})
         cases.update({f"only {role} int8": lambda n, x=role: not n.endswith("/" + x) for role in roles})
         kept = int8.KEEP_FLOAT
-        cases[f"--dtype int8 (fp32: {', '.join(kept) or 'none'})"] = lambda n: any(int8._matches(n, p) for p in kept)
+        cases[f"--dtype int8 (fp32: {', '.join(kept) or 'none'})"] = lambda n: any(int8.matches(n, p) for p in kept)
         cases["no product int8 (LiteRT fp32)"] = lambda name: True
         rows = []
         for case, keep in cases.items():

@@ -61,11 +61,12 @@ def convert(graph_def: Any, meta: GraphMeta, keep_float: Iterable[str] = KEEP_FL
         flatbuffer = bytes(converter.convert())
     kept = tuple(keep_float)
     return (
-        restore_float(flatbuffer, lambda name: any(_matches(name, pattern) for pattern in kept)) if kept else flatbuffer
+        restore_float(flatbuffer, lambda name: any(matches(name, pattern) for pattern in kept)) if kept else flatbuffer
     )
 
 
-def _matches(product: str, pattern: str) -> bool:
+def matches(product: str, pattern: str) -> bool:
+    """Whether ``product`` (``layer_3/qkv``) is one ``pattern`` (``*/qkv``) names."""
     layer, _, role = product.partition("/")
     want_layer, _, want_role = pattern.partition("/")
     return want_layer in ("*", layer) and want_role in ("*", role)
