@@ -3,9 +3,9 @@
 TensorFlow's converter quantizes each fully connected weight to int8 per output channel
 (dynamic-range quantization), and LiteRT's kernels quantize the activations feeding it at
 run time, row by row, so no calibration is needed and no fixed range clips a long or odd
-sentence. Everything else stays fp32: the embeddings, attention's own products (both
-operands are activations), softmax, layer norm, the residual stream, pooling and
-normalisation.
+sentence. Everything else stays fp32: the embedding tables (which the converter would store
+in int8 too, and which are written back), attention's own products (both operands are
+activations), softmax, layer norm, the residual stream, pooling and normalisation.
 
 A product whose rounding costs the most accuracy can be kept in fp32
 (:data:`KEEP_FLOAT`): after conversion its weight is written back as fp32, so the runtime
@@ -42,6 +42,7 @@ _LAYER = re.compile(r"layer_(\d+)/MatMul")  # a fused name lists the ops folded 
 #: every product in int8 gave a min cosine of 0.989 folded and 0.993 not.
 FUSE_DISABLED = True
 _FLOAT32, _INT8 = 0, 9  # TensorType values in LiteRT's schema
+_KERNEL = re.compile(r"layer_(\d+)__(qkv|attn_out|ffn_in|ffn_out)__kernel")  # the graph's constant names
 
 
 def convert(graph_def: Any, meta: GraphMeta, keep_float: Iterable[str] = KEEP_FLOAT) -> bytes:
@@ -60,9 +61,29 @@ def convert(graph_def: Any, meta: GraphMeta, keep_float: Iterable[str] = KEEP_FL
     with held_native_output():
         flatbuffer = bytes(converter.convert())
     kept = tuple(keep_float)
-    return (
-        restore_float(flatbuffer, lambda name: any(matches(name, pattern) for pattern in kept)) if kept else flatbuffer
-    )
+
+    def keep(name: str) -> bool:
+        return any(matches(name, pattern) for pattern in kept)
+
+    return restore_float(flatbuffer, keep, exact=_exact_weights(graph_def, keep))
+
+
+def _exact_weights(graph_def: Any, keep: Callable[[str], bool]) -> dict[str, np.ndarray]:
+    """The fp32 values, from the graph's constants, of the embedding tables (by constant
+    name) and of the products ``keep`` names (by product, laid out ``[out, in]`` as LiteRT's
+    fully connected weights are)."""
+    import tensorflow as tf
+
+    exact = {}
+    for node in graph_def.node:
+        if node.op != "Const":
+            continue
+        product = _KERNEL.fullmatch(node.name)
+        if product and keep(f"layer_{product[1]}/{product[2]}"):
+            exact[f"layer_{product[1]}/{product[2]}"] = tf.make_ndarray(node.attr["value"].tensor).T
+        elif node.name.startswith("embeddings__") and node.name.endswith("_embeddings"):
+            exact[node.name] = tf.make_ndarray(node.attr["value"].tensor)
+    return exact
 
 
 def matches(product: str, pattern: str) -> bool:
@@ -78,24 +99,66 @@ def products(flatbuffer: bytes) -> list[str]:
     return [name for name, _ in _int8_products(model)]
 
 
-def restore_float(flatbuffer: bytes, keep: Callable[[str], bool]) -> bytes:
-    """``flatbuffer`` with the int8 weight of each product ``keep`` names written back as
-    fp32 (the int8 values times their channel's scale), so that product runs in fp32."""
+def restore_float(flatbuffer: bytes, keep: Callable[[str], bool], exact: dict[str, np.ndarray] | None = None) -> bytes:
+    """``flatbuffer`` with the weight of each product ``keep`` names written back as fp32, so
+    that product runs in fp32, and every embedding table fp32 again (:func:`_restore_tables`).
+    A weight or table found in ``exact`` takes those values; any other, its int8 values times
+    their scales."""
     from ai_edge_litert.tools import flatbuffer_utils
 
+    exact = exact or {}
     model = _read(flatbuffer)
     for name, (tensor, buffer) in _int8_products(model):
-        if not keep(name):
-            continue
-        scales = np.asarray(tensor.quantization.scale, dtype=np.float32)
-        axis = tensor.quantization.quantizedDimension
-        weights = np.frombuffer(bytes(buffer.data), dtype=np.int8).reshape(tensor.shape).astype(np.float32)
-        shape = [1] * weights.ndim
-        shape[axis] = -1
-        buffer.data = np.frombuffer((weights * scales.reshape(shape)).tobytes(), dtype=np.uint8)
-        tensor.type = _FLOAT32
-        tensor.quantization = None
+        if keep(name):
+            _dequantize(tensor, buffer, exact.get(name))
+    _restore_tables(model, exact)
     return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def _dequantize(tensor: Any, buffer: Any, values: np.ndarray | None = None) -> None:
+    """Make an int8 constant fp32: ``values`` where they fit its shape, else its int8 values
+    times their scales."""
+    if values is None or list(values.shape) != list(tensor.shape):
+        scales = np.asarray(tensor.quantization.scale, dtype=np.float32)
+        zero_points = np.asarray(tensor.quantization.zeroPoint, dtype=np.float32)
+        axis = tensor.quantization.quantizedDimension if scales.size > 1 else 0
+        shape = [1] * len(tensor.shape)
+        shape[axis] = -1
+        stored = np.frombuffer(bytes(buffer.data), dtype=np.int8).reshape(tensor.shape).astype(np.float32)
+        values = (stored - zero_points.reshape(shape)) * scales.reshape(shape)
+    buffer.data = np.frombuffer(np.ascontiguousarray(values, dtype=np.float32).tobytes(), dtype=np.uint8)
+    tensor.type = _FLOAT32
+    tensor.quantization = None
+
+
+def _restore_tables(model: Any, exact: dict[str, np.ndarray]) -> None:
+    """The converter stores an embedding table in int8 too, gathering int8 rows and
+    dequantizing them. The table is made fp32 again and the ``DEQUANTIZE`` after its
+    ``GATHER`` dropped, its readers reading the gathered rows: the embeddings stay exact."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    graph = model.subgraphs[0]
+    producer = {out: op for op in graph.operators for out in op.outputs}
+    dropped = []
+    for op in graph.operators:
+        if flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) != "DEQUANTIZE":
+            continue
+        gather = producer.get(op.inputs[0])
+        if gather is None or flatbuffer_utils.opcode_to_name(model, gather.opcodeIndex) != "GATHER":
+            continue
+        table = graph.tensors[gather.inputs[0]]
+        if table.type != _INT8:
+            continue
+        name = table.name.decode() if isinstance(table.name, bytes) else str(table.name)
+        _dequantize(table, model.buffers[table.buffer], exact.get(name))
+        rows = graph.tensors[gather.outputs[0]]
+        rows.type, rows.quantization = _FLOAT32, None
+        renamed = {op.outputs[0]: gather.outputs[0]}
+        for reader in graph.operators:
+            reader.inputs = [renamed.get(i, i) for i in reader.inputs]
+        graph.outputs = [renamed.get(i, i) for i in graph.outputs]
+        dropped.append(op)
+    graph.operators = [op for op in graph.operators if all(op is not gone for gone in dropped)]
 
 
 def _read(flatbuffer: bytes) -> Any:

@@ -78,6 +78,26 @@ def test_the_kept_products_stay_fp32(tiny_google: str, tmp_path) -> None:
     assert {name.split("/")[1] for name in quantized} == {"attn_out", "ffn_in", "ffn_out"}
 
 
+def test_the_embedding_tables_stay_exact(tiny_google: str, tmp_path) -> None:
+    """The converter stores the tables in int8 too; they are written back with the graph's
+    own values and gathered as fp32, with no dequantization left."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    encoder = Encoder(tiny_google, dtype="int8", graph_dir=str(tmp_path))
+    cached = read_cache(str(tmp_path / f"{encoder.meta.key}.lite"), encoder.meta.key)
+    assert cached is not None
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(bytes(cached[0])))
+    graph = model.subgraphs[0]
+    assert "DEQUANTIZE" not in {flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) for op in graph.operators}
+    graph_def, _ = lite.read_graph_def(str(tmp_path), encoder.meta.key)
+    want = {node.name: node for node in graph_def.node if node.name == "embeddings__word_embeddings"}
+    table = next(t for t in graph.tensors if t.name == b"embeddings__word_embeddings")
+    values = np.frombuffer(bytes(model.buffers[table.buffer].data), dtype=np.float32).reshape(table.shape)
+    import tensorflow as tf
+
+    np.testing.assert_array_equal(values, tf.make_ndarray(want["embeddings__word_embeddings"].attr["value"].tensor))
+
+
 def test_restoring_every_product_gives_back_fp32_weights(tiny_google: str, session_graph_dir: str) -> None:
     encoder = Encoder(tiny_google, lite_max_tokens=0, graph_dir=session_graph_dir)
     graph_def, meta = lite.read_graph_def(session_graph_dir, encoder.meta.key)
