@@ -1,12 +1,13 @@
 """int8, product by product: how far each of a model's matrix products moves the vectors.
 
 The fp32 graph is converted to LiteRT with every matrix product in int8 (weights per output
-channel, activations per row), and products are then put back into fp32 (their weights
-restored) to see what each costs: one layer in int8 and the rest fp32, one kind of product
-(qkv, attn_out, ffn_in, ffn_out) in int8 and the rest fp32, every product in int8, and what
-``--dtype int8`` runs (``server/model/int8.py``'s ``KEEP_FLOAT``). Each is compared with the
-fp32 graph's vectors (min and mean cosine) on the corpus and the reference sentences, and
-timed in bulk on the same runs. This is the measurement behind ``KEEP_FLOAT``.
+channel, activations per row; the embedding tables stay fp32), and products are then put
+back into fp32 (the graph's own weights) to see what each costs: one layer in int8 and the
+rest fp32, one kind of product (qkv, attn_out, ffn_in, ffn_out) in int8 and the rest fp32,
+every product in int8, and what ``--dtype int8`` runs (``server/model/int8.py``'s
+``KEEP_FLOAT``). Each is compared with the fp32 graph's vectors (min and mean cosine) on the
+corpus and the reference sentences, and timed in bulk on the same runs. This is the
+measurement behind ``KEEP_FLOAT``.
 
     python benchmarks/int8_layers.py --corpus benchmarks/data/corpus-long.txt \\
         --json benchmarks/results/int8_layers.json --markdown benchmarks/results/int8_layers.md
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         assert found is not None, "the fp32 graph was not cached"
         base = encoder.encode(texts)
         every = int8.convert(*found, keep_float=())
+        exact = int8.exact_weights(found[0], lambda name: True)  # a product put back takes its fp32 weight
         products = int8.products(every)
         layers = sorted({name.split("/")[0] for name in products})
         roles = sorted({name.split("/")[1] for name in products})
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         cases["no product int8 (LiteRT fp32)"] = lambda name: True
         rows = []
         for case, keep in cases.items():
-            runner = lite.LiteRunner(int8.restore_float(every, keep), encoder._threads())
+            runner = lite.LiteRunner(int8.restore_float(every, keep, exact), encoder._threads())
             encoder._lite, encoder._quantized = runner, True  # every run on this model
             started = time.perf_counter()
             vectors = encoder.encode(texts)

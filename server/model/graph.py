@@ -37,7 +37,7 @@ logger = logging.getLogger("bertserve.graph")
 INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
 OUTPUT_NAME = "output"
 _MAGIC = b"BERTSERVE-GRAPH\x00"
-_FORMAT = 5  # bump when the graph (or its LiteRT form) built for the same options changes
+_FORMAT = 6  # bump when the graph (or its LiteRT form) built for the same options changes
 
 
 @dataclass(frozen=True)
