@@ -25,10 +25,11 @@ def test_an_int8_server_serves_litert_int8_vectors(tiny_google: str, tmp_path) -
     )  # fmt: skip
     try:
         assert server.ready_line is not None and "int8" in server.ready_line
-        with BertClient(**server.client_kwargs, timeout=60_000) as client:
+        # some rows are cut at 32 tokens, on purpose
+        with BertClient(**server.client_kwargs, timeout=60_000, check_length=False) as client:
             config = client.server_config
-            many = client.encode(TEXTS, check_length=False)  # some rows are cut at 32 tokens, on purpose
-            one = np.concatenate([client.encode([text], check_length=False) for text in TEXTS[:5]])
+            many = client.encode(TEXTS)
+            one = np.concatenate([client.encode([text]) for text in TEXTS[:5]])
         assert config["dtype"] == "int8" and config["dtype_requested"] == "int8"
         key = Encoder(tiny_google, max_seq_len=32, dtype="int8", graph_dir=graph_dir).meta.key
         assert f"{key}.lite" in os.listdir(graph_dir)  # made before the worker started, by the preparation
