@@ -1,5 +1,5 @@
-"""A server started with ``--dtype int8`` and one with ``--dtype auto``, end to end: what
-they say they run, and the vectors they return."""
+"""A server started with ``--dtype int8``, end to end: what it says it runs, and the vectors
+it returns. (``--dtype auto``'s ready line and config: ``test_server.py``.)"""
 
 from __future__ import annotations
 
@@ -40,18 +40,3 @@ def test_an_int8_server_serves_litert_int8_vectors(tiny_google: str, tmp_path) -
     np.testing.assert_allclose(one, many[:5], atol=1e-5)
     fp32 = Encoder(tiny_google, max_seq_len=32, dtype="fp32", lite_max_tokens=0, graph_dir=graph_dir)
     assert cosine_rows(many, fp32.encode(TEXTS)).min() >= 0.99
-
-
-def test_auto_says_what_it_chose_and_why(tiny_google: str, session_graph_dir: str) -> None:
-    server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32", "--num-worker", "1",
-        env={"BERTSERVE_CPU_FLAGS": "avx2 fma"},
-    )  # fmt: skip
-    try:
-        assert server.ready_line is not None and "fp32 (auto: " in server.ready_line
-        with BertClient(**server.client_kwargs, timeout=60_000) as client:
-            config = client.server_config
-        assert (config["dtype"], config["dtype_requested"]) == ("fp32", "auto")
-        assert "bf16" in config["dtype_reason"]  # says why not bf16
-    finally:
-        server.stop()

@@ -38,6 +38,15 @@ def reference_encoder(tiny_google: str, session_graph_dir: str) -> Encoder:
     return Encoder(tiny_google, graph_dir=session_graph_dir, max_seq_len=32)
 
 
+def test_auto_says_what_it_chose_and_why(tiny_server: RunningServer) -> None:
+    """The suite's servers read the CPU as AVX2 only (tests/conftest.py): auto runs fp32."""
+    assert tiny_server.ready_line is not None and "fp32 (auto: " in tiny_server.ready_line
+    with BertClient(**tiny_server.client_kwargs, timeout=60_000) as client:
+        config = client.server_config
+    assert (config["dtype"], config["dtype_requested"]) == ("fp32", "auto")
+    assert "bf16" in config["dtype_reason"]  # says why not bf16
+
+
 def test_server_vectors_equal_the_encoders(tiny_server: RunningServer, reference_encoder: Encoder) -> None:
     texts = sentences(40)
     with BertClient(**tiny_server.client_kwargs, timeout=30_000) as client:

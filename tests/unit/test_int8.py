@@ -156,8 +156,8 @@ def test_minilm_int8_against_the_reference(minilm_int8: Encoder, reference, refe
 @pytest.mark.minilm
 def test_minilm_int8_on_the_benchmark_corpus(minilm_int8: Encoder, minilm: str, session_graph_dir: str) -> None:
     """Sentences the model's reference never saw, 13 to 134 tokens, against fp32."""
-    sentences = CORPUS.read_text(encoding="utf-8").splitlines()[::5]
+    sentences = CORPUS.read_text(encoding="utf-8").splitlines()[::10]
     fp32 = Encoder(minilm, max_seq_len=128, dtype="fp32", lite_max_tokens=0, graph_dir=session_graph_dir)
     similarity = cosine_rows(minilm_int8.encode(sentences), fp32.encode(sentences))
-    assert len(sentences) == 500
+    assert len(sentences) == 250
     assert similarity.min() >= 0.99 and similarity.mean() >= 0.998, (similarity.min(), similarity.mean())
