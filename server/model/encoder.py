@@ -64,14 +64,16 @@ class Encoder:
         self._tokenizer = build_tokenizer(model, self.config)
         self.max_len: int = self._tokenizer.max_len
         graph_dir = self.config.graph_dir or default_graph_dir()
+        self._device = self.config.device or "/CPU:0"
+        self._quantized = spec.dtype == "int8"
+        if self._quantized:
+            self._check_int8()  # before a graph is built for a start that cannot succeed
         with held_native_output():  # TensorFlow's libraries log as they load
             importlib.import_module("tensorflow")
         graph_bytes, self.meta, self.graph_built = load_or_build(model, spec, graph_dir)
         self.graph_path: str = os.path.join(graph_dir, f"{self.meta.key}.graph")
         self.graph_size: int = len(graph_bytes)
-        self._device = self.config.device or "/CPU:0"
         self._lite: lite.LiteRunner | None = None
-        self._quantized = spec.dtype == "int8"
         if self._quantized:  # every run on LiteRT's int8 model: the fp32 graph is not loaded
             del graph_bytes
             self._fn: Callable | None = None
@@ -225,14 +227,17 @@ class Encoder:
             return None
         return lite.LiteRunner(flatbuffer, self._threads())
 
-    def _int8_runner(self, graph_dir: str) -> lite.LiteRunner:
-        """LiteRT over the int8 model; a clear error where it cannot run."""
+    def _check_int8(self) -> None:
+        """A clear error where int8 cannot run."""
         if "CPU" not in self._device.upper():
             raise ModelError(f"dtype int8 runs on the CPU only, not on {self._device}; use fp16 on a GPU")
         if self.config.xla:
             raise ModelError("dtype int8 runs on LiteRT, which XLA does not compile: leave xla off")
         if not lite.available():
             raise ModelError("dtype int8 runs on LiteRT, which is not installed: pip install ai-edge-litert")
+
+    def _int8_runner(self, graph_dir: str) -> lite.LiteRunner:
+        """LiteRT over the int8 model; a clear error where it cannot run."""
         flatbuffer = lite.load_or_convert(None, self.meta, graph_dir, quantized=True)
         if flatbuffer is None:
             raise ModelError(
@@ -297,16 +302,13 @@ class Encoder:
         mask, segments = np.ones_like(ids), np.zeros_like(ids)
         if self._lite is None:
             self._run_tf(ids, mask, segments)
-        elif self._quantized:  # no TensorFlow to fall back on: a failure is the model's error
-            try:
-                self._run_lite(ids, mask, segments)
-            except (RuntimeError, ValueError) as exc:
+            return
+        try:
+            self._run_lite(ids, mask, segments)
+        except Exception as exc:
+            if self._quantized:  # no TensorFlow to fall back on: a failure is the model's error
                 raise ModelError(f"dtype int8: LiteRT failed on the warm-up run ({exc})") from None
-        else:
-            try:
-                self._run_lite(ids, mask, segments)
-            except Exception as exc:
-                self._drop_lite("its warm-up run", exc)
+            self._drop_lite("its warm-up run", exc)
 
 
 __all__ = ["Encoder"]

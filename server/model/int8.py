@@ -138,7 +138,7 @@ def _restore_tables(model: Any, exact: dict[str, np.ndarray]) -> None:
 
     graph = model.subgraphs[0]
     producer = {out: op for op in graph.operators for out in op.outputs}
-    dropped = []
+    dropped: set[int] = set()  # the DEQUANTIZE ops, by id
     for op in graph.operators:
         if flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) != "DEQUANTIZE":
             continue
@@ -156,8 +156,8 @@ def _restore_tables(model: Any, exact: dict[str, np.ndarray]) -> None:
         for reader in graph.operators:
             reader.inputs = [renamed.get(i, i) for i in reader.inputs]
         graph.outputs = [renamed.get(i, i) for i in graph.outputs]
-        dropped.append(op)
-    graph.operators = [op for op in graph.operators if all(op is not gone for gone in dropped)]
+        dropped.add(id(op))
+    graph.operators = [op for op in graph.operators if id(op) not in dropped]
 
 
 def _read(flatbuffer: bytes) -> Any:

@@ -48,17 +48,17 @@ def load_or_convert(graph: Any, meta: GraphMeta, graph_dir: str, *, quantized: b
     cached = read_cache(path, meta.key)
     if cached is not None:
         return bytes(cached[0])
+    outcome = "int8 cannot run" if quantized else "small runs stay on TensorFlow"
     if graph is None:
         found = read_graph_def(graph_dir, meta.key)
         if found is None:
-            logger.warning("small runs stay on TensorFlow: the graph to convert to LiteRT is not in %s", graph_dir)
+            logger.warning("%s: the graph to convert to LiteRT is not in %s", outcome, graph_dir)
             return None
         graph = found[0]
     try:
         flatbuffer = int8.convert(graph, meta) if quantized else convert(graph, meta)
     except Exception as exc:  # the converter raises its own error types, and plain ones
-        what = "int8 needs LiteRT, and" if quantized else "small runs stay on TensorFlow:"
-        logger.warning("%s the graph does not convert to LiteRT (%s)", what, exc)
+        logger.warning("%s: the graph does not convert to LiteRT (%s)", outcome, exc)
         return None
     try:
         write_cache(path, flatbuffer, dataclasses.replace(meta, digest=hashlib.sha256(flatbuffer).hexdigest()))
