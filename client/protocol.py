@@ -7,11 +7,16 @@ wire is pickled. Decoding a malformed message raises :class:`ProtocolError`, nev
 Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
 
     client PUSH -> ventilator PULL   [client_id, command, request_id, header, payload]
-        command   ENCODE | CONFIG | STATUS | TERMINATE | RELOAD
+        command   ENCODE | CONFIG | STATUS | TERMINATE | RELOAD | CANCEL
         header    JSON {"protocol", "client_version", ...}; ENCODE adds "is_tokenized", "show_tokens"
-                  and "count" (the number of inputs; optional, checked against the payload);
-                  RELOAD may add "version" ("latest" or a number of the server's model repository)
+                  and "count" (the number of inputs; optional, checked against the payload), and
+                  may add the request options of :data:`ENCODE_OPTIONS`; RELOAD may add "version"
+                  ("latest" or a number of the server's model repository)
         payload   ENCODE: JSON list of strings (or of token lists); otherwise empty
+
+      CANCEL withdraws the sender's pending ENCODE of that request id: its queued work is
+      dropped and it is answered with kind ``cancelled`` (which nobody need read). It gets no
+      other answer; a request already answered, or unknown, is left as it is.
 
     sink PUB -> client SUB           [client_id, request_id, status, header, *buffer]
       (under CURVE: sink ROUTER -> client DEALER, the same frames; the client first sends
@@ -28,8 +33,10 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
 
 Error replies carry a ``kind``: ``input`` (bad texts), ``limit`` (over a size limit),
 ``busy`` (the server's queues are full: retry later), ``protocol``, ``forbidden``,
-``duplicate`` (a request id already pending), ``timeout``, ``worker`` (the model failed on
-the request, or it crashed its worker twice), ``internal`` and ``shutdown``.
+``duplicate`` (a request id already pending), ``expired`` (its deadline passed before it
+completed: the client's ``timeout_ms``, or the server's request timeout), ``cancelled`` (the
+client withdrew it), ``worker`` (the model failed on the request, or it crashed its worker
+twice), ``internal`` and ``shutdown``.
 """
 
 from __future__ import annotations
@@ -50,7 +57,18 @@ STATUS = b"STATUS"
 TERMINATE = b"TERMINATE"
 RELOAD = b"RELOAD"  # check the model repository now, and swap to the version found
 ANNOUNCE = b"ANNOUNCE"  # client DEALER -> sink ROUTER under CURVE: route replies to this topic here
-COMMANDS = (ENCODE, CONFIG, STATUS, TERMINATE, RELOAD)
+CANCEL = b"CANCEL"  # withdraw a pending ENCODE of the sender's: its queued work is dropped
+COMMANDS = (ENCODE, CONFIG, STATUS, TERMINATE, RELOAD, CANCEL)
+
+ENCODE_OPTIONS = {
+    "long_inputs": "'truncate' or 'chunk': what happens to an input longer than the model takes",
+    "timeout_ms": "a number > 0: the request's deadline, from its arrival; work still queued then is dropped",
+    "dimensions": "an int from 1 to the model's dimension: keep the first k (renormalized if the output is)",
+    "prompt_name": "the name of one of the server's prompts, put before every input",
+    "truncation_direction": "'right' (the default) or 'left': which end of an over-long input is cut",
+}
+"""The optional fields of an ENCODE header, each checked by the server at the edge."""
+TRUNCATION_DIRECTIONS = ("right", "left")
 
 # reply status
 OK = b"OK"
@@ -58,6 +76,8 @@ ERROR = b"ERROR"
 
 # kinds of error reply
 BUSY = "busy"
+EXPIRED = "expired"
+CANCELLED = "cancelled"
 
 PAIR_SEPARATOR = "|||"
 """Writes a sentence pair as one input: ``"first ||| second"``."""

@@ -246,6 +246,9 @@ class ServerConfig:
     model_version: str = "latest"  # with a model repository: "latest" or a version number
     require_manifest: bool = False
     poll_interval_s: float = 0.0  # with a model repository: look for a newer version this often (0: never)
+    prompt: tuple[str, ...] = ()  # NAME=TEXT: prompts beside (and over) those the model directory names
+    default_prompt_name: str | None = None  # the prompt every request gets unless it names one
+    token_id_input: bool = False  # HTTP: take OpenAI-style token id arrays as this model's WordPiece ids
 
     def __post_init__(self) -> None:
         self._follow_bounds()
@@ -298,6 +301,8 @@ class ServerConfig:
              "gpu_memory_fraction must be in (0, 1]"),
             (self.threads_per_worker is None or self.threads_per_worker >= 1, "threads_per_worker must be >= 1"),
             (0 <= self.worker_nice <= 19, "worker_nice must be between 0 and 19"),
+            (all(isinstance(item, str) and item.partition("=")[0].strip() and "=" in item for item in self.prompt),
+             f"--prompt takes NAME=TEXT, not {next((i for i in self.prompt if '=' not in str(i)), '')!r}"),
             (self.feed in ("thread", "tfdata"), "feed must be thread or tfdata"),
             (str(self.model_version).lower() == "latest" or str(self.model_version).isdigit(),
              "model_version must be latest or a version number"),

@@ -69,6 +69,8 @@ class Flag:
         options: dict[str, Any] = {"type": self.kind, "default": default, "help": help}
         if self.many:
             options["nargs"] = "+"
+            if not self.default:  # repeatable: --prompt a=x --prompt b=y keeps both
+                options["action"] = "extend"
         if self.switch:
             options.update(nargs="?", const=True)
         group.add_argument(self.name, **options)
@@ -245,6 +247,21 @@ SERVER_FLAGS = [
     ),
     Flag("--served-model-name", "the model name the HTTP API lists and accepts", unset="the model directory's"),
     Flag("--model-alias", "other names the HTTP API accepts for the model", many=True, default=(), unset="none"),
+    Flag(
+        "--prompt",
+        "NAME=TEXT: a prompt requests may name (prompt_name), put before each input; beside the model's own",
+        many=True,
+        default=(),
+        unset="the model's config_sentence_transformers.json",
+    ),
+    Flag("--default-prompt-name", "the prompt a request gets unless it names one", unset="the model's, or none"),
+    Flag(
+        "--token-id-input",
+        "HTTP: take token id arrays as this model's WordPiece ids (else refused: most clients send tiktoken ids)",
+        _bool,
+        False,
+        switch=True,
+    ),
 ]
 
 
