@@ -150,11 +150,21 @@ class Encoder:
         return False
 
     def tokenize(
-        self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False, chunk: bool = False
+        self,
+        texts: Sequence,
+        *,
+        is_tokenized: bool = False,
+        keep_tokens: bool = False,
+        chunk: bool = False,
+        truncation_direction: str = "right",
     ) -> TokenizedBatch:
-        """Token ids for already checked ``texts``; ``.truncated`` tells which were cut. With
-        ``chunk`` a long input becomes several rows, its windows (``.owners``)."""
-        batch = self._tokenizer.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=keep_tokens, chunk=chunk)
+        """Token ids for already checked ``texts``; ``.truncated`` tells which were cut, on the
+        side ``truncation_direction`` names ("left" keeps an input's end). With ``chunk`` a
+        long input becomes several rows, its windows (``.owners``)."""
+        batch = self._tokenizer.tokenize(
+            texts, is_tokenized=is_tokenized, keep_tokens=keep_tokens, chunk=chunk,
+            truncation_direction=truncation_direction,
+        )  # fmt: skip
         if batch.truncated.any():
             logger.info(
                 "%d of %d inputs were longer than max_seq_len=%d and were truncated",

@@ -327,6 +327,27 @@ def _sentence_transformers_defaults(model_dir: str, config: BertConfig) -> tuple
     return ModelDefaults(strategy, (-1,), max_seq_len, normalize), files
 
 
+def pooling_config(model_dir: str) -> tuple[str, dict] | None:
+    """The path and content of a sentence-transformers directory's Pooling config: the one
+    ``modules.json`` points at, else ``1_Pooling/config.json``; None when there is neither."""
+    modules_path = os.path.join(model_dir, "modules.json")
+    candidates = []
+    if os.path.isfile(modules_path):
+        try:
+            with open(modules_path, encoding="utf-8") as f:
+                modules = json.load(f)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelFileError(f"cannot read {modules_path}: {exc}") from exc
+        for module in modules if isinstance(modules, list) else []:
+            if isinstance(module, dict) and str(module.get("type", "")).endswith(".Pooling"):
+                candidates.append(os.path.join(model_dir, str(module.get("path", "")), "config.json"))
+    candidates.append(os.path.join(model_dir, "1_Pooling", "config.json"))
+    for path in candidates:
+        if os.path.isfile(path):
+            return path, _read_json(path)
+    return None
+
+
 def _pooling_from_config(path: str, raw: dict) -> PoolingStrategy:
     mean = raw.get("pooling_mode_mean_tokens", False)
     maximum = raw.get("pooling_mode_max_tokens", False)

@@ -4,6 +4,10 @@ A directory's ``tokenizer.json`` is used as it is; a bare ``vocab.txt`` gets BER
 pipeline (clean text, CJK characters split, accents stripped when lower-casing,
 punctuation split, WordPiece with ``[UNK]``). Sentence pairs are written
 ``"first ||| second"``; pre-tokenized input is a list of tokens per sentence.
+
+An input too long for ``max_len`` is cut on its right (its start is kept) or, with
+``truncation_direction="left"``, on its left (its end is kept), as Hugging Face's tokenizers
+do with ``truncation_side``: ``[CLS]`` and ``[SEP]`` are always kept.
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from bertserve.client.protocol import PAIR_SEPARATOR
+from bertserve.client.protocol import PAIR_SEPARATOR, TRUNCATION_DIRECTIONS
 
 from ..errors import ModelFileError, ModelOptionError
 
@@ -98,6 +103,8 @@ class WordPieceTokenizer:
         # stride: the tokens consecutive windows of a chunked input share
         tokenizer.enable_truncation(max_len, strategy="longest_first", stride=stride)
         self._tokenizer = tokenizer
+        # the same tokenizer cutting on the left ("left") or not at all (None), made when first asked for
+        self._variants: dict[str | None, Tokenizer] = {"right": tokenizer}
         self.max_len = max_len
         self.stride = stride
         cls_id, sep_id, unk_id = (tokenizer.token_to_id(t) for t in (CLS, SEP, UNK))
@@ -113,21 +120,30 @@ class WordPieceTokenizer:
         return self._vocab_size
 
     def tokenize(
-        self, texts: Sequence, *, is_tokenized: bool = False, keep_tokens: bool = False, chunk: bool = False
+        self,
+        texts: Sequence,
+        *,
+        is_tokenized: bool = False,
+        keep_tokens: bool = False,
+        chunk: bool = False,
+        truncation_direction: str = "right",
     ) -> TokenizedBatch:
-        """Ids of ``texts``, each cut to ``max_len`` tokens; with ``chunk``, an input longer
-        than that (not a pair) becomes windows of ``max_len`` tokens, rows of their own,
-        consecutive ones sharing ``stride`` tokens (``.owners`` says whose each row is)."""
+        """Ids of ``texts``, each cut to ``max_len`` tokens on the side ``truncation_direction``
+        names; with ``chunk``, an input longer than that (not a pair) becomes windows of
+        ``max_len`` tokens, rows of their own, consecutive ones sharing ``stride`` tokens
+        (``.owners`` says whose each row is), whatever the side."""
+        _check_direction(truncation_direction)
+        left = truncation_direction == "left"
         windows: list[list[tuple[list[int], list[int], list[str], bool]]]
         if is_tokenized:
-            windows = [self._encode_tokens(list(tokens), chunk) for tokens in texts]
+            windows = [self._encode_tokens(list(tokens), chunk, left) for tokens in texts]
         else:
             inputs = [_split_pair(text) for text in texts]
             windows = [
                 [(e.ids, e.type_ids, e.tokens, False) for e in (enc, *enc.overflowing)]
                 if chunk and enc.overflowing and isinstance(text, str)
                 else [(enc.ids, enc.type_ids, enc.tokens, bool(enc.overflowing))]
-                for text, enc in zip(inputs, self._tokenizer.encode_batch(inputs), strict=True)
+                for text, enc in zip(inputs, self._encode_batch(inputs, truncation_direction, chunk), strict=True)
             ]
         rows = [row for rows_of_input in windows for row in rows_of_input]
         owners = None
@@ -144,6 +160,59 @@ class WordPieceTokenizer:
         truncated = np.fromiter((r[3] for r in rows), dtype=bool, count=n)
         tokens = [list(r[2]) for r in rows] if keep_tokens else None
         return TokenizedBatch(input_ids, segment_ids, lengths, truncated, tokens, owners)
+
+    def explain(
+        self,
+        texts: Sequence[str],
+        *,
+        add_special_tokens: bool = True,
+        truncate: bool = False,
+        truncation_direction: str = "right",
+    ) -> list[list[dict[str, Any]]]:
+        """The tokens of each of ``texts``, to show them, in the shape of Text Embeddings
+        Inference's ``/tokenize``: ``{"id", "text", "special", "start", "stop"}`` per token.
+
+        A special token ([CLS], [SEP]) has its own text and null ``start``/``stop``; any other
+        has the slice ``text[start:stop]`` of its input, in code points (``"café"`` for the
+        token ``cafe``, ``"ing"`` for ``##ing``). Offsets index the input as given, pairs
+        too: a token of ``"a ||| b"``'s second side points past the ``|||``. The ids are
+        those :meth:`tokenize` gives the model, cut as it cuts them when ``truncate``.
+        """
+        _check_direction(truncation_direction)
+        inputs = [_split_pair(text) for text in texts]
+        tokenizer = self._variant(truncation_direction if truncate else None)
+        encodings = tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        return [_explained(text, enc) for text, enc in zip(texts, encodings, strict=True)]
+
+    def _encode_batch(self, inputs: list, direction: str, chunk: bool) -> list:  # list[tokenizers.Encoding]
+        if direction == "right":
+            return self._tokenizer.encode_batch(inputs)
+        if not chunk:
+            return self._variant(direction).encode_batch(inputs)
+        # Chunked, a single input's windows cover all of it from its start, whatever the side;
+        # a pair is still cut, on the side asked for.
+        pairs = [i for i, x in enumerate(inputs) if not isinstance(x, str)]
+        singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+        encodings: list = [None] * len(inputs)
+        for indices, tokenizer in ((singles, self._tokenizer), (pairs, self._variant(direction))):
+            if indices:
+                for i, enc in zip(indices, tokenizer.encode_batch([inputs[i] for i in indices]), strict=True):
+                    encodings[i] = enc
+        return encodings
+
+    def _variant(self, direction: str | None):  # -> tokenizers.Tokenizer
+        found = self._variants.get(direction)
+        if found is None:
+            from tokenizers import Tokenizer
+
+            found = Tokenizer.from_str(self._tokenizer.to_str())
+            found.no_padding()
+            if direction is None:
+                found.no_truncation()
+            else:
+                found.enable_truncation(self.max_len, strategy="longest_first", stride=self.stride, direction=direction)
+            self._variants[direction] = found
+        return found
 
     def same_vocabulary(self, other: WordPieceTokenizer) -> bool:
         """Whether ``other`` maps every token to the same id."""
@@ -198,11 +267,11 @@ class WordPieceTokenizer:
         return tokens
 
     def _encode_tokens(
-        self, tokens: list[str], chunk: bool = False
+        self, tokens: list[str], chunk: bool = False, left: bool = False
     ) -> list[tuple[list[int], list[int], list[str], bool]]:
         """Pre-tokenized input: vocabulary tokens are taken as they are, other words are
-        split into word pieces; a ``|||`` token separates a pair. One row, or with ``chunk``
-        the windows of a single input that does not fit."""
+        split into word pieces; a ``|||`` token separates a pair. One row, cut on the left
+        when ``left``, or with ``chunk`` the windows of a single input that does not fit."""
         if PAIR_SEPARATOR in tokens:
             cut = tokens.index(PAIR_SEPARATOR)
             sides = [tokens[:cut], tokens[cut + 1 :]]
@@ -226,8 +295,8 @@ class WordPieceTokenizer:
             step = budget - self.stride
             starts = range(0, max(1, len(part) - self.stride), step)
             return [self._with_specials([part[start : start + budget]], False) for start in starts]
-        while sum(map(len, pieces)) > budget:
-            max(pieces, key=len).pop()
+        keep = _longest_first([len(part) for part in pieces], budget)
+        pieces = [part[len(part) - k :] if left else part[:k] for part, k in zip(pieces, keep, strict=True)]
         return [self._with_specials(pieces, truncated)]
 
     def _with_specials(
@@ -239,6 +308,44 @@ class WordPieceTokenizer:
             out_tokens += [token for _, token in part] + [SEP]
             out_types += [segment] * (len(part) + 1)
         return out_ids, out_types, out_tokens, truncated
+
+
+def _longest_first(lengths: list[int], budget: int) -> list[int]:
+    """How many tokens of each side to keep, as the ``tokenizers`` library's ``longest_first``
+    keeps them: the shorter side whole if it takes at most half the budget, else half each,
+    the odd token to the longer side (to the second of equals)."""
+    if sum(lengths) <= budget:
+        return lengths
+    if len(lengths) == 1:
+        return [budget]
+    first, second = lengths
+    short = min(first, second, budget // 2)
+    return [budget - short, short] if first > second else [short, budget - short]
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in TRUNCATION_DIRECTIONS:
+        raise ValueError(f"truncation_direction must be 'right' or 'left', not {direction!r}")
+
+
+def _explained(text: str, encoding: Any) -> list[dict[str, Any]]:
+    """One token dict per token of ``encoding`` (of ``text``), with offsets into ``text``."""
+    # tokenizers gives a pair's offsets within each side, as _split_pair cut and stripped it
+    if PAIR_SEPARATOR in text:
+        first, second = text.split(PAIR_SEPARATOR, 1)
+        second_start = len(first) + len(PAIR_SEPARATOR)
+        shifts = [len(first) - len(first.lstrip()), second_start + len(second) - len(second.lstrip())]
+    else:
+        shifts = [0]
+    tokens = []
+    columns = (encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, encoding.sequence_ids)
+    for token_id, token, (start, stop), special, side in zip(*columns, strict=True):
+        if special or side is None:
+            tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+        else:
+            start, stop = start + shifts[side], stop + shifts[side]
+            tokens.append({"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop})
+    return tokens
 
 
 def _split_pair(text: str) -> str | tuple[str, str]:
