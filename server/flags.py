@@ -69,8 +69,8 @@ class Flag:
         options: dict[str, Any] = {"type": self.kind, "default": default, "help": help}
         if self.many:
             options["nargs"] = "+"
-            if not self.default:  # repeatable: --prompt a=x --prompt b=y keeps both
-                options["action"] = "extend"
+            if isinstance(self.default, tuple) and not self.default:  # repeatable: --prompt a=x --prompt b=y
+                options.update(action="extend", default=list(default or ()))
         if self.switch:
             options.update(nargs="?", const=True)
         group.add_argument(self.name, **options)
@@ -151,6 +151,13 @@ SERVER_FLAGS = [
     ),
     Flag("--max-text-chars", "most characters in one input", int, 100_000),
     Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
+    Flag(
+        "--bulk-backlog-ratio",
+        "a bulk request that would share the workers with more than this times its size of other clients' work "
+        "is refused busy at once (0: never)",
+        float,
+        2.0,
+    ),
     Flag(
         "--max-queued-sentences",
         "most inputs queued at once; past it requests get a busy error",

@@ -36,6 +36,12 @@ REQUEST_SECONDS = Histogram(
     ["path"], buckets=_LATENCY_BUCKETS,
 )  # fmt: skip
 SENTENCES = Counter("bertserve_sentences_total", "Inputs encoded by the workers")
+SKIPPED_SENTENCES = Counter(
+    "bertserve_skipped_sentences_total", "Inputs a worker held but did not run: their requests were past their deadline"
+)
+EXPIRED_SENTENCES = Counter(
+    "bertserve_expired_sentences_total", "Queued inputs dropped before any worker got them: their deadline had passed"
+)
 TOKENS = Counter("bertserve_tokens_total", "Tokens encoded by the workers, padding left out")
 TOKEN_SLOTS = Counter("bertserve_token_slots_total", "Token positions the model computed, padding included")
 PADDING = Gauge(

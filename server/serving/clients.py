@@ -17,6 +17,7 @@ from bertserve.client import protocol as p
 
 from .. import metrics
 from ..config import ServerConfig
+from ..model.prompts import Prompts, apply_prompt
 from ..security import message_user_id, request_allowed
 from . import admission, legacy, wire
 from .admission import Refusal
@@ -25,6 +26,7 @@ from .control import Control
 from .formats import LEGACY, NATIVE, ReplyFormat
 from .outbox import SinkOutbox
 from .registry import Registry
+from .request_options import EncodeOptions, read_options
 from .scheduler import Busy, Scheduler, TooLarge
 
 logger = logging.getLogger("bertserve.ventilator")
@@ -33,11 +35,16 @@ _Command = Callable[[p.Request, bytes | None, ReplyFormat], None]
 
 
 class Head(Protocol):
-    """What answering clients reads of the head: the version new requests are pinned to, and
-    the CONFIG and STATUS answers."""
+    """What answering clients reads of the head: the version new requests are pinned to, its
+    prompts, and the CONFIG and STATUS answers; and the one thing it asks of it: to cancel."""
 
     @property
     def serving_version(self) -> int | None: ...
+
+    @property
+    def prompts(self) -> Prompts: ...
+
+    def cancel(self, keys: set[str]) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -66,6 +73,7 @@ class Clients:
             p.STATUS: self._on_status,
             p.TERMINATE: self._on_terminate,
             p.RELOAD: self._on_reload,
+            p.CANCEL: self._on_cancel,
         }
 
     def stats(self) -> dict[str, Any]:
@@ -119,9 +127,8 @@ class Clients:
     def _on_encode(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         who = admission.principal(request.client_id, user, self.gateway_key)
         self.received += 1
-        is_tokenized = bool(request.header.get("is_tokenized", False))
-        show_tokens = bool(request.header.get("show_tokens", False))
-        chunk, refusal = admission.chunking(request.header.get("long_inputs"), self.config, self.registry.model)
+        options = read_options(request.header, self.config, self.registry.model, self.head.prompts)
+        refusal = options if isinstance(options, Refusal) else None
         if refusal is None and request.count is not None:  # refused on the count its header declares, unread
             refusal = admission.check_count(request.count, self.config, self.scheduler, who)
         if refusal is None:  # a full server refuses it without reading the texts
@@ -129,17 +136,16 @@ class Clients:
             refusal = admission.check_bytes(floor, self.requests.queued_bytes, self.config.max_queued_bytes)
         if refusal is not None:
             return self._refuse(request, fmt, refusal)
+        assert isinstance(options, EncodeOptions)
         try:
             texts = request.texts = p.decode_texts(request, request.payload)
         except p.ProtocolError as exc:
             return self._refuse(request, fmt, Refusal(f"malformed request: {exc}", "protocol"))
         if request.count is None:
             refusal = admission.check_count(len(texts), self.config, self.scheduler, who)
-        nbytes = admission.held_bytes(texts)
-        refusal = refusal or admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.max_queued_bytes)
         if refusal is None:
             try:
-                p.check_texts(texts, is_tokenized)
+                p.check_texts(texts, options.is_tokenized)
             except (TypeError, ValueError) as exc:
                 refusal = Refusal(str(exc))
         refusal = (
@@ -147,34 +153,50 @@ class Clients:
             or admission.check_lengths(texts, self.config.max_text_chars)
             or admission.check_unique(request.request_id, self.requests.pending(request.key))
         )
+        if refusal is None and options.prompt:  # the prompt's tokens count toward max_seq_len, as it runs
+            texts = apply_prompt(texts, options.prompt)
+        nbytes = admission.held_bytes(texts)
+        refusal = refusal or admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.max_queued_bytes)
         if refusal is not None:
             return self._refuse(request, fmt, refusal)
         if not texts:
-            return self._answer_empty(request, fmt)
+            return self._answer_empty(request, fmt, options)
         key = self.requests.new_key(request.key)
         now = time.monotonic()
+        deadline = now + options.timeout_s
         try:
             self.scheduler.admit(
-                key, who, texts, is_tokenized=is_tokenized, show_tokens=show_tokens, now=now, chunk=chunk,
-                version=self.head.serving_version,
+                key, who, texts, is_tokenized=options.is_tokenized, show_tokens=options.show_tokens, now=now,
+                chunk=options.chunk, version=self.head.serving_version, deadline=deadline,
+                truncation=options.truncation,
             )  # fmt: skip
         except Busy as exc:
             return self._refuse(request, fmt, Refusal(str(exc), admission.BUSY))
         except TooLarge as exc:
             return self._refuse(request, fmt, Refusal(str(exc), "limit"))
-        deadline = now + self.config.request_timeout_ms / 1000
         admitted = Admitted(request.client_id, request.request_id, request.key, len(texts), deadline, fmt, nbytes)
         self.requests.add(key, admitted)
         register = {
             "key": key, "client": request.client_id.hex(), "request_id": request.request_id, "count": len(texts),
-            "show_tokens": show_tokens, "version": self.head.serving_version, "format": fmt.name.decode(),
+            "show_tokens": options.show_tokens, "version": self.head.serving_version, "format": fmt.name.decode(),
+            "timeout_s": options.timeout_s,
         }  # fmt: skip
+        if options.dimensions is not None:
+            register["dimensions"] = options.dimensions
+            register["renormalize"] = bool(self.registry.model.get("normalize"))
         self.outbox.send([wire.REGISTER, p.dumps(register)])
         return None
 
-    def _answer_empty(self, request: p.Request, fmt: ReplyFormat) -> None:
+    def _on_cancel(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
+        """The client withdrew its request: its queued work is dropped, and it is answered as
+        cancelled (nobody need read that). A request already answered is left alone."""
+        key = self.requests.key_of(request.key)
+        if key is not None:
+            self.head.cancel({key})
+
+    def _answer_empty(self, request: p.Request, fmt: ReplyFormat, options: EncodeOptions) -> None:
         model = self.registry.model
-        dim = int(model.get("output_dim", 0))
+        dim = options.dimensions or int(model.get("output_dim", 0))
         shape = [0, 0, dim] if model.get("token_level") else [0, dim]
         header: dict[str, Any] = {"dtype": model.get("output_dtype", "float32"), "shape": shape}
         if request.header.get("show_tokens"):

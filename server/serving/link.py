@@ -273,7 +273,7 @@ class WorkerLink:
         if job is None:
             return
         error = message.error
-        header = {"parts": job.header()["parts"], "error": error.safe_error, "kind": error.safe_kind}
+        header = {"parts": job.parts(), "error": error.safe_error, "kind": error.safe_kind}
         self.head.to_sink([wire.JOB_ERROR, job.job_id.encode(), p.dumps(header)])
 
     def _answered_job(

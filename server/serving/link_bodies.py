@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 MAX_HOST_WORKERS = 256
 """Most workers one host may say it runs (HELLO's ``workers``)."""
 
-ERROR_KINDS = frozenset({"worker", "input", "timeout"})
+ERROR_KINDS = frozenset({"worker", "input", "timeout", "expired"})
 """The kinds a JOB_ERROR may give its requests' error replies; any other becomes ``worker``."""
 
 MAX_ERROR_CHARS = 500
@@ -130,6 +130,8 @@ class Done(_Schema):
     seconds: float = Field(default=0.0, ge=0.0, le=1e6)
     tokens: Count = 0
     slots: Count = 0
+    sentences: Count | None = None  # inputs the model ran; None: the whole job (an older worker)
+    skipped: Count = 0  # inputs not run: every request of the job was past its deadline
 
 
 class Part(_Schema):

@@ -49,10 +49,13 @@ def check_model(config: ServerConfig, book: VersionsBook) -> tuple[dict[str, Any
     and the sha256 of its files (which remote workers must share; ``""`` without them). Its
     tokenizer is the one ``book`` serves."""
     from ..model.options import resolve_options
+    from ..model.prompts import resolve_prompts
 
     model_sha256 = ""
     try:
         model_info, tokenizer = resolve_options(config.model)
+        prompts = resolve_prompts(config.model.model_dir, config.prompt, config.default_prompt_name)
+        model_info.update(prompts.describe())
         book.serve_tokenizer(tokenizer)
         if config.worker_port is not None:
             from ..model.checksum import tree_sha256

@@ -50,7 +50,8 @@ class WorkerState:
     jobs: dict[str, tuple[Job, float]] = field(default_factory=dict)  # job id -> (job, dispatched at)
     answered: set[str] = field(default_factory=set)  # jobs held whose result came over the link
     jobs_done: int = 0
-    sentences: int = 0
+    sentences: int = 0  # inputs the model ran
+    skipped: int = 0  # inputs of jobs it held but did not run: their requests were past their deadline
     busy_seconds: float = 0.0
     tokens: int = 0
     slots: int = 0
@@ -161,7 +162,8 @@ class Registry:
         worker.answered.discard(done.job)
         worker.last_seen = now
         worker.jobs_done += 1
-        worker.sentences += job.size
+        worker.sentences += job.size if done.sentences is None else done.sentences
+        worker.skipped += done.skipped
         worker.busy_seconds += done.seconds
         worker.tokens += done.tokens
         worker.slots += done.slots
@@ -229,7 +231,8 @@ class Registry:
                     "index": w.index, "pid": w.pid, "host": w.hostname, "device": w.device,
                     "remote": w.host is not None, "state": _state(w), "version": w.version, "credits": w.credits,
                     "jobs_done": w.jobs_done,
-                    "sentences": w.sentences, "jobs_in_flight": len(w.jobs), "busy_s": round(w.busy_seconds, 3),
+                    "sentences": w.sentences, "skipped_sentences": w.skipped, "jobs_in_flight": len(w.jobs),
+                    "busy_s": round(w.busy_seconds, 3),
                     "tokens": w.tokens, "token_slots": w.slots, "up_s": round(now - w.joined, 1),
                     "last_heartbeat_s": round(now - w.last_seen, 2),
                 }

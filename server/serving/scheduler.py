@@ -41,73 +41,10 @@ from typing import Any
 import numpy as np
 
 from ..config import ServerConfig
+from .jobs import Busy, Job, Piece, TooLarge
 
 CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
 """``(texts, is_tokenized, chunk) -> tokens per input`` (in all its windows with ``chunk``)."""
-
-
-class Busy(Exception):
-    """The queues are full: the request was not queued; the client may retry later."""
-
-
-class TooLarge(Exception):
-    """The request is larger than a client may ever queue."""
-
-
-@dataclass
-class Piece:
-    """Rows of one request that travel together in a job."""
-
-    key: str
-    client: bytes
-    rows: np.ndarray  # row indexes in the request
-    texts: list[Any]
-    is_tokenized: bool
-    show_tokens: bool
-    arrived: float
-    chunk: bool = False  # long inputs are encoded in windows, not truncated
-    version: int | None = None  # the model version it runs on, pinned at admission
-
-    @property
-    def kind(self) -> tuple[bool, bool, int | None]:
-        """Pieces of one kind may share a job: the worker reads the first two from the job,
-        and only a worker of the version runs it."""
-        return self.is_tokenized, self.chunk, self.version
-
-
-@dataclass
-class Job:
-    """A mini-job: pieces of one or more requests that one worker runs at once."""
-
-    job_id: str
-    pieces: list[Piece]
-    bulk: bool
-    failures: int = 0  # times a worker died or hung while holding it
-
-    @property
-    def size(self) -> int:
-        return sum(len(piece.rows) for piece in self.pieces)
-
-    @property
-    def keys(self) -> list[str]:
-        return [piece.key for piece in self.pieces]
-
-    @property
-    def texts(self) -> list[Any]:
-        return [text for piece in self.pieces for text in piece.texts]
-
-    @property
-    def version(self) -> int | None:
-        return self.pieces[0].version
-
-    def header(self) -> dict[str, Any]:
-        return {
-            "parts": [{"key": piece.key, "rows": piece.rows.tolist()} for piece in self.pieces],
-            "is_tokenized": self.pieces[0].is_tokenized,
-            "show_tokens": any(piece.show_tokens for piece in self.pieces),
-            "bulk": self.bulk,
-            **({"chunk": True} if self.pieces[0].chunk else {}),
-        }
 
 
 @dataclass
@@ -155,12 +92,17 @@ class Scheduler:
         now: float,
         chunk: bool = False,
         version: int | None = None,
+        deadline: float = float("inf"),
+        truncation: str = "right",
     ) -> None:
-        """Queue a checked, non-empty request, to run on model ``version``; raises
-        :class:`Busy` or :class:`TooLarge` without queuing any of it."""
+        """Queue a checked, non-empty request, to run on model ``version`` before ``deadline``;
+        raises :class:`Busy` or :class:`TooLarge` without queuing any of it."""
         count = len(texts)
         self.check_room(client, count)
-        piece = Piece(key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk, version)
+        self.check_backlog(client, count)
+        piece = Piece(
+            key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk, version, deadline, truncation
+        )
         item = piece if count < self.config.max_batch_size else _Bulk(piece)
         queue = self.clients.get(client)
         if queue is None:
@@ -195,6 +137,29 @@ class Scheduler:
             raise Busy(
                 f"the server is busy: {self.queued} inputs are queued, at most {self.config.queue_limit} "
                 "may be; retry later"
+            )
+
+    def check_backlog(self, client: bytes, count: int) -> None:
+        """Raise :class:`Busy` for a bulk request that would share the workers with more
+        than ``bulk_backlog_ratio`` times its own size of other clients' queued work.
+
+        Turns share the workers out evenly, so a bulk request of ``count`` sentences finishes
+        once it and, of each other client's queued work, at most ``count`` more have run: its
+        time is bounded by that backlog, whatever the clients behind it send. Refusing it at
+        once, when that backlog is too deep, keeps every admitted bulk request within a few
+        times what it takes on an idle server, and tells the client to come back at once
+        rather than after minutes. A client's own queue is not counted: its requests run in
+        the order it sent them. Small requests are not bounded by this: they overtake."""
+        ratio = self.config.bulk_backlog_ratio
+        if not ratio or count < self.config.max_batch_size:
+            return
+        backlog = sum(min(queue.sentences, count) for other, queue in self.clients.items() if other != client)
+        backlog += sum(job.size for job in self.retries)
+        if backlog > ratio * count:
+            self.busy_rejections += 1
+            raise Busy(
+                f"the server is busy: this request of {count} inputs would share the workers with {backlog} inputs "
+                f"of other clients, more than {ratio:g} times its size (--bulk-backlog-ratio); retry later"
             )
 
     def _cut(self, request: Piece) -> deque[Job]:
@@ -315,7 +280,7 @@ class Scheduler:
             share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
         return self._take_pieces([(client, share) for client in waiting], kind, room)
 
-    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None], room: int) -> Job:
+    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None, str], room: int) -> Job:
         """A job of up to ``share`` rows of small requests from each client, in order, and of
         at most ``room`` rows in all."""
         pieces: list[Piece] = []

@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +44,10 @@ class _BadParts(ValueError):
     """A result does not fit the request it names."""
 
 
+class _TooManyDimensions(ValueError):
+    """A request asked for more dimensions than the model's vectors have."""
+
+
 @dataclass
 class _Pending:
     client: bytes
@@ -58,6 +62,8 @@ class _Pending:
     chunked: int = 0  # rows placed that were encoded in windows (long_inputs=chunk)
     version: int | None = None  # the model version its rows are computed with, pinned at admission
     format: formats.ReplyFormat = formats.NATIVE  # how its replies are laid out, chosen at admission
+    dimensions: int | None = None  # keep the first k dimensions of each vector
+    renormalize: bool = False  # and scale them back to unit length (the model's output is normalized)
     filled: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -103,7 +109,21 @@ class _Pending:
                 out[rows, : vectors.shape[1]] = vectors
             else:
                 out[rows] = vectors
-        return out
+        return out if self.dimensions is None else self._cut(out)
+
+    def _cut(self, out: np.ndarray) -> np.ndarray:
+        """The first ``dimensions`` of each vector (Matryoshka), at unit length again where
+        the model's vectors were."""
+        k = self.dimensions
+        assert k is not None
+        if k > out.shape[-1]:
+            raise _TooManyDimensions(f"dimensions={k} is more than this model's {out.shape[-1]} dimensions: ask for "
+                                     f"1 to {out.shape[-1]}")  # fmt: skip
+        cut = np.ascontiguousarray(out[..., :k])
+        if self.renormalize:
+            norms = np.linalg.norm(cut.astype(np.float32), axis=-1, keepdims=True)
+            cut = (cut / np.maximum(norms, 1e-12)).astype(out.dtype)
+        return cut
 
 
 class Sink:
@@ -135,6 +155,7 @@ class Sink:
         self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
         self.served = 0
         self.failed = 0
+        self.failures: Counter[str] = Counter()  # the requests failed, by kind
         self.started = time.time()
         self.running = True
         self._handlers: dict[bytes, Callable[[list[Any]], None]] = {
@@ -206,9 +227,13 @@ class Sink:
             logger.error("request %s is already pending; ignoring a second registration", key)
             return
         self.closed.pop(key, None)
-        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        timeout_s = info.get("timeout_s", self.config.request_timeout_ms / 1000)
+        deadline = time.monotonic() + float(timeout_s)
         pending = _Pending(bytes.fromhex(info["client"]), int(info["request_id"]), int(info["count"]),
                            bool(info.get("show_tokens")), deadline)  # fmt: skip
+        if "dimensions" in info:
+            pending.dimensions = int(info["dimensions"])
+            pending.renormalize = bool(info.get("renormalize"))
         version = info.get("version")
         pending.version = version if isinstance(version, int) else self.config.version_number
         pending.format = formats.named(str(info.get("format", "native")))
@@ -235,6 +260,7 @@ class Sink:
         status.update(
             requests_served=self.served,
             requests_failed=self.failed,
+            requests_expired=self.failures[p.EXPIRED],
             requests_in_flight=len(self.pending),
         )
         self.replies.send(fmt.status(client, int(request_id), status), held=fmt.held)
@@ -309,6 +335,9 @@ class Sink:
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
             frames = pending.format.vectors(pending.client, pending.request_id, array, header)
+        except _TooManyDimensions as exc:
+            self._fail(key, str(exc), "input")
+            return
         except Exception as exc:
             logger.exception("could not assemble the reply to %s", key)
             self._fail(key, f"the server could not assemble the reply: {exc}", "internal")
@@ -325,6 +354,7 @@ class Sink:
             return
         self._close(key)
         self.failed += 1
+        self.failures[kind] += 1
         reply = pending.format.error(pending.client, pending.request_id, error, kind)
         self.replies.send(reply, held=pending.format.held)
         _count(pending, kind)
@@ -336,7 +366,10 @@ class Sink:
     def _sweep(self, now: float) -> None:
         self.replies.release_due(now)
         for key in [k for k, v in self.pending.items() if v.deadline <= now]:
-            self._fail(key, "the request did not complete before its deadline", "timeout")
+            pending = self.pending[key]
+            self._fail(key, f"the request expired: it did not complete within its deadline, "
+                       f"{pending.deadline - pending.admitted:.3g} s after it arrived (the client's timeout, at most "
+                       "the server's --request-timeout-ms); its queued work was dropped", p.EXPIRED)  # fmt: skip
         for key in [k for k, parts in self.orphans.items() if parts[0][0] + _ORPHAN_TTL <= now]:
             logger.warning("dropped results for unknown request %s", key)
             del self.orphans[key]

@@ -35,6 +35,7 @@ import zmq
 from .. import metrics
 from ..config import ServerConfig
 from ..errors import StartupError
+from ..model.prompts import Prompts
 from . import preflight
 from .children import Children, worker_index, worker_name
 from .lifecycle import DRAIN_SECONDS, ExitFlags
@@ -165,6 +166,7 @@ class BertServer(ExitFlags):
             return Ventilator(
                 self.config, context, frontend, addresses, scheduler, curve_admins=admins, gateway_key=gateway_public,
                 model_sha256=self.model_sha256, curve_keys=curve_keys,
+                prompts=Prompts(self.model_info.get("prompts", {}), self.model_info.get("default_prompt_name")),
             )  # fmt: skip
         except zmq.ZMQError as exc:  # the worker link's port
             where = f"{self.config.bind}:{self.config.worker_port}"

@@ -25,10 +25,12 @@ from bertserve.client import protocol as p
 
 from .. import metrics
 from ..config import ServerConfig
+from ..model.prompts import Prompts
 from . import link_schema, wire
 from .admitted import AdmittedRequests
 from .clients import Clients
 from .control import Control, describe
+from .expiry import Expiry
 from .formats import ReplyFormat
 from .gauges import HeadGauges
 from .interfaces import VersionsView
@@ -60,8 +62,10 @@ class Ventilator:
         gateway_key: bytes | None = None,
         model_sha256: str = "",
         curve_keys: Any = None,
+        prompts: Prompts | None = None,
     ) -> None:
         self.config = config
+        self.prompts = prompts or Prompts({}, None)  # what a request's prompt_name may name
         self.scheduler = scheduler
         self.registry = Registry(
             job_timeout_s=config.job_timeout_ms / 1000, heartbeat_timeout_s=config.heartbeat_timeout_ms / 1000,
@@ -86,7 +90,8 @@ class Ventilator:
         self.gauges = HeadGauges()
         self.accepting = True
         self.started = time.time()
-        self._next_expiry = 0.0
+        self.expiry = Expiry(scheduler, self.requests)
+        self.cancelled = 0  # requests their clients withdrew (CANCEL) while pending
         self._next_gauges = 0.0
         self.version = config.version_number  # the model version new requests are pinned to
         self.registry.serving = self.version
@@ -148,20 +153,16 @@ class Ventilator:
         now = time.monotonic()
         if self.link is not None:
             self.link.tick(now)
-        if now >= self._next_expiry:
-            self._expire(now)
+        self.expiry.tick(now)
         if now >= self._next_gauges:
             self._next_gauges = now + _GAUGE_INTERVAL_S
             self.update_gauges()
 
-    def _expire(self, now: float) -> None:
-        """Drop the queued work of requests past their deadline: the sink has answered them."""
-        self._next_expiry = now + 1.0
-        expired = self.requests.expired(now)
-        if expired:
-            self.scheduler.remove(expired)
-            for key in expired:
-                self.requests.finish(key)
+    def cancel(self, keys: set[str]) -> None:
+        """Requests their clients withdrew: their queued work is dropped and each is answered
+        as cancelled; rows a worker is computing are dropped by the sink when they come."""
+        self.cancelled += len(keys)
+        self._fail(keys, "the client cancelled this request", p.CANCELLED)
 
     # -- the sink --------------------------------------------------------------------------
 
@@ -180,7 +181,9 @@ class Ventilator:
     # -- control commands (answered by .control) -------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        return describe(self.config, curve=self.curve, ready=self.ready, model=self.registry.model)
+        answer = describe(self.config, curve=self.curve, ready=self.ready, model=self.registry.model)
+        answer.update(self.prompts.describe())
+        return answer
 
     def status(self) -> dict[str, Any]:
         return {
@@ -189,6 +192,8 @@ class Ventilator:
             "uptime_s": round(time.time() - self.started, 3),
             **self.clients.stats(),
             "requests_pending": len(self.requests),
+            "requests_cancelled": self.cancelled,
+            "expired_sentences_dropped": self.expiry.sentences,
             "queued_bytes": self.requests.queued_bytes,
             **self._versions(),
             **self.scheduler.stats(),
@@ -318,6 +323,8 @@ class Ventilator:
             job = self.scheduler.next_job(now, idle=not worker.jobs)
             if job is None:
                 return
+            if not self.expiry.live(job, now):
+                continue
             if job.version != worker.version and (worker := self.registry.pick(job.version)) is None:
                 self.scheduler.put_back(job)  # its version's workers are all busy
                 return
@@ -327,13 +334,15 @@ class Ventilator:
             job = self.scheduler.next_small_job(self.config.model.batch_size)
             if job is None:
                 return
+            if not self.expiry.live(job, now):
+                continue
             if job.version != worker.version and (worker := self.registry.pick_overtake(job.version)) is None:
                 self.scheduler.put_back(job)
                 return
             self._send_job(worker, job, now)
 
     def _send_job(self, worker: WorkerState, job: Job, now: float) -> None:
-        frames = [wire.JOB, job.job_id.encode(), p.dumps(job.header()), p.dumps(job.texts)]
+        frames = [wire.JOB, job.job_id.encode(), p.dumps(job.header(now)), p.dumps(job.texts)]
         try:
             if worker.host is None:
                 self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
@@ -426,7 +435,9 @@ class Ventilator:
 
 def _count_job(size: int, done: link_schema.Done) -> None:
     """A worker's DONE: its inputs, tokens and model time, for ``/metrics``."""
-    metrics.SENTENCES.inc(size)
+    metrics.SENTENCES.inc(size if done.sentences is None else done.sentences)
+    if done.skipped:
+        metrics.SKIPPED_SENTENCES.inc(done.skipped)
     metrics.TOKENS.inc(done.tokens)
     metrics.TOKEN_SLOTS.inc(done.slots)
     metrics.JOB_SECONDS.observe(done.seconds)

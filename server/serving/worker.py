@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import platform
 import signal
@@ -188,9 +189,13 @@ class Worker:
             logger.error("worker %d got job %r with a malformed header: %s", self.index, job_id, exc)
             header = {"parts": [], "error": f"malformed job: {exc}"}
             return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
+        if "expires_in_s" in header:  # on this machine's clock: the head's may not be this one's
+            header["expires_at"] = time.monotonic() + float(header["expires_in_s"])
         try:
             texts = p.loads(payload, "payload")
-            options = {"chunk": True} if header.get("chunk") else {}  # only models that chunk are asked to
+            options: dict[str, Any] = {"chunk": True} if header.get("chunk") else {}  # only models that chunk are asked
+            if header.get("truncation_direction", "right") != "right":  # and only models that cut on the left
+                options["truncation_direction"] = header["truncation_direction"]
             batch = self.model.tokenize(
                 texts, is_tokenized=bool(header.get("is_tokenized")), keep_tokens=bool(header.get("show_tokens")),
                 **options,
@@ -214,23 +219,28 @@ class Worker:
         for job_id_t, header_t, ids, segments, lengths in feed:
             self.process(_numpy(job_id_t), _numpy(header_t), _numpy(ids), _numpy(segments), _numpy(lengths))
 
-    def _run_model(self, batch: TokenizedBatch, bulk: bool) -> tuple[np.ndarray, int, float]:
+    def _run_model(self, batch: TokenizedBatch, bulk: bool, expires_at: float) -> tuple[np.ndarray, int, float]:
         """The model's vectors for ``batch``, the token slots they took, and the seconds lent
         to small jobs. A bulk job of sentence vectors runs one model run at a time, as the
-        model plans them, and small jobs that arrived meanwhile run between two runs."""
+        model plans them, and small jobs that arrived meanwhile run between two runs; once
+        ``expires_at`` has passed (every request of the job is past its deadline) the runs
+        left are skipped (:class:`Expired`)."""
         feed = self.feed
         runs = self.model.plan(batch) if bulk and feed is not None else []
         if feed is None or len(runs) < 2 or self.token_level:
             return np.ascontiguousarray(self.model.run(batch)), self.model.token_slots(batch), 0.0
         out: np.ndarray | None = None
-        slots, lent = 0, 0.0
+        slots, lent, ran = 0, 0.0, 0
         for i, index in enumerate(runs):
             if i:
                 while (small := feed.take_small()) is not None:
                     overtaking = time.perf_counter()
                     self.process(*(_numpy(value) for value in small))
                     lent += time.perf_counter() - overtaking
+                if time.monotonic() >= expires_at:
+                    raise Expired(ran, len(batch) - ran, slots, lent)
             part = batch.take(index)
+            ran += len(index)
             vectors = np.asarray(self.model.run(part))
             if out is None:
                 out = np.empty((len(batch), *vectors.shape[1:]), vectors.dtype)
@@ -245,12 +255,16 @@ class Worker:
         started = time.perf_counter()
         parts = header["parts"]
         lent = 0.0  # seconds spent on small jobs that overtook this one
+        expires_at = float(header.get("expires_at", math.inf))
+        ran, skipped = len(lengths), 0  # inputs (rows) the model ran, and left unrun past the deadline
         try:
             if "error" in header:
                 raise ValueError(header["error"])
+            if time.monotonic() >= expires_at:
+                raise Expired(0, len(lengths), 0, 0.0)
             owners = np.asarray(header["owners"], np.int64) if "owners" in header else None
             batch = TokenizedBatch(ids, segments, lengths, np.asarray(header["truncated"], bool), owners=owners)
-            vectors, slots, lent = self._run_model(batch, bool(header.get("bulk")))
+            vectors, slots, lent = self._run_model(batch, bool(header.get("bulk")), expires_at)
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
             out = {"parts": parts, "tokens": header.get("tokens"), "model_version": self.config.version_number}
@@ -260,9 +274,16 @@ class Worker:
                 out["lengths"] = np.bincount(owners, weights=lengths).astype(np.int64).tolist()
             else:
                 out["lengths"] = np.asarray(lengths).tolist()
+            ran = len(vectors)  # inputs (a chunked input's windows are one)
             out.update(p.array_header(vectors))
             self.results.send_multipart([wire.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
             tokens = int(batch.lengths.sum())
+        except Expired as expired:
+            ran, skipped, slots, lent = expired.ran, expired.skipped, expired.slots, expired.lent
+            logger.debug("worker %d skipped %d inputs of job %s: past their deadline", self.index, skipped, job_id)
+            error = {"parts": parts, "error": "the request expired before it was computed", "kind": p.EXPIRED}
+            self.results.send_multipart([wire.JOB_ERROR, job_id, p.dumps(error)])
+            tokens = 0
         except Exception as exc:
             logger.exception("worker %d failed on job %s", self.index, job_id)
             error = {"parts": parts, "error": f"the worker failed on this request: {exc}", "kind": "worker"}
@@ -271,10 +292,18 @@ class Worker:
         elapsed = time.perf_counter() - started - lent
         logger.debug("worker %d ran job %s: %d inputs in %.3fs", self.index, job_id.decode(), len(lengths), elapsed)
         done = {"job": job_id.decode(), "worker": self.identity.decode(), "seconds": elapsed, "tokens": tokens,
-                "slots": slots}  # fmt: skip
+                "slots": slots, "sentences": ran, "skipped": skipped}  # fmt: skip
         self.credits.send_multipart([wire.DONE, p.dumps(done)])
         if header.get("bulk") and (self.feed is None or self.feed.empty):
             trim_heap()  # a bulk burst is over: the big batches' activations go back to the system
+
+
+class Expired(Exception):
+    """Every request of a job is past its deadline: the model runs left are skipped."""
+
+    def __init__(self, ran: int, skipped: int, slots: int, lent: float) -> None:
+        super().__init__(f"{skipped} inputs skipped past their deadline")
+        self.ran, self.skipped, self.slots, self.lent = ran, skipped, slots, lent
 
 
 class ThreadFeed:

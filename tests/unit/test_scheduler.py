@@ -139,14 +139,14 @@ def test_small_requests_are_merged_out_of_turn_for_an_overtaking_slot() -> None:
     admit(s, b"a", 2, key="a")
     admit(s, b"b", 3, key="b")
     job = s.next_small_job(8)  # the bulk client's turn is first, but it cannot overtake
-    assert job is not None and job.keys == ["a", "b"] and not job.bulk and job.header()["bulk"] is False
+    assert job is not None and job.keys == ["a", "b"] and not job.bulk and job.header(0.0)["bulk"] is False
     assert s.next_small_job(8) is None
     for client in (b"c", b"d", b"e"):
         admit(s, client, 3, key=client.decode())
     capped = s.next_small_job(4)  # at most one model run's rows: the bulk job keeps its worker
     assert capped is not None and capped.size == 3 and s.small_rows == 6  # one each: equal shares of a job of 4
     first = s.next_job(0.0)
-    assert first is not None and first.keys == ["bulk"] and first.header()["bulk"] is True
+    assert first is not None and first.keys == ["bulk"] and first.header(0.0)["bulk"] is True
 
 
 def test_clients_take_turns_one_job_each() -> None:

@@ -190,7 +190,7 @@ def test_an_expired_request_leaves_the_queue(rig: Rig, monkeypatch) -> None:
     assert rig.ventilator.scheduler.queued == 3
     for request in rig.ventilator.requests.requests.values():
         request.deadline = 0.0
-    rig.ventilator._next_expiry = 0.0
+    rig.ventilator.expiry.sweep(0.0)
     rig.pump()
     assert rig.ventilator.scheduler.queued == 0 and rig.ventilator.idle
 
