@@ -5,12 +5,14 @@
     with BertClient("localhost", 5555, 5556, timeout=10_000) as bc:
         vectors = bc.encode(["First do it", "then do it right"])   # (2, D) float32
 
-``ConcurrentBertClient`` shares one server between threads. Against a server that uses
-CURVE, pass ``server_key="server.key"`` and ``client_cert="me.key_secret"`` (see
-``bertserve keygen``).
+``ConcurrentBertClient`` shares one server between threads; ``AsyncBertClient`` serves
+the tasks of an asyncio event loop (``vectors = await client.encode(texts)``). Against a
+server that uses CURVE, pass ``server_key="server.key"`` and ``client_cert="me.key_secret"``
+(see ``bertserve keygen``).
 """
 
 from ._version import __version__
+from .aio import AsyncBertClient
 from .client import BertClient
 from .errors import (
     AuthenticationError,
@@ -26,6 +28,7 @@ from .pool import ConcurrentBertClient
 from .results import EncodeResult
 
 __all__ = [
+    "AsyncBertClient",
     "AuthenticationError",
     "BertClient",
     "BertClientError",

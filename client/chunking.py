@@ -104,7 +104,7 @@ def gather(answers: Generator[EncodeResult, None, None], total: int) -> tuple[np
                 done += len(result.embedding)
                 bar.update(len(result.embedding))
     except ServerError as exc:  # about the chunk from texts[done] on
-        raise _renumbered(exc, done) from None
+        raise renumbered(exc, done) from None
     finally:
         answers.close()
     return join(arrays), tokens
@@ -119,7 +119,7 @@ def join(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts, axis=0)
 
 
-def _renumbered(error: ServerError, offset: int) -> ServerError:
+def renumbered(error: ServerError, offset: int) -> ServerError:
     """``error``, about a request of the texts from ``offset`` on, naming each text by its place
     in the whole input, as the answer to one request of the whole input would."""
     if not offset:

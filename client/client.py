@@ -24,7 +24,7 @@ import threading
 import warnings
 from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import zmq
@@ -36,7 +36,11 @@ from .options import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     DEFAULT_TIMEOUT_MS,
+    EncodeOptions,
+    RequestOptions,
+    check_host,
     check_identity,
+    check_output_fmt,
     check_port,
     check_port_out,
     check_timeout,
@@ -46,6 +50,9 @@ from .protocol import RELOAD, STATUS, TERMINATE, ProtocolError, check_texts
 from .results import Embedding, EncodeResult, empty_embedding
 from .security import KeySource
 from .transport import tcp_address
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; only type checkers read it
 
 logger = logging.getLogger("bertserve.client")
 
@@ -93,14 +100,11 @@ class BertClient:
         server_key: KeySource | None = None,
         client_cert: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not isinstance(host, str) or not host:
-            raise ValueError(f"host must be a non-empty string, not {host!r}")
-        self.host = host
+        self.host = check_host(host)
         self.port = check_port("port", port)
         self.port_out = check_port_out(self.port, port_out)
         timeout = check_timeout(timeout)
-        if output_fmt not in ("ndarray", "list"):
-            raise ValueError(f'output_fmt must be "ndarray" or "list", not {output_fmt!r}')
+        check_output_fmt(output_fmt)
         self.output_fmt = output_fmt
         curve = load_curve(server_key, client_cert)
         self.identity = check_identity(identity, None if curve is None else curve.public)
@@ -202,63 +206,33 @@ class BertClient:
 
     @overload
     def encode(
-        self,
-        texts: Sequence[Any],
-        *,
-        blocking: Literal[True] = ...,
-        is_tokenized: bool = ...,
-        show_tokens: Literal[False] = ...,
-        show_progress: bool = ...,
-        long_inputs: str | None = ...,
-    ) -> Embedding: ...
+        self, texts: Sequence[Any], *, blocking: Literal[True] = ..., show_tokens: Literal[False] = ...,
+        show_progress: bool = ..., **options: Unpack[RequestOptions]
+    ) -> Embedding: ...  # fmt: skip
 
     @overload
     def encode(
-        self,
-        texts: Sequence[Any],
-        *,
-        blocking: Literal[True] = ...,
-        is_tokenized: bool = ...,
-        show_tokens: Literal[True],
-        show_progress: bool = ...,
-        long_inputs: str | None = ...,
-    ) -> tuple[Embedding, list[list[str]]]: ...
+        self, texts: Sequence[Any], *, blocking: Literal[True] = ..., show_tokens: Literal[True],
+        show_progress: bool = ..., **options: Unpack[RequestOptions]
+    ) -> tuple[Embedding, list[list[str]]]: ...  # fmt: skip
 
     @overload
     def encode(
-        self,
-        texts: Sequence[Any],
-        *,
-        blocking: Literal[False],
-        is_tokenized: bool = ...,
-        show_tokens: bool = ...,
-        show_progress: Literal[False] = ...,
-        long_inputs: str | None = ...,
-    ) -> int: ...
+        self, texts: Sequence[Any], *, blocking: Literal[False], show_tokens: bool = ...,
+        show_progress: Literal[False] = ..., **options: Unpack[RequestOptions]
+    ) -> int: ...  # fmt: skip
 
     @overload
     def encode(
-        self,
-        texts: Sequence[Any],
-        *,
-        blocking: Literal[True] = ...,
-        is_tokenized: bool = ...,
-        show_tokens: bool,
-        show_progress: bool = ...,
-        long_inputs: str | None = ...,
-    ) -> Embedding | tuple[Embedding, list[list[str]]]: ...
+        self, texts: Sequence[Any], *, blocking: Literal[True] = ..., show_tokens: bool, show_progress: bool = ...,
+        **options: Unpack[RequestOptions]
+    ) -> Embedding | tuple[Embedding, list[list[str]]]: ...  # fmt: skip
 
     @overload
     def encode(
-        self,
-        texts: Sequence[Any],
-        *,
-        blocking: bool = ...,
-        is_tokenized: bool = ...,
-        show_tokens: bool = ...,
-        show_progress: bool = ...,
-        long_inputs: str | None = ...,
-    ) -> Embedding | tuple[Embedding, list[list[str]]] | int: ...
+        self, texts: Sequence[Any], *, blocking: bool = ..., show_tokens: bool = ..., show_progress: bool = ...,
+        **options: Unpack[RequestOptions]
+    ) -> Embedding | tuple[Embedding, list[list[str]]] | int: ...  # fmt: skip
 
     def encode(
         self,
@@ -269,6 +243,9 @@ class BertClient:
         show_tokens: bool = False,
         show_progress: bool = False,
         long_inputs: str | None = None,
+        dimensions: int | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
         """Encode ``texts`` into one vector each (or one per token, if the server pools none).
 
@@ -285,37 +262,37 @@ class BertClient:
         awaited at most ``timeout`` ms, so a long input needs no longer timeout. A smaller
         input is one request, with no bar.
 
-        ``long_inputs`` says what the server does with an input longer than its
-        ``max_seq_len``: ``"truncate"`` it, or ``"chunk"`` it (encode it in windows and combine
-        their vectors); by default what the server was started with. :attr:`last_info` has
-        the reply's ``token_count`` and ``chunked`` (how many inputs were chunked).
+        ``long_inputs`` (``"truncate"`` or ``"chunk"``), ``dimensions`` (keep the first k),
+        ``prompt_name`` and ``truncation_direction`` (``"right"`` or ``"left"``) are the
+        request's options (see :class:`~bertserve.client.options.EncodeOptions`); each is
+        sent only when given, and checked before anything is sent. :attr:`last_info` has the
+        reply's ``token_count`` and ``chunked`` (how many inputs were encoded in windows).
 
         Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
         :class:`ServerError` when the server answers with an error.
         """
         if show_progress and not blocking:
             raise ValueError("show_progress needs blocking=True: fetch() collects a non-blocking request")
-        if long_inputs not in (None, "truncate", "chunk"):
-            raise ValueError(f"long_inputs must be None, 'truncate' or 'chunk', not {long_inputs!r}")
+        options = EncodeOptions(
+            is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
+            prompt_name=prompt_name, truncation_direction=truncation_direction,
+        )  # fmt: skip
         with self._using():
             texts = check_texts(texts, is_tokenized)
             config = self._connection.config
-            chunking = long_inputs == "chunk" or (long_inputs is None and config.get("long_inputs") == "chunk")
+            options.check_server(config)
+            chunking = options.chunks_long_inputs(config)
             if self.check_length and not chunking and (message := self._connection.length_warning(texts, is_tokenized)):
                 warnings.warn(message, stacklevel=2)
-            if blocking and not texts and (empty := empty_embedding(config, self.output_fmt)) is not None:
+            if blocking and not texts and (empty := empty_embedding(config, self.output_fmt, dimensions)) is not None:
                 return (empty, []) if show_tokens else empty
             if show_progress and len(texts) > (size := chunk_size(config)):
                 # One request per chunk, a bar counting the answers, joined as the server joins parts.
-                answers = self._in_order(chunks(texts, size), is_tokenized, show_tokens, "ndarray", long_inputs)
-                vectors, tokens = gather(answers, len(texts))
+                vectors, tokens = gather(self._in_order(chunks(texts, size), options, "ndarray"), len(texts))
                 embedding = vectors.tolist() if self.output_fmt == "list" else vectors
                 return (embedding, tokens) if show_tokens else embedding
             deadline = self._connection.deadline()
-            request_id = self._connection.send_encode(
-                texts, deadline, is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs,
-                fetchable=not blocking,
-            )  # fmt: skip
+            request_id = self._connection.send_encode(texts, deadline, options, fetchable=not blocking)
             if not blocking:
                 return request_id
             result = self._collect({request_id}, deadline, f"request {request_id}")
@@ -363,18 +340,32 @@ class BertClient:
         return np.concatenate(embeddings, axis=0)
 
     def encode_async(
-        self, batch_generator: Iterable[Sequence[Any]], *, max_num_batch: int | None = None, is_tokenized: bool = False
+        self,
+        batch_generator: Iterable[Sequence[Any]],
+        *,
+        max_num_batch: int | None = None,
+        is_tokenized: bool = False,
+        long_inputs: str | None = None,
+        dimensions: int | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: str | None = None,
     ) -> Iterator[Embedding]:
         """Encode the batches ``batch_generator`` yields, keeping a few requests in flight.
 
         Yields each batch's vectors in the order of the batches; stops after
         ``max_num_batch`` batches if given. Each answer is awaited at most ``timeout`` ms.
+        Every batch is sent with the request options, as :meth:`encode` sends them.
         """
         if max_num_batch is not None and (isinstance(max_num_batch, bool) or max_num_batch < 0):
             raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
+        options = EncodeOptions(
+            is_tokenized=is_tokenized, long_inputs=long_inputs, dimensions=dimensions, prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+        )  # fmt: skip
+        options.check_server(self._connection.config)
         limit = self._connection.length_warning if self.check_length else None
         batches = checked(itertools.islice(batch_generator, max_num_batch), is_tokenized, limit)
-        answers = self._in_order(batches, is_tokenized, show_tokens=False)
+        answers = self._in_order(batches, options)
         try:
             while True:
                 with self._using():
@@ -405,15 +396,10 @@ class BertClient:
             self._lock.release()
 
     def _in_order(
-        self,
-        batches: Iterator[list[Any]],
-        is_tokenized: bool,
-        show_tokens: bool,
-        output_fmt: Literal["ndarray", "list"] | None = None,
-        long_inputs: str | None = None,
+        self, batches: Iterator[list[Any]], options: EncodeOptions, output_fmt: Literal["ndarray", "list"] | None = None
     ) -> Generator[EncodeResult, None, None]:
-        """Send each of ``batches`` as one request, a window of them in flight, and yield
-        their answers in the order of the batches, each awaited at most ``timeout`` ms.
+        """Send each of ``batches`` as one request with ``options``, a window of them in flight,
+        and yield their answers in the order of the batches, each awaited at most ``timeout`` ms.
 
         Whoever advances this generator holds the client (``_using``). Closing it gives up the
         requests still in flight: their replies, if they come, are dropped.
@@ -421,10 +407,7 @@ class BertClient:
         connection = self._connection
 
         def send(batch: list[Any]) -> int:
-            return connection.send_encode(
-                batch, connection.deadline(), is_tokenized=is_tokenized, show_tokens=show_tokens,
-                long_inputs=long_inputs, fetchable=False,
-            )  # fmt: skip
+            return connection.send_encode(batch, connection.deadline(), options, fetchable=False)
 
         def collect(request_id: int) -> EncodeResult:
             return self._collect({request_id}, connection.deadline(), f"request {request_id}", output_fmt)

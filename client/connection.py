@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ._version import __version__
 from .errors import BertClientError, ProtocolVersionError, ServerTimeoutError
-from .options import Curve
+from .options import Curve, EncodeOptions
 from .protocol import CONFIG, ENCODE, PROTOCOL_VERSION, encode_request
 from .results import EncodeResult, answer, encode_result
 from .transport import Transport
@@ -91,79 +91,33 @@ class Connection:
     def check_server(self) -> None:
         """Raise :class:`ProtocolVersionError` if the server speaks another protocol; warn
         (on behalf of whoever made the client) if it runs another version of bertserve."""
-        protocol = self.config.get("protocol")
-        if protocol is not None and protocol != PROTOCOL_VERSION:
-            raise ProtocolVersionError(
-                f"the server at {self.address} speaks protocol {protocol!r}, this client "
-                f"{PROTOCOL_VERSION}: install the bertserve version the server runs "
-                f"({self.config.get('server_version', 'unknown')})"
-            )
-        server_version = self.config.get("server_version")
-        if server_version != __version__:
-            warnings.warn(
-                f"the server at {self.address} runs bertserve {server_version or '(unknown version)'}, "
-                f"this client {__version__}; pass check_version=False to silence this",
-                stacklevel=3,  # past BertClient.__init__: its caller
-            )
+        check_server(self.config, self.address, stacklevel=4)  # past BertClient.__init__: its caller
 
     def length_warning(self, texts: list[Any], is_tokenized: bool) -> str | None:
         """What to warn of if one of ``texts`` has more words than the server's ``max_seq_len``."""
-        limit = self.config.get("max_seq_len")
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            return None
-        for i, item in enumerate(texts):
-            if (words := len(item) if is_tokenized else len(item.split())) > limit:
-                return (
-                    f"texts[{i}] has {words} words, more than the server's max_seq_len={limit} tokens: "
-                    "it and any other long text will be truncated; pass long_inputs='chunk' to encode it in "
-                    "windows, start the server with a larger max_seq_len, or pass check_length=False to silence this"
-                )
-        return None
+        return length_warning(self.config, texts, is_tokenized)
 
     # -- requests ----------------------------------------------------------------------
 
     def request(
-        self,
-        command: bytes,
-        deadline: float,
-        texts: Sequence[Any] = (),
-        is_tokenized: bool = False,
-        show_tokens: bool = False,
-        long_inputs: str | None = None,
-        header: dict[str, Any] | None = None,
+        self, command: bytes, deadline: float, texts: Sequence[Any] = (), header: dict[str, Any] | None = None
     ) -> int:
         """Send one request; its id."""
-        header = {"client_version": __version__, **(header or {})}
-        if command == ENCODE:
-            header.update(is_tokenized=is_tokenized, show_tokens=show_tokens)
-            if long_inputs is not None:
-                header["long_inputs"] = long_inputs
         request_id = self.transport.new_id()
-        frames = encode_request(self.transport.identity, command, request_id, header, texts)
-        limit = self.config.get("max_message_bytes")
-        if isinstance(limit, int) and not isinstance(limit, bool) and len(frames[-1]) > limit:
-            # The server's socket would drop it unread and this client would only see a timeout.
-            raise ValueError(
-                f"the request is {len(frames[-1])} bytes as JSON; the server takes at most {limit} bytes per "
-                "message (max_message_bytes): send fewer or shorter texts per request"
-            )
+        frames = encode_request(
+            self.transport.identity, command, request_id, {"client_version": __version__, **(header or {})}, texts
+        )
+        check_size(frames, self.config)
         if not self.transport.send(frames, deadline):
             raise self.timeout_error(f"request {request_id} (the send queue stayed full)")
         return request_id
 
-    def send_encode(
-        self,
-        texts: Sequence[Any],
-        deadline: float,
-        *,
-        is_tokenized: bool,
-        show_tokens: bool,
-        long_inputs: str | None,
-        fetchable: bool,
-    ) -> int:
-        """Send an ENCODE request whose answer someone will collect; its id."""
-        request_id = self.request(ENCODE, deadline, texts, is_tokenized, show_tokens, long_inputs)
-        self.transport.expect(request_id, Pending(show_tokens, fetchable))
+    def send_encode(self, texts: Sequence[Any], deadline: float, options: EncodeOptions, *, fetchable: bool) -> int:
+        """Send an ENCODE request whose answer someone will collect; its id. Its header carries
+        ``options`` and the time left until ``deadline``, after which the server drops it."""
+        header = options.header((deadline - time.monotonic()) * 1000)
+        request_id = self.request(ENCODE, deadline, texts, header)
+        self.transport.expect(request_id, Pending(options.show_tokens, fetchable))
         return request_id
 
     def call(self, command: bytes, what: str, header: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -215,3 +169,52 @@ class Connection:
     def destroy(self) -> None:
         """Close the sockets of a connection that never came up."""
         self.transport.destroy()
+
+
+# -- shared with the asyncio client ---------------------------------------------------------
+
+
+def check_server(config: dict[str, Any], address: str, *, stacklevel: int) -> None:
+    """Raise :class:`ProtocolVersionError` if the server of ``config`` speaks another protocol;
+    warn (``stacklevel`` up) if it runs another version of bertserve."""
+    protocol = config.get("protocol")
+    if protocol is not None and protocol != PROTOCOL_VERSION:
+        raise ProtocolVersionError(
+            f"the server at {address} speaks protocol {protocol!r}, this client "
+            f"{PROTOCOL_VERSION}: install the bertserve version the server runs "
+            f"({config.get('server_version', 'unknown')})"
+        )
+    server_version = config.get("server_version")
+    if server_version != __version__:
+        warnings.warn(
+            f"the server at {address} runs bertserve {server_version or '(unknown version)'}, "
+            f"this client {__version__}; pass check_version=False to silence this",
+            stacklevel=stacklevel,
+        )
+
+
+def length_warning(config: dict[str, Any], texts: list[Any], is_tokenized: bool) -> str | None:
+    """What to warn of if one of ``texts`` has more words than the ``max_seq_len`` of the
+    server of ``config``."""
+    limit = config.get("max_seq_len")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return None
+    for i, item in enumerate(texts):
+        if (words := len(item) if is_tokenized else len(item.split())) > limit:
+            return (
+                f"texts[{i}] has {words} words, more than the server's max_seq_len={limit} tokens: "
+                "it and any other long text will be truncated; pass long_inputs='chunk' to encode it in "
+                "windows, start the server with a larger max_seq_len, or pass check_length=False to silence this"
+            )
+    return None
+
+
+def check_size(frames: list[bytes], config: dict[str, Any]) -> None:
+    """Raise ``ValueError`` if the request ``frames`` are larger than the server of ``config``
+    takes: its socket would drop them unread, and the client would only see a timeout."""
+    limit = config.get("max_message_bytes")
+    if isinstance(limit, int) and not isinstance(limit, bool) and len(frames[-1]) > limit:
+        raise ValueError(
+            f"the request is {len(frames[-1])} bytes as JSON; the server takes at most {limit} bytes per "
+            "message (max_message_bytes): send fewer or shorter texts per request"
+        )

@@ -1,8 +1,9 @@
 """A client's options, checked once where they enter: host and ports, the timeout, the
-identity its replies are addressed to, and the CURVE keys it loads.
+identity its replies are addressed to, the CURVE keys it loads, and the options of each
+encode request (:class:`EncodeOptions`).
 
-``BertClient`` and ``ConcurrentBertClient`` both check here, so a bad option fails the
-same way, before any socket is opened.
+``BertClient``, ``ConcurrentBertClient`` and ``AsyncBertClient`` all check here, so a bad
+option fails the same way, before any socket is opened or anything is sent.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import math
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
+from .protocol import ENCODE_OPTIONS, TRUNCATION_DIRECTIONS
 from .security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
 
 DEFAULT_HOST = "localhost"
@@ -39,6 +43,20 @@ def check_timeout(timeout: object) -> float:
             "a bertserve client never waits forever"
         )
     return float(timeout)
+
+
+def check_host(host: object) -> str:
+    """``host`` if it is a non-empty string."""
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"host must be a non-empty string, not {host!r}")
+    return host
+
+
+def check_output_fmt(output_fmt: object) -> str:
+    """``output_fmt`` if it is ``"ndarray"`` or ``"list"``."""
+    if output_fmt not in ("ndarray", "list"):
+        raise ValueError(f'output_fmt must be "ndarray" or "list", not {output_fmt!r}')
+    return str(output_fmt)
 
 
 def check_port(name: str, port: object) -> int:
@@ -97,3 +115,117 @@ def load_curve(server_key: KeySource | None, client_cert: str | os.PathLike[str]
         )
     public, secret = load_secret_cert(client_cert)
     return Curve(server=load_public_key(server_key), public=public, secret=secret)
+
+
+# -- the options of one encode call ------------------------------------------------------
+
+LONG_INPUTS = ("truncate", "chunk")
+
+
+class RequestOptions(TypedDict, total=False):
+    """The keyword options every ``encode`` passes to :class:`EncodeOptions` (for type checkers)."""
+
+    is_tokenized: bool
+    long_inputs: str | None
+    dimensions: int | None
+    prompt_name: str | None
+    truncation_direction: str | None
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """What one ``encode`` call asks of the server beside its texts, checked once, and the
+    ENCODE header that carries it (:meth:`header`). Every request of the call (each chunk with
+    ``show_progress``, each batch of ``encode_async``) carries the same options.
+
+    - ``long_inputs``: ``"truncate"`` or ``"chunk"``, what the server does with an input longer
+      than its ``max_seq_len`` (chunk: encode it in windows and combine their vectors);
+    - ``dimensions``: keep the first ``k`` dimensions of each vector, from 1 to the model's
+      dimension (renormalized if the server normalizes its output);
+    - ``prompt_name``: one of the server's prompts (``server_config["prompts"]``), put before
+      every input; text inputs only;
+    - ``truncation_direction``: ``"right"`` (the server's default) or ``"left"``, the end of an
+      over-long input that is cut.
+
+    Each is sent only when given (``None`` leaves it to the server). A value of the wrong type
+    raises ``TypeError`` and one out of range ``ValueError``, here; :meth:`check_server` checks
+    ``dimensions`` and ``prompt_name`` against what the server's configuration says it has.
+    """
+
+    is_tokenized: bool = False
+    show_tokens: bool = False
+    long_inputs: str | None = None
+    dimensions: int | None = None
+    prompt_name: str | None = None
+    truncation_direction: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("is_tokenized", "show_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        if self.long_inputs is not None and self.long_inputs not in LONG_INPUTS:
+            raise ValueError(f"long_inputs must be None, 'truncate' or 'chunk', not {self.long_inputs!r}")
+        if self.dimensions is not None:
+            if isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int):
+                raise TypeError(f"dimensions must be an int, not {type(self.dimensions).__name__}")
+            if self.dimensions < 1:
+                raise ValueError(f"dimensions must be at least 1, not {self.dimensions}")
+        if self.prompt_name is not None:
+            if not isinstance(self.prompt_name, str):
+                raise TypeError(f"prompt_name must be a string, not {type(self.prompt_name).__name__}")
+            if not self.prompt_name:
+                raise ValueError("prompt_name must not be empty: pass None for the server's default prompt")
+            if self.is_tokenized:
+                raise ValueError("prompt_name needs text inputs: tokenized inputs are encoded as they are")
+        if self.truncation_direction is not None:
+            if not isinstance(self.truncation_direction, str):
+                raise TypeError(
+                    f"truncation_direction must be a string, not {type(self.truncation_direction).__name__}"
+                )
+            if self.truncation_direction not in TRUNCATION_DIRECTIONS:
+                raise ValueError(f"truncation_direction must be 'right' or 'left', not {self.truncation_direction!r}")
+
+    def check_server(self, config: Mapping[str, Any]) -> None:
+        """Raise ``ValueError`` if the server's ``config`` says it cannot do what these options
+        ask: more dimensions than its model has, or a prompt it does not have. A server that
+        does not say is left to answer for itself."""
+        dim = config.get("output_dim")
+        if (
+            self.dimensions is not None
+            and isinstance(dim, int)
+            and not isinstance(dim, bool)
+            and 0 < dim < self.dimensions
+        ):
+            raise ValueError(
+                f"dimensions={self.dimensions} is more than the model's {dim} dimensions: ask for 1 to {dim}"
+            )
+        prompts = config.get("prompts")
+        if self.prompt_name is not None and isinstance(prompts, dict) and self.prompt_name not in prompts:
+            if not prompts:
+                raise ValueError(
+                    f"unknown prompt_name {self.prompt_name!r}: the server has no prompts "
+                    "(it takes them from its model directory, or from --prompt NAME=TEXT)"
+                )
+            known = ", ".join(repr(name) for name in sorted(prompts))
+            raise ValueError(f"unknown prompt_name {self.prompt_name!r}: the server's prompts are {known}")
+
+    def chunks_long_inputs(self, config: Mapping[str, Any]) -> bool:
+        """Whether the server will encode over-long inputs in windows rather than cut them."""
+        return self.long_inputs == "chunk" or (self.long_inputs is None and config.get("long_inputs") == "chunk")
+
+    def header(self, timeout_ms: float) -> dict[str, Any]:
+        """The fields of an ENCODE header for these options. ``timeout_ms`` is how long the
+        client waits for the answer: the server drops the work once that has passed."""
+        header: dict[str, Any] = {
+            "is_tokenized": self.is_tokenized,
+            "show_tokens": self.show_tokens,
+            "timeout_ms": max(1, math.ceil(timeout_ms)),
+        }
+        for name in _SENT_WHEN_GIVEN:
+            if (value := getattr(self, name)) is not None:
+                header[name] = value
+        return header
+
+
+# The protocol's request options, but the deadline that every request carries, are fields above.
+_SENT_WHEN_GIVEN = tuple(name for name in ENCODE_OPTIONS if name != "timeout_ms")

@@ -18,7 +18,7 @@ from typing import Any
 
 from .client import BertClient
 from .errors import ClientClosedError, ServerError, ServerTimeoutError
-from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, check_timeout
+from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, EncodeOptions, check_timeout
 from .protocol import check_texts
 from .results import Embedding
 
@@ -59,14 +59,23 @@ class ConcurrentBertClient:
         show_tokens: bool = False,
         show_progress: bool = False,
         long_inputs: str | None = None,
+        dimensions: int | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
-        """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress`` and
-        ``long_inputs`` included); safe to call from any thread."""
-        texts = check_texts(texts, is_tokenized)  # bad input fails before waiting for a client
+        """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress`` and the
+        request options included); safe to call from any thread."""
+        # Bad input or options fail before waiting for a client.
+        options = EncodeOptions(
+            is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
+            prompt_name=prompt_name, truncation_direction=truncation_direction,
+        )  # fmt: skip
+        texts = check_texts(texts, is_tokenized)
         with self._client() as client:
             return client.encode(
-                texts, is_tokenized=is_tokenized, show_tokens=show_tokens, show_progress=show_progress,
-                long_inputs=long_inputs,
+                texts, show_tokens=show_tokens, show_progress=show_progress, is_tokenized=is_tokenized,
+                long_inputs=long_inputs, dimensions=options.dimensions, prompt_name=options.prompt_name,
+                truncation_direction=options.truncation_direction,
             )  # fmt: skip
 
     @property

@@ -53,11 +53,15 @@ def encode_result(reply: Reply, show_tokens: bool, output_fmt: Literal["ndarray"
     return EncodeResult(reply.request_id, embedding, tokens, info)
 
 
-def empty_embedding(config: dict[str, Any], output_fmt: Literal["ndarray", "list"]) -> Embedding | None:
-    """The answer to an empty request, if the server's ``config`` tells its shape."""
+def empty_embedding(
+    config: dict[str, Any], output_fmt: Literal["ndarray", "list"], dimensions: int | None = None
+) -> Embedding | None:
+    """The answer to an empty request, if the server's ``config`` tells its shape (``dimensions``
+    wide if given)."""
     dim = config.get("output_dim")
     if isinstance(dim, bool) or not isinstance(dim, int) or config.get("token_level"):
         return None
+    dim = min(dim, dimensions or dim)
     dtype = config.get("output_dtype")
     empty = np.zeros((0, dim), np.float16 if dtype == "float16" else np.float32)
     return empty.tolist() if output_fmt == "list" else empty

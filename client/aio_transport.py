@@ -1,0 +1,224 @@
+"""The sockets of an ``AsyncBertClient`` on its event loop, and which reply answers which request.
+
+Requests go out on one ``PUSH``; replies come in on one reply socket (a ``SUB``, or under
+CURVE a ``DEALER`` that announces the client id: :func:`~bertserve.client.security.reply_socket`),
+both wrapped as pyzmq's asyncio sockets. Every request in flight has a future, and a single
+reader task hands each reply to the future of its request id; a reply nobody waits for any
+more (its caller gave up) is dropped.
+
+Nothing here blocks the event loop: sends are ``NOBLOCK`` and, while the queue to the server
+is full, wait for room on the loop; the reader reads what has already arrived for at most
+:data:`READ_SLICE_S` before it lets the loop run the callers it woke; and each reply costs the
+reader one JSON header, the rest of the work (the vectors) falls to the caller that awaited it.
+Under CURVE the route is announced before every request and, while requests wait, every
+second, since a restarted sink knows no route until told. A
+:class:`~bertserve.client.security.HandshakeWatch` tells a refused handshake from a server
+that is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from ._version import __version__
+from .errors import AuthenticationError, ClientClosedError
+from .options import Curve
+from .protocol import CANCEL, ProtocolError, Reply, decode_reply, encode_request
+from .security import HandshakeWatch, announce, reply_socket
+from .transport import tcp_address
+
+logger = logging.getLogger("bertserve.client")
+
+READ_SLICE_S = 0.001
+"""How long the reader reads replies that have already arrived before it yields to the loop."""
+_ANNOUNCE_EVERY_S = 1.0  # how often a client with requests in flight announces its route again (CURVE)
+_SEND_CHECK_MS = 100  # how often a send waiting for room looks for a refused handshake
+
+
+class AsyncTransport:
+    """The sockets of one asyncio client, connected to the server at ``host``: requests to
+    ``port``, replies, addressed to ``identity``, from ``port_out``; CURVE sockets if ``curve``
+    is given. :meth:`start` starts reading on the running loop; :meth:`close` ends it all.
+
+    A failure while opening the sockets closes what was opened and raises the ``ZMQError``.
+    """
+
+    def __init__(self, host: str, port: int, port_out: int, identity: bytes, curve: Curve | None) -> None:
+        self.identity = identity
+        self.address = tcp_address(host, port)
+        self.address_out = tcp_address(host, port_out)
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._announcer: asyncio.TimerHandle | None = None
+        self.closed = False
+        # The sockets are made plain, for HandshakeWatch (its monitors are plain sockets of the same
+        # context) and for the reads and sends that must not wait; asyncio wrappers share them to wait.
+        self._context = zmq.Context()
+        try:
+            self._raw_push = self._context.socket(zmq.PUSH)
+            self._raw_push.setsockopt(zmq.LINGER, 0)
+            self._raw_replies = reply_socket(self._context, identity, routed=curve is not None)
+            for sock in (self._raw_push, self._raw_replies):
+                sock.setsockopt(zmq.IPV6, ":" in host)
+                if curve is not None:  # must come before connect
+                    sock.curve_serverkey = curve.server
+                    sock.curve_publickey = curve.public
+                    sock.curve_secretkey = curve.secret
+            self._watch = HandshakeWatch(
+                {self.address: self._raw_push, self.address_out: self._raw_replies},
+                public_key=None if curve is None else curve.public,
+            )
+            self._raw_push.connect(self.address)
+            self._raw_replies.connect(self.address_out)
+            self._push = zmq.asyncio.Socket.from_socket(self._raw_push)
+            self._replies = zmq.asyncio.Socket.from_socket(self._raw_replies)
+        except BaseException:
+            self._context.destroy(linger=0)
+            raise
+
+    def start(self) -> None:
+        """Start the reader and the announcer on the running loop."""
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name="bertserve-client-reader")
+        self._keep_announced()
+
+    # -- requests ----------------------------------------------------------------------
+
+    def expect(self) -> tuple[int, asyncio.Future[Reply]]:
+        """A new request id, and the future its reply will be handed to."""
+        request_id = next(self._ids)
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        return request_id, future
+
+    def forget(self, request_id: int) -> None:
+        """Stop waiting for the reply to ``request_id``: if it comes, it is dropped."""
+        self._waiting.pop(request_id, None)
+
+    def cancel(self, request_id: int) -> None:
+        """Withdraw ``request_id`` from the server (CANCEL) and forget it. Never waits: with the
+        queue to the server full the CANCEL is dropped, and the request's deadline ends it."""
+        self.forget(request_id)
+        if self.closed:
+            return
+        frames = encode_request(self.identity, CANCEL, request_id, {"client_version": __version__})
+        with contextlib.suppress(zmq.Again, zmq.ZMQError):
+            self._raw_push.send_multipart(frames, zmq.NOBLOCK)
+
+    async def send(self, frames: list[bytes], deadline: float) -> bool:
+        """Queue a request's ``frames`` for the server; ``False`` if the queue stayed full until
+        ``deadline`` (``time.monotonic()``), or a handshake was refused for good meanwhile."""
+        self._announce()  # under CURVE: where the reply goes, as the sink may be new
+        while True:
+            try:
+                self._raw_push.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                return True
+            except zmq.Again:
+                pass
+            remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or self._watch.error(certain_only=True) is not None:
+                return False
+            try:
+                await self._push.poll(min(remaining_ms, _SEND_CHECK_MS), zmq.POLLOUT)  # type: ignore[call-arg]
+            except asyncio.CancelledError:
+                if self.closed:  # close() cancels what waits on the sockets
+                    raise ClientClosedError("the client was closed while the request waited to be sent") from None
+                raise
+
+    def refusal(self, *, certain_only: bool = False) -> AuthenticationError | None:
+        """Why the server may never have seen this client: a refused handshake, if one was seen."""
+        return self._watch.error(certain_only=certain_only)
+
+    @property
+    def in_flight(self) -> int:
+        """How many requests wait for their replies."""
+        return len(self._waiting)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """Fail every request in flight with :class:`ClientClosedError` (``reason``), stop
+        reading and close the sockets, discarding queued messages; calling it again does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                with contextlib.suppress(RuntimeError):  # its loop already closed
+                    future.set_exception(ClientClosedError(reason))
+        if self._announcer is not None:
+            self._announcer.cancel()
+        if self._reader is not None:
+            with contextlib.suppress(RuntimeError):
+                self._reader.cancel()
+        self._watch.close()
+        for sock in (self._push, self._replies):
+            with contextlib.suppress(RuntimeError):  # the wrapper unregisters from a loop that may be closed
+                sock.close(linger=0)
+        self._context.destroy(linger=0)
+
+    async def wait_closed(self) -> None:
+        """Wait for the reader to end, after :meth:`close`."""
+        if self._reader is not None and self._reader is not asyncio.current_task():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([self._reader])
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _announce(self) -> None:
+        """Tell a CURVE server where this client's replies go (nothing for a plain one)."""
+        announce(self._raw_replies, self.identity)
+        # A send can take the descriptor's edge for a reply already in: have the wrapper look again.
+        self._replies.get(zmq.EVENTS)
+
+    def _keep_announced(self) -> None:
+        if self._waiting:
+            self._announce()
+        self._watch.drain()  # keep the monitors' queues empty
+        self._announcer = asyncio.get_running_loop().call_later(_ANNOUNCE_EVERY_S, self._keep_announced)
+
+    async def _read(self) -> None:
+        """Hand every reply to the future of its request, for as long as the client is open."""
+        try:
+            while True:
+                self._deliver(await self._replies.recv_multipart(copy=False))
+                # What has already arrived is read without waiting, but only for a slice of time:
+                # a done future does not yield, so a burst of replies would hold the loop.
+                until = time.monotonic() + READ_SLICE_S
+                while True:
+                    try:
+                        frames = self._raw_replies.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._deliver(frames)
+                    if time.monotonic() >= until:
+                        await asyncio.sleep(0)
+                        until = time.monotonic() + READ_SLICE_S
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.ETERM, zmq.ENOTSOCK):
+                logger.error("the reply socket of %s failed: %s", self.address_out, exc)
+                self.close(f"the reply socket failed: {exc}")
+
+    def _deliver(self, frames: list[Any]) -> None:
+        try:
+            reply = decode_reply([frame.buffer for frame in frames])
+        except ProtocolError as exc:
+            logger.warning("ignoring a malformed reply from %s: %s", self.address, exc)
+            return
+        if reply.client_id != self.identity:  # another client whose id starts with ours
+            return
+        future = self._waiting.pop(reply.request_id, None)
+        if future is None:
+            logger.debug("dropping a reply nobody waits for: request %d", reply.request_id)
+        elif not future.done():
+            future.set_result(reply)
