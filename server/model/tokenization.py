@@ -173,10 +173,11 @@ class WordPieceTokenizer:
         Inference's ``/tokenize``: ``{"id", "text", "special", "start", "stop"}`` per token.
 
         A special token ([CLS], [SEP]) has its own text and null ``start``/``stop``; any other
-        has the slice ``text[start:stop]`` of its input, in code points (``"café"`` for the
-        token ``cafe``, ``"ing"`` for ``##ing``). Offsets index the input as given, pairs
-        too: a token of ``"a ||| b"``'s second side points past the ``|||``. The ids are
-        those :meth:`tokenize` gives the model, cut as it cuts them when ``truncate``.
+        has the slice ``text[start:stop]`` of its input (``"café"`` for the token ``cafe``,
+        ``"ing"`` for ``##ing``). Offsets count code points, as Python indexes a string (TEI's
+        count UTF-8 bytes). They index the input as given, pairs too: a token of
+        ``"a ||| b"``'s second side points past the ``|||``. The ids are those
+        :meth:`tokenize` gives the model, cut as it cuts them when ``truncate``.
         """
         _check_direction(truncation_direction)
         inputs = [_split_pair(text) for text in texts]
