@@ -15,10 +15,13 @@ directory on ``PYTHONPATH`` (see :func:`pythonpath_env`)::
 - :class:`SlowStartModel` is :class:`FaultyModel` that takes seconds to load.
 - :class:`PacedModel` is :class:`FaultyModel` whose every model run takes 50 ms, so work
   is in flight long enough for a test to act on it.
+- :class:`RecordingModel` is :class:`PacedModel` that records when each run started and
+  which texts it held, for tests of what ran after a deadline.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -35,6 +38,7 @@ HANG_WORD = "HANGME"
 SLOW_WORD = "SLOWME"
 CRASH_EXIT_CODE = 17
 BREAK_FILE_ENV = "FAULTY_MODEL_BREAK_FILE"
+RECORD_FILE_ENV = "RECORDING_MODEL_FILE"
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world"]
 
 T = TypeVar("T")
@@ -145,3 +149,22 @@ class PacedModel(FaultyModel):
     def run(self, batch: TokenizedBatch) -> np.ndarray:
         time.sleep(self.RUN_S)
         return super().run(batch)
+
+
+class RecordingModel(PacedModel):
+    """:class:`PacedModel` that writes one line per model run to the file named by
+    ``$RECORDING_MODEL_FILE``: when the run started (``time.monotonic()``, one clock for every
+    process of the machine) and the id of each row's first word. A test reads which of its
+    texts ran, and when, from outside the server."""
+
+    def run(self, batch: TokenizedBatch) -> np.ndarray:
+        started = time.monotonic()
+        firsts = [int(ids[1]) for ids, length in zip(batch.input_ids, batch.lengths, strict=True) if length > 2]
+        with open(os.environ[RECORD_FILE_ENV], "a", encoding="utf-8") as record:
+            record.write(json.dumps({"started": started, "firsts": firsts}) + "\n")
+        return super().run(batch)
+
+
+def word_id(word: str) -> int:
+    """The id :class:`HashingModel` gives ``word``."""
+    return HashingModel._word_id(word)
