@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from bertserve.server.config import ModelConfig, ServerConfig
@@ -293,3 +295,45 @@ def test_requests_pinned_to_different_model_versions_never_share_a_job() -> None
     assert s.versions() == set()
     s.put_back(jobs[0])  # taken but not sent: first next time, and counted as queued again
     assert s.queued == jobs[0].size and s.versions() == {jobs[0].version} and s.next_job(0.0) is jobs[0]
+
+
+# -- deadlines, truncation side and the bulk backlog -------------------------------------------
+
+
+def test_a_bulk_request_past_the_backlog_of_other_clients_is_refused_at_once() -> None:
+    s = make(max_batch_size=8, max_client_queued_sentences=1000, max_request_size=1000, bulk_backlog_ratio=2.0)
+    admit(s, b"a", 40)
+    admit(s, b"b", 40)
+    admit(s, b"c", 20)  # shares the workers with 20 of a's and 20 of b's: at the bound
+    with pytest.raises(Busy, match=r"--bulk-backlog-ratio"):
+        admit(s, b"d", 20)  # 20 + 20 + 20 ahead of it in its share: 3 times its size
+    admit(s, b"d", 4)  # small requests are not bounded by it: they overtake
+    admit(s, b"a", 40)  # a client's own queue does not count: its requests run in its order
+    assert s.busy_rejections == 1
+    assert s.config.bulk_backlog_ratio == 2.0
+    relaxed = make(max_batch_size=8, max_client_queued_sentences=1000, max_request_size=1000, bulk_backlog_ratio=0)
+    for client in (b"a", b"b", b"c", b"d", b"e"):
+        admit(relaxed, client, 40)
+
+
+def test_jobs_carry_the_truncation_side_and_the_time_left_and_never_mix_sides() -> None:
+    s = make()
+    s.admit("l", b"a", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=5.0, truncation="left")
+    s.admit("r", b"b", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=9.0)
+    first, second = s.next_job(1.0, idle=True), s.next_job(1.0, idle=True)
+    assert first is not None and second is not None
+    assert first.keys == ["l"] and second.keys == ["r"]
+    assert first.header(1.0)["truncation_direction"] == "left" and first.header(1.0)["expires_in_s"] == 4.0
+    assert "truncation_direction" not in second.header(1.0)
+    no_deadline = replace(second.pieces[0], deadline=float("inf"))
+    assert "expires_in_s" not in Job("x", [no_deadline], False).header(0.0)
+
+
+def test_a_merged_job_drops_only_the_pieces_past_their_deadline() -> None:
+    s = make()
+    s.admit("old", b"a", texts(3), is_tokenized=False, show_tokens=False, now=0.0, deadline=1.0)
+    s.admit("new", b"b", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=3.0)
+    job = s.next_job(2.0, idle=True)
+    assert job is not None and job.keys == ["old", "new"] and job.deadline == 3.0
+    assert job.drop_expired(2.0) == 3 and job.keys == ["new"] and job.size == 2
+    assert job.drop_expired(3.0) == 2 and not job.pieces

@@ -199,3 +199,30 @@ def test_failed_requests_get_an_error_and_late_parts_are_dropped(harness: Harnes
     while time.monotonic() < deadline and key not in harness.sink.closed:
         time.sleep(0.01)
     assert key not in harness.sink.orphans
+
+
+def test_dimensions_keep_the_first_k_renormalized_and_too_many_is_an_input_error(harness: Harness) -> None:
+    sub = subscribed(harness, b"d")
+    vectors = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
+    for request_id, extra in ((1, {"dimensions": 2, "renormalize": True}), (2, {"dimensions": 3}),
+                              (3, {"dimensions": 5, "renormalize": True})):  # fmt: skip
+        key = p.request_key(b"d", request_id)
+        info = {"key": key, "client": b"d".hex(), "request_id": request_id, "count": 3, **extra}
+        harness.send(wire.REGISTER, p.dumps(info))
+        harness.result([(key, [0, 1, 2])], vectors)
+    replies = {reply.request_id: reply for reply in (receive(sub) for _ in range(3)) if reply is not None}
+    cut = vectors[:, :2] / np.linalg.norm(vectors[:, :2], axis=1, keepdims=True)
+    np.testing.assert_allclose(replies[1].array(), cut, rtol=1e-6)
+    np.testing.assert_array_equal(replies[2].array(), vectors[:, :3])  # a model that does not normalize
+    assert not replies[3].ok and replies[3].header["kind"] == "input"
+    assert "dimensions=5 is more than this model's 4 dimensions" in replies[3].header["error"]
+
+
+def test_a_request_past_its_own_deadline_is_answered_as_expired(harness: Harness) -> None:
+    sub = subscribed(harness, b"e")
+    key = p.request_key(b"e", 1)
+    info = {"key": key, "client": b"e".hex(), "request_id": 1, "count": 2, "timeout_s": 0.2}
+    harness.send(wire.REGISTER, p.dumps(info))
+    reply = receive(sub, 5000)
+    assert reply is not None and not reply.ok and reply.header["kind"] == "expired"
+    assert "expired" in reply.header["error"] and "0.2 s" in reply.header["error"]

@@ -195,6 +195,36 @@ def test_an_expired_request_leaves_the_queue(rig: Rig, monkeypatch) -> None:
     assert rig.ventilator.scheduler.queued == 0 and rig.ventilator.idle
 
 
+def test_a_cancelled_request_leaves_the_queue_and_only_its_owner_can_cancel_it(rig: Rig) -> None:
+    rig.request(b"c", 1, ["no worker will come"] * 3)
+    rig.request(b"d", 1, ["nor for this"] * 2)
+    rig.sink_messages()
+    rig.client.send_multipart(p.encode_request(b"d", p.CANCEL, 2, {}))  # not d's pending request: nothing
+    rig.client.send_multipart(p.encode_request(b"e", p.CANCEL, 1, {}))  # another client's id: nothing of c's
+    rig.client.send_multipart(p.encode_request(b"c", p.CANCEL, 1, {}))
+    fails = [p.loads(m[1]) for m in rig.sink_messages() if m[0] == wire.FAIL]
+    assert [(fail["kind"], len(fail["keys"])) for fail in fails] == [("cancelled", 1)]
+    assert rig.ventilator.scheduler.queued == 2 and rig.ventilator.status()["requests_cancelled"] == 1
+    dealer, _ = rig.worker(b"w0-1", 0)
+    assert rig.job(dealer)[2] == ["nor for this"] * 2  # the other request runs, whole
+
+
+def test_a_job_past_its_deadline_is_never_sent_and_the_rest_go_with_the_time_left(rig: Rig) -> None:
+    rig.request(b"c", 1, ["expired before any worker came"] * 3)
+    rig.client.send_multipart(p.encode_request(b"d", p.ENCODE, 1, {"timeout_ms": 60_000}, ["still awaited"]))
+    rig.pump()
+    for request in rig.ventilator.requests.requests.values():
+        if request.client == b"c":
+            request.deadline = 0.0
+    for piece in (item for queue in rig.ventilator.scheduler.clients.values() for item in queue.items):
+        if piece.client == b"c":
+            piece.deadline = 0.0
+    dealer, _ = rig.worker(b"w0-1", 0)
+    _, header, texts = rig.job(dealer)
+    assert texts == ["still awaited"] and 59 < header["expires_in_s"] <= 60
+    assert rig.ventilator.status()["expired_sentences_dropped"] == 3 and rig.ventilator.scheduler.empty
+
+
 def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_the_model_cannot(rig: Rig) -> None:
     dealer, _ = rig.worker(b"w0-1", 0, credits=4)
     rig.ventilator.registry.models[None] = {"pooling_strategy": "REDUCE_MEAN", "chunking": True}
