@@ -194,6 +194,26 @@ def test_a_request_under_another_keys_identity_is_dropped(server: RunningServer,
         context.destroy(linger=0)
 
 
+def test_another_key_cannot_cancel_a_clients_request(server: RunningServer, keys: Keys) -> None:
+    """bob holds a valid key and knows alice's client id and request id: his CANCEL under
+    her id is refused as spoofed, and her request is answered whole."""
+    context = zmq.Context()
+    try:
+        with client(server, keys, "alice") as alice:
+            texts = [f"alice's long request {i}" for i in range(3000)]
+            request_id = alice.encode(texts, blocking=False)
+            spoof = curve_socket(context, zmq.PUSH, keys, "bob")
+            spoof.connect(f"tcp://127.0.0.1:{server.port}")
+            before = alice.server_status["rejections"].get("spoofed", 0)
+            spoof.send_multipart(p.encode_request(alice.identity, p.CANCEL, request_id, {}))
+            result = next(alice.fetch())
+            assert result.id == request_id and result.embedding.shape == (3000, 32)
+            status = alice.server_status
+            assert status["rejections"].get("spoofed", 0) == before + 1 and status["requests_cancelled"] == 0
+    finally:
+        context.destroy(linger=0)
+
+
 def test_only_an_admin_key_may_stop_the_server(keys: Keys, tiny_google: str, session_graph_dir: str) -> None:
     running = start_server(
         "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
