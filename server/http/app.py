@@ -1,11 +1,14 @@
-"""The HTTP API: OpenAI's ``/v1/embeddings``, TEI's ``/embed``, bert-as-service's ``/encode``,
-health, readiness, status and Prometheus metrics, as a FastAPI application.
+"""The HTTP API: OpenAI's ``/v1/embeddings``, TEI's ``/embed`` and ``/tokenize``,
+bert-as-service's ``/encode``, health, readiness, status and Prometheus metrics, as a FastAPI
+application.
 
 Every encode request goes to the ventilator through the :class:`~.gateway.Gateway`, so HTTP
-callers share the server's batching, bounds and turns with ZeroMQ clients. Inputs are
-checked (:mod:`.schemas`), with messages that name the element at fault, before anything is
-sent. The server's error kinds map to status codes (:data:`~.schemas.STATUS_OF_KIND`); each
-API answers errors in its own format. Every request passes :class:`~.front.Front` first.
+callers share the server's batching, bounds and turns with ZeroMQ clients. Inputs and options
+are checked (:mod:`.schemas`, :mod:`.options`), with messages that name the element at fault,
+before anything is sent. Each request carries the HTTP request timeout as its deadline, and
+is withdrawn from the server if its caller disconnects while it waits (:mod:`.disconnects`).
+The server's error kinds map to status codes (:data:`~.schemas.STATUS_OF_KIND`); each API
+answers errors in its own format. Every request passes :class:`~.front.Front` first.
 """
 
 from __future__ import annotations
@@ -26,16 +29,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from .. import metrics
+from ..model.prompts import apply_prompt
 from .bodies import BodyBudget
+from .disconnects import ClientGone, unless_disconnected
 from .front import Front, caller
 from .gateway import Gateway, GatewayError
+from .options import Asked, asked, checked_prompt_name, default_prompt_name, direction, prompt_text, prompts
 from .principals import Principals
 from .schemas import (
+    CLIENT_CLOSED,
     STATUS_OF_KIND,
     EmbeddingRequest,
     EmbedRequest,
     EncodeRequest,
     HTTPError,
+    TokenizeRequest,
     checked_texts,
     chunked_count,
     error_response,
@@ -55,7 +63,8 @@ class Settings:
     max_bodies_bytes: int  # what the bodies in flight may hold at once (see .bodies)
     max_inputs: int
     request_timeout_s: float
-    tokenizer: Any  # WordPieceTokenizer: finds over-long inputs, maps token ids back to tokens
+    tokenizer: Any  # WordPieceTokenizer, the workers' own: /tokenize, over-long inputs, token ids to tokens
+    token_id_input: bool = False  # OpenAI-style token id arrays are taken, as ids of the model's vocabulary
 
 
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
@@ -100,17 +109,19 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                             f"{settings.max_inputs} per request")  # fmt: skip
         return texts
 
-    async def encode(
-        request: Request, texts: list[Any], *, is_tokenized: bool = False, long_inputs: str | None = None
-    ) -> p.Reply:
+    async def encode(request: Request, texts: list[Any], options: Asked, *, is_tokenized: bool = False) -> p.Reply:
         gw = gateway()
+        ask = gw.request(
+            gw.client_id(caller(request)), p.ENCODE, texts, is_tokenized=is_tokenized,
+            options=options.header(settings.request_timeout_s), timeout_s=settings.request_timeout_s + 5,
+        )  # fmt: skip
         try:
-            reply = await gw.request(
-                gw.client_id(caller(request)), p.ENCODE, texts, is_tokenized=is_tokenized, long_inputs=long_inputs,
-                timeout_s=settings.request_timeout_s + 5,
-            )  # fmt: skip
+            reply = await unless_disconnected(ask, request.receive)
         except GatewayError as exc:
             raise HTTPError(504, f"the server did not answer in time: {exc}") from None
+        except ClientGone:  # nobody reads this answer; the metrics count it
+            raise HTTPError(CLIENT_CLOSED, "the client closed the connection; its request was withdrawn",
+                            code="cancelled") from None  # fmt: skip
         if not reply.ok:
             kind = str(reply.header.get("kind", "internal"))
             raise HTTPError(STATUS_OF_KIND.get(kind, 500), str(reply.header.get("error")), code=kind)
@@ -146,20 +157,16 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         if body.model is not None and body.model not in served:
             raise HTTPError(404, f"the model {body.model!r} is not served here; this server serves "
                             f"{', '.join(map(repr, served))}", param="model", code="model_not_found")  # fmt: skip
-        texts, is_tokenized = openai_input(body.input, settings.tokenizer)
+        texts, is_tokenized = openai_input(body.input, settings.tokenizer, token_ids=settings.token_id_input)
         check_count(texts)
         await ready_or_503()
         info = await model_info()
         if info.get("token_level"):
             raise HTTPError(422, "this server returns one vector per token (pooling NONE); /v1/embeddings "
                             "needs one vector per input")  # fmt: skip
-        dim = info.get("output_dim")
-        if body.dimensions is not None and body.dimensions != dim:
-            raise HTTPError(422, f"dimensions={body.dimensions} is not supported: this model's vectors have {dim} "
-                            "dimensions", param="dimensions")  # fmt: skip
-        reply = await encode(request, texts, is_tokenized=is_tokenized, long_inputs=body.long_inputs)
+        reply = await encode(request, texts, asked(body, info), is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
-        tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer
+        tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
         if body.encoding_format == "base64":
             data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
                     for i, row in enumerate(vectors)]  # fmt: skip
@@ -170,11 +177,20 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "chunked_inputs": chunked_count(reply),
         }, reply)  # fmt: skip
 
-    @app.get("/v1/models", summary="The served model and its aliases (OpenAI-compatible)")
+    @app.get("/v1/models", summary="The served model and its aliases (OpenAI-compatible), with its prompts")
     async def models() -> Response:
         created = int(time.time())
+        try:
+            info = await model_info()
+        except HTTPError:  # not answering now: what it said at start (its prompts; no dimension yet)
+            info = gateway().config
+        about = {
+            "output_dim": info.get("output_dim"), "max_seq_len": settings.tokenizer.max_len,
+            "prompts": prompts(info), "default_prompt_name": default_prompt_name(info),
+        }  # fmt: skip
         names = (settings.model_name, *settings.aliases)
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "bertserve"} for name in names]
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "bertserve", **about}
+                for name in names]  # fmt: skip
         return json_response({"object": "list", "data": data})
 
     @app.post("/embed", summary="Text Embeddings Inference-compatible embeddings")
@@ -187,23 +203,46 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             raise HTTPError(422, "this server returns one vector per token (pooling NONE); /embed needs one per input")
         if not body.normalize and info.get("normalize"):
             raise HTTPError(422, "this server's model L2-normalizes its vectors; normalize=false is not available")
+        options = asked(body, info)
         if not body.truncate and body.long_inputs != "chunk":
-            over = await asyncio.to_thread(settings.tokenizer.truncated, texts)
-            if over.any():
-                first = int(np.argmax(over))
-                raise HTTPError(413, f"inputs[{first}] is longer than the {settings.tokenizer.max_len} tokens this "
-                                "server takes; pass truncate=true to cut it, or long_inputs=chunk")  # fmt: skip
-        reply = await encode(request, texts, long_inputs=body.long_inputs)
+            await refuse_over_long(texts, options)
+        reply = await encode(request, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
-        if body.normalize and not info.get("normalize"):
+        if body.normalize and not info.get("normalize"):  # after the server kept the first `dimensions`
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return json_response(vectors, reply)
+
+    async def refuse_over_long(texts: list[str], options: Asked) -> None:
+        """413 for the first input longer than the model takes, the prompt the workers put
+        before it counted."""
+        prompt = prompt_text(options.prompt_name, gateway().config)
+        prompted = apply_prompt(texts, prompt) if prompt else texts
+        over = await asyncio.to_thread(settings.tokenizer.truncated, prompted)
+        if over.any():
+            first = int(np.argmax(over))
+            with_prompt = " with its prompt" if prompt else ""
+            raise HTTPError(413, f"inputs[{first}] is longer{with_prompt} than the {settings.tokenizer.max_len} tokens "
+                            "this server takes; pass truncate=true to cut it, or long_inputs=chunk")  # fmt: skip
+
+    @app.post("/tokenize", summary="Text Embeddings Inference-compatible tokenization, with the model's tokenizer")
+    async def tokenize(body: TokenizeRequest) -> Response:
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        texts = check_count(checked_texts(texts, "inputs"))
+        info = gateway().config  # the prompts are the server's from its start; no worker is needed
+        prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
+        prompted = apply_prompt(texts, prompt) if prompt else texts
+        tokens = await asyncio.to_thread(
+            settings.tokenizer.explain, prompted, add_special_tokens=body.add_special_tokens,
+            truncate=bool(body.truncate), truncation_direction=direction(body.truncation_direction) or "right",
+        )  # fmt: skip
+        return json_response(tokens)
 
     @app.post("/encode", summary="bert-as-service-compatible encoding")
     async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
         texts = check_count(checked_texts(body.texts, "texts", is_tokenized=body.is_tokenized))
         await ready_or_503()
-        reply = await encode(request, texts, is_tokenized=body.is_tokenized, long_inputs=body.long_inputs)
+        info = await model_info()
+        reply = await encode(request, texts, asked(body, info), is_tokenized=body.is_tokenized)
         result = reply.array().astype(np.float32, copy=False)
         return json_response({"id": body.id, "result": result, "chunked": chunked_count(reply)}, reply)
 

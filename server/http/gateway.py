@@ -19,7 +19,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,15 +145,18 @@ class Gateway:
         texts: Sequence[Any] = (),
         *,
         is_tokenized: bool = False,
-        long_inputs: str | None = None,
+        options: Mapping[str, Any] | None = None,
         timeout_s: float,
     ) -> p.Reply:
-        """Send one request and wait for its reply; :class:`GatewayError` after ``timeout_s``."""
+        """Send one request and wait for its reply; :class:`GatewayError` after ``timeout_s``.
+
+        ``options`` go into an ENCODE header as they are (:data:`~bertserve.client.protocol.ENCODE_OPTIONS`).
+        An ENCODE whose wait ends without its reply, timed out or cancelled (its HTTP caller
+        left), is withdrawn from the server: its queued work is dropped before it runs.
+        """
         header: dict[str, Any] = {"client_version": __version__}
         if command == p.ENCODE:
-            header.update(is_tokenized=is_tokenized, show_tokens=False)
-            if long_inputs is not None:
-                header["long_inputs"] = long_inputs
+            header.update(is_tokenized=is_tokenized, show_tokens=False, **(options or {}))
         request_id = next(self._ids)
         key = (client_id, request_id)
         future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
@@ -162,13 +165,31 @@ class Gateway:
         deadline = time.monotonic() + timeout_s
         announce(self._replies, self.prefix + b".")  # under CURVE: where the reply goes, as the sink may be new
         self._read()  # a send can take the descriptor's edge for a reply already in; read it now
+        sent = False
         try:
             await self._send(frames, deadline)
+            sent = True
             return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
+            if sent and command == p.ENCODE:
+                self.cancel(client_id, request_id)
             raise GatewayError(f"no answer from the server within {timeout_s:g} s") from None
+        except asyncio.CancelledError:  # wait_for cancels `future` too: a reply is a result
+            if sent and command == p.ENCODE and (future.cancelled() or not future.done()):
+                self.cancel(client_id, request_id)
+            raise
         finally:
             self._waiting.pop(key, None)
+
+    def cancel(self, client_id: bytes, request_id: int) -> None:
+        """Withdraw a pending ENCODE (``CANCEL``); the server answers nothing anyone waits for.
+        When the queue to the server is full the withdrawal is dropped: the request's deadline
+        ends it instead."""
+        frames = p.encode_request(client_id, p.CANCEL, request_id, {"client_version": __version__})
+        try:
+            self._push.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            logger.debug("could not withdraw request %d: the queue to the server is full", request_id)
 
     async def status(self, timeout_s: float = 2.0) -> dict[str, Any]:
         """The server's status (``bertserve status``), at most ``_STATUS_TTL_S`` old."""

@@ -71,6 +71,7 @@ def run_http(
         max_inputs=config.request_size_limit,
         request_timeout_s=config.request_timeout_ms / 1000,
         tokenizer=tokenizer,
+        token_id_input=config.token_id_input,
     )
     host = connect_host(config.bind)
     port_out = config.port_out

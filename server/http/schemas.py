@@ -6,7 +6,7 @@ The server's error kinds map to status codes (:data:`STATUS_OF_KIND`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from bertserve.client import protocol as p
@@ -15,11 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 
 CHUNKED_HEADER = "X-Chunked-Inputs"  # how many inputs were encoded in windows (long_inputs=chunk)
 VERSION_HEADER = "X-Model-Version"  # the model version that made the vectors (a repository of versions)
+CLIENT_CLOSED = 499  # nginx's "client closed request": the caller left, and its request was withdrawn
 
 STATUS_OF_KIND = {
-    "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "shutdown": 503,
-    "forbidden": 403, "duplicate": 409, "worker": 500, "internal": 500,
+    "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "expired": 504, "shutdown": 503,
+    "forbidden": 403, "duplicate": 409, "worker": 500, "internal": 500, "cancelled": CLIENT_CLOSED,
 }  # fmt: skip
+_TEI_PATHS = ("/embed", "/tokenize")
 _OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error",
                  422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 
@@ -33,23 +35,41 @@ class HTTPError(Exception):
 # -- request bodies (their schemas are what /docs shows; inputs are checked by hand, to name the element) --
 
 
+_LONG_INPUTS = (
+    "an input longer than the model takes: truncate it, or chunk it (encode it in windows and combine their "
+    "vectors); by default what the server was started with"
+)
+_DIMENSIONS = "keep the first k dimensions of each vector (1 to the model's; renormalized if the model normalizes)"
+_PROMPT_NAME = (
+    "one of the server's prompts (GET /v1/models lists them), put before every input; by default the server's "
+    "default prompt, if it has one"
+)
+_TRUNCATION = "which end of an over-long input is cut: right (the default) or left"
+
+LongInputs = Literal["truncate", "chunk"]
+Dimensions = Annotated[int, Field(strict=True)]  # "8" or 8.0 is refused, as OpenAI refuses it
+Truncation = Literal["right", "left", "Right", "Left"]  # TEI's spellings
+
+
 class EmbeddingRequest(BaseModel):
+    """OpenAI's ``/v1/embeddings``, and bertserve's own fields beside (the ``openai`` package
+    sends those through ``extra_body``)."""
+
     model_config = ConfigDict(extra="allow")
     input: SkipValidation[str | list[str] | list[int] | list[list[int]]] = Field(
-        description="A string, a list of strings, a list of token ids, or a list of such lists"
+        description="A string or a list of strings; token ids (a list of ids, or a list of such lists) only on a "
+        "server started with --token-id-input, as ids of the model's own WordPiece vocabulary"
     )
     model: str | None = Field(None, description="the served model's name or one of its aliases (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description="must be the model's own dimension if given")
+    dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
     user: str | None = Field(
         None, description="accepted and ignored: the server's bounds and turns go by API key (without keys, by "
         "the caller's address), never by this field",
     )  # fmt: skip
-    long_inputs: Literal["truncate", "chunk"] | None = Field(
-        None,
-        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
-        "combine their vectors); by default what the server was started with",
-    )
+    long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME)
+    truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
 
 
 class EmbedRequest(BaseModel):
@@ -57,25 +77,36 @@ class EmbedRequest(BaseModel):
 
     inputs: SkipValidation[str | list[str]]
     normalize: bool = True
-    truncate: bool = False
-    long_inputs: Literal["truncate", "chunk"] | None = Field(
-        None,
-        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
-        "combine their vectors); by default what the server was started with",
+    truncate: bool | None = Field(False, description="cut an over-long input (else it is a 413)")
+    truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME)
+    dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
+    long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
+
+
+class TokenizeRequest(BaseModel):
+    """Text Embeddings Inference's ``/tokenize``; ``truncate`` and ``truncation_direction`` are
+    bertserve's own."""
+
+    inputs: SkipValidation[str | list[str]]
+    add_special_tokens: bool = True
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME)
+    truncate: bool | None = Field(
+        False, description="cut each input to the model's max_seq_len as encoding does (by default the whole input)"
     )
+    truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
 
 
 class EncodeRequest(BaseModel):
-    """bert-as-service's HTTP ``/encode``."""
+    """bert-as-service's HTTP ``/encode``, and bertserve's own fields beside."""
 
     id: SkipValidation[Any] = None
     texts: SkipValidation[list[str] | list[list[str]]]
     is_tokenized: bool = False
-    long_inputs: Literal["truncate", "chunk"] | None = Field(
-        None,
-        description="an input longer than the model takes: truncate it, or chunk it (encode it in windows and "
-        "combine their vectors); by default what the server was started with",
-    )
+    long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME)
+    dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
+    truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -92,17 +123,29 @@ def checked_texts(texts: Any, name: str, *, is_tokenized: bool = False) -> list[
     return texts
 
 
-def openai_input(value: Any, tokenizer: Any) -> tuple[list[Any], bool]:
-    """OpenAI's ``input`` as texts, or as token lists (``is_tokenized``) for token ids."""
+TOKEN_IDS_REFUSED = (
+    "input holds token ids, and this server takes text: it cannot tell which tokenizer made the ids (OpenAI "
+    "clients count with tiktoken, whose ids stand for other words in this model's vocabulary). Send the texts as "
+    "strings: with LangChain, OpenAIEmbeddings(..., check_embedding_ctx_length=False). A server started with "
+    "--token-id-input takes ids of its own model's WordPiece vocabulary"
+)
+
+
+def openai_input(value: Any, tokenizer: Any, *, token_ids: bool) -> tuple[list[Any], bool]:
+    """OpenAI's ``input`` as texts; or, if ``token_ids`` are taken, as token lists
+    (``is_tokenized``) of the model's own vocabulary."""
     if isinstance(value, str):
         return checked_texts([value], "input"), False
     if not isinstance(value, list) or not value:
         raise HTTPError(422, "input must be a non-empty string or list", param="input")
     if all(isinstance(item, str) for item in value):
         return checked_texts(value, "input"), False
-    if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
-        return [_tokens_of(value, tokenizer, "input")], True
-    if all(isinstance(item, list) for item in value):
+    flat = all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+    if flat or all(isinstance(item, list) for item in value):
+        if not token_ids:
+            raise HTTPError(422, TOKEN_IDS_REFUSED, param="input", code="token_ids_not_accepted")
+        if flat:
+            return [_tokens_of(value, tokenizer, "input")], True
         return [_tokens_of(ids, tokenizer, f"input[{i}]") for i, ids in enumerate(value)], True
     bad = next(i for i, item in enumerate(value) if not isinstance(item, type(value[0])) or isinstance(item, bool))
     raise HTTPError(422, f"input[{bad}] is a {type(value[bad]).__name__}; input must be a string, a list of "
@@ -145,7 +188,7 @@ def chunked_count(reply: p.Reply) -> int:
 
 def error_response(path: str, error: HTTPError) -> Response:
     """``error`` in the format of the API that ``path`` belongs to."""
-    if path == "/embed":
+    if path in _TEI_PATHS:
         body: Any = {"error": error.message, "error_type": error.code or "Validation"}
     elif path == "/encode":
         body = {"error": error.message, "kind": error.code}

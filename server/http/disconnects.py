@@ -1,0 +1,53 @@
+"""Noticing an HTTP caller that leaves while its request waits on the server.
+
+Neither uvicorn nor FastAPI cancels a handler when its client disconnects: the handler runs
+on, and the work it asked for is done for nobody. Once a request's body has been read,
+the ASGI ``receive`` has nothing more to give until the connection closes (or the response
+is sent), when it gives ``http.disconnect``. :func:`unless_disconnected` waits on that
+beside the work, and cancels the work when it fires; the gateway then withdraws the request
+from the server (``CANCEL``), so queued work of a caller who left is dropped before it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from starlette.types import Receive
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The HTTP client closed its connection before the answer was ready."""
+
+
+async def unless_disconnected(work: Awaitable[T], receive: Receive) -> T:
+    """The result of ``work``, unless the client disconnects first: then ``work`` is
+    cancelled (and has finished cancelling) and :class:`ClientGone` is raised.
+
+    ``receive`` is the request's, its body already read: what it gives next tells of the
+    connection's end.
+    """
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if task.cancelled() or task.exception() is not None:
+            raise ClientGone("the client closed the connection") from None
+        return task.result()  # it finished as it was told to stop
+    finally:
+        for pending in (task, watch):
+            pending.cancel()
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        continue
