@@ -358,6 +358,13 @@ def test_langchain_openai_embeddings_without_the_length_check_get_the_servers_ve
         dimensions=8,
     )  # fmt: skip
     np.testing.assert_allclose(np.array(shorter.embed_documents(texts)), unit(want[:, :8]), atol=1e-5)
+    queries = OpenAIEmbeddings(
+        model=MODEL, base_url=server.url + "/v1", api_key=KEY, max_retries=0, check_embedding_ctx_length=False,
+        model_kwargs={"extra_body": {"prompt_name": "query"}},
+    )  # fmt: skip
+    with server.bert_client() as bc:
+        prompted = bc.encode([f"query: {text}" for text in texts[:2]])
+    np.testing.assert_allclose(np.array(queries.embed_documents(texts[:2])), prompted, atol=1e-5)
 
 
 # -- deadlines and callers who leave ----------------------------------------------------------------
