@@ -268,7 +268,7 @@ class AsyncBertClient:
         transport.start()
         self._transport = transport
         deadline = time.monotonic() + self._timeout / 1000
-        asked: list[asyncio.Future[Reply]] = []
+        asked: dict[int, asyncio.Future[Reply]] = {}
         opened = False
         try:
             while True:
@@ -281,11 +281,10 @@ class AsyncBertClient:
                         timeout_ms=self._timeout,
                     )
                 request_id, future = transport.expect()
-                asked.append(future)
+                asked[request_id] = future
                 await transport.send(_frames(self.identity, CONFIG, request_id, _header()), deadline)
-                done, _ = await asyncio.wait(
-                    asked, timeout=min(deadline, now + _HANDSHAKE_RESEND_S) - now, return_when="FIRST_COMPLETED"
-                )
+                wait_s = min(deadline, now + _HANDSHAKE_RESEND_S) - now
+                done, _ = await asyncio.wait(asked.values(), timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 if done:
                     break
                 if (refused := transport.refusal(certain_only=True)) is not None:
@@ -301,8 +300,8 @@ class AsyncBertClient:
                 check_server(self._config, self._address, stacklevel=5)  # the caller of encode or connect
             opened = True
         finally:
-            for future in asked:
-                future.cancel()  # a late answer to one of them is dropped
+            for request_id in asked:
+                transport.forget(request_id)  # a late answer to one of them is dropped
             if not opened:
                 self._transport = None
                 transport.close("the connection failed")
@@ -332,15 +331,17 @@ class AsyncBertClient:
         deadline = time.monotonic() + timeout / 1000
         request_id, future = transport.expect()
         sent = answered = False
+        timer: asyncio.TimerHandle | None = None
         try:
             frames = _frames(self.identity, command, request_id, _header(header), texts)
             check_size(frames, self._config)
             if not await transport.send(frames, deadline):
                 raise self._timeout_error(f"{what} {request_id} (the send queue stayed full)", timeout)
             sent = True
+            timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), _expire, future)
             try:
-                reply = await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+                reply = await future
+            except _TimedOut:
                 raise self._timeout_error(f"{what} {request_id}", timeout) from None
             answered = True
             return reply
@@ -351,6 +352,8 @@ class AsyncBertClient:
                 raise ClientClosedError("this AsyncBertClient was closed while the call was sent") from None
             raise BertClientError(f"ZeroMQ failed talking to {self._address}: {exc}") from exc
         finally:
+            if timer is not None:
+                timer.cancel()
             if sent and not answered and command == ENCODE:
                 transport.cancel(request_id)
             else:
@@ -397,6 +400,15 @@ class AsyncBertClient:
             address=self._address,
             timeout_ms=timeout,
         )
+
+
+class _TimedOut(Exception):
+    """The answer to a request did not come within the client's timeout."""
+
+
+def _expire(future: asyncio.Future[Reply]) -> None:
+    if not future.done():
+        future.set_exception(_TimedOut())
 
 
 def _header(fields: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -8,8 +8,8 @@ more (its caller gave up) is dropped.
 
 Nothing here blocks the event loop: sends are ``NOBLOCK`` and, while the queue to the server
 is full, wait for room on the loop; the reader reads what has already arrived for at most
-:data:`READ_SLICE_S` before it lets the loop run the callers it woke; and each reply costs the
-reader one JSON header, the rest of the work (the vectors) falls to the caller that awaited it.
+:data:`READ_BATCH` replies before it lets the loop run the callers it woke; and each reply costs
+the reader one JSON header, the rest of the work (the vectors) falls to the caller that awaited it.
 Under CURVE the route is announced before every request and, while requests wait, every
 second, since a restarted sink knows no route until told. A
 :class:`~bertserve.client.security.HandshakeWatch` tells a refused handshake from a server
@@ -38,8 +38,8 @@ from .transport import tcp_address
 
 logger = logging.getLogger("bertserve.client")
 
-READ_SLICE_S = 0.001
-"""How long the reader reads replies that have already arrived before it yields to the loop."""
+READ_BATCH = 16
+"""How many replies that have already arrived the reader hands out before it yields to the loop."""
 _ANNOUNCE_EVERY_S = 1.0  # how often a client with requests in flight announces its route again (CURVE)
 _SEND_CHECK_MS = 100  # how often a send waiting for room looks for a refused handshake
 
@@ -61,6 +61,7 @@ class AsyncTransport:
         self._reader: asyncio.Task[None] | None = None
         self._announcer: asyncio.TimerHandle | None = None
         self.closed = False
+        self._routed = curve is not None  # replies on a DEALER that announces its route
         # The sockets are made plain, for HandshakeWatch (its monitors are plain sockets of the same
         # context) and for the reads and sends that must not wait; asyncio wrappers share them to wait.
         self._context = zmq.Context()
@@ -177,6 +178,8 @@ class AsyncTransport:
 
     def _announce(self) -> None:
         """Tell a CURVE server where this client's replies go (nothing for a plain one)."""
+        if not self._routed:
+            return
         announce(self._raw_replies, self.identity)
         # A send can take the descriptor's edge for a reply already in: have the wrapper look again.
         self._replies.get(zmq.EVENTS)
@@ -192,18 +195,17 @@ class AsyncTransport:
         try:
             while True:
                 self._deliver(await self._replies.recv_multipart(copy=False))
-                # What has already arrived is read without waiting, but only for a slice of time:
-                # a done future does not yield, so a burst of replies would hold the loop.
-                until = time.monotonic() + READ_SLICE_S
-                while True:
+                # Replies already in are read without waiting, a batch at a time: awaiting a reply
+                # that is there does not yield, and each one read wakes a caller whose turn comes
+                # next, so a burst read whole would hold the loop for as long as the burst.
+                for _ in range(READ_BATCH - 1):
                     try:
                         frames = self._raw_replies.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     self._deliver(frames)
-                    if time.monotonic() >= until:
-                        await asyncio.sleep(0)
-                        until = time.monotonic() + READ_SLICE_S
+                else:
+                    await asyncio.sleep(0)
         except zmq.ZMQError as exc:
             if exc.errno not in (zmq.ETERM, zmq.ENOTSOCK):
                 logger.error("the reply socket of %s failed: %s", self.address_out, exc)

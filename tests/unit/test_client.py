@@ -14,6 +14,7 @@ The real server is tested end to end in ``tests/integration``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import heapq
 import io
 import itertools
@@ -33,6 +34,7 @@ import pytest
 import zmq
 import zmq.auth
 from bertserve.client import (
+    AsyncBertClient,
     AuthenticationError,
     BertClient,
     BertClientError,
@@ -585,6 +587,170 @@ def test_busy_server(responder: Callable[..., Responder]) -> None:
     assert first.client_id == second.client_id  # a refusal does not cost the pooled client
 
 
+# -- AsyncBertClient ---------------------------------------------------------------------
+
+
+def async_client(r: Responder, **kwargs: Any) -> AsyncBertClient:
+    return AsyncBertClient("127.0.0.1", r.port, r.port_out, timeout=kwargs.pop("timeout", 5000), **kwargs)
+
+
+def test_async_encode_answers_as_bert_client_does(responder: Callable[..., Responder]) -> None:
+    r = responder(drop_configs=2)
+    with r.client() as bc:
+        want = bc.encode(["one", "two words"])
+
+    async def main() -> None:
+        async with async_client(r) as client:
+            vectors = await client.encode(["one", "two words"])
+            np.testing.assert_array_equal(vectors[:, :2], want[:, :2])
+            assert vectors.flags.owndata and vectors.flags.writeable
+            tokenized, tokens = await client.encode([["a", "b"]], is_tokenized=True, show_tokens=True)
+            assert tokens == [["a", "b"]] and tokenized[0, 0] == 2
+            assert (await client.encode([])).shape == (0, 4)
+            assert (await client.server_config())["output_dim"] == 4
+            assert "requests" in await client.server_status()
+            assert await client.terminate() == {"stopping": True}
+            with pytest.raises(ServerError, match="cannot encode boom") as info:
+                await client.encode(["fine", "boom"])
+            assert info.value.kind == "input"
+        async with async_client(r, output_fmt="list") as client:
+            rows = await client.encode(["a"])
+            assert isinstance(rows, list) and rows[0][:2] == [1.0, 0.0]
+
+    asyncio.run(main())
+    assert r.commands(p.ENCODE)[-1].header["client_version"] == __version__
+
+
+def test_async_calls_in_flight_at_once_each_get_their_own_answer(responder: Callable[..., Responder]) -> None:
+    r = responder()
+
+    async def main() -> list[Any]:
+        async with async_client(r) as client:
+            # the slow ones are answered last: replies come out of order
+            return await asyncio.gather(*(client.encode(["slow " * (i % 3 == 0) + "w " * i]) for i in range(1, 60)))
+
+    answers = asyncio.run(main())
+    ids = {request.request_id: len(request.texts[0].split()) for request in r.commands(p.ENCODE)}
+    for i, vectors in enumerate(answers, start=1):
+        assert vectors[0, 0] == ids[int(vectors[0, 2])] == i + (i % 3 == 0)  # its own words, its own request
+
+
+def test_async_without_a_server_times_out_and_tries_again_on_the_next_call() -> None:
+    port, port_out = free_ports(2)
+
+    async def main() -> None:
+        client = AsyncBertClient("127.0.0.1", port, port_out, timeout=400)
+        for attempt in range(2):
+            started = time.monotonic()
+            with pytest.raises(ServerTimeoutError, match=rf"127\.0\.0\.1:{port}.*400 ms") as info:
+                await (client.connect() if attempt == 0 else client.encode(["hello"]))
+            assert 0.35 < time.monotonic() - started < 2 and info.value.timeout_ms == 400
+            assert not client.closed and client._transport is None  # nothing left open
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_async_options_are_checked_before_any_socket_opens() -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        AsyncBertClient(timeout=0)
+    with pytest.raises(ValueError, match="output_fmt"):
+        AsyncBertClient(output_fmt="json")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="identity must be 1 to 64 bytes"):
+        AsyncBertClient(identity=b"")
+    with pytest.raises(TypeError, match="port must be an int"):
+        AsyncBertClient(port="5555")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="host"):
+        AsyncBertClient(host="")
+
+
+def test_async_timeout_cancellation_and_late_replies(responder: Callable[..., Responder]) -> None:
+    r = responder()
+
+    async def main() -> None:
+        async with async_client(r, timeout=300) as client:
+            started = time.monotonic()
+            with pytest.raises(ServerTimeoutError, match="within 300 ms"):
+                await client.encode(["slow one"])
+            assert time.monotonic() - started < 0.6
+            call = asyncio.create_task(client.encode(["slow two"]))
+            await asyncio.sleep(0.05)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(client.encode(["slow three"]), 0.05)
+            await asyncio.sleep(SLOW_S + 0.2)  # the late replies come, and are dropped
+            assert client._transport is not None and client._transport.in_flight == 0
+            vectors = await client.encode(["fast"])
+            assert vectors[0, 2] == r.commands(p.ENCODE)[-1].request_id
+
+    asyncio.run(main())
+    encodes, cancels = r.commands(p.ENCODE), r.commands(p.CANCEL)
+    assert [c.request_id for c in cancels] == [e.request_id for e in encodes[:3]]  # one for each abandoned call
+    assert cancels[0].client_id == encodes[0].client_id and not cancels[0].texts
+
+
+def test_async_busy_and_progress_errors_name_the_text(
+    responder: Callable[..., Responder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = responder(config={"max_batch_size": 2})  # chunks of 8 texts
+    texts = [" ".join(["w"] * (1 + i % 5)) for i in range(40)]
+    bad = [*texts[:29], "boom", *texts[30:]]
+    with r.client() as bc, pytest.raises(ServerError) as whole:
+        bc.encode(bad)
+
+    async def main() -> None:
+        async with async_client(r) as client:
+            with pytest.raises(ServerBusyError, match="100 requests queued") as busy:
+                await client.encode(["busy now"])
+            assert busy.value.kind == "busy"
+            vectors = await client.encode(texts, show_progress=True)
+            np.testing.assert_array_equal(vectors[:, 0], [1 + i % 5 for i in range(40)])
+            np.testing.assert_array_equal(vectors[:, 1], [i % 8 for i in range(40)])
+            assert "40/40" in capsys.readouterr().err
+            with pytest.raises(ServerError) as piped:
+                await client.encode(bad, show_progress=True)
+            assert (piped.value.kind, piped.value.message) == (whole.value.kind, whole.value.message)
+            assert client._transport is not None and client._transport.in_flight == 0
+
+    asyncio.run(main())
+    capsys.readouterr()
+
+
+def test_async_close_fails_the_calls_in_flight(responder: Callable[..., Responder]) -> None:
+    r = responder()
+
+    async def main() -> None:
+        client = async_client(r)
+        calls = [asyncio.create_task(client.encode([f"slow {i}"])) for i in range(5)]
+        while len(r.commands(p.ENCODE)) < 5:  # connected, and all five sent
+            await asyncio.sleep(0.01)
+        assert repr(client).endswith("open>")
+        await client.aclose()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(result, ClientClosedError) for result in results), results
+        assert client.closed and repr(client).endswith("closed>")
+        for use in (client.encode(["a"]), client.server_status(), client.connect()):
+            with pytest.raises(ClientClosedError):
+                await use
+        client.close()  # again: harmless
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_async_client_belongs_to_its_loop(responder: Callable[..., Responder]) -> None:
+    r = responder()
+    client = async_client(r)
+    asyncio.run(client.connect())
+    try:
+        with pytest.raises(BertClientError, match="belongs to the event loop it connected on"):
+            asyncio.run(client.encode(["elsewhere"]))
+    finally:
+        client.close()  # its loop has ended: closing still releases the sockets
+
+
 # -- CURVE -------------------------------------------------------------------------------
 
 
@@ -680,6 +846,26 @@ def test_a_refusal_after_connecting_is_reported_at_the_timeout(responder: Callab
             assert time.monotonic() - started < 3
         finally:
             secure.destroy(linger=0)
+
+
+def test_async_curve_serves_an_allowed_key_and_refuses_another(responder: Callable[..., Responder], keys: Path) -> None:
+    r = responder(curve_dir=keys / "curve")
+    alice = load_public_key(keys / "own" / "alice.key")
+
+    async def main() -> None:
+        async with async_client(r, **curve_options(keys), identity="a" * 23) as client:
+            assert client.identity == alice + b":" + b"a" * 23
+            answers = await asyncio.gather(*(client.encode([f"w {i}"]) for i in range(20)))
+            assert [int(a[0, 0]) for a in answers] == [2] * 20
+        started = time.monotonic()
+        with pytest.raises(AuthenticationError, match="refused this client's key"):
+            await async_client(r, timeout=10_000, **curve_options(keys, "mallory")).connect()
+        with pytest.raises(AuthenticationError, match="does not use CURVE"):
+            await async_client(responder(), timeout=10_000, **curve_options(keys)).connect()
+        assert time.monotonic() - started < 5  # each at once, not after the 10 s timeout
+
+    asyncio.run(main())
+    assert set(r.user_ids) == {alice.decode()}
 
 
 def _bind_curve_server(keys: Path, port: int, port_out: int) -> tuple[zmq.Context, list[zmq.Socket]]:
