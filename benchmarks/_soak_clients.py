@@ -1,29 +1,31 @@
 """The soak's clients and their bookkeeping: the expected vectors and the check of a reply,
-the counters every request ends in, and the client threads (see ``soak.py``)."""
+the log every request ends in, and the open-loop client threads (see ``soak.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-import bertserve.client
 import numpy as np
-from bertserve.client import BertClient, BertClientError, ServerError, ServerTimeoutError
+from bertserve.client import AsyncBertClient, BertClientError, ServerError, ServerTimeoutError
 from lib.servers import RunningServer
-from lib.stats import percentile_ms
-
-# a ServerError of kind "busy"; newer clients raise it as this subclass
-BUSY_ERROR: type[BaseException] | None = getattr(bertserve.client, "ServerBusyError", None)
 
 # name: (fewest, most sentences, default weight)
 SIZES: dict[str, tuple[int, int, float]] = {"small": (1, 8, 85.0), "medium": (9, 100, 12.0), "bulk": (200, 2000, 3.0)}
+# A bulk request has one of these sizes, so that its unloaded time is measured, not interpolated.
+# All are at least the server's default --max-batch-size (256): bulk to the server as well.
+BULK_SIZES: tuple[int, ...] = (256, 512, 1024, 2000)
 COSINE_MIN = 0.999
-ASYNC_FRACTION = 0.15  # iterations that send 2-4 non-blocking requests, then fetch them
-BUSY_BACKOFF_S = (0.05, 0.25)
+CONNECT_ATTEMPTS = 5
+
+# Every request ends in exactly one of these.
+OUTCOMES = ("ok", "wrong", "crossed", "busy", "expired", "timeout", "lost", "other")
+FAILED = ("wrong", "crossed", "timeout", "lost")  # any of these fails the run
 
 
 # ----------------------------------------------------------------------------------------
@@ -58,85 +60,50 @@ class Expected:
 
 
 # ----------------------------------------------------------------------------------------
-# counters
+# the log of requests
 # ----------------------------------------------------------------------------------------
 
-OUTCOMES = ("ok", "wrong", "crossed", "lost", "busy", "error")
+
+class Record(NamedTuple):
+    """One request: when it was sent (seconds since the load began), its size class and
+    size, how it ended, and the seconds from send to that end (for ``busy``: to the refusal)."""
+
+    sent_at: float
+    size_class: str
+    size: int
+    outcome: str
+    seconds: float
+    kind: str = ""  # the error kind or exception name of an ``other`` outcome
 
 
-@dataclass
-class Tally:
-    """What happened to the requests of one size class. Every sent request ends in
-    exactly one outcome; ``answered`` = ok + wrong + crossed (a reply with vectors)."""
+class RequestLog:
+    """Every request's :class:`Record`, appended by the client threads; how late each send
+    was against its schedule; connection failures."""
 
-    sent: int = 0
-    sentences_answered: int = 0
-    outcomes: Counter[str] = field(default_factory=Counter)
-    errors: Counter[str] = field(default_factory=Counter)  # "error" outcomes by kind
-    latencies: list[float] = field(default_factory=list)
-
-    @property
-    def answered(self) -> int:
-        return self.outcomes["ok"] + self.outcomes["wrong"] + self.outcomes["crossed"]
-
-    @property
-    def in_flight(self) -> int:
-        return self.sent - sum(self.outcomes.values())
-
-    def summary(self, seconds: float) -> dict[str, Any]:
-        return {
-            "sent": self.sent,
-            "answered": self.answered,
-            **{name: self.outcomes[name] for name in OUTCOMES},
-            # a request still unanswered after the drain deadline (its thread is stuck) is lost too
-            "lost": self.outcomes["lost"] + self.in_flight,
-            "in_flight_at_end": self.in_flight,
-            "other_errors": self.outcomes["error"],
-            "errors_by_kind": dict(self.errors),
-            "sentences_per_second": round(self.sentences_answered / seconds, 1) if seconds > 0 else None,
-            "latency_ms": {
-                name: percentile_ms(self.latencies, q, 1) if self.latencies else None
-                for name, q in (("p50", 50), ("p99", 99), ("max", 100))
-            },
-        }
-
-
-class Counters:
-    def __init__(self, classes: list[str]) -> None:
+    def __init__(self, origin: float) -> None:
+        self.origin = origin  # time.monotonic() when the load began
         self._lock = threading.Lock()
-        self.by_class = {name: Tally() for name in classes}
-        self.connect_errors: Counter[str] = Counter()  # BertClient() failed: no request was sent
+        self.records: list[Record] = []
+        self.send_lag: list[float] = []
+        self.sent = 0
+        self.connect_errors: Counter[str] = Counter()
+
+    def sending(self, lag: float) -> None:
+        with self._lock:
+            self.sent += 1
+            self.send_lag.append(lag)
+
+    def ended(self, record: Record) -> None:
+        with self._lock:
+            self.records.append(record)
 
     def connect_failed(self, exc: BaseException) -> None:
         with self._lock:
             self.connect_errors[type(exc).__name__] += 1
 
-    def sent(self, size_class: str) -> None:
+    def snapshot(self) -> tuple[int, list[Record]]:
         with self._lock:
-            self.by_class[size_class].sent += 1
-
-    def ended(
-        self, size_class: str, outcome: str, *, seconds: float | None = None, rows: int = 0, kind: str = ""
-    ) -> None:
-        with self._lock:
-            tally = self.by_class[size_class]
-            tally.outcomes[outcome] += 1
-            if outcome == "error":
-                tally.errors[kind] += 1
-            if outcome in ("ok", "wrong", "crossed") and seconds is not None:
-                tally.latencies.append(seconds)
-                tally.sentences_answered += rows
-
-    def total(self) -> Tally:
-        with self._lock:
-            total = Tally()
-            for tally in self.by_class.values():
-                total.sent += tally.sent
-                total.sentences_answered += tally.sentences_answered
-                total.outcomes.update(tally.outcomes)
-                total.errors.update(tally.errors)
-                total.latencies.extend(tally.latencies)
-            return total
+            return self.sent, list(self.records)
 
 
 # ----------------------------------------------------------------------------------------
@@ -146,114 +113,125 @@ class Counters:
 
 @dataclass(frozen=True)
 class Plan:
+    """What the clients send: the mix of size classes, the corpus, and the offered rate."""
+
     classes: list[str]
     weights: list[float]
     corpus: list[str]
-    timeout_ms: float
+    bulk_sizes: tuple[int, ...] = BULK_SIZES
 
     def draw(self, rng: random.Random) -> tuple[str, np.ndarray]:
         size_class = rng.choices(self.classes, self.weights)[0]
-        fewest, most, _ = SIZES[size_class]
-        count = rng.randint(fewest, most)
-        indices = np.array([rng.randrange(len(self.corpus)) for _ in range(count)], dtype=np.int64)
-        return size_class, indices
+        if size_class == "bulk":
+            count = rng.choice(self.bulk_sizes)
+        else:
+            fewest, most, _ = SIZES[size_class]
+            count = rng.randint(fewest, most)
+        return size_class, self.indices(rng, count)
+
+    def indices(self, rng: random.Random, count: int) -> np.ndarray:
+        return np.array([rng.randrange(len(self.corpus)) for _ in range(count)], dtype=np.int64)
 
     def texts(self, indices: np.ndarray) -> list[str]:
         return [self.corpus[i] for i in indices]
 
+    def mean_size(self) -> float:
+        """Sentences per request on average, over the mix."""
+        means = {name: (SIZES[name][0] + SIZES[name][1]) / 2 for name in SIZES}
+        means["bulk"] = sum(self.bulk_sizes) / len(self.bulk_sizes)
+        return sum(w * means[c] for c, w in zip(self.classes, self.weights, strict=True)) / sum(self.weights)
 
-def _failure(exc: BaseException) -> tuple[str, str]:
+
+def outcome_of(exc: BaseException) -> tuple[str, str]:
     """(outcome, kind) of a failed request."""
     if isinstance(exc, ServerTimeoutError):
-        return "lost", ""
-    if (BUSY_ERROR is not None and isinstance(exc, BUSY_ERROR)) or (
-        isinstance(exc, ServerError) and exc.kind == "busy"
-    ):
-        return "busy", ""
+        return "timeout", ""
+    if isinstance(exc, ServerError) and exc.kind in ("busy", "expired"):
+        return exc.kind, ""
     if isinstance(exc, ServerError):
-        return "error", f"server:{exc.kind}"
-    return "error", type(exc).__name__
+        return "other", f"server:{exc.kind}"
+    return "other", type(exc).__name__
 
 
-class SoakClient(threading.Thread):
-    """One client thread: its own ``BertClient`` (identity ``soak-<n>``: identities that are
-    prefixes of one another, as ZeroMQ topics, so a reply filtered by prefix alone would
-    cross) sending requests until ``stop`` is set."""
+class OpenLoopClient(threading.Thread):
+    """One client thread: its own event loop and ``AsyncBertClient`` (identity ``soak-<n>``:
+    identities that are prefixes of one another, as ZeroMQ topics, so a reply filtered by
+    prefix alone would cross). From ``start_at`` to ``stop_at`` (``time.monotonic()``) it
+    sends requests at Poisson arrivals of ``rate`` per second, each without waiting for the
+    ones before it, and waits for each answer at most ``wait_ms``. After ``stop_at`` it waits
+    at most ``drain_s`` for the requests still under way; those still unanswered are lost."""
 
     def __init__(
-        self, number: int, server: RunningServer, plan: Plan, expected: Expected, counters: Counters, seed: int
-    ) -> None:
+        self, number: int, server: RunningServer, plan: Plan, expected: Expected, log: RequestLog, *,
+        rate: float, wait_ms: float, start_at: float, stop_at: float, drain_s: float, seed: int,
+    ) -> None:  # fmt: skip
         super().__init__(name=f"soak-{number}", daemon=True)
-        self.server, self.plan, self.expected, self.counters = server, plan, expected, counters
+        self.server, self.plan, self.expected, self.log = server, plan, expected, log
+        self.rate, self.wait_ms, self.drain_s = rate, wait_ms, drain_s
+        self.start_at, self.stop_at = start_at, stop_at
         self.rng = random.Random(seed * 1_000_003 + number)
         self.identity = f"soak-{number}"
-        self.stop = threading.Event()
         self.crash: BaseException | None = None
+        self.unfinished = 0
 
     def run(self) -> None:
         try:
-            while not self.stop.is_set():
-                try:
-                    client = BertClient(
-                        "127.0.0.1", **self.server.client_kwargs, timeout=self.plan.timeout_ms,
-                        identity=self.identity, check_length=False,
-                    )  # fmt: skip
-                except BertClientError as exc:
-                    self.counters.connect_failed(exc)
-                    self.stop.wait(1.0)
-                    continue
-                with client:
-                    while not self.stop.is_set():
-                        if self.rng.random() < ASYNC_FRACTION:
-                            self._non_blocking(client)
-                        else:
-                            self._blocking(client)
+            asyncio.run(self._main())
         except BaseException as exc:  # a bug in the soak itself: reported, fails the run
             self.crash = exc
 
-    def _end(self, size_class: str, indices: np.ndarray, got: Any, started: float) -> None:
-        outcome = self.expected.check(indices, got)
-        self.counters.ended(size_class, outcome, seconds=time.perf_counter() - started, rows=len(indices))
-
-    def _fail(self, size_class: str, exc: BaseException) -> None:
-        outcome, kind = _failure(exc)
-        self.counters.ended(size_class, outcome, kind=kind)
-        if outcome == "busy":
-            self.stop.wait(self.rng.uniform(*BUSY_BACKOFF_S))
-
-    def _blocking(self, client: BertClient) -> None:
-        size_class, indices = self.plan.draw(self.rng)
-        self.counters.sent(size_class)
-        started = time.perf_counter()
+    async def _main(self) -> None:
+        client = AsyncBertClient(
+            "127.0.0.1", **self.server.client_kwargs, timeout=self.wait_ms, identity=self.identity, check_length=False
+        )
         try:
-            got = client.encode(self.plan.texts(indices))
-        except BertClientError as exc:
-            self._fail(size_class, exc)
-            return
-        self._end(size_class, indices, got, started)
+            await self._connect(client)
+            tasks: set[asyncio.Task[None]] = set()
+            due = self.start_at + self.rng.expovariate(self.rate)
+            while due < self.stop_at:
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                task = asyncio.create_task(self._request(client, lag=time.monotonic() - due))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                due += self.rng.expovariate(self.rate)
+            if tasks:
+                left = max(0.0, self.stop_at + self.drain_s - time.monotonic())
+                _, pending = await asyncio.wait(set(tasks), timeout=left)
+                self.unfinished = len(pending)
+                for task in pending:
+                    task.cancel()  # each records itself as lost
+                if pending:
+                    await asyncio.wait(pending)
+        finally:
+            await client.aclose()
 
-    def _non_blocking(self, client: BertClient) -> None:
-        pending: dict[int, tuple[str, np.ndarray, float]] = {}
-        for _ in range(self.rng.randint(2, 4)):
-            size_class, indices = self.plan.draw(self.rng)
-            self.counters.sent(size_class)
+    async def _connect(self, client: AsyncBertClient) -> None:
+        for attempt in range(CONNECT_ATTEMPTS):
             try:
-                request_id = client.encode(self.plan.texts(indices), blocking=False)
+                await client.connect()
+                return
             except BertClientError as exc:
-                self._fail(size_class, exc)
-                continue
-            pending[int(request_id)] = (size_class, indices, time.perf_counter())
-        while pending:
-            try:
-                for result in client.fetch():
-                    size_class, indices, started = pending.pop(result.id)
-                    self._end(size_class, indices, result.embedding, started)
-            except ServerTimeoutError as exc:  # every request still outstanding is given up
-                for size_class, _indices, _started in pending.values():
-                    self._fail(size_class, exc)
-                pending.clear()
-            except ServerError as exc:  # one request failed; the others stay outstanding
-                if exc.request_id in pending:
-                    self._fail(pending.pop(exc.request_id)[0], exc)
-                else:
+                self.log.connect_failed(exc)
+                if attempt == CONNECT_ATTEMPTS - 1:
                     raise
+                await asyncio.sleep(1.0)
+
+    async def _request(self, client: AsyncBertClient, *, lag: float) -> None:
+        size_class, indices = self.plan.draw(self.rng)
+        self.log.sending(lag)
+        sent_at = time.monotonic()
+        started = time.perf_counter()
+
+        def end(outcome: str, kind: str = "") -> None:
+            seconds = time.perf_counter() - started
+            self.log.ended(Record(sent_at - self.log.origin, size_class, len(indices), outcome, seconds, kind))
+
+        try:
+            got = await client.encode(self.plan.texts(indices))
+        except asyncio.CancelledError:
+            end("lost")
+            raise
+        except BertClientError as exc:
+            end(*outcome_of(exc))
+            return
+        end(self.expected.check(indices, got))
