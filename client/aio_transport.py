@@ -7,9 +7,9 @@ reader task hands each reply to the future of its request id; a reply nobody wai
 more (its caller gave up) is dropped.
 
 Nothing here blocks the event loop: sends are ``NOBLOCK`` and, while the queue to the server
-is full, wait for room on the loop; the reader reads what has already arrived for at most
-:data:`READ_BATCH` replies before it lets the loop run the callers it woke; and each reply costs
-the reader one JSON header, the rest of the work (the vectors) falls to the caller that awaited it.
+is full, wait for room on the loop; the reader hands out at most :data:`READ_BATCH` replies
+that have already arrived before it lets the loop run the callers they woke; and each reply
+costs the reader one JSON header, the rest of the work (the vectors) falls to its caller.
 Under CURVE the route is announced before every request and, while requests wait, every
 second, since a restarted sink knows no route until told. A
 :class:`~bertserve.client.security.HandshakeWatch` tells a refused handshake from a server
@@ -118,6 +118,8 @@ class AsyncTransport:
     async def send(self, frames: list[bytes], deadline: float) -> bool:
         """Queue a request's ``frames`` for the server; ``False`` if the queue stayed full until
         ``deadline`` (``time.monotonic()``), or a handshake was refused for good meanwhile."""
+        if self.closed:
+            raise ClientClosedError("the client was closed before the request was sent")
         self._announce()  # under CURVE: where the reply goes, as the sink may be new
         while True:
             try:

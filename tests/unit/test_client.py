@@ -718,6 +718,24 @@ def test_async_busy_and_progress_errors_name_the_text(
     capsys.readouterr()
 
 
+def test_async_warnings_point_at_the_caller(responder: Callable[..., Responder]) -> None:
+    r = responder(config={"max_seq_len": 3, "server_version": "9.9"})
+
+    async def main() -> None:
+        client = async_client(r)
+        with pytest.warns(UserWarning, match="runs bertserve 9.9") as record:
+            await client.connect()
+        assert record[0].filename == __file__
+        with pytest.warns(UserWarning, match=r"texts\[1\] has 5 words") as record:
+            await client.encode(["short", "one two three four five"])
+        assert len(record) == 1 and record[0].filename == __file__
+        await client.aclose()
+        with pytest.raises(ProtocolVersionError, match="speaks protocol 99"):
+            await async_client(responder(config={"protocol": 99})).connect()
+
+    asyncio.run(main())
+
+
 def test_async_close_fails_the_calls_in_flight(responder: Callable[..., Responder]) -> None:
     r = responder()
 
