@@ -74,6 +74,10 @@ class Record(NamedTuple):
     outcome: str
     seconds: float
     kind: str = ""  # the error kind or exception name of an ``other`` outcome
+    client: int = 0
+    # whether this client had a bulk request under way when it sent this one: the server runs
+    # a client's requests in the order it sent them, so this one waited for that one
+    behind_bulk: bool = False
 
 
 class RequestLog:
@@ -171,8 +175,10 @@ class OpenLoopClient(threading.Thread):
         self.start_at, self.stop_at = start_at, stop_at
         self.rng = random.Random(seed * 1_000_003 + number)
         self.identity = f"soak-{number}"
+        self.number = number
         self.crash: BaseException | None = None
         self.unfinished = 0
+        self._bulk_under_way = 0
 
     def run(self) -> None:
         try:
@@ -221,10 +227,15 @@ class OpenLoopClient(threading.Thread):
         self.log.sending(lag)
         sent_at = time.monotonic()
         started = time.perf_counter()
+        behind = self._bulk_under_way > 0
+        bulk = size_class == "bulk"
+        self._bulk_under_way += bulk
 
         def end(outcome: str, kind: str = "") -> None:
             seconds = time.perf_counter() - started
-            self.log.ended(Record(sent_at - self.log.origin, size_class, len(indices), outcome, seconds, kind))
+            self.log.ended(
+                Record(sent_at - self.log.origin, size_class, len(indices), outcome, seconds, kind, self.number, behind)
+            )
 
         try:
             got = await client.encode(self.plan.texts(indices))
@@ -234,4 +245,6 @@ class OpenLoopClient(threading.Thread):
         except BertClientError as exc:
             end(*outcome_of(exc))
             return
+        finally:
+            self._bulk_under_way -= bulk
         end(self.expected.check(indices, got))

@@ -259,13 +259,27 @@ def _outcomes(records: list[Record], classes: list[str]) -> dict[str, dict[str, 
 def _latencies(records: list[Record], classes: list[str]) -> dict[str, Any]:
     """Per class, the time to the answer of every admitted request that got one: vectors
     (ok) or an expiry; an expired request counts at the time its expiry came."""
-    return {
-        name: _ms([r.seconds for r in records if r.size_class == name and r.outcome in ("ok", "expired")])
-        for name in classes
-    } | {
-        f"{name}_ok": _ms([r.seconds for r in records if r.size_class == name and r.outcome == "ok"])
-        for name in classes
-    }
+    return (
+        {
+            name: _ms([r.seconds for r in records if r.size_class == name and r.outcome in ("ok", "expired")])
+            for name in classes
+        }
+        | {
+            f"{name}_ok": _ms([r.seconds for r in records if r.size_class == name and r.outcome == "ok"])
+            for name in classes
+        }
+        | {
+            f"{name}_{label}": _ms(
+                [
+                    r.seconds
+                    for r in records
+                    if r.size_class == name and r.outcome in ("ok", "expired") and r.behind_bulk == behind
+                ]
+            )
+            for name in classes
+            for label, behind in (("behind_own_bulk", True), ("not_behind_own_bulk", False))
+        }
+    )
 
 
 def _bulk(records: list[Record], unloaded: dict[str, float], sizes: tuple[int, ...]) -> dict[str, Any]:
@@ -443,7 +457,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"other outcomes by kind: {outcomes['other_by_kind']}"]
     lines += ["", "| latency ms (ok and expired) | count | p50 | p99 | max |", "| --- | ---: | ---: | ---: | ---: |"]
     for name in classes:
-        for key, label in ((name, name), (f"{name}_ok", f"{name}, ok only")):
+        for key, label in (
+            (name, name), (f"{name}_ok", f"{name}, ok only"),
+            (f"{name}_not_behind_own_bulk", f"{name}, sent while its client had no bulk request under way"),
+            (f"{name}_behind_own_bulk", f"{name}, sent while its client had a bulk request under way"),
+        ):  # fmt: skip
             row = report["latency_ms"][key]
             lines.append(f"| {label} | {row['count']} | {row['p50']} | {row['p99']} | {row['max']} |")
     bulk = report["bulk"]
