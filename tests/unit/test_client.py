@@ -736,6 +736,35 @@ def test_async_warnings_point_at_the_caller(responder: Callable[..., Responder])
     asyncio.run(main())
 
 
+def test_async_sends_wait_on_the_loop_while_the_queue_is_full(responder: Callable[..., Responder]) -> None:
+    """The server goes away: requests queue in the client up to ZeroMQ's high-water mark (1,000),
+    and the calls past it wait for room without holding the loop, until their timeout."""
+    r = responder()
+
+    async def main() -> tuple[list[Any], int, float]:
+        async with async_client(r, timeout=500) as client:
+            r.stop()
+            ticks = 0
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticking = asyncio.create_task(ticker())
+            started = time.monotonic()
+            results = await asyncio.gather(*(client.encode([f"w {i}"]) for i in range(1100)), return_exceptions=True)
+            elapsed = time.monotonic() - started
+            ticking.cancel()
+            return results, ticks, elapsed
+
+    results, ticks, elapsed = asyncio.run(main())
+    assert all(isinstance(result, ServerTimeoutError) for result in results), {type(x) for x in results}
+    assert any("the send queue stayed full" in str(result) for result in results)
+    assert elapsed < 2.5 and ticks >= 10  # the ticker ran all along the wait
+
+
 def test_async_close_fails_the_calls_in_flight(responder: Callable[..., Responder]) -> None:
     r = responder()
 
