@@ -22,7 +22,10 @@ from serving import RunningServer, start_server
 RECORDING = "faulty_model:RecordingModel"
 ROWS = 64  # the server's --max-batch-size: a request of ROWS is one job, and one model run
 BULK_RUNS = 20 * int(os.environ.get("DEADLINE_BULK_SECONDS", "10"))  # seconds of bulk work at 50 ms a run
-LATE_S = 0.1  # a run may start this long after the client's clock said the deadline passed
+# A run may start this long after the client's clock said the deadline passed: the worker's
+# check and the run's start are two steps, and a loaded 2-core machine can pause a process
+# between them (the server's deadline also counts from arrival, a little after the send).
+LATE_S = 0.5
 
 
 def _worker_sentences(status: dict) -> tuple[int, int]:

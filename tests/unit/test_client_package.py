@@ -19,9 +19,9 @@ def test_importing_the_client_does_not_import_tensorflow() -> None:
 
 def test_public_names() -> None:
     assert sorted(bertserve.client.__all__) == [
-        "AuthenticationError", "BertClient", "BertClientError", "ClientClosedError", "ConcurrentBertClient",
-        "ConcurrentUseError", "EncodeResult", "ProtocolVersionError", "ServerBusyError", "ServerError",
-        "ServerTimeoutError", "__version__",
+        "AsyncBertClient", "AuthenticationError", "BertClient", "BertClientError", "ClientClosedError",
+        "ConcurrentBertClient", "ConcurrentUseError", "EncodeResult", "ProtocolVersionError", "ServerBusyError",
+        "ServerError", "ServerTimeoutError", "__version__",
     ]  # fmt: skip
     for name in bertserve.client.__all__:
         assert getattr(bertserve.client, name) is not None
