@@ -42,7 +42,7 @@ class BertConfig:
 
     @classmethod
     def from_json(cls, path: str) -> BertConfig:
-        raw = _read_json(path)
+        raw = read_json(path)
         required = (
             "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "intermediate_size", "max_position_embeddings",
@@ -180,7 +180,7 @@ def _inspect_huggingface(model_dir: str) -> ModelFiles:
         raise ModelFileError(f"{model_dir} has neither {TOKENIZER_JSON} nor {VOCAB}")
     files = [config_path, *weight_files]
     tokenizer_config = os.path.join(model_dir, "tokenizer_config.json")
-    declared = _read_json(tokenizer_config).get("do_lower_case") if os.path.isfile(tokenizer_config) else None
+    declared = read_json(tokenizer_config).get("do_lower_case") if os.path.isfile(tokenizer_config) else None
     if isinstance(declared, bool):
         do_lower_case = declared
     elif has_vocab:
@@ -240,7 +240,8 @@ def _require(directory: str, name: str) -> str:
     return path
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
+    """A JSON object from ``path``; :class:`ModelFileError` naming the file if it is not one."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -272,7 +273,7 @@ def _checkpoint_files(prefix: str) -> list[str]:
 def _safetensors_files(directory: str) -> list[str]:
     index = os.path.join(directory, SAFETENSORS_INDEX)
     if os.path.isfile(index):
-        weight_map = _read_json(index).get("weight_map", {})
+        weight_map = read_json(index).get("weight_map", {})
         return [_require(directory, name) for name in sorted(set(weight_map.values()))]
     return [_require(directory, SAFETENSORS)]
 
@@ -316,12 +317,12 @@ def _sentence_transformers_defaults(model_dir: str, config: BertConfig) -> tuple
             pooling_path = os.path.join(model_dir, module.get("path", ""), "config.json")
             if os.path.isfile(pooling_path):
                 files.append(pooling_path)
-                strategy = _pooling_from_config(pooling_path, _read_json(pooling_path))
+                strategy = _pooling_from_config(pooling_path, read_json(pooling_path))
     max_seq_len = min(128, config.max_position_embeddings)
     st_config = os.path.join(model_dir, "sentence_bert_config.json")
     if os.path.isfile(st_config):
         files.append(st_config)
-        length = _read_json(st_config).get("max_seq_length")
+        length = read_json(st_config).get("max_seq_length")
         if isinstance(length, int) and length > 0:
             max_seq_len = min(length, config.max_position_embeddings)
     return ModelDefaults(strategy, (-1,), max_seq_len, normalize), files
@@ -344,7 +345,7 @@ def pooling_config(model_dir: str) -> tuple[str, dict] | None:
     candidates.append(os.path.join(model_dir, "1_Pooling", "config.json"))
     for path in candidates:
         if os.path.isfile(path):
-            return path, _read_json(path)
+            return path, read_json(path)
     return None
 
 

@@ -11,14 +11,13 @@ name) and picks the default with ``--default-prompt-name NAME``. A request names
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelFileError, ModelOptionError
-from .model_dir import pooling_config
+from .model_dir import pooling_config, read_json
 
 ST_CONFIG = "config_sentence_transformers.json"
 
@@ -90,15 +89,7 @@ def resolve_prompts(model_dir: str, flags: Sequence[str], default_name: str | No
 
 
 def _read_st_prompts(path: str) -> tuple[dict[str, str], str | None]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except OSError as exc:
-        raise ModelFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ModelFileError(f"{path} should hold a JSON object")
+    raw = read_json(path)
     prompts = raw.get("prompts", {})
     if prompts is None:
         prompts = {}
