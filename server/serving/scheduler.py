@@ -19,13 +19,19 @@
   of different versions never share a job (two versions are served side by side only while
   a swap is under way, see :mod:`.swap`). :meth:`Scheduler.put_back` returns a job that no
   worker of its version could take yet.
+- **Two lanes.** Each client's queue has a small lane and a bulk lane, each in arrival
+  order. A client's small requests do not wait for its own bulk work: they go in the next
+  merged job. Small jobs and bulk jobs take turns whenever both wait, so small requests wait
+  for at most one bulk job, and bulk work keeps at least half of the jobs however much small
+  traffic arrives.
 - **Overtaking.** When every worker is busy, small requests need not wait for a free
   credit: :meth:`Scheduler.next_small_job` merges them out of turn for a worker that holds
   only bulk work, which runs them between two model runs of its bulk job.
-- **Fairness.** Every client with queued work has a turn, round-robin by identity: a turn
-  is one bulk job of that client, or a merged job with a share for every client waiting
-  with small requests. A client that becomes active joins at the back. So one client's
-  flood delays another's request by at most about one job per active client.
+- **Fairness.** In each lane every client with queued work has a turn, round-robin by
+  identity: a bulk turn is one bulk job of that client; a small turn is a merged job with a
+  share for every client waiting with small requests. A client that becomes active in a
+  lane joins at its back. So one client's flood delays another's request by at most about
+  one job per active client.
 
 Everything takes the time as an argument, so tests drive it with a fake clock.
 """
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,13 +60,24 @@ class _Bulk:
     request: Piece
     jobs: deque[Job] | None = None
 
+    @property
+    def rows(self) -> int:
+        """Its sentences still queued."""
+        return len(self.request.rows) if self.jobs is None else sum(job.size for job in self.jobs)
+
 
 @dataclass
 class _ClientQueue:
-    """One client's queued work, in arrival order: small pieces and bulk requests."""
+    """One client's queued work: its small pieces and its bulk requests, each in arrival order."""
 
-    items: deque[Piece | _Bulk] = field(default_factory=deque)
-    sentences: int = 0
+    small: deque[Piece] = field(default_factory=deque)
+    bulk: deque[_Bulk] = field(default_factory=deque)
+    sentences: int = 0  # in both lanes
+    small_rows: int = 0  # in the small lane
+
+    @property
+    def empty(self) -> bool:
+        return not self.small and not self.bulk
 
 
 class Scheduler:
@@ -70,7 +87,9 @@ class Scheduler:
         self.config = config
         self.count_tokens = count_tokens
         self.clients: dict[bytes, _ClientQueue] = {}
-        self.turns: deque[bytes] = deque()  # clients with queued work, next turn first
+        self.small_turns: deque[bytes] = deque()  # clients with small requests queued, next turn first
+        self.bulk_turns: deque[bytes] = deque()  # clients with bulk requests queued, next turn first
+        self.bulk_next = False  # a small job went last: bulk work, if any waits, goes next
         self.retries: deque[Job] = deque()  # jobs handed back by a lost worker: they go first
         self.queued = 0  # sentences waiting, retries included
         self.small_count = 0  # small pieces waiting
@@ -103,17 +122,20 @@ class Scheduler:
         piece = Piece(
             key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk, version, deadline, truncation
         )
-        item = piece if count < self.config.max_batch_size else _Bulk(piece)
         queue = self.clients.get(client)
         if queue is None:
             queue = self.clients[client] = _ClientQueue()
-        if not queue.items:
-            self.turns.append(client)
-        queue.items.append(item)
-        if isinstance(item, Piece):
+        if count < self.config.max_batch_size:
+            if not queue.small:
+                self.small_turns.append(client)
+            queue.small.append(piece)
+            queue.small_rows += count
             self.small_count += 1
             self.small_rows += count
         else:
+            if not queue.bulk:
+                self.bulk_turns.append(client)
+            queue.bulk.append(_Bulk(piece))
             self.bulk_count += 1
         queue.sentences += count
         self.queued += count
@@ -145,11 +167,12 @@ class Scheduler:
 
         Turns share the workers out evenly, so a bulk request of ``count`` sentences finishes
         once it and, of each other client's queued work, at most ``count`` more have run: its
-        time is bounded by that backlog, whatever the clients behind it send. Refusing it at
-        once, when that backlog is too deep, keeps every admitted bulk request within a few
-        times what it takes on an idle server, and tells the client to come back at once
-        rather than after minutes. A client's own queue is not counted: its requests run in
-        the order it sent them. Small requests are not bounded by this: they overtake."""
+        time is bounded by that backlog, whatever the clients behind it send (small jobs that
+        arrive later take at most every other job). Refusing it at once, when that backlog is
+        too deep, keeps every admitted bulk request within a few times what it takes on an idle
+        server, and tells the client to come back at once rather than after minutes. A client's
+        own queue is not counted: its bulk requests run in the order it sent them. Small
+        requests are not bounded by this: they overtake."""
         ratio = self.config.bulk_backlog_ratio
         if not ratio or count < self.config.max_batch_size:
             return
@@ -197,45 +220,41 @@ class Scheduler:
 
     @property
     def empty(self) -> bool:
-        return not self.turns and not self.retries
+        return not self.clients and not self.retries
 
     def next_job(self, now: float, *, idle: bool = False) -> Job | None:
         """The job to run next, or ``None`` when nothing should run yet.
 
-        ``idle`` says the worker it goes to holds no job: small requests then go at once, as
-        many as have gathered (continuous batching). A job for a busy worker's prefetch slot
-        waits up to ``max_latency_ms`` for company, since it could not start before then anyway.
+        Small and bulk jobs take turns while both wait. ``idle`` says the worker it goes to
+        holds no job: small requests then go at once, as many as have gathered (continuous
+        batching). A job for a busy worker's prefetch slot waits up to ``max_latency_ms`` for
+        company, since it could not start before then anyway.
         """
         if self.retries:
             job = self.retries.popleft()
             self.queued -= job.size
             return job
-        if not self.turns:
-            return None
-        head = self.clients[self.turns[0]].items[0]
-        if isinstance(head, Piece):
-            return self._take_small(self.turns[0]) if idle or self._small_due(now) else None  # else wait
-        return self._take_bulk(self.turns[0])
+        if self.bulk_turns and (self.bulk_next or not self.small_turns):
+            self.bulk_next = False
+            return self._take_bulk(self.bulk_turns[0])
+        if not self.small_turns or not (idle or self._small_due(now)):
+            return None  # nothing waits, or small requests wait for company
+        self.bulk_next = bool(self.bulk_turns)
+        return self._take_small(self.small_turns[0])
 
     def next_small_job(self, rows: int) -> Job | None:
         """Small requests merged out of turn into a job of at most ``rows`` sentences (one
         model run, so the bulk job it interrupts keeps at least half of its worker), for a
         worker that holds only bulk work; ``None`` if no small request waits."""
-        first = next((c for c in self.turns if isinstance(self.clients[c].items[0], Piece)), None)
-        return None if first is None else self._take_small(first, rows)
+        return self._take_small(self.small_turns[0], rows) if self.small_turns else None
 
     def wake_in(self, now: float) -> float | None:
         """Seconds until a waiting small request is due (so the caller can sleep until then),
         or ``None`` if no small request is waiting for company."""
-        if not self.small_count:
+        if not self.small_turns:
             return None
-        # A client's requests arrive in order, so its oldest small request that can go next is
-        # at the head of its queue; one behind bulk work waits for that anyway.
-        oldest = min(
-            (head.arrived for c in self.turns if isinstance(head := self.clients[c].items[0], Piece)), default=None
-        )
-        if oldest is None:
-            return None
+        # A client's small requests arrive in order, so its oldest is at the head of its lane.
+        oldest = min(self.clients[c].small[0].arrived for c in self.small_turns)
         return max(0.0, oldest + self.config.max_latency_ms / 1000 - now)
 
     def _small_due(self, now: float) -> bool:
@@ -246,15 +265,14 @@ class Scheduler:
 
     def _take_bulk(self, client: bytes) -> Job:
         queue = self.clients[client]
-        bulk = queue.items[0]
-        assert isinstance(bulk, _Bulk)
+        bulk = queue.bulk[0]
         if bulk.jobs is None:
             bulk.jobs = self._cut(bulk.request)
         job = bulk.jobs.popleft()
         if not bulk.jobs:
-            queue.items.popleft()
+            queue.bulk.popleft()
             self.bulk_count -= 1
-        self._served([client], job.size)
+        self._served(client, job.size, self.bulk_turns, bool(queue.bulk))
         return job
 
     def _take_small(self, first_client: bytes, room: int | None = None) -> Job:
@@ -268,15 +286,14 @@ class Scheduler:
         other's rows. A request larger than a share is split; the rest goes in a later job.
         """
         room = min(room or self.config.max_batch_size, self.config.max_batch_size)
-        first = self.clients[first_client].items[0]
-        assert isinstance(first, Piece)
+        first = self.clients[first_client].small[0]
         kind = first.kind
         if not self.config.merge_requests:
             return self._take_pieces([(first_client, len(first.rows))], kind, room)
-        waiting = [c for c in self.turns if isinstance(head := self.clients[c].items[0], Piece) and head.kind == kind]
+        waiting = [c for c in self.small_turns if self.clients[c].small[0].kind == kind]
         share = room
         if len(waiting) > 1 and self.small_rows > room:
-            lightest = min(self.clients[c].sentences for c in waiting)
+            lightest = min(self.clients[c].small_rows for c in waiting)
             share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
         return self._take_pieces([(client, share) for client in waiting], kind, room)
 
@@ -285,9 +302,10 @@ class Scheduler:
         at most ``room`` rows in all."""
         pieces: list[Piece] = []
         for client, share in shares:
-            items = self.clients[client].items
+            queue = self.clients[client]
+            items = queue.small
             want, taken = min(share, room), 0
-            while want and items and isinstance(piece := items[0], Piece) and piece.kind == kind:
+            while want and items and (piece := items[0]).kind == kind:
                 if len(piece.rows) <= want:
                     items.popleft()
                     self.small_count -= 1
@@ -302,22 +320,23 @@ class Scheduler:
                     break
             room -= taken
             self.small_rows -= taken
-            self._served([client], taken)
+            queue.small_rows -= taken
+            self._served(client, taken, self.small_turns, bool(items))
             if not room:
                 break
         return self._job(pieces, False)
 
-    def _served(self, clients: Iterable[bytes], sentences: int) -> None:
-        """Account for what was taken from ``clients``; each goes to the back of the turns."""
-        for client in clients:
-            queue = self.clients[client]
-            queue.sentences -= sentences
-            self.queued -= sentences
-            self.turns.remove(client)
-            if queue.items:
-                self.turns.append(client)
-            else:
-                del self.clients[client]
+    def _served(self, client: bytes, sentences: int, turns: deque[bytes], more: bool) -> None:
+        """Account for ``sentences`` taken from ``client``'s lane whose turns are ``turns``:
+        it goes to the back of them if ``more`` waits in that lane, else leaves them."""
+        queue = self.clients[client]
+        queue.sentences -= sentences
+        self.queued -= sentences
+        turns.remove(client)
+        if more:
+            turns.append(client)
+        if queue.empty:
+            del self.clients[client]
 
     def _job(self, pieces: list[Piece], bulk: bool) -> Job:
         return Job(str(next(self._job_ids)), pieces, bulk)
@@ -342,45 +361,46 @@ class Scheduler:
         """The model versions that queued work is pinned to."""
         found = {job.version for job in self.retries}
         for queue in self.clients.values():
-            found.update(item.version if isinstance(item, Piece) else item.request.version for item in queue.items)
+            found.update(piece.version for piece in queue.small)
+            found.update(bulk.request.version for bulk in queue.bulk)
         return found
 
     def remove(self, keys: set[str]) -> None:
         """Forget the queued work of the requests ``keys`` (they were answered with an error)."""
-        for client in list(self.turns):
-            queue = self.clients[client]
-            kept: deque[Piece | _Bulk] = deque()
-            for item in queue.items:
-                if _key(item) in keys:
-                    self._forget(queue, item)
-                else:
-                    kept.append(item)
-            queue.items = kept
-            if not kept:
-                self.turns.remove(client)
+        for client, queue in list(self.clients.items()):
+            gone_small = [piece for piece in queue.small if piece.key in keys]
+            gone_bulk = [item for item in queue.bulk if item.request.key in keys]
+            small_rows = sum(len(piece.rows) for piece in gone_small)
+            rows = small_rows + sum(item.rows for item in gone_bulk)
+            if gone_small:
+                queue.small = deque(piece for piece in queue.small if piece.key not in keys)
+                if not queue.small:
+                    self.small_turns.remove(client)
+            if gone_bulk:
+                queue.bulk = deque(item for item in queue.bulk if item.request.key not in keys)
+                if not queue.bulk:
+                    self.bulk_turns.remove(client)
+            self.small_count -= len(gone_small)
+            self.bulk_count -= len(gone_bulk)
+            self.small_rows -= small_rows
+            queue.small_rows -= small_rows
+            queue.sentences -= rows
+            self.queued -= rows
+            if queue.empty:
                 del self.clients[client]
         for job in [job for job in self.retries if set(job.keys) & keys]:
             self.retries.remove(job)
             self.queued -= job.size
 
-    def _forget(self, queue: _ClientQueue, item: Piece | _Bulk) -> None:
-        if isinstance(item, Piece):
-            rows = len(item.rows)
-            self.small_count -= 1
-            self.small_rows -= rows
-        else:
-            rows = len(item.request.rows) if item.jobs is None else sum(job.size for job in item.jobs)
-            self.bulk_count -= 1
-        queue.sentences -= rows
-        self.queued -= rows
-
     def drain_keys(self) -> set[str]:
         """Empty every queue; returns the keys of the requests that were waiting."""
         keys = {job_key for job in self.retries for job_key in job.keys}
         for queue in self.clients.values():
-            keys.update(_key(item) for item in queue.items)
+            keys.update(piece.key for piece in queue.small)
+            keys.update(bulk.request.key for bulk in queue.bulk)
         self.clients.clear()
-        self.turns.clear()
+        self.small_turns.clear()
+        self.bulk_turns.clear()
         self.retries.clear()
         self.queued = self.small_count = self.small_rows = self.bulk_count = 0
         return keys
@@ -392,10 +412,6 @@ class Scheduler:
             "queued_small_sentences": self.small_rows,
             "queued_bulk_requests": self.bulk_count,
             "queued_retries": len(self.retries),
-            "active_clients": len(self.turns),
+            "active_clients": len(self.clients),
             "busy_rejections": self.busy_rejections,
         }
-
-
-def _key(item: Piece | _Bulk) -> str:
-    return item.key if isinstance(item, Piece) else item.request.key

@@ -147,8 +147,37 @@ def test_small_requests_are_merged_out_of_turn_for_an_overtaking_slot() -> None:
         admit(s, client, 3, key=client.decode())
     capped = s.next_small_job(4)  # at most one model run's rows: the bulk job keeps its worker
     assert capped is not None and capped.size == 3 and s.small_rows == 6  # one each: equal shares of a job of 4
+    rest = s.next_job(0.0)  # the small requests left go first, in a turn of their own
+    assert rest is not None and sorted(rest.keys) == ["c", "d", "e"] and not s.small_count
     first = s.next_job(0.0)
     assert first is not None and first.keys == ["bulk"] and first.header(0.0)["bulk"] is True
+
+
+def test_a_clients_small_request_overtakes_its_own_queued_bulk_work() -> None:
+    s = make(max_client_queued_sentences=1000)
+    for i in range(5):
+        admit(s, b"a", 40, key=f"bulk{i}")  # 25 bulk jobs of client a
+    first = s.next_job(0.0)
+    assert first is not None and first.keys == ["bulk0"]
+    admit(s, b"a", 2, key="small")
+    job = s.next_job(0.0)
+    assert job is not None and job.keys == ["small"] and not job.bulk  # not after a's 24 other bulk jobs
+
+
+def test_small_and_bulk_jobs_take_turns_so_a_small_flood_never_stops_bulk_work() -> None:
+    s = make(max_client_queued_sentences=1000, max_queued_sentences=100_000)
+    admit(s, b"bulk", 80, key="bulk")  # ten jobs
+    bulk_jobs, n = 0, 0
+    for step in range(40):
+        for client in (b"a", b"b", b"c"):  # more small work arrives than is taken
+            admit(s, client, 5, now=float(step), key=f"{client.decode()}{n}")
+            n += 1
+        job = s.next_job(float(step))
+        assert job is not None
+        bulk_jobs += job.bulk
+        if bulk_jobs == 10:
+            break
+    assert bulk_jobs == 10 and step <= 20  # every other job while both wait
 
 
 def test_clients_take_turns_one_job_each() -> None:

@@ -216,7 +216,7 @@ def test_a_job_past_its_deadline_is_never_sent_and_the_rest_go_with_the_time_lef
     for request in rig.ventilator.requests.requests.values():
         if request.client == b"c":
             request.deadline = 0.0
-    for piece in (item for queue in rig.ventilator.scheduler.clients.values() for item in queue.items):
+    for piece in (item for queue in rig.ventilator.scheduler.clients.values() for item in queue.small):
         if piece.client == b"c":
             piece.deadline = 0.0
     dealer, _ = rig.worker(b"w0-1", 0)
