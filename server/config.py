@@ -211,6 +211,7 @@ class ServerConfig:
     max_latency_ms: float = 10.0
     merge_requests: bool = True
     prefetch_size: int = 1
+    bulk_run_ms: float = 250.0  # while small jobs are about, a long job's model runs take about this long
     cpu: bool = False
     device_map: tuple[int, ...] = ()
     gpu_memory_fraction: float | None = None
@@ -284,6 +285,7 @@ class ServerConfig:
             (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
             (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),
             (self.prefetch_size >= 1, "prefetch_size must be at least 1"),
+            (self.bulk_run_ms >= 0, f"--bulk-run-ms must be 0 or more, not {self.bulk_run_ms}"),
             (self.max_text_chars >= 1, "max_text_chars must be at least 1"),
             (self.request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
             (self.bulk_backlog_ratio >= 0, f"--bulk-backlog-ratio must be 0 or more, not {self.bulk_backlog_ratio}"),

@@ -138,6 +138,13 @@ SERVER_FLAGS = [
     Flag("--merge-requests", "merge small requests from different clients into one mini-job", _bool, True),
     Flag("--feed", "what receives and tokenizes a worker's next jobs: thread, or tfdata", default="thread"),
     Flag("--prefetch-size", "jobs a worker holds at once; more than 1 makes small requests wait longer", int, 1),
+    Flag(
+        "--bulk-run-ms",
+        "while small requests are about, a long job's model runs are cut to take about this long, so a small job "
+        "overtaking it waits at most about this (0: runs of --batch-size)",
+        float,
+        250.0,
+    ),
     Flag("--cpu", "run on the CPU even where a GPU is visible", _bool, False, switch=True),
     Flag("--device-map", "GPU ids the workers take in turn", int, (), many=True, unset="every visible GPU"),
     Flag("--gpu-memory-fraction", "share of its GPU's memory a worker may take", float, unset="grow as needed"),

@@ -117,14 +117,15 @@ class Registry:
         worker = max(open_, key=lambda w: (w.free, -len(w.jobs)))
         return worker if worker.free > 0 else None
 
-    def pick_overtake(self, version: object = _ANY) -> WorkerState | None:
-        """A worker (of ``version``, if given) whose credits are all taken by bulk jobs and
-        that holds no small one, so a small job sent to it beyond its credits runs between two
-        slices of its bulk work; the one that holds the fewest jobs."""
+    def pick_overtake(self, rows: int, version: object = _ANY) -> WorkerState | None:
+        """A worker (of ``version``, if given) whose credits are all taken by long jobs (bulk,
+        or of more than ``rows`` sentences: several model runs) and that holds no short one, so
+        a short job sent to it beyond its credits runs between two model runs of its long work;
+        the one that holds the fewest jobs."""
         busy = [
             w
             for w in self.workers.values()
-            if w.jobs and not w.draining and _only_bulk(w) and (version is _ANY or w.version == version)
+            if w.jobs and not w.draining and _only_long(w, rows) and (version is _ANY or w.version == version)
         ]
         return min(busy, key=lambda w: len(w.jobs), default=None)
 
@@ -260,5 +261,5 @@ def _state(worker: WorkerState) -> str:
     return "busy" if worker.jobs else "idle"
 
 
-def _only_bulk(worker: WorkerState) -> bool:
-    return all(job.bulk for job, _ in worker.jobs.values())
+def _only_long(worker: WorkerState, rows: int) -> bool:
+    return all(job.bulk or job.size > rows for job, _ in worker.jobs.values())

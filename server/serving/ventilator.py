@@ -329,14 +329,16 @@ class Ventilator:
                 self.scheduler.put_back(job)  # its version's workers are all busy
                 return
             self._send_job(worker, job, now)
-        # Every credit is taken: small requests overtake, to workers that hold only bulk work.
-        while self.scheduler.small_count and (worker := self.registry.pick_overtake()) is not None:
-            job = self.scheduler.next_small_job(self.config.model.batch_size)
+        # Every credit is taken: small requests overtake, one model run's worth at a time, to
+        # workers that hold only long jobs.
+        rows = self.config.model.batch_size
+        while self.scheduler.small_count and (worker := self.registry.pick_overtake(rows)) is not None:
+            job = self.scheduler.next_small_job(rows)
             if job is None:
                 return
             if not self.expiry.live(job, now):
                 continue
-            if job.version != worker.version and (worker := self.registry.pick_overtake(job.version)) is None:
+            if job.version != worker.version and (worker := self.registry.pick_overtake(rows, job.version)) is None:
                 self.scheduler.put_back(job)
                 return
             self._send_job(worker, job, now)

@@ -119,7 +119,9 @@ class Worker:
         self.credits.connect(addresses.credits)
         self.parent = os.getppid()
         self._heartbeat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
-        self.feed: ThreadFeed | None = None  # set by run(): lets small jobs overtake bulk ones
+        self.feed: ThreadFeed | None = None  # set by run(): lets short jobs overtake long ones
+        self.lending = False  # a long job is running, with short jobs overtaking it between its model runs
+        self.slot_seconds: float | None = None  # a model run's seconds per token slot, smoothed
         self.token_level = bool(model.describe().get("token_level"))  # rows of unequal width: never sliced
 
     def close(self) -> None:
@@ -219,35 +221,70 @@ class Worker:
         for job_id_t, header_t, ids, segments, lengths in feed:
             self.process(_numpy(job_id_t), _numpy(header_t), _numpy(ids), _numpy(segments), _numpy(lengths))
 
-    def _run_model(self, batch: TokenizedBatch, bulk: bool, expires_at: float) -> tuple[np.ndarray, int, float]:
+    def _run_model(self, batch: TokenizedBatch, expires_at: float) -> tuple[np.ndarray, int, float]:
         """The model's vectors for ``batch``, the token slots they took, and the seconds lent
-        to small jobs. A bulk job of sentence vectors runs one model run at a time, as the
-        model plans them, and small jobs that arrived meanwhile run between two runs; once
-        ``expires_at`` has passed (every request of the job is past its deadline) the runs
-        left are skipped (:class:`Expired`)."""
+        to short jobs. A long job (several model runs: a bulk job, or a large merged one) runs
+        one model run at a time, and short jobs (one model run at most) that arrived meanwhile
+        run between two runs. While short jobs are about, each run is cut to take about
+        ``bulk_run_ms`` at the speed measured so far, so a short job waits about that long for
+        the worker. Once ``expires_at`` has passed (every request of the job is past its
+        deadline) the runs left are skipped (:class:`Expired`)."""
         feed = self.feed
-        runs = self.model.plan(batch) if bulk and feed is not None else []
-        if feed is None or len(runs) < 2 or self.token_level:
-            return np.ascontiguousarray(self.model.run(batch)), self.model.token_slots(batch), 0.0
+        runs: deque[np.ndarray] = deque()
+        if feed is not None and not self.lending and not self.token_level:
+            runs.extend(self.model.plan(batch))
+        if feed is None or len(runs) < 2:
+            return self._run(batch), self.model.token_slots(batch), 0.0
         out: np.ndarray | None = None
         slots, lent, ran = 0, 0.0, 0
-        for i, index in enumerate(runs):
-            if i:
-                while (small := feed.take_small()) is not None:
-                    overtaking = time.perf_counter()
-                    self.process(*(_numpy(value) for value in small))
-                    lent += time.perf_counter() - overtaking
-                if time.monotonic() >= expires_at:
-                    raise Expired(ran, len(batch) - ran, slots, lent)
-            part = batch.take(index)
-            ran += len(index)
-            vectors = np.asarray(self.model.run(part))
-            if out is None:
-                out = np.empty((len(batch), *vectors.shape[1:]), vectors.dtype)
-            out[index] = vectors
-            slots += self.model.token_slots(part)
+        self.lending = True
+        try:
+            while runs:
+                if ran:
+                    while (short := feed.take_short()) is not None:
+                        overtaking = time.perf_counter()
+                        self.process(*(_numpy(value) for value in short))
+                        lent += time.perf_counter() - overtaking
+                    if time.monotonic() >= expires_at:
+                        raise Expired(ran, len(batch) - ran, slots, lent)
+                index = runs.popleft()
+                rows = self._run_rows(batch, index, feed)
+                if rows < len(index):  # the rest of this run waits for the next turn
+                    index, rest = index[:rows], index[rows:]
+                    runs.appendleft(rest)
+                part = batch.take(index)
+                vectors = self._run(part, timed=True)
+                if out is None:
+                    out = np.empty((len(batch), *vectors.shape[1:]), vectors.dtype)
+                out[index] = vectors
+                ran += len(index)
+                slots += self.model.token_slots(part)
+        finally:
+            self.lending = False
         assert out is not None
         return out, slots, lent
+
+    def _run(self, batch: TokenizedBatch, *, timed: bool = False) -> np.ndarray:
+        """One call of the model; ``timed``, its seconds per token slot are noted (smoothed)
+        for :meth:`_run_rows` (only runs of long jobs are: they are large enough to measure)."""
+        started = time.perf_counter()
+        vectors = np.ascontiguousarray(self.model.run(batch))
+        slots = self.model.token_slots(batch) if timed else 0
+        if slots:
+            rate = (time.perf_counter() - started) / slots
+            self.slot_seconds = rate if self.slot_seconds is None else 0.7 * self.slot_seconds + 0.3 * rate
+        return vectors
+
+    def _run_rows(self, batch: TokenizedBatch, index: np.ndarray, feed: ThreadFeed) -> int:
+        """Rows of the planned run ``index`` to run now: all of them, or while short jobs are
+        about, as many as take about ``bulk_run_ms``, and at least a quarter of ``batch_size``
+        (smaller runs would spend more on each call than they save a short job)."""
+        budget = self.config.bulk_run_ms / 1000
+        if not budget or self.slot_seconds is None or not feed.short_recently():
+            return len(index)
+        longest = max(1, int(batch.lengths[index].max()))
+        fewest = max(1, self.config.model.batch_size // 4)
+        return min(len(index), max(fewest, int(budget / (self.slot_seconds * longest))))
 
     def process(self, job_id: bytes, raw_header: bytes, ids: Any, segments: Any, lengths: Any) -> None:
         """Run one tokenized job; send its result (or its error) to the sink and its credit back."""
@@ -264,7 +301,7 @@ class Worker:
                 raise Expired(0, len(lengths), 0, 0.0)
             owners = np.asarray(header["owners"], np.int64) if "owners" in header else None
             batch = TokenizedBatch(ids, segments, lengths, np.asarray(header["truncated"], bool), owners=owners)
-            vectors, slots, lent = self._run_model(batch, bool(header.get("bulk")), expires_at)
+            vectors, slots, lent = self._run_model(batch, expires_at)
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
             out = {"parts": parts, "tokens": header.get("tokens"), "model_version": self.config.version_number}
@@ -306,29 +343,37 @@ class Expired(Exception):
         self.ran, self.skipped, self.slots, self.lent = ran, skipped, slots, lent
 
 
+_SHORT_WINDOW_S = 5.0
+"""How long after a short job came a worker still cuts long jobs' model runs for the next one."""
+
+
 class ThreadFeed:
     """``worker.jobs()`` received and tokenized on a thread of its own, ahead of the model
     (tokenizing releases the GIL). Iterating yields the jobs in arrival order;
-    :meth:`take_small` takes a small job out of turn, for the model thread to run between
-    two model runs of a bulk job."""
+    :meth:`take_short` takes a short job (not bulk, one model run at most) out of turn, for
+    the model thread to run between two model runs of a long one."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.room = worker.config.prefetch_size + 1  # the credits, and one small job beyond them
-        self.items: deque[tuple[tuple[Any, ...], bool]] = deque()  # (job, bulk)
+        self.room = worker.config.prefetch_size + 1  # the credits, and one short job beyond them
+        self.items: deque[tuple[tuple[Any, ...], bool]] = deque()  # (job, short)
         self.changed = threading.Condition()
         self.finished = False
         self.error: BaseException | None = None
+        self.last_short = -math.inf  # when the last short job came (time.monotonic)
         self.thread = threading.Thread(target=self._feed, name="feed", daemon=True)
 
     def _feed(self) -> None:
+        rows = self.worker.config.model.batch_size
         try:
             for job in self.worker.jobs():
-                bulk = bool(p.loads(job[1]).get("bulk"))
+                short = not p.loads(job[1]).get("bulk") and len(job[4]) <= rows
                 with self.changed:
                     while len(self.items) >= self.room and not self.worker.stop.is_set():
                         self.changed.wait(0.2)
-                    self.items.append((job, bulk))
+                    self.items.append((job, short))
+                    if short:
+                        self.last_short = time.monotonic()
                     self.changed.notify_all()
         except BaseException as exc:  # handed to the model's thread, which raises it
             self.error = exc
@@ -361,11 +406,15 @@ class ThreadFeed:
         with self.changed:
             return not self.items
 
-    def take_small(self) -> tuple[Any, ...] | None:
-        """The oldest small job waiting, taken out of the queue; ``None`` if there is none."""
+    def short_recently(self) -> bool:
+        """A short job came in the last few seconds: another may come during a long job."""
+        return time.monotonic() - self.last_short < _SHORT_WINDOW_S
+
+    def take_short(self) -> tuple[Any, ...] | None:
+        """The oldest short job waiting, taken out of the queue; ``None`` if there is none."""
         with self.changed:
             for entry in self.items:
-                if not entry[1]:
+                if entry[1]:
                     self.items.remove(entry)
                     self.changed.notify_all()
                     return entry[0]

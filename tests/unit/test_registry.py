@@ -41,18 +41,27 @@ def test_the_worker_with_most_free_credits_gets_the_next_job() -> None:
     assert r.model == {"output_dim": 4}
 
 
-def test_a_small_job_may_overtake_only_on_a_worker_that_holds_only_bulk_work() -> None:
+def test_a_short_job_may_overtake_only_on_a_worker_that_holds_only_long_work() -> None:
     r = registry()
-    assert r.pick_overtake() is None  # idle workers take small jobs on their credits
+    assert r.pick_overtake(4) is None  # idle workers take short jobs on their credits
     r.assign(r.workers[b"w0-1"], job("b1", bulk=True), now=0.0)
     r.assign(r.workers[b"w0-1"], job("b2", bulk=True), now=0.0)
     r.assign(r.workers[b"w1-2"], job("s1"), now=0.0)
-    chosen = r.pick_overtake()
+    chosen = r.pick_overtake(4)
     assert chosen is not None and chosen.identity == b"w0-1"
     r.assign(chosen, job("s2"), now=0.0)  # beyond its credits
-    assert chosen.free == -1 and r.pick() is None and r.pick_overtake() is None
+    assert chosen.free == -1 and r.pick() is None and r.pick_overtake(4) is None
     r.done(b"w0-1", done("s2", "w0-1"), now=1.0)
-    assert r.pick_overtake() is chosen
+    assert r.pick_overtake(4) is chosen
+
+
+def test_a_merged_job_of_several_model_runs_may_be_overtaken_too() -> None:
+    r = registry()
+    r.assign(r.workers[b"w1-2"], job("merged", size=9), now=0.0)  # not bulk, but more than one run of 4
+    r.assign(r.workers[b"w0-1"], job("short", size=4), now=0.0)
+    chosen = r.pick_overtake(4)
+    assert chosen is not None and chosen.identity == b"w1-2"
+    assert r.pick_overtake(9) is None  # one run of 9: nothing to slip in between
 
 
 def test_done_counts_only_for_the_worker_that_holds_the_job() -> None:

@@ -32,6 +32,19 @@ class SlowModel(HashingModel):
         return super().run(batch)
 
 
+class TimedModel(HashingModel):
+    """Each model run takes 1 ms per token slot, and its rows are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[int] = []
+
+    def run(self, batch):  # type: ignore[no-untyped-def]
+        self.runs.append(len(batch.lengths))
+        time.sleep(0.001 * self.token_slots(batch))
+        return super().run(batch)
+
+
 @dataclass
 class Rig:
     jobs: zmq.Socket  # the ventilator's ROUTER
@@ -52,14 +65,14 @@ class Rig:
                 return frames
 
 
-def rig(tmp_path, model: Model) -> Iterator[Rig]:
+def rig(tmp_path, model: Model, **options) -> Iterator[Rig]:
     context = zmq.Context()
     addresses = Addresses(f"ipc://{tmp_path}/jobs", f"ipc://{tmp_path}/credits", f"ipc://{tmp_path}/sink")
     jobs, credits, sink = context.socket(zmq.ROUTER), context.socket(zmq.PULL), context.socket(zmq.PULL)
     for socket, address in ((jobs, addresses.jobs), (credits, addresses.credits), (sink, addresses.sink)):
         socket.linger = 0
         socket.bind(address)
-    config = ServerConfig(model=ModelConfig(model_dir="unused"))
+    config = ServerConfig(model=ModelConfig(model_dir="unused"), **options)
     worker = Worker(config, 3, addresses, model)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
@@ -94,6 +107,22 @@ def slow(tmp_path) -> Iterator[Rig]:
     yield from rig(tmp_path, SlowModel())
 
 
+@pytest.fixture
+def timed(tmp_path) -> Iterator[Rig]:
+    yield from rig(tmp_path, TimedModel(), bulk_run_ms=150.0)
+
+
+def results(rig: Rig, count: int) -> dict[bytes, np.ndarray]:
+    """The next ``count`` results the sink gets, by job id, in the order they came."""
+    found = {}
+    for _ in range(count):
+        assert rig.sink.poll(5000)
+        kind, job_id, raw, buffer = rig.sink.recv_multipart()
+        assert kind == wire.RESULT
+        found[job_id] = p.array_from_buffer(p.loads(raw), buffer)
+    return found
+
+
 def test_a_small_job_runs_between_two_model_runs_of_a_bulk_job(slow: Rig) -> None:
     bulk = [f"bulk sentence {i}" for i in range(150)]  # three runs of at most 64 rows
     slow.send_job(b"bulk", bulk, [{"key": "b#1", "rows": list(range(150))}], bulk=True)
@@ -112,6 +141,33 @@ def test_a_small_job_runs_between_two_model_runs_of_a_bulk_job(slow: Rig) -> Non
     np.testing.assert_allclose(vectors[b"small"], model.run(model.tokenize(["just one"])), rtol=1e-6)
     done = [p.loads(slow.credit()[1]) for _ in range(2)]
     assert [d["job"] for d in done] == ["small", "bulk"] and done[1]["tokens"] > 0
+
+
+def test_a_large_merged_job_lets_a_short_job_through_between_its_model_runs(slow: Rig) -> None:
+    merged = [f"merged sentence {i}" for i in range(150)]  # not bulk, but three model runs
+    slow.send_job(
+        b"merged", merged, [{"key": "m#1", "rows": list(range(100))}, {"key": "n#1", "rows": list(range(100, 150))}]
+    )
+    time.sleep(0.1)
+    slow.send_job(b"short", ["just one"], [{"key": "s#1", "rows": [0]}])
+    assert list(results(slow, 2)) == [b"short", b"merged"]
+
+
+def test_while_short_jobs_are_about_a_long_jobs_runs_are_cut_to_the_time_asked(timed: Rig) -> None:
+    model = timed.worker.model
+    assert isinstance(model, TimedModel)
+    bulk = [f"bulk sentence number {i}" for i in range(128)]  # 6 tokens each: two runs of 64 rows, 384 ms each
+    timed.send_job(b"alone", bulk, [{"key": "a#1", "rows": list(range(128))}], bulk=True)
+    assert list(results(timed, 1)) == [b"alone"]
+    assert model.runs == [64, 64]  # no short job has come: whole runs
+    model.runs.clear()
+    timed.send_job(b"short", ["just one"], [{"key": "s#1", "rows": [0]}])
+    results(timed, 1)
+    timed.send_job(b"bulk", bulk, [{"key": "b#1", "rows": list(range(128))}], bulk=True)
+    found = results(timed, 1)
+    cut = model.runs[1:]
+    assert sum(cut) == 128 and 16 < max(cut) <= 26 and len(cut) >= 6  # about 150 ms: 25 or so rows of 6 slots
+    np.testing.assert_allclose(found[b"bulk"], HashingModel().run(HashingModel().tokenize(bulk)), rtol=1e-6)
 
 
 def test_a_job_goes_to_the_sink_and_its_credit_back(hashing: Rig) -> None:
