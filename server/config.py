@@ -221,7 +221,7 @@ class ServerConfig:
     max_request_size: int | None = None  # None: REQUEST_SIZE, at most max_client_queued_sentences
     max_text_chars: int = 100_000
     request_timeout_ms: int = 600_000
-    bulk_backlog_ratio: float = 2.0  # a bulk request sharing the workers with more than this times its size: busy
+    bulk_slowdown: float = 4.0  # a bulk request that would take more than this times its idle-server time: busy
     max_queued_sentences: int | None = None  # None: QUEUED_SENTENCES, at least the two below (_follow_bounds)
     max_client_queued_sentences: int | None = None  # None: CLIENT_QUEUED_SENTENCES, within the two around it
     max_queued_bytes: int = QUEUED_BYTES
@@ -288,7 +288,7 @@ class ServerConfig:
             (self.bulk_run_ms >= 0, f"--bulk-run-ms must be 0 or more, not {self.bulk_run_ms}"),
             (self.max_text_chars >= 1, "max_text_chars must be at least 1"),
             (self.request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
-            (self.bulk_backlog_ratio >= 0, f"--bulk-backlog-ratio must be 0 or more, not {self.bulk_backlog_ratio}"),
+            (self.bulk_slowdown >= 0, f"--bulk-slowdown must be 0 or more, not {self.bulk_slowdown}"),
             (self.max_message_bytes is None or 1024 <= self.max_message_bytes <= MAX_MESSAGE_BYTES,
              f"--max-message-bytes must be between 1024 and {MAX_MESSAGE_BYTES}, not {self.max_message_bytes}"),
             (self.max_queued_bytes >= 1024 * 1024,

@@ -159,11 +159,11 @@ SERVER_FLAGS = [
     Flag("--max-text-chars", "most characters in one input", int, 100_000),
     Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
     Flag(
-        "--bulk-backlog-ratio",
-        "a bulk request that would share the workers with more than this times its size of other clients' work "
-        "is refused busy at once (0: never)",
+        "--bulk-slowdown",
+        "a bulk request that would finish (or make one taken before it finish) later than this many times its "
+        "time on an idle server, at the speed measured, is refused busy at once (0: never)",
         float,
-        2.0,
+        4.0,
     ),
     Flag(
         "--max-queued-sentences",

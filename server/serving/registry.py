@@ -100,6 +100,11 @@ class Registry:
         return self.models.get(self.serving) or next(iter(self.models.values()), {})
 
     @property
+    def serving_count(self) -> int:
+        """Workers taking new jobs (not draining)."""
+        return sum(1 for w in self.workers.values() if not w.draining)
+
+    @property
     def local_count(self) -> int:
         return sum(1 for w in self.workers.values() if w.host is None)
 

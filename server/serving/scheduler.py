@@ -3,14 +3,16 @@
 - **Admission.** Queued sentences are bounded in total (``max_queued_sentences``) and per
   client (``max_client_queued_sentences``). A request over a bound is refused whole with
   :class:`Busy`, never half-queued; one larger than a client may ever queue is a
-  :class:`TooLarge`.
+  :class:`TooLarge`. So is a bulk request that would finish, or make an earlier one finish,
+  past ``bulk_slowdown`` times its idle-server time (:meth:`Scheduler.check_slowdown`).
 - **Cutting.** A request of ``max_batch_size`` sentences or more is *bulk*: sorted by token
   count, so each job pads little, and cut into jobs of at most ``max_batch_size`` sentences
   and ``max_batch_tokens`` padded tokens. Smaller requests are *small*. A bulk request is cut
   when its first turn comes, not when it arrives: counting its tokens is the costliest step
   of admission, and the requests (and ``busy`` refusals) behind it need not wait for it.
-- **Merging.** Small requests from different clients share one job, up to
-  ``max_batch_size`` sentences of one input kind; when they do not all fit, each client gets
+- **Merging.** Small requests from different clients share one job, up to one model run
+  (``batch_size``, at most ``max_batch_size``) of one input kind, since every request in it
+  is answered when the job is; when they do not all fit, each client gets
   an equal share no larger than the lightest client's demand. Batching is continuous: a
   worker that holds nothing takes what has gathered at once, so an idle server adds no wait;
   only a job for a busy worker's prefetch slot waits, at most ``max_latency_ms``, for company
@@ -26,7 +28,7 @@
   traffic arrives.
 - **Overtaking.** When every worker is busy, small requests need not wait for a free
   credit: :meth:`Scheduler.next_small_job` merges them out of turn for a worker that holds
-  only bulk work, which runs them between two model runs of its bulk job.
+  only long jobs, which runs them between two model runs of its long job.
 - **Fairness.** In each lane every client with queued work has a turn, round-robin by
   identity: a bulk turn is one bulk job of that client; a small turn is a merged job with a
   share for every client waiting with small requests. A client that becomes active in a
@@ -48,6 +50,9 @@ import numpy as np
 
 from ..config import ServerConfig
 from .jobs import Busy, Job, Piece, TooLarge
+from .throughput import QueuedBulk, Throughput, late_bulk
+
+_LEAST_BOUND_S = 1.0  # no tighter bound: below a second, the messages around a job weigh as much as the model
 
 CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
 """``(texts, is_tokenized, chunk) -> tokens per input`` (in all its windows with ``chunk``)."""
@@ -59,6 +64,7 @@ class _Bulk:
 
     request: Piece
     jobs: deque[Job] | None = None
+    due: float = float("inf")  # when it should be done (--bulk-slowdown)
 
     @property
     def rows(self) -> int:
@@ -96,6 +102,7 @@ class Scheduler:
         self.small_rows = 0  # their sentences
         self.bulk_count = 0  # bulk requests with work waiting
         self.busy_rejections = 0
+        self.throughput = Throughput()  # what the workers get through: told by the ventilator
         self._job_ids = itertools.count()
 
     # -- admission ---------------------------------------------------------------------
@@ -118,7 +125,7 @@ class Scheduler:
         raises :class:`Busy` or :class:`TooLarge` without queuing any of it."""
         count = len(texts)
         self.check_room(client, count)
-        self.check_backlog(client, count)
+        due = self.check_slowdown(client, count, now, deadline)
         piece = Piece(
             key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk, version, deadline, truncation
         )
@@ -132,10 +139,11 @@ class Scheduler:
             queue.small_rows += count
             self.small_count += 1
             self.small_rows += count
+            self.throughput.small_admitted(count, now)
         else:
             if not queue.bulk:
                 self.bulk_turns.append(client)
-            queue.bulk.append(_Bulk(piece))
+            queue.bulk.append(_Bulk(piece, due=due))
             self.bulk_count += 1
         queue.sentences += count
         self.queued += count
@@ -161,29 +169,48 @@ class Scheduler:
                 "may be; retry later"
             )
 
-    def check_backlog(self, client: bytes, count: int) -> None:
-        """Raise :class:`Busy` for a bulk request that would share the workers with more
-        than ``bulk_backlog_ratio`` times its own size of other clients' queued work.
+    def check_slowdown(self, client: bytes, count: int, now: float, deadline: float = float("inf")) -> float:
+        """Raise :class:`Busy` for a bulk request that, taken now, would finish (or make a
+        bulk request taken before it finish) later than ``bulk_slowdown`` times its time on an
+        idle server, or after its own deadline; else return when it should be done.
 
-        Turns share the workers out evenly, so a bulk request of ``count`` sentences finishes
-        once it and, of each other client's queued work, at most ``count`` more have run: its
-        time is bounded by that backlog, whatever the clients behind it send (small jobs that
-        arrive later take at most every other job). Refusing it at once, when that backlog is
-        too deep, keeps every admitted bulk request within a few times what it takes on an idle
-        server, and tells the client to come back at once rather than after minutes. A client's
-        own queue is not counted: its bulk requests run in the order it sent them. Small
-        requests are not bounded by this: they overtake."""
-        ratio = self.config.bulk_backlog_ratio
-        if not ratio or count < self.config.max_batch_size:
-            return
-        backlog = sum(min(queue.sentences, count) for other, queue in self.clients.items() if other != client)
-        backlog += sum(job.size for job in self.retries)
-        if backlog > ratio * count:
-            self.busy_rejections += 1
-            raise Busy(
-                f"the server is busy: this request of {count} inputs would share the workers with {backlog} inputs "
-                f"of other clients, more than {ratio:g} times its size (--bulk-backlog-ratio); retry later"
-            )
+        Finish times are projected from the workers' measured speed, the small traffic's share
+        and the bulk work shared with (:mod:`.throughput`). A client's earlier bulk requests run
+        first on an idle server too, so they count in its time there (pipelined chunks of one
+        large encode are not refused for each other); no bound is tighter than a second. Until
+        the speed is measured, and for small requests (which overtake), nothing is refused."""
+        slowdown = self.config.bulk_slowdown
+        capacity = self.throughput.capacity()
+        rate = self.throughput.bulk_rate(now)
+        if not slowdown or count < self.config.max_batch_size or capacity is None or rate is None:
+            return float("inf")
+        queue = self.clients.get(client)
+        own = sum(item.rows for item in queue.bulk) if queue is not None else 0
+        idle_s = (own + count) / capacity  # an idle server runs its client's earlier bulk requests first too
+        bound = now + max(slowdown * idle_s, _LEAST_BOUND_S)
+        due = min(bound, deadline)
+        lanes = {
+            other: [QueuedBulk(other, item.rows, item.due) for item in queue.bulk]
+            for other, queue in self.clients.items()
+            if queue.bulk
+        }
+        new = QueuedBulk(client, count, due)
+        extra = sum(job.size for job in self.retries)
+        late = late_bulk(lanes, new, extra=extra, rate=rate, now=now)
+        if late is None:
+            return due
+        self.busy_rejections += 1
+        if late is not new:
+            why = "would make a bulk request taken before it late"
+        elif due < bound:
+            why = "could not finish before its deadline"
+        else:
+            why = (f"would take more than --bulk-slowdown {slowdown:g} times the {idle_s:.1f} s it takes an idle server"
+                   + (f" (after {own} inputs of this client's bulk work queued before it)" if own else ""))  # fmt: skip
+        raise Busy(
+            f"the server is busy: this request of {count} inputs, sharing the workers with the bulk work queued "
+            f"(about {rate:.0f} inputs/s left for it), {why}; retry later"
+        )
 
     def _cut(self, request: Piece) -> deque[Job]:
         """``request``'s jobs: its rows sorted by token count, cut into jobs of at most
@@ -261,7 +288,12 @@ class Scheduler:
         if self.bulk_count or self.retries or not self.config.merge_requests:
             return True
         wait = self.wake_in(now)
-        return (wait is not None and wait <= 0) or self.small_rows >= self.config.max_batch_size
+        return (wait is not None and wait <= 0) or self.small_rows >= self._merge_room
+
+    @property
+    def _merge_room(self) -> int:
+        """Rows of a merged job: one model run, within max_batch_size."""
+        return min(self.config.model.batch_size, self.config.max_batch_size)
 
     def _take_bulk(self, client: bytes) -> Job:
         queue = self.clients[client]
@@ -277,7 +309,8 @@ class Scheduler:
 
     def _take_small(self, first_client: bytes, room: int | None = None) -> Job:
         """Merge waiting small requests (of one input kind) into a job of at most ``room`` rows
-        (default and most: max_batch_size).
+        (default and most: one model run, ``batch_size``, within max_batch_size): its requests
+        are answered when the job is, so it is kept to one run.
 
         When what waits does not fit in one job, each client gets an equal share of it, no
         larger than the lightest client's whole demand (but at least a quarter of an equal
@@ -285,7 +318,7 @@ class Scheduler:
         with 100,000 shares a job of 64 with it, not of 256, so its answer does not wait on the
         other's rows. A request larger than a share is split; the rest goes in a later job.
         """
-        room = min(room or self.config.max_batch_size, self.config.max_batch_size)
+        room = min(room or self._merge_room, self._merge_room)
         first = self.clients[first_client].small[0]
         kind = first.kind
         if not self.config.merge_requests:

@@ -241,6 +241,8 @@ class Ventilator:
             logger.debug("ignored DONE of job %s from %r: it is no longer that worker's", done.job, identity)
             return
         _count_job(job.size, done)
+        ran = job.size if done.sentences is None else done.sentences
+        self.scheduler.throughput.job_done(ran, done.seconds, bulk=job.bulk)
         for piece in job.pieces:
             self.requests.rows_done(piece.key, len(piece.rows))
 
@@ -319,6 +321,7 @@ class Ventilator:
         """Jobs to workers with free credits; a job runs only on a worker of its version (two
         run side by side only while a swap is under way, see :mod:`.swap`)."""
         now = time.monotonic()
+        self.scheduler.throughput.workers = self.registry.serving_count
         while (worker := self.registry.pick()) is not None:
             job = self.scheduler.next_job(now, idle=not worker.jobs)
             if job is None:

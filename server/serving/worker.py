@@ -41,6 +41,7 @@ from ..memory import trim_heap
 from ..model.interface import Model
 from ..model.tokenization import TokenizedBatch, tokens_per_input
 from . import wire
+from .feeds import ThreadFeed, as_numpy, tf_data_feed
 
 logger = logging.getLogger("bertserve.worker")
 
@@ -219,7 +220,7 @@ class Worker:
         feed = ThreadFeed(self) if feed is None else feed
         self.feed = feed if isinstance(feed, ThreadFeed) else None
         for job_id_t, header_t, ids, segments, lengths in feed:
-            self.process(_numpy(job_id_t), _numpy(header_t), _numpy(ids), _numpy(segments), _numpy(lengths))
+            self.process(as_numpy(job_id_t), as_numpy(header_t), as_numpy(ids), as_numpy(segments), as_numpy(lengths))
 
     def _run_model(self, batch: TokenizedBatch, expires_at: float) -> tuple[np.ndarray, int, float]:
         """The model's vectors for ``batch``, the token slots they took, and the seconds lent
@@ -243,7 +244,7 @@ class Worker:
                 if ran:
                     while (short := feed.take_short()) is not None:
                         overtaking = time.perf_counter()
-                        self.process(*(_numpy(value) for value in short))
+                        self.process(*(as_numpy(value) for value in short))
                         lent += time.perf_counter() - overtaking
                     if time.monotonic() >= expires_at:
                         raise Expired(ran, len(batch) - ran, slots, lent)
@@ -341,106 +342,6 @@ class Expired(Exception):
     def __init__(self, ran: int, skipped: int, slots: int, lent: float) -> None:
         super().__init__(f"{skipped} inputs skipped past their deadline")
         self.ran, self.skipped, self.slots, self.lent = ran, skipped, slots, lent
-
-
-_SHORT_WINDOW_S = 5.0
-"""How long after a short job came a worker still cuts long jobs' model runs for the next one."""
-
-
-class ThreadFeed:
-    """``worker.jobs()`` received and tokenized on a thread of its own, ahead of the model
-    (tokenizing releases the GIL). Iterating yields the jobs in arrival order;
-    :meth:`take_short` takes a short job (not bulk, one model run at most) out of turn, for
-    the model thread to run between two model runs of a long one."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.room = worker.config.prefetch_size + 1  # the credits, and one short job beyond them
-        self.items: deque[tuple[tuple[Any, ...], bool]] = deque()  # (job, short)
-        self.changed = threading.Condition()
-        self.finished = False
-        self.error: BaseException | None = None
-        self.last_short = -math.inf  # when the last short job came (time.monotonic)
-        self.thread = threading.Thread(target=self._feed, name="feed", daemon=True)
-
-    def _feed(self) -> None:
-        rows = self.worker.config.model.batch_size
-        try:
-            for job in self.worker.jobs():
-                short = not p.loads(job[1]).get("bulk") and len(job[4]) <= rows
-                with self.changed:
-                    while len(self.items) >= self.room and not self.worker.stop.is_set():
-                        self.changed.wait(0.2)
-                    self.items.append((job, short))
-                    if short:
-                        self.last_short = time.monotonic()
-                    self.changed.notify_all()
-        except BaseException as exc:  # handed to the model's thread, which raises it
-            self.error = exc
-        finally:
-            with self.changed:
-                self.finished = True
-                self.changed.notify_all()
-
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        self.thread.start()
-        try:
-            while True:
-                with self.changed:
-                    while not self.items and not self.finished:
-                        self.changed.wait()
-                    if not self.items:
-                        if self.error is not None:
-                            raise self.error
-                        return
-                    job, _ = self.items.popleft()
-                    self.changed.notify_all()
-                yield job
-        finally:
-            self.worker.stop.set()
-            self.thread.join(5)
-
-    @property
-    def empty(self) -> bool:
-        """No job is waiting."""
-        with self.changed:
-            return not self.items
-
-    def short_recently(self) -> bool:
-        """A short job came in the last few seconds: another may come during a long job."""
-        return time.monotonic() - self.last_short < _SHORT_WINDOW_S
-
-    def take_short(self) -> tuple[Any, ...] | None:
-        """The oldest short job waiting, taken out of the queue; ``None`` if there is none."""
-        with self.changed:
-            for entry in self.items:
-                if entry[1]:
-                    self.items.remove(entry)
-                    self.changed.notify_all()
-                    return entry[0]
-        return None
-
-
-def _numpy(value: Any) -> Any:
-    """A tf.data element as numpy (bytes for scalar strings); plain values pass through."""
-    return value.numpy() if hasattr(value, "numpy") else value
-
-
-def tf_data_feed(worker: Worker) -> Iterable[Any]:
-    """``worker.jobs()`` through ``tf.data.Dataset.from_generator(...).prefetch``, so the next
-    job is received and tokenized on tf.data's threads while the current one runs."""
-    import tensorflow as tf
-
-    return tf.data.Dataset.from_generator(
-        worker.jobs,
-        output_signature=(
-            tf.TensorSpec((), tf.string),
-            tf.TensorSpec((), tf.string),
-            tf.TensorSpec((None, None), tf.int32),
-            tf.TensorSpec((None, None), tf.int32),
-            tf.TensorSpec((None,), tf.int32),
-        ),
-    ).prefetch(worker.config.prefetch_size)
 
 
 def load_model(config: ServerConfig, device: str) -> Model:

@@ -43,7 +43,7 @@ def recording_server(tiny_google: str, tmp_path: Path) -> tuple[RunningServer, P
     record = tmp_path / "runs.jsonl"
     server = start_server(
         "--model-dir", tiny_google, "--model-class", RECORDING, "--max-batch-size", str(ROWS),
-        "--bulk-backlog-ratio", "0", env=pythonpath_env(**{RECORD_FILE_ENV: str(record)}),
+        "--bulk-slowdown", "0", env=pythonpath_env(**{RECORD_FILE_ENV: str(record)}),
     )  # fmt: skip
     yield server, record
     server.stop()

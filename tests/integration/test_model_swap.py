@@ -98,7 +98,7 @@ def test_a_swap_under_load_fails_no_request_and_each_reply_names_its_version(
     add_version(base, 1, models[1])
     server = start_server(
         "--model-dir", str(base), "--num-worker", "2", "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--poll-interval-s", "0.5", "--max-batch-size", "64", "--bulk-backlog-ratio", "0",  # every request served
+        "--poll-interval-s", "0.5", "--max-batch-size", "64", "--bulk-slowdown", "0",  # every request served
     )  # fmt: skip
     pool = {seed: sentences(400, seed=seed) for seed in range(8)}
     references = {(seed, v): encoders[v].encode(texts) for seed, texts in pool.items() for v in (1, 2)}

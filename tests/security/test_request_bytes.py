@@ -72,7 +72,7 @@ def still_serves(server: RunningServer) -> dict[str, object]:
 def server(tiny_google: str) -> Iterator[RunningServer]:
     running = start_server(
         "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel",
-        "--max-queued-bytes", str(QUEUED_MIB * MIB), "--bulk-backlog-ratio", "0", env=pythonpath_env(),
+        "--max-queued-bytes", str(QUEUED_MIB * MIB), "--bulk-slowdown", "0", env=pythonpath_env(),
     )  # fmt: skip
     yield running
     running.stop()

@@ -326,23 +326,68 @@ def test_requests_pinned_to_different_model_versions_never_share_a_job() -> None
     assert s.queued == jobs[0].size and s.versions() == {jobs[0].version} and s.next_job(0.0) is jobs[0]
 
 
-# -- deadlines, truncation side and the bulk backlog -------------------------------------------
+# -- deadlines, truncation side and bulk admission -------------------------------------------
 
 
-def test_a_bulk_request_past_the_backlog_of_other_clients_is_refused_at_once() -> None:
-    s = make(max_batch_size=8, max_client_queued_sentences=1000, max_request_size=1000, bulk_backlog_ratio=2.0)
-    admit(s, b"a", 40)
-    admit(s, b"b", 40)
-    admit(s, b"c", 20)  # shares the workers with 20 of a's and 20 of b's: at the bound
-    with pytest.raises(Busy, match=r"--bulk-backlog-ratio"):
-        admit(s, b"d", 20)  # 20 + 20 + 20 ahead of it in its share: 3 times its size
-    admit(s, b"d", 4)  # small requests are not bounded by it: they overtake
-    admit(s, b"a", 40)  # a client's own queue does not count: its requests run in its order
+def measured(s: Scheduler, per_second: float) -> Scheduler:
+    """``s`` with workers measured at ``per_second`` sentences/s of bulk work, all told."""
+    s.throughput.per_worker, s.throughput.workers = per_second, 1
+    return s
+
+
+def bulk_options(**options) -> dict:
+    return {"max_batch_size": 8, "max_client_queued_sentences": 1000, "max_request_size": 1000, **options}
+
+
+def test_a_bulk_request_that_would_take_past_its_slowdown_is_refused_at_once() -> None:
+    s = measured(make(**bulk_options(bulk_slowdown=4.0)), 10.0)  # 40 sentences: 4 s on an idle server
+    for client in (b"a", b"b", b"c", b"d"):
+        admit(s, client, 40)  # the fourth shares the turns with three: 16 s, at its bound
+    with pytest.raises(Busy, match=r"would make a bulk request taken before it late"):
+        admit(s, b"e", 40)  # the turns are shared evenly: each of the four would take 20 s
+    admit(s, b"a", 40)  # behind its own first: 8 s on an idle server, 20 s here, within 32
+    admit(s, b"e", 4)  # small requests are not bounded by it: they overtake
     assert s.busy_rejections == 1
-    assert s.config.bulk_backlog_ratio == 2.0
-    relaxed = make(max_batch_size=8, max_client_queued_sentences=1000, max_request_size=1000, bulk_backlog_ratio=0)
-    for client in (b"a", b"b", b"c", b"d", b"e"):
+    relaxed = measured(make(**bulk_options(bulk_slowdown=0)), 10.0)
+    for client in (b"a", b"b", b"c", b"d", b"e", b"f"):
         admit(relaxed, client, 40)
+    unmeasured = make(**bulk_options(bulk_slowdown=4.0))  # nothing is known of the workers' speed yet
+    for client in (b"a", b"b", b"c", b"d", b"e", b"f"):
+        admit(unmeasured, client, 40)
+
+
+def test_a_bulk_request_that_would_make_an_earlier_one_late_is_refused() -> None:
+    s = measured(make(**bulk_options(bulk_slowdown=2.0)), 10.0)
+    admit(s, b"a", 100, key="a")  # due at 20 s; shares the turns with b: done at 20 s
+    admit(s, b"b", 100, key="b")
+    with pytest.raises(Busy, match=r"would make a bulk request taken before it late"):
+        admit(s, b"c", 100)
+    admit(s, b"a", 100)  # behind its own: 20 s on an idle server, 30 s here, within 40
+    s.remove({"b"})
+    admit(s, b"c", 100)  # room again
+
+
+def test_a_bulk_request_that_cannot_finish_before_its_deadline_is_refused_at_once() -> None:
+    s = measured(make(**bulk_options()), 10.0)
+    with pytest.raises(Busy, match=r"could not finish before its deadline"):
+        s.admit("k", b"a", texts(40), is_tokenized=False, show_tokens=False, now=0.0, deadline=2.0)
+    s.admit("k", b"a", texts(40), is_tokenized=False, show_tokens=False, now=0.0, deadline=5.0)  # 4 s
+
+
+def test_small_traffic_takes_at_most_half_of_what_bulk_requests_are_planned_with() -> None:
+    s = measured(make(**bulk_options(bulk_slowdown=4.0, max_queued_sentences=100_000)), 10.0)
+    for second in range(10):
+        for i in range(5):
+            admit(s, bytes([i]), 4, now=float(second))  # 20 sentences/s of small traffic: more than the 10/s there is
+    assert s.throughput.bulk_rate(9.5) == 5.0
+    admit(s, b"a", 10, now=9.5)  # 1 s idle, 2 s at half the speed: within 4
+    admit(s, b"b", 10, now=9.5)  # sharing the turns with it: 4 s, at the bound
+    with pytest.raises(Busy):
+        admit(s, b"c", 10, now=9.5)  # three sharing: 6 s
+    lone = measured(make(**bulk_options(bulk_slowdown=1.5, max_queued_sentences=100_000)), 10.0)
+    lone.throughput = s.throughput
+    with pytest.raises(Busy, match=r"more than --bulk-slowdown 1.5 times the 4.0 s it takes an idle server"):
+        admit(lone, b"d", 40, now=9.5)  # alone it would take 8 s at half the speed
 
 
 def test_jobs_carry_the_truncation_side_and_the_time_left_and_never_mix_sides() -> None:

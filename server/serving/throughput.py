@@ -1,0 +1,107 @@
+"""What the workers get through, and whether one more bulk request can be served in time.
+
+Bulk admission (``--bulk-slowdown``) asks: if this request is taken now, does it, and does
+every bulk request taken before it, still finish within S times what it takes an idle
+server? The answer rests on what is measured here:
+
+- **capacity**: sentences per second of one worker's busy time on bulk jobs (the time it lent
+  to small jobs left out), smoothed, times the workers serving;
+- **small traffic**: sentences per second admitted to the small lanes over the last seconds.
+  Small and bulk jobs take turns, so bulk work keeps at least half of the capacity, and all of
+  what small work leaves.
+
+Turns are round-robin between clients, each client's bulk requests in the order it sent them,
+so a bulk request whose client has ``ahead`` sentences of bulk work up to and including it
+finishes once those have run and, of each other client's bulk work, at most as much
+(:func:`late_bulk`). Taking a request of another client adds to that only where the other
+client's bulk work was less than ``ahead``.
+
+Everything takes the time as an argument, so tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+_SMALL_WINDOW_S = 10
+"""Seconds of small admissions the small traffic's rate is taken over."""
+
+
+@dataclass
+class Throughput:
+    """The measured speed of the workers, and the small traffic's share of it."""
+
+    per_worker: float | None = None  # sentences per busy second of one worker on bulk jobs, smoothed
+    workers: int = 0  # workers serving
+    _small: deque[list[float]] = field(default_factory=deque)  # [second, sentences] admitted to small lanes
+
+    def job_done(self, sentences: int, seconds: float, *, bulk: bool) -> None:
+        """A worker ran ``sentences`` of a job in ``seconds`` of its own time."""
+        if bulk and sentences > 0 and seconds > 0:
+            rate = sentences / seconds
+            self.per_worker = rate if self.per_worker is None else 0.8 * self.per_worker + 0.2 * rate
+
+    def small_admitted(self, sentences: int, now: float) -> None:
+        second = float(int(now))
+        if self._small and self._small[-1][0] == second:
+            self._small[-1][1] += sentences
+        else:
+            self._small.append([second, float(sentences)])
+        while self._small and self._small[0][0] <= second - _SMALL_WINDOW_S:
+            self._small.popleft()
+
+    def small_rate(self, now: float) -> float:
+        """Sentences per second admitted to the small lanes over the last ten seconds."""
+        since = now - _SMALL_WINDOW_S
+        return sum(rows for second, rows in self._small if second > since) / _SMALL_WINDOW_S
+
+    def capacity(self) -> float | None:
+        """Sentences per second all the workers get through on bulk work; ``None`` until measured."""
+        if self.per_worker is None or not self.workers:
+            return None
+        return self.per_worker * self.workers
+
+    def bulk_rate(self, now: float) -> float | None:
+        """What bulk work gets of the capacity: what small work leaves, and at least half."""
+        capacity = self.capacity()
+        if capacity is None:
+            return None
+        return capacity - min(self.small_rate(now), capacity / 2)
+
+
+@dataclass(frozen=True)
+class QueuedBulk:
+    """A bulk request in its client's lane: sentences still to run, and when it must be done."""
+
+    client: bytes
+    rows: int
+    due: float
+
+
+def late_bulk(
+    lanes: dict[bytes, list[QueuedBulk]], new: QueuedBulk, *, extra: int, rate: float, now: float
+) -> QueuedBulk | None:
+    """The first bulk request that would finish after its ``due`` time if ``new`` were queued
+    at the end of its client's lane (``new`` itself, or one it makes later); ``None`` if none.
+
+    ``lanes``: each client's queued bulk requests, in order. ``extra``: sentences that run
+    before any of them (jobs handed back by lost workers). ``rate``: sentences per second
+    that bulk work gets."""
+    totals = {client: sum(item.rows for item in items) for client, items in lanes.items()}
+    with_new = {**totals, new.client: totals.get(new.client, 0) + new.rows}
+    queued = {**lanes, new.client: [*lanes.get(new.client, []), new]}
+    for client, items in queued.items():
+        ahead = 0
+        for item in items:
+            ahead += item.rows
+            if item is not new and client == new.client:
+                continue  # queued before it in its own lane: untouched by it
+            shared = sum(min(rows, ahead) for other, rows in with_new.items() if other != client)
+            if item is not new:
+                before = sum(min(rows, ahead) for other, rows in totals.items() if other != client)
+                if shared == before:
+                    continue  # its client's share of the turns is not changed by the new request
+            if now + (extra + ahead + shared) / rate > item.due:
+                return item
+    return None

@@ -1,0 +1,48 @@
+"""The workers' measured speed, the small traffic's share, and the projection of bulk finish times."""
+
+from __future__ import annotations
+
+import pytest
+from bertserve.server.serving.throughput import QueuedBulk, Throughput, late_bulk
+
+
+def test_capacity_is_measured_on_bulk_jobs_only_and_smoothed() -> None:
+    t = Throughput(workers=2)
+    assert t.capacity() is None and t.bulk_rate(0.0) is None  # nothing measured yet
+    t.job_done(4, 1.0, bulk=False)  # small jobs run below the model's best speed: not counted
+    assert t.capacity() is None
+    t.job_done(100, 1.0, bulk=True)
+    assert t.capacity() == 200.0
+    t.job_done(50, 1.0, bulk=True)  # one slow job moves it a fifth of the way
+    assert t.capacity() == pytest.approx(2 * (0.8 * 100 + 0.2 * 50))
+    t.job_done(0, 0.0, bulk=True)  # a job skipped past its deadline says nothing of the speed
+    assert t.capacity() == pytest.approx(180.0)
+    t.workers = 0
+    assert t.capacity() is None
+
+
+def test_small_traffic_is_counted_over_the_last_ten_seconds_and_leaves_bulk_at_least_half() -> None:
+    t = Throughput(per_worker=100.0, workers=1)
+    for second in range(10):
+        t.small_admitted(30, float(second) + 0.5)
+    assert t.small_rate(9.9) == 30.0 and t.bulk_rate(9.9) == 70.0
+    t.small_admitted(1000, 10.0)
+    assert t.bulk_rate(10.5) == 50.0  # small work never takes more than every other job
+    assert t.small_rate(30.0) == 0.0 and t.bulk_rate(30.0) == 100.0  # it went quiet
+    assert len(t._small) <= 10
+
+
+def test_the_new_request_and_only_those_it_delays_are_checked() -> None:
+    lanes = {b"a": [QueuedBulk(b"a", 10, due=3.0)], b"b": [QueuedBulk(b"b", 50, due=100.0)]}
+    small = QueuedBulk(b"c", 10, due=100.0)
+    # a: 10 of its own + 10 of b's + 10 of c's = 30 at 10/s: 3 s, on time
+    assert late_bulk(lanes, small, extra=0, rate=10.0, now=0.0) is None
+    assert late_bulk(lanes, small, extra=1, rate=10.0, now=0.0) is lanes[b"a"][0]  # a retried job runs first
+    tight = QueuedBulk(b"c", 10, due=2.0)
+    assert late_bulk(lanes, tight, extra=0, rate=10.0, now=0.0) is tight
+    behind_a = QueuedBulk(b"a", 40, due=100.0)  # a's own next request: a's first is not delayed by it
+    assert late_bulk(lanes, behind_a, extra=0, rate=10.0, now=0.0) is None
+    lanes[b"a"][0] = QueuedBulk(b"a", 10, due=1.0)  # already late, whatever comes
+    big = QueuedBulk(b"d", 60, due=100.0)
+    assert late_bulk(lanes, big, extra=0, rate=10.0, now=0.0) is lanes[b"a"][0]  # it would be later still
+    assert late_bulk({b"a": lanes[b"a"]}, behind_a, extra=0, rate=10.0, now=0.0) is None  # it is not delayed
