@@ -23,9 +23,8 @@
   worker of its version could take yet.
 - **Two lanes.** Each client's queue has a small lane and a bulk lane, each in arrival
   order. A client's small requests do not wait for its own bulk work: they go in the next
-  merged job. Small jobs and bulk jobs take turns whenever both wait, so small requests wait
-  for at most one bulk job, and bulk work keeps at least half of the jobs however much small
-  traffic arrives.
+  merged job. Small jobs go first, but bulk work, while it waits, keeps at least a quarter
+  of the workers' time however much small traffic arrives (:mod:`.throughput`).
 - **Overtaking.** When every worker is busy, small requests need not wait for a free
   credit: :meth:`Scheduler.next_small_job` merges them out of turn for a worker that holds
   only long jobs, which runs them between two model runs of its long job.
@@ -95,7 +94,6 @@ class Scheduler:
         self.clients: dict[bytes, _ClientQueue] = {}
         self.small_turns: deque[bytes] = deque()  # clients with small requests queued, next turn first
         self.bulk_turns: deque[bytes] = deque()  # clients with bulk requests queued, next turn first
-        self.bulk_next = False  # a small job went last: bulk work, if any waits, goes next
         self.retries: deque[Job] = deque()  # jobs handed back by a lost worker: they go first
         self.queued = 0  # sentences waiting, retries included
         self.small_count = 0  # small pieces waiting
@@ -139,7 +137,6 @@ class Scheduler:
             queue.small_rows += count
             self.small_count += 1
             self.small_rows += count
-            self.throughput.small_admitted(count, now)
         else:
             if not queue.bulk:
                 self.bulk_turns.append(client)
@@ -252,7 +249,8 @@ class Scheduler:
     def next_job(self, now: float, *, idle: bool = False) -> Job | None:
         """The job to run next, or ``None`` when nothing should run yet.
 
-        Small and bulk jobs take turns while both wait. ``idle`` says the worker it goes to
+        Small jobs go first, unless bulk work waits and has had less than its least share
+        of the workers' time (:data:`.throughput.BULK_SHARE`). ``idle`` says the worker it goes to
         holds no job: small requests then go at once, as many as have gathered (continuous
         batching). A job for a busy worker's prefetch slot waits up to ``max_latency_ms`` for
         company, since it could not start before then anyway.
@@ -261,12 +259,10 @@ class Scheduler:
             job = self.retries.popleft()
             self.queued -= job.size
             return job
-        if self.bulk_turns and (self.bulk_next or not self.small_turns):
-            self.bulk_next = False
+        if self.bulk_turns and (not self.small_turns or self.throughput.bulk_due(now)):
             return self._take_bulk(self.bulk_turns[0])
         if not self.small_turns or not (idle or self._small_due(now)):
             return None  # nothing waits, or small requests wait for company
-        self.bulk_next = bool(self.bulk_turns)
         return self._take_small(self.small_turns[0])
 
     def next_small_job(self, rows: int) -> Job | None:

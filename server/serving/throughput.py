@@ -6,9 +6,11 @@ server? The answer rests on what is measured here:
 
 - **capacity**: sentences per second of one worker's busy time on bulk jobs (the time it lent
   to small jobs left out), smoothed, times the workers serving;
-- **small traffic**: sentences per second admitted to the small lanes over the last seconds.
-  Small and bulk jobs take turns, so bulk work keeps at least half of the capacity, and all of
-  what small work leaves.
+- **small work's share**: of the workers' busy time over the last seconds, what small jobs
+  took. Small jobs go first, except that bulk work, while it waits, keeps at least
+  :data:`BULK_SHARE` of the workers' time; so bulk work gets what small work leaves, and at
+  least that share. Time, not sentences, is what is shared: small jobs run fewer sentences
+  per second than bulk ones.
 
 Turns are round-robin between clients, each client's bulk requests in the order it sent them,
 so a bulk request whose client has ``ahead`` sentences of bulk work up to and including it
@@ -24,37 +26,45 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-_SMALL_WINDOW_S = 10
-"""Seconds of small admissions the small traffic's rate is taken over."""
+_WINDOW_S = 10
+"""Seconds of the workers' recent time the small work's share is taken over."""
+
+BULK_SHARE = 0.25
+"""The least share of the workers' time bulk work gets while it waits, however much small
+work comes: small jobs go first otherwise."""
 
 
 @dataclass
 class Throughput:
-    """The measured speed of the workers, and the small traffic's share of it."""
+    """The measured speed of the workers, and how their time is shared between small and bulk work."""
 
     per_worker: float | None = None  # sentences per busy second of one worker on bulk jobs, smoothed
     workers: int = 0  # workers serving
-    _small: deque[list[float]] = field(default_factory=deque)  # [second, sentences] admitted to small lanes
+    _busy: deque[list[float]] = field(default_factory=deque)  # [second, small seconds, bulk seconds] of worker time
 
-    def job_done(self, sentences: int, seconds: float, *, bulk: bool) -> None:
-        """A worker ran ``sentences`` of a job in ``seconds`` of its own time."""
+    def job_done(self, sentences: int, seconds: float, *, bulk: bool, now: float) -> None:
+        """A worker ran ``sentences`` of a job in ``seconds`` of its own time (time lent to
+        small jobs that overtook it left out: they report their own)."""
         if bulk and sentences > 0 and seconds > 0:
             rate = sentences / seconds
             self.per_worker = rate if self.per_worker is None else 0.8 * self.per_worker + 0.2 * rate
-
-    def small_admitted(self, sentences: int, now: float) -> None:
         second = float(int(now))
-        if self._small and self._small[-1][0] == second:
-            self._small[-1][1] += sentences
-        else:
-            self._small.append([second, float(sentences)])
-        while self._small and self._small[0][0] <= second - _SMALL_WINDOW_S:
-            self._small.popleft()
+        if not self._busy or self._busy[-1][0] != second:
+            self._busy.append([second, 0.0, 0.0])
+        self._busy[-1][2 if bulk else 1] += max(0.0, seconds)
+        while self._busy and self._busy[0][0] <= second - _WINDOW_S:
+            self._busy.popleft()
 
-    def small_rate(self, now: float) -> float:
-        """Sentences per second admitted to the small lanes over the last ten seconds."""
-        since = now - _SMALL_WINDOW_S
-        return sum(rows for second, rows in self._small if second > since) / _SMALL_WINDOW_S
+    def small_share(self, now: float) -> float:
+        """The share of the workers' busy time small jobs took over the last ten seconds."""
+        since = now - _WINDOW_S
+        small = sum(entry[1] for entry in self._busy if entry[0] > since)
+        bulk = sum(entry[2] for entry in self._busy if entry[0] > since)
+        return small / (small + bulk) if small + bulk > 0 else 0.0
+
+    def bulk_due(self, now: float) -> bool:
+        """Whether waiting bulk work goes before small work: it has had less than its least share."""
+        return 1.0 - self.small_share(now) < BULK_SHARE
 
     def capacity(self) -> float | None:
         """Sentences per second all the workers get through on bulk work; ``None`` until measured."""
@@ -63,11 +73,11 @@ class Throughput:
         return self.per_worker * self.workers
 
     def bulk_rate(self, now: float) -> float | None:
-        """What bulk work gets of the capacity: what small work leaves, and at least half."""
+        """What bulk work gets of the capacity: what small work leaves, and at least its least share."""
         capacity = self.capacity()
         if capacity is None:
             return None
-        return capacity - min(self.small_rate(now), capacity / 2)
+        return capacity * max(BULK_SHARE, 1.0 - self.small_share(now))
 
 
 @dataclass(frozen=True)

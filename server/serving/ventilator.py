@@ -242,7 +242,7 @@ class Ventilator:
             return
         _count_job(job.size, done)
         ran = job.size if done.sentences is None else done.sentences
-        self.scheduler.throughput.job_done(ran, done.seconds, bulk=job.bulk)
+        self.scheduler.throughput.job_done(ran, done.seconds, bulk=job.bulk, now=time.monotonic())
         for piece in job.pieces:
             self.requests.rows_done(piece.key, len(piece.rows))
 

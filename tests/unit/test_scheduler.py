@@ -164,20 +164,21 @@ def test_a_clients_small_request_overtakes_its_own_queued_bulk_work() -> None:
     assert job is not None and job.keys == ["small"] and not job.bulk  # not after a's 24 other bulk jobs
 
 
-def test_small_and_bulk_jobs_take_turns_so_a_small_flood_never_stops_bulk_work() -> None:
+def test_small_jobs_go_first_until_bulk_work_has_had_less_than_a_quarter_of_the_time() -> None:
     s = make(max_client_queued_sentences=1000, max_queued_sentences=100_000)
     admit(s, b"bulk", 80, key="bulk")  # ten jobs
     bulk_jobs, n = 0, 0
-    for step in range(40):
+    for step in range(60):
         for client in (b"a", b"b", b"c"):  # more small work arrives than is taken
             admit(s, client, 5, now=float(step), key=f"{client.decode()}{n}")
             n += 1
         job = s.next_job(float(step))
         assert job is not None
+        s.throughput.job_done(job.size, 1.0, bulk=job.bulk, now=float(step))  # each job takes a second
         bulk_jobs += job.bulk
         if bulk_jobs == 10:
             break
-    assert bulk_jobs == 10 and step <= 20  # every other job while both wait
+    assert bulk_jobs == 10 and 30 <= step <= 45  # one job in four or so while small work floods
 
 
 def test_clients_take_turns_one_job_each() -> None:
@@ -374,12 +375,12 @@ def test_a_bulk_request_that_cannot_finish_before_its_deadline_is_refused_at_onc
     s.admit("k", b"a", texts(40), is_tokenized=False, show_tokens=False, now=0.0, deadline=5.0)  # 4 s
 
 
-def test_small_traffic_takes_at_most_half_of_what_bulk_requests_are_planned_with() -> None:
+def test_bulk_requests_are_planned_with_the_time_small_work_leaves_them() -> None:
     s = measured(make(**bulk_options(bulk_slowdown=4.0, max_queued_sentences=100_000)), 10.0)
     for second in range(10):
-        for i in range(5):
-            admit(s, bytes([i]), 4, now=float(second))  # 20 sentences/s of small traffic: more than the 10/s there is
-    assert s.throughput.bulk_rate(9.5) == 5.0
+        s.throughput.job_done(4, 0.5, bulk=False, now=second + 0.5)  # small jobs take half the workers' time
+        s.throughput.job_done(5, 0.5, bulk=True, now=second + 0.5)
+    assert s.throughput.bulk_rate(9.5) == pytest.approx(5.0)
     admit(s, b"a", 10, now=9.5)  # 1 s idle, 2 s at half the speed: within 4
     admit(s, b"b", 10, now=9.5)  # sharing the turns with it: 4 s, at the bound
     with pytest.raises(Busy):

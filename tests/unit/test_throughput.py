@@ -9,27 +9,31 @@ from bertserve.server.serving.throughput import QueuedBulk, Throughput, late_bul
 def test_capacity_is_measured_on_bulk_jobs_only_and_smoothed() -> None:
     t = Throughput(workers=2)
     assert t.capacity() is None and t.bulk_rate(0.0) is None  # nothing measured yet
-    t.job_done(4, 1.0, bulk=False)  # small jobs run below the model's best speed: not counted
+    t.job_done(4, 1.0, bulk=False, now=0.0)  # small jobs run below the model's best speed: not counted
     assert t.capacity() is None
-    t.job_done(100, 1.0, bulk=True)
+    t.job_done(100, 1.0, bulk=True, now=0.0)
     assert t.capacity() == 200.0
-    t.job_done(50, 1.0, bulk=True)  # one slow job moves it a fifth of the way
+    t.job_done(50, 1.0, bulk=True, now=0.0)  # one slow job moves it a fifth of the way
     assert t.capacity() == pytest.approx(2 * (0.8 * 100 + 0.2 * 50))
-    t.job_done(0, 0.0, bulk=True)  # a job skipped past its deadline says nothing of the speed
+    t.job_done(0, 0.0, bulk=True, now=0.0)  # a job skipped past its deadline says nothing of the speed
     assert t.capacity() == pytest.approx(180.0)
     t.workers = 0
     assert t.capacity() is None
 
 
-def test_small_traffic_is_counted_over_the_last_ten_seconds_and_leaves_bulk_at_least_half() -> None:
+def test_small_works_share_of_the_time_is_counted_over_ten_seconds_and_bulk_keeps_a_quarter() -> None:
     t = Throughput(per_worker=100.0, workers=1)
+    assert t.small_share(0.0) == 0.0 and not t.bulk_due(0.0) and t.bulk_rate(0.0) == 100.0
     for second in range(10):
-        t.small_admitted(30, float(second) + 0.5)
-    assert t.small_rate(9.9) == 30.0 and t.bulk_rate(9.9) == 70.0
-    t.small_admitted(1000, 10.0)
-    assert t.bulk_rate(10.5) == 50.0  # small work never takes more than every other job
-    assert t.small_rate(30.0) == 0.0 and t.bulk_rate(30.0) == 100.0  # it went quiet
-    assert len(t._small) <= 10
+        t.job_done(3, 0.4, bulk=False, now=second + 0.5)  # small jobs: 40% of the busy time
+        t.job_done(60, 0.6, bulk=True, now=second + 0.5)  # at the speed measured: 100/s
+    assert t.small_share(9.9) == pytest.approx(0.4) and t.bulk_rate(9.9) == pytest.approx(60.0)
+    assert not t.bulk_due(9.9)
+    for _ in range(30):
+        t.job_done(3, 0.5, bulk=False, now=10.0)  # a burst of small work
+    assert t.bulk_due(10.5) and t.bulk_rate(10.5) == pytest.approx(25.0)  # bulk goes next; it keeps a quarter
+    assert t.small_share(30.0) == 0.0 and t.bulk_rate(30.0) == 100.0  # it went quiet
+    assert len(t._busy) <= 10
 
 
 def test_the_new_request_and_only_those_it_delays_are_checked() -> None:
