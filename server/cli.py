@@ -35,6 +35,7 @@ from .flags import (
 )
 from .logs import quiet_native_logs, setup_logging
 from .model.hardware import short_reason
+from .served_models import served_models
 
 logger = logging.getLogger("bertserve.cli")
 
@@ -65,13 +66,16 @@ def _serve(config: ServerConfig, args: argparse.Namespace) -> int:
 
 def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
     """The one line on stdout that says the server serves (green on a terminal); scripts
-    and tests wait for it."""
+    and tests wait for it. With several models, ``info`` describes the default one."""
+    served = served_models(config)
     line = (
         f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
-        f"results on port {config.port_out}, {config.num_worker} worker(s), "
+        f"results on port {config.port_out}, {sum(entry.config.num_worker for entry in served)} worker(s), "
         f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
         f"dim {info.get('output_dim')}, {dtype_text(info)}, model {info.get('model_dir') or config.model.model_dir}"
     )
+    if len(served) > 1:
+        line += f" (the default of {len(served)} models: {', '.join(entry.name for entry in served)})"
     if str(info.get("model_version", "")).isdigit():  # a version of a model repository
         line += f" (version {info['model_version']})"
     if config.http_port is not None:

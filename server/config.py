@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, ModelOptionError
+from .model_specs import check_models
 
 
 class PoolingStrategy(str, enum.Enum):
@@ -198,7 +199,10 @@ class ServerConfig:
     """How ``bertserve start`` serves: processes, ports, batching, devices and limits.
 
     Built once by the CLI (or by tests) and passed whole to every role. ``port_out`` left
-    out (``None``) is ``port + 1``; once built it is always an int.
+    out (``None``) is ``port + 1``; once built it is always an int. With several models
+    (``models`` or ``models_dir``), the CLI makes ``model`` the default model's options
+    (:func:`.served_models.with_default_model`), and :func:`.served_models.served_models`
+    gives each model a config of its own.
     """
 
     model: ModelConfig
@@ -251,6 +255,10 @@ class ServerConfig:
     prompt: tuple[str, ...] = ()  # NAME=TEXT: prompts beside (and over) those the model directory names
     default_prompt_name: str | None = None  # the prompt every request gets unless it names one
     token_id_input: bool = False  # HTTP: take OpenAI-style token id arrays as this model's WordPiece ids
+    models: tuple[str, ...] = ()  # NAME=DIR[,key=value,...]: several models, each in served_models.py's terms
+    models_dir: str | None = None  # several models: one subfolder each, named by the folder
+    default_model: str | None = None  # the model a request gets unless it names one (None: the first)
+    model_defaults: ModelConfig | None = None  # with models or models_dir: the model flags, under each model's own
 
     def __post_init__(self) -> None:
         self._follow_bounds()
@@ -315,6 +323,11 @@ class ServerConfig:
         for ok, problem in checks:
             if not ok:
                 raise ConfigError(problem)
+        named = self.served_model_name is not None or bool(self.model_alias)
+        check_models(self.models, self.models_dir, self.default_model, named=named)
+        object.__setattr__(self, "models", tuple(str(spec) for spec in self.models))
+        if self.models_dir is not None:
+            object.__setattr__(self, "models_dir", os.fspath(self.models_dir))
         object.__setattr__(self, "port_out", port_out)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
         object.__setattr__(self, "model_alias", tuple(str(a) for a in self.model_alias))

@@ -25,8 +25,9 @@ from .config import (
     ModelConfig,
     ServerConfig,
 )
-from .errors import BertServeError
+from .errors import BertServeError, ConfigError
 from .model.default import default_model_dir
+from .served_models import default_model_name, with_default_model
 
 
 def _bool(value: str | bool) -> bool:
@@ -53,20 +54,24 @@ class Flag:
     many: bool = False  # takes several values: --pooling-layer -1 -2
     switch: bool = False  # may stand alone: --xla means --xla true
     unset: str = ""
+    field: str = ""  # the config field it sets, when not the one named like it (--model: models)
+    env_commas: bool = True  # several values in BERTSERVE_<FLAG> may be separated by commas, not only spaces
 
     @property
     def dest(self) -> str:
-        return self.name[2:].replace("-", "_")
+        return self.field or self.name[2:].replace("-", "_")
 
     @property
     def env(self) -> str:
-        return "BERTSERVE_" + self.dest.upper()
+        return "BERTSERVE_" + self.name[2:].replace("-", "_").upper()
 
     def add_to(self, group: Any) -> None:
         raw = os.environ.get(self.env)
         default = self.default if raw is None else self._parse_env(raw)
         help = unset_help(self.help, default, self.unset) if self.unset else self.help
         options: dict[str, Any] = {"type": self.kind, "default": default, "help": help}
+        if self.field:  # --model fills models, and is still shown as --model MODEL
+            options.update(dest=self.field, metavar=self.env.removeprefix("BERTSERVE_"))
         if self.many:
             options["nargs"] = "+"
             if isinstance(self.default, tuple) and not self.default:  # repeatable: --prompt a=x --prompt b=y
@@ -78,7 +83,7 @@ class Flag:
     def _parse_env(self, raw: str) -> Any:
         try:
             if self.many:
-                return [self.kind(item) for item in raw.replace(",", " ").split()]
+                return [self.kind(item) for item in (raw.replace(",", " ") if self.env_commas else raw).split()]
             return self.kind(raw)
         except (ValueError, argparse.ArgumentTypeError) as exc:
             raise BertServeError(f"{self.env}={raw!r}: {exc}") from None
@@ -262,6 +267,26 @@ SERVER_FLAGS = [
     Flag("--served-model-name", "the model name the HTTP API lists and accepts", unset="the model directory's"),
     Flag("--model-alias", "other names the HTTP API accepts for the model", many=True, default=(), unset="none"),
     Flag(
+        "--model",
+        "NAME=DIR[,key=value,...]: serve the model in DIR as NAME, its own options over the flags "
+        "(fast=DIR,dtype=int8,num_worker=2); once per model, instead of --model-dir",
+        many=True,
+        default=(),
+        unset="the one model of --model-dir",
+        field="models",
+        env_commas=False,
+    ),
+    Flag(
+        "--models-dir",
+        "serve every model of DIR (one subfolder each, named by the folder) instead of --model-dir",
+        unset="none",
+    ),
+    Flag(
+        "--default-model",
+        "with --model or --models-dir: the model a request gets unless it names one",
+        unset="the first",
+    ),
+    Flag(
         "--prompt",
         "NAME=TEXT: a prompt requests may name (prompt_name), put before each input; beside the model's own",
         many=True,
@@ -324,8 +349,20 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The server's config; with several models (``--model``, ``--models-dir``) its ``model``
+    is the default model's, and the model flags are every model's defaults."""
     options = {flag.dest: getattr(args, flag.dest) for flag in SERVER_FLAGS}
-    return ServerConfig(model=model_config_from_args(args), **options)
+    several = "--model" if options["models"] else "--models-dir" if options["models_dir"] is not None else None
+    if several is None:
+        config = ServerConfig(model=model_config_from_args(args), **options)
+        default_model_name(config)  # a --default-model that is not the model served: refused now, not at start
+        return config
+    if args.model_dir is not None:
+        what = "names each model with its directory" if several == "--model" else "serves every model of a folder"
+        raise ConfigError(f"--model-dir and {several} cannot be given together: --model-dir serves one model, "
+                          f"{several} {what}")  # fmt: skip
+    flags = ModelConfig(**{**{flag.dest: getattr(args, flag.dest) for flag in MODEL_FLAGS}, "model_dir": ""})
+    return with_default_model(ServerConfig(model=flags, **options))
 
 
 def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
