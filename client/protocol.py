@@ -11,7 +11,9 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
         header    JSON {"protocol", "client_version", ...}; ENCODE adds "is_tokenized", "show_tokens"
                   and "count" (the number of inputs; optional, checked against the payload), and
                   may add the request options of :data:`ENCODE_OPTIONS`; RELOAD may add "version"
-                  ("latest" or a number of the server's model repository)
+                  ("latest" or a number of the server's model repository). ENCODE, CONFIG,
+                  STATUS and RELOAD may add "model": the name of one of the models the server
+                  serves (:data:`MODEL_NAME_PATTERN`); without it, the server's default model
         payload   ENCODE: JSON list of strings (or of token lists); otherwise empty
 
       CANCEL withdraws the sender's pending ENCODE of that request id: its queued work is
@@ -33,7 +35,8 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
 
 Error replies carry a ``kind``: ``input`` (bad texts), ``limit`` (over a size limit),
 ``busy`` (the server's queues are full: retry later), ``protocol``, ``forbidden``,
-``duplicate`` (a request id already pending), ``expired`` (its deadline passed before it
+``duplicate`` (a request id already pending), ``model`` (the server serves no model of that
+name; the message lists those it serves), ``expired`` (its deadline passed before it
 completed: the client's ``timeout_ms``, or the server's request timeout), ``cancelled`` (the
 client withdrew it), ``worker`` (the model failed on the request, or it crashed its worker
 twice), ``internal`` and ``shutdown``.
@@ -69,6 +72,8 @@ ENCODE_OPTIONS = {
 }
 """The optional fields of an ENCODE header, each checked by the server at the edge."""
 TRUNCATION_DIRECTIONS = ("right", "left")
+MODEL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}"
+"""What a served model's name may be: letters, digits and ``._:/-``, at most 128 characters."""
 
 # reply status
 OK = b"OK"
@@ -78,6 +83,7 @@ ERROR = b"ERROR"
 BUSY = "busy"
 EXPIRED = "expired"
 CANCELLED = "cancelled"
+UNKNOWN_MODEL = "model"
 
 PAIR_SEPARATOR = "|||"
 """Writes a sentence pair as one input: ``"first ||| second"``."""
