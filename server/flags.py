@@ -319,6 +319,7 @@ WORKER_FLAGS = [
         unset="all-MiniLM-L6-v2 if installed",
     ),
     server_flag("--tuned-model-dir"),
+    Flag("--model-name", "the head's model these workers serve, when it serves several", unset="its default model"),
     server_flag("--graph-dir"),
     Flag("--prefetch-size", "jobs a worker holds at once: its credits; give faster devices more", int, 1),
     *(server_flag(name) for name in ("--cpu", "--device-map", "--gpu-memory-fraction", "--threads-per-worker")),

@@ -28,14 +28,15 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60,
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 REQUESTS = Counter(
-    "bertserve_requests_total", "Encode requests answered, by path and outcome (ok, or the error kind)",
-    ["path", "outcome"],
+    "bertserve_requests_total",
+    "Encode requests answered, by path, outcome (ok, or the error kind) and model (empty: none was chosen)",
+    ["path", "outcome", "model"],
 )  # fmt: skip
 REQUEST_SECONDS = Histogram(
     "bertserve_request_duration_seconds", "Time from admitting an encode request to publishing its reply",
-    ["path"], buckets=_LATENCY_BUCKETS,
+    ["path", "model"], buckets=_LATENCY_BUCKETS,
 )  # fmt: skip
-SENTENCES = Counter("bertserve_sentences_total", "Inputs encoded by the workers")
+SENTENCES = Counter("bertserve_sentences_total", "Inputs encoded by the workers", ["model"])
 SKIPPED_SENTENCES = Counter(
     "bertserve_skipped_sentences_total", "Inputs a worker held but did not run: their requests were past their deadline"
 )
@@ -48,15 +49,19 @@ PADDING = Gauge(
     "bertserve_padding_ratio", "Share of computed token positions that were padding, since start",
     multiprocess_mode="mostrecent",
 )  # fmt: skip
-JOB_SENTENCES = Histogram("bertserve_job_sentences", "Inputs per mini-job sent to a worker", buckets=_SIZE_BUCKETS)
-JOB_SECONDS = Histogram("bertserve_job_seconds", "Model time of one mini-job in its worker", buckets=_LATENCY_BUCKETS)
+JOB_SENTENCES = Histogram(
+    "bertserve_job_sentences", "Inputs per mini-job sent to a worker", ["model"], buckets=_SIZE_BUCKETS
+)
+JOB_SECONDS = Histogram(
+    "bertserve_job_seconds", "Model time of one mini-job in its worker", ["model"], buckets=_LATENCY_BUCKETS
+)
 QUEUED = Gauge(
-    "bertserve_queued_sentences", "Inputs waiting in the scheduler, by queue (small, bulk, retry)",
-    ["queue"], multiprocess_mode="mostrecent",
+    "bertserve_queued_sentences", "Inputs waiting in the scheduler, by queue (small, bulk, retry) and model",
+    ["queue", "model"], multiprocess_mode="mostrecent",
 )  # fmt: skip
 QUEUED_REQUESTS = Gauge(
-    "bertserve_queued_requests", "Requests waiting in the scheduler, by queue (small, bulk)",
-    ["queue"], multiprocess_mode="mostrecent",
+    "bertserve_queued_requests", "Requests waiting in the scheduler, by queue (small, bulk) and model",
+    ["queue", "model"], multiprocess_mode="mostrecent",
 )  # fmt: skip
 QUEUED_BYTES = Gauge(
     "bertserve_queued_bytes", "Memory the texts of admitted requests hold in the head (of --max-queued-bytes)",
@@ -70,12 +75,15 @@ MODEL_VERSION = Gauge("bertserve_model_version", "The model version served (0: a
 VERSIONS_REFUSED = Counter("bertserve_model_versions_refused_total", "Model versions refused: not whole, or unreadable")
 RESTARTS = Counter("bertserve_process_restarts_total", "Server processes restarted after a failure", ["process"])
 WORKERS = Gauge("bertserve_workers", "Workers registered and serving", multiprocess_mode="mostrecent")
+MODEL_WORKERS = Gauge(
+    "bertserve_model_workers", "Workers registered and serving, by model", ["model"], multiprocess_mode="mostrecent"
+)
 READY = Gauge(
     "bertserve_ready", "1 when the server has a worker and answers encode requests", multiprocess_mode="mostrecent"
 )
 MODEL = Gauge(
-    "bertserve_model_info", "The served model; the value is always 1",
-    ["model", "dtype", "pooling_strategy", "output_dim", "max_seq_len"], multiprocess_mode="mostrecent",
+    "bertserve_model_info", "Each served model (name and directory); the value is always 1",
+    ["model", "model_dir", "dtype", "pooling_strategy", "output_dim", "max_seq_len"], multiprocess_mode="mostrecent",
 )  # fmt: skip
 HTTP_REQUESTS = Counter(
     "bertserve_http_requests_total", "HTTP requests by endpoint and status code", ["endpoint", "status"]

@@ -13,6 +13,7 @@ import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config import ServerConfig
 from bertserve.server.serving import wire
+from bertserve.server.serving.models import Models
 from bertserve.server.serving.scheduler import Scheduler
 from bertserve.server.serving.ventilator import Ventilator
 from bertserve.server.serving.worker import Addresses
@@ -27,8 +28,8 @@ class Rig:
     addresses: Addresses
     sockets: list[zmq.Socket] = field(default_factory=list)
 
-    def request(self, client_id: bytes, request_id: int, texts: list[str]) -> None:
-        self.client.send_multipart(p.encode_request(client_id, p.ENCODE, request_id, {}, texts))
+    def request(self, client_id: bytes, request_id: int, texts: list[str], **header: Any) -> None:
+        self.client.send_multipart(p.encode_request(client_id, p.ENCODE, request_id, header, texts))
         self.pump()
 
     def pump(self, rounds: int = 5) -> None:
@@ -36,7 +37,7 @@ class Rig:
             self.ventilator.poll_once(10)
 
     def worker(
-        self, name: bytes, index: int, credits: int = 1, version: int | None = None
+        self, name: bytes, index: int, credits: int = 1, version: int | None = None, model: str | None = None
     ) -> tuple[zmq.Socket, zmq.Socket]:
         dealer = self.context.socket(zmq.DEALER)
         dealer.identity = name
@@ -44,7 +45,7 @@ class Rig:
         push = self.context.socket(zmq.PUSH)
         push.connect(self.addresses.credits)
         self.sockets += [dealer, push]
-        ready = {"worker": index, "pid": 100 + index, "credits": credits, "version": version}
+        ready = {"worker": index, "pid": 100 + index, "credits": credits, "version": version, "model_name": model}
         dealer.send_multipart([wire.READY, p.dumps(ready)])
         for _ in range(50):
             self.pump(1)
@@ -68,16 +69,18 @@ class Rig:
 
 
 @contextmanager
-def ventilator_rig(tmp_path: Path, config: ServerConfig, rig_class: type[Rig] = Rig, **options: Any) -> Iterator[Any]:
-    """A ``rig_class`` around a ventilator of ``config`` (``options`` go to the ventilator),
-    closed with everything it made."""
+def ventilator_rig(
+    tmp_path: Path, config: ServerConfig, rig_class: type[Rig] = Rig, models: Models | None = None, **options: Any
+) -> Iterator[Any]:
+    """A ``rig_class`` around a ventilator of ``config`` serving ``models`` (default: one, of
+    ``config``; ``options`` go to the ventilator), closed with everything it made."""
     context = zmq.Context()
     addresses = Addresses(f"ipc://{tmp_path}/jobs", f"ipc://{tmp_path}/credits", f"ipc://{tmp_path}/sink")
     frontend, sink, client = context.socket(zmq.PULL), context.socket(zmq.PULL), context.socket(zmq.PUSH)
     frontend.bind(f"ipc://{tmp_path}/requests")
     sink.bind(addresses.sink)
     client.connect(f"ipc://{tmp_path}/requests")
-    ventilator = Ventilator(config, context, frontend, addresses, Scheduler(config), **options)
+    ventilator = Ventilator(config, context, frontend, addresses, models or Scheduler(config), **options)
     rig = rig_class(ventilator, context, client, sink, addresses)
     try:
         yield rig

@@ -7,6 +7,7 @@ import os
 
 from ..config import ServerConfig
 from ..model.default import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
+from ..served_models import ServedModel
 from .gateway import Gateway, GatewayKeys
 from .principals import Principals, load_principals
 
@@ -44,9 +45,11 @@ def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
 
 
 def run_http(
-    config: ServerConfig, log_level: int, keys: GatewayKeys | None, principals: Principals | None = None
-) -> None:
-    """Entry point of the HTTP process; ``principals`` as the supervisor read them (else read here)."""
+    config: ServerConfig, log_level: int, keys: GatewayKeys | None, principals: Principals | None = None,
+    models: list[ServedModel] | None = None,
+) -> None:  # fmt: skip
+    """Entry point of the HTTP process; ``principals`` as the supervisor read them (else read
+    here); ``models``: the models served, each with its config and version (else ``config``'s one)."""
     from ..logs import child_logging
 
     child_logging(log_level)

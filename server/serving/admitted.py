@@ -19,6 +19,7 @@ class Admitted:
     deadline: float
     format: ReplyFormat
     nbytes: int = 0  # what its texts hold in memory, counted against max_queued_bytes
+    model: str = ""  # the served model it runs on
 
 
 class AdmittedRequests:

@@ -17,17 +17,18 @@ from bertserve.client import protocol as p
 
 from .. import metrics
 from ..config import ServerConfig
-from ..model.prompts import Prompts, apply_prompt
+from ..model.prompts import apply_prompt
 from ..security import message_user_id, request_allowed
 from . import admission, legacy, wire
 from .admission import Refusal
 from .admitted import Admitted, AdmittedRequests
 from .control import Control
 from .formats import LEGACY, NATIVE, ReplyFormat
+from .models import HeadModel, Models
 from .outbox import SinkOutbox
 from .registry import Registry
 from .request_options import EncodeOptions, read_options
-from .scheduler import Busy, Scheduler, TooLarge
+from .scheduler import Busy, TooLarge
 
 logger = logging.getLogger("bertserve.ventilator")
 
@@ -35,30 +36,27 @@ _Command = Callable[[p.Request, bytes | None, ReplyFormat], None]
 
 
 class Head(Protocol):
-    """What answering clients reads of the head: the version new requests are pinned to, its
-    prompts, and the CONFIG and STATUS answers; and the one thing it asks of it: to cancel."""
+    """What answering clients reads of the head: the models it serves (each one's queue,
+    prompts and the version new requests are pinned to), and the CONFIG and STATUS answers;
+    and the one thing it asks of it: to cancel."""
 
     @property
-    def serving_version(self) -> int | None: ...
-
-    @property
-    def prompts(self) -> Prompts: ...
+    def models(self) -> Models: ...
 
     def cancel(self, keys: set[str]) -> None: ...
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self, model: HeadModel | None = None) -> dict[str, Any]: ...
 
     def status(self) -> dict[str, Any]: ...
 
 
 class Clients:
     def __init__(
-        self, config: ServerConfig, head: Head, *, scheduler: Scheduler, registry: Registry,
-        requests: AdmittedRequests, outbox: SinkOutbox, control: Control, curve: bool, gateway_key: bytes | None,
+        self, config: ServerConfig, head: Head, *, registry: Registry, requests: AdmittedRequests,
+        outbox: SinkOutbox, control: Control, curve: bool, gateway_key: bytes | None,
     ) -> None:  # fmt: skip
         self.config = config
         self.head = head
-        self.scheduler = scheduler
         self.registry = registry  # read only: the model its workers reported
         self.requests = requests
         self.outbox = outbox
@@ -98,7 +96,7 @@ class Clients:
             self._count_rejection("protocol")
             client = p.decode_client_id(raw)
             if len(raw) > 1 and raw[1] == p.ENCODE:
-                metrics.REQUESTS.labels(metrics.path_of(client or b""), "protocol").inc()
+                metrics.REQUESTS.labels(metrics.path_of(client or b""), "protocol", "").inc()
             logger.warning("rejected a malformed request from %r: %s", client, exc)
             if client is not None and len(raw) >= 3 and self._owns(user_id, client):
                 request_id = int(raw[2]) if raw[2].isdigit() and len(raw[2]) <= 19 else -1
@@ -118,31 +116,48 @@ class Clients:
         self.rejected[kind] = self.rejected.get(kind, 0) + 1
         metrics.REJECTIONS.labels(kind).inc()
 
-    def _refuse(self, request: p.Request, fmt: ReplyFormat, refusal: Refusal) -> None:
+    def _refuse(self, request: p.Request, fmt: ReplyFormat, refusal: Refusal, model: str = "") -> None:
         self._count_rejection(refusal.kind)
         if request.command == p.ENCODE:
-            metrics.REQUESTS.labels(metrics.path_of(request.client_id), refusal.kind).inc()
+            metrics.REQUESTS.labels(metrics.path_of(request.client_id), refusal.kind, model).inc()
         self.outbox.publish(fmt, fmt.refusal(request, refusal.message, refusal.kind))
+
+    def _model(self, request: p.Request, fmt: ReplyFormat) -> HeadModel | None:
+        """The model ``request`` names (else the default one); ``None`` once refused for naming
+        one this server does not serve."""
+        name = request.header.get("model")
+        model = self.head.models.get(name) if name is None or isinstance(name, str) else None
+        if model is None:
+            self._refuse(request, fmt, Refusal(self.head.models.unknown(name), p.UNKNOWN_MODEL))
+        return model
 
     def _on_encode(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         who = admission.principal(request.client_id, user, self.gateway_key)
         self.received += 1
-        options = read_options(request.header, self.config, self.registry.model, self.head.prompts)
+        model = self._model(request, fmt)
+        if model is None:
+            return None
+        return self._encode(request, fmt, who, model)
+
+    def _encode(self, request: p.Request, fmt: ReplyFormat, who: bytes, model: HeadModel) -> None:
+        config, scheduler, name = model.config, model.scheduler, model.name
+        info = self.registry.model_info(name, model.version)
+        options = read_options(request.header, config, info, model.prompts)
         refusal = options if isinstance(options, Refusal) else None
         if refusal is None and request.count is not None:  # refused on the count its header declares, unread
-            refusal = admission.check_count(request.count, self.config, self.scheduler, who)
+            refusal = admission.check_count(request.count, config, scheduler, who)
         if refusal is None:  # a full server refuses it without reading the texts
             floor = admission.payload_floor(len(request.payload or b""))
             refusal = admission.check_bytes(floor, self.requests.queued_bytes, self.config.max_queued_bytes)
         if refusal is not None:
-            return self._refuse(request, fmt, refusal)
+            return self._refuse(request, fmt, refusal, name)
         assert isinstance(options, EncodeOptions)
         try:
             texts = request.texts = p.decode_texts(request, request.payload)
         except p.ProtocolError as exc:
-            return self._refuse(request, fmt, Refusal(f"malformed request: {exc}", "protocol"))
+            return self._refuse(request, fmt, Refusal(f"malformed request: {exc}", "protocol"), name)
         if request.count is None:
-            refusal = admission.check_count(len(texts), self.config, self.scheduler, who)
+            refusal = admission.check_count(len(texts), config, scheduler, who)
         if refusal is None:
             try:
                 p.check_texts(texts, options.is_tokenized)
@@ -150,7 +165,7 @@ class Clients:
                 refusal = Refusal(str(exc))
         refusal = (
             refusal
-            or admission.check_lengths(texts, self.config.max_text_chars)
+            or admission.check_lengths(texts, config.max_text_chars)
             or admission.check_unique(request.request_id, self.requests.pending(request.key))
         )
         if refusal is None and options.prompt:  # the prompt's tokens count toward max_seq_len, as it runs
@@ -158,32 +173,32 @@ class Clients:
         nbytes = admission.held_bytes(texts)
         refusal = refusal or admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.max_queued_bytes)
         if refusal is not None:
-            return self._refuse(request, fmt, refusal)
+            return self._refuse(request, fmt, refusal, name)
         if not texts:
-            return self._answer_empty(request, fmt, options)
+            return self._answer_empty(request, fmt, options, model)
         key = self.requests.new_key(request.key)
         now = time.monotonic()
         deadline = now + options.timeout_s
         try:
-            self.scheduler.admit(
+            scheduler.admit(
                 key, who, texts, is_tokenized=options.is_tokenized, show_tokens=options.show_tokens, now=now,
-                chunk=options.chunk, version=self.head.serving_version, deadline=deadline,
-                truncation=options.truncation,
+                chunk=options.chunk, version=model.version, deadline=deadline, truncation=options.truncation,
             )  # fmt: skip
         except Busy as exc:
-            return self._refuse(request, fmt, Refusal(str(exc), admission.BUSY))
+            return self._refuse(request, fmt, Refusal(str(exc), admission.BUSY), name)
         except TooLarge as exc:
-            return self._refuse(request, fmt, Refusal(str(exc), "limit"))
-        admitted = Admitted(request.client_id, request.request_id, request.key, len(texts), deadline, fmt, nbytes)
+            return self._refuse(request, fmt, Refusal(str(exc), "limit"), name)
+        admitted = Admitted(request.client_id, request.request_id, request.key, len(texts), deadline, fmt, nbytes,
+                            name)  # fmt: skip
         self.requests.add(key, admitted)
         register = {
             "key": key, "client": request.client_id.hex(), "request_id": request.request_id, "count": len(texts),
-            "show_tokens": options.show_tokens, "version": self.head.serving_version, "format": fmt.name.decode(),
-            "timeout_s": options.timeout_s,
+            "show_tokens": options.show_tokens, "version": model.version, "format": fmt.name.decode(),
+            "timeout_s": options.timeout_s, "model": name,
         }  # fmt: skip
         if options.dimensions is not None:
             register["dimensions"] = options.dimensions
-            register["renormalize"] = bool(self.registry.model.get("normalize"))
+            register["renormalize"] = bool(info.get("normalize"))
         self.outbox.send([wire.REGISTER, p.dumps(register)])
         return None
 
@@ -194,22 +209,24 @@ class Clients:
         if key is not None:
             self.head.cancel({key})
 
-    def _answer_empty(self, request: p.Request, fmt: ReplyFormat, options: EncodeOptions) -> None:
-        model = self.registry.model
-        dim = options.dimensions or int(model.get("output_dim", 0))
-        shape = [0, 0, dim] if model.get("token_level") else [0, dim]
-        header: dict[str, Any] = {"dtype": model.get("output_dtype", "float32"), "shape": shape}
+    def _answer_empty(self, request: p.Request, fmt: ReplyFormat, options: EncodeOptions, model: HeadModel) -> None:
+        info = self.registry.model_info(model.name, model.version)
+        dim = options.dimensions or int(info.get("output_dim", 0))
+        shape = [0, 0, dim] if info.get("token_level") else [0, dim]
+        header: dict[str, Any] = {"dtype": info.get("output_dtype", "float32"), "shape": shape}
         if request.header.get("show_tokens"):
             header["tokens"] = []
-        if (version := self.head.serving_version) is not None:
+        if (version := model.version) is not None:
             header["model_version"] = version
-        metrics.REQUESTS.labels(metrics.path_of(request.client_id), "ok").inc()
+        metrics.REQUESTS.labels(metrics.path_of(request.client_id), "ok", model.name).inc()
         self.outbox.publish(fmt, fmt.answer(request, header, b""))
 
     # -- control commands (answered by .control) -------------------------------------------
 
     def _on_config(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
-        self.outbox.publish(fmt, fmt.answer(request, self.head.describe()))
+        model = self._model(request, fmt)
+        if model is not None:
+            self.outbox.publish(fmt, fmt.answer(request, self.head.describe(model)))
 
     def _on_status(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         status = self.head.status()
@@ -222,7 +239,9 @@ class Clients:
         self._answer(request, fmt, self.control.terminate(user))
 
     def _on_reload(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
-        self._answer(request, fmt, self.control.reload(request.header, user, self.head.serving_version))
+        model = self._model(request, fmt)
+        if model is not None:
+            self._answer(request, fmt, self.control.reload(request.header, user, model.version, model.name))
 
     def _answer(self, request: p.Request, fmt: ReplyFormat, answer: Refusal | dict[str, Any]) -> None:
         if isinstance(answer, Refusal):

@@ -43,7 +43,7 @@ class Control:
         self.remote_workers = remote_workers  # a head with remote workers cannot swap their model files
         self.terminate_requested = False
         self.reloads = 0  # RELOAD commands taken, so a caller can tell when its own is answered
-        self._reload: str | None = None  # "latest" or a version number, not yet taken by the swap
+        self._reload: dict[str, str] = {}  # model -> "latest" or a version number, not yet taken by its swap
 
     def is_admin(self, user: bytes | None, allowed: bool | None = None) -> bool:
         """Whether a client may run an administrative command: ``allowed`` if set, else
@@ -64,8 +64,10 @@ class Control:
         self.terminate_requested = True
         return {"stopping": True}
 
-    def reload(self, header: dict[str, Any], user: bytes | None, version: int | None) -> Refusal | dict[str, Any]:
-        """Check the model repository now (for ``version``, default the newest), and swap to
+    def reload(
+        self, header: dict[str, Any], user: bytes | None, version: int | None, model: str = ""
+    ) -> Refusal | dict[str, Any]:
+        """Check ``model``'s repository now (for ``version``, default the newest), and swap to
         what it finds; answered at once, the swap's progress is in the status."""
         if not self.is_admin(user):
             return self._forbidden("RELOAD")
@@ -78,11 +80,11 @@ class Control:
                            "restart the head and the workers on the new version")  # fmt: skip
         if wanted != "latest" and not (wanted.isdigit() and len(wanted) <= 9):
             return Refusal(f"version must be latest or a version number, not {wanted[:32]!r}")
-        self._reload = wanted
+        self._reload[model] = wanted
         self.reloads += 1
         return {"reload": self.reloads, "wanted": wanted, "model_version": version}
 
-    def take_reload(self) -> tuple[str, int] | None:
-        """The version the latest RELOAD asked for and its count, once."""
-        wanted, self._reload = self._reload, None
+    def take_reload(self, model: str = "") -> tuple[str, int] | None:
+        """The version the latest RELOAD of ``model`` asked for and the RELOAD count, once."""
+        wanted = self._reload.pop(model, None)
         return None if wanted is None else (wanted, self.reloads)

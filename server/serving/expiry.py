@@ -16,8 +16,8 @@ SWEEP_INTERVAL_S = 0.25  # how often the queues are swept (dispatch checks each 
 
 
 class Expiry:
-    def __init__(self, scheduler: Scheduler, requests: AdmittedRequests) -> None:
-        self.scheduler = scheduler
+    def __init__(self, schedulers: list[Scheduler], requests: AdmittedRequests) -> None:
+        self.schedulers = schedulers  # each served model's queue
         self.requests = requests
         self.sentences = 0  # queued inputs dropped unrun: their request's deadline had passed
         self._next_sweep = 0.0
@@ -31,9 +31,10 @@ class Expiry:
         self._next_sweep = now + SWEEP_INTERVAL_S
         expired = self.requests.expired(now)
         if expired:
-            before = self.scheduler.queued
-            self.scheduler.remove(expired)
-            self._count(before - self.scheduler.queued)
+            for scheduler in self.schedulers:
+                before = scheduler.queued
+                scheduler.remove(expired)
+                self._count(before - scheduler.queued)
             for key in expired:
                 self.requests.finish(key)
 

@@ -21,6 +21,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from bertserve.client.protocol import MODEL_NAME_PATTERN
+
 from ..config import ModelConfig, ServerConfig
 from ..errors import ConfigError
 from . import link_schema as schema
@@ -36,6 +38,7 @@ class HostConfig:
     model_dir: str
     num_worker: int = 1
     tuned_model_dir: str | None = None
+    model_name: str | None = None  # the head's model its workers join for (None: the head's default)
     graph_dir: str | None = None
     prefetch_size: int = 1
     cpu: bool = False
@@ -62,6 +65,9 @@ class HostConfig:
             (self.max_restarts >= 1, "max_restarts must be at least 1"),
             (self.model_class is None or re.match(schema.MODEL_CLASS_PATTERN, self.model_class) is not None,
              f"model_class must be written package.module:Name, not {self.model_class!r}"),
+            (self.model_name is None or re.fullmatch(MODEL_NAME_PATTERN, self.model_name) is not None,
+             f"--model-name must be 1 to 128 of letters, digits and ._:/- (starting with a letter or digit), "
+             f"not {self.model_name!r}"),
         ]  # fmt: skip
         for ok, problem in checks:
             if not ok:

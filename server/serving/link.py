@@ -59,6 +59,7 @@ from ..config import HEARTBEAT_INTERVAL_MS, ModelConfig, ServerConfig
 from ..logs import Refusals
 from . import link_schema as schema
 from . import wire
+from .models import Models
 from .registry import Registry
 from .scheduler import Job
 
@@ -81,6 +82,7 @@ class Host:
     last_seen: float
     draining: bool = False
     workers: int = 1  # the most workers it may register (its HELLO's count)
+    model: str = ""  # the served model its workers run
     clamped: bool = False  # told once that a worker of it asked for more credits than it gets
 
 
@@ -110,7 +112,7 @@ class Head(Protocol):
     registry: Registry
 
     @property
-    def serving_version(self) -> int | None: ...
+    def models(self) -> Models: ...
 
     def job_done(self, identity: bytes, done: schema.Done) -> None: ...
 
@@ -125,13 +127,10 @@ class WorkerLink:
     """The head's side of the worker link; the ventilator polls :attr:`socket` and calls
     :meth:`handle` with what it reads, and :meth:`tick` from its loop."""
 
-    def __init__(self, config: ServerConfig, context: zmq.Context, head: Head, model_sha256: str,
-                 curve_keys: Any = None) -> None:  # fmt: skip
+    def __init__(self, config: ServerConfig, context: zmq.Context, head: Head, curve_keys: Any = None) -> None:
         assert config.worker_port is not None
         self.config = config
         self.head = head
-        self.model_sha256 = model_sha256
-        self.welcome = p.dumps(welcome_options(config))
         self.hosts: dict[bytes, Host] = {}
         self.timeout_s = config.heartbeat_timeout_ms / 1000
         self._next_beat = 0.0
@@ -231,16 +230,19 @@ class WorkerLink:
             self._refusals.log("refused worker %s of host %s: its HELLO named %d worker(s), all registered",
                                message.worker.decode(), host.hostname, host.workers)  # fmt: skip
             return
+        served = vent.models.get(host.model)
+        if served is None:  # not after a HELLO that named it
+            return
         ready = message.ready
         model = ready.model
         if model is not None:  # the same files (checked), wherever they are there
-            model = model.model_copy(update={"model_dir": self.config.model.model_dir})
+            model = model.model_copy(update={"model_dir": served.config.model.model_dir})
         # Its files are the head's (checked), so it runs the head's version: a head with a link never swaps.
-        ready = ready.model_copy(update={"hostname": ready.hostname or host.hostname, "version": vent.serving_version,
-                                         "model": model})  # fmt: skip
+        ready = ready.model_copy(update={"hostname": ready.hostname or host.hostname, "version": served.version,
+                                         "model": model, "model_name": served.name})  # fmt: skip
         if known:  # registered again: what it held is not coming back
             vent.hand_back(key)
-        worker = vent.registry.add(key, ready, time.monotonic(), host=host.routing_id)
+        worker = vent.registry.add(key, ready, time.monotonic(), host=host.routing_id, model=served.name)
         if host.draining:
             vent.registry.drain(key)
         if worker.credits < ready.credits and not host.clamped:
@@ -310,10 +312,13 @@ class WorkerLink:
         old = self.hosts.get(host_id)
         if old is not None:  # said HELLO again: what it had is gone
             self._forget(old, "it joined again")
-        self.hosts[host_id] = Host(host_id, hello.hostname, time.monotonic(), workers=hello.workers)
+        served = self.head.models.get(hello.model_name)
+        assert served is not None  # checked by _refusal
+        self.hosts[host_id] = Host(host_id, hello.hostname, time.monotonic(), workers=hello.workers, model=served.name)
         self._told_to_rejoin.pop(host_id, None)
-        logger.info("host %s joined (bertserve %s, %d worker(s))", hello.hostname, hello.version, hello.workers)
-        self._send([host_id, wire.WELCOME, self.welcome])
+        logger.info("host %s joined for model %s (bertserve %s, %d worker(s))", hello.hostname, served.name,
+                    hello.version, hello.workers)  # fmt: skip
+        self._send([host_id, wire.WELCOME, p.dumps(welcome_options(served.config))])
 
     def _refusal(self, hello: schema.Hello, host_id: bytes) -> str | None:
         if hello.link != wire.LINK_VERSION:
@@ -321,11 +326,15 @@ class WorkerLink:
                 f"the worker speaks link version {hello.link} (bertserve {hello.version}); this head "
                 f"speaks {wire.LINK_VERSION} (bertserve {__version__}): run the same bertserve version on both"
             )
-        if hello.model_sha256 != self.model_sha256:
+        served = self.head.models.get(hello.model_name)
+        if served is None:
+            return f"{self.head.models.unknown(hello.model_name)}: start the worker with --model NAME, one of those"
+        if hello.model_sha256 != served.sha256:
             return (
-                f"the worker's model files (sha256 {schema.printable(hello.model_sha256, 16)}...) differ from the "
-                f"head's (sha256 {self.model_sha256[:16]}...): give the worker the same model directory as the head "
-                f"(--model-dir{' and --tuned-model-dir' if self.config.model.tuned_model_dir else ''})"
+                f"the worker's model files (sha256 {schema.printable(hello.model_sha256, 16)}...) differ from those "
+                f"of the head's model {served.name} (sha256 {served.sha256[:16]}...): give the worker the same model "
+                f"directory as the head (--model-dir"
+                f"{' and --tuned-model-dir' if served.config.model.tuned_model_dir else ''})"
             )
         if host_id not in self.hosts and len(self.hosts) >= MAX_HOSTS:
             return f"this head has {len(self.hosts)} hosts joined, the most it takes"

@@ -14,6 +14,7 @@ import os
 from pathlib import PureWindowsPath
 from typing import Annotated, Any, Literal
 
+from bertserve.client.protocol import MODEL_NAME_PATTERN
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 MAX_HOST_WORKERS = 256
@@ -50,6 +51,7 @@ Text255 = Annotated[str, StringConstraints(max_length=255), AfterValidator(_no_c
 Text1024 = Annotated[str, StringConstraints(max_length=1024), AfterValidator(_no_controls)]
 Text4096 = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_no_controls)]
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+ModelName = Annotated[str, StringConstraints(pattern=rf"^{MODEL_NAME_PATTERN}$")]
 Label = Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Za-z0-9_.:/+-]*$")]
 MODEL_CLASS_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 """How a model class is named: ``package.module:Name``."""
@@ -86,6 +88,7 @@ class Hello(_Schema):
     hostname: Text255 = "?"
     model_sha256: str = Field(default="", max_length=128)
     workers: int = Field(default=1, ge=1, le=MAX_HOST_WORKERS)
+    model_name: ModelName | None = None  # the served model its workers join for (None: the head's default)
 
 
 class ModelInfo(_Schema):
@@ -120,6 +123,7 @@ class Ready(_Schema):
     device: Text64 = ""
     hostname: Text255 = ""
     version: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    model_name: ModelName | None = None  # the served model it runs (a local worker says; a remote one's host did)
 
 
 class Done(_Schema):

@@ -14,7 +14,8 @@ A remote worker (on a ``bertserve worker`` host, reached over the worker link) i
 any other, keyed ``<host routing id>/<its identity on the host>``; ``host`` and ``name`` say
 where to send its jobs. A draining worker (its host is stopping, or it is being retired for
 another model version) keeps what it holds and gets nothing new. Each worker runs one model
-version and gets only jobs pinned to it (see :mod:`.swap`).
+(of the several a head may serve, :mod:`.models`) in one version, and gets only jobs of that
+model pinned to that version (see :mod:`.swap`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class WorkerState:
     device: str = ""
     draining: bool = False
     version: int | None = None  # the model version it runs (None: not from a model repository)
+    model: str = ""  # the served model it runs
     jobs: dict[str, tuple[Job, float]] = field(default_factory=dict)  # job id -> (job, dispatched at)
     answered: set[str] = field(default_factory=set)  # jobs held whose result came over the link
     jobs_done: int = 0
@@ -74,14 +76,16 @@ class Registry:
         self.max_failures = max_failures  # workers a job may lose before it is not retried
         self.workers: dict[bytes, WorkerState] = {}
         self.recent_jobs: deque[tuple[float, int, bool]] = deque(maxlen=512)  # (seconds, sentences, bulk)
-        self.models: dict[int | None, dict[str, Any]] = {}  # what each version's workers report
-        self.serving: int | None = None  # the version new requests are pinned to
+        self.models: dict[tuple[str, int | None], dict[str, Any]] = {}  # what each model version's workers report
 
     def __len__(self) -> int:
         return len(self.workers)
 
-    def add(self, identity: bytes, ready: Ready, now: float, *, host: bytes | None = None) -> WorkerState:
-        """Register a worker; it gets ``ready.credits``, at most :attr:`max_credits`."""
+    def add(
+        self, identity: bytes, ready: Ready, now: float, *, host: bytes | None = None, model: str = ""
+    ) -> WorkerState:
+        """Register a worker of served model ``model``; it gets ``ready.credits``, at most
+        :attr:`max_credits`."""
         credits = min(ready.credits, self.max_credits)
         worker = WorkerState(identity, ready.worker, ready.pid, credits, now, now)
         worker.host = host
@@ -89,20 +93,23 @@ class Registry:
         worker.hostname = ready.hostname
         worker.device = ready.device
         worker.version = ready.version
+        worker.model = model
         self.workers[identity] = worker
         if ready.model is not None:
-            self.models[worker.version] = ready.model.public()
+            self.models[(model, worker.version)] = ready.model.public()
         return worker
 
-    @property
-    def model(self) -> dict[str, Any]:
-        """What the workers of the version served report of their model (``{}`` before any has)."""
-        return self.models.get(self.serving) or next(iter(self.models.values()), {})
+    def model_info(self, model: str, version: int | None) -> dict[str, Any]:
+        """What the workers of ``model`` in ``version`` (else in any version) report of it;
+        ``{}`` before any has."""
+        found = self.models.get((model, version))
+        if found is None:
+            found = next((info for (name, _), info in self.models.items() if name == model), {})
+        return found
 
-    @property
-    def serving_count(self) -> int:
-        """Workers taking new jobs (not draining)."""
-        return sum(1 for w in self.workers.values() if not w.draining)
+    def serving_count(self, model: object = _ANY) -> int:
+        """Workers (of ``model``, if given) taking new jobs (not draining)."""
+        return sum(1 for w in self.workers.values() if not w.draining and (model is _ANY or w.model == model))
 
     @property
     def local_count(self) -> int:
@@ -113,24 +120,24 @@ class Registry:
         if worker is not None:
             worker.last_seen = now
 
-    def pick(self, version: object = _ANY) -> WorkerState | None:
-        """The worker (of ``version``, if given) with the most free credits and the fewest
-        jobs, if any has a free credit."""
-        open_ = [w for w in self.workers.values() if not w.draining and (version is _ANY or w.version == version)]
+    def pick(self, version: object = _ANY, model: object = _ANY) -> WorkerState | None:
+        """The worker (of ``model`` and ``version``, if given) with the most free credits and
+        the fewest jobs, if any has a free credit."""
+        open_ = [w for w in self.workers.values() if not w.draining and _runs(w, model, version)]
         if not open_:
             return None
         worker = max(open_, key=lambda w: (w.free, -len(w.jobs)))
         return worker if worker.free > 0 else None
 
-    def pick_overtake(self, rows: int, version: object = _ANY) -> WorkerState | None:
-        """A worker (of ``version``, if given) whose credits are all taken by long jobs (bulk,
+    def pick_overtake(self, rows: int, version: object = _ANY, model: object = _ANY) -> WorkerState | None:
+        """A worker (of ``model`` and ``version``, if given) whose credits are all taken by long jobs (bulk,
         or of more than ``rows`` sentences: several model runs) and that holds no short one, so
         a short job sent to it beyond its credits runs between two model runs of its long work;
         the one that holds the fewest jobs."""
         busy = [
             w
             for w in self.workers.values()
-            if w.jobs and not w.draining and _only_long(w, rows) and (version is _ANY or w.version == version)
+            if w.jobs and not w.draining and _only_long(w, rows) and _runs(w, model, version)
         ]
         return min(busy, key=lambda w: len(w.jobs), default=None)
 
@@ -235,7 +242,8 @@ class Registry:
             "workers": [
                 {
                     "index": w.index, "pid": w.pid, "host": w.hostname, "device": w.device,
-                    "remote": w.host is not None, "state": _state(w), "version": w.version, "credits": w.credits,
+                    "remote": w.host is not None, "state": _state(w), "model": w.model, "version": w.version,
+                    "credits": w.credits,
                     "jobs_done": w.jobs_done,
                     "sentences": w.sentences, "skipped_sentences": w.skipped, "jobs_in_flight": len(w.jobs),
                     "busy_s": round(w.busy_seconds, 3),
@@ -264,6 +272,10 @@ def _state(worker: WorkerState) -> str:
     if worker.draining:
         return "draining"
     return "busy" if worker.jobs else "idle"
+
+
+def _runs(worker: WorkerState, model: object, version: object) -> bool:
+    return (model is _ANY or worker.model == model) and (version is _ANY or worker.version == version)
 
 
 def _only_long(worker: WorkerState, rows: int) -> bool:

@@ -221,6 +221,7 @@ class WorkerHost(ExitFlags):
             hello = {
                 "link": wire.LINK_VERSION, "version": __version__, "hostname": self.hostname,
                 "model_sha256": self.model_sha256, "workers": self.config.num_worker,
+                "model_name": self.config.model_name,
             }  # fmt: skip
             self._to_head([wire.HELLO, p.dumps(hello)])
         if now < self.next_notice or self.watch is None:

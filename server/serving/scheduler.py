@@ -88,8 +88,9 @@ class _ClientQueue:
 class Scheduler:
     """Per-client queues, admission, cutting, merging and turns. No sockets, no clocks."""
 
-    def __init__(self, config: ServerConfig, count_tokens: CountTokens | None = None) -> None:
+    def __init__(self, config: ServerConfig, count_tokens: CountTokens | None = None, job_prefix: str = "") -> None:
         self.config = config
+        self.prefix = job_prefix  # the models' queues each have their own, so job ids never meet
         self.count_tokens = count_tokens
         self.clients: dict[bytes, _ClientQueue] = {}
         self.small_turns: deque[bytes] = deque()  # clients with small requests queued, next turn first
@@ -368,7 +369,7 @@ class Scheduler:
             del self.clients[client]
 
     def _job(self, pieces: list[Piece], bulk: bool) -> Job:
-        return Job(str(next(self._job_ids)), pieces, bulk)
+        return Job(f"{self.prefix}{next(self._job_ids)}", pieces, bulk)
 
     # -- failures ----------------------------------------------------------------------
 

@@ -64,6 +64,7 @@ class _Pending:
     format: formats.ReplyFormat = formats.NATIVE  # how its replies are laid out, chosen at admission
     dimensions: int | None = None  # keep the first k dimensions of each vector
     renormalize: bool = False  # and scale them back to unit length (the model's output is normalized)
+    model: str = ""  # the served model it runs on: a label of its metrics
     filled: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -237,6 +238,7 @@ class Sink:
         version = info.get("version")
         pending.version = version if isinstance(version, int) else self.config.version_number
         pending.format = formats.named(str(info.get("format", "native")))
+        pending.model = str(info.get("model", ""))
         self.pending[key] = pending
         for _, rows, vectors, tokens, counts in self.orphans.pop(key, []):
             self._add(key, pending, rows, vectors, tokens, counts)
@@ -332,6 +334,8 @@ class Sink:
             header["chunked"] = pending.chunked
             if pending.version is not None:
                 header["model_version"] = pending.version
+            if pending.model:
+                header["model"] = pending.model
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
             frames = pending.format.vectors(pending.client, pending.request_id, array, header)
@@ -392,8 +396,8 @@ def _row_counts(header: dict[str, Any], rows: int) -> np.ndarray | None:
 
 def _count(pending: _Pending, outcome: str) -> None:
     path = metrics.path_of(pending.client)
-    metrics.REQUESTS.labels(path, outcome).inc()
-    metrics.REQUEST_SECONDS.labels(path).observe(time.monotonic() - pending.admitted)
+    metrics.REQUESTS.labels(path, outcome, pending.model).inc()
+    metrics.REQUEST_SECONDS.labels(path, pending.model).observe(time.monotonic() - pending.admitted)
 
 
 def run_sink(

@@ -11,7 +11,8 @@ fail what is left with an error reply, stop the workers, then the sink; a proces
 not stop in time is killed. Remote workers (``--worker-port``) are not this process's to
 start or stop: their hosts keep them alive (:mod:`.remote`) and join again when a head
 comes back. With a repository of model versions, :mod:`.swap` rolls the workers to a new
-version while serving.
+version while serving. Several models are served side by side (:mod:`.models`): each has
+its own workers, versions and swap; the worker indices run on across them.
 
 The processes are :class:`.children.Children`, restarted by :mod:`.restarts`' rule; the model
 versions' state (what was refused, the swap's progress, the tokenizer served) is the
@@ -36,9 +37,12 @@ from .. import metrics
 from ..config import ServerConfig
 from ..errors import StartupError
 from ..model.prompts import Prompts
+from ..served_models import ServedModel, default_model_name, served_models
 from . import preflight
 from .children import Children, worker_index, worker_name
 from .lifecycle import DRAIN_SECONDS, ExitFlags
+from .model_processes import ModelProcesses, ServedModelState
+from .models import HeadModel, Models
 from .restarts import Exit, Fate
 from .scheduler import Scheduler
 from .sink import run_sink
@@ -61,16 +65,17 @@ class BertServer(ExitFlags):
         self.log_level = log_level
         super().__init__()
         self.children = Children(config.max_restarts, logger)  # the sink, the HTTP front end, the workers
-        self.worker_configs: dict[int, ServerConfig] = {}  # the config (model version) each worker runs
+        self.worker_configs: dict[int, ServerConfig] = {}  # the config (model and version) each worker runs
         self.addresses: Addresses | None = None
-        self.versions = VersionsBook()
-        self.follow_latest = True  # --model-version latest: newer versions are swapped in
-        self.swap: VersionSwap | None = None
+        self.models: dict[str, ServedModelState] = {}  # each served model's versions, swap and what preflight found
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.principals: Any = None  # who may call the HTTP API (http.principals.Principals), read at start
-        self.model_info: dict[str, Any] = {}
-        self.model_sha256 = ""  # of the model files, which remote workers must share
         self.gave_up: str | None = None
+
+    @property
+    def versions(self) -> VersionsBook:
+        """The default model's versions."""
+        return next(iter(self.models.values())).book
 
     # -- running -------------------------------------------------------------------------
 
@@ -78,8 +83,14 @@ class BertServer(ExitFlags):
         """Serve until told to stop (a signal, ``TERMINATE``, or ``should_exit``)."""
         if self.config.http_port is not None:
             self._load_principals()
-        self.config, self.follow_latest = preflight.choose_version(self.config, self.versions)
-        self.model_info, self.model_sha256 = preflight.check_model(self.config, self.versions)
+        for served in served_models(self.config):
+            book = VersionsBook()
+            config, follow_latest = preflight.choose_version(served.config, book)
+            info, sha256 = preflight.check_model(config, book)
+            self.models[served.name] = ServedModelState(served.name, config, book, follow_latest, info, sha256)
+        self.config = next(
+            iter(self.models.values())
+        ).config  # the default model's (the server's options are all the same)
         context = zmq.Context()
         ipc_dir = tempfile.mkdtemp(prefix="bertserve-")
         addresses = self.addresses = Addresses(
@@ -123,30 +134,25 @@ class BertServer(ExitFlags):
             self._start_sink(addresses)
             if self.config.http_port is not None:
                 self._start_http()
-            counter = self.versions.count_tokens if self.versions.tokenizer is not None else None
-            scheduler = Scheduler(self.config, counter)
-            ventilator = self._ventilator(context, frontend, addresses, scheduler, admins, gateway_public, curve_keys)
-            ventilator.attach_versions(self.versions)
+            ventilator = self._ventilator(context, frontend, addresses, self._head_models(), admins, gateway_public,
+                                          curve_keys)  # fmt: skip
             metrics.MODEL_VERSION.set(self.config.version_number or 0)
-            self._start_workers(ventilator, addresses)
-            if self.versions.repository and self.config.worker_port is None:
-                self.swap = VersionSwap(
-                    self.config, pool=ventilator, processes=self, book=self.versions, follow_latest=self.follow_latest
-                )
-            elif self.versions.repository and self.config.poll_interval_s:
-                logger.warning("--poll-interval-s is ignored with --worker-port: remote workers' model files "
-                               "cannot be swapped from here")  # fmt: skip
+            for model in self.models.values():
+                self._start_workers(ventilator, addresses, model)
+            self._start_swaps(ventilator)
             if "http" in self.children:
                 self._wait_http(ventilator)
             ventilator.update_gauges()
             if on_ready is not None:
                 info = ventilator.describe()
+                default = next(iter(self.models.values()))
                 # With no local worker, what no worker has reported yet comes from the options.
-                on_ready({**info, **{k: v for k, v in self.model_info.items() if info.get(k) is None}})
+                on_ready({**info, **{k: v for k, v in default.info.items() if info.get(k) is None}})
             self._serve(ventilator, addresses)
         finally:
-            if self.swap is not None:
-                self.swap.close()
+            for model in self.models.values():
+                if model.swap is not None:
+                    model.swap.close()
             self._shutdown(ventilator)
             frontend.close()
             if ventilator is not None:
@@ -158,15 +164,35 @@ class BertServer(ExitFlags):
         if self.gave_up is not None:
             raise StartupError(f"the server stopped: {self.gave_up} (see the errors above)")
 
+    def _head_models(self) -> Models:
+        """Each served model as the head sees it: its own queue, prompts and versions."""
+        head = []
+        for index, model in enumerate(self.models.values()):
+            book = model.book
+            counter = book.count_tokens if book.tokenizer is not None else None
+            prompts = Prompts(model.info.get("prompts", {}), model.info.get("default_prompt_name"))
+            queue = Scheduler(model.config, counter, job_prefix=f"m{index}." if index else "")  # ids of [A-Za-z0-9._:-]
+            head.append(HeadModel(model.name, model.config, queue, prompts, model.sha256, versions_view=book))
+        return Models(head, default_model_name(self.config))
+
+    def _start_swaps(self, ventilator: Ventilator) -> None:
+        for model in self.models.values():
+            if model.book.repository and self.config.worker_port is None:
+                pool = ventilator.pool(ventilator.models.by_name[model.name])
+                model.swap = VersionSwap(model.config, pool=pool, processes=ModelProcesses(self, model.name),
+                                         book=model.book, follow_latest=model.follow_latest)  # fmt: skip
+            elif model.book.repository and model.config.poll_interval_s:
+                logger.warning("--poll-interval-s is ignored with --worker-port: remote workers' model files "
+                               "cannot be swapped from here")  # fmt: skip
+
     def _ventilator(
-        self, context: zmq.Context, frontend: zmq.Socket, addresses: Addresses, scheduler: Scheduler,
+        self, context: zmq.Context, frontend: zmq.Socket, addresses: Addresses, models: Models,
         admins: frozenset[bytes] | None, gateway_public: bytes | None, curve_keys: Any,
     ) -> Ventilator:  # fmt: skip
         try:
             return Ventilator(
-                self.config, context, frontend, addresses, scheduler, curve_admins=admins, gateway_key=gateway_public,
-                model_sha256=self.model_sha256, curve_keys=curve_keys,
-                prompts=Prompts(self.model_info.get("prompts", {}), self.model_info.get("default_prompt_name")),
+                self.config, context, frontend, addresses, models, curve_admins=admins, gateway_key=gateway_public,
+                curve_keys=curve_keys,
             )  # fmt: skip
         except zmq.ZMQError as exc:  # the worker link's port
             where = f"{self.config.bind}:{self.config.worker_port}"
@@ -180,16 +206,15 @@ class BertServer(ExitFlags):
     def _extra_client_keys(self) -> frozenset[bytes]:
         return frozenset([self.gateway_keys.public]) if self.gateway_keys is not None else frozenset()
 
-    # -- what the version swap asks (interfaces.WorkerProcesses) --------------------------
+    # -- what a model's version swap asks (interfaces.WorkerProcesses, through ModelProcesses) --
 
-    def worker_versions(self) -> dict[int, int | None]:
-        return {index: config.version_number for index, config in self.worker_configs.items()}
+    def workers_of(self, model: str) -> dict[int, ServerConfig]:
+        """The local worker processes of served model ``model`` (running, or waiting to start
+        again), with the config each runs."""
+        return {index: config for index, config in self.worker_configs.items() if config.served_model_name == model}
 
     def worker_alive(self, index: int) -> bool:
         return self.children.alive(worker_name(index))
-
-    def retiring_workers(self) -> set[int]:
-        return {index for index in self.worker_configs if self.children.retiring(worker_name(index))}
 
     def add_worker(self, config: ServerConfig) -> int:
         assert self.addresses is not None
@@ -242,7 +267,8 @@ class BertServer(ExitFlags):
         from ..http.process import run_http
 
         # The keys go to the child through multiprocessing's pipe (as SHA-256 digests), never its command line.
-        args = (self.config, self.log_level, self.gateway_keys, self.principals)
+        models = [ServedModel(model.name, model.config) for model in self.models.values()]
+        args = (self.config, self.log_level, self.gateway_keys, self.principals, models)
         self.children.start("http", run_http, args, "bertserve-http")
 
     def _wait_http(self, ventilator: Ventilator) -> None:
@@ -263,25 +289,28 @@ class BertServer(ExitFlags):
             except OSError:
                 ventilator.poll_once(100)
 
-    def _start_workers(self, ventilator: Ventilator, addresses: Addresses) -> None:
-        """What the workers load is made first, in processes of its own (see
-        :mod:`..model.prepare`); then worker 0, then the rest."""
-        if self.config.num_worker == 0:
-            logger.info("no local workers: serving once remote workers join on port %d", self.config.worker_port)
+    def _start_workers(self, ventilator: Ventilator, addresses: Addresses, model: ServedModelState) -> None:
+        """What ``model``'s workers load is made first, in processes of its own (see
+        :mod:`..model.prepare`); then its first worker, then the rest."""
+        config = model.config
+        if config.num_worker == 0:
+            logger.info("no local workers for model %s: serving it once remote workers join on port %d", model.name,
+                        self.config.worker_port)  # fmt: skip
             return
-        preparation = self.prepare(self.config)
+        preparation = self.prepare(config)
         while preparation is not None and (done := preparation.poll()) is None:
             if self.should_exit.is_set():
                 preparation.stop()
                 raise StartupError("interrupted while the model's graph was being built")
             ventilator.poll_once(100)
         if preparation is not None and not done:
-            raise StartupError(f"the model cannot be served: {preparation.failure}")
-        self._start_worker(0, addresses)
-        self._wait_ready(ventilator, 1)
-        for index in range(1, self.config.num_worker):
-            self._start_worker(index, addresses)
-        self._wait_ready(ventilator, self.config.num_worker)
+            raise StartupError(f"the model {model.name} cannot be served: {preparation.failure}")
+        first = max(self.worker_configs, default=-1) + 1
+        self._start_worker(first, addresses, config)
+        self._wait_ready(ventilator, first + 1)
+        for index in range(first + 1, first + config.num_worker):
+            self._start_worker(index, addresses, config)
+        self._wait_ready(ventilator, first + config.num_worker)
 
     def _wait_ready(self, ventilator: Ventilator, count: int) -> None:
         while ventilator.local_workers < count:
@@ -320,8 +349,9 @@ class BertServer(ExitFlags):
             self._restart(name, addresses)
         for name, process in self.children.dead():
             self._died(ventilator, name, process.exitcode, now)
-        if self.swap is not None:
-            self.swap.tick(now)
+        for model in self.models.values():
+            if model.swap is not None:
+                model.swap.tick(now)
         self.children.forgive(now)
 
     def _restart(self, name: str, addresses: Addresses) -> None:
@@ -347,8 +377,10 @@ class BertServer(ExitFlags):
 
     def _worker_died(self, ventilator: Ventilator, index: int, exitcode: int | None, now: float) -> None:
         """Restart a worker that died, unless a swap retired it or no longer needs it."""
-        name, version = worker_name(index), self.worker_configs[index].version_number
-        wanted = None if self.swap is None else functools.partial(self.swap.keep, index, exitcode)
+        config = self.worker_configs[index]
+        name, version = worker_name(index), config.version_number
+        swap = self.models[config.served_model_name or ""].swap if config.served_model_name in self.models else None
+        wanted = None if swap is None else functools.partial(swap.keep, index, exitcode)
         verdict = self.children.exited(name, now, wanted=wanted)  # the swap sees the worker's jobs before they go
         if verdict.fate is Fate.RETIRED:
             logger.info("worker %d (model version %s) stopped", index, version)

@@ -30,14 +30,15 @@ from . import link_schema, wire
 from .admitted import AdmittedRequests
 from .clients import Clients
 from .control import Control, describe
+from .dispatch import Dispatch
 from .expiry import Expiry
 from .formats import ReplyFormat
 from .gauges import HeadGauges
-from .interfaces import VersionsView
 from .link import WorkerLink
+from .models import HeadModel, ModelPool, Models, model_ready, model_status, model_summary, versions_status
 from .outbox import SinkOutbox
 from .registry import MAX_CREDITS, Registry, WorkerState
-from .scheduler import Job, Scheduler
+from .scheduler import Scheduler
 from .sockets import drain
 from .worker import Addresses
 
@@ -56,7 +57,7 @@ class Ventilator:
         context: zmq.Context,
         frontend: zmq.Socket,
         addresses: Addresses,
-        scheduler: Scheduler,
+        models: Models | Scheduler,
         *,
         curve_admins: frozenset[bytes] | None = None,
         gateway_key: bytes | None = None,
@@ -65,8 +66,9 @@ class Ventilator:
         prompts: Prompts | None = None,
     ) -> None:
         self.config = config
-        self.prompts = prompts or Prompts({}, None)  # what a request's prompt_name may name
-        self.scheduler = scheduler
+        if isinstance(models, Scheduler):  # one model: the whole server's
+            models = Models.single(config, models, prompts=prompts or Prompts({}, None), sha256=model_sha256)
+        self.models = models
         self.registry = Registry(
             job_timeout_s=config.job_timeout_ms / 1000, heartbeat_timeout_s=config.heartbeat_timeout_ms / 1000,
             max_credits=max(MAX_CREDITS, config.prefetch_size),
@@ -84,21 +86,33 @@ class Ventilator:
         self.requests = AdmittedRequests()
         self.control = Control(config, admins=curve_admins, remote_workers=config.worker_port is not None)
         self.clients = Clients(
-            config, self, scheduler=scheduler, registry=self.registry, requests=self.requests, outbox=self.outbox,
+            config, self, registry=self.registry, requests=self.requests, outbox=self.outbox,
             control=self.control, curve=self.curve, gateway_key=gateway_key,
         )  # fmt: skip
         self.gauges = HeadGauges()
         self.accepting = True
         self.started = time.time()
-        self.expiry = Expiry(scheduler, self.requests)
+        self.expiry = Expiry([model.scheduler for model in models], self.requests)
         self.cancelled = 0  # requests their clients withdrew (CANCEL) while pending
         self._next_gauges = 0.0
-        self.version = config.version_number  # the model version new requests are pinned to
-        self.registry.serving = self.version
-        self.versions_view: VersionsView | None = None  # the model versions' side of the status
+        self.dispatch = Dispatch(models, self.registry, self.expiry, self._send_frames, self.lose_worker)
         self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
         if config.worker_port is not None:
-            self.link = WorkerLink(config, context, self, model_sha256, curve_keys)
+            self.link = WorkerLink(config, context, self, curve_keys)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The default model's queue."""
+        return self.models.default.scheduler
+
+    @property
+    def prompts(self) -> Prompts:
+        """The default model's prompts."""
+        return self.models.default.prompts
+
+    def pool(self, model: HeadModel) -> ModelPool:
+        """The workers and queue of ``model``, as its version swap sees them."""
+        return ModelPool(self, model)
 
     def close(self) -> None:
         for socket in (self.backend, self.credit_socket):
@@ -108,12 +122,8 @@ class Ventilator:
             self.link.close()
 
     @property
-    def ready(self) -> bool:
-        return len(self.registry) > 0
-
-    @property
     def idle(self) -> bool:
-        return not self.requests and self.scheduler.empty and not self.outbox
+        return not self.requests and all(model.scheduler.empty for model in self.models) and not self.outbox
 
     @property
     def terminate_requested(self) -> bool:
@@ -136,9 +146,10 @@ class Ventilator:
         if self.outbox:
             poller.register(self.outbox.socket, zmq.POLLOUT)
         wait = timeout_ms
-        due = self.scheduler.wake_in(time.monotonic())
-        if due is not None and self.registry.pick() is not None:
-            wait = min(wait, int(due * 1000) + 1)  # a waiting small request falls due
+        for model in self.models:
+            due = model.scheduler.wake_in(time.monotonic())
+            if due is not None and self.registry.pick(model=model.name) is not None:
+                wait = min(wait, int(due * 1000) + 1)  # a waiting small request falls due
         events = dict(poller.poll(wait))
         if self.backend in events:
             drain(self.backend, self._on_worker_message)
@@ -149,7 +160,7 @@ class Ventilator:
         if self.frontend in events:
             drain(self.frontend, self.clients.handle, copy=False, seconds=_CLIENT_DRAIN_S)
         self.outbox.flush()
-        self._dispatch()
+        self.dispatch.run(time.monotonic())
         now = time.monotonic()
         if self.link is not None:
             self.link.tick(now)
@@ -173,19 +184,29 @@ class Ventilator:
         """Answer the requests ``keys`` with an error and drop what is left of them."""
         if not keys:
             return
-        self.scheduler.remove(keys)
+        for model in self.models:
+            model.scheduler.remove(keys)
         for key in keys:
             self.requests.finish(key)
         self.outbox.send([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
 
     # -- control commands (answered by .control) -------------------------------------------
 
-    def describe(self) -> dict[str, Any]:
-        answer = describe(self.config, curve=self.curve, ready=self.ready, model=self.registry.model)
-        answer.update(self.prompts.describe())
+    def describe(self, model: HeadModel | None = None) -> dict[str, Any]:
+        """The CONFIG answer for ``model`` (default: the default model), with every model listed."""
+        model = model or self.models.default
+        info = self.registry.model_info(model.name, model.version)
+        answer = describe(model.config, curve=self.curve, ready=self.model_ready(model), model=info)
+        answer.update(model.prompts.describe())
+        answer.update(model_name=model.name, default_model=self.models.default.name,
+                      models=[model_summary(served, self.registry) for served in self.models])  # fmt: skip
         return answer
 
+    def model_ready(self, model: HeadModel) -> bool:
+        return model_ready(model, self.registry)
+
     def status(self) -> dict[str, Any]:
+        queues = [model.scheduler.stats() for model in self.models]
         return {
             "server_version": __version__,
             "ready": self.ready,
@@ -195,21 +216,20 @@ class Ventilator:
             "requests_cancelled": self.cancelled,
             "expired_sentences_dropped": self.expiry.sentences,
             "queued_bytes": self.requests.queued_bytes,
-            **self._versions(),
-            **self.scheduler.stats(),
+            **versions_status(self.models.default),
+            **{key: sum(queue[key] for queue in queues) for key in queues[0]},
             **self.registry.stats(time.monotonic()),
+            "models": {
+                model.name: model_status(model, self.registry, queue, default=model is self.models.default)
+                for model, queue in zip(self.models, queues, strict=True)
+            },
             **({"worker_hosts": self.link.stats()} if self.link is not None else {}),
         }
 
-    def _versions(self) -> dict[str, Any]:
-        if self.version is None:
-            return {}
-        view = self.versions_view.version_status() if self.versions_view is not None else {}
-        return {"model_version": self.version, "refused_versions": [], "swap": {}, **view}
-
-    def attach_versions(self, view: VersionsView) -> None:
-        """Where the status reads the refused versions and the swap's progress from."""
-        self.versions_view = view
+    @property
+    def ready(self) -> bool:
+        """Every model has a worker."""
+        return all(self.model_ready(model) for model in self.models)
 
     # -- workers -------------------------------------------------------------------------
 
@@ -220,8 +240,14 @@ class Ventilator:
         except p.ProtocolError as exc:
             logger.error("dropped a malformed message from %r: %s", identity[:64], exc)
             return
-        worker = self.registry.add(identity, ready, time.monotonic())
-        logger.debug("worker %d (pid %d) ready with %d credits", worker.index, worker.pid, worker.credits)
+        model = self.models.get(ready.model_name)
+        if model is None:
+            logger.error("dropped READY of worker %r: it runs model %r, which this head does not serve", identity[:64],
+                         ready.model_name)  # fmt: skip
+            return
+        worker = self.registry.add(identity, ready, time.monotonic(), model=model.name)
+        logger.debug("worker %d (pid %d, model %s) ready with %d credits", worker.index, worker.pid, model.name,
+                     worker.credits)  # fmt: skip
 
     def _on_credit(self, frames: list[bytes]) -> None:
         try:
@@ -236,13 +262,16 @@ class Ventilator:
 
     def job_done(self, identity: bytes, done: link_schema.Done) -> None:
         """Worker ``identity``'s DONE: its credit is free again, and the rows it computed are counted."""
+        queue = self._queue_of(identity)
+        worker = self.registry.workers.get(identity)
+        worker_model = worker.model if worker is not None else ""
         job = self.registry.done(identity, done, time.monotonic())
         if job is None:
             logger.debug("ignored DONE of job %s from %r: it is no longer that worker's", done.job, identity)
             return
-        _count_job(job.size, done)
+        _count_job(job.size, done, worker_model)
         ran = job.size if done.sentences is None else done.sentences
-        self.scheduler.throughput.job_done(ran, done.seconds, bulk=job.bulk, now=time.monotonic())
+        queue.throughput.job_done(ran, done.seconds, bulk=job.bulk, now=time.monotonic())
         for piece in job.pieces:
             self.requests.rows_done(piece.key, len(piece.rows))
 
@@ -255,19 +284,27 @@ class Ventilator:
     def hand_back(self, identity: bytes) -> None:
         """A worker is leaving and returns what it holds: its jobs run elsewhere, and count as
         never run."""
+        queue = self._queue_of(identity)
         for job in self.registry.remove(identity):
             job.pieces = [piece for piece in job.pieces if piece.key in self.requests]
             if job.pieces:
-                self.scheduler.retry(job)
+                queue.retry(job)
+
+    def _queue_of(self, identity: bytes) -> Scheduler:
+        """The queue of the model worker ``identity`` runs: where its jobs go back to."""
+        worker = self.registry.workers.get(identity)
+        model = self.models.get(worker.model) if worker is not None else None
+        return (model or self.models.default).scheduler
 
     def lose_worker(self, identity: bytes, reason: str) -> None:
+        queue = self._queue_of(identity)
         retry, poisoned = self.registry.lose(identity)
         if retry or poisoned:
             logger.warning("%s: it held %d job(s); handing them to others", reason, len(retry) + len(poisoned))
         for job in retry:
             job.pieces = [piece for piece in job.pieces if piece.key in self.requests]  # not failed meanwhile
             if job.pieces:
-                self.scheduler.retry(job)
+                queue.retry(job)
         for job in poisoned:
             keys = {key for key in job.keys if key in self.requests}
             logger.error("job %s lost %d workers (%s); failing its requests %s", job.job_id, job.failures, reason, keys)
@@ -304,7 +341,8 @@ class Ventilator:
         arrives), so it is not answered again."""
         self.outbox.reconnect()  # what was queued for the dead sink (their registrations) must not reach the new one
         keys = sorted(self.requests.requests)
-        self.scheduler.remove(set(keys))
+        for model in self.models:
+            model.scheduler.remove(set(keys))
         error = "the server's sink process failed while this request was in flight; please retry"
         for key in keys:
             request = self.requests.finish(key)
@@ -313,60 +351,22 @@ class Ventilator:
             self.outbox.publish(
                 request.format, request.format.error(request.client, request.request_id, error, "internal")
             )
-            metrics.REQUESTS.labels(metrics.path_of(request.client), "internal").inc()
+            metrics.REQUESTS.labels(metrics.path_of(request.client), "internal", request.model).inc()
 
-    # -- dispatch ------------------------------------------------------------------------
+    # -- dispatch (.dispatch) ----------------------------------------------------------------
 
-    def _dispatch(self) -> None:
-        """Jobs to workers with free credits; a job runs only on a worker of its version (two
-        run side by side only while a swap is under way, see :mod:`.swap`)."""
-        now = time.monotonic()
-        self.scheduler.throughput.workers = self.registry.serving_count
-        while (worker := self.registry.pick()) is not None:
-            job = self.scheduler.next_job(now, idle=not worker.jobs)
-            if job is None:
-                return
-            if not self.expiry.live(job, now):
-                continue
-            if job.version != worker.version and (worker := self.registry.pick(job.version)) is None:
-                self.scheduler.put_back(job)  # its version's workers are all busy
-                return
-            self._send_job(worker, job, now)
-        # Every credit is taken: small requests overtake, one model run's worth at a time, to
-        # workers that hold only long jobs.
-        rows = self.config.model.batch_size
-        while self.scheduler.small_count and (worker := self.registry.pick_overtake(rows)) is not None:
-            job = self.scheduler.next_small_job(rows)
-            if job is None:
-                return
-            if not self.expiry.live(job, now):
-                continue
-            if job.version != worker.version and (worker := self.registry.pick_overtake(rows, job.version)) is None:
-                self.scheduler.put_back(job)
-                return
-            self._send_job(worker, job, now)
-
-    def _send_job(self, worker: WorkerState, job: Job, now: float) -> None:
-        frames = [wire.JOB, job.job_id.encode(), p.dumps(job.header(now)), p.dumps(job.texts)]
-        try:
-            if worker.host is None:
-                self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
-            else:
-                assert self.link is not None
-                self.link.send_job(worker.host, worker.name, frames)
-        except zmq.ZMQError as exc:  # the worker vanished between READY and now
-            logger.warning("could not reach worker %d: %s", worker.index, exc)
-            self.scheduler.retry(job)  # never ran: not its fault
-            self.lose_worker(worker.identity, f"worker {worker.index} became unreachable")
-            return
-        logger.debug("job %s (%d inputs%s) to worker %d", job.job_id, job.size, ", bulk" if job.bulk else "",
-                     worker.index)  # fmt: skip
-        metrics.JOB_SENTENCES.observe(job.size)
-        self.registry.assign(worker, job, now)
+    def _send_frames(self, worker: WorkerState, frames: list[Any]) -> None:
+        """``frames`` to ``worker``, local or remote; raises ``zmq.ZMQError`` if it cannot be reached."""
+        if worker.host is None:
+            self.backend.send_multipart([worker.identity, *frames], zmq.NOBLOCK)
+        else:
+            assert self.link is not None
+            self.link.send_job(worker.host, worker.name, frames)
 
     def fail_everything(self, error: str) -> None:
         """Shutdown: every request still queued or in flight gets an error reply."""
-        self.scheduler.drain_keys()
+        for model in self.models:
+            model.scheduler.drain_keys()
         keys = self.requests.clear()
         if keys:
             self.outbox.send([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
@@ -379,23 +379,16 @@ class Ventilator:
     def update_gauges(self) -> None:
         """Queue depths, requests in flight, workers and readiness, for ``/metrics``."""
         self.gauges.update(
-            self.config, self.scheduler, self.registry, in_flight=len(self.requests),
-            queued_bytes=self.requests.queued_bytes, ready=self.ready and self.accepting,
+            self.models, self.registry, in_flight=len(self.requests), queued_bytes=self.requests.queued_bytes,
+            ready=self.ready and self.accepting,
         )  # fmt: skip
 
-    # -- what the version swap sees (interfaces.WorkerPool) ----------------------------------
+    # -- what a model's version swap sees (interfaces.WorkerPool, through models.ModelPool) --
 
     @property
     def local_workers(self) -> int:
         """Local workers registered (they loaded the model)."""
         return self.registry.local_count
-
-    @property
-    def serving_version(self) -> int | None:
-        return self.version
-
-    def queued_versions(self) -> set[int | None]:
-        return self.scheduler.versions()
 
     def worker_ready(self, index: int) -> bool:
         return bool(self.registry.by_index(index))
@@ -411,15 +404,13 @@ class Ventilator:
         for worker in self.registry.by_index(index):
             self.registry.drain(worker.identity)
 
-    def take_reload(self) -> tuple[str, int] | None:
-        return self.control.take_reload()
-
-    def serve_version(self, config: ServerConfig) -> None:
-        """Pin new requests to ``config``'s model version (a swap's workers of it are ready)."""
-        self.config = config
-        self.version = self.registry.serving = config.version_number
-        self.gauges.model_changed()  # labelled again with the new version's model by update_gauges
-        metrics.MODEL_VERSION.set(self.version or 0)
+    def serve_version(self, model: HeadModel, config: ServerConfig) -> None:
+        """Pin ``model``'s new requests to ``config``'s model version (a swap's workers of it are ready)."""
+        model.config = config
+        if model is self.models.default:
+            self.config = config
+            metrics.MODEL_VERSION.set(model.version or 0)
+        self.gauges.model_changed(model.name)  # labelled again with the new version's model by update_gauges
 
     def stop_worker(self, index: int) -> None:
         """Tell local worker ``index`` to stop (it holds nothing: a swap drained it)."""
@@ -438,11 +429,11 @@ class Ventilator:
             self.link.stop()
 
 
-def _count_job(size: int, done: link_schema.Done) -> None:
+def _count_job(size: int, done: link_schema.Done, model: str) -> None:
     """A worker's DONE: its inputs, tokens and model time, for ``/metrics``."""
-    metrics.SENTENCES.inc(size if done.sentences is None else done.sentences)
+    metrics.SENTENCES.labels(model).inc(size if done.sentences is None else done.sentences)
     if done.skipped:
         metrics.SKIPPED_SENTENCES.inc(done.skipped)
     metrics.TOKENS.inc(done.tokens)
     metrics.TOKEN_SLOTS.inc(done.slots)
-    metrics.JOB_SECONDS.observe(done.seconds)
+    metrics.JOB_SECONDS.labels(model).observe(done.seconds)

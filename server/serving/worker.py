@@ -159,7 +159,7 @@ class Worker:
             ready = {
                 "worker": self.index, "pid": os.getpid(), "credits": self.config.prefetch_size,
                 "model": self.model.describe(), "device": self.device, "hostname": platform.node(),
-                "version": self.config.version_number,
+                "version": self.config.version_number, "model_name": self.config.served_model_name,
             }  # fmt: skip
             socket.send_multipart([wire.READY, p.dumps(ready)])
             if not self._heartbeat.is_alive():

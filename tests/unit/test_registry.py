@@ -38,7 +38,7 @@ def test_the_worker_with_most_free_credits_gets_the_next_job() -> None:
     assert third is not None and third.identity == b"w0-1"
     r.assign(third, job("3"), now=0.0)
     assert r.pick() is None and r.in_flight == 3
-    assert r.model == {"output_dim": 4}
+    assert r.model_info("", None) == {"output_dim": 4} and r.model_info("other", None) == {}
 
 
 def test_a_short_job_may_overtake_only_on_a_worker_that_holds_only_long_work() -> None:

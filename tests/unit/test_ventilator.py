@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from bertserve.client import protocol as p
 from bertserve.server.config import ModelConfig, ServerConfig
 from bertserve.server.serving import wire
 from rigs import Rig, ventilator_rig
+
+DEFAULT = "default"  # the name of a rig's one model
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -227,17 +230,17 @@ def test_a_job_past_its_deadline_is_never_sent_and_the_rest_go_with_the_time_lef
 
 def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_the_model_cannot(rig: Rig) -> None:
     dealer, _ = rig.worker(b"w0-1", 0, credits=4)
-    rig.ventilator.registry.models[None] = {"pooling_strategy": "REDUCE_MEAN", "chunking": True}
+    rig.ventilator.registry.models[(DEFAULT, None)] = {"pooling_strategy": "REDUCE_MEAN", "chunking": True}
     rig.client.send_multipart(p.encode_request(b"c", p.ENCODE, 1, {"long_inputs": "chunk"}, ["long one"]))
     rig.request(b"d", 1, ["plain one"])
     jobs = [rig.job(dealer), rig.job(dealer)]
     headers = {tuple(texts): header for _, header, texts in jobs}
     assert headers[("long one",)].get("chunk") is True and "chunk" not in headers[("plain one",)]
-    rig.ventilator.registry.models[None] = {"pooling_strategy": "CLS_TOKEN", "chunking": False}
+    rig.ventilator.registry.models[(DEFAULT, None)] = {"pooling_strategy": "CLS_TOKEN", "chunking": False}
     rig.client.send_multipart(p.encode_request(b"e", p.ENCODE, 1, {"long_inputs": "chunk"}, ["x"]))
     rig.client.send_multipart(p.encode_request(b"e", p.ENCODE, 2, {"long_inputs": "window"}, ["x"]))
     rig.pump()
-    rig.ventilator.registry.models[None] = {"model_class": "some:Model"}
+    rig.ventilator.registry.models[(DEFAULT, None)] = {"model_class": "some:Model"}
     rig.client.send_multipart(p.encode_request(b"e", p.ENCODE, 3, {"long_inputs": "chunk"}, ["x"]))
     replies = [p.decode_reply(m[2:]) for m in rig.sink_messages() if m[0] == wire.PUBLISH]
     errors = {reply.request_id: reply.header["error"] for reply in replies if not reply.ok}
@@ -247,12 +250,13 @@ def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_th
 
 
 def test_a_job_goes_only_to_a_worker_of_the_model_version_it_was_admitted_under(rig: Rig) -> None:
-    rig.ventilator.version = 1
+    served = rig.ventilator.models.default
+    rig.ventilator.serve_version(served, replace(served.config, model_version="1"))
     old, _ = rig.worker(b"old", 0, version=1)
     rig.request(b"c1", 1, ["a", "b"])  # pinned to version 1
     _, header, _ = rig.job(old)  # the old worker now holds its one credit
     assert header["parts"][0]["key"].startswith(b"c1".hex())
-    rig.ventilator.version = 2  # a swap: new requests run on version 2
+    rig.ventilator.serve_version(served, replace(served.config, model_version="2"))  # a swap: new requests run on 2
     rig.request(b"c2", 1, ["c"])
     assert not old.poll(200), "a version-2 job went to a version-1 worker"
     new, _ = rig.worker(b"new", 1, version=2)
