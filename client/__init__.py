@@ -8,7 +8,8 @@
 ``ConcurrentBertClient`` shares one server between threads; ``AsyncBertClient`` serves
 the tasks of an asyncio event loop (``vectors = await client.encode(texts)``). Against a
 server that uses CURVE, pass ``server_key="server.key"`` and ``client_cert="me.key_secret"``
-(see ``bertserve keygen``).
+(see ``bertserve keygen``). A server of several models serves each client the one it names
+(``BertClient(model="fast")``), or its default model.
 """
 
 from ._version import __version__
@@ -23,6 +24,7 @@ from .errors import (
     ServerBusyError,
     ServerError,
     ServerTimeoutError,
+    UnknownModelError,
 )
 from .pool import ConcurrentBertClient
 from .results import EncodeResult
@@ -40,5 +42,6 @@ __all__ = [
     "ServerBusyError",
     "ServerError",
     "ServerTimeoutError",
+    "UnknownModelError",
     "__version__",
 ]

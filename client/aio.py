@@ -39,11 +39,13 @@ from .options import (
     EncodeOptions,
     check_host,
     check_identity,
+    check_model,
     check_output_fmt,
     check_port,
     check_port_out,
     check_timeout,
     load_curve,
+    model_field,
 )
 from .protocol import CONFIG, ENCODE, PROTOCOL_VERSION, RELOAD, STATUS, TERMINATE, ProtocolError, Reply, check_texts
 from .protocol import encode_request as _frames
@@ -68,9 +70,9 @@ class AsyncBertClient:
 
     The options are ``BertClient``'s: ``port_out`` (by default ``port + 1``), ``timeout``
     (milliseconds that each call waits for its answer, finite), ``output_fmt``, ``identity``,
-    ``check_version``, ``check_length``, ``show_server_config``, and ``server_key`` with
-    ``client_cert`` for a server that uses CURVE; they are checked here, before any socket is
-    opened.
+    ``check_version``, ``check_length``, ``show_server_config``, ``server_key`` with
+    ``client_cert`` for a server that uses CURVE, and ``model``, the served model every request
+    goes to (``None``: the server's default); they are checked here, before any socket is opened.
 
     ``async with AsyncBertClient(...) as client`` (or ``await client.connect()``) opens the
     sockets and asks for the server's configuration, so a server that is not there raises
@@ -95,6 +97,7 @@ class AsyncBertClient:
         show_server_config: bool = False,
         server_key: KeySource | None = None,
         client_cert: str | os.PathLike[str] | None = None,
+        model: str | None = None,
     ) -> None:
         self.host = check_host(host)
         self.port = check_port("port", port)
@@ -107,12 +110,13 @@ class AsyncBertClient:
         self.check_version = check_version
         self.check_length = check_length
         self.show_server_config = show_server_config
+        self.model = check_model(model)
         self._address = tcp_address(self.host, self.port)
         self._state = _State.UNOPENED
         self._transport: AsyncTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Lock | None = None
-        self._config: dict[str, Any] = {}
+        self._configs: dict[str | None, dict[str, Any]] = {}  # by model name, None the server's default
 
     @property
     def timeout(self) -> float:
@@ -169,21 +173,30 @@ class AsyncBertClient:
     # -- control commands --------------------------------------------------------------
 
     async def server_config(self) -> dict[str, Any]:
-        """The server's configuration, asked for afresh."""
-        self._config = await self._call(CONFIG, "CONFIG")
-        return dict(self._config)
+        """The server's configuration of this client's model, asked for afresh, as
+        ``BertClient.server_config``."""
+        return await self.server_config_of(self.model)
+
+    async def server_config_of(self, model: str | None) -> dict[str, Any]:
+        """The server's configuration of ``model`` (``None``: its default model), asked for
+        afresh; :class:`UnknownModelError` if the server does not serve it."""
+        model = check_model(model)
+        self._configs[model] = await self._call(CONFIG, "CONFIG", model_field(model))
+        return dict(self._configs[model])
 
     async def server_status(self) -> dict[str, Any]:
-        """The server's current status (workers, queues, counters)."""
+        """The server's current status (workers, queues, counters; each model's in ``models``)."""
         return await self._call(STATUS, "STATUS")
 
     async def terminate(self) -> dict[str, Any]:
         """Ask the server to shut down; its answer (``{"stopping": true}``)."""
         return await self._call(TERMINATE, "TERMINATE")
 
-    async def reload(self, version: int | str = "latest") -> dict[str, Any]:
-        """Ask a server of a model repository to swap to ``version``, as ``BertClient.reload``."""
-        return await self._call(RELOAD, "RELOAD", {"version": str(version)})
+    async def reload(self, version: int | str = "latest", *, model: str | None = None) -> dict[str, Any]:
+        """Ask a server of a model repository to swap ``model`` (``None``: this client's) to
+        ``version``, as ``BertClient.reload``."""
+        header = {"version": str(version), **model_field(check_model(model) or self.model)}
+        return await self._call(RELOAD, "RELOAD", header)
 
     # -- encoding ----------------------------------------------------------------------
 
@@ -198,6 +211,7 @@ class AsyncBertClient:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
+        model: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
         """Encode ``texts`` into one vector each, as ``BertClient.encode`` does (``blocking``
         aside: the caller awaits the answer, and other tasks run meanwhile).
@@ -207,7 +221,8 @@ class AsyncBertClient:
         ``show_progress`` an input larger than one chunk goes as one request per chunk, four in
         flight, counted on a tqdm bar. ``long_inputs``, ``dimensions``, ``prompt_name`` and
         ``truncation_direction`` are the request's options
-        (:class:`~bertserve.client.options.EncodeOptions`), sent with every chunk.
+        (:class:`~bertserve.client.options.EncodeOptions`), sent with every chunk; ``model``
+        sends the call to another of the server's models than the client's.
 
         Raises :class:`ServerTimeoutError` when no answer comes within ``timeout`` ms (each
         chunk's answer), :class:`ServerError` (:class:`ServerBusyError` for a refusal of kind
@@ -217,10 +232,11 @@ class AsyncBertClient:
         options = EncodeOptions(
             is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
             prompt_name=prompt_name, truncation_direction=truncation_direction,
+            model=check_model(model) or self.model,
         )  # fmt: skip
         texts = check_texts(texts, is_tokenized)
         await self._open()
-        config = self._config
+        config = await self._config_of(options.model)
         options.check_server(config)
         if (
             self.check_length
@@ -268,6 +284,7 @@ class AsyncBertClient:
         transport.start()
         self._transport = transport
         deadline = time.monotonic() + self._timeout / 1000
+        asking = _header(model_field(self.model))  # the config of the client's model
         asked: dict[int, asyncio.Future[Reply]] = {}
         opened = False
         try:
@@ -282,7 +299,7 @@ class AsyncBertClient:
                     )
                 request_id, future = transport.expect()
                 asked[request_id] = future
-                await transport.send(_frames(self.identity, CONFIG, request_id, _header()), deadline)
+                await transport.send(_frames(self.identity, CONFIG, request_id, asking), deadline)
                 wait_s = min(deadline, now + _HANDSHAKE_RESEND_S) - now
                 done, _ = await asyncio.wait(asked.values(), timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 if done:
@@ -295,9 +312,9 @@ class AsyncBertClient:
                     f"the server at {self._address} does not speak protocol {PROTOCOL_VERSION} "
                     f"(bertserve client {__version__}): {reply.header.get('error')}"
                 )
-            self._config = answer(reply)
+            config = self._configs[self.model] = answer(reply)
             if self.check_version:
-                check_server(self._config, self._address, stacklevel=5)  # the caller of encode or connect
+                check_server(config, self._address, stacklevel=5)  # the caller of encode or connect
             opened = True
         finally:
             for request_id in asked:
@@ -311,7 +328,14 @@ class AsyncBertClient:
             return
         self._state = _State.OPEN
         if self.show_server_config:
-            logger.info("server config of %s:\n%s", self._address, json.dumps(self._config, indent=2))
+            logger.info("server config of %s:\n%s", self._address, json.dumps(config, indent=2))
+
+    async def _config_of(self, model: str | None) -> dict[str, Any]:
+        """The config of ``model`` (``None``: the server's default) as last told: asked for the
+        first time a request goes to it, then kept, so its options are checked against it."""
+        if model not in self._configs:
+            self._configs[model] = await self._call(CONFIG, "CONFIG", model_field(model))
+        return self._configs[model]
 
     async def _call(self, command: bytes, what: str, header: dict[str, Any] | None = None) -> dict[str, Any]:
         reply = await self._request(command, what, header or {})
@@ -334,7 +358,7 @@ class AsyncBertClient:
         timer: asyncio.TimerHandle | None = None
         try:
             frames = _frames(self.identity, command, request_id, _header(header), texts)
-            check_size(frames, self._config)
+            check_size(frames, self._configs.get(self.model, {}))
             if not await transport.send(frames, deadline):
                 raise self._timeout_error(f"{what} {request_id} (the send queue stayed full)", timeout)
             sent = True

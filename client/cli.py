@@ -64,6 +64,11 @@ def add_client_commands(subparsers: Any) -> None:
     _add_connection_arguments(encode, DEFAULT_TIMEOUT_MS)
     encode.add_argument("--batch-size", type=_positive_int, default=256, help="sentences per request")
     encode.add_argument("--is-tokenized", action="store_true", help="each line is tokens separated by whitespace")
+    encode.add_argument(
+        "--model",
+        metavar="NAME",
+        help=unset_help("the served model to encode with, on a server of several", None, "the server's default model"),
+    )
     encode.set_defaults(run=_cmd_encode)
 
     status = subparsers.add_parser(
@@ -201,7 +206,7 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     texts: list[Any] = [line.split() for line in lines] if args.is_tokenized else lines
     started = time.perf_counter()
     try:
-        with _connect(args) as client:
+        with _connect(args, model=args.model) as client:
             if texts:
                 parts = []
                 with progress_bar(len(texts), disable=not is_terminal(sys.stderr)) as bar:

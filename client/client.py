@@ -16,6 +16,7 @@ handshake raises :class:`AuthenticationError` rather than a timeout.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -30,7 +31,7 @@ import numpy as np
 import zmq
 
 from .chunking import checked, chunk_size, chunks, gather, in_order
-from .connection import Connection
+from .connection import Connection, length_warning
 from .errors import BertClientError, ClientClosedError, ConcurrentUseError, ProtocolVersionError
 from .options import (
     DEFAULT_HOST,
@@ -40,11 +41,13 @@ from .options import (
     RequestOptions,
     check_host,
     check_identity,
+    check_model,
     check_output_fmt,
     check_port,
     check_port_out,
     check_timeout,
     load_curve,
+    model_field,
 )
 from .protocol import RELOAD, STATUS, TERMINATE, ProtocolError, check_texts
 from .results import Embedding, EncodeResult, empty_embedding
@@ -78,6 +81,10 @@ class BertClient:
     has more words than the server's ``max_seq_len``; ``show_server_config`` logs the
     server's configuration on connecting.
 
+    ``model`` is the served model every request goes to (``None``: the server's default;
+    ``encode(model=...)`` picks another for one call); one the server does not serve raises
+    :class:`UnknownModelError`. A request's options are checked against its model's config.
+
     Against a server that uses CURVE pass both ``server_key`` (the server's ``server.key``
     file or its z85 public key) and ``client_cert`` (this client's ``NAME.key_secret``, whose
     public half the server lists). The identity then becomes ``public_key + b":" + identity``
@@ -99,6 +106,7 @@ class BertClient:
         show_server_config: bool = False,
         server_key: KeySource | None = None,
         client_cert: str | os.PathLike[str] | None = None,
+        model: str | None = None,
     ) -> None:
         self.host = check_host(host)
         self.port = check_port("port", port)
@@ -109,15 +117,18 @@ class BertClient:
         curve = load_curve(server_key, client_cert)
         self.identity = check_identity(identity, None if curve is None else curve.public)
         self.check_length = check_length
+        self.model = check_model(model)
         self._address = tcp_address(host, self.port)
         self._lock = threading.Lock()
         self._closed = False
         #: What the last reply said beside its vectors: ``token_count`` (the tokens its inputs
         #: became, [CLS] and [SEP] included), ``chunked`` (inputs encoded in windows) and, from a
-        #: server of a model repository, ``model_version``.
+        #: server of a model repository, ``model_version``; from a server of several models, ``model``.
         self.last_info: dict[str, Any] = {}
         try:
-            self._connection = Connection(host, self.port, self.port_out, self.identity, curve, timeout=timeout)
+            self._connection = Connection(
+                host, self.port, self.port_out, self.identity, curve, timeout=timeout, model=self.model
+            )
         except zmq.ZMQError as exc:
             self._closed = True
             raise BertClientError(f"cannot connect to {self._address}: {exc}") from exc
@@ -179,13 +190,20 @@ class BertClient:
 
     @property
     def server_config(self) -> dict[str, Any]:
-        """The server's configuration, asked for afresh."""
+        """The server's configuration of this client's model, asked for afresh; from a server of
+        several models with ``model_name``, ``default_model`` and every model it serves (``models``)."""
+        return self.server_config_of(self.model)
+
+    def server_config_of(self, model: str | None) -> dict[str, Any]:
+        """The server's configuration of ``model`` (``None``: its default model), asked for
+        afresh; :class:`UnknownModelError` if the server does not serve it."""
+        model = check_model(model)
         with self._using():
-            return dict(self._connection.ask_config())
+            return dict(self._connection.ask_config(model))
 
     @property
     def server_status(self) -> dict[str, Any]:
-        """The server's current status (workers, queues, counters)."""
+        """The server's current status (workers, queues, counters; each model's in ``models``)."""
         with self._using():
             return self._connection.call(STATUS, "STATUS")
 
@@ -194,13 +212,15 @@ class BertClient:
         with self._using():
             return self._connection.call(TERMINATE, "TERMINATE")
 
-    def reload(self, version: int | str = "latest") -> dict[str, Any]:
+    def reload(self, version: int | str = "latest", *, model: str | None = None) -> dict[str, Any]:
         """Ask a server of a model repository to check it now and swap to ``version`` (a
         number, or ``"latest"``: the newest whole version above the one served). Answered at
         once with ``{"reload": n, ...}``; the swap's progress is ``server_status["swap"]``,
-        which names the reload ``n`` it answers. Same permissions as :meth:`terminate`."""
+        which names the reload ``n`` it answers. Same permissions as :meth:`terminate`.
+        ``model`` is the served model to reload (``None``: this client's)."""
+        header = {"version": str(version), **model_field(check_model(model) or self.model)}
         with self._using():
-            return self._connection.call(RELOAD, "RELOAD", {"version": str(version)})
+            return self._connection.call(RELOAD, "RELOAD", header)
 
     # -- encoding ----------------------------------------------------------------------
 
@@ -246,6 +266,7 @@ class BertClient:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
+        model: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
         """Encode ``texts`` into one vector each (or one per token, if the server pools none).
 
@@ -267,6 +288,7 @@ class BertClient:
         request's options (see :class:`~bertserve.client.options.EncodeOptions`); each is
         sent only when given, and checked before anything is sent. :attr:`last_info` has the
         reply's ``token_count`` and ``chunked`` (how many inputs were encoded in windows).
+        ``model`` sends this call to another of the server's models than the client's.
 
         Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
         :class:`ServerError` when the server answers with an error.
@@ -276,13 +298,14 @@ class BertClient:
         options = EncodeOptions(
             is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
             prompt_name=prompt_name, truncation_direction=truncation_direction,
+            model=check_model(model) or self.model,
         )  # fmt: skip
         with self._using():
             texts = check_texts(texts, is_tokenized)
-            config = self._connection.config
+            config = self._connection.config_of(options.model)
             options.check_server(config)
             chunking = options.chunks_long_inputs(config)
-            if self.check_length and not chunking and (message := self._connection.length_warning(texts, is_tokenized)):
+            if self.check_length and not chunking and (message := length_warning(config, texts, is_tokenized)):
                 warnings.warn(message, stacklevel=2)
             if blocking and not texts and (empty := empty_embedding(config, self.output_fmt, dimensions)) is not None:
                 return (empty, []) if show_tokens else empty
@@ -349,6 +372,7 @@ class BertClient:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
+        model: str | None = None,
     ) -> Iterator[Embedding]:
         """Encode the batches ``batch_generator`` yields, keeping a few requests in flight.
 
@@ -360,10 +384,12 @@ class BertClient:
             raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
         options = EncodeOptions(
             is_tokenized=is_tokenized, long_inputs=long_inputs, dimensions=dimensions, prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
+            truncation_direction=truncation_direction, model=check_model(model) or self.model,
         )  # fmt: skip
-        options.check_server(self._connection.config)
-        limit = self._connection.length_warning if self.check_length else None
+        with self._using():
+            config = self._connection.config_of(options.model)
+        options.check_server(config)
+        limit = functools.partial(length_warning, config) if self.check_length else None
         batches = checked(itertools.islice(batch_generator, max_num_batch), is_tokenized, limit)
         answers = self._in_order(batches, options)
         try:

@@ -1,12 +1,17 @@
 """A client's connection to one server: what it learnt on connecting, and requests whose
 answers it awaits, each wait bounded by the timeout.
 
-:meth:`Connection.handshake` asks for the server's configuration, again every 0.2 s until an
-answer comes through: until the server's ``PUB`` has seen the client's subscription (ZeroMQ's
-slow joiner), a reply published to it is silently lost. Each request is framed here, its
-header saying what it asks, and handed to the :class:`~bertserve.client.transport.Transport`.
-A wait that runs out raises :class:`AuthenticationError` if a handshake was refused, since
-then the server never saw the client, and :class:`ServerTimeoutError` otherwise.
+:meth:`Connection.handshake` asks for the configuration of the client's model, again every
+0.2 s until an answer comes through: until the server's ``PUB`` has seen the client's
+subscription (ZeroMQ's slow joiner), a reply published to it is silently lost. Each request is
+framed here, its header saying what it asks, and handed to the
+:class:`~bertserve.client.transport.Transport`. A wait that runs out raises
+:class:`AuthenticationError` if a handshake was refused, since then the server never saw the
+client, and :class:`ServerTimeoutError` otherwise.
+
+A server of several models has a configuration for each (its dimension, prompts, length);
+the connection keeps each model's once asked (:meth:`Connection.config_of`), so the options
+of a request are checked against the model it goes to.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, Literal
 
 from ._version import __version__
 from .errors import BertClientError, ProtocolVersionError, ServerTimeoutError
-from .options import Curve, EncodeOptions
+from .options import Curve, EncodeOptions, model_field
 from .protocol import CONFIG, ENCODE, PROTOCOL_VERSION, encode_request
 from .results import EncodeResult, answer, encode_result
 from .transport import Transport
@@ -36,16 +41,25 @@ class Pending:
 
 
 class Connection:
-    """The sockets to the server at ``host`` (see :class:`Transport`), the server's
-    configuration once :meth:`handshake` has asked for it, and ``timeout`` (milliseconds)
-    bounding every wait."""
+    """The sockets to the server at ``host`` (see :class:`Transport`), the configuration of
+    ``model`` (``None``: the server's default) once :meth:`handshake` has asked for it, those
+    of other models once asked, and ``timeout`` (milliseconds) bounding every wait."""
 
     def __init__(
-        self, host: str, port: int, port_out: int, identity: bytes, curve: Curve | None, *, timeout: float
+        self,
+        host: str,
+        port: int,
+        port_out: int,
+        identity: bytes,
+        curve: Curve | None,
+        *,
+        timeout: float,
+        model: str | None = None,
     ) -> None:
         self.timeout = timeout
         self.port_out = port_out
-        self.config: dict[str, Any] = {}
+        self.model = model
+        self._configs: dict[str | None, dict[str, Any]] = {}  # by model name, None the server's default
         self.transport: Transport[Pending] = Transport(host, port, port_out, identity, curve)
         self.address = self.transport.address
 
@@ -55,9 +69,14 @@ class Connection:
 
     # -- connecting --------------------------------------------------------------------
 
+    @property
+    def config(self) -> dict[str, Any]:
+        """The configuration of the client's model, as the server last told it."""
+        return self._configs.get(self.model, {})
+
     def handshake(self) -> dict[str, Any]:
-        """Ask for the server's config, re-asking until the subscription has reached the
-        server's PUB socket and an answer comes through."""
+        """Ask for the config of the client's model, re-asking until the subscription has
+        reached the server's PUB socket and an answer comes through."""
         deadline = self.deadline()
         asked: set[int] = set()
         while True:
@@ -69,7 +88,7 @@ class Connection:
                     address=self.address,
                     timeout_ms=self.timeout,
                 )
-            asked.add(self.request(CONFIG, deadline))
+            asked.add(self.request(CONFIG, deadline, header=model_field(self.model)))
             reply = self.transport.await_any(asked, min(deadline, now + _HANDSHAKE_RESEND_S))
             if reply is None:
                 if (refused := self.transport.refusal(certain_only=True)) is not None:
@@ -80,22 +99,25 @@ class Connection:
                     f"the server at {self.address} does not speak protocol {PROTOCOL_VERSION} "
                     f"(bertserve client {__version__}): {reply.header.get('error')}"
                 )
-            self.config = answer(reply)
+            self._configs[self.model] = answer(reply)
             return self.config
 
-    def ask_config(self) -> dict[str, Any]:
-        """The server's config, asked for afresh and kept."""
-        self.config = self.call(CONFIG, "CONFIG")
-        return self.config
+    def ask_config(self, model: str | None) -> dict[str, Any]:
+        """The config of ``model`` (``None``: the server's default), asked for afresh and kept."""
+        self._configs[model] = self.call(CONFIG, "CONFIG", model_field(model))
+        return self._configs[model]
+
+    def config_of(self, model: str | None) -> dict[str, Any]:
+        """The config of ``model`` (``None``: the server's default) as last told: asked for the
+        first time a request goes to it, then kept."""
+        if model in self._configs:
+            return self._configs[model]
+        return self.ask_config(model)
 
     def check_server(self) -> None:
         """Raise :class:`ProtocolVersionError` if the server speaks another protocol; warn
         (on behalf of whoever made the client) if it runs another version of bertserve."""
         check_server(self.config, self.address, stacklevel=4)  # past BertClient.__init__: its caller
-
-    def length_warning(self, texts: list[Any], is_tokenized: bool) -> str | None:
-        """What to warn of if one of ``texts`` has more words than the server's ``max_seq_len``."""
-        return length_warning(self.config, texts, is_tokenized)
 
     # -- requests ----------------------------------------------------------------------
 

@@ -4,7 +4,9 @@
     ├── ServerTimeoutError (TimeoutError)    no answer within the timeout: the server is down,
     │                                        not ready, or went away in the middle of a request
     ├── ServerError                          the server answered with an error (``.kind``, ``.message``)
-    │   └── ServerBusyError                  the server's queues are full: it refused the request (kind "busy")
+    │   ├── ServerBusyError                  the server's queues are full: it refused the request (kind "busy")
+    │   └── UnknownModelError                the request named a model the server does not serve (kind "model");
+    │                                        the message lists the models it serves
     ├── AuthenticationError                  the CURVE handshake failed: the server refused this client's key,
     │                                        or one side uses CURVE and the other does not
     ├── ProtocolVersionError                 the server speaks another version of the wire protocol
@@ -51,6 +53,14 @@ class ServerError(BertClientError):
 
 class ServerBusyError(ServerError):
     """The server refused a request because its queues are full; try again later."""
+
+
+class UnknownModelError(ServerError):
+    """The request named a model the server does not serve (kind ``"model"``).
+
+    ``message`` is the server's, and lists the models it serves; ``server_config["models"]``
+    has them too.
+    """
 
 
 class AuthenticationError(BertClientError):

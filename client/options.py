@@ -1,6 +1,6 @@
 """A client's options, checked once where they enter: host and ports, the timeout, the
-identity its replies are addressed to, the CURVE keys it loads, and the options of each
-encode request (:class:`EncodeOptions`).
+identity its replies are addressed to, the CURVE keys it loads, the served model its
+requests go to, and the options of each encode request (:class:`EncodeOptions`).
 
 ``BertClient``, ``ConcurrentBertClient`` and ``AsyncBertClient`` all check here, so a bad
 option fails the same way, before any socket is opened or anything is sent.
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from .protocol import ENCODE_OPTIONS, TRUNCATION_DIRECTIONS
+from .protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TRUNCATION_DIRECTIONS
 from .security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
 
 DEFAULT_HOST = "localhost"
@@ -103,6 +104,31 @@ def check_identity(identity: bytes | str | None, public_key: bytes | None = None
     return full
 
 
+def check_model(model: object) -> str | None:
+    """``model`` if it is ``None`` (the server's default model) or could name a served model
+    (:data:`~bertserve.client.protocol.MODEL_NAME_PATTERN`). Whether the server serves it is
+    the server's to say: it answers a name it does not serve with kind ``model``."""
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise TypeError(f"model must be a string or None, not {type(model).__name__}")
+    if not _MODEL_NAME.fullmatch(model):
+        raise ValueError(
+            f"model {model!r} is not a model name: letters, digits and ._:/-, starting with a letter or digit, "
+            f"at most 128 characters ({MODEL_NAME_PATTERN})"
+        )
+    return model
+
+
+def model_field(model: str | None) -> dict[str, str]:
+    """The header field naming ``model``, none for the server's default: a request names a
+    model only when its caller did."""
+    return {} if model is None else {"model": model}
+
+
+_MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
+
+
 def load_curve(server_key: KeySource | None, client_cert: str | os.PathLike[str] | None) -> Curve | None:
     """The CURVE keys from ``server_key`` and ``client_cert``, or ``None`` if neither is given."""
     if server_key is None and client_cert is None:
@@ -130,6 +156,7 @@ class RequestOptions(TypedDict, total=False):
     dimensions: int | None
     prompt_name: str | None
     truncation_direction: str | None
+    model: str | None
 
 
 @dataclass(frozen=True)
@@ -145,11 +172,13 @@ class EncodeOptions:
     - ``prompt_name``: one of the server's prompts (``server_config["prompts"]``), put before
       every input; text inputs only;
     - ``truncation_direction``: ``"right"`` (the server's default) or ``"left"``, the end of an
-      over-long input that is cut.
+      over-long input that is cut;
+    - ``model``: the served model that encodes the texts (the client has already put its own
+      in place of ``None``, which leaves it to the server's default).
 
     Each is sent only when given (``None`` leaves it to the server). A value of the wrong type
     raises ``TypeError`` and one out of range ``ValueError``, here; :meth:`check_server` checks
-    ``dimensions`` and ``prompt_name`` against what the server's configuration says it has.
+    ``dimensions`` and ``prompt_name`` against what the configuration of ``model`` says it has.
     """
 
     is_tokenized: bool = False
@@ -158,6 +187,7 @@ class EncodeOptions:
     dimensions: int | None = None
     prompt_name: str | None = None
     truncation_direction: str | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("is_tokenized", "show_tokens"):
@@ -184,11 +214,12 @@ class EncodeOptions:
                 )
             if self.truncation_direction not in TRUNCATION_DIRECTIONS:
                 raise ValueError(f"truncation_direction must be 'right' or 'left', not {self.truncation_direction!r}")
+        check_model(self.model)
 
     def check_server(self, config: Mapping[str, Any]) -> None:
-        """Raise ``ValueError`` if the server's ``config`` says it cannot do what these options
-        ask: more dimensions than its model has, or a prompt it does not have. A server that
-        does not say is left to answer for itself."""
+        """Raise ``ValueError`` if ``config``, the server's configuration of the model these
+        options go to, says it cannot do what they ask: more dimensions than the model has, or
+        a prompt it does not have. A server that does not say is left to answer for itself."""
         dim = config.get("output_dim")
         if (
             self.dimensions is not None
@@ -196,18 +227,23 @@ class EncodeOptions:
             and not isinstance(dim, bool)
             and 0 < dim < self.dimensions
         ):
-            raise ValueError(
-                f"dimensions={self.dimensions} is more than the model's {dim} dimensions: ask for 1 to {dim}"
-            )
+            dims = f"the model's {dim} dimensions" if self.model is None else f"the {dim} dimensions of {self._named}"
+            raise ValueError(f"dimensions={self.dimensions} is more than {dims}: ask for 1 to {dim}")
         prompts = config.get("prompts")
         if self.prompt_name is not None and isinstance(prompts, dict) and self.prompt_name not in prompts:
             if not prompts:
+                has = "the server has" if self.model is None else f"{self._named} has"
                 raise ValueError(
-                    f"unknown prompt_name {self.prompt_name!r}: the server has no prompts "
+                    f"unknown prompt_name {self.prompt_name!r}: {has} no prompts "
                     "(it takes them from its model directory, or from --prompt NAME=TEXT)"
                 )
             known = ", ".join(repr(name) for name in sorted(prompts))
-            raise ValueError(f"unknown prompt_name {self.prompt_name!r}: the server's prompts are {known}")
+            whose = "the server's prompts" if self.model is None else f"the prompts of {self._named}"
+            raise ValueError(f"unknown prompt_name {self.prompt_name!r}: {whose} are {known}")
+
+    @property
+    def _named(self) -> str:
+        return f"model {self.model!r}"
 
     def chunks_long_inputs(self, config: Mapping[str, Any]) -> bool:
         """Whether the server will encode over-long inputs in windows rather than cut them."""
@@ -224,7 +260,7 @@ class EncodeOptions:
         for name in _SENT_WHEN_GIVEN:
             if (value := getattr(self, name)) is not None:
                 header[name] = value
-        return header
+        return {**header, **model_field(self.model)}
 
 
 # The protocol's request options, but the deadline that every request carries, are fields above.

@@ -18,7 +18,7 @@ from typing import Any
 
 from .client import BertClient
 from .errors import ClientClosedError, ServerError, ServerTimeoutError
-from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, EncodeOptions, check_timeout
+from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, EncodeOptions, check_model, check_timeout
 from .protocol import check_texts
 from .results import Embedding
 
@@ -27,10 +27,11 @@ class ConcurrentBertClient:
     """A thread-safe pool of :class:`BertClient` for one server.
 
     ``kwargs`` are passed to every ``BertClient`` (``host``, ``port``, ``port_out``, by default
-    ``port + 1``, ``timeout``, ``server_key`` and ``client_cert``, ...); under CURVE each pooled
-    client gets its own identity under the one key. Clients are created when first needed, at
-    most ``max_concurrency`` of them; a caller that finds them all busy waits up to ``timeout``
-    ms, then raises :class:`ServerTimeoutError`. Use it as a context manager or call :meth:`close`.
+    ``port + 1``, ``timeout``, ``server_key`` and ``client_cert``, ``model``, ...); under CURVE
+    each pooled client gets its own identity under the one key. Clients are created when first
+    needed, at most ``max_concurrency`` of them; a caller that finds them all busy waits up to
+    ``timeout`` ms, then raises :class:`ServerTimeoutError`. Use it as a context manager or call
+    :meth:`close`.
     """
 
     def __init__(self, max_concurrency: int = 10, **kwargs: Any) -> None:
@@ -39,6 +40,7 @@ class ConcurrentBertClient:
         inspect.signature(BertClient).bind(**kwargs)  # a misspelt option fails here, not on first use
         self.max_concurrency = max_concurrency
         self.timeout = check_timeout(kwargs.get("timeout", DEFAULT_TIMEOUT_MS))
+        self.model = check_model(kwargs.get("model"))  # where every pooled client's requests go
         self._kwargs = kwargs
         self._address = f"tcp://{kwargs.get('host', DEFAULT_HOST)}:{kwargs.get('port', DEFAULT_PORT)}"
         self._condition = threading.Condition()
@@ -62,27 +64,35 @@ class ConcurrentBertClient:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
+        model: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
         """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress`` and the
-        request options included); safe to call from any thread."""
+        request options, ``model`` among them, included); safe to call from any thread."""
         # Bad input or options fail before waiting for a client.
         options = EncodeOptions(
             is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
-            prompt_name=prompt_name, truncation_direction=truncation_direction,
+            prompt_name=prompt_name, truncation_direction=truncation_direction, model=check_model(model),
         )  # fmt: skip
         texts = check_texts(texts, is_tokenized)
         with self._client() as client:
             return client.encode(
                 texts, show_tokens=show_tokens, show_progress=show_progress, is_tokenized=is_tokenized,
                 long_inputs=long_inputs, dimensions=options.dimensions, prompt_name=options.prompt_name,
-                truncation_direction=options.truncation_direction,
+                truncation_direction=options.truncation_direction, model=options.model,
             )  # fmt: skip
 
     @property
     def server_config(self) -> dict[str, Any]:
-        """The server's configuration, asked for afresh."""
+        """The server's configuration of the pool's model, asked for afresh."""
         with self._client() as client:
             return client.server_config
+
+    def server_config_of(self, model: str | None) -> dict[str, Any]:
+        """The server's configuration of ``model`` (``None``: its default), as
+        :meth:`BertClient.server_config_of`."""
+        model = check_model(model)
+        with self._client() as client:
+            return client.server_config_of(model)
 
     @property
     def server_status(self) -> dict[str, Any]:

@@ -8,13 +8,14 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from .errors import ServerBusyError, ServerError
-from .protocol import Reply
+from .errors import ServerBusyError, ServerError, UnknownModelError
+from .protocol import BUSY, UNKNOWN_MODEL, Reply
 
 Embedding: TypeAlias = "np.ndarray | list[Any]"
 """One request's vectors: an array, or nested lists with ``output_fmt="list"``."""
 
-_REPLY_INFO = ("token_count", "chunked", "model_version")  # reply header fields kept in last_info
+_REPLY_INFO = ("token_count", "chunked", "model_version", "model")  # reply header fields kept in last_info
+_ERRORS = {BUSY: ServerBusyError, UNKNOWN_MODEL: UnknownModelError}  # the kinds a caller may catch on their own
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,15 @@ class EncodeResult:
     id: int
     embedding: Embedding
     tokens: list[list[str]] | None = None
-    info: dict[str, Any] = field(default_factory=dict)  # token_count, chunked: see BertClient.last_info
+    info: dict[str, Any] = field(default_factory=dict)  # token_count, chunked, model: see BertClient.last_info
 
 
 def server_error(reply: Reply) -> ServerError:
-    """The error an error reply carries: :class:`ServerBusyError` for a refusal of kind busy."""
+    """The error an error reply carries: :class:`ServerBusyError` for a refusal of kind busy,
+    :class:`UnknownModelError` for a model the server does not serve."""
     message = str(reply.header.get("error", "the server gave no reason"))
     kind = reply.header.get("kind")
-    error = ServerBusyError if kind == "busy" else ServerError
+    error = _ERRORS.get(kind, ServerError) if isinstance(kind, str) else ServerError
     return error(message, kind=None if kind is None else str(kind), request_id=reply.request_id)
 
 

@@ -21,7 +21,7 @@ def test_public_names() -> None:
     assert sorted(bertserve.client.__all__) == [
         "AsyncBertClient", "AuthenticationError", "BertClient", "BertClientError", "ClientClosedError",
         "ConcurrentBertClient", "ConcurrentUseError", "EncodeResult", "ProtocolVersionError", "ServerBusyError",
-        "ServerError", "ServerTimeoutError", "__version__",
+        "ServerError", "ServerTimeoutError", "UnknownModelError", "__version__",
     ]  # fmt: skip
     for name in bertserve.client.__all__:
         assert getattr(bertserve.client, name) is not None
