@@ -22,8 +22,10 @@ versions' state (what was refused, the swap's progress, the tokenizer served) is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import os
 import shutil
 import socket
 import tempfile
@@ -83,7 +85,7 @@ class BertServer(ExitFlags):
         """Serve until told to stop (a signal, ``TERMINATE``, or ``should_exit``)."""
         if self.config.http_port is not None:
             self._load_principals()
-        for served in served_models(self.config):
+        for served in _share_cores(served_models(self.config)):
             book = VersionsBook()
             config, follow_latest = preflight.choose_version(served.config, book)
             info, sha256 = preflight.check_model(config, book)
@@ -422,3 +424,14 @@ class BertServer(ExitFlags):
             ventilator.stop_sink()
         self.children.join([*(worker_name(index) for index in self.children.workers()), "http", "sink"])
         logger.info("bertserve stopped")
+
+
+def _share_cores(models: list[ServedModel]) -> list[ServedModel]:
+    """``models`` with the cores shared out among all their local workers, unless
+    ``--threads-per-worker`` says how many each takes: each model's workers would otherwise
+    take the machine's cores as if they were alone on it."""
+    workers = sum(model.config.num_worker for model in models)
+    if len(models) < 2 or workers < 1 or models[0].config.threads_per_worker is not None:
+        return models
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    return [ServedModel(m.name, dataclasses.replace(m.config, threads_per_worker=threads)) for m in models]
