@@ -107,6 +107,10 @@ class Registry:
             found = next((info for (name, _), info in self.models.items() if name == model), {})
         return found
 
+    def held_rows(self, model: str) -> int:
+        """Sentences of the jobs the workers of ``model`` hold."""
+        return sum(job.size for w in self.workers.values() if w.model == model for job, _ in w.jobs.values())
+
     def serving_count(self, model: object = _ANY) -> int:
         """Workers (of ``model``, if given) taking new jobs (not draining)."""
         return sum(1 for w in self.workers.values() if not w.draining and (model is _ANY or w.model == model))

@@ -193,7 +193,7 @@ class Scheduler:
             if queue.bulk
         }
         new = QueuedBulk(client, count, due)
-        extra = sum(job.size for job in self.retries)
+        extra = sum(job.size for job in self.retries) + self.throughput.held  # runs before any of it
         late = late_bulk(lanes, new, extra=extra, rate=rate, now=now)
         if late is None:
             return due
@@ -314,6 +314,10 @@ class Scheduler:
         split, so the job stays worth running): a client with 32 sentences queued next to one
         with 100,000 shares a job of 64 with it, not of 256, so its answer does not wait on the
         other's rows. A request larger than a share is split; the rest goes in a later job.
+        Before the shares, the short requests (an eighth of a job at most) at the head of their
+        clients' lanes go in whole, smallest first, as many as fit: a request of a few
+        sentences is answered by the next job, not cut into a share of one sentence a job
+        beside many others.
         """
         room = min(room or self._merge_room, self._merge_room)
         first = self.clients[first_client].small[0]
@@ -325,7 +329,14 @@ class Scheduler:
         if len(waiting) > 1 and self.small_rows > room:
             lightest = min(self.clients[c].small_rows for c in waiting)
             share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
-        return self._take_pieces([(client, share) for client in waiting], kind, room)
+        whole, left = {}, room
+        for client in sorted(waiting, key=lambda c: len(self.clients[c].small[0].rows)):
+            rows = len(self.clients[client].small[0].rows)
+            if rows > min(left, max(share, room // 8)):
+                break
+            whole[client], left = rows, left - rows
+        shares = [(c, max(share, whole[c])) for c in waiting if c in whole]  # in turn order
+        return self._take_pieces(shares + [(c, share) for c in waiting if c not in whole], kind, room)
 
     def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None, str], room: int) -> Job:
         """A job of up to ``share`` rows of small requests from each client, in order, and of

@@ -40,6 +40,7 @@ class Throughput:
 
     per_worker: float | None = None  # sentences per busy second of one worker on bulk jobs, smoothed
     workers: int = 0  # workers serving
+    held: int = 0  # sentences of the jobs the workers hold now: they run before anything queued
     _busy: deque[list[float]] = field(default_factory=deque)  # [second, small seconds, bulk seconds] of worker time
 
     def job_done(self, sentences: int, seconds: float, *, bulk: bool, now: float) -> None:

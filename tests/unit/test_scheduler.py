@@ -212,6 +212,17 @@ def test_merged_jobs_take_small_requests_of_every_client_in_turn_order() -> None
     assert job is not None and job.keys == ["a0", "b0"]  # b is not starved by a's backlog
 
 
+def test_a_short_request_goes_whole_in_the_next_job_however_many_clients_wait() -> None:
+    s = make(max_batch_size=256, max_client_queued_sentences=1000, max_queued_sentences=100_000)  # jobs of 64 rows
+    for i in range(20):
+        admit(s, f"m{i}".encode(), 40, now=0.0, key=f"medium{i}")
+    admit(s, b"tiny", 4, now=0.0, key="tiny")  # last in the turns, and an equal share is 3 rows
+    job = s.next_job(1.0)
+    assert job is not None and job.size == 64
+    assert [len(piece.rows) for piece in job.pieces if piece.key == "tiny"] == [4]  # whole: answered by this job
+    assert all(len(piece.rows) <= 3 for piece in job.pieces if piece.key != "tiny")  # the others share the rest
+
+
 def test_inputs_of_different_kinds_never_share_a_job() -> None:
     s = make()
     s.admit("k1", b"a", ["plain text"], is_tokenized=False, show_tokens=False, now=0)
@@ -352,6 +363,13 @@ def test_a_bulk_request_that_would_take_past_its_slowdown_is_refused_at_once() -
     relaxed = measured(make(**bulk_options(bulk_slowdown=0)), 10.0)
     for client in (b"a", b"b", b"c", b"d", b"e", b"f"):
         admit(relaxed, client, 40)
+    held = measured(make(**bulk_options(bulk_slowdown=4.0)), 10.0)
+    held.throughput.held = 40  # jobs the workers hold run first: 4 s of them
+    admit(held, b"a", 40)  # 8 s, within 16
+    admit(held, b"b", 40)  # 12 s
+    admit(held, b"c", 40)  # 16 s: at the bound
+    with pytest.raises(Busy, match=r"late"):
+        admit(held, b"d", 40)  # fits on an idle head, not behind what the workers hold
     unmeasured = make(**bulk_options(bulk_slowdown=4.0))  # nothing is known of the workers' speed yet
     for client in (b"a", b"b", b"c", b"d", b"e", b"f"):
         admit(unmeasured, client, 40)
