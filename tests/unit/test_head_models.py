@@ -22,7 +22,8 @@ from rigs import Rig, ventilator_rig
 def config_of(name: str, **options) -> ServerConfig:
     defaults = {"max_batch_size": 4, "max_latency_ms": 0, "max_request_size": 40, "max_client_queued_sentences": 40,
                 "max_queued_sentences": 80}  # fmt: skip
-    return ServerConfig(model=ModelConfig(model_dir=f"/models/{name}"), served_model_name=name, **{**defaults, **options})
+    model = ModelConfig(model_dir=f"/models/{name}")
+    return ServerConfig(model=model, served_model_name=name, **{**defaults, **options})
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_requests_go_to_the_workers_of_the_model_they_name_and_jobs_never_mix_mo
     rig.request(b"c3", 1, ["to fast"], model="fast")
     fast_jobs = [rig.job(fast)]
     while fast.poll(200):
-        kind, job_id, header, payload = fast.recv_multipart()
+        _, job_id, header, payload = fast.recv_multipart()
         fast_jobs.append((job_id.decode(), p.loads(header), p.loads(payload)))
     assert sorted(text for _, _, texts in fast_jobs for text in texts) == ["to fast", "to the default"]
     job_id, header, texts = rig.job(big)
@@ -73,7 +74,7 @@ def test_a_model_this_server_does_not_serve_is_refused_with_the_names_it_serves(
 
 def test_a_flood_on_one_model_never_holds_the_other_models_requests_back(rig: Rig) -> None:
     fast, _ = rig.worker(b"w-fast", 0, credits=1, model="fast")
-    big, _ = rig.worker(b"w-big", 1, credits=1, model="big", version=3)
+    rig.worker(b"w-big", 1, credits=1, model="big", version=3)
     for i in range(8):
         rig.request(b"flood", i, [f"bulk {i}.{j}" for j in range(4)], model="big")  # 32 queued for big's one worker
     rig.request(b"one", 1, ["quick"], model="fast")
