@@ -95,6 +95,11 @@ def add_client_commands(subparsers: Any) -> None:
     reload.add_argument(
         "--wait-s", type=float, default=600.0, help="follow the swap for at most this long (0: do not wait)"
     )
+    reload.add_argument(
+        "--model",
+        metavar="NAME",
+        help=unset_help("the served model to swap, on a server of several", None, "the server's default model"),
+    )
     reload.set_defaults(run=_cmd_reload)
 
     keys = subparsers.add_parser(
@@ -255,12 +260,13 @@ def _cmd_reload(args: argparse.Namespace) -> int:
     """Send RELOAD, then print the swap's progress from the status until it ends."""
     try:
         with _connect(args, check_version=False) as client:
-            answer = client.reload(args.model_version)
+            answer = client.reload(args.model_version, model=args.model)
             print(f"the server serves version {answer.get('model_version')}; looking for {answer.get('wanted')}")
             deadline = time.monotonic() + args.wait_s
             said = ""
             while time.monotonic() < deadline:
-                swap = client.server_status.get("swap", {})
+                status = client.server_status
+                swap = (status.get("models", {}).get(args.model, {}) if args.model else status).get("swap", {})
                 if swap.get("reload") == answer["reload"]:
                     line = f"{swap.get('state')}: {swap.get('message', '')}".rstrip(": ")
                     if line != said:

@@ -8,6 +8,8 @@ join for the model they name, checked against its files."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from bert_serving.client import BertClient as OldClient
-from bertserve.client import BertClient, UnknownModelError
+from bertserve.client import BertClient, ServerError, UnknownModelError
 from bertserve.server import Encoder
 from serving import RunningServer, free_port, start_server, start_worker_host
 from test_model_swap import add_version, sentences
@@ -134,6 +136,11 @@ def test_a_swap_of_one_model_leaves_the_other_models_requests_untouched(
         with BertClient(**server.client_kwargs, timeout=30_000, model="rolling") as client:
             wait_for_version(client, 2, texts)
             status = client.server_status
+            command = [sys.executable, "-m", "bertserve.server.cli", "reload", "--port", str(server.port),
+                       "--port-out", str(server.port_out), "--model", "rolling", "--wait-s", "60"]  # fmt: skip
+            reload = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            with pytest.raises(ServerError, match="not a repository of numbered versions"):
+                client.reload(model="stable")
         time.sleep(1)
     finally:
         stop.set()
@@ -143,6 +150,8 @@ def test_a_swap_of_one_model_leaves_the_other_models_requests_untouched(
     assert not failures, failures[:3]
     assert len(answered) > 10
     assert status["models"]["rolling"]["model_version"] == 2 and "model_version" not in status["models"]["stable"]
+    assert reload.returncode == 0, reload.stdout + reload.stderr
+    assert "unchanged: no version newer than 2 can be served" in reload.stdout
 
 
 def test_remote_workers_join_for_the_model_they_name(tiny: dict[int, str], session_graph_dir: str) -> None:
