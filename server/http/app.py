@@ -3,7 +3,9 @@ bert-as-service's ``/encode``, health, readiness, status and Prometheus metrics,
 application.
 
 Every encode request goes to the ventilator through the :class:`~.gateway.Gateway`, so HTTP
-callers share the server's batching, bounds and turns with ZeroMQ clients. Inputs and options
+callers share the server's batching, bounds and turns with ZeroMQ clients. A request's
+``model`` field picks one of the served models (:class:`~.catalog.Catalog`; without it, the
+default one), whose tokenizer and ``CONFIG`` answer its checks use. Inputs and options
 are checked (:mod:`.schemas`, :mod:`.options`), with messages that name the element at fault,
 before anything is sent. Each request carries the HTTP request timeout as its deadline, and
 is withdrawn from the server if its caller disconnects while it waits (:mod:`.disconnects`).
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,10 +32,11 @@ from fastapi.responses import Response
 from .. import metrics
 from ..model.prompts import apply_prompt
 from .bodies import BodyBudget
+from .catalog import Catalog, ModelSettings
 from .disconnects import ClientGone, unless_disconnected
 from .front import Front, caller
 from .gateway import Gateway, GatewayError
-from .options import Asked, asked, checked_prompt_name, default_prompt_name, direction, prompt_text, prompts
+from .options import Asked, asked, checked_prompt_name, direction, prompt_text
 from .principals import Principals
 from .schemas import (
     CLIENT_CLOSED,
@@ -56,14 +58,12 @@ from .schemas import (
 class Settings:
     """What the HTTP process needs to know about the server it fronts."""
 
-    model_name: str
-    aliases: tuple[str, ...]
+    models: tuple[ModelSettings, ...]  # every served model (the head says which is the default)
     principals: Principals  # none: no key needed, and each peer address is a principal
     max_body_bytes: int
     max_bodies_bytes: int  # what the bodies in flight may hold at once (see .bodies)
     max_inputs: int
     request_timeout_s: float
-    tokenizer: Any  # WordPieceTokenizer, the workers' own: /tokenize, over-long inputs, token ids to tokens
     token_id_input: bool = False  # OpenAI-style token id arrays are taken, as ids of the model's vocabulary
 
 
@@ -73,6 +73,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         state["gateway"] = await gateway_factory()
+        state["catalog"] = Catalog(settings.models, state["gateway"])
         try:
             yield
         finally:
@@ -89,6 +90,9 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 
     def gateway() -> Gateway:
         return state["gateway"]
+
+    def catalog() -> Catalog:
+        return state["catalog"]
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> Response:
@@ -109,10 +113,12 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                             f"{settings.max_inputs} per request")  # fmt: skip
         return texts
 
-    async def encode(request: Request, texts: list[Any], options: Asked, *, is_tokenized: bool = False) -> p.Reply:
+    async def encode(
+        request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
+    ) -> p.Reply:
         gw = gateway()
         ask = gw.request(
-            gw.client_id(caller(request)), p.ENCODE, texts, is_tokenized=is_tokenized,
+            gw.client_id(caller(request)), p.ENCODE, texts, is_tokenized=is_tokenized, model=model.name,
             options=options.header(settings.request_timeout_s), timeout_s=settings.request_timeout_s + 5,
         )  # fmt: skip
         try:
@@ -124,19 +130,12 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                             code="cancelled") from None  # fmt: skip
         if not reply.ok:
             kind = str(reply.header.get("kind", "internal"))
-            raise HTTPError(STATUS_OF_KIND.get(kind, 500), str(reply.header.get("error")), code=kind)
+            unknown = kind == p.UNKNOWN_MODEL  # the head serves other models than this process knows: as any unknown
+            raise HTTPError(
+                STATUS_OF_KIND.get(kind, 500), str(reply.header.get("error")),
+                param="model" if unknown else None, code="model_not_found" if unknown else kind,
+            )  # fmt: skip
         return reply
-
-    async def model_info() -> dict[str, Any]:
-        gw = gateway()
-        if "output_dim" not in gw.config:  # asked before a worker was ready
-            try:
-                reply = await gw.request(gw.client_id("bertserve"), p.CONFIG, timeout_s=2.0)
-            except GatewayError as exc:
-                raise HTTPError(503, f"the server is not answering: {exc}") from None
-            if reply.ok:
-                gw.config = reply.header
-        return gw.config
 
     async def server_status() -> dict[str, Any]:
         try:
@@ -148,23 +147,20 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         if state.get("was_ready"):
             return  # once up, a server answers for itself: it queues while a worker restarts, 503s at shutdown
         if not (await server_status()).get("ready"):
-            raise HTTPError(503, "the server is starting: no worker has loaded the model yet")
+            raise HTTPError(503, "the server is starting: not every model has a worker with it loaded yet")
         state["was_ready"] = True
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-        served = (settings.model_name, *settings.aliases)
-        if body.model is not None and body.model not in served:
-            raise HTTPError(404, f"the model {body.model!r} is not served here; this server serves "
-                            f"{', '.join(map(repr, served))}", param="model", code="model_not_found")  # fmt: skip
-        texts, is_tokenized = openai_input(body.input, settings.tokenizer, token_ids=settings.token_id_input)
+        model = catalog().pick(body.model)
+        texts, is_tokenized = openai_input(body.input, model.tokenizer, token_ids=settings.token_id_input)
         check_count(texts)
         await ready_or_503()
-        info = await model_info()
+        info = await catalog().info(model)
         if info.get("token_level"):
-            raise HTTPError(422, "this server returns one vector per token (pooling NONE); /v1/embeddings "
-                            "needs one vector per input")  # fmt: skip
-        reply = await encode(request, texts, asked(body, info), is_tokenized=is_tokenized)
+            raise HTTPError(422, f"the model {model.name!r} returns one vector per token (pooling NONE); "
+                            "/v1/embeddings needs one vector per input")  # fmt: skip
+        reply = await encode(request, model, texts, asked(body, info), is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
         if body.encoding_format == "base64":
@@ -172,77 +168,75 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                     for i, row in enumerate(vectors)]  # fmt: skip
         else:
             data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)]
+        computed = reply.header.get("model")  # the head names the model that ran it
+        if not isinstance(computed, str):
+            computed = model.name
+        named = body.model if body.model in model.aliases else computed  # an alias asked for is echoed, as OpenAI does
         return json_response({
-            "object": "list", "data": data, "model": body.model or settings.model_name,
+            "object": "list", "data": data, "model": named,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "chunked_inputs": chunked_count(reply),
         }, reply)  # fmt: skip
 
-    @app.get("/v1/models", summary="The served model and its aliases (OpenAI-compatible), with its prompts")
+    @app.get("/v1/models", summary="The served models, the default first (OpenAI-compatible), with their prompts")
     async def models() -> Response:
-        created = int(time.time())
-        try:
-            info = await model_info()
-        except HTTPError:  # not answering now: what it said at start (its prompts; no dimension yet)
-            info = gateway().config
-        about = {
-            "output_dim": info.get("output_dim"), "max_seq_len": settings.tokenizer.max_len,
-            "prompts": prompts(info), "default_prompt_name": default_prompt_name(info),
-        }  # fmt: skip
-        names = (settings.model_name, *settings.aliases)
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "bertserve", **about}
-                for name in names]  # fmt: skip
-        return json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": await catalog().listed()})
 
     @app.post("/embed", summary="Text Embeddings Inference-compatible embeddings")
     async def embed(body: EmbedRequest, request: Request) -> Response:
+        model = catalog().pick(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         texts = check_count(checked_texts(texts, "inputs"))
         await ready_or_503()
-        info = await model_info()
+        info = await catalog().info(model)
         if info.get("token_level"):
-            raise HTTPError(422, "this server returns one vector per token (pooling NONE); /embed needs one per input")
+            raise HTTPError(422, f"the model {model.name!r} returns one vector per token (pooling NONE); /embed "
+                            "needs one per input")  # fmt: skip
         if not body.normalize and info.get("normalize"):
-            raise HTTPError(422, "this server's model L2-normalizes its vectors; normalize=false is not available")
+            raise HTTPError(422, f"the model {model.name!r} L2-normalizes its vectors; normalize=false is not "
+                            "available")  # fmt: skip
         options = asked(body, info)
         if not body.truncate and body.long_inputs != "chunk":
-            await refuse_over_long(texts, options)
-        reply = await encode(request, texts, options)
+            await refuse_over_long(model, info, texts, options)
+        reply = await encode(request, model, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
         if body.normalize and not info.get("normalize"):  # after the server kept the first `dimensions`
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return json_response(vectors, reply)
 
-    async def refuse_over_long(texts: list[str], options: Asked) -> None:
-        """413 for the first input longer than the model takes, the prompt the workers put
-        before it counted."""
-        prompt = prompt_text(options.prompt_name, gateway().config)
+    async def refuse_over_long(model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked) -> None:
+        """413 for the first input longer than ``model`` takes, the prompt the workers put
+        before it counted (``info``: the model's ``CONFIG`` answer)."""
+        prompt = prompt_text(options.prompt_name, info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
-        over = await asyncio.to_thread(settings.tokenizer.truncated, prompted)
+        over = await asyncio.to_thread(model.tokenizer.truncated, prompted)
         if over.any():
             first = int(np.argmax(over))
             with_prompt = " with its prompt" if prompt else ""
-            raise HTTPError(413, f"inputs[{first}] is longer{with_prompt} than the {settings.tokenizer.max_len} tokens "
-                            "this server takes; pass truncate=true to cut it, or long_inputs=chunk")  # fmt: skip
+            raise HTTPError(413, f"inputs[{first}] is longer{with_prompt} than the {model.tokenizer.max_len} tokens "
+                            f"the model {model.name!r} takes; pass truncate=true to cut it, or "
+                            "long_inputs=chunk")  # fmt: skip
 
     @app.post("/tokenize", summary="Text Embeddings Inference-compatible tokenization, with the model's tokenizer")
     async def tokenize(body: TokenizeRequest) -> Response:
+        model = catalog().pick(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         texts = check_count(checked_texts(texts, "inputs"))
-        info = gateway().config  # the prompts are the server's from its start; no worker is needed
+        info = await catalog().said(model)  # the prompts are the model's from the start; no worker is needed
         prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
         tokens = await asyncio.to_thread(
-            settings.tokenizer.explain, prompted, add_special_tokens=body.add_special_tokens,
+            model.tokenizer.explain, prompted, add_special_tokens=body.add_special_tokens,
             truncate=bool(body.truncate), truncation_direction=direction(body.truncation_direction) or "right",
         )  # fmt: skip
         return json_response(tokens)
 
     @app.post("/encode", summary="bert-as-service-compatible encoding")
     async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
+        model = catalog().pick(body.model)
         texts = check_count(checked_texts(body.texts, "texts", is_tokenized=body.is_tokenized))
         await ready_or_503()
-        info = await model_info()
-        reply = await encode(request, texts, asked(body, info), is_tokenized=body.is_tokenized)
+        info = await catalog().info(model)
+        reply = await encode(request, model, texts, asked(body, info), is_tokenized=body.is_tokenized)
         result = reply.array().astype(np.float32, copy=False)
         return json_response({"id": body.id, "result": result, "chunked": chunked_count(reply)}, reply)
 
@@ -252,10 +246,11 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     async def health() -> Response:
         return json_response({"status": "ok"})
 
-    @app.get("/ready", summary="Readiness: 200 while a worker has the model loaded, else 503")
+    @app.get("/ready", summary="Readiness: 200 while every served model has a worker with it loaded, else 503")
     async def ready() -> Response:
         if not (await server_status()).get("ready"):
-            raise HTTPError(503, "no worker has the model loaded: the server is starting, or its workers restart")
+            raise HTTPError(503, "not every model has a worker with it loaded: the server is starting, or its "
+                            "workers restart")  # fmt: skip
         return json_response({"status": "ready"})
 
     @app.get("/status", summary="The server's status, as `bertserve status` shows it")

@@ -80,7 +80,7 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._announcer: asyncio.TimerHandle | None = None
         self._status: tuple[float, dict[str, Any]] | None = None
-        self.config: dict[str, Any] = {}
+        self.config: dict[str, Any] = {}  # the head's CONFIG answer at start: its default model's
 
     def client_id(self, caller: str) -> bytes:
         """The client id of one HTTP caller: ``key:NAME`` (an API key's principal), ``address:HOST``
@@ -146,17 +146,21 @@ class Gateway:
         *,
         is_tokenized: bool = False,
         options: Mapping[str, Any] | None = None,
+        model: str | None = None,
         timeout_s: float,
     ) -> p.Reply:
         """Send one request and wait for its reply; :class:`GatewayError` after ``timeout_s``.
 
-        ``options`` go into an ENCODE header as they are (:data:`~bertserve.client.protocol.ENCODE_OPTIONS`).
+        ``options`` go into an ENCODE header as they are (:data:`~bertserve.client.protocol.ENCODE_OPTIONS`);
+        ``model`` names the served model the request is for (``None``: the head's default).
         An ENCODE whose wait ends without its reply, timed out or cancelled (its HTTP caller
         left), is withdrawn from the server: its queued work is dropped before it runs.
         """
         header: dict[str, Any] = {"client_version": __version__}
         if command == p.ENCODE:
             header.update(is_tokenized=is_tokenized, show_tokens=False, **(options or {}))
+        if model is not None:
+            header["model"] = model
         request_id = next(self._ids)
         key = (client_id, request_id)
         future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from ..config import ServerConfig
 from ..model.default import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 from ..served_models import ServedModel
 from .gateway import Gateway, GatewayKeys
 from .principals import Principals, load_principals
+
+if TYPE_CHECKING:
+    from .catalog import ModelSettings
 
 logger = logging.getLogger("bertserve.http")
 
@@ -29,7 +33,7 @@ def connect_host(bind: str) -> str:
 
 
 def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
-    """The model name ``/v1/models`` lists, and its aliases."""
+    """The name of ``config``'s model, and its aliases."""
     name = config.served_model_name
     if name is None:
         path = os.path.normpath(config.model.model_dir)
@@ -49,7 +53,8 @@ def run_http(
     models: list[ServedModel] | None = None,
 ) -> None:  # fmt: skip
     """Entry point of the HTTP process; ``principals`` as the supervisor read them (else read
-    here); ``models``: the models served, each with its config and version (else ``config``'s one)."""
+    here); ``models``: the models served, each with its config and version (else ``config``'s one).
+    Each model's name and tokenizer are read here, once; the head says the rest (:mod:`.catalog`)."""
     from ..logs import child_logging
 
     child_logging(log_level)
@@ -60,20 +65,16 @@ def run_http(
 
     import uvicorn
 
-    from ..model.options import resolve_options
     from .app import Settings, create_app
 
-    _, tokenizer = resolve_options(config.model)
-    name, aliases = served_names(config)
+    served = models or [ServedModel(served_names(config)[0], config)]
     settings = Settings(
-        model_name=name,
-        aliases=aliases,
+        models=tuple(_model_settings(model) for model in served),
         principals=principals if principals is not None else load_principals(config.api_key, config.api_keys),
         max_body_bytes=config.http_body_limit,
         max_bodies_bytes=config.max_http_body_bytes_total,
         max_inputs=config.request_size_limit,
         request_timeout_s=config.request_timeout_ms / 1000,
-        tokenizer=tokenizer,
         token_id_input=config.token_id_input,
     )
     host = connect_host(config.bind)
@@ -101,3 +102,14 @@ def run_http(
     server.run()  # SIGTERM (or Ctrl-C) stops it gracefully: in-flight requests get _GRACEFUL_S to finish
     if not server.started:
         raise SystemExit(3)
+
+
+def _model_settings(model: ServedModel) -> ModelSettings:
+    """What the HTTP API needs of one served model: its names, and the tokenizer its workers
+    run (its own vocabulary and max_seq_len)."""
+    from ..model.options import resolve_options
+    from .catalog import ModelSettings
+
+    _, tokenizer = resolve_options(model.config.model)
+    _, aliases = served_names(model.config)  # --model-alias: a server of one model only
+    return ModelSettings(model.name, aliases, tokenizer)

@@ -20,6 +20,7 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": the caller left, and its
 STATUS_OF_KIND = {
     "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "expired": 504, "shutdown": 503,
     "forbidden": 403, "duplicate": 409, "worker": 500, "internal": 500, "cancelled": CLIENT_CLOSED,
+    p.UNKNOWN_MODEL: 404,
 }  # fmt: skip
 _TEI_PATHS = ("/embed", "/tokenize")
 _OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error",
@@ -45,6 +46,7 @@ _PROMPT_NAME = (
     "default prompt, if it has one"
 )
 _TRUNCATION = "which end of an over-long input is cut: right (the default) or left"
+_MODEL = "the name of one of the served models (GET /v1/models lists them); by default the server's default model"
 
 LongInputs = Literal["truncate", "chunk"]
 Dimensions = Annotated[int, Field(strict=True)]  # "8" or 8.0 is refused, as OpenAI refuses it
@@ -60,7 +62,7 @@ class EmbeddingRequest(BaseModel):
         description="A string or a list of strings; token ids (a list of ids, or a list of such lists) only on a "
         "server started with --token-id-input, as ids of the model's own WordPiece vocabulary"
     )
-    model: str | None = Field(None, description="the served model's name or one of its aliases (GET /v1/models)")
+    model: str | None = Field(None, description=_MODEL + ", or one of its aliases")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
     user: str | None = Field(
@@ -73,7 +75,8 @@ class EmbeddingRequest(BaseModel):
 
 
 class EmbedRequest(BaseModel):
-    """Text Embeddings Inference's ``/embed``."""
+    """Text Embeddings Inference's ``/embed``; ``model`` is bertserve's own (a TEI server
+    serves one model)."""
 
     inputs: SkipValidation[str | list[str]]
     normalize: bool = True
@@ -82,11 +85,12 @@ class EmbedRequest(BaseModel):
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
     dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
     long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
+    model: str | None = Field(None, description=_MODEL)
 
 
 class TokenizeRequest(BaseModel):
-    """Text Embeddings Inference's ``/tokenize``; ``truncate`` and ``truncation_direction`` are
-    bertserve's own."""
+    """Text Embeddings Inference's ``/tokenize``; ``truncate``, ``truncation_direction`` and
+    ``model`` are bertserve's own."""
 
     inputs: SkipValidation[str | list[str]]
     add_special_tokens: bool = True
@@ -95,6 +99,7 @@ class TokenizeRequest(BaseModel):
         False, description="cut each input to the model's max_seq_len as encoding does (by default the whole input)"
     )
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
+    model: str | None = Field(None, description=_MODEL)
 
 
 class EncodeRequest(BaseModel):
@@ -107,6 +112,7 @@ class EncodeRequest(BaseModel):
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
     dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
+    model: str | None = Field(None, description=_MODEL)
 
 
 # -- inputs ------------------------------------------------------------------------------
