@@ -306,19 +306,13 @@ class Scheduler:
 
     def _take_small(self, first_client: bytes, room: int | None = None) -> Job:
         """Merge waiting small requests (of one input kind) into a job of at most ``room`` rows
-        (default and most: one model run, ``batch_size``, within max_batch_size): its requests
-        are answered when the job is, so it is kept to one run.
-
-        When what waits does not fit in one job, each client gets an equal share of it, no
-        larger than the lightest client's whole demand (but at least a quarter of an equal
-        split, so the job stays worth running): a client with 32 sentences queued next to one
-        with 100,000 shares a job of 64 with it, not of 256, so its answer does not wait on the
-        other's rows. A request larger than a share is split; the rest goes in a later job.
-        Before the shares, the short requests (an eighth of a job at most) at the head of their
-        clients' lanes go in whole, smallest first, as many as fit: a request of a few
-        sentences is answered by the next job, not cut into a share of one sentence a job
-        beside many others.
-        """
+        (default and most: one model run, within max_batch_size): its requests are answered
+        when the job is. First the short requests (an eighth of a job at most) at the heads of
+        the lanes go in whole, smallest first, so a request of a few sentences is answered by
+        the next job. Then, when what waits does not fit, each client gets an equal share, no
+        larger than the lightest client's demand (but at least a quarter of an equal split): a
+        client with 32 sentences queued beside one with 100,000 is not held up by the other's
+        rows. A request larger than a share is split; the rest goes in a later job."""
         room = min(room or self._merge_room, self._merge_room)
         first = self.clients[first_client].small[0]
         kind = first.kind
