@@ -49,9 +49,7 @@ import numpy as np
 
 from ..config import ServerConfig
 from .jobs import Busy, Job, Piece, TooLarge
-from .throughput import QueuedBulk, Throughput, late_bulk
-
-_LEAST_BOUND_S = 1.0  # no tighter bound: below a second, the messages around a job weigh as much as the model
+from .throughput import LEAST_BOUND_S, QueuedBulk, Throughput, late_bulk
 
 CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
 """``(texts, is_tokenized, chunk) -> tokens per input`` (in all its windows with ``chunk``)."""
@@ -185,7 +183,7 @@ class Scheduler:
         queue = self.clients.get(client)
         own = sum(item.rows for item in queue.bulk) if queue is not None else 0
         idle_s = (own + count) / capacity  # an idle server runs its client's earlier bulk requests first too
-        bound = now + max(slowdown * idle_s, _LEAST_BOUND_S)
+        bound = now + max(slowdown * idle_s, LEAST_BOUND_S)
         due = min(bound, deadline)
         lanes = {
             other: [QueuedBulk(other, item.rows, item.due) for item in queue.bulk]
@@ -244,7 +242,7 @@ class Scheduler:
     # -- dispatch ----------------------------------------------------------------------
 
     @property
-    def empty(self) -> bool:
+    def empty(self) -> bool:  # nothing queued
         return not self.clients and not self.retries
 
     def next_job(self, now: float, *, idle: bool = False) -> Job | None:
@@ -288,8 +286,7 @@ class Scheduler:
         return (wait is not None and wait <= 0) or self.small_rows >= self._merge_room
 
     @property
-    def _merge_room(self) -> int:
-        """Rows of a merged job: one model run, within max_batch_size."""
+    def _merge_room(self) -> int:  # rows of a merged job: one model run, within max_batch_size
         return min(self.config.model.batch_size, self.config.max_batch_size)
 
     def _take_bulk(self, client: bytes) -> Job:

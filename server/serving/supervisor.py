@@ -70,6 +70,7 @@ class BertServer(ExitFlags):
         self.worker_configs: dict[int, ServerConfig] = {}  # the config (model and version) each worker runs
         self.addresses: Addresses | None = None
         self.models: dict[str, ServedModelState] = {}  # each served model's versions, swap and what preflight found
+        self.default = ""  # the model a request that names none gets
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.principals: Any = None  # who may call the HTTP API (http.principals.Principals), read at start
         self.gave_up: str | None = None
@@ -77,7 +78,7 @@ class BertServer(ExitFlags):
     @property
     def versions(self) -> VersionsBook:
         """The default model's versions."""
-        return next(iter(self.models.values())).book
+        return self.models[self.default].book
 
     # -- running -------------------------------------------------------------------------
 
@@ -85,14 +86,13 @@ class BertServer(ExitFlags):
         """Serve until told to stop (a signal, ``TERMINATE``, or ``should_exit``)."""
         if self.config.http_port is not None:
             self._load_principals()
+        self.default = default_model_name(self.config)
         for served in _share_cores(served_models(self.config)):
             book = VersionsBook()
             config, follow_latest = preflight.choose_version(served.config, book)
             info, sha256 = preflight.check_model(config, book)
             self.models[served.name] = ServedModelState(served.name, config, book, follow_latest, info, sha256)
-        self.config = next(
-            iter(self.models.values())
-        ).config  # the default model's (the server's options are all the same)
+        self.config = self.models[self.default].config  # its server options are every model's
         context = zmq.Context()
         ipc_dir = tempfile.mkdtemp(prefix="bertserve-")
         addresses = self.addresses = Addresses(
@@ -147,7 +147,7 @@ class BertServer(ExitFlags):
             ventilator.update_gauges()
             if on_ready is not None:
                 info = ventilator.describe()
-                default = next(iter(self.models.values()))
+                default = self.models[self.default]
                 # With no local worker, what no worker has reported yet comes from the options.
                 on_ready({**info, **{k: v for k, v in default.info.items() if info.get(k) is None}})
             self._serve(ventilator, addresses)
@@ -175,7 +175,7 @@ class BertServer(ExitFlags):
             prompts = Prompts(model.info.get("prompts", {}), model.info.get("default_prompt_name"))
             queue = Scheduler(model.config, counter, job_prefix=f"m{index}." if index else "")  # ids of [A-Za-z0-9._:-]
             head.append(HeadModel(model.name, model.config, queue, prompts, model.sha256, versions_view=book))
-        return Models(head, default_model_name(self.config))
+        return Models(head, self.default)
 
     def _start_swaps(self, ventilator: Ventilator) -> None:
         for model in self.models.values():

@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 _WINDOW_S = 10
 """Seconds of the workers' recent time the small work's share is taken over."""
 
+LEAST_BOUND_S = 1.0
+"""No bulk request is refused for a projected time under this: the projection counts model
+time only, and below a second the messages around each job weigh as much."""
+
 BULK_SHARE = 0.25
 """The least share of the workers' time bulk work gets while it waits, however much small
 work comes: small jobs go first otherwise."""
