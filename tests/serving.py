@@ -287,3 +287,10 @@ def start_worker_host(
     if expect_joined:
         _wait_or_stop(host, timeout)
     return host
+
+
+def metric_total(values: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` (``values`` as
+    ``(name, sorted labels) -> value``): a test asks by the labels it cares about, whatever
+    others (the model's) a series has."""
+    return sum(value for (found, have), value in values.items() if found == name and set(labels.items()) <= set(have))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -354,7 +355,8 @@ def test_ctrl_c_stops_every_process(tiny_google: str, session_graph_dir: str) ->
     with BertClient(**server.client_kwargs, timeout=30_000) as client:
         client.encode(sentences(3))
     scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-    assert 'bertserve_requests_total{outcome="ok",path="zmq"} 1.0' in scraped and "bertserve_workers 2.0" in scraped
+    assert re.search(r'bertserve_requests_total\{model="[^"]+",outcome="ok",path="zmq"\} 1.0', scraped)
+    assert "bertserve_workers 2.0" in scraped
     assert httpx.get(f"http://127.0.0.1:{http_port}/ready", timeout=10).status_code == 200
     os.killpg(server.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
     assert server.process.wait(60) == 0
