@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +45,18 @@ def family_rss(server: Family) -> dict[int, float]:
     return rss
 
 
+def family_pss(server: Family) -> dict[int, float]:
+    """Proportional set size in MiB of the server and each process it started, by pid: a page
+    shared by n processes counts 1/n in each, so the sum is what the family really holds."""
+    pss = {}
+    for process in server.family():
+        try:
+            pss[process.pid] = process.memory_full_info().pss / MIB
+        except (psutil.Error, AttributeError):  # exited, or no PSS on this platform
+            continue
+    return pss
+
+
 def max_rss_mib(pids: Iterable[int]) -> float:
     """The largest RSS in MiB of the processes ``pids`` (all alive)."""
     return max(psutil.Process(pid).memory_info().rss for pid in pids) / MIB
@@ -63,6 +75,22 @@ def settled_rss(server: Family, samples: int = 5, interval: float = 0.5) -> floa
         values.append(sum(family_rss(server).values()))
         time.sleep(interval)
     return median(values)
+
+
+def settled_rss_by_pid(
+    servers: Sequence[Family], samples: int = 5, interval: float = 0.5, wait: float = 2.0
+) -> list[dict[int, float]]:
+    """Each server's RSS by pid once it has settled: per process, the median of ``samples``
+    reads after ``wait`` seconds; the servers are read in the same turns, so they settle alike."""
+    time.sleep(wait)
+    reads: list[dict[int, list[float]]] = [{} for _ in servers]
+    for turn in range(samples):
+        for server, by_pid in zip(servers, reads, strict=True):
+            for pid, mib in family_rss(server).items():
+                by_pid.setdefault(pid, []).append(mib)
+        if turn < samples - 1:
+            time.sleep(interval)
+    return [{pid: median(values) for pid, values in by_pid.items()} for by_pid in reads]
 
 
 @dataclass(frozen=True)

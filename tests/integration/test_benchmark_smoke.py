@@ -1,9 +1,10 @@
-"""Smoke test of benchmarks/suite.py: both sub-commands with ``--quick`` on a tiny BERT.
+"""Smoke tests of benchmarks/suite.py (both sub-commands with ``--quick``) and of
+benchmarks/models.py (seconds-long steps), on a tiny BERT.
 
-The suite runs as a subprocess, exactly as a user runs it; it starts its own servers on
-free ports. This checks that it finishes, and that its JSON, markdown and plots hold what
-they should, not the numbers. Without matplotlib (``requirements-bench.txt``) the plots
-are left out and the rest is still checked.
+Each runs as a subprocess, exactly as a user runs it; it starts its own servers on free
+ports. This checks that it finishes, and that its JSON, markdown and plots hold what they
+should, not the numbers. Without matplotlib (``requirements-bench.txt``) the plots are left
+out and the rest is still checked.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
+MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LATENCY_KEYS = {"p50", "p90", "p99"}
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -119,3 +121,47 @@ def test_compare_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path)
     markdown = (tmp_path / "compare.md").read_text(encoding="utf-8")
     assert "| target | measured | goal | result | detail |" in markdown
     assert "| dtype | GFLOP/s | runs | ceiling, sentences/s | how |" in markdown
+
+
+@pytest.mark.timeout(180)
+def test_models_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) -> None:
+    args = [
+        sys.executable, str(MODELS), "--model-dir", tiny_google, "--graph-dir", session_graph_dir,
+        "--max-seq-len", "32", "--limit", "300", "--seconds", "1.5", "--rounds", "1", "--clients", "2",
+        "--request-size", "8", "--small-requests", "20", "--bulk-size", "300", "--flood-clients", "2",
+        "--flood-ramp", "0.5", "--machine-seconds", "0.5",
+        "--json", str(tmp_path / "models.json"), "--markdown", str(tmp_path / "models.md"),
+    ]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=tmp_path)
+    assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    report = json.loads((tmp_path / "models.json").read_text(encoding="utf-8"))
+
+    assert report["kind"] == "models" and report["stop_problems"] == []
+    memory = report["memory"]
+    assert len(memory["one"]["each_worker_mib"]) == 1 and len(memory["two"]["each_worker_mib"]) == 2
+    for server in ("one", "two"):
+        assert memory[server]["head_mib"] > 0 and memory[server]["workers_mib"] > 0, memory
+        assert memory[server]["total_pss_mib"] > 0, memory
+    assert set(memory["extra_model"]) == {
+        "head_mib", "workers_mib", "total_mib", "head_pss_mib", "workers_pss_mib", "total_pss_mib",
+    }  # fmt: skip
+
+    throughput = report["throughput"]
+    (round_,) = throughput["rounds"]
+    assert round_["alone"]["a"]["sentences_per_s"] > 0
+    assert round_["neighbour"]["a"]["sentences_per_s"] > 0 and round_["neighbour"]["b"]["sentences_per_s"] > 0
+    assert set(throughput["ratio"]) == {"a", "b"} and all(r > 0 for r in throughput["ratio"].values())
+    assert round_["machine"]["alone_per_s"] > 0 and len(round_["machine"]["pair_per_s"]) == 2
+    assert throughput["machine_pair_ratio"] > 0 and set(throughput["ratio_of_machine"]) == {"a", "b"}
+
+    flood = report["flood"]
+    assert flood["a_ms"]["idle"]["count"] == 2 * flood["a_ms"]["flood"]["count"] == 40  # idle before and after
+    assert 0 < flood["a_ms"]["idle"]["p50"] <= flood["a_ms"]["idle"]["p99"]
+    assert flood["replies"]["b_flood"]["ok"] > 0 and flood["b_job_ms"]["status_bulk_median"] > 0
+
+    total = report["replies_total"]
+    assert total["ok"] > 0 and total["wrong"] == total["crossed"] == total["failed"] == 0, total
+    assert total["min_cosine"] >= 0.99999
+    assert len(report["targets"]) == 4 and report["targets"][-1]["passed"] is True
+    markdown = (tmp_path / "models.md").read_text(encoding="utf-8")
+    assert "| target | measured | result |" in markdown and "the second model" in markdown
