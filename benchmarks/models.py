@@ -148,7 +148,7 @@ def neighbours(servers: dict[str, RunningServer], corpus: list[str], refs: Refer
     """Rounds of a alone on ``one`` and a and b at once on ``two``, the order alternating."""
     rounds = []
     for round_ in range(args.rounds):
-        steps: dict[str, Any] = {"machine": machine_pair(args.machine_seconds)}
+        steps: dict[str, Any] = {"load_average": list(os.getloadavg()), "machine": machine_pair(args.machine_seconds)}
         progress(f"round {round_ + 1}, the machine: two one-thread processes at once each run "
                  f"{steps['machine']['ratio']:.2f} of one alone")  # fmt: skip
         order = ("alone", "neighbour") if round_ % 2 == 0 else ("neighbour", "alone")
@@ -284,7 +284,8 @@ def markdown(report: dict[str, Any]) -> str:
     rows = [_memory_row(label, mem[key]) for key, label in labels.items()]
     rounds = " · ".join(
         f"{r['alone']['a']['sentences_per_s']:,.0f} → {r['neighbour']['a']['sentences_per_s']:,.0f} + "
-        f"{r['neighbour']['b']['sentences_per_s']:,.0f}" for r in thr["rounds"])  # fmt: skip
+        f"{r['neighbour']['b']['sentences_per_s']:,.0f} (load average {r['load_average'][0]:.2f} at its start)"
+        for r in thr["rounds"])  # fmt: skip
     beside = [f"| {m} beside the other (server `two`) | {thr['neighbour_sentences_per_s'][m]:,.0f} | "
               f"{thr['ratio'][m]:.2f} | {thr['ratio_of_machine'][m]:.2f} |" for m in MODELS]  # fmt: skip
     by_round = "; ".join(f"{m} {', '.join(f'{x:.2f}' for x in thr['ratio_by_round'][m])}" for m in MODELS)
@@ -342,8 +343,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"One model run of b, the yardstick: {job['status_bulk_median']:.0f} ms, the median run time of its bulk "
         "jobs (STATUS `recent_jobs.bulk_median_seconds` at the end of the flood; only b ran bulk jobs). Over the "
         f"window b's worker ran {job['window_jobs']} jobs of {per_job} sentences on average, {window_mean} each "
-        f"(its `busy_s` / `jobs_done`), and was busy {busy} of the time. a's p50 grew by "
-        f"{fl['growth_over_b_job']:.2f} of one run of b.",
+        f"(its `busy_s` / `jobs_done`); its `busy_s`, counted as jobs end, grew by {busy} of the window. a's "
+        f"p50 grew by {100 * fl['growth_over_b_job']:.1f} % of one run of b.",
         "",
         "## Targets",
         "",
