@@ -306,7 +306,8 @@ class BertServer(ExitFlags):
                 raise StartupError("interrupted while the model's graph was being built")
             ventilator.poll_once(100)
         if preparation is not None and not done:
-            raise StartupError(f"the model {model.name} cannot be served: {preparation.failure}")
+            which = f"the model {model.name}" if len(self.models) > 1 else "the model"
+            raise StartupError(f"{which} cannot be served: {preparation.failure}")
         first = max(self.worker_configs, default=-1) + 1
         self._start_worker(first, addresses, config)
         self._wait_ready(ventilator, first + 1)
