@@ -35,12 +35,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` that ends each flag's line with its default. A flag whose default is
     ``None`` or empty says what leaving it out means in its own help text (see
     :func:`unset_help`), and a switch that takes no value (``--is-tokenized``) is simply off
-    unless given."""
+    unless given. A flag with a ``--no-`` form reads ``--cpu, --no-cpu`` and is on or off
+    by default."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 28, width: int | None = None):
+        super().__init__(prog, indent_increment, max_help_position, width)  # room for --request-timeout-ms MS
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if _unset(action.default) or action.nargs == 0 or "(default" in (action.help or ""):
             return action.help
+        if isinstance(action, argparse.BooleanOptionalAction) and isinstance(action.default, bool):
+            return f"{action.help} (default: {'on' if action.default else 'off'})"
         return super()._get_help_string(action)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, argparse.BooleanOptionalAction):  # it may also take a word: --cpu false
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
 
 
 def unset_help(help: str, default: object, meaning: str) -> str:

@@ -23,11 +23,11 @@ from bertserve.client.terminal import paint, print_status
 
 from .config import ServerConfig
 from .errors import BertServeError
+from .flag_help import add_flags
 from .flags import (
     MODEL_FLAGS,
     SERVER_FLAGS,
     WORKER_FLAGS,
-    add_flags,
     model_config_from_args,
     server_config_from_args,
     server_flag,
@@ -162,14 +162,51 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verbose(parser, default=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    start = commands.add_parser(
+        "start",
+        help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)",
+        usage="%(prog)s [options]",
+        formatter_class=HelpFormatter,
+    )
+    _add_verbose(start)
+    add_flags(start, [*MODEL_FLAGS, *SERVER_FLAGS], docs="docs/server.md")
+    start.set_defaults(run=_cmd_start)
+
+    worker = commands.add_parser(
+        "worker",
+        help="run workers on this machine for a head started with --worker-port (Ctrl-C ends them)",
+        description="Worker processes that join a head over tcp. The model options come from the head; "
+        "this machine's model files must be the same (checked by sha256).",
+        usage="%(prog)s --server HOST --worker-port PORT [options]",
+        formatter_class=HelpFormatter,
+    )
+    _add_verbose(worker)
+    add_flags(worker, WORKER_FLAGS, docs="docs/deployment.md and docs/server.md")
+    worker.set_defaults(run=_cmd_worker)
+    add_client_commands(commands)
+
     embed = commands.add_parser(
-        "embed", help="encode lines of text in this process, write a .npy file", formatter_class=HelpFormatter
+        "embed",
+        help="encode lines of text in this process, write a .npy file",
+        usage="%(prog)s [options] [input]",
+        formatter_class=HelpFormatter,
     )
     embed.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
-    embed.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
+    embed.add_argument("-o", "--output", default="embeddings.npy", metavar="FILE", help="where to write the vectors")
     _add_verbose(embed)
-    add_flags(embed, "model", MODEL_FLAGS)
+    add_flags(embed, MODEL_FLAGS, docs="docs/server.md")
     embed.set_defaults(run=_cmd_embed)
+
+    export = commands.add_parser(
+        "export",
+        help="write the optimized graph as a TensorFlow SavedModel (for TF Serving or Triton)",
+        usage="%(prog)s --out DIR [options]",
+        formatter_class=HelpFormatter,
+    )
+    export.add_argument("--out", required=True, metavar="DIR", help="directory to write (new, or empty)")
+    _add_verbose(export)
+    add_flags(export, MODEL_FLAGS, docs="docs/server.md")
+    export.set_defaults(run=_cmd_export)
 
     manifest = commands.add_parser(
         "manifest",
@@ -179,38 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
     manifest.add_argument("directory", help="a model directory")
     manifest.add_argument("--check", action="store_true", help="check the files against the manifest instead")
     manifest.set_defaults(run=_cmd_manifest)
-
-    export = commands.add_parser(
-        "export",
-        help="write the optimized graph as a TensorFlow SavedModel (for TF Serving or Triton)",
-        formatter_class=HelpFormatter,
-    )
-    export.add_argument("--out", required=True, help="directory to write (new, or empty)")
-    _add_verbose(export)
-    add_flags(export, "model", MODEL_FLAGS)
-    export.set_defaults(run=_cmd_export)
-
-    start = commands.add_parser(
-        "start",
-        help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)",
-        formatter_class=HelpFormatter,
-    )
-    _add_verbose(start)
-    add_flags(start, "model", MODEL_FLAGS)
-    add_flags(start, "serving", SERVER_FLAGS)
-    start.set_defaults(run=_cmd_start)
-
-    worker = commands.add_parser(
-        "worker",
-        help="run workers on this machine for a head started with --worker-port (Ctrl-C ends them)",
-        description="Worker processes that join a head over tcp. The model options come from the head; "
-        "this machine's model files must be the same (checked by sha256).",
-        formatter_class=HelpFormatter,
-    )
-    _add_verbose(worker)
-    add_flags(worker, "worker", WORKER_FLAGS)
-    worker.set_defaults(run=_cmd_worker)
-    add_client_commands(commands)
     return parser
 
 
