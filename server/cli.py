@@ -22,6 +22,7 @@ from bertserve.client.cli import HelpFormatter, add_client_commands, read_lines
 from bertserve.client.terminal import paint, print_status
 
 from .config import ServerConfig
+from .dependencies import install_command, missing_server_requirements
 from .errors import BertServeError
 from .flag_help import add_flags
 from .flags import (
@@ -38,6 +39,8 @@ from .model.hardware import short_reason
 from .served_models import served_models
 
 logger = logging.getLogger("bertserve.cli")
+
+SERVER_COMMANDS = frozenset({"start", "worker", "embed", "export"})  # they need the `server` extra
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -65,8 +68,9 @@ def _serve(config: ServerConfig, args: argparse.Namespace) -> int:
 
 
 def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
-    """The one line on stdout that says the server serves (green on a terminal); scripts
-    and tests wait for it. With several models, ``info`` describes the default one."""
+    """The one line on stdout that says the server serves (bold green on a terminal, to stand
+    out among the log's green lines); scripts and tests wait for it. With several models,
+    ``info`` describes the default one."""
     served = served_models(config)
     line = (
         f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
@@ -82,7 +86,7 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
         line += f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}"
     if config.worker_port is not None:
         line += f", remote workers join on tcp://{config.bind}:{config.worker_port}"
-    print(paint(line, "green", sys.stdout), flush=True)
+    print(paint(line, "green", sys.stdout, bold=True), flush=True)
 
 
 def dtype_text(info: dict[str, Any]) -> str:
@@ -231,6 +235,18 @@ def _add_verbose(parser: argparse.ArgumentParser, default: Any = argparse.SUPPRE
     )
 
 
+def _check_server_requirements(command: str) -> None:
+    """Before server command ``command`` does anything: the server's packages are all installed."""
+    missing = missing_server_requirements()
+    if missing:
+        names = [requirement.name for requirement in missing]
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        raise BertServeError(
+            f"`bertserve {command}` needs the server's packages, and {listed} {'is' if len(names) == 1 else 'are'} "
+            f"not installed; install them with: {install_command(missing)}"
+        )
+
+
 def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
     print_status("warning", str(message))
 
@@ -238,13 +254,16 @@ def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if args.command in SERVER_COMMANDS:
+            _check_server_requirements(args.command)
         setup_logging(logging.DEBUG if args.verbose else logging.INFO)
         quiet_native_logs(args.verbose)  # before anything imports TensorFlow, here or in a worker
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning  # "bertserve: warning: ...", not a source line
             return int(args.run(args))
-    except ImportError as exc:  # a client-only install running a server command
-        print_status("error", f"{exc}; the server needs: pip install 'bertserve[server]'")
+    except ImportError as exc:  # a server package gone since the check, or there but broken
+        missing = missing_server_requirements()
+        print_status("error", f"{exc}; install them with: {install_command(missing)}" if missing else str(exc))
         return 2
     except (BertServeError, ValueError, TypeError, OSError) as exc:
         print_status("error", str(exc))

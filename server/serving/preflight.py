@@ -2,12 +2,14 @@
 and its options, the CURVE keys, the ports, and what it serves openly.
 
 Each check raises :class:`..errors.StartupError` with the cause, so a bad option stops the
-start with one clear message instead of a child process failing later.
+start with one clear message instead of a child process failing later. Every port the server
+listens on is checked before any process starts; one in use is named with its flag.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import socket
 from typing import Any
@@ -21,6 +23,9 @@ from ..security import loopback_only
 from .versions import VersionsBook
 
 logger = logging.getLogger("bertserve.server")
+
+# Where a server is reached by `bertserve status` without --host (which is localhost).
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "*", "::1", "[::1]", "::", "[::]")
 
 
 def choose_version(config: ServerConfig, book: VersionsBook) -> tuple[ServerConfig, bool]:
@@ -110,30 +115,57 @@ def warn_if_http_exposed(config: ServerConfig) -> None:
         )  # fmt: skip
 
 
-def bind(sock: zmq.Socket, host: str, port: int) -> None:
+def check_ports(context: zmq.Context, frontend: zmq.Socket, config: ServerConfig) -> None:
+    """Bind ``frontend`` to the request port, and check that the other ports are free (their
+    processes bind them later): the results port, the HTTP port and the workers' port."""
+    bind(frontend, config.bind, config.port, "--port")
+    assert config.port_out is not None  # ServerConfig made it port + 1
+    check_port_free(context, config.bind, config.port_out, "--port-out")
+    if config.http_port is not None:
+        check_tcp_port_free(config.http_bind or config.bind, config.http_port, "--http-port")
+    if config.worker_port is not None:
+        check_port_free(context, config.bind, config.worker_port, "--worker-port")
+
+
+def cannot_listen(host: str, port: int, flag: str, exc: OSError | zmq.ZMQError) -> StartupError:
+    """The error of a port the server cannot listen on, naming its flag; for one in use, how
+    to tell whether a bertserve holds it, and how to choose another."""
+    reason = exc.strerror or str(exc)
+    message = f"cannot listen on {host}:{port} ({flag}): {reason}"
+    if exc.errno == errno.EADDRINUSE:
+        default = ", by default --port + 1" if flag == "--port-out" else ""
+        status = f"bertserve status{'' if host in _LOCAL_HOSTS else f' --host {host}'} --port {port}"
+        message = (
+            f"cannot listen on {host}:{port} ({flag}{default}): the port is in use. To see whether a bertserve "
+            f"already serves there: `{status}`; to start on another port: {flag} PORT"
+        )
+    return StartupError(message)
+
+
+def bind(sock: zmq.Socket, host: str, port: int, flag: str = "--port") -> None:
     try:
         sock.bind(f"tcp://{host}:{port}")
     except zmq.ZMQError as exc:
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise cannot_listen(host, port, flag, exc) from None
 
 
-def check_port_free(context: zmq.Context, host: str, port: int) -> None:
+def check_port_free(context: zmq.Context, host: str, port: int, flag: str) -> None:
     probe = context.socket(zmq.PUB)
     probe.linger = 0
     try:
-        bind(probe, host, port)
+        bind(probe, host, port, flag)
     finally:
         probe.close()
 
 
-def check_tcp_port_free(host: str, port: int) -> None:
+def check_tcp_port_free(host: str, port: int, flag: str) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host.strip("[]") if host not in ("*", "") else "0.0.0.0", port))
         except OSError as exc:
-            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+            raise cannot_listen(host, port, flag, exc) from None
 
 
 def serve_metrics(config: ServerConfig) -> None:
@@ -141,4 +173,4 @@ def serve_metrics(config: ServerConfig) -> None:
     try:
         metrics.serve(config.metrics_port, config.bind)
     except OSError as exc:
-        raise StartupError(f"cannot serve metrics on {config.bind}:{config.metrics_port}: {exc}") from None
+        raise cannot_listen(config.bind, config.metrics_port, "--metrics-port", exc) from None

@@ -432,7 +432,7 @@ class WorkerHost(ExitFlags):
         for index, process in self.children.workers().items():
             with contextlib.suppress(zmq.ZMQError):
                 self.jobs.send_multipart([_identity(index, process), wire.STOP], zmq.NOBLOCK)
-        self.children.join()
+        self.children.join(hurry=lambda: self.force_exit)
 
     def _probe_state(self) -> dict[str, Any]:
         alive = time.monotonic() - self.loop_at < 10.0

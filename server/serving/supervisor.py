@@ -6,9 +6,11 @@ and its jobs handed to another; one that stops answering (no heartbeat, or a job
 ``job_timeout_ms``) is killed and replaced. A sink that dies is restarted and the requests
 it held get error replies. Restarts of a process that keeps failing back off, and after
 ``max_restarts`` failures in a row the server stops with a message saying which process
-failed. Shutdown runs in stages: stop accepting, drain what is in flight (with a deadline),
-fail what is left with an error reply, stop the workers, then the sink; a process that does
-not stop in time is killed. Remote workers (``--worker-port``) are not this process's to
+failed. Shutdown runs in stages (:mod:`.shutdown`): stop accepting, drain what is in flight
+(with a deadline), fail what is left with an error reply, stop the workers, then the sink; a
+process that does not stop in time is killed, and a second Ctrl-C stops everything at once.
+Every port is checked before any process starts, and a start that fails says why, once.
+Remote workers (``--worker-port``) are not this process's to
 start or stop: their hosts keep them alive (:mod:`.remote`) and join again when a head
 comes back. With a repository of model versions, :mod:`.swap` rolls the workers to a new
 version while serving. Several models are served side by side (:mod:`.models`): each has
@@ -42,11 +44,12 @@ from ..model.prompts import Prompts
 from ..served_models import ServedModel, default_model_name, served_models
 from . import preflight
 from .children import Children, worker_index, worker_name
-from .lifecycle import DRAIN_SECONDS, ExitFlags
+from .lifecycle import ExitFlags
 from .model_processes import ModelProcesses, ServedModelState
 from .models import HeadModel, Models
 from .restarts import Exit, Fate
 from .scheduler import Scheduler
+from .shutdown import shut_down
 from .sink import run_sink
 from .swap import VersionSwap
 from .ventilator import Ventilator
@@ -74,6 +77,7 @@ class BertServer(ExitFlags):
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.principals: Any = None  # who may call the HTTP API (http.principals.Principals), read at start
         self.gave_up: str | None = None
+        self.serving = False  # it got ready; a start that fails stops without a word of its own
 
     @property
     def versions(self) -> VersionsBook:
@@ -126,11 +130,7 @@ class BertServer(ExitFlags):
             else:
                 preflight.warn_if_exposed(self.config)
             preflight.warn_if_http_exposed(self.config)
-            preflight.bind(frontend, self.config.bind, self.config.port)
-            assert self.config.port_out is not None  # ServerConfig made it port + 1
-            preflight.check_port_free(context, self.config.bind, self.config.port_out)
-            if self.config.http_port is not None:
-                preflight.check_tcp_port_free(self.config.http_bind or self.config.bind, self.config.http_port)
+            preflight.check_ports(context, frontend, self.config)
             if self.config.metrics_port is not None:
                 preflight.serve_metrics(self.config)
             self._start_sink(addresses)
@@ -145,6 +145,7 @@ class BertServer(ExitFlags):
             if "http" in self.children:
                 self._wait_http(ventilator)
             ventilator.update_gauges()
+            self.serving = True
             if on_ready is not None:
                 info = ventilator.describe()
                 default = self.models[self.default]
@@ -155,7 +156,7 @@ class BertServer(ExitFlags):
             for model in self.models.values():
                 if model.swap is not None:
                     model.swap.close()
-            self._shutdown(ventilator)
+            shut_down(ventilator, self.children, self, serving=self.serving)
             frontend.close()
             if ventilator is not None:
                 ventilator.close()
@@ -196,9 +197,9 @@ class BertServer(ExitFlags):
                 self.config, context, frontend, addresses, models, curve_admins=admins, gateway_key=gateway_public,
                 curve_keys=curve_keys,
             )  # fmt: skip
-        except zmq.ZMQError as exc:  # the worker link's port
-            where = f"{self.config.bind}:{self.config.worker_port}"
-            raise StartupError(f"cannot listen for remote workers on {where}: {exc.strerror}") from None
+        except zmq.ZMQError as exc:  # the worker link's port, taken since it was checked
+            assert self.config.worker_port is not None
+            raise preflight.cannot_listen(self.config.bind, self.config.worker_port, "--worker-port", exc) from None
 
     def _start_authenticator(self, context: zmq.Context, keys: Any) -> Any:
         from ..security import start_authenticator
@@ -410,21 +411,6 @@ class BertServer(ExitFlags):
         elif verdict.failures > 1:
             logger.warning("restarting %s in %.1f s (failure %d of at most %d)", name, verdict.delay, verdict.failures,
                            self.config.max_restarts)  # fmt: skip
-
-    def _shutdown(self, ventilator: Ventilator | None) -> None:
-        http = self.children.get("http")
-        if http is not None and http.is_alive():
-            http.terminate()  # uvicorn stops accepting and lets in-flight requests finish
-        if ventilator is not None:
-            ventilator.stop_accepting()
-            deadline = time.monotonic() + (0 if self.force_exit else DRAIN_SECONDS)
-            while not ventilator.idle and time.monotonic() < deadline and not self.force_exit:
-                ventilator.poll_once(50)
-            ventilator.fail_everything("the server is shutting down")
-            ventilator.stop_workers()
-            ventilator.stop_sink()
-        self.children.join([*(worker_name(index) for index in self.children.workers()), "http", "sink"])
-        logger.info("bertserve stopped")
 
 
 def _share_cores(models: list[ServedModel]) -> list[ServedModel]:

@@ -122,6 +122,11 @@ class Ventilator:
             self.link.close()
 
     @property
+    def in_flight(self) -> int:
+        """Requests taken and not yet answered: queued, or running on a worker."""
+        return len(self.requests)
+
+    @property
     def idle(self) -> bool:
         return not self.requests and all(model.scheduler.empty for model in self.models) and not self.outbox
 
