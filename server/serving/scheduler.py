@@ -11,12 +11,12 @@
   when its first turn comes, not when it arrives: counting its tokens is the costliest step
   of admission, and the requests (and ``busy`` refusals) behind it need not wait for it.
 - **Merging.** Small requests from different clients share one job, up to one model run
-  (``batch_size``, at most ``max_batch_size``) of one input kind, since every request in it
-  is answered when the job is; when they do not all fit, each client gets
-  an equal share no larger than the lightest client's demand. Batching is continuous: a
-  worker that holds nothing takes what has gathered at once, so an idle server adds no wait;
-  only a job for a busy worker's prefetch slot waits, at most ``max_latency_ms``, for company
-  (and not at all when bulk work is queued).
+  (``batch_size``, at most ``max_batch_size``; while other work waits, about ``bulk_run_ms``
+  of it) of one input kind, since every request in it is answered when the job is; when they
+  do not all fit, each client gets an equal share no larger than the lightest client's
+  demand. Batching is continuous: a worker that holds nothing takes what has gathered at
+  once, so an idle server adds no wait; only a job for a busy worker's prefetch slot waits,
+  at most ``max_latency_ms``, for company (and not at all when bulk work is queued).
 - **Versions.** A request is pinned at admission to the model version then served; pieces
   of different versions never share a job (two versions are served side by side only while
   a swap is under way, see :mod:`.swap`). :meth:`Scheduler.put_back` returns a job that no
@@ -64,8 +64,7 @@ class _Bulk:
     due: float = float("inf")  # when it should be done (--bulk-slowdown)
 
     @property
-    def rows(self) -> int:
-        """Its sentences still queued."""
+    def rows(self) -> int:  # its sentences still queued
         return len(self.request.rows) if self.jobs is None else sum(job.size for job in self.jobs)
 
 
@@ -286,8 +285,13 @@ class Scheduler:
         return (wait is not None and wait <= 0) or self.small_rows >= self._merge_room
 
     @property
-    def _merge_room(self) -> int:  # rows of a merged job: one model run, within max_batch_size
-        return min(self.config.model.batch_size, self.config.max_batch_size)
+    def _merge_room(self) -> int:
+        """Rows of a merged job: one model run; while other work waits, what runs in about
+        ``bulk_run_ms`` (at least a quarter run), so a few sentences wait only for short jobs."""
+        run = min(self.config.model.batch_size, self.config.max_batch_size)
+        rate, budget = self.throughput.per_worker, self.config.bulk_run_ms / 1000
+        others = self.bulk_count or len(self.small_turns) > 1
+        return min(run, max(run // 4, int(rate * budget))) if rate and budget and others else run
 
     def _take_bulk(self, client: bytes) -> Job:
         queue = self.clients[client]
@@ -384,9 +388,8 @@ class Scheduler:
             self.retries.appendleft(part)
             self.queued += part.size
 
-    def put_back(self, job: Job) -> None:
-        """A job taken but not sent (no worker of its version was free): it goes first next time."""
-        self.retries.appendleft(job)
+    def put_back(self, job: Job) -> None:  # taken but not sent (no worker of its version was free)
+        self.retries.appendleft(job)  # it goes first next time
         self.queued += job.size
 
     def versions(self) -> set[int | None]:
@@ -430,10 +433,8 @@ class Scheduler:
         for queue in self.clients.values():
             keys.update(piece.key for piece in queue.small)
             keys.update(bulk.request.key for bulk in queue.bulk)
-        self.clients.clear()
-        self.small_turns.clear()
-        self.bulk_turns.clear()
-        self.retries.clear()
+        for emptied in (self.clients, self.small_turns, self.bulk_turns, self.retries):
+            emptied.clear()
         self.queued = self.small_count = self.small_rows = self.bulk_count = 0
         return keys
 

@@ -430,3 +430,39 @@ def test_a_merged_job_drops_only_the_pieces_past_their_deadline() -> None:
     assert job is not None and job.keys == ["old", "new"] and job.deadline == 3.0
     assert job.drop_expired(2.0) == 3 and job.keys == ["new"] and job.size == 2
     assert job.drop_expired(3.0) == 2 and not job.pieces
+
+
+def test_while_others_wait_a_merged_job_holds_what_runs_in_about_bulk_run_ms() -> None:
+    # batch_size 64; a worker does 40 sentences a second, so 250 ms is 10 rows: at least a quarter run, 16
+    s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=200, bulk_run_ms=250.0)
+    s.config = replace(s.config, model=replace(s.config.model, batch_size=64))
+    admit(s, b"m1", 100, now=0.0)
+    alone = s.next_job(0.0, idle=True)  # nothing else waits: a whole model run
+    assert alone is not None and alone.size == 64
+    admit(s, b"m2", 100, now=0.0)
+    unmeasured = s.next_job(0.0, idle=True)  # the speed is not known yet: a whole run too
+    assert unmeasured is not None and unmeasured.size == 64
+    s.throughput.per_worker, s.throughput.workers = 40.0, 2  # m1 has 4 rows left and m2 68
+    sizes = [job.size for job in drain(s)]
+    assert sizes == [4 + 4, 64], sizes  # shares of 16 rows while both wait, then m2 alone: a run
+    admit(s, b"m1", 100, now=1.0)
+    admit(s, b"m2", 100, now=1.0)
+    sizes = [job.size for job in drain(s)]
+    assert sizes[:12] == [16] * 12 and sum(sizes) == 200, sizes
+    s.throughput.per_worker = 1000.0  # a fast worker: 250 ms is more than a run, so a run it is
+    admit(s, b"m1", 100, now=2.0)
+    admit(s, b"m2", 100, now=2.0)
+    assert (job := s.next_job(2.0, idle=True)) is not None and job.size == 64
+
+
+def test_a_few_sentences_wait_for_a_short_job_not_a_whole_run_of_larger_requests() -> None:
+    s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=200, bulk_run_ms=250.0)
+    s.config = replace(s.config, model=replace(s.config.model, batch_size=64))
+    s.throughput.per_worker, s.throughput.workers = 40.0, 2
+    for client in (b"m1", b"m2", b"m3"):
+        admit(s, client, 100, now=0.0)
+    assert (running := s.next_job(0.0, idle=True)) is not None and 12 <= running.size <= 16
+    admit(s, b"tiny", 3, now=0.01)
+    job = s.next_job(0.01, idle=True)
+    assert job is not None and job.pieces[0].client == b"tiny" and len(job.pieces[0].rows) == 3
+    assert job.size <= 16
