@@ -31,7 +31,14 @@ from ._version import __version__
 from .aio_transport import AsyncTransport
 from .chunking import ASYNC_WINDOW, chunk_size, chunks, join, renumbered
 from .connection import check_server, check_size, length_warning
-from .errors import BertClientError, ClientClosedError, ProtocolVersionError, ServerError, ServerTimeoutError
+from .errors import (
+    BertClientError,
+    ClientClosedError,
+    NoServerError,
+    ProtocolVersionError,
+    ServerError,
+    ServerTimeoutError,
+)
 from .options import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -47,7 +54,7 @@ from .options import (
     load_curve,
     model_field,
 )
-from .protocol import CONFIG, ENCODE, PROTOCOL_VERSION, RELOAD, STATUS, TERMINATE, ProtocolError, Reply, check_texts
+from .protocol import CONFIG, ENCODE, PROTOCOL_VERSION, RELOAD, STATUS, TERMINATE, ProtocolError, Reply
 from .protocol import encode_request as _frames
 from .results import Embedding, EncodeResult, answer, empty_embedding, encode_result
 from .security import KeySource
@@ -76,11 +83,12 @@ class AsyncBertClient:
 
     ``async with AsyncBertClient(...) as client`` (or ``await client.connect()``) opens the
     sockets and asks for the server's configuration, so a server that is not there raises
-    :class:`ServerTimeoutError` within the timeout; a call on a client not yet connected
-    connects first. A connection that fails leaves the client unconnected, and the next call
-    tries again. The client belongs to the event loop it connected on. :meth:`aclose` (or
-    :meth:`close`) fails the calls in flight with :class:`ClientClosedError`; a closed client
-    raises it too, and closing it again does nothing.
+    :class:`NoServerError`: within a second if nothing listens on this machine, else within
+    the timeout. A call on a client not yet connected connects first. A connection that fails
+    leaves the client unconnected, and the next call tries again. The client belongs to the
+    event loop it connected on. :meth:`aclose` (or :meth:`close`) fails the calls in flight
+    with :class:`ClientClosedError`; a closed client raises it too, and closing it again does
+    nothing.
     """
 
     def __init__(
@@ -137,10 +145,10 @@ class AsyncBertClient:
     async def connect(self) -> None:
         """Open the sockets and ask for the server's configuration, if not done yet.
 
-        Raises :class:`ServerTimeoutError` if no server answers within the timeout,
-        :class:`AuthenticationError` if the CURVE handshake is refused, and
-        :class:`ProtocolVersionError` if the server speaks another protocol; the client is
-        then left unconnected.
+        Raises :class:`NoServerError` if no server answers (within a second if nothing listens
+        on this machine, else within the timeout), :class:`AuthenticationError` if the CURVE
+        handshake is refused, and :class:`ProtocolVersionError` if the server speaks another
+        protocol; the client is then left unconnected.
         """
         await self._open()
 
@@ -205,6 +213,7 @@ class AsyncBertClient:
         texts: Sequence[Any],
         *,
         is_tokenized: bool = False,
+        pairs: bool = True,
         show_tokens: bool = False,
         show_progress: bool = False,
         long_inputs: str | None = None,
@@ -219,7 +228,7 @@ class AsyncBertClient:
         Returns the ``(len(texts), D)`` vectors, or ``(vectors, tokens)`` with ``show_tokens``.
         Bad texts or options raise ``ValueError``/``TypeError`` before anything is sent. With
         ``show_progress`` an input larger than one chunk goes as one request per chunk, four in
-        flight, counted on a tqdm bar. ``long_inputs``, ``dimensions``, ``prompt_name`` and
+        flight, counted on a tqdm bar. ``pairs``, ``long_inputs``, ``dimensions``, ``prompt_name`` and
         ``truncation_direction`` are the request's options
         (:class:`~bertserve.client.options.EncodeOptions`), sent with every chunk; ``model``
         sends the call to another of the server's models than the client's.
@@ -232,9 +241,9 @@ class AsyncBertClient:
         options = EncodeOptions(
             is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
             prompt_name=prompt_name, truncation_direction=truncation_direction,
-            model=check_model(model) or self.model,
+            model=check_model(model) or self.model, pairs=pairs,
         )  # fmt: skip
-        texts = check_texts(texts, is_tokenized)
+        texts = options.check_texts(texts)
         await self._open()
         config = await self._config_of(options.model)
         options.check_server(config)
@@ -283,7 +292,8 @@ class AsyncBertClient:
             raise BertClientError(f"cannot connect to {self._address}: {exc}") from exc
         transport.start()
         self._transport = transport
-        deadline = time.monotonic() + self._timeout / 1000
+        started = time.monotonic()
+        deadline = started + self._timeout / 1000
         asking = _header(model_field(self.model))  # the config of the client's model
         asked: dict[int, asyncio.Future[Reply]] = {}
         opened = False
@@ -291,12 +301,7 @@ class AsyncBertClient:
             while True:
                 now = time.monotonic()
                 if now >= deadline:
-                    raise transport.refusal() or ServerTimeoutError(
-                        f"no bertserve server answered at {self._address} (replies on port {self.port_out}) "
-                        f"within {self._timeout:g} ms",
-                        address=self._address,
-                        timeout_ms=self._timeout,
-                    )
+                    raise transport.refusal() or self._no_server(refused=False)
                 request_id, future = transport.expect()
                 asked[request_id] = future
                 await transport.send(_frames(self.identity, CONFIG, request_id, asking), deadline)
@@ -306,6 +311,8 @@ class AsyncBertClient:
                     break
                 if (refused := transport.refusal(certain_only=True)) is not None:
                     raise refused  # retrying cannot help, so do not wait out the timeout
+                if transport.nobody_listens(time.monotonic() - started):  # on this machine, said within a second
+                    raise self._no_server(refused=True)
             reply = done.pop().result()
             if not reply.ok and reply.header.get("kind") == "protocol":
                 raise ProtocolVersionError(
@@ -317,6 +324,7 @@ class AsyncBertClient:
                 check_server(config, self._address, stacklevel=5)  # the caller of encode or connect
             opened = True
         finally:
+            transport.stop_probing()
             for request_id in asked:
                 transport.forget(request_id)  # a late answer to one of them is dropped
             if not opened:
@@ -413,6 +421,9 @@ class AsyncBertClient:
             if in_flight:
                 await asyncio.wait(in_flight)
         return join(arrays), tokens
+
+    def _no_server(self, *, refused: bool) -> NoServerError:
+        return NoServerError(self._address, port_out=self.port_out, timeout_ms=self._timeout, refused=refused)
 
     def _timeout_error(self, what: str, timeout: float) -> BertClientError:
         refused = self._transport.refusal() if self._transport is not None else None

@@ -13,7 +13,8 @@ costs the reader one JSON header, the rest of the work (the vectors) falls to it
 Under CURVE the route is announced before every request and, while requests wait, every
 second, since a restarted sink knows no route until told. A
 :class:`~bertserve.client.security.HandshakeWatch` tells a refused handshake from a server
-that is down.
+that is down, and a :class:`~bertserve.client.probe.ServerProbe`, once asked, a server on this
+machine that is down from one that is slow to answer.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import zmq.asyncio
 from ._version import __version__
 from .errors import AuthenticationError, ClientClosedError
 from .options import Curve
+from .probe import ServerProbe
 from .protocol import CANCEL, ProtocolError, Reply, decode_reply, encode_request
 from .security import HandshakeWatch, announce, reply_socket
 from .transport import tcp_address
@@ -86,6 +88,7 @@ class AsyncTransport:
         except BaseException:
             self._context.destroy(linger=0)
             raise
+        self._probe = ServerProbe(self._context, host, self.address)
 
     def start(self) -> None:
         """Start the reader and the announcer on the running loop."""
@@ -141,6 +144,15 @@ class AsyncTransport:
         """Why the server may never have seen this client: a refused handshake, if one was seen."""
         return self._watch.error(certain_only=certain_only)
 
+    def nobody_listens(self, waited_s: float) -> bool:
+        """Whether the server is on this machine and nothing listens at its request port
+        (see :class:`ServerProbe`), asked after ``waited_s`` without an answer. Never waits."""
+        return self._probe.nobody_listens(waited_s)
+
+    def stop_probing(self) -> None:
+        """Close the probe :meth:`nobody_listens` started, if any."""
+        self._probe.close()
+
     @property
     def in_flight(self) -> int:
         """How many requests wait for their replies."""
@@ -164,6 +176,7 @@ class AsyncTransport:
         if self._reader is not None:
             with contextlib.suppress(RuntimeError):
                 self._reader.cancel()
+        self._probe.close()
         self._watch.close()
         for sock in (self._push, self._replies):
             with contextlib.suppress(RuntimeError):  # the wrapper unregisters from a loop that may be closed

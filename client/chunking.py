@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import ServerError
 from .protocol import check_texts
-from .results import EncodeResult
+from .results import Embedding, EncodeResult, empty_embedding
 from .terminal import progress_bar
 
 ASYNC_WINDOW = 4
@@ -37,13 +37,18 @@ ResultT = TypeVar("ResultT")
 
 
 def checked(
-    batches: Iterable[Sequence[Any]], is_tokenized: bool, length_warning: Callable[[list[Any], bool], str | None] | None
+    batches: Iterable[Sequence[Any]],
+    is_tokenized: bool,
+    length_warning: Callable[[list[Any], bool], str | None] | None,
+    *,
+    pairs: bool = True,
 ) -> Iterator[list[Any]]:
-    """``batches`` checked as ``encode`` checks its input, an error naming the batch; the
-    first batch for which ``length_warning`` has a message warns, once."""
+    """``batches`` checked as ``encode`` checks its input (each input a sentence pair or not as
+    ``pairs`` says), an error naming the batch; the first batch for which ``length_warning``
+    has a message warns, once."""
     for index, batch in enumerate(batches):
         try:
-            texts = check_texts(batch, is_tokenized)
+            texts = check_texts(batch, is_tokenized, pairs=pairs)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"batch {index}: {exc}") from None
         if length_warning is not None and (message := length_warning(texts, is_tokenized)):
@@ -117,6 +122,17 @@ def join(parts: list[np.ndarray]) -> np.ndarray:
         width = max(part.shape[1] for part in parts)
         parts = [np.pad(part, ((0, 0), (0, width - part.shape[1]), (0, 0))) for part in parts]
     return np.concatenate(parts, axis=0)
+
+
+def concatenated(embeddings: list[Embedding], output_fmt: str, config: dict[str, Any]) -> Embedding:
+    """The answers to several requests as one: all their rows, in ``output_fmt`` (``"list"``
+    or ``"ndarray"``); no answers at all make the empty answer of the server of ``config``."""
+    if output_fmt == "list":
+        return [row for embedding in embeddings for row in embedding]
+    if not embeddings:
+        empty = empty_embedding(config, "ndarray")
+        return empty if empty is not None else np.zeros((0, 0), np.float32)
+    return np.concatenate(embeddings, axis=0)
 
 
 def renumbered(error: ServerError, offset: int) -> ServerError:

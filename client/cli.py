@@ -6,8 +6,10 @@ They never import TensorFlow. ``encode``, ``status`` and ``stop`` talk to a runn
 ``BERTSERVE_CLIENT_CERT`` when those are set; without either, ``--port-out`` is ``--port`` + 1,
 as on the server. ``keygen`` writes a CURVE certificate pair.
 Each command returns its exit code: 0, or 1 with a one-line error on stderr when the server
-does not answer or answers with an error. ``encode`` shows a progress bar on stderr when
-stderr is a terminal.
+does not answer or answers with an error, or ``encode``'s input breaks its promise of one
+vector a line (:mod:`~bertserve.client.lines`). Errors and warnings name the commands' flags,
+not the Python API's options (:data:`CLI_ADVICE`). ``encode`` shows a progress bar on stderr
+when stderr is a terminal, and says so there when the server takes over a second to answer.
 """
 
 from __future__ import annotations
@@ -16,19 +18,38 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from .advice import Advice
 from .client import BertClient
-from .errors import BertClientError
-from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS
+from .connection import check_server, length_warning
+from .errors import BertClientError, NoServerError
+from .lines import Lines, all_lines, empty_sided_pair, long_pairs, numbered, pair_lines, save, some_lines, source_name
+from .lines import read_lines as read_lines  # bertserve embed reads its input with it too
+from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, LONG_INPUTS, EncodeOptions
 from .security import keygen
 from .terminal import is_terminal, print_status, progress_bar
+from .transport import tcp_address
 
 _CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
+_WAITING_AFTER_S = 1.0  # encode says it waits for the server once the handshake takes this long
+
+CLI_ADVICE = Advice(
+    chunk="pass --long-inputs chunk",
+    silence_length="pass --long-inputs truncate",
+    silence_version=None,
+    max_seq_len="--max-seq-len",
+    server_elsewhere="pass its --host and --port",
+    input="line",
+)
+"""How the commands' messages say what to change: with their flags."""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -68,13 +89,44 @@ def add_client_commands(subparsers: Any) -> None:
     """Register ``encode``, ``status``, ``stop`` and ``keygen`` on an ``add_subparsers()``
     object; each sets ``run``, called as ``args.run(args)`` and returning the exit code."""
     encode = subparsers.add_parser(
-        "encode", help="encode lines of text on a running server, write a .npy file", formatter_class=HelpFormatter
+        "encode",
+        help="encode lines of text on a running server, write a .npy file",
+        description="Encode each line of a UTF-8 text on a running server: row i of the output is line i+1. "
+        "A blank line is an error unless --skip-blank leaves it out (the skipped lines are named on stderr); "
+        "empty input is an error, and writes nothing. A line 'first ||| second' is a sentence pair only "
+        "with --pairs. Write to NAME.npz to keep each row's line number beside the vectors.",
+        formatter_class=HelpFormatter,
     )
     encode.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
-    encode.add_argument("-o", "--output", default="embeddings.npy", help="where to write the vectors")
+    encode.add_argument(
+        "-o",
+        "--output",
+        default="embeddings.npy",
+        help="where to write the vectors: NAME.npy, or NAME.npz with arrays vectors and lines (each row's "
+        "line number, from 1)",
+    )
     _add_connection_arguments(encode, DEFAULT_TIMEOUT_MS)
     encode.add_argument("--batch-size", type=_positive_int, default=256, help="sentences per request")
     encode.add_argument("--is-tokenized", action="store_true", help="each line is tokens separated by whitespace")
+    encode.add_argument(
+        "--skip-blank", action="store_true", help="leave blank lines out and name them on stderr, instead of failing"
+    )
+    encode.add_argument(
+        "--pairs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="read a line 'first ||| second' as a sentence pair (default: off, one sentence a line)",
+    )
+    encode.add_argument(
+        "--long-inputs",
+        choices=LONG_INPUTS,
+        help=unset_help(
+            "a line longer than the server's max_seq_len tokens: truncate it, or chunk it (windows, vectors "
+            "combined; sentence pairs are truncated even so)",
+            None,
+            "the server's --long-inputs",
+        ),
+    )
     encode.add_argument(
         "--model",
         metavar="NAME",
@@ -198,18 +250,34 @@ def _connect(args: argparse.Namespace, **options: Any) -> BertClient:
 
 
 def _fail(exc: Exception) -> int:
-    print_status("error", str(exc))
+    print_status("error", exc.advise(CLI_ADVICE) if isinstance(exc, NoServerError) else str(exc))
     return 1
 
 
-def read_lines(path: str) -> list[str]:
-    """The non-empty lines of a UTF-8 file, or of stdin for ``"-"``."""
-    if path == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    return [line for line in lines if line.strip()]
+@contextmanager
+def _said_if_slow(message: str) -> Iterator[None]:
+    """Print ``message`` on stderr if the block takes over :data:`_WAITING_AFTER_S`, and only
+    when stderr is a terminal: a person waiting learns what for, a pipe stays clean."""
+    if not is_terminal(sys.stderr):
+        yield
+        return
+    lock = threading.Lock()
+    finished = threading.Event()
+
+    def say() -> None:
+        with lock:
+            if not finished.is_set():
+                print(message, file=sys.stderr, flush=True)
+
+    timer = threading.Timer(_WAITING_AFTER_S, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            finished.set()
+        timer.cancel()
 
 
 def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -218,30 +286,69 @@ def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
 
 
 def _cmd_encode(args: argparse.Namespace) -> int:
-    lines = read_lines(args.input)
-    texts: list[Any] = [line.split() for line in lines] if args.is_tokenized else lines
-    started = time.perf_counter()
+    source = source_name(args.input)
     try:
-        with _connect(args, model=args.model) as client:
-            if texts:
-                parts = []
-                with progress_bar(len(texts), disable=not is_terminal(sys.stderr)) as bar:
-                    for part in client.encode_async(_batches(texts, args.batch_size), is_tokenized=args.is_tokenized):
-                        parts.append(part)
-                        bar.update(len(part))
-                vectors = np.concatenate(parts, axis=0)
-            else:
-                vectors = np.asarray(client.encode([]))
+        lines = numbered(read_lines(args.input, keep_blank=True), source, skip_blank=args.skip_blank)
+        if args.pairs and (problem := empty_sided_pair(lines, args.is_tokenized)):
+            raise ValueError(f"{problem}: write both sentences, or pass --no-pairs")
+    except (OSError, ValueError) as exc:
+        return _fail(exc)
+    if not args.pairs and (held := pair_lines(lines, args.is_tokenized)):
+        holds = "holds" if len(held) == 1 else "hold"
+        print_status("warning", f"{some_lines(held)} of {source} {holds} '|||', encoded as one sentence a line: "
+                     "pass --pairs to encode such lines as sentence pairs")  # fmt: skip
+    texts: list[Any] = [line.split() for line in lines.texts] if args.is_tokenized else lines.texts
+    started = time.perf_counter()
+    address = tcp_address(args.host, args.port)
+    try:
+        with _said_if_slow(f"waiting for the server at {address} ..."):
+            client = _connect(args, model=args.model, check_version=False, check_length=False)
+        with client:
+            _check_server(client.server_config, address, lines, args)
+            parts = []
+            batches = _batches(texts, args.batch_size)
+            with progress_bar(len(texts), disable=not is_terminal(sys.stderr)) as bar:
+                for part in client.encode_async(
+                    batches, is_tokenized=args.is_tokenized, pairs=args.pairs, long_inputs=args.long_inputs
+                ):
+                    parts.append(part)
+                    bar.update(len(part))
+            vectors = np.concatenate(parts, axis=0)
     except BertClientError as exc:
         return _fail(exc)
     elapsed = time.perf_counter() - started
-    np.save(args.output, vectors)
+    written = save(args.output, vectors, lines.numbers)
+    if lines.skipped:
+        if written.endswith(".npz"):
+            rows = f"the lines array of {written} holds each row's line number"
+        else:
+            rows = f"the rows of {written} follow the other lines in order (NAME.npz would keep their line numbers)"
+        print(f"skipped blank {all_lines(lines.skipped)} of {source}: {rows}", file=sys.stderr)
+    count = vectors.shape[0]
     print(
-        f"wrote {vectors.shape[0]} vectors of dimension {vectors.shape[-1]} to {args.output} "
+        f"wrote {count} {'vector' if count == 1 else 'vectors'} of dimension {vectors.shape[-1]} to {written} "
         f"in {elapsed:.1f} s ({len(texts) / max(elapsed, 1e-9):.0f} sentences/s)",
         file=sys.stderr,
     )
     return 0
+
+
+def _check_server(config: dict[str, Any], address: str, lines: Lines, args: argparse.Namespace) -> None:
+    """What ``BertClient`` checks and warns of on its own (the server's protocol and version,
+    lines that will be cut), said in flags and line numbers; and sentence pairs that
+    ``--long-inputs chunk`` will cut even so."""
+    advice = replace(CLI_ADVICE, line_numbers=lines.numbers)
+    check_server(config, address, stacklevel=2, advice=advice)
+    texts = [line.split() for line in lines.texts] if args.is_tokenized else lines.texts
+    if EncodeOptions(long_inputs=args.long_inputs).chunks_long_inputs(config):
+        limit = config.get("max_seq_len")
+        if args.pairs and isinstance(limit, int) and (cut := long_pairs(lines, limit, args.is_tokenized)):
+            are, they = ("is a sentence pair", "it") if len(cut) == 1 else ("are sentence pairs", "they")
+            print_status("warning", f"{some_lines(cut)} {are} longer than the server's max_seq_len={limit} tokens: "
+                         f"--long-inputs chunk encodes single sentences in windows, never pairs, so {they} will be "
+                         "truncated")  # fmt: skip
+    elif args.long_inputs != "truncate" and (message := length_warning(config, texts, args.is_tokenized, advice)):
+        print_status("warning", message)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

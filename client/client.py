@@ -27,10 +27,9 @@ from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-import numpy as np
 import zmq
 
-from .chunking import checked, chunk_size, chunks, gather, in_order
+from .chunking import checked, chunk_size, chunks, concatenated, gather, in_order
 from .connection import Connection, length_warning
 from .errors import BertClientError, ClientClosedError, ConcurrentUseError, ProtocolVersionError
 from .options import (
@@ -49,7 +48,7 @@ from .options import (
     load_curve,
     model_field,
 )
-from .protocol import RELOAD, STATUS, TERMINATE, ProtocolError, check_texts
+from .protocol import RELOAD, STATUS, TERMINATE, ProtocolError
 from .results import Embedding, EncodeResult, empty_embedding
 from .security import KeySource
 from .transport import tcp_address
@@ -69,11 +68,12 @@ class BertClient:
 
     ``BertClient(host, port, port_out)`` connects to the server's request port ``port`` and
     reply port ``port_out`` (by default ``port + 1``, as the server has it) and asks for its
-    configuration, so a server that is not there raises :class:`ServerTimeoutError` right
-    away. ``timeout`` (milliseconds, finite) bounds every wait. Use it as a context manager,
-    or call :meth:`close`; a closed client raises :class:`ClientClosedError`. Calls from two
-    threads at once raise :class:`ConcurrentUseError`: share a server between threads with
-    ``ConcurrentBertClient``.
+    configuration, so a server that is not there raises :class:`NoServerError` (a
+    :class:`ServerTimeoutError`): within a second if nothing listens on this machine, else
+    once the timeout runs out. ``timeout`` (milliseconds, finite) bounds every wait. Use it as
+    a context manager, or call :meth:`close`; a closed client raises :class:`ClientClosedError`.
+    Calls from two threads at once raise :class:`ConcurrentUseError`: share a server between
+    threads with ``ConcurrentBertClient``.
 
     Options: ``output_fmt`` ``"ndarray"`` (default) or ``"list"``; ``identity`` the bytes
     the replies are addressed to (default a random UUID); ``check_version`` compares the
@@ -260,6 +260,7 @@ class BertClient:
         *,
         blocking: bool = True,
         is_tokenized: bool = False,
+        pairs: bool = True,
         show_tokens: bool = False,
         show_progress: bool = False,
         long_inputs: str | None = None,
@@ -270,11 +271,12 @@ class BertClient:
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
         """Encode ``texts`` into one vector each (or one per token, if the server pools none).
 
-        ``texts`` is a list of non-empty strings (``"first ||| second"`` for a sentence pair)
-        or, with ``is_tokenized``, a list of token lists; a bad element raises ``ValueError``
-        before anything is sent. Returns the ``(len(texts), D)`` vectors, or
-        ``(vectors, tokens)`` with ``show_tokens``. With ``blocking=False`` it returns the
-        request id at once; collect the answer with :meth:`fetch` or :meth:`fetch_all`.
+        ``texts`` is a list of non-empty strings (``"first ||| second"`` for a sentence pair;
+        with ``pairs=False`` every text is one sentence, ``|||`` or not) or, with
+        ``is_tokenized``, a list of token lists; a bad element raises ``ValueError`` before
+        anything is sent. Returns the ``(len(texts), D)`` vectors, or ``(vectors, tokens)``
+        with ``show_tokens``. With ``blocking=False`` it returns the request id at once;
+        collect the answer with :meth:`fetch` or :meth:`fetch_all`.
 
         With ``show_progress`` an input larger than one chunk (four of the server's mini-jobs:
         ``4 * max_batch_size`` texts, 1024 with the default server) goes as one request per
@@ -298,10 +300,10 @@ class BertClient:
         options = EncodeOptions(
             is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
             prompt_name=prompt_name, truncation_direction=truncation_direction,
-            model=check_model(model) or self.model,
+            model=check_model(model) or self.model, pairs=pairs,
         )  # fmt: skip
         with self._using():
-            texts = check_texts(texts, is_tokenized)
+            texts = options.check_texts(texts)
             config = self._connection.config_of(options.model)
             options.check_server(config)
             chunking = options.chunks_long_inputs(config)
@@ -353,14 +355,7 @@ class BertClient:
         if sort:
             results.sort(key=lambda result: result.id)
         embeddings = [result.embedding for result in results]
-        if not concat:
-            return embeddings
-        if self.output_fmt == "list":
-            return [row for embedding in embeddings for row in embedding]
-        if not embeddings:
-            empty = empty_embedding(self._connection.config, self.output_fmt)
-            return empty if empty is not None else np.zeros((0, 0), np.float32)
-        return np.concatenate(embeddings, axis=0)
+        return concatenated(embeddings, self.output_fmt, self._connection.config) if concat else embeddings
 
     def encode_async(
         self,
@@ -368,6 +363,7 @@ class BertClient:
         *,
         max_num_batch: int | None = None,
         is_tokenized: bool = False,
+        pairs: bool = True,
         long_inputs: str | None = None,
         dimensions: int | None = None,
         prompt_name: str | None = None,
@@ -378,19 +374,19 @@ class BertClient:
 
         Yields each batch's vectors in the order of the batches; stops after
         ``max_num_batch`` batches if given. Each answer is awaited at most ``timeout`` ms.
-        Every batch is sent with the request options, as :meth:`encode` sends them.
+        Every batch is sent with the request options, ``pairs`` too, as :meth:`encode` sends them.
         """
         if max_num_batch is not None and (isinstance(max_num_batch, bool) or max_num_batch < 0):
             raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
         options = EncodeOptions(
             is_tokenized=is_tokenized, long_inputs=long_inputs, dimensions=dimensions, prompt_name=prompt_name,
-            truncation_direction=truncation_direction, model=check_model(model) or self.model,
+            truncation_direction=truncation_direction, model=check_model(model) or self.model, pairs=pairs,
         )  # fmt: skip
         with self._using():
             config = self._connection.config_of(options.model)
         options.check_server(config)
         limit = functools.partial(length_warning, config) if self.check_length else None
-        batches = checked(itertools.islice(batch_generator, max_num_batch), is_tokenized, limit)
+        batches = checked(itertools.islice(batch_generator, max_num_batch), is_tokenized, limit, pairs=pairs)
         answers = self._in_order(batches, options)
         try:
             while True:

@@ -3,7 +3,10 @@ answers it awaits, each wait bounded by the timeout.
 
 :meth:`Connection.handshake` asks for the configuration of the client's model, again every
 0.2 s until an answer comes through: until the server's ``PUB`` has seen the client's
-subscription (ZeroMQ's slow joiner), a reply published to it is silently lost. Each request is
+subscription (ZeroMQ's slow joiner), a reply published to it is silently lost. Unanswered at
+first, it looks whether anything listens at all (:class:`~bertserve.client.probe.ServerProbe`):
+a server on this machine that is not running raises :class:`NoServerError` within a second,
+as does any server that does not answer the handshake within the timeout. Each request is
 framed here, its header saying what it asks, and handed to the
 :class:`~bertserve.client.transport.Transport`. A wait that runs out raises
 :class:`AuthenticationError` if a handshake was refused, since then the server never saw the
@@ -23,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._version import __version__
-from .errors import BertClientError, ProtocolVersionError, ServerTimeoutError
+from .advice import PYTHON, Advice
+from .errors import BertClientError, NoServerError, ProtocolVersionError, ServerTimeoutError
 from .options import Curve, EncodeOptions, model_field
-from .protocol import CONFIG, ENCODE, PROTOCOL_VERSION, encode_request
+from .protocol import CONFIG, ENCODE, PROTOCOL_VERSION, Reply, encode_request
 from .results import EncodeResult, answer, encode_result
 from .transport import Transport
 
@@ -78,29 +82,37 @@ class Connection:
         """Ask for the config of the client's model, re-asking until the subscription has
         reached the server's PUB socket and an answer comes through."""
         deadline = self.deadline()
+        try:
+            reply = self._first_answer(deadline)
+        finally:
+            self.transport.stop_probing()
+        if not reply.ok and reply.header.get("kind") == "protocol":
+            raise ProtocolVersionError(
+                f"the server at {self.address} does not speak protocol {PROTOCOL_VERSION} "
+                f"(bertserve client {__version__}): {reply.header.get('error')}"
+            )
+        self._configs[self.model] = answer(reply)
+        return self.config
+
+    def _first_answer(self, deadline: float) -> Reply:
         asked: set[int] = set()
+        started = time.monotonic()
         while True:
             now = time.monotonic()
             if now >= deadline:
-                raise self.transport.refusal() or ServerTimeoutError(
-                    f"no bertserve server answered at {self.address} (replies on port {self.port_out}) "
-                    f"within {self.timeout:g} ms",
-                    address=self.address,
-                    timeout_ms=self.timeout,
-                )
+                raise self.transport.refusal() or self._no_server(refused=False)
             asked.add(self.request(CONFIG, deadline, header=model_field(self.model)))
             reply = self.transport.await_any(asked, min(deadline, now + _HANDSHAKE_RESEND_S))
-            if reply is None:
-                if (refused := self.transport.refusal(certain_only=True)) is not None:
-                    raise refused  # retrying cannot help, so do not wait out the timeout
-                continue
-            if not reply.ok and reply.header.get("kind") == "protocol":
-                raise ProtocolVersionError(
-                    f"the server at {self.address} does not speak protocol {PROTOCOL_VERSION} "
-                    f"(bertserve client {__version__}): {reply.header.get('error')}"
-                )
-            self._configs[self.model] = answer(reply)
-            return self.config
+            if reply is not None:
+                return reply
+            if (refused := self.transport.refusal(certain_only=True)) is not None:
+                raise refused  # retrying cannot help, so do not wait out the timeout
+            if self.transport.nobody_listens(time.monotonic() - started):
+                raise self._no_server(refused=True)
+
+    def _no_server(self, *, refused: bool) -> NoServerError:
+        """The error for a handshake nobody answered (``refused``: as nothing listens)."""
+        return NoServerError(self.address, port_out=self.port_out, timeout_ms=self.timeout, refused=refused)
 
     def ask_config(self, model: str | None) -> dict[str, Any]:
         """The config of ``model`` (``None``: the server's default), asked for afresh and kept."""
@@ -196,9 +208,9 @@ class Connection:
 # -- shared with the asyncio client ---------------------------------------------------------
 
 
-def check_server(config: dict[str, Any], address: str, *, stacklevel: int) -> None:
+def check_server(config: dict[str, Any], address: str, *, stacklevel: int, advice: Advice = PYTHON) -> None:
     """Raise :class:`ProtocolVersionError` if the server of ``config`` speaks another protocol;
-    warn (``stacklevel`` up) if it runs another version of bertserve."""
+    warn (``stacklevel`` up, in the words of ``advice``) if it runs another version of bertserve."""
     protocol = config.get("protocol")
     if protocol is not None and protocol != PROTOCOL_VERSION:
         raise ProtocolVersionError(
@@ -208,25 +220,27 @@ def check_server(config: dict[str, Any], address: str, *, stacklevel: int) -> No
         )
     server_version = config.get("server_version")
     if server_version != __version__:
+        silence = f"; {advice.silence_version} to silence this" if advice.silence_version else ""
         warnings.warn(
             f"the server at {address} runs bertserve {server_version or '(unknown version)'}, "
-            f"this client {__version__}; pass check_version=False to silence this",
+            f"this client {__version__}{silence}",
             stacklevel=stacklevel,
         )
 
 
-def length_warning(config: dict[str, Any], texts: list[Any], is_tokenized: bool) -> str | None:
-    """What to warn of if one of ``texts`` has more words than the ``max_seq_len`` of the
-    server of ``config``."""
+def length_warning(config: dict[str, Any], texts: list[Any], is_tokenized: bool, advice: Advice = PYTHON) -> str | None:
+    """What to warn of, in the words of ``advice``, if one of ``texts`` has more words than
+    the ``max_seq_len`` of the server of ``config``."""
     limit = config.get("max_seq_len")
     if isinstance(limit, bool) or not isinstance(limit, int):
         return None
     for i, item in enumerate(texts):
         if (words := len(item) if is_tokenized else len(item.split())) > limit:
+            silence = f", or {advice.silence_length} to silence this" if advice.silence_length else ""
             return (
-                f"texts[{i}] has {words} words, more than the server's max_seq_len={limit} tokens: "
-                "it and any other long text will be truncated; pass long_inputs='chunk' to encode it in "
-                "windows, start the server with a larger max_seq_len, or pass check_length=False to silence this"
+                f"{advice.name(i)} has {words} words, more than the server's max_seq_len={limit} tokens: "
+                f"it and any other long {advice.input} will be truncated; {advice.chunk} to encode it in "
+                f"windows{',' if silence else ' or'} start the server with a larger {advice.max_seq_len}{silence}"
             )
     return None
 

@@ -2,7 +2,10 @@
 
     BertClientError
     ├── ServerTimeoutError (TimeoutError)    no answer within the timeout: the server is down,
-    │                                        not ready, or went away in the middle of a request
+    │   │                                    not ready, or went away in the middle of a request
+    │   └── NoServerError                    no server answered the client's first request: on this
+    │                                        machine, nothing listens at the address (said within
+    │                                        a second); elsewhere, nothing answered within the timeout
     ├── ServerError                          the server answered with an error (``.kind``, ``.message``)
     │   ├── ServerBusyError                  the server's queues are full: it refused the request (kind "busy")
     │   └── UnknownModelError                the request named a model the server does not serve (kind "model");
@@ -20,6 +23,8 @@ naming the bad element (``texts[3] is empty``) and are raised before anything is
 
 from __future__ import annotations
 
+from .advice import PYTHON, Advice
+
 
 class BertClientError(Exception):
     """Base class of every error the bertserve client raises on its own account."""
@@ -32,6 +37,33 @@ class ServerTimeoutError(BertClientError, TimeoutError):
         super().__init__(message)
         self.address = address
         self.timeout_ms = timeout_ms
+
+
+class NoServerError(ServerTimeoutError):
+    """No bertserve server answered the client's first request.
+
+    ``refused``: the address is on this machine and its connections were refused, so
+    nothing listens there, which a client says within a second; otherwise nothing answered
+    within ``timeout_ms`` (a server elsewhere, or something on this machine that accepts
+    connections but does not answer). The message says how to start a server, and how to
+    point the client at one elsewhere in the Python API's words; :meth:`advise` says it in
+    other words (``bertserve`` names its flags).
+    """
+
+    def __init__(self, address: str, *, port_out: int, timeout_ms: float, refused: bool) -> None:
+        self.port_out = port_out
+        self.refused = refused
+        self._where = (address, port_out, timeout_ms)
+        super().__init__(self.advise(PYTHON), address=address, timeout_ms=timeout_ms)
+
+    def advise(self, advice: Advice) -> str:
+        """The message, its advice in the words of ``advice``."""
+        address, port_out, timeout_ms = self._where
+        if self.refused:
+            what = f"no bertserve server at {address}: the connection was refused, so nothing listens there"
+        else:
+            what = f"no bertserve server answered at {address} (replies on port {port_out}) within {timeout_ms:g} ms"
+        return f"{what}. Start one with `bertserve start`, or {advice.server_elsewhere} if it runs elsewhere"
 
 
 class ServerError(BertClientError):

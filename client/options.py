@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from .protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TRUNCATION_DIRECTIONS
+from .protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TRUNCATION_DIRECTIONS, check_texts
 from .security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
 
 DEFAULT_HOST = "localhost"
@@ -152,6 +152,7 @@ class RequestOptions(TypedDict, total=False):
     """The keyword options every ``encode`` passes to :class:`EncodeOptions` (for type checkers)."""
 
     is_tokenized: bool
+    pairs: bool
     long_inputs: str | None
     dimensions: int | None
     prompt_name: str | None
@@ -174,7 +175,10 @@ class EncodeOptions:
     - ``truncation_direction``: ``"right"`` (the server's default) or ``"left"``, the end of an
       over-long input that is cut;
     - ``model``: the served model that encodes the texts (the client has already put its own
-      in place of ``None``, which leaves it to the server's default).
+      in place of ``None``, which leaves it to the server's default);
+    - ``pairs``: whether an input holding ``|||`` is a sentence pair (the default) or one
+      sentence. Never sent: without it :meth:`check_texts` writes each input so that the
+      server sees one sentence (:func:`~bertserve.client.protocol.one_sentence`).
 
     Each is sent only when given (``None`` leaves it to the server). A value of the wrong type
     raises ``TypeError`` and one out of range ``ValueError``, here; :meth:`check_server` checks
@@ -188,9 +192,10 @@ class EncodeOptions:
     prompt_name: str | None = None
     truncation_direction: str | None = None
     model: str | None = None
+    pairs: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("is_tokenized", "show_tokens"):
+        for name in ("is_tokenized", "show_tokens", "pairs"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, not {getattr(self, name)!r}")
         if self.long_inputs is not None and self.long_inputs not in LONG_INPUTS:
@@ -215,6 +220,11 @@ class EncodeOptions:
             if self.truncation_direction not in TRUNCATION_DIRECTIONS:
                 raise ValueError(f"truncation_direction must be 'right' or 'left', not {self.truncation_direction!r}")
         check_model(self.model)
+
+    def check_texts(self, texts: object) -> list[Any]:
+        """``texts`` as a list, checked (:func:`~bertserve.client.protocol.check_texts`), each
+        a sentence pair or not as ``pairs`` says."""
+        return check_texts(texts, self.is_tokenized, pairs=self.pairs)
 
     def check_server(self, config: Mapping[str, Any]) -> None:
         """Raise ``ValueError`` if ``config``, the server's configuration of the model these

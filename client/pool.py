@@ -19,7 +19,6 @@ from typing import Any
 from .client import BertClient
 from .errors import ClientClosedError, ServerError, ServerTimeoutError
 from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, EncodeOptions, check_model, check_timeout
-from .protocol import check_texts
 from .results import Embedding
 
 
@@ -30,8 +29,9 @@ class ConcurrentBertClient:
     ``port + 1``, ``timeout``, ``server_key`` and ``client_cert``, ``model``, ...); under CURVE
     each pooled client gets its own identity under the one key. Clients are created when first
     needed, at most ``max_concurrency`` of them; a caller that finds them all busy waits up to
-    ``timeout`` ms, then raises :class:`ServerTimeoutError`. Use it as a context manager or call
-    :meth:`close`.
+    ``timeout`` ms, then raises :class:`ServerTimeoutError`. A call that finds no server raises
+    what a new ``BertClient`` raises: :class:`NoServerError`, within a second if nothing listens
+    on this machine. Use it as a context manager or call :meth:`close`.
     """
 
     def __init__(self, max_concurrency: int = 10, **kwargs: Any) -> None:
@@ -58,6 +58,7 @@ class ConcurrentBertClient:
         texts: Sequence[Any],
         *,
         is_tokenized: bool = False,
+        pairs: bool = True,
         show_tokens: bool = False,
         show_progress: bool = False,
         long_inputs: str | None = None,
@@ -66,17 +67,17 @@ class ConcurrentBertClient:
         truncation_direction: str | None = None,
         model: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
-        """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress`` and the
-        request options, ``model`` among them, included); safe to call from any thread."""
+        """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress``, ``pairs`` and
+        the request options, ``model`` among them, included); safe to call from any thread."""
         # Bad input or options fail before waiting for a client.
         options = EncodeOptions(
             is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
-            prompt_name=prompt_name, truncation_direction=truncation_direction, model=check_model(model),
+            prompt_name=prompt_name, truncation_direction=truncation_direction, model=check_model(model), pairs=pairs,
         )  # fmt: skip
-        texts = check_texts(texts, is_tokenized)
+        texts = options.check_texts(texts)
         with self._client() as client:
             return client.encode(
-                texts, show_tokens=show_tokens, show_progress=show_progress, is_tokenized=is_tokenized,
+                texts, show_tokens=show_tokens, show_progress=show_progress, is_tokenized=is_tokenized, pairs=pairs,
                 long_inputs=long_inputs, dimensions=options.dimensions, prompt_name=options.prompt_name,
                 truncation_direction=options.truncation_direction, model=options.model,
             )  # fmt: skip

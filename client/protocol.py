@@ -45,6 +45,7 @@ twice), ``internal`` and ``shutdown``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +87,8 @@ CANCELLED = "cancelled"
 UNKNOWN_MODEL = "model"
 
 PAIR_SEPARATOR = "|||"
-"""Writes a sentence pair as one input: ``"first ||| second"``."""
+"""Writes a sentence pair as one input: ``"first ||| second"``; a ``"|||"`` token does for
+tokenized input. The server cuts an input at the first one (see :func:`one_sentence`)."""
 
 _ARRAY_DTYPES = {"float32", "float16", "float64", "int32", "int64"}
 
@@ -138,12 +140,14 @@ def array_from_buffer(header: dict[str, Any], buffer: bytes | memoryview) -> np.
 # -- what ENCODE accepts ---------------------------------------------------------------
 
 
-def check_texts(texts: object, is_tokenized: bool = False) -> list[Any]:
+def check_texts(texts: object, is_tokenized: bool = False, *, pairs: bool = True) -> list[Any]:
     """Return ``texts`` as a list, or raise naming the first element that cannot be encoded.
 
     ``texts`` must be a list (or tuple) of non-empty strings or, with ``is_tokenized``, of
     non-empty lists of non-empty strings. Anything else that is not a sequence raises
-    ``TypeError``; a bad element raises ``ValueError`` naming its position.
+    ``TypeError``; a bad element raises ``ValueError`` naming its position. Without ``pairs``
+    each element is one sentence even if it holds ``|||``: it comes back as
+    :func:`one_sentence` makes it.
     """
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
         kind = "a list of token lists" if is_tokenized else "a list of strings"
@@ -165,9 +169,30 @@ def check_texts(texts: object, is_tokenized: bool = False) -> list[Any]:
             raise ValueError(f"texts[{i}] holds a lone surrogate, which is not valid Unicode text")
         elif not item.strip():
             raise ValueError(f"texts[{i}] is empty")
-        elif PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(PAIR_SEPARATOR, 1)):
+        elif pairs and PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(PAIR_SEPARATOR, 1)):
             raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
-    return list(texts)
+    return list(texts) if pairs else [one_sentence(item, is_tokenized) for item in texts]
+
+
+def one_sentence(item: Any, is_tokenized: bool = False) -> Any:
+    """``item`` (a text, or with ``is_tokenized`` a token list) written so that the server
+    encodes it as one sentence, never as a pair.
+
+    The protocol has no way to say "not a pair": the server cuts every input at its first
+    ``|||``. So each run of three or more ``|`` in a text gets spaces between them, and a
+    ``|||`` token becomes three ``|`` tokens. BERT's tokenizer makes every ``|`` a token of its
+    own, spaces or not, so the input still becomes the tokens it would have been whole.
+    """
+    if is_tokenized:
+        if PAIR_SEPARATOR not in item:
+            return item
+        return [part for token in item for part in (["|"] * 3 if token == PAIR_SEPARATOR else [token])]
+    if PAIR_SEPARATOR not in item:
+        return item
+    return _PIPE_RUN.sub(lambda run: " ".join(run[0]), item)
+
+
+_PIPE_RUN = re.compile(r"\|{3,}")
 
 
 def _has_surrogate(text: str) -> bool:

@@ -5,7 +5,8 @@ Requests go out on a ``PUSH`` connected to the server's request port. Replies co
 it (:func:`~bertserve.client.security.reply_socket`): before every request, and again every
 second while waiting, since a restarted sink knows no route until told. Monitors on both
 sockets (:class:`~bertserve.client.security.HandshakeWatch`) tell a refused CURVE handshake
-from a server that is down.
+from a server that is down, and a :class:`~bertserve.client.probe.ServerProbe`, once asked,
+tells a server on this machine that is down from one that is slow to answer.
 
 Every wait is a poll with a deadline (the ZeroMQ guide's Lazy Pirate client): :meth:`send`
 and :meth:`await_any` return ``False`` or ``None`` when it runs out, and the caller says
@@ -30,6 +31,7 @@ import zmq
 
 from .errors import AuthenticationError
 from .options import Curve
+from .probe import ServerProbe
 from .protocol import ProtocolError, Reply, decode_reply
 from .security import HandshakeWatch, announce, reply_socket
 
@@ -85,6 +87,7 @@ class Transport(Generic[TagT]):
         except BaseException:
             self._context.destroy(linger=0)
             raise
+        self._probe = ServerProbe(self._context, host, self.address)
 
     # -- sending -----------------------------------------------------------------------
 
@@ -148,12 +151,22 @@ class Transport(Generic[TagT]):
         seen (with ``certain_only``, only one that retrying cannot mend)."""
         return self._watch.error(certain_only=certain_only)
 
+    def nobody_listens(self, waited_s: float) -> bool:
+        """Whether the server is on this machine and nothing listens at its request port
+        (see :class:`ServerProbe`), asked after ``waited_s`` without an answer."""
+        return self._probe.nobody_listens(waited_s)
+
+    def stop_probing(self) -> None:
+        """Close the probe :meth:`nobody_listens` started, if any."""
+        self._probe.close()
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def close(self) -> None:
         """Forget every request, close the sockets and discard queued messages."""
         self._pending.clear()
         self._held.clear()
+        self._probe.close()
         self._watch.close()
         self._push.close(linger=0)
         self._replies.close(linger=0)

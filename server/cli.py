@@ -154,7 +154,11 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     encoder = Encoder(config)
     vectors = encoder.encode(texts)
     np.save(args.output, vectors)
-    print(f"wrote {vectors.shape[0]} vectors of dimension {vectors.shape[-1]} to {args.output}", file=sys.stderr)
+    count = vectors.shape[0]
+    print(
+        f"wrote {count} vector{'' if count == 1 else 's'} of dimension {vectors.shape[-1]} to {args.output}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -948,7 +948,7 @@ def test_cli(
     r = responder()
     server = ["--host", "127.0.0.1", "--port", str(r.port), "--port-out", str(r.port_out)]
     source = tmp_path / "in.txt"
-    source.write_text("one\n\ntwo words\nthree more words\n", encoding="utf-8")
+    source.write_text("one\ntwo words\nthree more words\n", encoding="utf-8")
     out = tmp_path / "out.npy"
     assert run_cli("encode", str(source), "-o", str(out), "--batch-size", "2", *server) == 0
     np.testing.assert_array_equal(np.load(out)[:, 0], [1, 2, 3])
@@ -1008,7 +1008,7 @@ def test_cli_warnings_are_one_line(
     assert cli.main(["encode", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.npy"), *server]) == 0
     warning, wrote = capsys.readouterr().err.splitlines()
     assert warning.startswith("bertserve: warning: the server at ") and "runs bertserve 0.0.1" in warning
-    assert wrote.startswith("wrote 1 vectors")
+    assert wrote.startswith("wrote 1 vector of dimension 4")
 
 
 def test_cli_keygen_and_curve_options(
