@@ -20,8 +20,8 @@ def test_importing_the_client_does_not_import_tensorflow() -> None:
 def test_public_names() -> None:
     assert sorted(bertserve.client.__all__) == [
         "AsyncBertClient", "AuthenticationError", "BertClient", "BertClientError", "ClientClosedError",
-        "ConcurrentBertClient", "ConcurrentUseError", "EncodeResult", "ProtocolVersionError", "ServerBusyError",
-        "ServerError", "ServerTimeoutError", "UnknownModelError", "__version__",
+        "ConcurrentBertClient", "ConcurrentUseError", "EncodeResult", "NoServerError", "ProtocolVersionError",
+        "ServerBusyError", "ServerError", "ServerTimeoutError", "UnknownModelError", "__version__",
     ]  # fmt: skip
     for name in bertserve.client.__all__:
         assert getattr(bertserve.client, name) is not None
