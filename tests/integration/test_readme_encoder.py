@@ -1,0 +1,77 @@
+"""In-process encoding as the documentation shows it: every Python example of ``Encoder`` in
+README.md and docs/ runs as written, in a fresh interpreter, and ``Encoder()`` loads the
+default model as quietly as ``bertserve start`` does (nothing of TensorFlow's on stderr)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.minilm
+
+ROOT = Path(__file__).resolve().parents[2]
+_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+# What TensorFlow, CUDA, oneDNN and absl write as TensorFlow loads on a machine like CI's.
+_NOISE = re.compile(
+    r"^[IWEF]\d{4} |^(INFO|WARNING|ERROR): |cuda|cuInit|TF-TRT|oneDNN|absl|tensorflow|Warning", re.M | re.I
+)
+
+
+def _examples() -> list[tuple[str, str]]:
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for code in _BLOCK.findall(page.read_text(encoding="utf-8")):
+            if "import Encoder" in code:
+                found.append((page.relative_to(ROOT).as_posix(), code))
+    return found
+
+
+def _run(code: str, graph_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter, outside the repository, with no TensorFlow log level
+    set (the user's default) and this module's graph cache."""
+    environ = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    environ.update(BERTSERVE_GRAPH_DIR=str(graph_dir), **env)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=graph_dir, env=environ, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def graph_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("readme_graphs")
+
+
+def test_the_documentation_shows_encoder_with_the_default_model() -> None:
+    examples = _examples()
+    assert examples, "no Python example imports Encoder in README.md or docs/"
+    for page, code in examples:
+        assert "path/to" not in code, f"{page}: an example that cannot run as written:\n{code}"
+
+
+@pytest.mark.parametrize(("page", "code"), _examples())
+def test_each_example_runs_as_written(minilm: str, graph_dir: Path, page: str, code: str) -> None:
+    done = _run(code, graph_dir)
+    assert done.returncode == 0, f"{page}:\n{code}\nstderr:\n{done.stderr}"
+    if "print(vectors.shape)" in code:
+        assert done.stdout.strip().splitlines()[-1] == "(2, 384)", done.stdout
+    assert done.stderr == "", f"{page}: the example wrote to stderr:\n{done.stderr}"
+
+
+def test_encoder_is_as_quiet_as_the_server_unless_verbose(minilm: str, graph_dir: Path) -> None:
+    code = (
+        "import warnings; warnings.simplefilter('default')\n"  # Python's warnings shown, as a developer's -W would
+        "from bertserve.server import Encoder\n"
+        "encoder = Encoder({})\n"
+        "print(encoder.encode(['hello world']).shape)\n"
+    )
+    quiet = _run(code.format(""), graph_dir)
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "(1, 384)", quiet.stderr
+    assert _NOISE.search(quiet.stderr) is None and quiet.stderr == "", quiet.stderr
+    verbose = _run(code.format("verbose=True"), graph_dir)
+    assert verbose.returncode == 0 and verbose.stdout.strip() == "(1, 384)", verbose.stderr
+    assert _NOISE.search(verbose.stderr) is not None, "verbose=True shows TensorFlow's lines"
