@@ -43,6 +43,7 @@ setup(
             "ai-edge-litert>=2.3",
             "prometheus-client>=0.17",
             "fastapi>=0.110",
+            "fastapi-offline>=1.7",  # Swagger UI's and ReDoc's files, served by /docs and /redoc without a CDN
             "pydantic>=2.6",  # the worker link's schemas (server/serving/link_schema.py)
             "uvicorn>=0.29",
             "uvloop>=0.19; sys_platform != 'win32'",

@@ -11,6 +11,9 @@ before anything is sent. Each request carries the HTTP request timeout as its de
 is withdrawn from the server if its caller disconnects while it waits (:mod:`.disconnects`).
 The server's error kinds map to status codes (:data:`~.schemas.STATUS_OF_KIND`); each API
 answers errors in its own format. Every request passes :class:`~.front.Front` first.
+``/docs`` (Swagger UI) and ``/redoc`` load their scripts and styles from this server
+(:data:`DOCS_ASSETS`, the files the ``fastapi-offline`` package ships), not from a CDN, so
+they work on a machine without internet access.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from bertserve.client import protocol as p
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from fastapi_offline import FastAPIOffline
 
 from .. import metrics
 from ..model.prompts import apply_prompt
@@ -67,6 +71,10 @@ class Settings:
     token_id_input: bool = False  # OpenAI-style token id arrays are taken, as ids of the model's vocabulary
 
 
+DOCS_ASSETS = "/docs/assets"
+"""Where Swagger UI's and ReDoc's JavaScript, CSS and icon are served from."""
+
+
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
     state: dict[str, Any] = {}
 
@@ -79,8 +87,8 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         finally:
             await state["gateway"].close()
 
-    app = FastAPI(
-        title="bertserve", version=__version__, lifespan=lifespan,
+    app = FastAPIOffline(  # FastAPI, with /docs and /redoc on local copies of their assets
+        title="bertserve", version=__version__, lifespan=lifespan, static_url=DOCS_ASSETS,
         description="BERT sentence embeddings over HTTP: OpenAI-, TEI- and bert-as-service-compatible.",
     )  # fmt: skip
     app.add_middleware(

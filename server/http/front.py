@@ -14,6 +14,10 @@ from .principals import Principals
 from .schemas import HTTPError, error_response
 
 _OPEN_PATHS = {"/health", "/ready"}  # probes need no key
+# Nor does the API's description, which a browser fetches without the key: the same for every
+# server of this version, it holds no model name and no data.
+_DOCS_PATHS = {"/docs", "/redoc", "/openapi.json"}
+_DOCS_PREFIX = "/docs/"  # the assets of /docs and /redoc, and its OAuth2 redirect page
 _PRINCIPAL = "bertserve.principal"  # the scope key of the principal's name, once its API key is checked
 ANONYMOUS = "anonymous"  # the metrics' principal label on a server without keys
 
@@ -70,7 +74,7 @@ class Front:
         too_large = HTTPError(413, f"the request body is larger than this server's limit of {self.limit} bytes",
                               code="limit")  # fmt: skip
         try:
-            if scope["path"] not in _OPEN_PATHS:
+            if not _open(scope["path"]):
                 principal = _authenticated(headers, self.principals) if self.principals.required else ANONYMOUS
                 if principal is None:
                     unknown = HTTPError(401, "a valid API key is needed: Authorization: Bearer KEY")
@@ -121,6 +125,11 @@ class Front:
             metrics.HTTP_SECONDS.labels(endpoint).observe(time.perf_counter() - started)
             if principal is not None:
                 metrics.HTTP_PRINCIPAL_REQUESTS.labels(principal, str(status)).inc()
+
+
+def _open(path: str) -> bool:
+    """Whether ``path`` is served without an API key."""
+    return path in _OPEN_PATHS or path in _DOCS_PATHS or path.startswith(_DOCS_PREFIX)
 
 
 def _authenticated(headers: dict[bytes, bytes], principals: Principals) -> str | None:
