@@ -161,7 +161,8 @@ SERVER_FLAGS = [
         Flag("--http-port", "also serve the HTTP API (OpenAI's /v1/embeddings, ...) on this port",
              int, unset="no HTTP"),
         Flag("--http-bind", "address the HTTP port listens on", unset="--bind"),
-        Flag("--served-model-name", "the model name the HTTP API lists and accepts", unset="the model directory's"),
+        Flag("--served-model-name", "the model name the HTTP API lists and accepts",
+             unset="all-MiniLM-L6-v2 without --model-dir, else the directory's name"),
         Flag("--model-alias", "other names the HTTP API accepts for the model", many=True, default=(), unset="none",
              metavar="NAME"),
         Flag("--token-id-input", "take token id arrays as this model's WordPiece ids (else refused: most clients "

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 from ..config import ServerConfig
-from ..model.default import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
-from ..served_models import ServedModel
+from ..served_models import ServedModel, directory_name
 from .gateway import Gateway, GatewayKeys
 from .principals import Principals, load_principals
 
@@ -34,16 +32,7 @@ def connect_host(bind: str) -> str:
 
 def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
     """The name of ``config``'s model, and its aliases."""
-    name = config.served_model_name
-    if name is None:
-        path = os.path.normpath(config.model.model_dir)
-        if config.version_number is not None:  # a version of a repository: named after the repository
-            path = os.path.dirname(path)
-        base = os.path.basename(path)
-        parent = os.path.basename(os.path.dirname(path))
-        name = base if base != "model" or not parent else parent
-        if name == DEFAULT_MODEL_PACKAGE:
-            name = DEFAULT_MODEL_NAME
+    name = directory_name(config) if config.served_model_name is None else config.served_model_name
     aliases = tuple(alias for alias in dict.fromkeys(config.model_alias) if alias != name)
     return name, aliases
 
