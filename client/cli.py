@@ -31,8 +31,18 @@ from .advice import Advice
 from .client import BertClient
 from .connection import check_server, length_warning
 from .errors import BertClientError, NoServerError
-from .lines import Lines, all_lines, empty_sided_pair, long_pairs, numbered, pair_lines, save, some_lines, source_name
-from .lines import read_lines as read_lines  # bertserve embed reads its input with it too
+from .lines import (
+    Lines,
+    all_lines,
+    empty_sided_pair,
+    long_pairs,
+    numbered,
+    pair_lines,
+    read_lines,
+    save,
+    some_lines,
+    source_name,
+)
 from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, LONG_INPUTS, EncodeOptions
 from .security import keygen
 from .terminal import is_terminal, print_status, progress_bar

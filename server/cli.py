@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from bertserve.client import __version__
-from bertserve.client.cli import HelpFormatter, add_client_commands, read_lines
+from bertserve.client.cli import HelpFormatter, add_client_commands
+from bertserve.client.lines import all_lines, numbered, pair_lines, read_lines, save, some_lines, source_name
+from bertserve.client.protocol import one_sentence
 from bertserve.client.terminal import paint, print_status
 
 from .config import ServerConfig
@@ -145,18 +147,24 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
-    import numpy as np
-
+    """As ``bertserve encode`` does on a server: one vector a line, blank lines and empty input
+    refused unless ``--skip-blank``, and ``|||`` a sentence pair only with ``--pairs``."""
+    source = source_name(args.input)
+    lines = numbered(read_lines(args.input, keep_blank=True), source, skip_blank=args.skip_blank)
+    if not args.pairs and (held := pair_lines(lines, False)):
+        print_status("warning", f"{some_lines(held)} of {source} holds '|||', encoded as one sentence a line: "
+                     "pass --pairs to encode such lines as sentence pairs")  # fmt: skip
+    texts = lines.texts if args.pairs else [one_sentence(text) for text in lines.texts]
     config = model_config_from_args(args)
-    texts = read_lines(args.input)
     from .model.encoder import Encoder
 
-    encoder = Encoder(config)
-    vectors = encoder.encode(texts)
-    np.save(args.output, vectors)
+    vectors = Encoder(config).encode(texts)
+    written = save(args.output, vectors, lines.numbers)
+    if lines.skipped:
+        print(f"skipped blank {all_lines(lines.skipped)} of {source}", file=sys.stderr)
     count = vectors.shape[0]
     print(
-        f"wrote {count} vector{'' if count == 1 else 's'} of dimension {vectors.shape[-1]} to {args.output}",
+        f"wrote {count} vector{'' if count == 1 else 's'} of dimension {vectors.shape[-1]} to {written}",
         file=sys.stderr,
     )
     return 0
@@ -200,7 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     embed.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
-    embed.add_argument("-o", "--output", default="embeddings.npy", metavar="FILE", help="where to write the vectors")
+    embed.add_argument(
+        "-o", "--output", default="embeddings.npy", metavar="FILE",
+        help="where to write the vectors (NAME.npz: with line numbers)",
+    )  # fmt: skip
+    embed.add_argument("--skip-blank", action="store_true", help="leave blank lines out and name them, not fail")
+    embed.add_argument(
+        "--pairs", action=argparse.BooleanOptionalAction, default=False,
+        help="read a line 'first ||| second' as a sentence pair (default: off, one sentence a line)",
+    )  # fmt: skip
     _add_verbose(embed)
     add_flags(embed, MODEL_FLAGS, docs="docs/server.md")
     embed.set_defaults(run=_cmd_embed)

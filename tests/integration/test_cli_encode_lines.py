@@ -153,3 +153,26 @@ def test_long_inputs_and_the_advice_in_flags(tiny_server: RunningServer, client:
         "--long-inputs chunk encodes single sentences in windows, never pairs, so it will be truncated"
     )
     np.testing.assert_allclose(np.load(out), client.encode(["hello", pair], long_inputs="chunk"), atol=1e-5)
+
+
+def test_embed_in_process_keeps_one_vector_a_line_too(tiny_google: str, session_graph_dir: str, tmp_path: Path) -> None:
+    def embed(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "bertserve.server.cli", "embed", "--model-dir", tiny_google,
+                   "--graph-dir", session_graph_dir, "--max-seq-len", "32", *args]  # fmt: skip
+        return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=240)
+
+    out = tmp_path / "rows.npz"
+    for stdin, error in [("a\n\nb\n", "line 2 of stdin is blank"), ("", "no input: stdin is empty")]:
+        refused = embed("-o", str(out), stdin=stdin)
+        assert refused.returncode == 2 and error in refused.stderr and not out.exists(), refused.stderr
+    done = embed("-o", str(out), "--skip-blank", stdin="the fox ||| the dog\n\nthe lazy dog\n")
+    assert done.returncode == 0, done.stderr
+    assert "line 1 of stdin holds '|||', encoded as one sentence a line" in done.stderr
+    assert "skipped blank line 2 of stdin" in done.stderr and f"wrote 2 vectors of dimension 32 to {out}" in done.stderr
+    saved = np.load(out)
+    assert saved["vectors"].shape == (2, 32) and saved["lines"].tolist() == [1, 3]
+    paired = embed("-o", str(tmp_path / "pair.npy"), "--pairs", stdin="the fox ||| the dog\n")
+    assert paired.returncode == 0 and "'|||'" not in paired.stderr, paired.stderr
+    assert not np.allclose(
+        np.load(tmp_path / "pair.npy")[0], saved["vectors"][0], atol=1e-4
+    )  # a pair is not one sentence

@@ -118,7 +118,7 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
                    "most sentences in one model run (default: 64)", "(default: the model's, or 25)",
                    "GPU ids the workers take in turn (default: every visible GPU)",
                    "XLA-compile the graph (default: off)", "(default: 10.0)"]),
-        ("embed", ["where to write the vectors (default: embeddings.npy)", "one sentence a line (default: stdin)",
+        ("embed", ["(NAME.npz: with line numbers) (default: embeddings.npy)", "one sentence a line (default: stdin)",
                    "else fp32 (never int8) (default: auto)", "BERT model directory (default: all-MiniLM"]),
         ("encode", ["sentences per request (default: 256)", "wait for an answer (default: 60000)",
                     "server port for replies (default: --port + 1)", "(needs --client-cert) (default: plain TCP)"]),
