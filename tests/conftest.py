@@ -6,11 +6,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import tiny_bert
+import zmq
 
 DATA = Path(__file__).parent / "data"
 
@@ -61,3 +64,21 @@ def tiny_google(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> str:
     return tiny_bert.write_tiny_bert(str(tmp_path_factory.mktemp("tiny_hf")), "huggingface", seed=1)
+
+
+@pytest.fixture
+def no_leaked_contexts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail a test that leaves a ZeroMQ context (and so a socket) open."""
+    made: list[zmq.Context] = []
+
+    class Tracked(zmq.Context):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(zmq, "Context", Tracked)
+    yield
+    leaked = [context for context in made if not context.closed]
+    for context in leaked:
+        context.destroy(linger=0)
+    assert not leaked, f"{len(leaked)} ZeroMQ context(s) left open"

@@ -54,7 +54,10 @@ from bertserve.client.security import keygen, load_public_key
 from serving import free_ports
 from zmq.auth.thread import ThreadAuthenticator
 
-pytestmark = pytest.mark.timeout(30)  # every test here talks to sockets and could hang
+pytestmark = [
+    pytest.mark.timeout(30),
+    pytest.mark.usefixtures("no_leaked_contexts"),
+]  # every test here talks to sockets and could hang
 
 SLOW_S = 0.6
 
@@ -179,24 +182,6 @@ class Responder:
         if request.header.get("show_tokens"):
             header["tokens"] = words
         return (SLOW_S if "slow" in joined else 0), p.encode_reply(cid, rid, True, header, vectors.tobytes())
-
-
-@pytest.fixture(autouse=True)
-def _no_leaked_contexts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fail a test that leaves a ZeroMQ context (and so a socket) open."""
-    made: list[zmq.Context] = []
-
-    class Tracked(zmq.Context):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(zmq, "Context", Tracked)
-    yield
-    leaked = [context for context in made if not context.closed]
-    for context in leaked:
-        context.destroy(linger=0)
-    assert not leaked, f"{len(leaked)} ZeroMQ context(s) left open"
 
 
 @pytest.fixture

@@ -30,27 +30,9 @@ from bertserve.client.errors import NoServerError
 from bertserve.client.probe import PROBE_AFTER_S, REFUSED_FOR_S, ServerProbe, is_loopback
 from serving import free_port
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaked_contexts")]
 
 FAST_S = 2.0  # a refused connection on this machine is reported within this (the probe needs REFUSED_FOR_S)
-
-
-@pytest.fixture(autouse=True)
-def _no_leaked_contexts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fail a test that leaves a ZeroMQ context (and so a socket) open."""
-    made: list[zmq.Context] = []
-
-    class Tracked(zmq.Context):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(zmq, "Context", Tracked)
-    yield
-    leaked = [context for context in made if not context.closed]
-    for context in leaked:
-        context.destroy(linger=0)
-    assert not leaked, f"{len(leaked)} ZeroMQ context(s) left open"
 
 
 @pytest.fixture
