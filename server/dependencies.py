@@ -4,12 +4,13 @@ what is missing.
 The server commands (``start``, ``worker``, ``embed``, ``export``) call
 :func:`missing_server_requirements` before anything else, so a client-only install
 (``pip install .``) gets one line naming the missing packages instead of a traceback from
-deep inside. It looks for each package with :func:`importlib.util.find_spec`, which imports
-nothing (TensorFlow takes seconds to import). The list is setup.py's ``server`` extra: read
-from setup.py itself when bertserve runs from a source checkout, else from the installed
-distribution's metadata. :func:`install_command` says how to install them from where the
-user is: ``pip install -e 'CHECKOUT[server]'`` from a checkout (without ``-e`` when it was
-installed from a directory without it), else the missing requirements themselves.
+deep inside. It looks for each distribution's metadata (and, without it, for the package with
+:func:`importlib.util.find_spec`), which imports nothing (TensorFlow takes seconds to
+import). The list is setup.py's ``server`` extra: read from setup.py itself when bertserve
+runs from a source checkout, else from the installed distribution's metadata.
+:func:`install_command` says how to install them from where the user is:
+``pip install -e 'CHECKOUT[server]'`` from a checkout (without ``-e`` when it was installed
+from a directory without it), else the missing requirements themselves.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class Requirement:
 
     @property
     def module(self) -> str:
-        """The package it installs, as Python imports it (every one of the extra's so far is
-        its name with ``_`` for ``-``)."""
+        """The package it installs, as Python imports it, where its metadata is not found (each
+        of the extra's is its name with ``_`` for ``-``)."""
         return self.name.lower().replace("-", "_").replace(".", "_")
 
 
@@ -54,7 +55,7 @@ class Installed:
 
 def missing_server_requirements() -> list[Requirement]:
     """The ``server`` extra's requirements that apply to this platform and are not installed."""
-    return [requirement for requirement in server_requirements() if not _importable(requirement.module)]
+    return [requirement for requirement in server_requirements() if not _installed(requirement)]
 
 
 def server_requirements() -> list[Requirement]:
@@ -67,6 +68,8 @@ def server_requirements() -> list[Requirement]:
             lines = importlib.metadata.requires(DISTRIBUTION) or []
         except importlib.metadata.PackageNotFoundError:
             return []
+        # The metadata lists every requirement: the extra's are those whose marker names an extra.
+        lines = [line for line in lines if "extra" in line.partition(";")[2]]
     parsed = (parse_requirement(line, EXTRA) for line in lines)
     return [requirement for requirement in parsed if requirement is not None]
 
@@ -148,9 +151,16 @@ def _setup_py_extra(source: str, extra: str) -> list[str]:
     return []
 
 
-def _importable(module: str) -> bool:
+def _installed(requirement: Requirement) -> bool:
+    """Whether pip installed ``requirement``'s distribution here (whatever its import name:
+    pyzmq is ``zmq``), or, without its metadata, a package of its name can be imported."""
     try:
-        return importlib.util.find_spec(module) is not None
+        importlib.metadata.distribution(requirement.name)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return importlib.util.find_spec(requirement.module) is not None
     except (ImportError, ValueError):  # a parent package that cannot be imported, or a broken one
         return False
 

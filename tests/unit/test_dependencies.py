@@ -46,6 +46,20 @@ def test_this_environment_has_every_server_package() -> None:
     assert dependencies.missing_server_requirements() == []
 
 
+def test_an_installed_copy_checks_only_the_extras_distributions_by_their_metadata(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(dependencies, "_CHECKOUT", tmp_path)  # no setup.py: installed from a wheel, say
+    requires = ["pyzmq>=25", "numpy>=1.24", 'tokenizers>=0.15; extra == "server"', 'pytest>=8; extra == "test"',
+                'no-such-distribution-here>=1; extra == "server"']  # fmt: skip
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: requires)
+    names = [requirement.name for requirement in dependencies.server_requirements()]
+    assert names == ["tokenizers", "no-such-distribution-here"]  # the client's own requirements are not the extra's
+    missing = dependencies.missing_server_requirements()
+    assert [requirement.name for requirement in missing] == ["no-such-distribution-here"]
+    assert dependencies._installed(Requirement("pyzmq", "pyzmq"))  # imported as zmq: found by its metadata
+
+
 MISSING = [Requirement("tokenizers", "tokenizers>=0.15"), Requirement("prometheus-client", "prometheus-client>=0.17")]
 
 
