@@ -134,12 +134,24 @@ def cannot_listen(host: str, port: int, flag: str, exc: OSError | zmq.ZMQError) 
     message = f"cannot listen on {host}:{port} ({flag}): {reason}"
     if exc.errno == errno.EADDRINUSE:
         default = ", by default --port + 1" if flag == "--port-out" else ""
-        status = f"bertserve status{'' if host in _LOCAL_HOSTS else f' --host {host}'} --port {port}"
+        check = _who_holds(host, port, flag)
         message = (
-            f"cannot listen on {host}:{port} ({flag}{default}): the port is in use. To see whether a bertserve "
-            f"already serves there: `{status}`; to start on another port: {flag} PORT"
+            f"cannot listen on {host}:{port} ({flag}{default}): the port is in use. {check}"
+            f"to start on another port: {flag} PORT"
         )
     return StartupError(message)
+
+
+def _who_holds(host: str, port: int, flag: str) -> str:
+    """How to tell whether a bertserve holds ``port`` as its ``flag``, or nothing if no command can."""
+    if flag in ("--http-port", "--metrics-port"):
+        path = "/metrics" if flag == "--metrics-port" else "/health"
+        return f"To see whether a bertserve already serves there: `curl -s http://{host}:{port}{path}`; "
+    if flag not in ("--port", "--port-out"):
+        return ""
+    where = "" if host in _LOCAL_HOSTS else f" --host {host}"
+    requests = port if flag == "--port" else port - 1  # a server's results port is its --port + 1
+    return f"To see whether a bertserve already serves there: `bertserve status{where} --port {requests}`; "
 
 
 def bind(sock: zmq.Socket, host: str, port: int, flag: str = "--port") -> None:

@@ -190,10 +190,15 @@ def test_a_port_in_use_is_named_with_its_flag_before_anything_is_built(
     port = ports[flag]
     default = ", by default --port + 1" if flag == "--port-out" else ""
     assert run.returncode == 2, run.stderr
+    check = {  # how to tell whether a bertserve holds it: each port answers its own way, the workers' none
+        "--port": f"`bertserve status --port {port}`", "--port-out": f"`bertserve status --port {port - 1}`",
+        "--http-port": f"`curl -s http://127.0.0.1:{port}/health`",
+        "--metrics-port": f"`curl -s http://127.0.0.1:{port}/metrics`",
+    }.get(flag)  # fmt: skip
+    told = f"To see whether a bertserve already serves there: {check}; " if check else ""
     assert _errors(run) == [
-        f"bertserve: error: cannot listen on 127.0.0.1:{port} ({flag}{default}): the port is in use. To see "
-        f"whether a bertserve already serves there: `bertserve status --port {port}`; to start on another port: "
-        f"{flag} PORT"
+        f"bertserve: error: cannot listen on 127.0.0.1:{port} ({flag}{default}): the port is in use. {told}"
+        f"to start on another port: {flag} PORT"
     ], run.stderr
     assert "bertserve stopped" not in run.stderr and "Traceback" not in run.stderr, run.stderr
     assert not list(graphs.rglob("*.graph"))
