@@ -27,9 +27,9 @@ from bertserve.client import (
     UnknownModelError,
 )
 from bertserve.client import protocol as p
-from unit.test_client import Responder, _no_leaked_contexts, run_cli  # noqa: F401  (fails a test that leaks a socket)
+from unit.test_client import Responder, run_cli
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("no_leaked_contexts")]  # and close every socket
 
 MODELS = {
     "fast": {"output_dim": 4, "prompts": {"query": "query: "}, "max_seq_len": 16},

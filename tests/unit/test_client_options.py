@@ -16,9 +16,9 @@ import pytest
 from bertserve.client import AsyncBertClient, ConcurrentBertClient
 from bertserve.client import protocol as p
 from bertserve.client.options import EncodeOptions
-from unit.test_client import Responder, _no_leaked_contexts  # noqa: F401  (fails a test that leaks a socket)
+from unit.test_client import Responder
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("no_leaked_contexts")]  # and close every socket
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 
