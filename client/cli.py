@@ -33,15 +33,15 @@ from .connection import check_server, length_warning
 from .errors import BertClientError, NoServerError
 from .lines import (
     Lines,
-    all_lines,
     empty_sided_pair,
     long_pairs,
     numbered,
-    pair_lines,
     read_lines,
     save,
+    skipped_note,
     some_lines,
     source_name,
+    unpaired_warning,
 )
 from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, LONG_INPUTS, EncodeOptions
 from .security import keygen
@@ -303,10 +303,8 @@ def _cmd_encode(args: argparse.Namespace) -> int:
             raise ValueError(f"{problem}: write both sentences, or pass --no-pairs")
     except (OSError, ValueError) as exc:
         return _fail(exc)
-    if not args.pairs and (held := pair_lines(lines, args.is_tokenized)):
-        holds = "holds" if len(held) == 1 else "hold"
-        print_status("warning", f"{some_lines(held)} of {source} {holds} '|||', encoded as one sentence a line: "
-                     "pass --pairs to encode such lines as sentence pairs")  # fmt: skip
+    if not args.pairs and (unpaired := unpaired_warning(lines, source, args.is_tokenized)):
+        print_status("warning", unpaired)
     texts: list[Any] = [line.split() for line in lines.texts] if args.is_tokenized else lines.texts
     started = time.perf_counter()
     address = tcp_address(args.host, args.port)
@@ -314,7 +312,7 @@ def _cmd_encode(args: argparse.Namespace) -> int:
         with _said_if_slow(f"waiting for the server at {address} ..."):
             client = _connect(args, model=args.model, check_version=False, check_length=False)
         with client:
-            _check_server(client.server_config, address, lines, args)
+            _check_server(client.server_config, address, lines, texts, args)
             parts = []
             batches = _batches(texts, args.batch_size)
             with progress_bar(len(texts), disable=not is_terminal(sys.stderr)) as bar:
@@ -328,12 +326,8 @@ def _cmd_encode(args: argparse.Namespace) -> int:
         return _fail(exc)
     elapsed = time.perf_counter() - started
     written = save(args.output, vectors, lines.numbers)
-    if lines.skipped:
-        if written.endswith(".npz"):
-            rows = f"the lines array of {written} holds each row's line number"
-        else:
-            rows = f"the rows of {written} follow the other lines in order (NAME.npz would keep their line numbers)"
-        print(f"skipped blank {all_lines(lines.skipped)} of {source}: {rows}", file=sys.stderr)
+    if skipped := skipped_note(lines, source, written):
+        print(skipped, file=sys.stderr)
     count = vectors.shape[0]
     print(
         f"wrote {count} {'vector' if count == 1 else 'vectors'} of dimension {vectors.shape[-1]} to {written} "
@@ -343,13 +337,14 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_server(config: dict[str, Any], address: str, lines: Lines, args: argparse.Namespace) -> None:
+def _check_server(
+    config: dict[str, Any], address: str, lines: Lines, texts: list[Any], args: argparse.Namespace
+) -> None:
     """What ``BertClient`` checks and warns of on its own (the server's protocol and version,
     lines that will be cut), said in flags and line numbers; and sentence pairs that
     ``--long-inputs chunk`` will cut even so."""
     advice = replace(CLI_ADVICE, line_numbers=lines.numbers)
     check_server(config, address, stacklevel=2, advice=advice)
-    texts = [line.split() for line in lines.texts] if args.is_tokenized else lines.texts
     if EncodeOptions(long_inputs=args.long_inputs).chunks_long_inputs(config):
         limit = config.get("max_seq_len")
         if args.pairs and isinstance(limit, int) and (cut := long_pairs(lines, limit, args.is_tokenized)):

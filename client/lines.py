@@ -102,6 +102,28 @@ def pair_lines(lines: Lines, is_tokenized: bool) -> list[int]:
     return [number for number, text in zip(lines.numbers, lines.texts, strict=True) if is_pair(text, is_tokenized)]
 
 
+def unpaired_warning(lines: Lines, source: str, is_tokenized: bool) -> str | None:
+    """The warning for lines written as sentence pairs that, without ``--pairs``, are each
+    encoded as one sentence; ``None`` if there are none."""
+    held = pair_lines(lines, is_tokenized)
+    if not held:
+        return None
+    holds = "holds" if len(held) == 1 else "hold"
+    return (f"{some_lines(held)} of {source} {holds} '|||', encoded as one sentence a line: "
+            "pass --pairs to encode such lines as sentence pairs")  # fmt: skip
+
+
+def skipped_note(lines: Lines, source: str, written: str) -> str | None:
+    """What to say of the blank lines left out, for the file ``written``; ``None`` if none were."""
+    if not lines.skipped:
+        return None
+    if written.endswith(".npz"):
+        rows = f"the lines array of {written} holds each row's line number"
+    else:
+        rows = f"the rows of {written} follow the other lines in order (NAME.npz would keep their line numbers)"
+    return f"skipped blank {all_lines(lines.skipped)} of {source}: {rows}"
+
+
 def long_pairs(lines: Lines, max_seq_len: int, is_tokenized: bool) -> list[int]:
     """The numbers of the sentence pairs with more words than fit ``max_seq_len`` tokens with
     their [CLS] and two [SEP]: each word is one token at least, so these will be cut."""

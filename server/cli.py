@@ -19,7 +19,7 @@ from typing import Any
 
 from bertserve.client import __version__
 from bertserve.client.cli import HelpFormatter, add_client_commands
-from bertserve.client.lines import all_lines, numbered, pair_lines, read_lines, save, some_lines, source_name
+from bertserve.client.lines import numbered, read_lines, save, skipped_note, source_name, unpaired_warning
 from bertserve.client.protocol import one_sentence
 from bertserve.client.terminal import paint, print_status
 
@@ -151,17 +151,16 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     refused unless ``--skip-blank``, and ``|||`` a sentence pair only with ``--pairs``."""
     source = source_name(args.input)
     lines = numbered(read_lines(args.input, keep_blank=True), source, skip_blank=args.skip_blank)
-    if not args.pairs and (held := pair_lines(lines, False)):
-        print_status("warning", f"{some_lines(held)} of {source} holds '|||', encoded as one sentence a line: "
-                     "pass --pairs to encode such lines as sentence pairs")  # fmt: skip
+    if not args.pairs and (unpaired := unpaired_warning(lines, source, False)):
+        print_status("warning", unpaired)
     texts = lines.texts if args.pairs else [one_sentence(text) for text in lines.texts]
     config = model_config_from_args(args)
     from .model.encoder import Encoder
 
     vectors = Encoder(config).encode(texts)
     written = save(args.output, vectors, lines.numbers)
-    if lines.skipped:
-        print(f"skipped blank {all_lines(lines.skipped)} of {source}", file=sys.stderr)
+    if skipped := skipped_note(lines, source, written):
+        print(skipped, file=sys.stderr)
     count = vectors.shape[0]
     print(
         f"wrote {count} vector{'' if count == 1 else 's'} of dimension {vectors.shape[-1]} to {written}",
