@@ -33,6 +33,9 @@ logger = logging.getLogger("bertserve.prepare")
 STEPS = ("graph", "lite")
 STEP_NAMES = {"graph": "graph", "lite": "LiteRT model"}
 FAILED_EXIT_CODE = 4
+BACKGROUND_NICE = 19
+"""The CPU priority of a build while workers serve (a version swap, a model started after
+another): the lowest, so the serving workers keep the CPU and the build takes what they leave."""
 
 
 def wants_lite(config: ModelConfig, spec: GraphSpec) -> bool:
@@ -60,16 +63,20 @@ def missing_steps(requested: ModelConfig) -> list[str]:
     return steps
 
 
-def run_steps(requested: ModelConfig, steps: list[str], cpu_only: bool, threads: int, log_level: int) -> None:
+def run_steps(
+    requested: ModelConfig, steps: list[str], cpu_only: bool, threads: int, log_level: int, nice: int = 0
+) -> None:
     """Entry point of the preparing child (started with ``spawn``): make each of ``steps``'
-    products and cache them, the heap given back between the two. Exits with
-    :data:`FAILED_EXIT_CODE` when the model cannot be built."""
+    products and cache them, the heap given back between the two, at CPU priority ``nice``.
+    Exits with :data:`FAILED_EXIT_CODE` when the model cannot be built."""
     from ..logs import child_logging, held_native_output
     from ..memory import trim_heap
     from . import lite
 
     child_logging(log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
+    if nice:
+        os.nice(nice)
     with held_native_output():  # TensorFlow's libraries log as they load, and CUDA as it looks for GPUs
         import tensorflow as tf
 
@@ -102,11 +109,12 @@ class Preparation:
     while it runs, then True, or False when it failed (:attr:`failure` says how)."""
 
     def __init__(
-        self, requested: ModelConfig, steps: list[str], *, cpu_only: bool, threads: int, log_level: int
-    ) -> None:
+        self, requested: ModelConfig, steps: list[str], *, cpu_only: bool, threads: int, log_level: int,
+        nice: int = 0,
+    ) -> None:  # fmt: skip
         self.steps = list(steps)
         self.failure = ""
-        args = (requested, self.steps, cpu_only, threads, log_level)
+        args = (requested, self.steps, cpu_only, threads, log_level, nice)
         self.process: BaseProcess = multiprocessing.get_context("spawn").Process(
             target=run_steps, args=args, name="bertserve-prepare", daemon=True
         )

@@ -35,6 +35,8 @@ class Expiry:
                 before = scheduler.queued
                 scheduler.remove(expired)
                 self._count(before - scheduler.queued)
+                for key in expired:  # a bulk request taken expects to be done before then
+                    scheduler.throughput.finished(key, now)
             for key in expired:
                 self.requests.finish(key)
 

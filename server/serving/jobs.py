@@ -97,3 +97,18 @@ class Job:
         if self.deadline != float("inf"):
             header["expires_in_s"] = round(self.deadline - now, 4)
         return header
+
+
+def cut_by_length(lengths: np.ndarray, max_rows: int, max_tokens: int) -> list[np.ndarray]:
+    """Row indexes sorted by ``lengths`` (tokens per row), cut into chunks of at most
+    ``max_rows`` rows and ``max_tokens`` padded tokens (rows times the longest), so each pads little."""
+    order = np.argsort(lengths, kind="stable")
+    sorted_lengths = lengths[order]
+    chunks, start = [], 0
+    for end in range(1, len(order) + 1):
+        rows = end - start
+        if rows > max_rows or (rows > 1 and rows * int(sorted_lengths[end - 1]) > max_tokens):
+            chunks.append(order[start : end - 1])
+            start = end - 1
+    chunks.append(order[start:])
+    return chunks

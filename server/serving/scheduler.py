@@ -4,7 +4,8 @@
   client (``max_client_queued_sentences``). A request over a bound is refused whole with
   :class:`Busy`, never half-queued; one larger than a client may ever queue is a
   :class:`TooLarge`. So is a bulk request that would finish, or make an earlier one finish,
-  past ``bulk_slowdown`` times its idle-server time (:meth:`Scheduler.check_slowdown`).
+  past ``bulk_slowdown`` times its idle-server time (:meth:`Scheduler.check_slowdown`), at
+  the speed measured and corrected by how late earlier bulk requests came (:mod:`.throughput`).
 - **Cutting.** A request of ``max_batch_size`` sentences or more is *bulk*: sorted by token
   count, so each job pads little, and cut into jobs of at most ``max_batch_size`` sentences
   and ``max_batch_tokens`` padded tokens. Smaller requests are *small*. A bulk request is cut
@@ -22,8 +23,9 @@
   a swap is under way, see :mod:`.swap`). :meth:`Scheduler.put_back` returns a job that no
   worker of its version could take yet.
 - **Two lanes.** Each client's queue has a small lane and a bulk lane, each in arrival
-  order. A client's small requests do not wait for its own bulk work: they go in the next
-  merged job. Small jobs go first, but bulk work, while it waits, keeps at least a quarter
+  order, except that its *short* requests (an eighth of a model run at most) go before its
+  longer small ones. A client's small requests do not wait for its own bulk work, nor its
+  few sentences for its own hundred: they go in the next merged job. Small jobs go first, but bulk work, while it waits, keeps at least a quarter
   of the workers' time however much small traffic arrives (:mod:`.throughput`).
 - **Overtaking.** When every worker is busy, small requests need not wait for a free
   credit: :meth:`Scheduler.next_small_job` merges them out of turn for a worker that holds
@@ -42,44 +44,18 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ..config import ServerConfig
-from .jobs import Busy, Job, Piece, TooLarge
-from .throughput import LEAST_BOUND_S, QueuedBulk, Throughput, late_bulk
+from .jobs import Busy, Job, Piece, TooLarge, cut_by_length
+from .lanes import ClientQueue, BulkRequest
+from .throughput import LEAST_BOUND_S, QueuedBulk, Throughput, bulk_seconds, late_bulk
 
 CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
 """``(texts, is_tokenized, chunk) -> tokens per input`` (in all its windows with ``chunk``)."""
-
-
-@dataclass
-class _Bulk:
-    """A bulk request in its client's queue; ``jobs`` is ``None`` until it is cut."""
-
-    request: Piece
-    jobs: deque[Job] | None = None
-    due: float = float("inf")  # when it should be done (--bulk-slowdown)
-
-    @property
-    def rows(self) -> int:  # its sentences still queued
-        return len(self.request.rows) if self.jobs is None else sum(job.size for job in self.jobs)
-
-
-@dataclass
-class _ClientQueue:
-    """One client's queued work: its small pieces and its bulk requests, each in arrival order."""
-
-    small: deque[Piece] = field(default_factory=deque)
-    bulk: deque[_Bulk] = field(default_factory=deque)
-    sentences: int = 0  # in both lanes
-    small_rows: int = 0  # in the small lane
-
-    @property
-    def empty(self) -> bool:
-        return not self.small and not self.bulk
 
 
 class Scheduler:
@@ -89,7 +65,7 @@ class Scheduler:
         self.config = config
         self.prefix = job_prefix  # the models' queues each have their own, so job ids never meet
         self.count_tokens = count_tokens
-        self.clients: dict[bytes, _ClientQueue] = {}
+        self.clients: dict[bytes, ClientQueue] = {}
         self.small_turns: deque[bytes] = deque()  # clients with small requests queued, next turn first
         self.bulk_turns: deque[bytes] = deque()  # clients with bulk requests queued, next turn first
         self.retries: deque[Job] = deque()  # jobs handed back by a lost worker: they go first
@@ -121,24 +97,24 @@ class Scheduler:
         raises :class:`Busy` or :class:`TooLarge` without queuing any of it."""
         count = len(texts)
         self.check_room(client, count)
-        due = self.check_slowdown(client, count, now, deadline)
+        due = self.check_slowdown(client, count, now, deadline, key)
         piece = Piece(
             key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk, version, deadline, truncation
         )
         queue = self.clients.get(client)
         if queue is None:
-            queue = self.clients[client] = _ClientQueue()
+            queue = self.clients[client] = ClientQueue()
         if count < self.config.max_batch_size:
             if not queue.small:
                 self.small_turns.append(client)
-            queue.small.append(piece)
+            queue.add_small(piece, count <= self._short_rows)
             queue.small_rows += count
             self.small_count += 1
             self.small_rows += count
         else:
             if not queue.bulk:
                 self.bulk_turns.append(client)
-            queue.bulk.append(_Bulk(piece, due=due))
+            queue.bulk.append(BulkRequest(piece, due=due))
             self.bulk_count += 1
         queue.sentences += count
         self.queued += count
@@ -164,10 +140,13 @@ class Scheduler:
                 "may be; retry later"
             )
 
-    def check_slowdown(self, client: bytes, count: int, now: float, deadline: float = float("inf")) -> float:
+    def check_slowdown(
+        self, client: bytes, count: int, now: float, deadline: float = float("inf"), key: str = ""
+    ) -> float:
         """Raise :class:`Busy` for a bulk request that, taken now, would finish (or make a
         bulk request taken before it finish) later than ``bulk_slowdown`` times its time on an
-        idle server, or after its own deadline; else return when it should be done.
+        idle server, or after its own deadline; else return when it should be done (and, given
+        its ``key``, note when it is projected to be, for the lag).
 
         Finish times are projected from the workers' measured speed, the small traffic's share
         and the bulk work shared with (:mod:`.throughput`). A client's earlier bulk requests run
@@ -193,6 +172,8 @@ class Scheduler:
         extra = sum(job.size for job in self.retries) + self.throughput.held  # runs before any of it
         late = late_bulk(lanes, new, extra=extra, rate=rate, now=now)
         if late is None:
+            if key:
+                self.throughput.expect(key, bulk_seconds(lanes, new, extra=extra, rate=rate), now)
             return due
         self.busy_rejections += 1
         if late is not new:
@@ -218,17 +199,7 @@ class Scheduler:
 
     def _chunks(self, texts: list[Any], is_tokenized: bool, chunk: bool = False) -> list[np.ndarray]:
         lengths = self._lengths(texts, is_tokenized, chunk)
-        order = np.argsort(lengths, kind="stable")
-        sorted_lengths = lengths[order]
-        chunks, start = [], 0
-        limit, budget = self.config.max_batch_size, self.config.max_batch_tokens
-        for end in range(1, len(order) + 1):
-            rows = end - start
-            if rows > limit or (rows > 1 and rows * int(sorted_lengths[end - 1]) > budget):
-                chunks.append(order[start : end - 1])
-                start = end - 1
-        chunks.append(order[start:])
-        return chunks
+        return cut_by_length(lengths, self.config.max_batch_size, self.config.max_batch_tokens)
 
     def _lengths(self, texts: list[Any], is_tokenized: bool, chunk: bool = False) -> np.ndarray:
         if self.count_tokens is not None:
@@ -274,8 +245,7 @@ class Scheduler:
         or ``None`` if no small request is waiting for company."""
         if not self.small_turns:
             return None
-        # A client's small requests arrive in order, so its oldest is at the head of its lane.
-        oldest = min(self.clients[c].small[0].arrived for c in self.small_turns)
+        oldest = min(self.clients[c].oldest_small() for c in self.small_turns)
         return max(0.0, oldest + self.config.max_latency_ms / 1000 - now)
 
     def _small_due(self, now: float) -> bool:
@@ -292,6 +262,12 @@ class Scheduler:
         rate, budget = self.throughput.per_worker, self.config.bulk_run_ms / 1000
         others = self.bulk_count or len(self.small_turns) > 1
         return min(run, max(run // 4, int(rate * budget))) if rate and budget and others else run
+
+    @property
+    def _short_rows(self) -> int:
+        """The most rows of a *short* request: an eighth of a model run. A client's short
+        requests go before its longer small ones, so a few sentences never wait for its own 90."""
+        return max(1, min(self.config.model.batch_size, self.config.max_batch_size) // 8)
 
     def _take_bulk(self, client: bytes) -> Job:
         queue = self.clients[client]
@@ -343,7 +319,7 @@ class Scheduler:
             want, taken = min(share, room), 0
             while want and items and (piece := items[0]).kind == kind:
                 if len(piece.rows) <= want:
-                    items.popleft()
+                    queue.pop_small()
                     self.small_count -= 1
                     part = piece
                 else:  # split it: the rest stays at the head of this client's queue
@@ -403,14 +379,12 @@ class Scheduler:
     def remove(self, keys: set[str]) -> None:
         """Forget the queued work of the requests ``keys`` (they were answered with an error)."""
         for client, queue in list(self.clients.items()):
-            gone_small = [piece for piece in queue.small if piece.key in keys]
+            gone_small = queue.drop_small(keys)
             gone_bulk = [item for item in queue.bulk if item.request.key in keys]
             small_rows = sum(len(piece.rows) for piece in gone_small)
             rows = small_rows + sum(item.rows for item in gone_bulk)
-            if gone_small:
-                queue.small = deque(piece for piece in queue.small if piece.key not in keys)
-                if not queue.small:
-                    self.small_turns.remove(client)
+            if gone_small and not queue.small:
+                self.small_turns.remove(client)
             if gone_bulk:
                 queue.bulk = deque(item for item in queue.bulk if item.request.key not in keys)
                 if not queue.bulk:

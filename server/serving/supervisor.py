@@ -234,7 +234,7 @@ class BertServer(ExitFlags):
     def prepare(self, config: ServerConfig, steps: list[str] | None = None) -> Preparation | None:
         """The steps that make what ``config``'s workers load, if any is missing (``steps``
         when the caller has looked already)."""
-        from ..model.prepare import STEP_NAMES, Preparation, missing_steps
+        from ..model.prepare import BACKGROUND_NICE, STEP_NAMES, Preparation, missing_steps
 
         if config.model_class:
             return None  # a model class loads itself
@@ -247,9 +247,11 @@ class BertServer(ExitFlags):
             return None
         names = " and ".join(STEP_NAMES[step] for step in steps)
         logger.info("building the %s of model %s before a worker loads it", names, config.model.model_dir)
-        # A worker's share of the cores: during a swap the serving workers keep theirs.
+        # A worker's share of the cores, and while other workers serve (a swap, a later model),
+        # the lowest priority: the serving workers keep theirs.
+        nice = BACKGROUND_NICE if self.children.workers() else config.worker_nice
         return Preparation(config.model, steps, cpu_only=config.cpu, threads=config.worker_threads(),
-                           log_level=self.log_level)  # fmt: skip
+                           log_level=self.log_level, nice=nice)  # fmt: skip
 
     def _start_sink(self, addresses: Addresses, grace_s: float = 0.0) -> None:
         args = (self.config, addresses.sink, self.log_level, grace_s, self._extra_client_keys())

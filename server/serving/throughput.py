@@ -12,6 +12,12 @@ server? The answer rests on what is measured here:
   least that share. Time, not sentences, is what is shared: small jobs run fewer sentences
   per second than bulk ones.
 
+What is measured can still be wrong about what comes: small work arriving after a bulk
+request was taken takes more of the time than the share measured then. So the finish time of
+each bulk request taken is projected when it is taken and compared with when it is done (or
+expires): bulk work is planned at the measured rate divided by the **lag**, how much longer
+than projected recent bulk requests took, smoothed (quick to rise, slow to fall).
+
 Turns are round-robin between clients, each client's bulk requests in the order it sent them,
 so a bulk request whose client has ``ahead`` sentences of bulk work up to and including it
 finishes once those have run and, of each other client's bulk work, at most as much
@@ -23,7 +29,7 @@ Everything takes the time as an argument, so tests drive it with a fake clock.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 _WINDOW_S = 10
@@ -37,6 +43,12 @@ BULK_SHARE = 0.25
 """The least share of the workers' time bulk work gets while it waits, however much small
 work comes: small jobs go first otherwise."""
 
+LAG_LIMITS = (0.75, 4.0)
+"""The least and the most the lag is taken to be: one late request never stops bulk work."""
+
+_EXPECTED_MAX = 1024
+"""Projections kept at most: those of requests that ended otherwise (cancelled, failed) go first."""
+
 
 @dataclass
 class Throughput:
@@ -45,7 +57,9 @@ class Throughput:
     per_worker: float | None = None  # sentences per busy second of one worker on bulk jobs, smoothed
     workers: int = 0  # workers serving
     held: int = 0  # sentences of the jobs the workers hold now: they run before anything queued
+    lag: float = 1.0  # how much longer than projected bulk requests take, smoothed
     _busy: deque[list[float]] = field(default_factory=deque)  # [second, small seconds, bulk seconds] of worker time
+    _expected: OrderedDict[str, tuple[float, float]] = field(default_factory=OrderedDict)  # key: (taken at, seconds)
 
     def job_done(self, sentences: int, seconds: float, *, bulk: bool, now: float) -> None:
         """A worker ran ``sentences`` of a job in ``seconds`` of its own time (time lent to
@@ -78,11 +92,26 @@ class Throughput:
         return self.per_worker * self.workers
 
     def bulk_rate(self, now: float) -> float | None:
-        """What bulk work gets of the capacity: what small work leaves, and at least its least share."""
+        """What bulk work gets of the capacity: what small work leaves, and at least its least
+        share; divided by the lag."""
         capacity = self.capacity()
         if capacity is None:
             return None
-        return capacity * max(BULK_SHARE, 1.0 - self.small_share(now))
+        return capacity * max(BULK_SHARE, 1.0 - self.small_share(now)) / self.lag
+
+    def expect(self, key: str, seconds: float, now: float) -> None:
+        """Bulk request ``key``, taken at ``now``, is projected to be done in ``seconds`` (at :meth:`bulk_rate`)."""
+        self._expected[key] = (now, max(seconds / self.lag, LEAST_BOUND_S))  # as if the lag were 1
+        while len(self._expected) > _EXPECTED_MAX:
+            self._expected.popitem(last=False)
+
+    def finished(self, key: str, now: float) -> None:
+        """Request ``key`` is done or expired: if it is a bulk request projected, the lag learns from it."""
+        taken = self._expected.pop(key, None)
+        if taken is None:
+            return
+        ratio = min(max((now - taken[0]) / taken[1], LAG_LIMITS[0]), LAG_LIMITS[1])
+        self.lag += (0.5 if ratio > self.lag else 0.1) * (ratio - self.lag)
 
 
 @dataclass(frozen=True)
@@ -92,6 +121,13 @@ class QueuedBulk:
     client: bytes
     rows: int
     due: float
+
+
+def bulk_seconds(lanes: dict[bytes, list[QueuedBulk]], new: QueuedBulk, *, extra: int, rate: float) -> float:
+    """Seconds until ``new``, queued at the end of its client's lane, is done (as :func:`late_bulk` counts)."""
+    ahead = sum(item.rows for item in lanes.get(new.client, [])) + new.rows
+    shared = sum(min(sum(item.rows for item in items), ahead) for other, items in lanes.items() if other != new.client)
+    return (extra + ahead + shared) / rate
 
 
 def late_bulk(

@@ -276,9 +276,12 @@ class Ventilator:
             return
         _count_job(job.size, done, worker_model)
         ran = job.size if done.sentences is None else done.sentences
-        queue.throughput.job_done(ran, done.seconds, bulk=job.bulk, now=time.monotonic())
+        now = time.monotonic()
+        queue.throughput.job_done(ran, done.seconds, bulk=job.bulk, now=now)
         for piece in job.pieces:
             self.requests.rows_done(piece.key, len(piece.rows))
+            if job.bulk and piece.key not in self.requests:  # its last rows: is it as late as projected?
+                queue.throughput.finished(piece.key, now)
 
     def worker_lost(self, index: int, reason: str) -> None:
         """Worker ``index`` died or stopped answering: forget it, and run its jobs elsewhere,

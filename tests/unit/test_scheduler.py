@@ -223,6 +223,34 @@ def test_a_short_request_goes_whole_in_the_next_job_however_many_clients_wait() 
     assert all(len(piece.rows) <= 3 for piece in job.pieces if piece.key != "tiny")  # the others share the rest
 
 
+def test_a_clients_short_request_goes_before_its_own_longer_small_ones() -> None:
+    s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=1000)  # runs of 64: short is 8
+    for i in range(3):
+        admit(s, b"a", 100, now=0.0, key=f"a-long{i}")
+    admit(s, b"a", 8, now=0.1, key="a-short")  # behind 300 of a's small sentences in arrival order
+    admit(s, b"a", 2, now=0.2, key="a-shorter")
+    job = s.next_job(0.2, idle=True)
+    assert job is not None and job.keys[:2] == ["a-short", "a-shorter"]  # the next job answers both
+    assert s.clients[b"a"].shorts == 0
+    admit(s, b"a", 3, now=0.3, key="a-late")  # short again: before the rest of a-long0
+    rows = [(piece.key, len(piece.rows)) for job in drain(s, now=1.0) for piece in job.pieces]
+    assert rows.index(("a-late", 3)) < [key for key, _ in rows].index("a-long1")
+    assert job.size == 64 and sum(n for key, n in rows if key.startswith("a-long")) == 300 - 54  # each row once
+    assert s.empty
+
+
+def test_a_removed_short_request_leaves_the_others_in_their_order() -> None:
+    s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=1000)
+    admit(s, b"a", 50, now=0.0, key="long")
+    admit(s, b"a", 4, now=0.1, key="s1")
+    admit(s, b"a", 4, now=0.2, key="s2")
+    s.remove({"s1"})
+    assert [piece.key for piece in s.clients[b"a"].small] == ["s2", "long"] and s.clients[b"a"].shorts == 1
+    assert s.wake_in(0.0) == pytest.approx(0.010)  # the longest-waiting piece is not at the head: "long" is
+    admit(s, b"a", 5, now=0.3, key="s3")
+    assert [piece.key for piece in s.clients[b"a"].small] == ["s2", "s3", "long"]
+
+
 def test_inputs_of_different_kinds_never_share_a_job() -> None:
     s = make()
     s.admit("k1", b"a", ["plain text"], is_tokenized=False, show_tokens=False, now=0)
@@ -373,6 +401,21 @@ def test_a_bulk_request_that_would_take_past_its_slowdown_is_refused_at_once() -
     unmeasured = make(**bulk_options(bulk_slowdown=4.0))  # nothing is known of the workers' speed yet
     for client in (b"a", b"b", b"c", b"d", b"e", b"f"):
         admit(unmeasured, client, 40)
+
+
+def test_bulk_admission_learns_from_bulk_requests_that_came_later_than_projected() -> None:
+    s = measured(make(**bulk_options(bulk_slowdown=4.0)), 10.0)  # 40 sentences: 4 s on an idle server
+    admit(s, b"a", 40, now=0.0, key="first")  # projected 4 s
+    drain(s, now=0.0)
+    s.throughput.finished("first", 12.0)  # it took three times that: the lag rises to 2
+    assert s.throughput.lag == pytest.approx(2.0)
+    admit(s, b"a", 40, now=20.0)  # 8 s at the rate halved, within 16
+    admit(s, b"b", 40, now=20.0)  # sharing the turns: 16 s, at the bound
+    with pytest.raises(Busy, match=r"about 5 inputs/s left for it"):
+        admit(s, b"c", 40, now=20.0)  # 24 s: refused, where four were admitted before the lag was known
+    small = make(**bulk_options(bulk_slowdown=4.0))
+    small.admit("tiny", b"a", texts(4), is_tokenized=False, show_tokens=False, now=0.0)
+    assert not small.throughput._expected  # only bulk requests are projected
 
 
 def test_a_bulk_request_that_would_make_an_earlier_one_late_is_refused() -> None:

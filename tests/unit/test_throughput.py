@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from bertserve.server.serving.throughput import QueuedBulk, Throughput, late_bulk
+from bertserve.server.serving.throughput import LAG_LIMITS, QueuedBulk, Throughput, bulk_seconds, late_bulk
 
 
 def test_capacity_is_measured_on_bulk_jobs_only_and_smoothed() -> None:
@@ -50,3 +50,44 @@ def test_the_new_request_and_only_those_it_delays_are_checked() -> None:
     big = QueuedBulk(b"d", 60, due=100.0)
     assert late_bulk(lanes, big, extra=0, rate=10.0, now=0.0) is lanes[b"a"][0]  # it would be later still
     assert late_bulk({b"a": lanes[b"a"]}, behind_a, extra=0, rate=10.0, now=0.0) is None  # it is not delayed
+
+
+def test_a_bulk_requests_finish_is_projected_as_late_bulk_counts_it() -> None:
+    lanes = {b"a": [QueuedBulk(b"a", 10, due=9.0), QueuedBulk(b"a", 30, due=9.0)], b"b": [QueuedBulk(b"b", 5, due=9.0)]}
+    # c's 20 run beside 20 of a's 40 and all 5 of b's: 45 sentences, plus 5 of a retry, at 10/s
+    assert bulk_seconds(lanes, QueuedBulk(b"c", 20, due=9.0), extra=5, rate=10.0) == pytest.approx(5.0)
+    # a's own: behind its 40, beside b's 5
+    assert bulk_seconds(lanes, QueuedBulk(b"a", 20, due=9.0), extra=0, rate=10.0) == pytest.approx(6.5)
+
+
+def test_bulk_work_is_planned_at_the_rate_divided_by_how_late_bulk_requests_came() -> None:
+    t = Throughput(per_worker=100.0, workers=1)
+    t.expect("early", 10.0, now=0.0)
+    t.finished("early", now=5.0)  # twice as fast as projected: the lag falls slowly
+    assert 0.9 < t.lag < 1.0 and t.bulk_rate(0.0) == pytest.approx(100.0 / t.lag)
+    t.lag = 1.0
+    t.expect("late", 10.0, now=0.0)
+    t.finished("late", now=20.0)  # twice the projection: the lag rises half the way at once
+    assert t.lag == pytest.approx(1.5) and t.bulk_rate(0.0) == pytest.approx(100.0 / 1.5)
+    t.expect("next", 15.0, now=30.0)  # projected at the rate divided by 1.5: 10 s as if the lag were 1
+    t.finished("next", now=45.0)  # done when planned: the lag stays
+    assert t.lag == pytest.approx(1.5)
+    t.finished("never expected", now=50.0)  # a small request, or one already counted: nothing learnt
+    t.finished("next", now=50.0)
+    assert t.lag == pytest.approx(1.5)
+    for i in range(20):  # a request that never ends on time cannot stop bulk work: the lag is bounded
+        t.expect(f"hopeless{i}", 1.0, now=0.0)
+        t.finished(f"hopeless{i}", now=1000.0)
+    assert t.lag == pytest.approx(LAG_LIMITS[1], rel=1e-3)
+
+
+def test_projections_of_requests_that_end_otherwise_are_forgotten_oldest_first() -> None:
+    t = Throughput(per_worker=100.0, workers=1)
+    for i in range(5000):  # cancelled or failed: never finished
+        t.expect(f"gone{i}", 1.0, now=0.0)
+    assert len(t._expected) <= 1024
+    t.expect("kept", 1.0, now=0.0)
+    t.finished("gone0", now=100.0)  # forgotten: nothing learnt from it
+    assert t.lag == 1.0
+    t.finished("kept", now=3.0)
+    assert t.lag == pytest.approx(2.0)
