@@ -25,8 +25,9 @@
 - **Two lanes.** Each client's queue has a small lane and a bulk lane, each in arrival
   order, except that its *short* requests (an eighth of a model run at most) go before its
   longer small ones. A client's small requests do not wait for its own bulk work, nor its
-  few sentences for its own hundred: they go in the next merged job. Small jobs go first, but bulk work, while it waits, keeps at least a quarter
-  of the workers' time however much small traffic arrives (:mod:`.throughput`).
+  few sentences for its own hundred: they go in the next merged job. Small jobs go first,
+  but bulk work, while it waits, keeps at least a quarter of the workers' time however much
+  small traffic arrives (:mod:`.throughput`).
 - **Overtaking.** When every worker is busy, small requests need not wait for a free
   credit: :meth:`Scheduler.next_small_job` merges them out of turn for a worker that holds
   only long jobs, which runs them between two model runs of its long job.
@@ -51,7 +52,7 @@ import numpy as np
 
 from ..config import ServerConfig
 from .jobs import Busy, Job, Piece, TooLarge, cut_by_length
-from .lanes import ClientQueue, BulkRequest
+from .lanes import BulkRequest, ClientQueue
 from .throughput import LEAST_BOUND_S, QueuedBulk, Throughput, bulk_seconds, late_bulk
 
 CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
@@ -284,12 +285,13 @@ class Scheduler:
     def _take_small(self, first_client: bytes, room: int | None = None) -> Job:
         """Merge waiting small requests (of one input kind) into a job of at most ``room`` rows
         (default and most: one model run, within max_batch_size): its requests are answered
-        when the job is. First the short requests (an eighth of a job at most) at the heads of
-        the lanes go in whole, smallest first, so a request of a few sentences is answered by
-        the next job. Then, when what waits does not fit, each client gets an equal share, no
-        larger than the lightest client's demand (but at least a quarter of an equal split): a
-        client with 32 sentences queued beside one with 100,000 is not held up by the other's
-        rows. A request larger than a share is split; the rest goes in a later job."""
+        when the job is. First the short requests (an eighth of a model run at most) at the
+        heads of the lanes go in whole, smallest first, so a request of a few sentences is
+        answered by the next job; but the client whose turn it is keeps room for its share.
+        Then, when what waits does not fit, each client gets an equal share, no larger than the
+        lightest client's demand (but at least a quarter of an equal split): a client with 32
+        sentences queued beside one with 100,000 is not held up by the other's rows. A request
+        larger than a share is split, the rest going in a later job; a short one waits whole."""
         room = min(room or self._merge_room, self._merge_room)
         first = self.clients[first_client].small[0]
         kind = first.kind
@@ -300,14 +302,17 @@ class Scheduler:
         if len(waiting) > 1 and self.small_rows > room:
             lightest = min(self.clients[c].small_rows for c in waiting)
             share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
+        limit = max(share, self._short_rows)  # what goes in whole
+        reserve = min(share, len(first.rows)) if len(first.rows) > limit else 0  # the turn's share
         whole, left = {}, room
         for client in sorted(waiting, key=lambda c: len(self.clients[c].small[0].rows)):
             rows = len(self.clients[client].small[0].rows)
-            if rows > min(left, max(share, room // 8)):
+            if rows > min(left - (reserve if client != first_client else 0), limit):
                 break
             whole[client], left = rows, left - rows
         shares = [(c, max(share, whole[c])) for c in waiting if c in whole]  # in turn order
-        return self._take_pieces(shares + [(c, share) for c in waiting if c not in whole], kind, room)
+        rest = [c for c in waiting if c not in whole and (len(self.clients[c].small[0].rows) > limit or not whole)]
+        return self._take_pieces(shares + [(c, share) for c in rest], kind, room)  # a short one waits whole
 
     def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None, str], room: int) -> Job:
         """A job of up to ``share`` rows of small requests from each client, in order, and of

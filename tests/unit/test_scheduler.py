@@ -223,6 +223,39 @@ def test_a_short_request_goes_whole_in_the_next_job_however_many_clients_wait() 
     assert all(len(piece.rows) <= 3 for piece in job.pieces if piece.key != "tiny")  # the others share the rest
 
 
+def busy_small_lane() -> Scheduler:
+    """Merged jobs of 16 rows while others wait: runs of 64 rows, 40 sentences/s, 250 ms."""
+    s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=200, bulk_run_ms=250.0)
+    s.config = replace(s.config, model=replace(s.config.model, batch_size=64))
+    s.throughput.per_worker, s.throughput.workers = 40.0, 2
+    return s
+
+
+def test_a_short_request_goes_whole_into_a_shrunk_job_beside_longer_ones() -> None:
+    s = busy_small_lane()
+    admit(s, b"m1", 100, now=0.0, key="m1")
+    admit(s, b"m2", 100, now=0.0, key="m2")
+    admit(s, b"s1", 8, now=0.0, key="s1")  # an equal share would be 5 rows: 8 is short, so whole
+    job = s.next_job(0.0, idle=True)
+    assert job is not None and job.size == 16
+    assert [len(piece.rows) for piece in job.pieces if piece.key == "s1"] == [8]
+    assert {piece.key for piece in job.pieces} == {"s1", "m1", "m2"}
+
+
+def test_short_requests_leave_the_client_whose_turn_it_is_its_share() -> None:
+    s = busy_small_lane()
+    admit(s, b"m1", 100, now=0.0, key="m1")  # first in the turns
+    for i in range(5):
+        admit(s, f"s{i}".encode(), 4, now=0.0, key=f"s{i}")  # 20 rows of short requests: more than a job
+    job = s.next_job(0.0, idle=True)
+    assert job is not None and job.size <= 16
+    assert sum(len(piece.rows) for piece in job.pieces if piece.key == "m1") >= 2  # an equal share of 16 in 6
+    assert all(len(piece.rows) == 4 for piece in job.pieces if piece.key.startswith("s"))
+    assert sum(1 for piece in job.pieces if piece.key.startswith("s")) == 3  # the others are not split
+    served = [piece.key for job in drain(s, now=1.0) for piece in job.pieces]
+    assert "m1" in served and {"s3", "s4"} <= set(served[:4])  # the next job answers the other two
+
+
 def test_a_clients_short_request_goes_before_its_own_longer_small_ones() -> None:
     s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=1000)  # runs of 64: short is 8
     for i in range(3):
