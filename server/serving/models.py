@@ -12,6 +12,7 @@ model (``"model"`` in its header), or gets the default one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -158,6 +159,7 @@ def model_status(model: HeadModel, registry: Registry, queue: dict[str, Any], *,
         "default": default, "ready": model_ready(model, registry), "workers": len(workers),
         "jobs_in_flight": sum(len(w.jobs) for w in workers),
         "worker_versions": sorted({w.version for w in workers}, key=lambda v: -1 if v is None else v),
+        "bulk_planning": model.scheduler.throughput.describe(time.monotonic()),
         **queue, **versions_status(model),
     }  # fmt: skip
 

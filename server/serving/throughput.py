@@ -99,6 +99,16 @@ class Throughput:
             return None
         return capacity * max(BULK_SHARE, 1.0 - self.small_share(now)) / self.lag
 
+    def describe(self, now: float) -> dict[str, float | None]:
+        """What bulk admission plans with, for STATUS."""
+        capacity, rate = self.capacity(), self.bulk_rate(now)
+        return {
+            "capacity_sentences_per_s": None if capacity is None else round(capacity, 1),
+            "small_share": round(self.small_share(now), 3),
+            "bulk_lag": round(self.lag, 3),
+            "bulk_sentences_per_s": None if rate is None else round(rate, 1),
+        }
+
     def expect(self, key: str, seconds: float, now: float) -> None:
         """Bulk request ``key``, taken at ``now``, is projected to be done in ``seconds`` (at :meth:`bulk_rate`)."""
         self._expected[key] = (now, max(seconds / self.lag, LEAST_BOUND_S))  # as if the lag were 1

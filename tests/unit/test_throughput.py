@@ -91,3 +91,14 @@ def test_projections_of_requests_that_end_otherwise_are_forgotten_oldest_first()
     assert t.lag == 1.0
     t.finished("kept", now=3.0)
     assert t.lag == pytest.approx(2.0)
+
+
+def test_status_shows_what_bulk_admission_plans_with() -> None:
+    t = Throughput()
+    assert t.describe(0.0) == {"capacity_sentences_per_s": None, "small_share": 0.0, "bulk_lag": 1.0,
+                               "bulk_sentences_per_s": None}  # fmt: skip
+    t.per_worker, t.workers, t.lag = 50.0, 2, 2.0
+    t.job_done(4, 1.0, bulk=False, now=0.5)
+    t.job_done(50, 1.0, bulk=True, now=0.5)
+    assert t.describe(1.0) == {"capacity_sentences_per_s": 100.0, "small_share": 0.5, "bulk_lag": 2.0,
+                               "bulk_sentences_per_s": 25.0}  # fmt: skip
