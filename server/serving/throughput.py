@@ -8,9 +8,11 @@ server? The answer rests on what is measured here:
   to small jobs left out), smoothed, times the workers serving;
 - **small work's share**: of the workers' busy time over the last seconds, what small jobs
   took. Small jobs go first, except that bulk work, while it waits, keeps at least
-  :data:`BULK_SHARE` of the workers' time; so bulk work gets what small work leaves, and at
-  least that share. Time, not sentences, is what is shared: small jobs run fewer sentences
-  per second than bulk ones.
+  :data:`BULK_SHARE` of the workers' time;
+- **small work's load**: of all the workers' time over the last seconds, idle time included,
+  what small jobs took. Bulk work gets what small work leaves, and at least its share, so it
+  is planned at the capacity times the larger of ``1 - load`` and :data:`BULK_SHARE`. Time,
+  not sentences, is what is shared: small jobs run fewer sentences per second than bulk ones.
 
 What is measured can still be wrong about what comes: small work arriving after a bulk
 request was taken takes more of the time than the share measured then. So the finish time of
@@ -81,6 +83,13 @@ class Throughput:
         bulk = sum(entry[2] for entry in self._busy if entry[0] > since)
         return small / (small + bulk) if small + bulk > 0 else 0.0
 
+    def small_load(self, now: float) -> float:
+        """The share of all the workers' time (idle time too) small jobs took over the last ten seconds."""
+        if not self.workers:
+            return 0.0
+        since = now - _WINDOW_S
+        return min(1.0, sum(entry[1] for entry in self._busy if entry[0] > since) / (self.workers * _WINDOW_S))
+
     def bulk_due(self, now: float) -> bool:
         """Whether waiting bulk work goes before small work: it has had less than its least share."""
         return 1.0 - self.small_share(now) < BULK_SHARE
@@ -92,12 +101,12 @@ class Throughput:
         return self.per_worker * self.workers
 
     def bulk_rate(self, now: float) -> float | None:
-        """What bulk work gets of the capacity: what small work leaves, and at least its least
-        share; divided by the lag."""
+        """What bulk work gets of the capacity: what small work leaves of the workers' time (idle
+        time included), and at least its least share; divided by the lag."""
         capacity = self.capacity()
         if capacity is None:
             return None
-        return capacity * max(BULK_SHARE, 1.0 - self.small_share(now)) / self.lag
+        return capacity * max(BULK_SHARE, 1.0 - self.small_load(now)) / self.lag
 
     def describe(self, now: float) -> dict[str, float | None]:
         """What bulk admission plans with, for STATUS."""
@@ -105,6 +114,7 @@ class Throughput:
         return {
             "capacity_sentences_per_s": None if capacity is None else round(capacity, 1),
             "small_share": round(self.small_share(now), 3),
+            "small_load": round(self.small_load(now), 3),
             "bulk_lag": round(self.lag, 3),
             "bulk_sentences_per_s": None if rate is None else round(rate, 1),
         }

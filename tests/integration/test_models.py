@@ -151,7 +151,8 @@ def test_a_swap_of_one_model_leaves_the_other_models_requests_untouched(
     assert len(answered) > 10
     assert status["models"]["rolling"]["model_version"] == 2 and "model_version" not in status["models"]["stable"]
     planning = status["models"]["stable"]["bulk_planning"]  # what its bulk admission plans with
-    assert set(planning) == {"capacity_sentences_per_s", "small_share", "bulk_lag", "bulk_sentences_per_s"}
+    assert set(planning) == {"capacity_sentences_per_s", "small_share", "small_load", "bulk_lag",
+                             "bulk_sentences_per_s"}  # fmt: skip
     assert 0.75 <= planning["bulk_lag"] <= 4.0 and 0.0 <= planning["small_share"] <= 1.0
     assert reload.returncode == 0, reload.stdout + reload.stderr
     assert "unchanged: no version newer than 2 can be served" in reload.stdout

@@ -95,10 +95,24 @@ def test_projections_of_requests_that_end_otherwise_are_forgotten_oldest_first()
 
 def test_status_shows_what_bulk_admission_plans_with() -> None:
     t = Throughput()
-    assert t.describe(0.0) == {"capacity_sentences_per_s": None, "small_share": 0.0, "bulk_lag": 1.0,
-                               "bulk_sentences_per_s": None}  # fmt: skip
+    assert t.describe(0.0) == {"capacity_sentences_per_s": None, "small_share": 0.0, "small_load": 0.0,
+                               "bulk_lag": 1.0, "bulk_sentences_per_s": None}  # fmt: skip
     t.per_worker, t.workers, t.lag = 50.0, 2, 2.0
-    t.job_done(4, 1.0, bulk=False, now=0.5)
-    t.job_done(50, 1.0, bulk=True, now=0.5)
-    assert t.describe(1.0) == {"capacity_sentences_per_s": 100.0, "small_share": 0.5, "bulk_lag": 2.0,
-                               "bulk_sentences_per_s": 25.0}  # fmt: skip
+    for second in range(10):
+        t.job_done(4, 1.0, bulk=False, now=second + 0.5)  # half of the two workers' time
+        t.job_done(50, 1.0, bulk=True, now=second + 0.5)
+    assert t.describe(9.9) == {"capacity_sentences_per_s": 100.0, "small_share": 0.5, "small_load": 0.5,
+                               "bulk_lag": 2.0, "bulk_sentences_per_s": 25.0}  # fmt: skip
+
+
+def test_bulk_work_is_planned_with_the_time_small_work_leaves_idle_time_included() -> None:
+    t = Throughput(per_worker=100.0, workers=1)
+    for second in range(10):
+        t.job_done(3, 0.4, bulk=False, now=second + 0.5)  # small jobs only, 40% of the worker's time
+    assert t.small_share(9.9) == 1.0 and t.bulk_due(9.9)  # bulk work that waits goes next
+    assert t.small_load(9.9) == pytest.approx(0.4) and t.bulk_rate(9.9) == pytest.approx(60.0)  # the 60% left
+    for second in range(10, 20):
+        t.job_done(3, 0.95, bulk=False, now=second + 0.5)  # nearly all of it: bulk keeps its least share
+    assert t.bulk_rate(19.9) == pytest.approx(25.0)
+    t.workers = 0
+    assert t.small_load(19.9) == 0.0
