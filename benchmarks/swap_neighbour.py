@@ -5,9 +5,10 @@ One server (``--cpu --max-seq-len 128 --num-worker 1 --threads-per-worker 1``) s
 models: ``stable``, all-MiniLM-L6-v2, and ``rolling``, a repository that holds version 1 (the
 same weights) and, once the load runs, version 2 (its last LayerNorm scaled, as in
 ``hot_swap.py``, so every vector tells which version made it). ``--clients`` clients
-encode on ``stable`` continuously, one request after another (1, 5 or 20 sentences), and
-``--rolling-clients`` on ``rolling``; every reply is checked against the in-process
-``Encoder`` of its model and version.
+encode on ``stable``, one request (1, 5 or 20 sentences) after another with a pause between
+them (exponential, mean ``--think-ms``), and ``--rolling-clients`` on ``rolling`` alike:
+a load, not a flood, so the build of version 2 has the idle time a server under load has.
+Every reply is checked against the in-process ``Encoder`` of its model and version.
 
 Version 2 is new to the server: its graph and LiteRT model are built during the swap (by
 the preparing child), then a worker of version 2 starts beside the old one, which drains and
@@ -49,8 +50,11 @@ log = tagged_log("swap-neighbour")
 class Load:
     """Clients encoding on one model, every reply checked: (sent, seconds, outcome, version) each."""
 
-    def __init__(self, server: Any, model: str, texts: list[str], references: dict[int | None, np.ndarray]) -> None:
+    def __init__(
+        self, server: Any, model: str, texts: list[str], references: dict[int | None, np.ndarray], think_s: float
+    ) -> None:
         self.server, self.model, self.texts, self.references = server, model, texts, references
+        self.think_s = think_s
         self.records: list[tuple[float, float, str, int | None]] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -87,12 +91,19 @@ class Load:
                     outcome = "failed"
                 with self.lock:
                     self.records.append((sent, time.monotonic() - sent, outcome, version))
+                self.stop.wait(rng.exponential(self.think_s))
 
     def seconds(self, start: float, end: float) -> list[float]:
         return [r[1] for r in self.records if start <= r[0] < end and r[2] == "ok"]
 
     def count(self, outcome: str) -> int:
         return sum(r[2] == outcome for r in self.records)
+
+
+def stable_busy_s(server: Any) -> float:
+    """Seconds stable's worker has spent on jobs, as STATUS counts them."""
+    with BertClient(**server.client_kwargs, timeout=30_000) as control:
+        return sum(w["busy_s"] for w in control.server_status["workers"] if w["model"] == "stable")
 
 
 def period(load: Load, start: float, end: float) -> dict[str, Any]:
@@ -129,9 +140,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"at the start. One server, `--model stable=DIR --model rolling=REPO,poll_interval_s=1 --num-worker 1 "
         f"--threads-per-worker 1 --cpu --max-seq-len 128`; {report['clients']} clients on stable and "
         f"{report['rolling_clients']} on rolling, each one request after another of {', '.join(map(str, SIZES))} "
-        f"sentences. Version 2 of rolling appeared after {report['steady_s']:.0f} s; the swap (its graph and "
-        f"LiteRT model built, a version 2 worker started, the version 1 worker drained and gone) took "
-        f"{report['swap_seconds']:.1f} s.",
+        f"sentences with pauses of {report['think_ms']:.0f} ms on average between them; stable's worker was busy "
+        f"{report['stable_busy']:.0%} of the time before the swap. Version 2 of rolling appeared after "
+        f"{report['steady_s']:.0f} s; the swap (its graph and LiteRT model built at the lowest CPU priority, a "
+        f"version 2 worker started, the version 1 worker drained and gone) took {report['swap_seconds']:.1f} s.",
         "",
         "| stable, ok replies | seconds | requests | p50 ms | p99 ms |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -154,8 +166,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = model_parser(__doc__)
-    parser.add_argument("--clients", type=int, default=4, help="clients on the stable model (default 4)")
-    parser.add_argument("--rolling-clients", type=int, default=2, help="clients on the swapped model (default 2)")
+    parser.add_argument("--clients", type=int, default=2, help="clients on the stable model (default 2)")
+    parser.add_argument("--rolling-clients", type=int, default=1, help="clients on the swapped model (default 1)")
+    parser.add_argument("--think-ms", type=float, default=300.0, help="mean pause between requests (default 300)")
     parser.add_argument("--steady-s", type=float, default=90.0, help="load before version 2 appears (default 90)")
     parser.add_argument("--after-s", type=float, default=90.0, help="load after the swap (default 90)")
     args = parser.parse_args(argv)
@@ -183,15 +196,17 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
         "--model", f"stable={model_dir}", "--model", f"rolling={repo},poll_interval_s=1", "--num-worker", "1",
         "--threads-per-worker", "1", "--cpu", "--max-seq-len", "128", "--graph-dir", str(graphs), echo=False,
     )  # fmt: skip
-    stable = Load(server, "stable", texts, {None: stable_ref})
-    rolling = Load(server, "rolling", texts, rolling_refs)  # type: ignore[arg-type]
+    think_s = args.think_ms / 1000
+    stable = Load(server, "stable", texts, {None: stable_ref}, think_s)
+    rolling = Load(server, "rolling", texts, rolling_refs, think_s)  # type: ignore[arg-type]
     try:
         stable.start(args.clients)
         rolling.start(args.rolling_clients)
         time.sleep(5)  # warm-up, left out
-        began = time.monotonic()
+        began, busy_began = time.monotonic(), stable_busy_s(server)
         time.sleep(args.steady_s)
         appeared = time.monotonic()
+        busy_before = (stable_busy_s(server) - busy_began) / (appeared - began)
         shutil.move(str(spare), str(repo / "2"))
         log("version 2 is in the repository")
         with BertClient(**server.client_kwargs, timeout=30_000) as control:
@@ -223,6 +238,8 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
         "load_average": load_average,
         "clients": args.clients,
         "rolling_clients": args.rolling_clients,
+        "think_ms": args.think_ms,
+        "stable_busy": busy_before,
         "steady_s": args.steady_s,
         "swap_seconds": round(width, 1),
         "periods": periods,
