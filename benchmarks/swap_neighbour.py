@@ -14,8 +14,8 @@ Version 2 is new to the server: its graph and LiteRT model are built during the 
 the preparing child), then a worker of version 2 starts beside the old one, which drains and
 leaves. ``stable``'s latency is compared in three periods: before version 2 appears, during
 the swap (appearing to the last old worker gone), and after it. Its noise is measured too:
-the steady periods are cut into windows as long as the swap, and the p99 of each window
-gives the range that ``stable``'s p99 takes without a swap.
+the steady periods are cut into windows as long as the swap (at most a third of each), and
+the p99 of each window gives the range that ``stable``'s p99 takes without a swap.
 
     python benchmarks/swap_neighbour.py --json benchmarks/report/swap_neighbour.json \\
         --markdown benchmarks/report/swap_neighbour.md
@@ -150,7 +150,8 @@ def markdown(report: dict[str, Any]) -> str:
         *rows,
         "",
         f"Noise: stable's p99 in the {len(noise['window_p99_ms'])} windows of {noise['width_s']:.1f} s (the swap's "
-        f"length) before and after the swap: {', '.join(f'{v:.0f}' for v in noise['window_p99_ms'])} ms "
+        f"length, at most a third of a steady period) before and after the swap: "
+        f"{', '.join(f'{v:.0f}' for v in noise['window_p99_ms'])} ms "
         f"(range {noise['low_ms']:.0f} to {noise['high_ms']:.0f} ms).",
         "",
         "| target | measured | result |",
@@ -222,7 +223,7 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
         stable.finish()
         rolling.finish()
         server.stop()
-    width = done - appeared
+    width = min(done - appeared, args.steady_s / 3, args.after_s / 3)  # at least three windows on each side
     windows = window_p99s(stable, began, appeared, width) + window_p99s(stable, done, ended, width)
     periods = {"before": period(stable, began, appeared), "during": period(stable, appeared, done),
                "after": period(stable, done, ended)}  # fmt: skip
@@ -241,7 +242,7 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
         "think_ms": args.think_ms,
         "stable_busy": busy_before,
         "steady_s": args.steady_s,
-        "swap_seconds": round(width, 1),
+        "swap_seconds": round(done - appeared, 1),
         "periods": periods,
         "noise": noise,
         "stable": {"requests": len(stable.records), "failed": stable.count("failed"), "wrong": stable.count("wrong")},
