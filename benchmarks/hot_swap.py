@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from lib.servers import start_server
 
 CLIENTS = 8
 SIZES = (1, 5, 20, 100)
+COSINE_MIN = 0.99999
 
 
 log = tagged_log("hot-swap")
@@ -63,6 +65,69 @@ def write_version(source: Path, target: Path, *, scale: float | None = None) -> 
     for path in staging.rglob("*"):
         os.utime(path, (past, past))
     staging.rename(target)
+
+
+class Load:
+    """Clients in threads encoding random corpus slices of ``sizes`` on ``model`` (the
+    default: the server's), each request after the last (and a pause, exponential with mean
+    ``think_s``); every reply checked against ``references`` of the version it names (cosine
+    >= :data:`COSINE_MIN` each row). Records (sent, seconds, outcome, version) per request."""
+
+    def __init__(
+        self, server: Any, texts: list[str], references: dict[int | None, np.ndarray], sizes: tuple[int, ...],
+        *, model: str | None = None, think_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        self.server, self.texts, self.references, self.sizes = server, texts, references, sizes
+        self.model, self.think_s = model, think_s
+        self.records: list[tuple[float, float, str, int | None]] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, clients: int) -> None:
+        self.threads = [threading.Thread(target=self._loop, args=(seed,)) for seed in range(clients)]
+        for thread in self.threads:
+            thread.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(120)
+
+    def _loop(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with BertClient(**self.server.client_kwargs, timeout=120_000, model=self.model) as client:
+            while not self.stop.is_set():
+                size = int(rng.choice(self.sizes))
+                start = int(rng.integers(0, len(self.texts) - size))
+                sent = time.monotonic()
+                version = None
+                try:
+                    vectors = client.encode(self.texts[start : start + size])
+                    version = client.last_info.get("model_version")
+                    want = self.references.get(version)
+                    ok = want is not None and bool(
+                        np.min(np.sum(vectors * want[start : start + size], axis=1)) >= COSINE_MIN
+                    )
+                    outcome = "ok" if ok else "wrong"
+                except Exception as exc:
+                    log(f"a request{f' to {self.model}' if self.model else ''} failed: {exc}")
+                    outcome = "failed"
+                with self.lock:
+                    self.records.append((sent, time.monotonic() - sent, outcome, version))
+                if self.think_s:
+                    self.stop.wait(rng.exponential(self.think_s))
+
+    def seconds(self, start: float, end: float, *, ok_only: bool = True) -> list[float]:
+        """The latencies of the requests sent from ``start`` to ``end`` (those answered right)."""
+        return [r[1] for r in self.records if start <= r[0] < end and (r[2] == "ok" or not ok_only)]
+
+    def count(self, outcome: str) -> int:
+        return sum(r[2] == outcome for r in self.records)
+
+    def by_version(self) -> dict[str, int]:
+        """Replies (and failures, under ``None``) by the model version they name."""
+        return dict(Counter(str(r[3]) for r in self.records))
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -119,35 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     server = start_server("--model-dir", str(base), "--num-worker", "2", "--cpu", "--max-seq-len", "128",
                           "--graph-dir", str(graphs), "--poll-interval-s", "1", echo=False)  # fmt: skip
     sampler = RssSampler(server, 0.1, count_children=True)
-    outcomes: list[tuple[float, float, str, int | None]] = []  # (sent, seconds, outcome, version)
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def client_loop(seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        with BertClient(**server.client_kwargs, timeout=120_000) as client:
-            while not stop.is_set():
-                size = int(rng.choice(SIZES))
-                start = int(rng.integers(0, len(texts) - size))
-                sent = time.monotonic()
-                version = None
-                try:
-                    vectors = client.encode(texts[start : start + size])
-                    version = client.last_info.get("model_version")
-                    want = references.get(version)  # type: ignore[arg-type]
-                    ok = want is not None and np.allclose(vectors, want[start : start + size], atol=1e-4)
-                    outcome = "ok" if ok else "wrong"
-                except Exception as exc:
-                    log(f"a request failed: {exc}")
-                    outcome = "failed"
-                with lock:
-                    outcomes.append((sent, time.monotonic() - sent, outcome, version))
-
-    threads = [threading.Thread(target=client_loop, args=(seed,)) for seed in range(CLIENTS)]
+    load = Load(server, texts, references, SIZES)  # type: ignore[arg-type]
     try:
         sampler.start()
-        for thread in threads:
-            thread.start()
+        load.start(CLIENTS)
         time.sleep(args.steady_s)
         worker_mib = largest_child_mib(server)
         appeared = time.monotonic()
@@ -166,9 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.after_s)
             workers = control.server_status["workers"]
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(120)
+        load.finish()
         sampler.stop()
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -184,21 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     new_peak_mib = max(new_peaks(preparing_until, done))
 
     def median_ms(start: float, end: float) -> float:
-        return 1000 * statistics.median([o[1] for o in outcomes if start <= o[0] < end] or [0.0])
+        return 1000 * statistics.median(load.seconds(start, end, ok_only=False) or [0.0])
 
-    by_version: dict[str, int] = {}
-    for _, _, _, version in outcomes:
-        by_version[str(version)] = by_version.get(str(version), 0) + 1
     report = {
         "environment": environment(),
         "swap_seconds": done - appeared,
         "version_2_prebuilt": args.prebuilt,
         "versions_median_cosine": float(np.median(cosine)),
         "load": {
-            "requests": len(outcomes),
-            "failed": sum(o[2] == "failed" for o in outcomes),
-            "wrong": sum(o[2] == "wrong" for o in outcomes),
-            "by_version": by_version,
+            "requests": len(load.records),
+            "failed": load.count("failed"),
+            "wrong": load.count("wrong"),
+            "by_version": load.by_version(),
             "median_ms_before": median_ms(appeared - args.steady_s, appeared),
             "median_ms_during": median_ms(appeared, done),
         },

@@ -27,77 +27,21 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from bertserve.client import BertClient
 from bertserve.server import Encoder
-from hot_swap import write_version
+from hot_swap import Load, write_version
 from lib.inputs import model_dir_or_exit, model_parser, read_corpus
 from lib.report import describe_cpu, environment, format_load, tagged_log, write_report
 from lib.servers import start_server
 from lib.stats import percentile_ms
 
 SIZES = (1, 5, 20)
-COSINE_MIN = 0.99999
 
 log = tagged_log("swap-neighbour")
-
-
-class Load:
-    """Clients encoding on one model, every reply checked: (sent, seconds, outcome, version) each."""
-
-    def __init__(
-        self, server: Any, model: str, texts: list[str], references: dict[int | None, np.ndarray], think_s: float
-    ) -> None:
-        self.server, self.model, self.texts, self.references = server, model, texts, references
-        self.think_s = think_s
-        self.records: list[tuple[float, float, str, int | None]] = []
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads: list[threading.Thread] = []
-
-    def start(self, clients: int) -> None:
-        self.threads = [threading.Thread(target=self._loop, args=(seed,)) for seed in range(clients)]
-        for thread in self.threads:
-            thread.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(120)
-
-    def _loop(self, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        with BertClient(**self.server.client_kwargs, timeout=120_000, model=self.model) as client:
-            while not self.stop.is_set():
-                size = int(rng.choice(SIZES))
-                start = int(rng.integers(0, len(self.texts) - size))
-                sent = time.monotonic()
-                version = None
-                try:
-                    vectors = client.encode(self.texts[start : start + size])
-                    version = client.last_info.get("model_version")
-                    want = self.references.get(version)
-                    ok = want is not None and bool(
-                        np.min(np.sum(vectors * want[start : start + size], axis=1)) >= COSINE_MIN
-                    )
-                    outcome = "ok" if ok else "wrong"
-                except Exception as exc:
-                    log(f"a request to {self.model} failed: {exc}")
-                    outcome = "failed"
-                with self.lock:
-                    self.records.append((sent, time.monotonic() - sent, outcome, version))
-                self.stop.wait(rng.exponential(self.think_s))
-
-    def seconds(self, start: float, end: float) -> list[float]:
-        return [r[1] for r in self.records if start <= r[0] < end and r[2] == "ok"]
-
-    def count(self, outcome: str) -> int:
-        return sum(r[2] == outcome for r in self.records)
 
 
 def stable_busy_s(server: Any) -> float:
@@ -198,8 +142,8 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
         "--threads-per-worker", "1", "--cpu", "--max-seq-len", "128", "--graph-dir", str(graphs), echo=False,
     )  # fmt: skip
     think_s = args.think_ms / 1000
-    stable = Load(server, "stable", texts, {None: stable_ref}, think_s)
-    rolling = Load(server, "rolling", texts, rolling_refs, think_s)  # type: ignore[arg-type]
+    stable = Load(server, texts, {None: stable_ref}, SIZES, model="stable", think_s=think_s)
+    rolling = Load(server, texts, rolling_refs, SIZES, model="rolling", think_s=think_s)  # type: ignore[arg-type]
     try:
         stable.start(args.clients)
         rolling.start(args.rolling_clients)
@@ -227,9 +171,6 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
     windows = window_p99s(stable, began, appeared, width) + window_p99s(stable, done, ended, width)
     periods = {"before": period(stable, began, appeared), "during": period(stable, appeared, done),
                "after": period(stable, done, ended)}  # fmt: skip
-    by_version: dict[str, int] = {}
-    for record in rolling.records:
-        by_version[str(record[3])] = by_version.get(str(record[3]), 0) + 1
     noise = {"width_s": round(width, 1), "window_p99_ms": windows,
              "low_ms": min(windows, default=float("nan")), "high_ms": max(windows, default=float("nan"))}  # fmt: skip
     within = bool(windows) and periods["during"]["p99_ms"] <= noise["high_ms"]
@@ -250,7 +191,7 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
             "requests": len(rolling.records),
             "failed": rolling.count("failed"),
             "wrong": rolling.count("wrong"),
-            "by_version": by_version,
+            "by_version": rolling.by_version(),
         },
         "p99_within_noise": within,
     }
