@@ -3,12 +3,12 @@
     async with AsyncBertClient("localhost", 5555, timeout=10_000) as client:
         vectors = await client.encode(["First do it", "then do it right"])
 
-One client serves every task of its event loop: each ``encode`` is a request of its own, over
-the one pair of sockets of an :class:`~bertserve.client.aio_transport.AsyncTransport`, whose
-reader hands each reply to the call waiting for it. It takes the options ``BertClient`` takes,
-checked the same way (:mod:`~bertserve.client.options`), and raises the same errors
-(:mod:`~bertserve.client.errors`). A call that is cancelled, or whose timeout runs out, withdraws
-its request from the server (CANCEL) and its reply, if one comes, is dropped.
+One client serves every task of its event loop: each ``encode`` is a request of its own, over the one
+pair of sockets of an :class:`~bertserve.client.aio_transport.AsyncTransport`, whose reader hands each
+reply to the call waiting for it, with at most as many requests unanswered as the server queues replies
+(the rest wait their turn in the client). It takes the options ``BertClient`` takes, checked the same
+way (:mod:`~bertserve.client.options`), and raises the same errors (:mod:`~bertserve.client.errors`).
+A call that is cancelled, or whose timeout runs out, withdraws its request from the server (CANCEL).
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ class AsyncBertClient:
                     raise transport.refusal() or self._no_server(refused=False)
                 request_id, future = transport.expect()
                 asked[request_id] = future
-                await transport.send(_frames(self.identity, CONFIG, request_id, asking), deadline)
+                await transport.send(request_id, _frames(self.identity, CONFIG, request_id, asking), deadline)
                 wait_s = min(deadline, now + _HANDSHAKE_RESEND_S) - now
                 done, _ = await asyncio.wait(asked.values(), timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 if done:
@@ -320,6 +320,7 @@ class AsyncBertClient:
                     f"(bertserve client {__version__}): {reply.header.get('error')}"
                 )
             config = self._configs[self.model] = answer(reply)
+            transport.window.fit(config)  # as many requests in flight as the server queues replies
             if self.check_version:
                 check_server(config, self._address, stacklevel=5)  # the caller of encode or connect
             opened = True
@@ -367,7 +368,7 @@ class AsyncBertClient:
         try:
             frames = _frames(self.identity, command, request_id, _header(header), texts)
             check_size(frames, self._configs.get(self.model, {}))
-            if not await transport.send(frames, deadline):
+            if not await transport.send(request_id, frames, deadline):
                 raise self._timeout_error(f"{what} {request_id} (the send queue stayed full)", timeout)
             sent = True
             timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), _expire, future)
@@ -426,8 +427,7 @@ class AsyncBertClient:
         return NoServerError(self._address, port_out=self.port_out, timeout_ms=self._timeout, refused=refused)
 
     def _timeout_error(self, what: str, timeout: float) -> BertClientError:
-        refused = self._transport.refusal() if self._transport is not None else None
-        if refused is not None:
+        if (refused := self._transport.refusal() if self._transport is not None else None) is not None:
             return refused
         return ServerTimeoutError(
             f"no answer from the bertserve server at {self._address} (replies on port {self.port_out}) "

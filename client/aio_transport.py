@@ -25,6 +25,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from typing import Any
 
 import zmq
@@ -37,6 +38,7 @@ from .probe import ServerProbe
 from .protocol import CANCEL, ProtocolError, Reply, decode_reply, encode_request
 from .security import HandshakeWatch, announce, reply_socket
 from .transport import tcp_address
+from .window import ReplyWindow
 
 logger = logging.getLogger("bertserve.client")
 
@@ -60,6 +62,8 @@ class AsyncTransport:
         self.address_out = tcp_address(host, port_out)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Reply]] = {}
+        self.window = ReplyWindow()  # sized by the server's CONFIG once the handshake is done
+        self._place_waiters: deque[asyncio.Future[None]] = deque()  # sends waiting for room, first come first
         self._reader: asyncio.Task[None] | None = None
         self._announcer: asyncio.TimerHandle | None = None
         self.closed = False
@@ -105,8 +109,10 @@ class AsyncTransport:
         return request_id, future
 
     def forget(self, request_id: int) -> None:
-        """Stop waiting for the reply to ``request_id``: if it comes, it is dropped."""
+        """Stop waiting for the reply to ``request_id``: if it comes, it is dropped (a request
+        sent keeps its place in :attr:`window` until it does)."""
         self._waiting.pop(request_id, None)
+        self.window.abandoned(request_id, time.monotonic())
 
     def cancel(self, request_id: int) -> None:
         """Withdraw ``request_id`` from the server (CANCEL) and forget it. Never waits: with the
@@ -118,27 +124,79 @@ class AsyncTransport:
         with contextlib.suppress(zmq.Again, zmq.ZMQError):
             self._raw_push.send_multipart(frames, zmq.NOBLOCK)
 
-    async def send(self, frames: list[bytes], deadline: float) -> bool:
-        """Queue a request's ``frames`` for the server; ``False`` if the queue stayed full until
-        ``deadline`` (``time.monotonic()``), or a handshake was refused for good meanwhile."""
+    async def send(self, request_id: int, frames: list[bytes], deadline: float) -> bool:
+        """Queue request ``request_id``'s ``frames`` for the server; ``False`` if the queue
+        stayed full until ``deadline`` (``time.monotonic()``), or a handshake was refused for
+        good meanwhile.
+
+        It first waits, in turn with the other sends, for a place in :attr:`window`: at most as
+        many requests are unanswered as the server's reply queue holds, so however late the
+        reader runs, no reply is past what the server queues for this client."""
         if self.closed:
             raise ClientClosedError("the client was closed before the request was sent")
-        self._announce()  # under CURVE: where the reply goes, as the sink may be new
-        while True:
-            try:
-                self._raw_push.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                return True
-            except zmq.Again:
-                pass
-            remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0 or self._watch.error(certain_only=True) is not None:
-                return False
-            try:
-                await self._push.poll(min(remaining_ms, _SEND_CHECK_MS), zmq.POLLOUT)  # type: ignore[call-arg]
-            except asyncio.CancelledError:
-                if self.closed:  # close() cancels what waits on the sockets
-                    raise ClientClosedError("the client was closed while the request waited to be sent") from None
-                raise
+        if not await self._take_place(deadline):
+            return False
+        placed = True  # a place is reserved for this request until it is sent
+        try:
+            self._announce()  # under CURVE: where the reply goes, as the sink may be new
+            while True:
+                try:
+                    self._raw_push.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    self.window.sent(request_id, reserved=True)
+                    placed = False
+                    return True
+                except zmq.Again:
+                    pass
+                remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
+                if remaining_ms <= 0 or self._watch.error(certain_only=True) is not None:
+                    return False
+                try:
+                    await self._push.poll(min(remaining_ms, _SEND_CHECK_MS), zmq.POLLOUT)  # type: ignore[call-arg]
+                except asyncio.CancelledError:
+                    if self.closed:  # close() cancels what waits on the sockets
+                        raise ClientClosedError("the client was closed while the request waited to be sent") from None
+                    raise
+        finally:
+            if placed:
+                self.window.unreserve()
+                self._hand_out_places()
+
+    async def _take_place(self, deadline: float) -> bool:
+        """Reserve a place in :attr:`window`, waiting behind earlier senders while it is full;
+        ``False`` if none came by ``deadline``."""
+        if not self._place_waiters and self.window.has_room(time.monotonic()):
+            self.window.reserve()
+            return True
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._place_waiters.append(turn)
+        taken = False
+        try:
+            while not turn.done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                # At most a second at a time: an abandoned request's place frees itself when its grace runs out.
+                await asyncio.wait([turn], timeout=min(remaining, 1.0))
+                if not turn.done():
+                    self._hand_out_places()
+            if self.closed:
+                raise ClientClosedError("the client was closed while the request waited to be sent")
+            taken = True
+            return True
+        finally:
+            if not turn.done():
+                turn.cancel()  # _hand_out_places skips it
+            elif not taken and not turn.cancelled():  # given a place it will not use
+                self.window.unreserve()
+                self._hand_out_places()
+
+    def _hand_out_places(self) -> None:
+        """Give the free places in :attr:`window` to the sends waiting for one, first come first."""
+        while self._place_waiters and self.window.has_room(time.monotonic()):
+            turn = self._place_waiters.popleft()
+            if not turn.done():
+                self.window.reserve()
+                turn.set_result(None)
 
     def refusal(self, *, certain_only: bool = False) -> AuthenticationError | None:
         """Why the server may never have seen this client: a refused handshake, if one was seen."""
@@ -171,6 +229,11 @@ class AsyncTransport:
             if not future.done():
                 with contextlib.suppress(RuntimeError):  # its loop already closed
                     future.set_exception(ClientClosedError(reason))
+        turns, self._place_waiters = self._place_waiters, deque()
+        for turn in turns:
+            if not turn.done():
+                with contextlib.suppress(RuntimeError):
+                    turn.set_result(None)  # the sender sees `closed` and raises
         if self._announcer is not None:
             self._announcer.cancel()
         if self._reader is not None:
@@ -234,6 +297,8 @@ class AsyncTransport:
             return
         if reply.client_id != self.identity:  # another client whose id starts with ours
             return
+        if self.window.answered(reply.request_id):
+            self._hand_out_places()
         future = self._waiting.pop(reply.request_id, None)
         if future is None:
             logger.debug("dropping a reply nobody waits for: request %d", reply.request_id)

@@ -92,23 +92,28 @@ class Connection:
                 f"(bertserve client {__version__}): {reply.header.get('error')}"
             )
         self._configs[self.model] = answer(reply)
+        self.transport.window.fit(self.config)  # as many requests in flight as the server queues replies
         return self.config
 
     def _first_answer(self, deadline: float) -> Reply:
         asked: set[int] = set()
         started = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                raise self.transport.refusal() or self._no_server(refused=False)
-            asked.add(self.request(CONFIG, deadline, header=model_field(self.model)))
-            reply = self.transport.await_any(asked, min(deadline, now + _HANDSHAKE_RESEND_S))
-            if reply is not None:
-                return reply
-            if (refused := self.transport.refusal(certain_only=True)) is not None:
-                raise refused  # retrying cannot help, so do not wait out the timeout
-            if self.transport.nobody_listens(time.monotonic() - started):
-                raise self._no_server(refused=True)
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise self.transport.refusal() or self._no_server(refused=False)
+                asked.add(self.request(CONFIG, deadline, header=model_field(self.model)))
+                reply = self.transport.await_any(asked, min(deadline, now + _HANDSHAKE_RESEND_S))
+                if reply is not None:
+                    asked.discard(reply.request_id)
+                    return reply
+                if (refused := self.transport.refusal(certain_only=True)) is not None:
+                    raise refused  # retrying cannot help, so do not wait out the timeout
+                if self.transport.nobody_listens(time.monotonic() - started):
+                    raise self._no_server(refused=True)
+        finally:
+            self.transport.give_up(asked)  # the other askings: a late answer to one is dropped
 
     def _no_server(self, *, refused: bool) -> NoServerError:
         """The error for a handshake nobody answered (``refused``: as nothing listens)."""
@@ -142,7 +147,7 @@ class Connection:
             self.transport.identity, command, request_id, {"client_version": __version__, **(header or {})}, texts
         )
         check_size(frames, self.config)
-        if not self.transport.send(frames, deadline):
+        if not self.transport.send(request_id, frames, deadline):
             raise self.timeout_error(f"request {request_id} (the send queue stayed full)")
         return request_id
 
@@ -160,6 +165,7 @@ class Connection:
         request_id = self.request(command, deadline, header=header)
         reply = self.transport.await_any({request_id}, deadline)
         if reply is None:
+            self.give_up({request_id})
             raise self.timeout_error(f"{what} (request {request_id})")
         return answer(reply)
 

@@ -84,6 +84,7 @@ ERROR = b"ERROR"
 BUSY = "busy"
 EXPIRED = "expired"
 CANCELLED = "cancelled"
+DROPPED = "dropped"  # the reply could not be queued for its client (it did not read): this says so instead
 UNKNOWN_MODEL = "model"
 
 PAIR_SEPARATOR = "|||"

@@ -34,6 +34,7 @@ from .options import Curve
 from .probe import ServerProbe
 from .protocol import ProtocolError, Reply, decode_reply
 from .security import HandshakeWatch, announce, reply_socket
+from .window import ReplyWindow
 
 logger = logging.getLogger("bertserve.client")
 
@@ -63,6 +64,7 @@ class Transport(Generic[TagT]):
         self._ids = itertools.count(1)
         self._pending: dict[int, TagT] = {}  # requests whose replies someone will collect
         self._held: dict[int, Reply] = {}  # their replies that came while waiting for another
+        self.window = ReplyWindow()  # sized by the server's CONFIG once the handshake is done
 
         self._context = zmq.Context()
         try:
@@ -95,15 +97,22 @@ class Transport(Generic[TagT]):
         """A request id this client has not used."""
         return next(self._ids)
 
-    def send(self, frames: list[Any], deadline: float) -> bool:
-        """Queue a request's ``frames`` for the server; ``False`` if the send queue stayed full
-        until ``deadline``, or a handshake was refused for good meanwhile. Without a server the
-        frames just queue, so this wait only matters once the queue is full."""
+    def send(self, request_id: int, frames: list[Any], deadline: float) -> bool:
+        """Queue request ``request_id``'s ``frames`` for the server; ``False`` if the send
+        queue stayed full until ``deadline``, or a handshake was refused for good meanwhile.
+        Without a server the frames just queue, so this wait only matters once the queue is full.
+
+        With :attr:`window` full (as many requests unanswered as the server's reply queue
+        holds) it first reads replies, keeping those someone will collect, until one more
+        request fits: so no reply is ever past what the server queues for this client."""
+        if not self._make_room(deadline):
+            return False
         announce(self._replies, self.identity)  # under CURVE: where the reply goes, as the sink may be new
         while True:
             if self._push.poll(min(_remaining_ms(deadline), _SEND_CHECK_MS), zmq.POLLOUT):
                 try:
                     self._push.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    self.window.sent(request_id)
                     return True
                 except zmq.Again:  # the connection the poll saw went away (its handshake refused) before the send
                     time.sleep(0.01)
@@ -127,9 +136,13 @@ class Transport(Generic[TagT]):
         return self._pending.pop(request_id)
 
     def give_up(self, request_ids: Iterable[int]) -> None:
-        """Stop expecting ``request_ids``: their replies, if they come, are dropped."""
+        """Stop expecting ``request_ids``: their replies, if they come, are dropped (each
+        keeps its place in :attr:`window` until it does)."""
+        now = time.monotonic()
         for request_id in request_ids:
             self._pending.pop(request_id, None)
+            self._held.pop(request_id, None)
+            self.window.abandoned(request_id, now)
 
     def await_any(self, wanted: Collection[int], deadline: float) -> Reply | None:
         """The first reply to one of ``wanted``, or ``None`` at the deadline. Replies to
@@ -140,11 +153,26 @@ class Transport(Generic[TagT]):
         while (reply := self._receive(deadline)) is not None:
             if reply.request_id in wanted:
                 return reply
-            if reply.request_id in self._pending:
-                self._held[reply.request_id] = reply
-            else:
-                logger.debug("dropping a late reply to request %d", reply.request_id)
+            self._keep(reply)
         return None
+
+    def _keep(self, reply: Reply) -> None:
+        """Hold ``reply`` for later if someone will collect it, else drop it."""
+        if reply.request_id in self._pending:
+            self._held[reply.request_id] = reply
+        else:
+            logger.debug("dropping a late reply to request %d", reply.request_id)
+
+    def _make_room(self, deadline: float) -> bool:
+        """Read replies until :attr:`window` has room for one more request; ``False`` at ``deadline``."""
+        while not self.window.has_room(time.monotonic()):
+            if time.monotonic() >= deadline:
+                return False
+            # A second at a time: an abandoned request's place frees itself when its grace runs out.
+            reply = self._receive(min(deadline, time.monotonic() + 1.0))
+            if reply is not None:
+                self._keep(reply)
+        return True
 
     def refusal(self, *, certain_only: bool = False) -> AuthenticationError | None:
         """Why the server may never have seen this client: a refused handshake, if one was
@@ -195,6 +223,7 @@ class Transport(Generic[TagT]):
                 logger.warning("ignoring a malformed reply from %s: %s", self.address, exc)
                 continue
             if reply.client_id == self.identity:  # not another client whose id we prefix
+                self.window.answered(reply.request_id)
                 return reply
 
 

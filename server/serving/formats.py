@@ -40,6 +40,10 @@ class ReplyFormat:
     def status(self, client: bytes, request_id: int, status: dict[str, Any]) -> list[Any]:
         return p.encode_reply(client, request_id, True, status)
 
+    def request_id_of(self, frames: list[Any]) -> int | None:
+        """The request id of a reply laid out this way; ``None`` if it has none."""
+        return _int(frames[1]) if len(frames) > 1 else None
+
 
 class LegacyFormat(ReplyFormat):
     """bert-as-service 1.x's layout, for its own client (:mod:`.legacy`)."""
@@ -60,6 +64,9 @@ class LegacyFormat(ReplyFormat):
     def status(self, client: bytes, request_id: int, status: dict[str, Any]) -> list[Any]:
         return legacy.status_reply(client, request_id, status)
 
+    def request_id_of(self, frames: list[Any]) -> int | None:
+        return _int(frames[-1]) if len(frames) > 1 else None
+
 
 NATIVE = ReplyFormat()
 LEGACY = LegacyFormat()
@@ -69,3 +76,10 @@ _BY_NAME = {NATIVE.name: NATIVE, LEGACY.name: LEGACY}
 def named(name: bytes | str) -> ReplyFormat:
     """The format called ``name`` (from an internal frame); our own for a name not known."""
     return _BY_NAME.get(name.encode() if isinstance(name, str) else bytes(name), NATIVE)
+
+
+def _int(frame: Any) -> int | None:
+    try:
+        return int(bytes(frame))
+    except ValueError:
+        return None

@@ -40,7 +40,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -199,8 +199,9 @@ class Publisher:
     drops it as it would have).
     """
 
-    def __init__(self, pub: zmq.Socket) -> None:
+    def __init__(self, pub: zmq.Socket, on_full: Callable[[list[Any]], None] | None = None) -> None:
         self.pub = pub
+        self.on_full = on_full  # given each reply its subscriber's full queue refused (an XPUB_NODROP socket)
         self.topics: OrderedDict[bytes, None] = OrderedDict()  # subscriptions seen, oldest first
         self.held: list[tuple[float, list[Any]]] = []  # (when it may wait no longer, frames)
 
@@ -235,4 +236,8 @@ class Publisher:
             self._send(frames)
 
     def _send(self, frames: list[Any]) -> None:
-        self.pub.send_multipart(frames, copy=False)
+        try:
+            self.pub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            if self.on_full is not None:
+                self.on_full(frames)

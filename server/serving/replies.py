@@ -19,16 +19,25 @@ carry it, chosen once at start by :func:`open_replies`:
   other upstream messages shift that pairing: it cannot carry a per-key check.)
 
 Both bound what they hold: a subscriber's or a connection's queue holds at most
-``reply_hwm`` replies (a client that does not read loses its own replies), the route table
-has a bound per key (one key's announcements evict only its own routes), and a reply whose
-client has not connected yet waits at most :data:`HOLD_S`, within a byte budget.
+``reply_hwm`` replies, the route table has a bound per key (one key's announcements evict
+only its own routes), and a reply whose client has not connected yet waits at most
+:data:`HOLD_S`, within a budget per key and one in all. Our clients keep at most
+``reply_hwm`` requests unanswered (the ``CONFIG`` answer says how many), so a client that
+reads, however late, never finds its queue full. A reply that cannot be queued (its client
+stopped reading, or no room was left to hold it) is never dropped in silence: its client is
+owed an error naming why (:mod:`.owed`), sent as soon as its connection takes one more
+message. Without CURVE the ``XPUB`` is ``XPUB_NODROP``, so a full subscriber makes the send
+fail (and be told) rather than vanish; a subscriber that does not read then stalls the
+replies on every topic it subscribes to, which the loopback trust model (every local process
+is trusted) allows.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -46,7 +55,9 @@ from ..security import (
     message_user_id,
     route_allowed,
 )
-from . import legacy
+from . import formats, legacy
+from .formats import ReplyFormat
+from .owed import Owed
 
 logger = logging.getLogger("bertserve.sink.replies")
 
@@ -68,9 +79,34 @@ MAX_CONNECTIONS_PER_TOPIC = 8
 ROUTE_ID_BYTES = 16
 """A client's routing id on the reply port: random, so no other peer can take it over."""
 
-_MAX_HELD = 1000
-_MAX_HELD_BYTES = 64 << 20  # replies waiting for their client's connection, all together
+MAX_HELD = 1000
+MAX_HELD_BYTES = 64 << 20
+"""Replies waiting for their clients' connections, all together."""
+MAX_HELD_PER_KEY = 100
+MAX_HELD_BYTES_PER_KEY = 8 << 20
+"""Replies waiting for the connections of one CURVE key: one key cannot fill the shared room."""
 _REFUSAL_LOG_S = 1.0
+
+
+def socket_hwm(reply_hwm: int) -> int:
+    """The reply socket's ``SNDHWM`` that queues ``reply_hwm`` replies for a connection for sure.
+
+    libzmq's sender learns what its peer read only every ``(hwm + 1) // 2`` messages, so a
+    queue of ``hwm`` can look full with just over half of it really queued. At
+    ``2 * reply_hwm + 1`` it never looks full while ``reply_hwm`` or fewer are.
+    """
+    return 2 * reply_hwm + 1
+
+
+def _unread_why(hwm: int) -> str:
+    return (f"its client's connection already held {hwm} replies it had not read (the server's --reply-hwm); "
+            "read replies as they come, or keep fewer requests in flight")  # fmt: skip
+
+
+class _Sent(enum.Enum):
+    SENT = "sent"
+    FULL = "full"  # every connection of its client already holds reply_hwm replies
+    NO_ROUTE = "no route"  # its client has not announced a connection
 
 
 class Replies(Protocol):
@@ -81,12 +117,14 @@ class Replies(Protocol):
     def read(self) -> None:
         """Handle every subscription or announcement waiting on :attr:`socket`."""
 
-    def send(self, frames: list[Any], *, held: bool = False) -> None:
-        """Send one reply, addressed to ``frames[0]``, or drop it if its client cannot be reached;
-        ``held``: it waits for its client's subscription (see :mod:`.legacy`)."""
+    def send(self, frames: list[Any], fmt: ReplyFormat = formats.NATIVE) -> None:
+        """Send one reply, addressed to ``frames[0]`` and laid out by ``fmt``; if it cannot be
+        queued for its client, owe that client an error instead (``fmt.held``: it waits for its
+        client's subscription, see :mod:`.legacy`)."""
 
     def release_due(self, now: float) -> None:
-        """Send or drop the held replies that waited :data:`HOLD_S`."""
+        """Send or drop the held replies that waited :data:`HOLD_S`, and send the errors owed
+        to clients whose connections have room again."""
 
     def flush(self) -> None:
         """Send what is held, as the sink stops."""
@@ -108,28 +146,46 @@ def open_replies(config: ServerConfig, context: zmq.Context, keys: CurveServerKe
 
 
 class _Held:
-    """Replies whose client has not connected yet, each waiting at most :data:`HOLD_S`,
-    at most ``_MAX_HELD`` of them and ``_MAX_HELD_BYTES`` in all."""
+    """Replies whose client has not connected yet, each waiting at most :data:`HOLD_S`: at
+    most :data:`MAX_HELD` of them and :data:`MAX_HELD_BYTES` in all, and at most
+    :data:`MAX_HELD_PER_KEY` and :data:`MAX_HELD_BYTES_PER_KEY` for one key."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[float, bytes, list[Any]]] = []  # (due, client id, frames), oldest first
+        self.items: list[tuple[float, bytes, list[Any], ReplyFormat]] = []  # (due, client id, frames, format)
         self.nbytes = 0
+        self._count_of_key: Counter[bytes] = Counter()
+        self._bytes_of_key: Counter[bytes] = Counter()
 
-    def add(self, frames: list[Any], now: float | None = None) -> bool:
-        size = _nbytes(frames)
-        if len(self.items) >= _MAX_HELD or self.nbytes + size > _MAX_HELD_BYTES:
-            return False
-        self.items.append(((time.monotonic() if now is None else now) + HOLD_S, bytes(frames[0]), frames))
+    def add(self, frames: list[Any], fmt: ReplyFormat, now: float | None = None) -> str | None:
+        """Hold ``frames``; ``None`` if held, else why not."""
+        size, client = _nbytes(frames), bytes(frames[0])
+        key = _key_of(client)
+        if self._count_of_key[key] >= MAX_HELD_PER_KEY or self._bytes_of_key[key] + size > MAX_HELD_BYTES_PER_KEY:
+            return (f"it came before its client's connection, and the replies of this key waiting for theirs "
+                    f"already filled the room one key has ({MAX_HELD_PER_KEY} replies, "
+                    f"{MAX_HELD_BYTES_PER_KEY >> 20} MiB)")  # fmt: skip
+        if len(self.items) >= MAX_HELD or self.nbytes + size > MAX_HELD_BYTES:
+            return "it came before its client's connection, and no room was left to hold it until that came"
+        self.items.append(((time.monotonic() if now is None else now) + HOLD_S, client, frames, fmt))
         self.nbytes += size
-        return True
+        self._count_of_key[key] += 1
+        self._bytes_of_key[key] += size
+        return None
 
-    def take(self, wanted: Callable[[float, bytes], bool]) -> list[list[Any]]:
+    def take(self, wanted: Callable[[float, bytes], bool]) -> list[tuple[list[Any], ReplyFormat]]:
         """The held replies for which ``wanted(due, client_id)`` holds, removed."""
         taken = [item for item in self.items if wanted(item[0], item[1])]
-        if taken:
-            self.items = [item for item in self.items if not wanted(item[0], item[1])]
-            self.nbytes -= sum(_nbytes(frames) for _, _, frames in taken)
-        return [frames for _, _, frames in taken]
+        if not taken:
+            return []
+        self.items = [item for item in self.items if not wanted(item[0], item[1])]
+        for _, client, frames, _ in taken:
+            size, key = _nbytes(frames), _key_of(client)
+            self.nbytes -= size
+            self._count_of_key[key] -= 1
+            self._bytes_of_key[key] -= size
+            if self._count_of_key[key] <= 0:
+                del self._count_of_key[key], self._bytes_of_key[key]
+        return [(frames, fmt) for _, _, frames, fmt in taken]
 
 
 def _nbytes(frames: list[Any]) -> int:
@@ -143,10 +199,15 @@ class Published:
     def __init__(self, context: zmq.Context, config: ServerConfig) -> None:
         self.socket = context.socket(zmq.XPUB)
         self.socket.linger = 1000
-        self.socket.sndhwm = config.reply_hwm  # per subscriber: a client that does not read loses its own replies
+        self.socket.sndhwm = socket_hwm(config.reply_hwm)  # per subscriber
         self.socket.maxmsgsize = MAX_INBOUND_BYTES
         self.socket.setsockopt(zmq.XPUB_MANUAL, 1)
-        self._legacy = legacy.Publisher(self.socket)  # bert-as-service's client asks before it subscribes
+        self.socket.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber fails the send, so its client is told
+        self._unread_why = _unread_why(config.reply_hwm)
+        self._owed = Owed()
+        self._refusals = Refusals(logger, _REFUSAL_LOG_S)
+        # bert-as-service's client asks before it subscribes
+        self._legacy = legacy.Publisher(self.socket, on_full=lambda frames: self._owe(frames, formats.LEGACY))
 
     def read(self) -> None:
         for _ in range(1000):
@@ -157,14 +218,27 @@ class Published:
             if handle_subscription(self.socket, frame):  # logs what it refuses
                 self._legacy.subscribed(frame.bytes[1:])
 
-    def send(self, frames: list[Any], *, held: bool = False) -> None:
-        if held:  # its client subscribes late (bert-as-service's): wait for the subscription
+    def send(self, frames: list[Any], fmt: ReplyFormat = formats.NATIVE) -> None:
+        if fmt.held:  # its client subscribes late (bert-as-service's): wait for the subscription
             self._legacy.send(frames)
-        else:
-            self.socket.send_multipart(frames, copy=False)
+        elif not self._try(frames):
+            self._owe(frames, fmt)
+
+    def _try(self, frames: list[Any]) -> bool:
+        """Queue ``frames`` for their subscribers; ``False`` if one of them is full (nothing sent)."""
+        try:
+            self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        return True
+
+    def _owe(self, frames: list[Any], fmt: ReplyFormat) -> None:
+        self._refusals.log("dropped a reply to %r: %s", bytes(frames[0])[:MAX_TOPIC_BYTES], self._unread_why)
+        self._owed.add(frames, fmt, self._unread_why)
 
     def release_due(self, now: float) -> None:
         self._legacy.release_due(now)
+        self._owed.pay(self._try, now)
 
     def flush(self) -> None:
         self._legacy.flush()
@@ -185,7 +259,9 @@ class Routed:
     def __init__(self, context: zmq.Context, config: ServerConfig, keys: CurveServerKeys) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 1000
-        self.socket.sndhwm = config.reply_hwm  # per connection
+        self.socket.sndhwm = socket_hwm(config.reply_hwm)  # per connection
+        self._unread_why = _unread_why(config.reply_hwm)
+        self._owed = Owed()
         self.socket.maxmsgsize = MAX_INBOUND_BYTES
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone connection raises, so its routes go
         # A connection that died without closing is found within seconds, so the client's new
@@ -227,8 +303,8 @@ class Routed:
                                user_id or "an unknown key")  # fmt: skip
             return
         self._add_route(_key_of(topic), topic, route)
-        for held in self._held.take(lambda _, client_id: client_id.startswith(topic)):
-            self._route(held)
+        for frames, fmt in self._held.take(lambda _, client_id: client_id.startswith(topic)):
+            self._deliver(frames, fmt, self._unread_why)
 
     def _add_route(self, key: bytes, topic: bytes, route: bytes) -> None:
         topics = self._topics_of_key.setdefault(key, OrderedDict())
@@ -284,31 +360,49 @@ class Routed:
 
     # -- replies -------------------------------------------------------------------------
 
-    def send(self, frames: list[Any], *, held: bool = False) -> None:
+    def send(self, frames: list[Any], fmt: ReplyFormat = formats.NATIVE) -> None:
         # bert-as-service's client has no keys, so under CURVE it never gets this far.
-        if not self._route(frames) and not self._held.add(frames):
-            logger.debug("dropped a reply to %r: its client is not connected", bytes(frames[0])[:MAX_TOPIC_BYTES])
+        sent = self._route(frames)
+        if sent is _Sent.NO_ROUTE:
+            why = self._held.add(frames, fmt)
+            if why is not None:
+                self._owe(frames, fmt, why)
+        elif sent is _Sent.FULL:
+            self._owe(frames, fmt, self._unread_why)
 
-    def _route(self, frames: list[Any]) -> bool:
-        """Send ``frames`` to every connection of their client; whether there was one."""
+    def _deliver(self, frames: list[Any], fmt: ReplyFormat, why_not: str) -> None:
+        """Send a reply that waited; owe its client an error (``why_not``) if it cannot go."""
+        if self._route(frames) is not _Sent.SENT:
+            self._owe(frames, fmt, why_not)
+
+    def _owe(self, frames: list[Any], fmt: ReplyFormat, why: str) -> None:
+        self._refusals.log("dropped a reply to %r: %s", bytes(frames[0])[:MAX_TOPIC_BYTES], why)
+        self._owed.add(frames, fmt, why)
+
+    def _route(self, frames: list[Any]) -> _Sent:
+        """Send ``frames`` to every connection of their client that has room."""
         routes = self.routes_to(bytes(frames[0]))
+        sent = False
         for route in routes:
             try:
                 self.socket.send_multipart([route, *frames], zmq.NOBLOCK, copy=False)
+                sent = True
             except zmq.Again:  # that connection's queue is full: its client does not read
-                logger.debug("dropped a reply to a connection that is not reading")
+                pass
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
                 self._forget_route(route)
-        return bool(routes)
+        if sent:
+            return _Sent.SENT
+        return _Sent.FULL if any(route in self._topics_of_route for route in routes) else _Sent.NO_ROUTE
 
     def release_due(self, now: float) -> None:
-        if not self._held.items or self._held.items[0][0] > now:
-            return
-        for frames in self._held.take(lambda due, _: due <= now):
-            if not self._route(frames):
-                logger.debug("dropped a reply to %r: its client never connected", bytes(frames[0])[:MAX_TOPIC_BYTES])
+        if self._held.items and self._held.items[0][0] <= now:
+            never = f"its client's connection did not reach the server within {HOLD_S:g} s"
+            for frames, fmt in self._held.take(lambda due, _: due <= now):
+                self._deliver(frames, fmt, never)
+        self._owed.pay(lambda frames: self._route(frames) is _Sent.SENT, now)
 
     def flush(self) -> None:
         self.release_due(float("inf"))

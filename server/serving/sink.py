@@ -9,8 +9,8 @@ failed, its deadline passed, assembling it failed) gets an error reply instead o
 
 Replies leave through :mod:`.replies`: published by topic on an ``XPUB`` without CURVE,
 routed to the connections of the key that owns them on a ``ROUTER`` under CURVE. Each
-client's queue is bounded by ``reply_hwm`` messages: a client that does not read loses its
-own replies, not the server's memory.
+client's queue is bounded by ``reply_hwm`` messages: a reply past that (its client stopped
+reading) is dropped, and its client is told so by an error as soon as it reads again.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class Sink:
         if len(rest) < 2:
             raise p.ProtocolError(f"PUBLISH has {len(rest)} frames, expected at least 2")
         fmt = formats.named(rest[0])
-        self.replies.send(rest[1:], held=fmt.held)
+        self.replies.send(rest[1:], fmt)
 
     def _on_fail(self, rest: list[Any]) -> None:
         info = p.loads(rest[0])
@@ -265,7 +265,7 @@ class Sink:
             requests_expired=self.failures[p.EXPIRED],
             requests_in_flight=len(self.pending),
         )
-        self.replies.send(fmt.status(client, int(request_id), status), held=fmt.held)
+        self.replies.send(fmt.status(client, int(request_id), status), fmt)
 
     def _on_result(self, rest: list[Any]) -> None:
         _, raw_header, buffer = rest
@@ -348,7 +348,7 @@ class Sink:
             return
         del self.pending[key]
         self._close(key)
-        self.replies.send(frames, held=pending.format.held)
+        self.replies.send(frames, pending.format)
         self.served += 1
         _count(pending, "ok")
 
@@ -360,7 +360,7 @@ class Sink:
         self.failed += 1
         self.failures[kind] += 1
         reply = pending.format.error(pending.client, pending.request_id, error, kind)
-        self.replies.send(reply, held=pending.format.held)
+        self.replies.send(reply, pending.format)
         _count(pending, kind)
 
     def _close(self, key: str) -> None:
