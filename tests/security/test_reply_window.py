@@ -91,6 +91,22 @@ def test_sixty_four_threads_on_one_concurrent_client_lose_nothing(server: Runnin
     assert not wrong, wrong[:3]
 
 
+def test_non_blocking_requests_left_unfetched_all_come_back(server: RunningServer) -> None:
+    """200 ``blocking=False`` requests of 64 KiB replies, fetched only once the server has
+    answered them all: the client reads what is in whenever it is past the window, so every
+    answer is there."""
+    texts = [f"text {i} fetched late" for i in range(16)]
+    with BertClient(**server.client_kwargs, timeout=60_000) as client:
+        for _ in range(200):
+            client.encode(texts, blocking=False)
+        with BertClient(**server.client_kwargs, timeout=30_000) as other:
+            _wait_until_answered(other)
+        results = client.fetch_all()
+    assert len(results) == 200
+    for vectors in results:
+        np.testing.assert_allclose(vectors, expected(texts, dim=1024), atol=1e-5)
+
+
 def test_a_client_that_stops_reading_is_told_which_replies_were_dropped(server: RunningServer) -> None:
     """A raw client sends 200 requests of 16 texts (64 KiB replies) without reading; once it
     reads, every request has its answer: its vectors, or an error naming the reply queue.
