@@ -25,7 +25,6 @@ import itertools
 import logging
 import math
 import time
-from collections import deque
 from typing import Any
 
 import zmq
@@ -38,7 +37,7 @@ from .probe import ServerProbe
 from .protocol import CANCEL, ProtocolError, Reply, decode_reply, encode_request
 from .security import HandshakeWatch, announce, reply_socket
 from .transport import tcp_address
-from .window import ReplyWindow
+from .window import AsyncPlaces, ReplyWindow
 
 logger = logging.getLogger("bertserve.client")
 
@@ -63,7 +62,7 @@ class AsyncTransport:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Reply]] = {}
         self.window = ReplyWindow()  # sized by the server's CONFIG once the handshake is done
-        self._place_waiters: deque[asyncio.Future[None]] = deque()  # sends waiting for room, first come first
+        self._places = AsyncPlaces(self.window)
         self._reader: asyncio.Task[None] | None = None
         self._announcer: asyncio.TimerHandle | None = None
         self.closed = False
@@ -134,7 +133,9 @@ class AsyncTransport:
         reader runs, no reply is past what the server queues for this client."""
         if self.closed:
             raise ClientClosedError("the client was closed before the request was sent")
-        if not await self._take_place(deadline):
+        if not await self._places.take(deadline, lambda: self.closed):
+            if self.closed:
+                raise ClientClosedError("the client was closed while the request waited to be sent")
             return False
         placed = True  # a place is reserved for this request until it is sent
         try:
@@ -158,45 +159,7 @@ class AsyncTransport:
                     raise
         finally:
             if placed:
-                self.window.unreserve()
-                self._hand_out_places()
-
-    async def _take_place(self, deadline: float) -> bool:
-        """Reserve a place in :attr:`window`, waiting behind earlier senders while it is full;
-        ``False`` if none came by ``deadline``."""
-        if not self._place_waiters and self.window.has_room(time.monotonic()):
-            self.window.reserve()
-            return True
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._place_waiters.append(turn)
-        taken = False
-        try:
-            while not turn.done():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                # At most a second at a time: an abandoned request's place frees itself when its grace runs out.
-                await asyncio.wait([turn], timeout=min(remaining, 1.0))
-                if not turn.done():
-                    self._hand_out_places()
-            if self.closed:
-                raise ClientClosedError("the client was closed while the request waited to be sent")
-            taken = True
-            return True
-        finally:
-            if not turn.done():
-                turn.cancel()  # _hand_out_places skips it
-            elif not taken and not turn.cancelled():  # given a place it will not use
-                self.window.unreserve()
-                self._hand_out_places()
-
-    def _hand_out_places(self) -> None:
-        """Give the free places in :attr:`window` to the sends waiting for one, first come first."""
-        while self._place_waiters and self.window.has_room(time.monotonic()):
-            turn = self._place_waiters.popleft()
-            if not turn.done():
-                self.window.reserve()
-                turn.set_result(None)
+                self._places.give_back()
 
     def refusal(self, *, certain_only: bool = False) -> AuthenticationError | None:
         """Why the server may never have seen this client: a refused handshake, if one was seen."""
@@ -229,11 +192,8 @@ class AsyncTransport:
             if not future.done():
                 with contextlib.suppress(RuntimeError):  # its loop already closed
                     future.set_exception(ClientClosedError(reason))
-        turns, self._place_waiters = self._place_waiters, deque()
-        for turn in turns:
-            if not turn.done():
-                with contextlib.suppress(RuntimeError):
-                    turn.set_result(None)  # the sender sees `closed` and raises
+        with contextlib.suppress(RuntimeError):  # its loop already closed
+            self._places.wake_all()  # each waiting send sees `closed` and raises
         if self._announcer is not None:
             self._announcer.cancel()
         if self._reader is not None:
@@ -298,7 +258,7 @@ class AsyncTransport:
         if reply.client_id != self.identity:  # another client whose id starts with ours
             return
         if self.window.answered(reply.request_id):
-            self._hand_out_places()
+            self._places.hand_out()
         future = self._waiting.pop(reply.request_id, None)
         if future is None:
             logger.debug("dropping a reply nobody waits for: request %d", reply.request_id)

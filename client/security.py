@@ -49,14 +49,16 @@ def is_z85_key(value: bytes) -> bool:
 def keygen(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
     """Write a new certificate pair ``DIRECTORY/NAME.key`` and ``DIRECTORY/NAME.key_secret``.
 
-    Creates ``directory`` if needed and returns ``(public_path, secret_path)``. The secret
-    file is mode 0600 from the start: the pair is made in a private staging directory and
-    linked into place. An existing pair is never overwritten (:class:`FileExistsError`).
+    Creates ``directory`` (and its missing parents) mode 0700 if needed, whatever the umask,
+    and returns ``(public_path, secret_path)``. The secret file is mode 0600 and the public
+    one 0644 from the start: the pair is made in a private staging directory and linked into
+    place. An existing pair is never overwritten (:class:`FileExistsError`). A server refuses
+    key directories and files that others may write (see ``bertserve.server.security``).
     """
     if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name):
         raise ValueError(f"a key name must be a plain file name, not {name!r}")
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    _private_directory(folder)
     public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
     for path in (public, secret):
         if path.exists():
@@ -66,6 +68,7 @@ def keygen(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
     try:
         made_public, made_secret = zmq.auth.create_certificates(staging, name)
         os.chmod(made_secret, 0o600)
+        os.chmod(made_public, 0o644)
         for made, final in ((made_secret, secret), (made_public, public)):
             os.link(made, final)  # fails, rather than overwrites, if another keygen got there first
             linked.append(final)
@@ -76,6 +79,22 @@ def keygen(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return public, secret
+
+
+def _private_directory(folder: Path) -> None:
+    """Make ``folder`` and its missing parents mode 0700 (``mkdir`` alone would follow the
+    umask, which may let others add keys); an existing directory is left as it is."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another keygen made it meanwhile
+            path.mkdir(mode=0o700)
+            os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is not a directory")
 
 
 def load_public_key(path_or_z85: KeySource) -> bytes:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, ModelOptionError
+from .http import limits as http_limits
 from .model_specs import check_models
 
 
@@ -245,6 +246,15 @@ class ServerConfig:
     api_keys: str | None = None  # a file of NAME KEY lines: the HTTP principals (server/http/principals.py)
     max_http_body_bytes: int | None = None  # None: HTTP_BODY_BYTES, at most message_limit and the total
     max_http_body_bytes_total: int = HTTP_BODY_BYTES_TOTAL
+    max_http_body_bytes_per_principal: int | None = None  # None: half the total, at least one body at the limit
+    http_body_timeout_s: float = http_limits.HTTP_BODY_TIMEOUT_S
+    http_body_min_rate: int = http_limits.HTTP_BODY_MIN_RATE  # bytes a second; 0: any pace within the timeout
+    max_http_connections: int = http_limits.HTTP_CONNECTIONS
+    max_http_header_bytes: int = http_limits.HTTP_HEADER_BYTES
+    max_http_headers: int = http_limits.HTTP_HEADERS
+    http_header_timeout_s: float = http_limits.HTTP_HEADER_TIMEOUT_S
+    forwarded_allow_ips: tuple[str, ...] = ()  # proxies whose X-Forwarded-For is believed (none: the peer address)
+    metrics_principals: bool = False  # /metrics names each HTTP principal
     metrics_port: int | None = None
     served_model_name: str | None = None
     model_alias: tuple[str, ...] = ()
@@ -289,6 +299,7 @@ class ServerConfig:
             (self.max_http_body_bytes is None or self.max_http_body_bytes <= self.max_http_body_bytes_total,
              f"--max-http-body-bytes {self.max_http_body_bytes} must not exceed --max-http-body-bytes-total "
              f"{self.max_http_body_bytes_total}, or a body at the limit could never be read"),
+            *http_limits.http_limit_checks(self),
             (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
             (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
             (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),
@@ -331,6 +342,7 @@ class ServerConfig:
         object.__setattr__(self, "port_out", port_out)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
         object.__setattr__(self, "model_alias", tuple(str(a) for a in self.model_alias))
+        object.__setattr__(self, "forwarded_allow_ips", http_limits.forwarded_allow_ips(self.forwarded_allow_ips))
         if self.curve_dir is not None:
             object.__setattr__(self, "curve_dir", os.fspath(self.curve_dir))
         object.__setattr__(self, "model_version", str(self.model_version).lower())
@@ -405,6 +417,15 @@ class ServerConfig:
         if self.max_http_body_bytes is not None:
             return self.max_http_body_bytes
         return min(HTTP_BODY_BYTES, self.message_limit, self.max_http_body_bytes_total)
+
+    @property
+    def http_principal_body_limit(self) -> int:
+        """What one HTTP principal's bodies may hold at once: ``max_http_body_bytes_per_principal``,
+        or half of ``max_http_body_bytes_total`` (so another principal always finds the other
+        half), at least one body at :attr:`http_body_limit`."""
+        if self.max_http_body_bytes_per_principal is not None:
+            return self.max_http_body_bytes_per_principal
+        return max(self.max_http_body_bytes_total // 2, self.http_body_limit)
 
     def worker_threads(self) -> int:
         """TensorFlow threads per CPU worker: the cores shared out, so workers do not fight."""

@@ -27,6 +27,14 @@ from .config import (
 )
 from .errors import ConfigError, ModelOptionError
 from .flag_help import Flag, boolean
+from .http.limits import (
+    HTTP_BODY_MIN_RATE,
+    HTTP_BODY_TIMEOUT_S,
+    HTTP_CONNECTIONS,
+    HTTP_HEADER_BYTES,
+    HTTP_HEADER_TIMEOUT_S,
+    HTTP_HEADERS,
+)
 from .model.default import default_model_dir
 from .served_models import default_model_name, with_default_model
 
@@ -132,7 +140,8 @@ SERVER_FLAGS = [
              float, 4.0, rare=True),
         Flag("--max-message-bytes", "largest request frame; a larger one is dropped unread", int,
              unset="what the size limits need, at most 16 MiB and --max-queued-bytes", rare=True),
-        Flag("--reply-hwm", "replies queued per client that does not read them; more are dropped", int, 100,
+        Flag("--reply-hwm", "replies queued for one client connection; bertserve's clients keep at most this many "
+             "requests unanswered, and a reply past it is answered with a 'dropped' error instead", int, 100,
              rare=True),
     ),
     *_under(
@@ -171,6 +180,25 @@ SERVER_FLAGS = [
              unset="16 MiB, at most the request frame limit", rare=True),
         Flag("--max-http-body-bytes-total", "HTTP bodies held at once, each counted as its bytes plus 64 per comma, "
              "232 per '{' and 88 per '['; past it 429", int, HTTP_BODY_BYTES_TOTAL, rare=True),
+        Flag("--max-http-body-bytes-per-principal", "HTTP bodies one principal (API key, else address) holds at "
+             "once, of --max-http-body-bytes-total; past it 429", int,
+             unset="half the total, at least --max-http-body-bytes", rare=True),
+        Flag("--http-body-timeout-s", "an HTTP body not whole this long after its headers is cut off with 408",
+             float, HTTP_BODY_TIMEOUT_S, rare=True),
+        Flag("--http-body-min-rate", "an HTTP body slower than this many bytes a second on average (after 2 s) is "
+             "cut off with 408 (0: any pace)", int, HTTP_BODY_MIN_RATE, metavar="BYTES", rare=True),
+        Flag("--max-http-connections", "HTTP connections open at once; one more is answered 503 and closed", int,
+             HTTP_CONNECTIONS, rare=True),
+        Flag("--max-http-header-bytes", "largest HTTP request line and headers; larger is answered 400 and closed",
+             int, HTTP_HEADER_BYTES, rare=True),
+        Flag("--max-http-headers", "most header fields in one HTTP request; more is 431", int, HTTP_HEADERS,
+             metavar="N", rare=True),
+        Flag("--http-header-timeout-s", "HTTP request headers not whole this long after the connection (or the "
+             "request's first byte) are answered 408 and closed", float, HTTP_HEADER_TIMEOUT_S, rare=True),
+        Flag("--forwarded-allow-ips", "proxies (addresses, networks, or *) whose X-Forwarded-For names the HTTP "
+             "caller", many=True, default=(), unset="none: the peer address", metavar="ADDR"),
+        Flag("--metrics-principals", "name each HTTP principal in /metrics (bertserve_http_principal_requests_total)",
+             boolean, False, rare=True),
         Flag("--metrics-port", "serve Prometheus /metrics alone on this port (with --http-port it is at /metrics)",
              int, unset="none"),
     ),

@@ -12,6 +12,11 @@ announcement's own ``User-Id`` by the sink's reply ``ROUTER``, see
 ``bertserve.server.serving.replies``). TERMINATE is honoured only from keys listed in
 ``admins/`` (:func:`is_admin`).
 
+Key files are checked when read (:func:`load_curve_dir`, :func:`unsafe_mode`): a start is
+refused when the key directory, ``clients/``, ``admins/`` or ``workers/`` or a key file in them
+may be written by group or others (one could add an admin key, or swap the server's), or when
+the server's secret may be read by them, naming the path and the ``chmod`` that fixes it.
+
 The key-file helpers live in ``bertserve.client.security`` (the client needs them without
 the server) and are re-exported here.
 """
@@ -49,6 +54,7 @@ __all__ = [
     "route_allowed",
     "start_authenticator",
     "subscription_allowed",
+    "unsafe_mode",
 ]
 
 logger = logging.getLogger("bertserve.security")
@@ -88,7 +94,7 @@ class CurveServerKeys:
 def load_curve_dir(curve_dir: str | os.PathLike[str]) -> CurveServerKeys:
     """Read a server key directory: ``server.key_secret``, ``clients/*.key`` (at least one)
     and optionally ``admins/*.key`` and ``workers/*.key``. Raises ``ValueError`` naming what
-    is missing or wrong."""
+    is missing or wrong, or a directory or file others may change (:func:`check_key_modes`)."""
     root = Path(curve_dir)
     make = f"make one with `bertserve keygen {root} --name server`"
     if not root.is_dir():
@@ -96,9 +102,8 @@ def load_curve_dir(curve_dir: str | os.PathLike[str]) -> CurveServerKeys:
     secret_file = root / "server.key_secret"
     if not secret_file.is_file():
         raise ValueError(f"CURVE directory {root} has no server.key_secret: {make}")
+    check_key_modes(root)
     public, secret = load_secret_cert(secret_file)
-    if secret_file.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        logger.warning("%s is readable by other users; chmod 600 it", secret_file)
     clients_dir = root / "clients"
     add_client = f"copy each allowed client's NAME.key (from `bertserve keygen DIR --name NAME`) into {clients_dir}"
     if not clients_dir.is_dir():
@@ -115,6 +120,41 @@ def load_curve_dir(curve_dir: str | os.PathLike[str]) -> CurveServerKeys:
         )
     workers = frozenset(load_public_key(path) for path in sorted((root / "workers").glob("*.key")))
     return CurveServerKeys(public=public, secret=secret, clients_dir=clients_dir, admins=admins, workers=workers)
+
+
+KEY_DIRECTORIES = ("clients", "admins", "workers")
+"""The folders of a key directory whose keys say who may connect, stop the server, or join it."""
+
+
+def check_key_modes(root: Path) -> None:
+    """Raise ``ValueError`` naming the first of ``root``, its :data:`KEY_DIRECTORIES`, their
+    ``*.key`` files and ``server.key``/``server.key_secret`` whose mode lets group or others
+    change it, or read it for a secret; the message says the ``chmod`` that fixes it."""
+    folders = [root, *(root / name for name in KEY_DIRECTORIES if (root / name).is_dir())]
+    files = [path for folder in folders for path in sorted(folder.glob("*.key")) if path.is_file()]
+    secrets = sorted(root.glob("*.key_secret"))
+    for path in (*folders, *files, *secrets):
+        problem = unsafe_mode(path, secret=path.suffix == ".key_secret")
+        if problem is not None:
+            raise ValueError(problem)
+
+
+def unsafe_mode(path: str | os.PathLike[str], *, secret: bool = False) -> str | None:
+    """What is unsafe about ``path``'s mode, with the ``chmod`` that fixes it; ``None`` if
+    nothing is. Unsafe: writable by group or others (a directory or any key file), or, for a
+    ``secret``, readable by them too. Symbolic links are followed (the target is what is read)."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    is_dir = os.path.isdir(path)
+    if secret and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return f"{path} is a secret key that group or other users may read or change (mode {mode:o}): chmod 600 {path}"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        fix = "700" if is_dir else "644"
+        what = "a key directory" if is_dir else "a key file"
+        return (
+            f"{path} is {what} that group or other users may change (mode {mode:o}), so they could add or swap "
+            f"keys: chmod {fix} {path}"
+        )
+    return None
 
 
 def start_authenticator(

@@ -22,7 +22,7 @@ import asyncio
 import base64
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,11 +35,13 @@ from fastapi_offline import FastAPIOffline
 
 from .. import metrics
 from ..model.prompts import apply_prompt
-from .bodies import BodyBudget
+from .bodies import BodyBudget, BodyPace
 from .catalog import Catalog, ModelSettings
 from .disconnects import ClientGone, unless_disconnected
 from .front import Front, caller
 from .gateway import Gateway, GatewayError
+from .lengths import Tokenizing, check_text_limits, explain_bounded, first_over_long, tokens_answered
+from .limits import HTTP_HEADERS
 from .options import Asked, asked, checked_prompt_name, direction, prompt_text
 from .principals import Principals
 from .schemas import (
@@ -69,6 +71,11 @@ class Settings:
     max_inputs: int
     request_timeout_s: float
     token_id_input: bool = False  # OpenAI-style token id arrays are taken, as ids of the model's vocabulary
+    max_text_chars: int = 100_000  # characters in one input, checked before anything tokenizes it
+    max_principal_bodies_bytes: int | None = None  # what one principal's bodies may hold at once (None: all)
+    body_pace: BodyPace = field(default_factory=BodyPace)
+    max_headers: int = HTTP_HEADERS
+    metrics_principals: bool = False  # name each principal in /metrics (--metrics-principals)
 
 
 DOCS_ASSETS = "/docs/assets"
@@ -92,9 +99,15 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         description="BERT sentence embeddings over HTTP: OpenAI-, TEI- and bert-as-service-compatible.",
     )  # fmt: skip
     app.add_middleware(
-        Front, principals=settings.principals, limit=settings.max_body_bytes,
-        budget=BodyBudget(settings.max_bodies_bytes),
-    )  # fmt: skip
+        Front,
+        principals=settings.principals,
+        limit=settings.max_body_bytes,
+        budget=BodyBudget(settings.max_bodies_bytes, settings.max_principal_bodies_bytes),
+        pace=settings.body_pace,
+        max_headers=settings.max_headers,
+        principal_metrics=settings.metrics_principals,
+    )
+    tokenizing = Tokenizing()
 
     def gateway() -> Gateway:
         return state["gateway"]
@@ -108,6 +121,8 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        """The first problem, by where it is and what pydantic says of it: never the input it
+        quotes (``input``, ``ctx``), which may be as large as the body."""
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ())[1:] if part != "body") or "body"
         message = f"{where}: {first.get('msg', 'invalid request')}"
@@ -115,11 +130,9 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
 
     # -- encoding --
 
-    def check_count(texts: list[Any]) -> list[Any]:
-        if len(texts) > settings.max_inputs:
-            raise HTTPError(413, f"the request has {len(texts)} inputs; this server takes at most "
-                            f"{settings.max_inputs} per request")  # fmt: skip
-        return texts
+    def within_limits(texts: list[Any], name: str) -> list[Any]:
+        """``texts`` if within the request and text size limits: checked before anything tokenizes them."""
+        return check_text_limits(texts, name, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
 
     async def encode(
         request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
@@ -162,7 +175,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         model = catalog().pick(body.model)
         texts, is_tokenized = openai_input(body.input, model.tokenizer, token_ids=settings.token_id_input)
-        check_count(texts)
+        within_limits(texts, "input")
         await ready_or_503()
         info = await catalog().info(model)
         if info.get("token_level"):
@@ -193,7 +206,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     async def embed(body: EmbedRequest, request: Request) -> Response:
         model = catalog().pick(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        texts = check_count(checked_texts(texts, "inputs"))
+        texts = within_limits(checked_texts(texts, "inputs"), "inputs")
         await ready_or_503()
         info = await catalog().info(model)
         if info.get("token_level"):
@@ -216,9 +229,8 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         before it counted (``info``: the model's ``CONFIG`` answer)."""
         prompt = prompt_text(options.prompt_name, info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
-        over = await asyncio.to_thread(model.tokenizer.truncated, prompted)
-        if over.any():
-            first = int(np.argmax(over))
+        first = await tokenizing.run(first_over_long, model.tokenizer, prompted)
+        if first is not None:
             with_prompt = " with its prompt" if prompt else ""
             raise HTTPError(413, f"inputs[{first}] is longer{with_prompt} than the {model.tokenizer.max_len} tokens "
                             f"the model {model.name!r} takes; pass truncate=true to cut it, or "
@@ -228,20 +240,20 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     async def tokenize(body: TokenizeRequest) -> Response:
         model = catalog().pick(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        texts = check_count(checked_texts(texts, "inputs"))
+        texts = within_limits(checked_texts(texts, "inputs"), "inputs")
         info = await catalog().said(model)  # the prompts are the model's from the start; no worker is needed
         prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
-        tokens = await asyncio.to_thread(
-            model.tokenizer.explain, prompted, add_special_tokens=body.add_special_tokens,
-            truncate=bool(body.truncate), truncation_direction=direction(body.truncation_direction) or "right",
+        tokens = await tokenizing.run(
+            tokenized, model.tokenizer, prompted, add_special_tokens=body.add_special_tokens,
+            truncate=bool(body.truncate), direction=direction(body.truncation_direction) or "right",
         )  # fmt: skip
         return json_response(tokens)
 
     @app.post("/encode", summary="bert-as-service-compatible encoding")
     async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
         model = catalog().pick(body.model)
-        texts = check_count(checked_texts(body.texts, "texts", is_tokenized=body.is_tokenized))
+        texts = within_limits(checked_texts(body.texts, "texts", is_tokenized=body.is_tokenized), "texts")
         await ready_or_503()
         info = await catalog().info(model)
         reply = await encode(request, model, texts, asked(body, info), is_tokenized=body.is_tokenized)
@@ -271,3 +283,13 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         return Response(body, media_type=content_type)
 
     return app
+
+
+def tokenized(
+    tokenizer: Any, texts: list[str], *, add_special_tokens: bool, truncate: bool, direction: str
+) -> list[list[dict[str, Any]]]:
+    """``/tokenize``'s answer, refused with 413 before any token is made if it would hold more
+    than :data:`~.lengths.TOKENIZE_TOKENS` (:mod:`.lengths`)."""
+    tokens_answered(tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate)
+    return explain_bounded(tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate,
+                           direction=direction)  # fmt: skip

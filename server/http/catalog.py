@@ -21,7 +21,7 @@ from bertserve.client import protocol as p
 
 from .gateway import Gateway, GatewayError
 from .options import default_prompt_name, prompts
-from .schemas import HTTPError
+from .schemas import HTTPError, quoted
 
 logger = logging.getLogger("bertserve.http")
 
@@ -43,7 +43,7 @@ class ModelSettings:
 
 def not_served(name: str, served: Sequence[str]) -> HTTPError:
     """The 404 for a request naming a model this server does not serve."""
-    return HTTPError(404, f"the model {name!r} is not served here; this server serves "
+    return HTTPError(404, f"the model {quoted(name)} is not served here; this server serves "
                      f"{', '.join(map(repr, served))}", param="model", code="model_not_found")  # fmt: skip
 
 

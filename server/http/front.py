@@ -3,13 +3,15 @@ and whom the server's bounds and turns count a request to (:func:`caller`)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import metrics
-from .bodies import ARRAY_COST, COMMA_COST, OBJECT_COST, BodyBudget, parse_cost
+from .bodies import ARRAY_COST, COMMA_COST, OBJECT_COST, BodyBudget, BodyPace, parse_cost
+from .limits import HTTP_HEADERS
 from .principals import Principals
 from .schemas import HTTPError, error_response
 
@@ -18,118 +20,204 @@ _OPEN_PATHS = {"/health", "/ready"}  # probes need no key
 # server of this version, it holds no model name and no data.
 _DOCS_PATHS = {"/docs", "/redoc", "/openapi.json"}
 _DOCS_PREFIX = "/docs/"  # the assets of /docs and /redoc, and its OAuth2 redirect page
+_BODILESS_METHODS = {"GET", "HEAD", "OPTIONS", "DELETE"}
 _PRINCIPAL = "bertserve.principal"  # the scope key of the principal's name, once its API key is checked
+_CLOSE = (b"connection", b"close")
 ANONYMOUS = "anonymous"  # the metrics' principal label on a server without keys
 
 
 class Front:
-    """What every request passes first, as plain ASGI (no per-request task): the API key and
-    its principal, the body limits, and the request's count and time for ``/metrics``.
+    """What every request passes first, as plain ASGI (no per-request task): the header count,
+    the API key and its principal, the body's limits in bytes and in time, and the request's
+    count and time for ``/metrics``.
 
-    The body is read here, whole, before the application sees the request, so a body refused
-    on the way is dropped at once (no half-read body lingers in the application's exception
-    handling). A body larger than ``limit`` bytes is refused with 413: at once by its
-    Content-Length, or as soon as a chunked body passes the limit. Every body also holds its
-    part of ``budget`` (:mod:`.bodies`) from its first byte until its response is sent: one
-    whose Content-Length does not fit what is left is refused with 429 before it is read, and
-    one that outgrows what is left as it arrives (a chunked body, or its commas) is cut off
-    with 429, or with 413 if it alone costs more than the whole budget.
+    A GET (or HEAD, OPTIONS, DELETE) and a path open without a key (``/health``, ``/ready``,
+    the API's docs) take no body: one that declares a body is refused with 413 before a byte
+    of it is read, so a caller without a key can hold nothing. Any other body is read here,
+    whole, before the application sees the request, so a body refused on the way is dropped at
+    once. A body larger than ``limit`` bytes is refused with 413: at once by its
+    Content-Length, or as soon as a chunked body passes the limit. A body holds its part of
+    ``budget`` (:mod:`.bodies`) as its bytes arrive, until its response is sent: one whose
+    Content-Length does not fit what its principal may still take is refused with 429 before
+    it is read (nothing is set aside for it), and one that outgrows it as it arrives is cut
+    off with 429, or with 413 if it alone costs more than a principal may hold. A body slower
+    than ``pace`` is cut off with 408, and its connection closed. The rest of a body refused
+    before it was whole is dropped as it comes, never held (:mod:`.connections`).
     """
 
-    def __init__(self, app: ASGIApp, principals: Principals, limit: int, budget: BodyBudget) -> None:
+    def __init__(
+        self, app: ASGIApp, principals: Principals, limit: int, budget: BodyBudget, *, pace: BodyPace | None = None,
+        max_headers: int = HTTP_HEADERS, principal_metrics: bool = False,
+    ) -> None:  # fmt: skip
         self.app, self.principals, self.limit, self.budget = app, principals, limit, budget
+        self.pace = pace or BodyPace()
+        self.max_headers = max_headers
+        self.principal_metrics = principal_metrics  # --metrics-principals: name each principal in /metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = time.perf_counter()
-        status = 500
-        principal: str | None = None
-        held = 0  # what this request holds of the budget
-
-        async def reply(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        def hold(amount: int) -> HTTPError | None:
-            """Take ``amount`` more of the budget for this body; the error if it does not fit."""
-            nonlocal held
-            if held + amount > self.budget.total:
-                return HTTPError(413, f"the request body would take about {_mib(held + amount)} of memory once "
-                                 f"parsed (its bytes, and {COMMA_COST} bytes for each comma, {OBJECT_COST} for "
-                                 f"each '{{' and {ARRAY_COST} for each '['); "
-                                 f"this server holds at most {_mib(self.budget.total)} of bodies at once: send "
-                                 "fewer inputs per request", code="limit")  # fmt: skip
-            if not self.budget.take(amount):
-                return HTTPError(429, f"the server holds as many request bodies as it can at once "
-                                 f"({_mib(self.budget.total)}); retry later", code="busy")  # fmt: skip
-            held += amount
-            metrics.HTTP_BODY_BYTES.set(self.budget.in_use)
-            return None
-
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        too_large = HTTPError(413, f"the request body is larger than this server's limit of {self.limit} bytes",
-                              code="limit")  # fmt: skip
+        visit = _Visit(scope, send)
         try:
-            if not _open(scope["path"]):
-                principal = _authenticated(headers, self.principals) if self.principals.required else ANONYMOUS
-                if principal is None:
-                    unknown = HTTPError(401, "a valid API key is needed: Authorization: Bearer KEY")
-                    return await error_response(scope["path"], unknown)(scope, receive, reply)
-                if self.principals.required:
-                    scope[_PRINCIPAL] = principal
-            if length is not None and (not length.isdigit() or int(length) > self.limit):
-                return await error_response(scope["path"], too_large)(scope, receive, reply)
-            error = hold(int(length)) if length is not None else None
-            if error is not None:
-                return await error_response(scope["path"], error)(scope, receive, reply)
-            chunks: list[bytes] = []
-            received = 0
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    status = 499  # the client left before its body was whole: no one to answer
-                    return None
-                chunk = message.get("body", b"")
-                received += len(chunk)
-                if received > self.limit:
-                    error = too_large
-                elif chunk:
-                    error = hold(parse_cost(chunk) + (len(chunk) if length is None else 0))
-                if error is not None:
-                    chunks.clear()
-                    return await error_response(scope["path"], error)(scope, receive, reply)
-                if chunk:
-                    chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-            whole = [b"".join(chunks)]  # one chunk is passed on as it is, without a copy
-            chunks.clear()
-
-            async def replay() -> Message:
-                if whole:  # the body once, whole; then whatever the client does next
-                    return {"type": "http.request", "body": whole.pop(), "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, reply)
+            await self._serve(visit, receive)
         finally:
-            if held:
-                self.budget.give(held)
+            if visit.held:
+                self.budget.give(visit.held, visit.owner)
                 metrics.HTTP_BODY_BYTES.set(self.budget.in_use)
-            route = scope.get("route")
-            endpoint = getattr(route, "path", None) or "other"
-            metrics.HTTP_REQUESTS.labels(endpoint, str(status)).inc()
-            metrics.HTTP_SECONDS.labels(endpoint).observe(time.perf_counter() - started)
-            if principal is not None:
-                metrics.HTTP_PRINCIPAL_REQUESTS.labels(principal, str(status)).inc()
+            visit.record(self.principal_metrics)
+
+    async def _serve(self, visit: _Visit, receive: Receive) -> None:
+        scope = visit.scope
+        if len(scope.get("headers") or ()) > self.max_headers:
+            return await visit.refuse(HTTPError(431, f"the request has more than {self.max_headers} header fields",
+                                                code="limit"))  # fmt: skip
+        headers = dict(scope.get("headers") or [])
+        open_path = _open(scope["path"])
+        if not open_path:
+            principal = _authenticated(headers, self.principals) if self.principals.required else ANONYMOUS
+            if principal is None:
+                return await visit.refuse(HTTPError(401, "a valid API key is needed: Authorization: Bearer KEY"))
+            visit.principal = principal
+            if self.principals.required:
+                scope[_PRINCIPAL] = principal
+        if open_path or scope["method"] in _BODILESS_METHODS:
+            if _declares_body(headers):
+                return await visit.refuse(HTTPError(413, f"{scope['method']} {scope['path']} takes no body",
+                                                    code="limit"))  # fmt: skip
+            return await self.app(scope, receive, visit.reply)
+        body = await self._read_body(visit, headers, receive)
+        if isinstance(body, HTTPError):
+            return await visit.refuse(body)
+        if body is None:
+            return None
+        whole = [body]
+
+        async def replay() -> Message:
+            if whole:  # the body once, whole; then whatever the client does next
+                return {"type": "http.request", "body": whole.pop(), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, visit.reply)
+
+    async def _read_body(
+        self, visit: _Visit, headers: dict[bytes, bytes], receive: Receive
+    ) -> bytes | HTTPError | None:
+        """The whole body, its cost held in the budget; or the error to refuse it with; or None
+        if its caller left."""
+        visit.owner = _owner(visit.scope)
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return self._too_large()
+        if length is not None and int(length) > 0:
+            error = self._fits(visit, int(length))
+            if error is not None:
+                return error
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        chunks: list[bytes] = []
+        received = 0
+        while True:
+            try:
+                async with asyncio.timeout_at(self.pace.deadline(started, received)):
+                    message = await receive()
+            except TimeoutError:
+                return self._too_slow(received, loop.time() - started)
+            if message["type"] != "http.request":
+                visit.status = 499  # the client left before its body was whole: no one to answer
+                return None
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            error = self._too_large() if received > self.limit else self._hold(visit, chunk) if chunk else None
+            if error is not None:
+                return error
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk is passed on without a copy
+
+    def _fits(self, visit: _Visit, amount: int) -> HTTPError | None:
+        """The error if ``amount`` more would not fit what ``visit``'s principal may still hold."""
+        if visit.held + amount > self.budget.per_principal:
+            return HTTPError(413, f"the request body would take about {_mib(visit.held + amount)} of memory once "
+                             f"parsed (its bytes, and {COMMA_COST} bytes for each comma, {OBJECT_COST} for each "
+                             f"'{{' and {ARRAY_COST} for each '['); this server holds at most "
+                             f"{_mib(self.budget.per_principal)} of one caller's bodies at once: send fewer inputs "
+                             "per request", code="limit")  # fmt: skip
+        taken = self.budget.held_by(visit.owner)
+        if self.budget.in_use + amount > self.budget.total or taken + amount > self.budget.per_principal:
+            return HTTPError(429, f"the server holds as many request bodies as it can at once "
+                             f"({_mib(self.budget.total)}, {_mib(self.budget.per_principal)} of one caller's); "
+                             "retry later", code="busy")  # fmt: skip
+        return None
+
+    def _hold(self, visit: _Visit, chunk: bytes) -> HTTPError | None:
+        """Take what ``chunk`` costs for this body; the error if it does not fit."""
+        amount = len(chunk) + parse_cost(chunk)
+        error = self._fits(visit, amount)
+        if error is not None:
+            return error
+        self.budget.take(amount, visit.owner)  # it fits: _fits checked both bounds
+        visit.held += amount
+        metrics.HTTP_BODY_BYTES.set(self.budget.in_use)
+        return None
+
+    def _too_large(self) -> HTTPError:
+        return HTTPError(413, f"the request body is larger than this server's limit of {self.limit} bytes",
+                         code="limit")  # fmt: skip
+
+    def _too_slow(self, received: int, seconds: float) -> HTTPError:
+        pace = self.pace
+        return HTTPError(408, f"the request body was not whole in time: {received} bytes in {seconds:.1f} s; this "
+                         f"server takes a body in at most {pace.timeout_s:g} s, at {pace.min_rate} bytes/s or "
+                         "faster", code="timeout")  # fmt: skip
+
+
+class _Visit:
+    """One request as the front sees it: whom it counts to, what it holds, and how it was answered."""
+
+    def __init__(self, scope: Scope, send: Send) -> None:
+        self.scope, self._send = scope, send
+        self.started = time.perf_counter()
+        self.status = 500
+        self.principal: str | None = None  # its metrics label, once its key is checked
+        self.owner = ""  # whose share of the body budget it takes from
+        self.held = 0  # what it holds of the budget
+        self.closing = False  # too slow: the connection closes after the answer
+
+    async def reply(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            if self.closing:
+                message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
+        await self._send(message)
+
+    async def refuse(self, error: HTTPError) -> None:
+        """Answer ``error``, and none of the body the application sees. The connection reads
+        and drops the body's rest for a while (:mod:`.connections`), so that a caller still
+        sending reads its answer; one too slow (408) is closed at once."""
+        self.closing = error.status == 408
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await error_response(self.scope["path"], error)(self.scope, nothing, self.reply)
+
+    def record(self, by_principal: bool) -> None:
+        route = self.scope.get("route")
+        endpoint = getattr(route, "path", None) or "other"
+        metrics.HTTP_REQUESTS.labels(endpoint, str(self.status)).inc()
+        metrics.HTTP_SECONDS.labels(endpoint).observe(time.perf_counter() - self.started)
+        if by_principal and self.principal is not None:
+            metrics.HTTP_PRINCIPAL_REQUESTS.labels(self.principal, str(self.status)).inc()
 
 
 def _open(path: str) -> bool:
     """Whether ``path`` is served without an API key."""
     return path in _OPEN_PATHS or path in _DOCS_PATHS or path.startswith(_DOCS_PREFIX)
+
+
+def _declares_body(headers: dict[bytes, bytes]) -> bool:
+    return headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
 
 
 def _authenticated(headers: dict[bytes, bytes], principals: Principals) -> str | None:
@@ -138,13 +226,20 @@ def _authenticated(headers: dict[bytes, bytes], principals: Principals) -> str |
     return principals.authenticate(token.strip()) if scheme.lower() == b"bearer" else None
 
 
-def caller(request: Request) -> str:
-    """Whom the server's bounds and turns count an encode request to: its API key's principal,
-    or without keys its peer address (never the body's ``user``)."""
-    name = request.scope.get(_PRINCIPAL)
+def _owner(scope: Scope) -> str:
+    """Whose share of the body budget a request takes from: as :func:`caller` counts it."""
+    name = scope.get(_PRINCIPAL)
     if name is not None:
         return "key:" + name
-    return "address:" + (request.client.host if request.client else "unknown")
+    client = scope.get("client")
+    return "address:" + (client[0] if client else "unknown")
+
+
+def caller(request: Request) -> str:
+    """Whom the server's bounds and turns count an encode request to: its API key's principal,
+    or without keys its peer address (never the body's ``user``, and never a forwarded header
+    but from an address ``--forwarded-allow-ips`` lists)."""
+    return _owner(request.scope)
 
 
 def _mib(size: int) -> str:

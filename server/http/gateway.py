@@ -8,7 +8,10 @@ name, or without keys a peer address: :mod:`.principals`) are told apart by thei
 ``<prefix>.<caller hash>``, so the ventilator's per-client bounds and turns apply to each
 principal; the reply socket subscribes to the prefix (under CURVE: announces it) and so
 reads the replies of them all. Under CURVE the prefix starts with the front end's own public
-key, which the server generated for it and allows.
+key, which the server generated for it and allows. Like every client, it keeps at most as many
+requests unanswered as the server queues replies for its connection (:mod:`bertserve.client.window`),
+so no HTTP caller's reply is dropped while the event loop is busy elsewhere; the others wait
+their turn, within their deadlines.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import zmq
 from bertserve.client import __version__
 from bertserve.client import protocol as p
 from bertserve.client.security import HandshakeWatch, announce, reply_socket
+from bertserve.client.window import AsyncPlaces, ReplyWindow
 
 from ..metrics import HTTP_ID_MARK
 
@@ -80,6 +84,9 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._announcer: asyncio.TimerHandle | None = None
         self._status: tuple[float, dict[str, Any]] | None = None
+        self._window = ReplyWindow()  # sized by the head's CONFIG answer at start
+        self._places = AsyncPlaces(self._window)
+        self._closed = False
         self.config: dict[str, Any] = {}  # the head's CONFIG answer at start: its default model's
 
     def client_id(self, caller: str) -> bytes:
@@ -110,6 +117,7 @@ class Gateway:
             if not reply.ok:
                 raise GatewayError(f"the server refused its configuration: {reply.header.get('error')}")
             self.config = reply.header
+            self._window.fit(reply.header)
             return
 
     def _keep_announced(self) -> None:
@@ -127,6 +135,8 @@ class Gateway:
             self._watch = None
 
     async def close(self) -> None:
+        self._closed = True
+        self._places.wake_all()
         self._close_watch()
         if self._announcer is not None:
             self._announcer.cancel()
@@ -171,7 +181,14 @@ class Gateway:
         self._read()  # a send can take the descriptor's edge for a reply already in; read it now
         sent = False
         try:
-            await self._send(frames, deadline)
+            if not await self._places.take(deadline, lambda: self._closed):
+                raise asyncio.TimeoutError
+            try:
+                await self._send(frames, deadline)
+            except BaseException:
+                self._places.give_back()
+                raise
+            self._window.sent(request_id, reserved=True)
             sent = True
             return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
@@ -184,6 +201,7 @@ class Gateway:
             raise
         finally:
             self._waiting.pop(key, None)
+            self._window.abandoned(request_id, time.monotonic())  # nothing if its reply came
 
     def cancel(self, client_id: bytes, request_id: int) -> None:
         """Withdraw a pending ENCODE (``CANCEL``); the server answers nothing anyone waits for.
@@ -228,6 +246,8 @@ class Gateway:
             except p.ProtocolError as exc:
                 logger.warning("ignoring a malformed reply: %s", exc)
                 continue
+            if self._window.answered(reply.request_id):
+                self._places.hand_out()
             future = self._waiting.pop((reply.client_id, reply.request_id), None)
             if future is not None and not future.done():
                 future.set_result(reply)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .schemas import HTTPError
+from .schemas import HTTPError, quoted
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def checked_prompt_name(name: str | None, info: dict[str, Any]) -> str | None:
     known = prompts(info)
     if name not in known:
         listed = ", ".join(map(repr, sorted(known))) if known else "none (start it with --prompt NAME=TEXT)"
-        raise HTTPError(422, f"prompt_name={name!r} is not one of this server's prompts: {listed}",
+        raise HTTPError(422, f"prompt_name={quoted(name)} is not one of this server's prompts: {listed}",
                         param="prompt_name")  # fmt: skip
     return name
 

@@ -145,8 +145,9 @@ def read_key_file(path: str) -> list[Principal]:
         raise KeyFileError(f"{path} is not UTF-8 text") from None
     except OSError as exc:
         raise KeyFileError(f"cannot read the API key file {path}: {exc.strerror}") from None
-    if mode & stat.S_IRWXO:
-        logger.warning("the API key file %s is readable by other users; chmod 600 it", path)
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):  # a local user could read a key, or add one of their own
+        raise KeyFileError(f"the API key file {path} may be read or changed by group or other users "
+                           f"(mode {stat.S_IMODE(mode):o}): chmod 600 {path}")  # fmt: skip
     return parse_key_file(text, path)
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import ServerConfig
 from ..served_models import ServedModel, directory_name
+from .bodies import BodyPace
 from .gateway import Gateway, GatewayKeys
 from .principals import Principals, load_principals
 
@@ -65,6 +66,11 @@ def run_http(
         max_inputs=config.request_size_limit,
         request_timeout_s=config.request_timeout_ms / 1000,
         token_id_input=config.token_id_input,
+        max_text_chars=config.max_text_chars,
+        max_principal_bodies_bytes=config.http_principal_body_limit,
+        body_pace=BodyPace(timeout_s=config.http_body_timeout_s, min_rate=config.http_body_min_rate),
+        max_headers=config.max_http_headers,
+        metrics_principals=config.metrics_principals,
     )
     host = connect_host(config.bind)
     port_out = config.port_out
@@ -86,11 +92,33 @@ def run_http(
             timeout_graceful_shutdown=_GRACEFUL_S,
             timeout_keep_alive=_KEEP_ALIVE_S,
             server_header=False,
+            **_edge_options(config),
         )
     )
     server.run()  # SIGTERM (or Ctrl-C) stops it gracefully: in-flight requests get _GRACEFUL_S to finish
     if not server.started:
         raise SystemExit(3)
+
+
+def _edge_options(config: ServerConfig) -> dict[str, Any]:
+    """uvicorn's options for what a connection may hold (:mod:`.connections`): the h11
+    protocol, whose header size is bounded (httptools' is not), with a header deadline and a
+    connection cap; and forwarded headers trusted only from the addresses the operator lists
+    (uvicorn trusts loopback by default, which would let any local caller name its principal)."""
+    from .connections import ConnectionLimits, bounded_protocol  # uvicorn's: in the HTTP process only
+
+    limits = ConnectionLimits(
+        max_connections=config.max_http_connections,
+        header_timeout_s=config.http_header_timeout_s,
+        discard_timeout_s=config.http_body_timeout_s,
+    )
+    trusted = list(config.forwarded_allow_ips)
+    return {
+        "http": bounded_protocol(limits),
+        "h11_max_incomplete_event_size": config.max_http_header_bytes,
+        "proxy_headers": bool(trusted),
+        "forwarded_allow_ips": trusted,
+    }
 
 
 def _model_settings(model: ServedModel) -> ModelSettings:

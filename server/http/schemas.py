@@ -20,17 +20,42 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": the caller left, and its
 STATUS_OF_KIND = {
     "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "expired": 504, "shutdown": 503,
     "forbidden": 403, "duplicate": 409, "worker": 500, "internal": 500, "cancelled": CLIENT_CLOSED,
-    p.UNKNOWN_MODEL: 404,
+    p.UNKNOWN_MODEL: 404, p.DROPPED: 503,
 }  # fmt: skip
 _TEI_PATHS = ("/embed", "/tokenize")
 _OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error",
                  422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 
 
+QUOTED_CHARS = 100
+"""The most characters of a received value an error message quotes."""
+MESSAGE_CHARS = 2000
+"""The most characters of any error message: what a caller sent never comes back larger."""
+
+
 class HTTPError(Exception):
+    """An answer other than 200; its message is cut to :data:`MESSAGE_CHARS` characters, so an
+    error's size never follows what the caller sent (quote received values with :func:`quoted`)."""
+
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        message = bounded(message, MESSAGE_CHARS)
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.code = status, message, code
+        self.param = bounded(param) if param is not None else None
+
+
+def bounded(text: str, most: int = QUOTED_CHARS) -> str:
+    """``text`` cut to ``most`` characters, saying how long it was."""
+    if len(text) <= most:
+        return text
+    return f"{text[:most]}... ({len(text)} characters)"
+
+
+def quoted(value: object, most: int = QUOTED_CHARS) -> str:
+    """``repr(value)`` for an error message, of at most a ``most``-character prefix of a string."""
+    if isinstance(value, str) and len(value) > most:
+        return f"{value[:most]!r}... ({len(value)} characters)"
+    return bounded(repr(value), most)
 
 
 # -- request bodies (their schemas are what /docs shows; inputs are checked by hand, to name the element) --

@@ -244,6 +244,14 @@ class WordPieceTokenizer:
         windows = 1 if words <= content else 1 + -(-(words - content) // step)
         return words + 2 * windows + self.stride * (windows - 1)
 
+    def count_whole(self, texts: Sequence[str]) -> list[int]:
+        """How many tokens each of ``texts`` (no pairs) becomes uncut, without [CLS] and [SEP]:
+        pieces of a long text can be counted one at a time this way, where a cut would keep
+        every window of the whole text."""
+        whole = self._variant(None)
+        encode = getattr(whole, "encode_batch_fast", whole.encode_batch)
+        return [len(e.ids) for e in encode(list(texts), add_special_tokens=False)]
+
     def truncated(self, texts: Sequence[str]) -> np.ndarray:
         """Which of ``texts`` are longer than ``max_len`` tokens and would be cut."""
         encodings = self._tokenizer.encode_batch([_split_pair(text) for text in texts])

@@ -226,12 +226,13 @@ class Clients:
     def _on_config(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         model = self._model(request, fmt)
         if model is not None:
-            self.outbox.publish(fmt, fmt.answer(request, self.head.describe(model)))
+            self.outbox.publish(fmt, fmt.answer(request, self.control.for_reader(self.head.describe(model), user)))
 
     def _on_status(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         status = self.head.status()
         if fmt.status_with_config:  # bert-as-service's status holds its config too
             status = {**self.head.describe(), **status}
+        status = self.control.for_reader(status, user)
         request_id = str(request.request_id).encode()
         self.outbox.send([p.STATUS, fmt.name, request.client_id, request_id, p.dumps(status)])
 

@@ -27,6 +27,11 @@ processes on its machine; each of them enters the registry like a local worker, 
   HELLO named; a worker gets at most :data:`~.registry.MAX_CREDITS` credits (or the head's
   ``--prefetch-size`` if larger): one asking for more is given that many, and the head says so
   once per host.
+- **Nothing read from a peer that has not joined** but its HELLO (at most
+  :data:`~.link_schema.MAX_HELLO_BYTES`); anything else of it is answered BYE unread. A RESULT is
+  read only for a job its worker holds, its header within what the job could need.
+- **What a worker says of its model** is allow-listed (:class:`~.link_schema.ModelInfo`), and
+  kept with that worker only (see :mod:`.registry`).
 - **Results only for the job held.** A RESULT is passed to the sink only if its worker holds
   the job and its parts are exactly the job's (the same request keys, the same rows, in
   order), rebuilt from the parsed header; a JOB_ERROR fails the job's own requests (whatever
@@ -69,10 +74,6 @@ _REJOIN_INTERVAL_S = 1.0  # at most one BYE a second to a host the head does not
 
 MAX_HOSTS = 1024
 """Most hosts joined at once; a HELLO past it is refused."""
-
-MAX_FRAME_BYTES = 512 * 1024 * 1024
-"""Largest frame a host may send (ZeroMQ's MAXMSGSIZE; a larger one drops its connection): a
-job's vectors, up to 256 rows of 512 tokens of 1024 float32 values."""
 
 
 @dataclass
@@ -139,7 +140,7 @@ class WorkerLink:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
         self.socket.router_mandatory = True
-        self.socket.maxmsgsize = MAX_FRAME_BYTES
+        self.socket.maxmsgsize = schema.MAX_FRAME_BYTES
         if curve_keys is not None:
             from ..security import WORKER_DOMAIN, make_curve_server
 
@@ -159,23 +160,56 @@ class WorkerLink:
         if not frames:
             return
         host_id = frames[0].bytes
+        host = self.hosts.get(host_id)
+        if host is None:
+            self._from_stranger(host_id, frames[1:])
+            return
         try:
-            message = schema.from_host(frames[1:])
+            message = self._parse(host, frames[1:])
         except schema.LinkError as exc:
             self._on_malformed(host_id, frames, exc)
             return
+        if message is None:
+            return
         try:
+            host.last_seen = time.monotonic()
             if isinstance(message, schema.Hello):
                 self._on_hello(host_id, message)
-                return
-            host = self.hosts.get(host_id)
-            if host is None:
-                self._tell_to_rejoin(host_id)
-                return
-            host.last_seen = time.monotonic()
-            self._dispatch(host, message)
+            else:
+                self._dispatch(host, message)
         except Exception:  # a bug, not the peer's doing: logged in full, and the head goes on
             logger.exception("handling a %s from %s failed", type(message).__name__, self._who(host_id))
+
+    def _from_stranger(self, host_id: bytes, frames: list[zmq.Frame]) -> None:
+        """A peer that has not joined: its HELLO is read (a small frame); anything else is
+        answered BYE unread, so a host the head forgot joins again."""
+        if not schema.is_hello(frames):
+            self._tell_to_rejoin(host_id)
+            return
+        try:
+            hello = schema.hello(frames)
+        except schema.LinkError as exc:
+            self._refusals.log("dropped a message from %s: %s", self._who(host_id), exc)
+            return
+        try:
+            self._on_hello(host_id, hello)
+        except Exception:  # a bug, not the peer's doing
+            logger.exception("handling a HELLO from %s failed", self._who(host_id))
+
+    def _parse(self, host: Host, frames: list[zmq.Frame]) -> schema.FromHost | None:
+        """A joined host's message, parsed; a RESULT's header only if its worker holds the job,
+        and within what that job could need. ``None``: a late result, dropped unread."""
+        target = schema.result_of(frames)
+        if target is None:
+            return schema.from_host(frames)
+        worker, job_id = target
+        job = self.head.registry.held(self._key(host, worker), job_id)
+        if job is None:
+            logger.debug("dropped a late result of job %s from %s: no worker holds it", job_id, host.hostname)
+            return None
+        tokens = any(piece.show_tokens for piece in job.pieces)
+        bound = schema.result_header_bound(rows=job.size, parts=len(job.pieces), texts=job.texts if tokens else None)
+        return schema.from_host(frames, result_header_bytes=bound)
 
     def _on_malformed(self, host_id: bytes, frames: list[zmq.Frame], exc: schema.LinkError) -> None:
         """Drop a message that does not follow its schema; a malformed result of a job its

@@ -4,7 +4,8 @@ strict mode:
 - an integer field takes only a JSON integer within its range (not ``1e999``, ``1.0``,
   ``true`` or ``"1"``); a float field only a finite number (no ``NaN``, no ``Infinity``);
 - a string field only a string of bounded length, and names and labels only their characters;
-- a field the schema does not know is ignored; one it requires must be there.
+- a field the schema does not know is ignored (but in a model's description, where it is
+  refused); one it requires must be there.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ MODEL_CLASS_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 ModelClass = Annotated[str, StringConstraints(max_length=255, pattern=MODEL_CLASS_PATTERN)]
 Count = Annotated[int, Field(ge=0, le=2**48)]
 Row = Annotated[int, Field(ge=0, lt=_ROWS)]
-Scalar = bool | Annotated[int, Field(ge=-(2**53), le=2**53)] | float | Text1024 | None
 
 
 def _plain_file_name(name: str) -> str:
@@ -92,21 +92,41 @@ class Hello(_Schema):
 
 
 class ModelInfo(_Schema):
-    """What a worker's model says of itself (``Model.describe()``); the head reads the typed
-    fields, and passes the rest on to CONFIG as plain JSON values."""
+    """What a worker's model says of itself (``Model.describe()``), allow-listed: the fields
+    declared here, each typed and bounded, and nothing else (a READY whose description holds
+    another key is refused, so no worker can speak for the head's own fields of CONFIG, such
+    as ``protocol``). A worker sends only these fields of its model's description
+    (:meth:`declared`)."""
 
-    model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, Scalar | Annotated[list[Scalar], Field(max_length=64)]]
+    model_config = ConfigDict(extra="forbid")
 
     output_dim: int = Field(default=0, ge=0, le=1 << 20)
     output_dtype: Literal["float16", "float32", "float64"] = "float32"
     token_level: bool = False
     chunking: bool = False
     pooling_strategy: Label | None = None
+    pooling_layer: list[Annotated[int, Field(ge=-1024, le=1024)]] | None = Field(default=None, max_length=64)
+    mask_cls_sep: bool | None = None
+    normalize: bool | None = None
+    do_lower_case: bool | None = None
     dtype: Label | None = None
+    dtype_requested: Label | None = None
+    dtype_reason: Text1024 | None = None
     max_seq_len: Annotated[int, Field(ge=1, le=1 << 20)] | Label | None = None
+    long_inputs: Label | None = None
+    chunk_stride: int | None = Field(default=None, ge=0, le=1 << 20)
+    lite_max_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
+    layers_run: int | None = Field(default=None, ge=0, le=1024)
+    graph_key: Text255 | None = None
+    runtime: Text64 | None = None
     model_dir: Text4096 | None = None
     model_class: Text255 | None = None
+
+    @classmethod
+    def declared(cls, description: dict[str, Any]) -> dict[str, Any]:
+        """The fields of ``description`` this schema declares: what a worker may send of its
+        model (a model class may describe more, for its own use)."""
+        return {key: value for key, value in description.items() if key in cls.model_fields}
 
     def public(self) -> dict[str, Any]:
         """The fields the worker sent, as plain JSON values."""

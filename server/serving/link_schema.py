@@ -8,7 +8,10 @@ never a peer's JSON, and never calls ``int()`` on it. The frame layouts and kind
 :mod:`bertserve.client.protocol`; the JSON bodies are the strict pydantic models of
 :mod:`.link_bodies`, importable from here too. A JSON frame longer than its kind's bound is
 refused unread, and so is a message with too many or too few frames, or of a kind the
-direction does not carry.
+direction does not carry. A peer that has not joined is read only for its HELLO
+(:func:`hello`, within :data:`MAX_HELLO_BYTES`), and a RESULT's header only within what the
+job it answers could need (:func:`result_header_bound`): both are checked on the frames'
+sizes, before any JSON is decoded.
 
 Host -> head (``W`` names a worker on its host, ``job`` a job id, each 1 to 64 characters of
 ``[A-Za-z0-9._:-]``)::
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from bertserve.client import protocol as p
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import wire
 from .link_bodies import (
@@ -61,21 +64,44 @@ from .link_bodies import (
 )
 
 __all__ = [
-    "ERROR_KINDS", "MAX_CONTROL_BYTES", "MAX_ERROR_BYTES", "MAX_ERROR_CHARS", "MAX_HOST_WORKERS",
-    "MAX_RESULT_HEADER_BYTES", "MODEL_CLASS_PATTERN", "Bye", "Done", "Drain", "Forget", "FromHead", "FromHost",
-    "Gone", "Heartbeat", "Hello", "JobError", "JobFor", "LinkError", "ModelInfo", "Part", "Ready", "Refused",
-    "ResultHeader", "Welcome", "WelcomeModel", "WorkerError", "WorkerReady", "WorkerResult", "from_head",
-    "from_host", "job_id", "local_credit", "local_ready", "name", "parse", "printable",
+    "ERROR_KINDS", "MAX_CONTROL_BYTES", "MAX_ERROR_BYTES", "MAX_ERROR_CHARS", "MAX_FRAME_BYTES", "MAX_HELLO_BYTES",
+    "MAX_HOST_WORKERS", "MAX_RESULT_HEADER_BYTES", "MODEL_CLASS_PATTERN", "Bye", "Done", "Drain", "Forget",
+    "FromHead", "FromHost", "Gone", "Heartbeat", "Hello", "JobError", "JobFor", "LinkError", "ModelInfo", "Part",
+    "Ready", "Refused", "ResultHeader", "Welcome", "WelcomeModel", "WorkerError", "WorkerReady", "WorkerResult",
+    "declared_ready", "from_head", "from_host", "hello", "is_hello", "job_id", "local_credit", "local_ready", "name",
+    "parse", "printable", "result_header_bound", "result_of",
 ]  # fmt: skip
 
+MAX_FRAME_BYTES = 512 * 1024 * 1024
+"""Largest frame either side of the link takes (ZeroMQ's MAXMSGSIZE on the head's ROUTER and on
+each host's DEALER, with CURVE or without; a larger one drops its connection unread): a job's
+vectors, up to 256 rows of 512 tokens of 1024 float32 values."""
+
+MAX_HELLO_BYTES = 4096
+"""Largest JSON frame of a HELLO: all a peer that has not joined may make the head read."""
+
 MAX_CONTROL_BYTES = 64 * 1024
-"""Largest JSON frame of HELLO, READY, DONE, WELCOME, REFUSED, and a GONE's or FORGET's reason."""
+"""Largest JSON frame of READY, DONE, WELCOME, REFUSED, and a GONE's or FORGET's reason."""
 
 MAX_ERROR_BYTES = 1024 * 1024
 """Largest JSON frame of a JOB_ERROR (it repeats the job's parts)."""
 
 MAX_RESULT_HEADER_BYTES = 64 * 1024 * 1024
-"""Largest JSON header of a RESULT (its parts, tokens and lengths)."""
+"""Largest JSON header of any RESULT (its parts, tokens and lengths); each is held to the
+smaller bound of the job it answers (:func:`result_header_bound`)."""
+
+RESULT_HEADER_BASE_BYTES = 16 * 1024
+"""What a RESULT header may hold beyond its rows: field names, dtype, shape, model version."""
+
+RESULT_HEADER_ROW_BYTES = 128
+"""What each row adds to a RESULT header: its index in its part, its length, its windows."""
+
+RESULT_HEADER_PART_BYTES = 512
+"""What each part adds to a RESULT header: its request key (at most 256 characters) and brackets."""
+
+RESULT_TOKEN_BYTES_PER_CHAR = 16
+"""What each character of a job's texts may add to a RESULT header when the job shows tokens:
+a token per character at worst (``"##x",``, four bytes of UTF-8, escapes, ``[UNK]``)."""
 
 _NAME = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z")
 
@@ -152,11 +178,53 @@ FromHost = Hello | Heartbeat | WorkerReady | Done | WorkerResult | WorkerError |
 FromHead = Welcome | Refused | Heartbeat | JobFor | Forget | Bye
 
 
-def from_host(frames: Sequence[Any]) -> FromHost:
-    """A host's message to the head (``frames`` after the routing id), parsed; raises :class:`LinkError`."""
+def is_hello(frames: Sequence[Any]) -> bool:
+    """Whether ``frames`` (after the routing id) is a HELLO, judged by its kind frame alone."""
+    return bool(frames) and _size(frames[0]) == len(wire.HELLO) and _bytes(frames[0]) == wire.HELLO
+
+
+def hello(frames: Sequence[Any]) -> Hello:
+    """The HELLO of a peer that has not joined, its one frame at most :data:`MAX_HELLO_BYTES`
+    (checked before its JSON is decoded); raises :class:`LinkError`."""
+    kind, rest = _split(frames, {wire.HELLO: _FROM_HOST[wire.HELLO]})
+    return parse(Hello, rest[0], kind, MAX_HELLO_BYTES)
+
+
+def result_of(frames: Sequence[Any]) -> tuple[bytes, str] | None:
+    """The worker name and job id a RESULT names (``None`` for another kind, or another
+    layout: :func:`from_host` says what is wrong), read before its header; raises
+    :class:`LinkError` for a malformed name or id."""
+    if len(frames) != 1 + _FROM_HOST[wire.RESULT][0] or _size(frames[0]) != len(wire.RESULT):
+        return None
+    if _bytes(frames[0]) != wire.RESULT:
+        return None
+    return name(frames[1], wire.RESULT), job_id(frames[2], wire.RESULT)
+
+
+def result_header_bound(*, rows: int, parts: int, texts: Sequence[Any] | None = None) -> int:
+    """The most bytes the RESULT header of a job of ``rows`` rows in ``parts`` parts may hold,
+    with the tokens of its ``texts`` if it shows them (``None``: it does not); at most
+    :data:`MAX_RESULT_HEADER_BYTES`. A header past it is refused unread."""
+    bound = RESULT_HEADER_BASE_BYTES + rows * RESULT_HEADER_ROW_BYTES + parts * RESULT_HEADER_PART_BYTES
+    if texts is not None:
+        chars = sum(_text_chars(text) for text in texts)
+        bound += RESULT_TOKEN_BYTES_PER_CHAR * (chars + 16 * rows)  # [CLS], [SEP], brackets and commas
+    return min(bound, MAX_RESULT_HEADER_BYTES)
+
+
+def _text_chars(text: Any) -> int:
+    """Characters of one input: a text, or a list of tokens (each counted with a separator)."""
+    if isinstance(text, list):
+        return sum(len(str(token)) + 1 for token in text)
+    return len(str(text))
+
+
+def from_host(frames: Sequence[Any], *, result_header_bytes: int = MAX_RESULT_HEADER_BYTES) -> FromHost:
+    """A joined host's message to the head (``frames`` after the routing id), parsed, a
+    RESULT's header within ``result_header_bytes``; raises :class:`LinkError`."""
     kind, rest = _split(frames, _FROM_HOST)
     if kind == wire.HELLO:
-        return parse(Hello, rest[0], kind)
+        return parse(Hello, rest[0], kind, MAX_HELLO_BYTES)
     if kind == wire.HEARTBEAT:
         return Heartbeat(name(rest[0], kind)) if rest else Heartbeat()
     if kind == wire.READY:
@@ -164,7 +232,7 @@ def from_host(frames: Sequence[Any]) -> FromHost:
     if kind == wire.DONE:
         return parse(Done, rest[0], kind)
     if kind == wire.RESULT:
-        header = parse(ResultHeader, rest[2], kind, MAX_RESULT_HEADER_BYTES)
+        header = parse(ResultHeader, rest[2], kind, min(result_header_bytes, MAX_RESULT_HEADER_BYTES))
         if _size(rest[3]) != header.nbytes:
             raise LinkError(f"RESULT's buffer holds {_size(rest[3])} bytes, its header says {header.nbytes}", kind)
         return WorkerResult(name(rest[0], kind), job_id(rest[1], kind), header, rest[3])
@@ -190,9 +258,29 @@ def from_head(frames: Sequence[Any]) -> FromHead:
 
 
 def local_ready(frames: Sequence[Any]) -> Ready:
-    """A local worker's ``[READY, Ready]``."""
+    """A local worker's ``[READY, Ready]``: its model's description keeps only the fields
+    :class:`ModelInfo` declares (a model class may describe more, which the head does not read)."""
     kind, rest = _split(frames, {wire.READY: (1,)})
-    return parse(Ready, rest[0], kind)
+    return parse(_OwnReady, rest[0], kind)
+
+
+def declared_ready(raw: bytes) -> bytes:
+    """A READY body of this machine's worker as a host passes it on: its model's description
+    cut to the fields :class:`ModelInfo` declares, since the head refuses any other; raises
+    :class:`LinkError` for a malformed one."""
+    return parse(_OwnReady, raw, wire.READY).model_dump_json(exclude_unset=True).encode()
+
+
+class _OwnModelInfo(ModelInfo):
+    """A model description from a worker process of this machine: undeclared fields are left out."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class _OwnReady(Ready):
+    """READY from a worker process of this machine (see :class:`_OwnModelInfo`)."""
+
+    model: _OwnModelInfo | None = None
 
 
 def local_credit(frames: Sequence[Any]) -> Done | Heartbeat:

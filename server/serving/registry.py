@@ -49,6 +49,7 @@ class WorkerState:
     draining: bool = False
     version: int | None = None  # the model version it runs (None: not from a model repository)
     model: str = ""  # the served model it runs
+    description: dict[str, Any] | None = None  # what it said of its model (its READY's ModelInfo)
     jobs: dict[str, tuple[Job, float]] = field(default_factory=dict)  # job id -> (job, dispatched at)
     answered: set[str] = field(default_factory=set)  # jobs held whose result came over the link
     jobs_done: int = 0
@@ -76,7 +77,7 @@ class Registry:
         self.max_failures = max_failures  # workers a job may lose before it is not retried
         self.workers: dict[bytes, WorkerState] = {}
         self.recent_jobs: deque[tuple[float, int, bool]] = deque(maxlen=512)  # (seconds, sentences, bulk)
-        self.models: dict[tuple[str, int | None], dict[str, Any]] = {}  # what each model version's workers report
+        self.models: dict[tuple[str, int | None], dict[str, Any]] = {}  # what each model version's local workers said
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -94,18 +95,29 @@ class Registry:
         worker.device = ready.device
         worker.version = ready.version
         worker.model = model
+        worker.description = ready.model.public() if ready.model is not None else None
         self.workers[identity] = worker
-        if ready.model is not None:
-            self.models[(model, worker.version)] = ready.model.public()
+        if worker.description is not None and host is None:
+            self.models[(model, worker.version)] = worker.description
         return worker
 
     def model_info(self, model: str, version: int | None) -> dict[str, Any]:
-        """What the workers of ``model`` in ``version`` (else in any version) report of it;
-        ``{}`` before any has."""
-        found = self.models.get((model, version))
-        if found is None:
-            found = next((info for (name, _), info in self.models.items() if name == model), {})
-        return found
+        """What the workers of ``model`` in ``version`` (else in any version) said of it: a
+        local worker's word first, else that of the remote worker of it that joined first;
+        ``{}`` before any has said."""
+        return (
+            self.models.get((model, version))
+            or self._remote_description(model, version)
+            or next((info for (name, _), info in self.models.items() if name == model), None)
+            or self._remote_description(model, _ANY)
+            or {}
+        )
+
+    def _remote_description(self, model: str, version: object) -> dict[str, Any] | None:
+        """What the longest-joined remote worker of ``model`` (in ``version``) said of it."""
+        remote = [w for w in self.workers.values() if w.host is not None and w.description is not None]
+        speakers = sorted((w for w in remote if _runs(w, model, version)), key=lambda w: w.joined)
+        return speakers[0].description if speakers else None
 
     def held_rows(self, model: str) -> int:
         """Sentences of the jobs the workers of ``model`` hold."""

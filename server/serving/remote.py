@@ -9,8 +9,7 @@ draws the messages):
   model options every worker runs (WELCOME), or says why not (REFUSED: the host exits, code 2).
   The workers start once the head has answered, worker 0 first (it builds the graph cache).
 - Jobs go to the worker the head chose; results, credits and heartbeats go back, each result
-  before the credit of its job (the worker sends them on two sockets, so a credit that
-  overtakes its result waits here).
+  before its job's credit (a credit that overtakes its result, on its other socket, waits).
 - Heartbeats both ways: a head silent for its ``heartbeat_timeout_ms``, a send the link cannot
   take, or a BYE from the head (it stopped, or does not know this host) makes the host drop
   the connection and join again, for as long as it runs; its workers keep running meanwhile
@@ -19,8 +18,7 @@ draws the messages):
   restarted with the head's backoff rules; one the head forgot (FORGET: it stopped
   answering) is killed first.
 - SIGTERM or Ctrl-C: the host asks the head for nothing new (DRAIN), lets its workers finish
-  what they hold for up to 10 s, hands back the rest (BYE), and stops them. A second Ctrl-C
-  skips the wait.
+  what they hold for up to 10 s, hands back the rest (BYE), and stops them (Ctrl-C again: now).
 
 ``--health-port`` serves container probes (:mod:`.probes`). The workers are
 :class:`.children.Children`, restarted by :mod:`.restarts`' rule, as the head's are.
@@ -32,7 +30,8 @@ answers on the head's address is taken for the head, and the host warns at start
 head is on loopback. Either way the model options of a WELCOME are held to
 :class:`.host_config.HostConfig`'s rules (plain file names inside the model directory; a
 model class only if this host's own ``--model-class`` names it), and one that breaks them is
-refused: the host says why and exits (code 2), as for REFUSED.
+refused: the host says why and exits (code 2), as for REFUSED. With a server key or not, a
+frame past :data:`.link_schema.MAX_FRAME_BYTES` drops the link unread (the host joins again).
 """
 
 from __future__ import annotations
@@ -170,6 +169,7 @@ class WorkerHost(ExitFlags):
         link.linger = 0
         link.immediate = True  # a send with no connection fails at once rather than queueing
         link.sndhwm = 10_000
+        link.maxmsgsize = schema.MAX_FRAME_BYTES  # with a server key or without: a larger frame drops the connection
         link.identity = f"h-{uuid.uuid4().hex[:12]}".encode()
         public = None
         if self.config.client_cert is not None and self.config.server_key is not None:
@@ -340,9 +340,9 @@ class WorkerHost(ExitFlags):
         identity, kind = frames[0].bytes, frames[1].bytes
         if kind != wire.READY or len(frames) != 3:
             raise p.ProtocolError(f"unexpected message {kind[:16]!r} from worker {identity!r}")
-        self.ready[identity] = frames[2].bytes
+        self.ready[identity] = schema.declared_ready(frames[2].bytes)  # the head takes only declared model fields
         if self.joined:
-            self._to_head([wire.READY, identity, frames[2].bytes])
+            self._to_head([wire.READY, identity, self.ready[identity]])
 
     def _on_result(self, frames: list[zmq.Frame]) -> None:
         kind, job_id = frames[0].bytes, frames[1].bytes

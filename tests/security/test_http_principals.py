@@ -42,7 +42,7 @@ def front(tiny_google: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     running = start_server(
         "-v", "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--http-port", str(port),
         "--api-keys", str(key_file), "--heartbeat-timeout-ms", "60000", "--max-request-size", str(REQUEST),
-        "--max-client-queued-sentences", str(2 * REQUEST), "--max-queued-sentences", "1000",
+        "--max-client-queued-sentences", str(2 * REQUEST), "--max-queued-sentences", "1000", "--metrics-principals",
         env=pythonpath_env(BERTSERVE_API_KEY=OPS),
     )  # fmt: skip
     yield Front(running, f"http://127.0.0.1:{port}", key_file)
@@ -162,6 +162,7 @@ def test_keys_never_show_in_argv_logs_status_or_metrics(front: Front) -> None:
 def test_a_malformed_key_file_stops_the_start_naming_its_line_not_its_key(tmp_path: Path) -> None:
     key_file = tmp_path / "api-keys"
     key_file.write_text(f"alice {ALICE}\n# a comment\nbob short\n")
+    key_file.chmod(0o600)
     running = start_server(
         "--model-dir", str(tmp_path), "--http-port", str(free_port()), "--api-keys", str(key_file), expect_ready=False
     )  # the keys are read before the model is looked at

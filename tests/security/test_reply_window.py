@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import zmq
@@ -30,7 +31,7 @@ from bertserve.server.config import ModelConfig, ServerConfig
 from bertserve.server.serving import formats
 from bertserve.server.serving.replies import MAX_HELD, Routed
 from faulty_model import expected, pythonpath_env
-from serving import RunningServer, start_server
+from serving import RunningServer, free_port, start_server
 from zmq.auth.certs import _write_key_file
 
 pytestmark = pytest.mark.timeout(180)
@@ -39,11 +40,17 @@ REPLY_HWM = 10  # the server under attack queues this many replies a connection
 
 
 @pytest.fixture(scope="module")
-def server(tiny_google: str) -> Iterator[RunningServer]:
-    """The hashing model with 1024-wide vectors (a reply of 16 is 64 KiB), and a small reply queue."""
+def http_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_google: str, http_port: int) -> Iterator[RunningServer]:
+    """The hashing model with 1024-wide vectors (a reply of 16 is 64 KiB), a small reply
+    queue, and the HTTP front end."""
     running = start_server(
         "--model-dir", tiny_google, "--model-class", "faulty_model:WideModel", "--max-seq-len", "32",
-        "--reply-hwm", str(REPLY_HWM), env=pythonpath_env(),
+        "--reply-hwm", str(REPLY_HWM), "--http-port", str(http_port), env=pythonpath_env(),
     )  # fmt: skip
     yield running
     running.stop()
@@ -89,6 +96,22 @@ def test_sixty_four_threads_on_one_concurrent_client_lose_nothing(server: Runnin
             thread.join(150)
     assert not errors, errors[:3]
     assert not wrong, wrong[:3]
+
+
+def test_three_hundred_http_calls_at_once_all_come_back(server: RunningServer, http_port: int) -> None:
+    """The HTTP front end is one client of the head for all its callers: 300 calls at once,
+    30 times its reply queue, are each answered with their own vectors."""
+
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=120) as http:
+            calls = [http.post("/v1/embeddings", json={"input": [f"http call {i}"] * 8}) for i in range(300)]
+            return await asyncio.gather(*calls)
+
+    responses = asyncio.run(main())
+    assert [r.status_code for r in responses] == [200] * 300, {r.status_code for r in responses}
+    for i, response in enumerate(responses):
+        got = np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got, expected([f"http call {i}"] * 8, dim=1024), atol=1e-5)
 
 
 def test_non_blocking_requests_left_unfetched_all_come_back(server: RunningServer) -> None:

@@ -136,3 +136,29 @@ def test_a_worker_with_a_server_key_does_not_talk_to_a_head_with_another(tiny_go
         assert "joined the head" not in host.tail(200)
     finally:
         host.stop()
+
+
+def test_a_worker_without_a_server_key_drops_a_frame_past_the_link_limit(
+    tiny_google: str, tmp_path: Path, context: zmq.Context
+) -> None:
+    """A head that sends a frame larger than any job needs loses its connection at the frame's
+    header: the worker never holds it (nor logs it as a malformed message), and joins again."""
+    from bertserve.server.serving.link_schema import MAX_FRAME_BYTES
+
+    rogue = RogueHead(context, {})
+    monitor = rogue.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    host = start_worker_host(rogue.port, "--model-dir", tiny_google, env=env_with(tmp_path), expect_joined=False)
+    try:
+        assert rogue.socket.poll(30_000), "the worker said no HELLO"
+        peer, kind, _ = rogue.socket.recv_multipart()
+        assert kind == wire.HELLO
+        huge = bytearray(MAX_FRAME_BYTES + 1)
+        rogue.socket.send_multipart([peer, wire.HEARTBEAT, huge], copy=False)
+        del huge
+        assert monitor.poll(30_000), "the worker kept a connection that sent it a frame past its limit"
+        rogue.serve(host, 5, until=wire.HELLO)  # and it comes back
+        assert host.process.poll() is None
+    finally:
+        monitor.close(linger=0)
+        host.stop()
+    assert "dropped a malformed message" not in host.tail(200)

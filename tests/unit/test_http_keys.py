@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -23,6 +22,12 @@ from bertserve.server.http.principals import (
 
 ALICE_KEY = "alice-key-0123456789"
 BOB_KEY = "bob:key/with+odd=chars~"
+
+
+def write_private(path: Path, data: str | bytes) -> None:
+    """A key file as its owner keeps one: read and written by the owner only."""
+    path.touch(mode=0o600)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
 
 
 def test_a_key_file_names_one_principal_a_line() -> None:
@@ -64,40 +69,40 @@ def test_a_bad_line_names_the_file_and_line_and_never_the_key(text: str, line: i
 
 def test_an_empty_unreadable_or_binary_file_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
-    empty.write_text("# nobody yet\n\n")
+    write_private(empty, "# nobody yet\n\n")
     with pytest.raises(KeyFileError, match="holds no key"):
         read_key_file(str(empty))
     with pytest.raises(KeyFileError, match="cannot read the API key file"):
         read_key_file(str(tmp_path / "missing"))
     binary = tmp_path / "binary"
-    binary.write_bytes(b"alice \xff\xfe-0123456789\n")
+    write_private(binary, b"alice \xff\xfe-0123456789\n")
     with pytest.raises(KeyFileError, match="not UTF-8"):
         read_key_file(str(binary))
 
 
-def test_a_key_file_others_may_read_is_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_key_file_group_or_others_may_read_or_change_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "keys"
-    path.write_text(f"alice {ALICE_KEY}\n")
+    write_private(path, f"alice {ALICE_KEY}\n")
     os.chmod(path, 0o600)
-    with caplog.at_level(logging.WARNING, logger="bertserve.http"):
-        read_key_file(str(path))
-        assert not caplog.records
-        os.chmod(path, 0o644)
-        read_key_file(str(path))
-    assert "readable by other users" in caplog.text and ALICE_KEY not in caplog.text
+    assert read_key_file(str(path))
+    for mode in (0o640, 0o620, 0o604, 0o602, 0o644):
+        os.chmod(path, mode)
+        with pytest.raises(KeyFileError, match=f"chmod 600 {path}") as refused:
+            read_key_file(str(path))
+        assert f"mode {mode:o}" in str(refused.value) and ALICE_KEY not in str(refused.value)
 
 
 def test_the_single_api_key_is_the_principal_named_default(tmp_path: Path) -> None:
     single = load_principals("single-key-0123", None)
     assert single.names == (SINGLE_KEY_NAME,) and single.authenticate(b"single-key-0123") == SINGLE_KEY_NAME
     path = tmp_path / "keys"
-    path.write_text(f"alice {ALICE_KEY}\n")
+    write_private(path, f"alice {ALICE_KEY}\n")
     both = load_principals("single-key-0123", str(path))
     assert both.names == ("alice", SINGLE_KEY_NAME)
     assert both.authenticate(ALICE_KEY.encode()) == "alice"
     with pytest.raises(KeyFileError, match="--api-key is also a key in"):
         load_principals(ALICE_KEY, str(path))
-    path.write_text(f"default {ALICE_KEY}\n")
+    write_private(path, f"default {ALICE_KEY}\n")
     with pytest.raises(KeyFileError, match="'default', the name of --api-key"):
         load_principals("single-key-0123", str(path))
     assert not load_principals(None, None).required

@@ -96,6 +96,39 @@ def test_a_host_the_head_does_not_know_is_told_to_join_again(head: Head) -> None
     assert head.answer(dealer) == [wire.BYE]
 
 
+def test_a_stranger_is_read_for_nothing_but_a_small_hello(head: Head, monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[object] = []
+    original = link_schema.from_host
+    monkeypatch.setattr(link_schema, "from_host", lambda *args, **kw: parsed.append(args) or original(*args, **kw))
+    dealer = head.host()
+    dealer.send_multipart([wire.RESULT, b"w0-7", b"1", b'{"parts":' + b" " * (1 << 20) + b"[]}", b""])
+    assert head.answer(dealer) == [wire.BYE] and parsed == []  # answered unread
+    hello = {"link": wire.LINK_VERSION, "model_sha256": SHA, "hostname": "x" * 200, "pad": "y" * 5000}
+    dealer.send_multipart([wire.HELLO, p.dumps(hello)])
+    head.pump()
+    assert not head.ventilator.link.hosts  # type: ignore[union-attr]
+    kind, _ = head.hello(dealer, hostname="small")
+    assert kind == wire.WELCOME
+
+
+def test_a_remote_workers_model_description_is_allow_listed_and_leaves_with_it(head: Head) -> None:
+    dealer = head.host()
+    assert head.hello(dealer)[0] == wire.WELCOME
+    ready = {"worker": 0, "pid": 7, "credits": 1}
+    dealer.send_multipart([wire.READY, b"w0-1", p.dumps({**ready, "model": {"output_dim": 3, "protocol": 99}})])
+    dealer.send_multipart([wire.READY, b"w0-2", p.dumps({**ready, "model": {"output_dim": 5}})])
+    for _ in range(100):
+        head.pump(1)
+        if head.ventilator.registry.workers:
+            break
+    assert [w.name for w in head.ventilator.registry.workers.values()] == [b"w0-2"]
+    config = head.ventilator.describe()
+    assert config["output_dim"] == 5 and config["protocol"] == p.PROTOCOL_VERSION
+    dealer.send_multipart([wire.BYE])
+    head.pump()
+    assert head.ventilator.describe().get("output_dim") is None  # it left with its worker
+
+
 def test_jobs_go_to_the_remote_worker_and_its_result_to_the_sink(head: Head) -> None:
     dealer = head.host()
     head.join(dealer)
@@ -117,6 +150,18 @@ def result_of(job_header: bytes, dim: int = 2) -> dict:
     """The header of a float32 result of ``dim`` values a row for the job of ``job_header``."""
     parts = p.loads(job_header)["parts"]
     return {"parts": parts, "dtype": "float32", "shape": [sum(len(part["rows"]) for part in parts), dim]}
+
+
+def test_a_result_header_past_what_its_job_needs_breaks_its_worker_unread(head: Head) -> None:
+    dealer = head.host()
+    head.join(dealer)
+    head.request(b"c1", 1, ["one"])
+    _, _, job_id, header, _ = head.answer(dealer)
+    head.sink_messages()
+    swollen = p.dumps({**result_of(header), "pad": "x" * (64 << 10)})
+    dealer.send_multipart([wire.RESULT, b"w0-7", job_id, swollen, b"\0" * 8])
+    assert head.answer(dealer)[:2] == [wire.FORGET, b"w0-7"]
+    assert not head.ventilator.registry.workers and head.sink_messages() == []
 
 
 def test_a_late_result_of_a_job_that_went_elsewhere_is_dropped(head: Head) -> None:

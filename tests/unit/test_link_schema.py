@@ -34,13 +34,52 @@ def refused(frames: list[bytes], direction: Any = schema.from_host) -> str:
 
 
 def test_ready_parses_into_typed_fields() -> None:
-    message = schema.from_host([wire.READY, b"w0-7", raw({**READY, "model": {"output_dim": 4, "extra": [1, "x"]}})])
+    message = schema.from_host([wire.READY, b"w0-7", raw({**READY, "model": {"output_dim": 4, "dtype": "float32"}})])
     assert isinstance(message, schema.WorkerReady) and message.worker == b"w0-7"
     ready = message.ready
     assert (ready.worker, ready.pid, ready.credits, ready.device, ready.version) == (0, 7, 2, "/CPU:0", None)
-    assert ready.model is not None and ready.model.public() == {"output_dim": 4, "extra": [1, "x"]}
+    assert ready.model is not None and ready.model.public() == {"output_dim": 4, "dtype": "float32"}
     moved = ready.model.model_copy(update={"model_dir": "/head/model"})
-    assert moved.public() == {"output_dim": 4, "extra": [1, "x"], "model_dir": "/head/model"}
+    assert moved.public() == {"output_dim": 4, "dtype": "float32", "model_dir": "/head/model"}
+
+
+@pytest.mark.parametrize("key", ["protocol", "server_version", "curve", "max_message_bytes", "ready", "extra"])
+def test_a_model_description_with_an_undeclared_key_is_refused(key: str) -> None:
+    said = refused([wire.READY, b"w0-7", raw({**READY, "model": {"output_dim": 4, key: 1}})])
+    assert f"model.{key}" in said and "not permitted" in said
+
+
+def test_a_worker_of_this_machine_has_its_undeclared_fields_left_out() -> None:
+    body = raw({**READY, "model": {"output_dim": 4, "labels": ["a", "b"], "protocol": 9}})
+    ready = schema.local_ready([wire.READY, body])
+    assert ready.model is not None and ready.model.public() == {"output_dim": 4}
+    passed_on = schema.declared_ready(body)
+    assert p.loads(passed_on)["model"] == {"output_dim": 4}
+    message = schema.from_host([wire.READY, b"w0-7", passed_on])  # what a host passes on, the head takes
+    assert isinstance(message, schema.WorkerReady) and message.ready.model is not None
+
+
+def test_a_peer_that_has_not_joined_is_read_for_a_small_hello_only() -> None:
+    hello = raw({"link": 1, "hostname": "far", "model_sha256": "ab" * 32})
+    assert schema.is_hello([wire.HELLO, hello]) and schema.hello([wire.HELLO, hello]).hostname == "far"
+    assert not schema.is_hello([wire.RESULT, b"w0-1", b"1", b"{}", b""]) and not schema.is_hello([])
+    padded = raw({"link": 1, "hostname": "far", "pad": "x" * schema.MAX_HELLO_BYTES})
+    assert "at most 4096" in refused([wire.HELLO, padded], schema.hello)
+    assert "frame(s) after its kind" in refused([wire.HELLO, hello, b"more"], schema.hello)
+
+
+def test_a_result_header_is_bounded_by_its_job() -> None:
+    assert schema.result_of([wire.RESULT, b"w0-1", b"17", b"{}", b""]) == (b"w0-1", "17")
+    assert schema.result_of([wire.DONE, b"{}"]) is None and schema.result_of([wire.RESULT, b"w0-1"]) is None
+    plain = schema.result_header_bound(rows=2, parts=1)
+    assert plain < 32 * 1024
+    with_tokens = schema.result_header_bound(rows=2, parts=1, texts=["x" * 1000, ["tok", "ens"]])
+    assert with_tokens >= plain + 16 * 1008
+    assert schema.result_header_bound(rows=10**9, parts=1) == schema.MAX_RESULT_HEADER_BYTES
+    header = raw({"parts": [{"key": "k", "rows": [0]}], "dtype": "float32", "shape": [1, 4], "pad": "x" * 2000})
+    frames = [wire.RESULT, b"w0-1", b"1", header, b"\0" * 16]
+    assert isinstance(schema.from_host(frames), schema.WorkerResult)
+    assert "at most 1000" in refused(frames, lambda f: schema.from_host(f, result_header_bytes=1000))
 
 
 @pytest.mark.parametrize(

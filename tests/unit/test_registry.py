@@ -133,3 +133,24 @@ def test_a_result_is_answered_once_and_forgotten_with_its_job() -> None:
     assert r.answer(b"w0-1", "1") and not r.answer(b"w0-1", "1")
     r.done(b"w0-1", done("1", "w0-1"), now=1.0)
     assert not r.answered(b"w0-1", "1")
+
+
+def test_a_workers_word_on_its_model_leaves_with_it_and_a_local_workers_comes_first() -> None:
+    def ready(**model: Any) -> Ready:
+        return Ready.model_validate({"worker": 0, "pid": 1, "credits": 1, "model": model})
+
+    r = Registry(job_timeout_s=5.0, heartbeat_timeout_s=3.0)
+    r.add(b"h-1/w0-1", ready(output_dim=99), now=0.0, host=b"h-1")
+    r.add(b"h-2/w0-1", ready(output_dim=98), now=1.0, host=b"h-2")
+    assert r.model_info("", None) == {"output_dim": 99}  # the remote worker that joined first
+    r.remove(b"h-1/w0-1")
+    assert r.model_info("", None) == {"output_dim": 98}
+    r.add(b"w0-3", ready(output_dim=16), now=2.0)
+    assert r.model_info("", None) == {"output_dim": 16}  # the head's own worker speaks over any remote one
+    r.remove(b"h-2/w0-1")
+    r.remove(b"w0-3")
+    assert r.model_info("", None) == {"output_dim": 16}  # kept across a local worker's restart
+    r2 = Registry(job_timeout_s=5.0, heartbeat_timeout_s=3.0)
+    r2.add(b"h-1/w0-1", ready(output_dim=99), now=0.0, host=b"h-1")
+    r2.lose(b"h-1/w0-1")
+    assert r2.model_info("", None) == {}  # gone with the only worker that said it

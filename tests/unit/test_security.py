@@ -4,6 +4,7 @@ loopback. The reply routing built on it is tested in ``test_replies.py``."""
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +105,49 @@ def test_load_curve_dir_names_what_is_missing(curve_dir: Path) -> None:
         s.load_curve_dir(curve_dir)
     with pytest.raises(ValueError, match="does not exist"):
         s.load_curve_dir(curve_dir / "nowhere")
+
+
+def test_keygen_makes_directories_and_files_others_cannot_change(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        public, secret = s.keygen(tmp_path / "a" / "b", "me")
+        s.keygen(tmp_path / "a" / "b", "you")  # into a directory that is there
+    finally:
+        os.umask(old)
+    modes = {path: stat.S_IMODE(path.stat().st_mode) for path in (tmp_path / "a", public.parent, public, secret)}
+    assert list(modes.values()) == [0o700, 0o700, 0o644, 0o600]
+
+
+@pytest.mark.parametrize(
+    ("relative", "bits", "fix"),
+    [
+        (".", stat.S_IWGRP, "chmod 700"),
+        ("clients", stat.S_IWOTH, "chmod 700"),
+        ("admins", stat.S_IWGRP, "chmod 700"),
+        ("admins/alice.key", stat.S_IWOTH, "chmod 644"),
+        ("server.key", stat.S_IWGRP, "chmod 644"),
+        ("server.key_secret", stat.S_IRGRP, "chmod 600"),
+        ("server.key_secret", stat.S_IROTH, "chmod 600"),
+    ],
+)
+def test_load_curve_dir_refuses_what_others_could_change_or_read(
+    curve_dir: Path, relative: str, bits: int, fix: str
+) -> None:
+    path = curve_dir / relative
+    path.chmod(stat.S_IMODE(path.stat().st_mode) | bits)
+    with pytest.raises(ValueError) as refused:
+        s.load_curve_dir(curve_dir)
+    assert str(path) in str(refused.value) and f"{fix} {path}" in str(refused.value)
+    path.chmod(stat.S_IMODE(path.stat().st_mode) & ~bits)
+    s.load_curve_dir(curve_dir)
+
+
+def test_readable_public_keys_are_safe(curve_dir: Path) -> None:
+    assert s.unsafe_mode(curve_dir / "server.key") is None  # 0644: anyone may read a public key
+    (curve_dir / "workers").mkdir(mode=0o755)
+    assert s.unsafe_mode(curve_dir / "workers") is None
+    (curve_dir / "workers").chmod(0o775)
+    assert "chmod 700" in (s.unsafe_mode(curve_dir / "workers") or "")
 
 
 # -- the identity rules ------------------------------------------------------------------

@@ -1,0 +1,208 @@
+"""The text limits every HTTP path applies before it tokenizes, and the tokenizing the HTTP
+process does itself (``/tokenize``, and ``/embed``'s refusal of over-long inputs), bounded in
+memory whatever the text.
+
+The ``tokenizers`` library encodes a text whole before it cuts it, and keeps what it cut as
+windows: a megabyte of ``.`` is a million tokens, held twice. So nothing here hands it more
+than a bounded piece at a time. Where only "is it longer than the model takes?" matters, a
+text is counted a piece of :data:`PIECE_CHARS` characters at a time (cut after a space where
+there is one, so no word is split), and counting stops once past the model's length. A
+``/tokenize`` answer holds at most :data:`TOKENIZE_TOKENS` tokens, counted the same way before
+any is made; with ``truncate``, a text is cut to the pieces that hold the tokens kept before it
+is tokenized. Tokenizing runs off the event loop, at most :data:`AT_ONCE` requests at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from bertserve.client.protocol import PAIR_SEPARATOR
+
+from .schemas import HTTPError
+
+PIECE_CHARS = 4096
+"""The most characters handed to the tokenizer at once for a long text."""
+GROUP_CHARS = 65_536
+"""The most characters of short texts handed to the tokenizer at once."""
+TOKENIZE_TOKENS = 32_768
+"""The most tokens one ``/tokenize`` answer holds (each about 400 bytes while it is made)."""
+AT_ONCE = 2
+"""Requests tokenized at once in the HTTP process; the rest wait their turn."""
+
+T = TypeVar("T")
+
+
+class Tokenizing:
+    """Tokenizing work of the HTTP process: in threads, :data:`AT_ONCE` requests at a time, so
+    that what it holds at a time is bounded however many requests come."""
+
+    def __init__(self, at_once: int = AT_ONCE) -> None:
+        self._turns = asyncio.Semaphore(at_once)
+
+    async def run(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        async with self._turns:
+            return await asyncio.to_thread(work, *args, **kwargs)
+
+
+def check_text_limits(texts: Sequence[Any], name: str, *, max_inputs: int, max_chars: int) -> list[Any]:
+    """``texts`` if within ``--max-request-size`` inputs of ``--max-text-chars`` characters
+    each (a pre-tokenized input: its tokens' characters), before anything tokenizes them; else 413."""
+    if len(texts) > max_inputs:
+        raise HTTPError(413, f"the request has {len(texts)} inputs; this server takes at most {max_inputs} per "
+                        "request", code="limit")  # fmt: skip
+    for index, text in enumerate(texts):
+        size = len(text) if isinstance(text, str) else sum(map(len, text))
+        if size > max_chars:
+            raise HTTPError(413, f"{name}[{index}] has {size} characters; this server takes at most {max_chars}",
+                            param=name, code="limit")  # fmt: skip
+    return list(texts)
+
+
+def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of consecutive pieces of ``text``, each at most ``size`` characters,
+    cut after the last space of its second half where there is one."""
+    start = 0
+    while start < len(text):
+        stop = min(start + size, len(text))
+        if stop < len(text):
+            stop = _after_last_space(text, start + size // 2, stop) or stop
+        yield start, stop
+        start = stop
+
+
+def _after_last_space(text: str, low: int, high: int) -> int | None:
+    for index in range(high - 1, low - 1, -1):
+        if text[index].isspace():
+            return index + 1
+    return None
+
+
+def _sides(text: str) -> list[str]:
+    """A sentence pair's two sides (as the tokenizer cuts and strips them), or the one text."""
+    if PAIR_SEPARATOR in text:
+        first, second = text.split(PAIR_SEPARATOR, 1)
+        return [first.strip(), second.strip()]
+    return [text]
+
+
+def _specials(text: str) -> int:
+    """[CLS] and [SEP] around an input, and a pair's second [SEP]."""
+    return 3 if PAIR_SEPARATOR in text else 2
+
+
+def count_up_to(tokenizer: Any, sides: Sequence[str], most: int) -> int:
+    """The tokens of ``sides`` (no specials), counted a piece at a time; once past ``most`` the
+    count stops, and is only known to be more than ``most``."""
+    total = 0
+    for side in sides:
+        for start, stop in pieces(side):
+            total += tokenizer.count_whole([side[start:stop]])[0]
+            if total > most:
+                return total
+    return total
+
+
+def first_over_long(tokenizer: Any, texts: Sequence[str]) -> int | None:
+    """The index of the first of ``texts`` longer than ``tokenizer.max_len`` tokens (its
+    specials counted), or None: short texts are tokenized together, :data:`GROUP_CHARS` at a
+    time, and a long one a piece at a time until it is known to be past the length."""
+    group: list[int] = []
+
+    def over_in_group() -> int | None:
+        if not group:
+            return None
+        over = tokenizer.truncated([texts[i] for i in group])
+        found = next((i for i, cut in zip(group, over, strict=True) if cut), None)
+        group.clear()
+        return found
+
+    chars = 0
+    for index, text in enumerate(texts):
+        if len(text) <= PIECE_CHARS:
+            group.append(index)
+            chars += len(text)
+            found = over_in_group() if chars >= GROUP_CHARS else None
+            chars = 0 if not group else chars
+            if found is not None:
+                return found
+            continue
+        found, chars = over_in_group(), 0
+        if found is not None:
+            return found
+        most = tokenizer.max_len - _specials(text)
+        if count_up_to(tokenizer, _sides(text), most) > most:
+            return index
+    return over_in_group()
+
+
+def tokens_answered(
+    tokenizer: Any, texts: Sequence[str], *, add_special_tokens: bool, truncate: bool, most: int = TOKENIZE_TOKENS
+) -> None:
+    """413 unless ``/tokenize``'s answer for ``texts`` holds at most ``most`` tokens, counted
+    a piece at a time before any is made."""
+    total = 0
+    for text in texts:
+        specials = _specials(text) if add_special_tokens else 0
+        if truncate:
+            total += min(count_up_to(tokenizer, _sides(text), tokenizer.max_len) + specials, tokenizer.max_len)
+        else:
+            total += count_up_to(tokenizer, _sides(text), most - total) + specials
+        if total > most:
+            how = "" if truncate else "; pass truncate=true to have each cut to the model's length"
+            raise HTTPError(413, f"the answer would hold more than {most} tokens: send fewer or shorter inputs{how}",
+                            code="limit")  # fmt: skip
+
+
+def explain_bounded(
+    tokenizer: Any, texts: Sequence[str], *, add_special_tokens: bool, truncate: bool, direction: str
+) -> list[list[dict[str, Any]]]:
+    """``tokenizer.explain`` of ``texts`` (``/tokenize``'s answer), in groups of at most
+    :data:`GROUP_CHARS` characters; with ``truncate``, each single text is first cut to the
+    pieces holding the tokens kept, on the side ``direction`` keeps, and its offsets told in
+    the whole text."""
+    answer: list[list[dict[str, Any]]] = []
+    group: list[tuple[str, int]] = []  # a text to explain, and where it starts in its input
+    chars = 0
+    for text in texts:
+        start, stop = (0, len(text))
+        if truncate and PAIR_SEPARATOR not in text:
+            start, stop = _kept_span(tokenizer, text, direction)
+        group.append((text[start:stop], start))
+        chars += stop - start
+        if chars >= GROUP_CHARS:
+            answer += _explain(tokenizer, group, add_special_tokens, truncate, direction)
+            group, chars = [], 0
+    return answer + _explain(tokenizer, group, add_special_tokens, truncate, direction)
+
+
+def _kept_span(tokenizer: Any, text: str, direction: str) -> tuple[int, int]:
+    """The shortest run of ``text``'s pieces, from the end that truncation keeps, holding more
+    tokens than the model takes (or the whole text): cut there, it keeps the same tokens."""
+    spans = list(pieces(text))
+    if direction == "left":
+        spans.reverse()
+    total = 0
+    for taken, (start, stop) in enumerate(spans, 1):
+        total += tokenizer.count_whole([text[start:stop]])[0]
+        if total > tokenizer.max_len:
+            kept = spans[:taken]
+            return min(s for s, _ in kept), max(e for _, e in kept)
+    return 0, len(text)
+
+
+def _explain(
+    tokenizer: Any, group: list[tuple[str, int]], add_special_tokens: bool, truncate: bool, direction: str
+) -> list[list[dict[str, Any]]]:
+    if not group:
+        return []
+    explained = tokenizer.explain([text for text, _ in group], add_special_tokens=add_special_tokens,
+                                  truncate=truncate, truncation_direction=direction)  # fmt: skip
+    for tokens, (_, shift) in zip(explained, group, strict=True):
+        if shift:
+            for token in tokens:
+                if token["start"] is not None:
+                    token["start"] += shift
+                    token["stop"] += shift
+    return explained
