@@ -185,8 +185,10 @@ QUEUED_BYTES = 128 * 1024 * 1024
 QUEUED_SENTENCES = 500_000
 CLIENT_QUEUED_SENTENCES = 200_000
 REQUEST_SIZE = 100_000
-HTTP_BODY_BYTES = 16 * 1024 * 1024
-"""Default largest HTTP body: bulk work is better sent as several requests, or over ZeroMQ."""
+HTTP_BODY_BYTES = 12 * 1024 * 1024
+"""Default largest HTTP body: while it is read, parsed and sent on, one body costs the HTTP process
+about four times its size, so this keeps one request within 64 MiB; bulk work is better sent as
+several requests, or over ZeroMQ."""
 HTTP_BODY_BYTES_TOTAL = 32 * 1024 * 1024
 """Default budget of the HTTP bodies held at once (``server/http/bodies.py``): a body costs the head
 a few times its size while it is parsed and sent on, so this keeps HTTP within about 300 MiB of a

@@ -239,14 +239,16 @@ def test_one_request_as_large_as_the_limits_grows_the_http_process_by_at_most_64
     shapes: list[tuple[str, dict[str, object], set[int]]] = [
         ("/tokenize", {"inputs": dots}, {413}),  # the whole of it would be 100,002 tokens
         ("/tokenize", {"inputs": dots, "truncate": True}, {200}),
-        ("/tokenize", {"inputs": [dots] * 150, "truncate": True}, {200}),  # a 15 MB body
-        ("/tokenize", {"inputs": [dots] * 150, "truncate": True, "truncation_direction": "left"}, {200}),
-        ("/tokenize", {"inputs": ["a " * 50_000] * 150}, {413}),
-        ("/embed", {"inputs": [dots] * 150}, {413}),  # over-long, found at once
+        ("/tokenize", {"inputs": [dots] * 125, "truncate": True}, {200}),  # a 12.5 MB body, just under the limit
+        ("/tokenize", {"inputs": [dots] * 125, "truncate": True, "truncation_direction": "left"}, {200}),
+        ("/tokenize", {"inputs": ["a " * 50_000] * 125}, {413}),
+        ("/embed", {"inputs": [dots] * 125}, {413}),  # over-long, found at once
         ("/embed", {"inputs": "word " * 760_000}, {413}),  # 3.8 MB: over --max-text-chars
-        ("/v1/embeddings", {"input": [dots] * 150}, {200}),
+        ("/v1/embeddings", {"input": [dots] * 125}, {200}),
     ]
     with httpx.Client(base_url=front.url, headers=_auth(), timeout=30) as http:
+        for path in ("/tokenize", "/embed"):  # a served process: its threads and pools made once
+            assert http.post(path, json={"inputs": ["warm up"] * 8}).status_code == 200
         for path, body, expected in shapes:
             with peak_growth(front) as growth:
                 started = time.perf_counter()
