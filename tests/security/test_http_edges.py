@@ -221,7 +221,9 @@ def test_a_header_flood_is_cut_off_in_bytes_and_in_time(front: Front) -> None:
 
     with peak_growth(front) as growth:
         sent = asyncio.run(stream_headers())
-    assert sent < 4 * MIB, f"the server read {sent / MIB:.0f} MiB of headers"
+    # What the flood wrote before the close includes both ends' kernel buffers (up to about 10 MiB
+    # on loopback); before the bound, the server read all 64 MiB.
+    assert sent < 16 * MIB, f"the server read {sent / MIB:.0f} MiB of headers"
     assert growth() < 16, f"a header flood grew the HTTP process by {growth():.0f} MiB"
     with peak_growth(front) as growth:
         took = asyncio.run(partial_headers(CONNECTIONS - 8))
