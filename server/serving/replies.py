@@ -261,7 +261,7 @@ class Routed:
         self.socket.linger = 1000
         self.socket.sndhwm = socket_hwm(config.reply_hwm)  # per connection
         self._unread_why = _unread_why(config.reply_hwm)
-        self._owed = Owed()
+        self._owed = Owed(key_of=_key_of)  # one key's owed errors cannot push out another's
         self.socket.maxmsgsize = MAX_INBOUND_BYTES
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone connection raises, so its routes go
         # A connection that died without closing is found within seconds, so the client's new
