@@ -47,13 +47,16 @@ class BodyBudget:
         self.in_use = 0
         self._held: dict[str, int] = {}
 
+    def fits(self, amount: int, principal: str = "") -> bool:
+        """Whether ``amount`` more for ``principal`` fits both bounds now (nothing is taken)."""
+        return self.in_use + amount <= self.total and self.held_by(principal) + amount <= self.per_principal
+
     def take(self, amount: int, principal: str = "") -> bool:
         """Take ``amount`` for ``principal`` if it fits both bounds; False (and nothing taken) if not."""
-        held = self._held.get(principal, 0)
-        if self.in_use + amount > self.total or held + amount > self.per_principal:
+        if not self.fits(amount, principal):
             return False
         self.in_use += amount
-        self._held[principal] = held + amount
+        self._held[principal] = self.held_by(principal) + amount
         return True
 
     def give(self, amount: int, principal: str = "") -> None:

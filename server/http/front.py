@@ -143,8 +143,7 @@ class Front:
                              f"'{{' and {ARRAY_COST} for each '['); this server holds at most "
                              f"{_mib(self.budget.per_principal)} of one caller's bodies at once: send fewer inputs "
                              "per request", code="limit")  # fmt: skip
-        taken = self.budget.held_by(visit.owner)
-        if self.budget.in_use + amount > self.budget.total or taken + amount > self.budget.per_principal:
+        if not self.budget.fits(amount, visit.owner):
             return HTTPError(429, f"the server holds as many request bodies as it can at once "
                              f"({_mib(self.budget.total)}, {_mib(self.budget.per_principal)} of one caller's); "
                              "retry later", code="busy")  # fmt: skip

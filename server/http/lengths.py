@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from bertserve.client.protocol import PAIR_SEPARATOR
 
+from ..model.tokenization import split_pair
 from .schemas import HTTPError
 
 PIECE_CHARS = 4096
@@ -81,10 +82,8 @@ def _after_last_space(text: str, low: int, high: int) -> int | None:
 
 def _sides(text: str) -> list[str]:
     """A sentence pair's two sides (as the tokenizer cuts and strips them), or the one text."""
-    if PAIR_SEPARATOR in text:
-        first, second = text.split(PAIR_SEPARATOR, 1)
-        return [first.strip(), second.strip()]
-    return [text]
+    split = split_pair(text)
+    return list(split) if isinstance(split, tuple) else [split]
 
 
 def _specials(text: str) -> int:
@@ -120,19 +119,16 @@ def first_over_long(tokenizer: Any, texts: Sequence[str]) -> int | None:
 
     chars = 0
     for index, text in enumerate(texts):
-        if len(text) <= PIECE_CHARS:
+        long = len(text) > PIECE_CHARS
+        if not long:
             group.append(index)
             chars += len(text)
-            found = over_in_group() if chars >= GROUP_CHARS else None
-            chars = 0 if not group else chars
-            if found is not None:
-                return found
-            continue
-        found, chars = over_in_group(), 0
+            if chars < GROUP_CHARS:
+                continue
+        found, chars = over_in_group(), 0  # a full group, or the short texts before a long one
         if found is not None:
             return found
-        most = tokenizer.max_len - _specials(text)
-        if count_up_to(tokenizer, _sides(text), most) > most:
+        if long and count_up_to(tokenizer, _sides(text), most := tokenizer.max_len - _specials(text)) > most:
             return index
     return over_in_group()
 

@@ -138,7 +138,7 @@ class WordPieceTokenizer:
         if is_tokenized:
             windows = [self._encode_tokens(list(tokens), chunk, left) for tokens in texts]
         else:
-            inputs = [_split_pair(text) for text in texts]
+            inputs = [split_pair(text) for text in texts]
             windows = [
                 [(e.ids, e.type_ids, e.tokens, False) for e in (enc, *enc.overflowing)]
                 if chunk and enc.overflowing and isinstance(text, str)
@@ -180,7 +180,7 @@ class WordPieceTokenizer:
         :meth:`tokenize` gives the model, cut as it cuts them when ``truncate``.
         """
         _check_direction(truncation_direction)
-        inputs = [_split_pair(text) for text in texts]
+        inputs = [split_pair(text) for text in texts]
         tokenizer = self._variant(truncation_direction if truncate else None)
         encodings = tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
         return [_explained(text, enc) for text, enc in zip(texts, encodings, strict=True)]
@@ -228,7 +228,7 @@ class WordPieceTokenizer:
             return np.fromiter((min(len(t) + 2, self.max_len) for t in texts), dtype=np.int32, count=len(texts))
         # Without character offsets (tokenizers >= 0.20): the same ids, a fifth less time.
         encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
-        inputs = [_split_pair(text) for text in texts]
+        inputs = [split_pair(text) for text in texts]
         encodings = encode(inputs)
         if chunk:  # a pair is truncated, not chunked
             counts = (
@@ -254,7 +254,7 @@ class WordPieceTokenizer:
 
     def truncated(self, texts: Sequence[str]) -> np.ndarray:
         """Which of ``texts`` are longer than ``max_len`` tokens and would be cut."""
-        encodings = self._tokenizer.encode_batch([_split_pair(text) for text in texts])
+        encodings = self._tokenizer.encode_batch([split_pair(text) for text in texts])
         return np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(texts))
 
     def tokens_of(self, ids: Sequence[int]) -> list[str]:
@@ -339,7 +339,7 @@ def _check_direction(direction: str) -> None:
 
 def _explained(text: str, encoding: Any) -> list[dict[str, Any]]:
     """One token dict per token of ``encoding`` (of ``text``), with offsets into ``text``."""
-    # tokenizers gives a pair's offsets within each side, as _split_pair cut and stripped it
+    # tokenizers gives a pair's offsets within each side, as split_pair cut and stripped it
     if PAIR_SEPARATOR in text:
         first, second = text.split(PAIR_SEPARATOR, 1)
         second_start = len(first) + len(PAIR_SEPARATOR)
@@ -357,7 +357,8 @@ def _explained(text: str, encoding: Any) -> list[dict[str, Any]]:
     return tokens
 
 
-def _split_pair(text: str) -> str | tuple[str, str]:
+def split_pair(text: str) -> str | tuple[str, str]:
+    """A sentence pair's two sides (``first ||| second``), cut and stripped; else the one text."""
     if PAIR_SEPARATOR in text:
         first, second = text.split(PAIR_SEPARATOR, 1)
         return first.strip(), second.strip()
