@@ -29,6 +29,16 @@ setup(
         "bertserve.server.http",
         "bertserve.server.model",
         "bertserve.server.serving",
+        "bertserve.server.serving.head",
+        "bertserve.server.serving.policy",
+        "bertserve.server.serving.process",
+        "bertserve.server.serving.protocol",
+        "bertserve.server.serving.remote",
+        "bertserve.server.serving.sink",
+        "bertserve.server.serving.versions",
+        "bertserve.server.serving.worker",
+        "bertserve.server.cli",
+        "bertserve.server.config",
     ],
     package_dir={"bertserve.client": "client", "bertserve.server": "server"},
     package_data={"bertserve.client": ["py.typed"], "bertserve.server": ["py.typed"]},
@@ -44,7 +54,7 @@ setup(
             "prometheus-client>=0.17",
             "fastapi>=0.110",
             "fastapi-offline>=1.7",  # Swagger UI's and ReDoc's files, served by /docs and /redoc without a CDN
-            "pydantic>=2.6",  # the worker link's schemas (server/serving/link_schema.py)
+            "pydantic>=2.6",  # the worker link's schemas (server/serving/protocol/link.py)
             "uvicorn>=0.29",
             "uvloop>=0.19; sys_platform != 'win32'",
             "httptools>=0.6",
@@ -53,6 +63,8 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",  # the suite on both cores (pyproject.toml: -n)
+            "import-linter>=2.1",  # the import rules between the server's parts (pyproject.toml)
             "ruff>=0.6",
             "mypy>=1.10",
             "matplotlib>=3.7",
@@ -66,7 +78,7 @@ setup(
         ],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },
-    entry_points={"console_scripts": ["bertserve = bertserve.server.cli:main"]},
+    entry_points={"console_scripts": ["bertserve = bertserve.server.cli.main:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

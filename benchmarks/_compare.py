@@ -101,9 +101,12 @@ def build_in_process(settings: CompareSettings, model_dir: Path) -> tuple[list[C
 
     def encoder(dtype: str) -> Contender:
         return encoder_contender(
-            model_dir, dtype, max_seq_len=settings.max_seq_len, batch_size=settings.batch_size,
+            model_dir,
+            dtype,
+            max_seq_len=settings.max_seq_len,
+            batch_size=settings.batch_size,
             graph_dir=settings.base.graph_dir,
-        )  # fmt: skip
+        )
 
     contenders = [encoder("fp32"), encoder("bf16")]
     skipped: list[str] = []
@@ -209,10 +212,13 @@ def run_rounds(
         progress(f"{step} latency, idle then under a {settings.bulk_request}-sentence load")
         state.latency.append(
             latency_repeat(
-                servers[SERVER_FP32], settings.corpus, bulk_request=settings.bulk_request,
-                idle_requests=settings.idle_requests, latency_duration=settings.latency_duration,
+                servers[SERVER_FP32],
+                settings.corpus,
+                bulk_request=settings.bulk_request,
+                idle_requests=settings.idle_requests,
+                latency_duration=settings.latency_duration,
             )
-        )  # fmt: skip
+        )
         progress(describe_latency_repeat(state.latency[-1]))
 
 
@@ -294,9 +300,12 @@ def start_roofline(settings: CompareSettings, model_dir: Path, progress: Progres
     progress(f"matmul rates at the model's shapes (T {settings.roofline_tokens}, {THREADS} threads)")
     tokens = mean_tokens(model_dir, settings.corpus, settings.max_seq_len)
     return RooflineRun(
-        shapes, tokens_per_sentence=tokens, tokens=settings.roofline_tokens, threads=THREADS,
+        shapes,
+        tokens_per_sentence=tokens,
+        tokens=settings.roofline_tokens,
+        threads=THREADS,
         repeats=settings.roofline_repeats,
-    )  # fmt: skip
+    )
 
 
 def finish_roofline(run: RooflineRun | None, progress: Progress) -> Roofline | None:
@@ -319,8 +328,11 @@ def accuracy(state: CompareState, contenders: Sequence[Contender]) -> dict[str, 
     for name, reference in pairs:
         if name in vectors and reference in vectors and vectors[name].shape == vectors[reference].shape:
             cosines = cosine_rows(vectors[name], vectors[reference])
-            result[name] = {"min": round(float(cosines.min()), 5), "mean": round(float(cosines.mean()), 6),
-                            "reference": reference}  # fmt: skip
+            result[name] = {
+                "min": round(float(cosines.min()), 5),
+                "mean": round(float(cosines.mean()), 6),
+                "reference": reference,
+            }
     return result
 
 
@@ -359,8 +371,10 @@ def run_compare(args: argparse.Namespace, model_dir: Path, progress: Progress) -
             load_before = os.getloadavg()
             run_rounds(servers, contenders, state, settings, progress)
             load_after = os.getloadavg()
-        memory = {s.name: {"serving": round(s.rss.serving_peak_mib, 1), "startup": round(s.rss.startup_peak_mib, 1)}
-                  for s in started}  # fmt: skip
+        memory = {
+            s.name: {"serving": round(s.rss.serving_peak_mib, 1), "startup": round(s.rss.startup_peak_mib, 1)}
+            for s in started
+        }
         progress("time to ready: cold and warm starts")
         startup = measure_startup(pool, settings, progress)
     for name, busy in state.busy.items():

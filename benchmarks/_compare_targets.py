@@ -81,11 +81,16 @@ def base_targets(inputs: TargetInputs) -> list[Target]:
         throughput_target(inputs, "server fp32 / Encoder fp32", SERVER_FP32, ENCODER_FP32, 0.95),
         throughput_target(inputs, "server bf16 / Encoder bf16", SERVER_BF16, "Encoder bf16", 0.95),
         throughput_target(inputs, "single-sentence clients / one bulk client", CLIENTS_MERGE, SERVER_FP32, 0.6),
-        target("p99 under load / (idle p50 + 1.5 x bulk job)", ratio(p99, math.nan if limit is None else limit),
-               "<=", 1.0, f"p99 {p99:.0f} ms vs limit {fmt(limit, 0)} ms"),
+        target(
+            "p99 under load / (idle p50 + 1.5 x bulk job)",
+            ratio(p99, math.nan if limit is None else limit),
+            "<=",
+            1.0,
+            f"p99 {p99:.0f} ms vs limit {fmt(limit, 0)} ms",
+        ),
         target("padding fraction (bulk corpus)", inputs.padding, "<=", 0.15, "server fp32, median of repeats"),
         target("warm start / cold start", inputs.warm_to_cold, "<=", 0.5, inputs.startup_detail),
-    ]  # fmt: skip
+    ]
 
 
 def int8_targets(inputs: TargetInputs) -> list[Target]:
@@ -93,8 +98,9 @@ def int8_targets(inputs: TargetInputs) -> list[Target]:
     fp32_p50, int8_p50 = p50.get(SERVER_FP32, math.nan), p50.get(SERVER_INT8, math.nan)
     latency_detail = (
         f"p50 {int8_p50:.1f} ms vs {fp32_p50:.1f} ms, idle servers taking turns"
-        if SERVER_INT8 in p50 else f"not measured: no {SERVER_INT8}"
-    )  # fmt: skip
+        if SERVER_INT8 in p50
+        else f"not measured: no {SERVER_INT8}"
+    )
     return [
         throughput_target(inputs, "server int8 / server fp32", SERVER_INT8, SERVER_FP32, 1.8),
         target("one-sentence p50: server int8 / server fp32", ratio(int8_p50, fp32_p50), "<=", 0.6, latency_detail),

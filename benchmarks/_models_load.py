@@ -156,8 +156,16 @@ class _Window:
         self.go.set()
 
 
-def _client_loop(server: RunningServer, model: str, offset: int, size: int, corpus: Sequence[str],
-                 window: _Window, replies: list[_Reply], errors: list[str]) -> None:  # fmt: skip
+def _client_loop(
+    server: RunningServer,
+    model: str,
+    offset: int,
+    size: int,
+    corpus: Sequence[str],
+    window: _Window,
+    replies: list[_Reply],
+    errors: list[str],
+) -> None:
     n = len(corpus)
     try:
         with client(server, model) as bert:
@@ -177,8 +185,14 @@ def _client_loop(server: RunningServer, model: str, offset: int, size: int, corp
         window.warmed.abort()
 
 
-def drive(server: RunningServer, clients: dict[str, int], corpus: Sequence[str], size: int, seconds: float,
-          references: References) -> dict[str, dict[str, Any]]:  # fmt: skip
+def drive(
+    server: RunningServer,
+    clients: dict[str, int],
+    corpus: Sequence[str],
+    size: int,
+    seconds: float,
+    references: References,
+) -> dict[str, dict[str, Any]]:
     """``clients[model]`` threads per model, each its own ``BertClient`` on that model, send
     ``size`` sentences a request back to back for ``seconds``; a request under way at the end is
     finished and counted. Per model: sentences/s (its sentences over the time from the common
@@ -231,8 +245,9 @@ def drive(server: RunningServer, clients: dict[str, int], corpus: Sequence[str],
 # -- one sentence at a time ----------------------------------------------------------------
 
 
-def one_at_a_time(server: RunningServer, model: str, corpus: Sequence[str], starts: Sequence[int],
-                  references: References) -> tuple[list[float], Tally]:  # fmt: skip
+def one_at_a_time(
+    server: RunningServer, model: str, corpus: Sequence[str], starts: Sequence[int], references: References
+) -> tuple[list[float], Tally]:
     """One-sentence requests to ``model``, one after another, the sentences at ``starts``:
     each one's seconds, and their replies checked."""
     seconds: list[float] = []
@@ -255,15 +270,25 @@ def one_at_a_time(server: RunningServer, model: str, corpus: Sequence[str], star
 # -- bulk requests from processes of their own ---------------------------------------------
 
 
-def _flood_client(port: int, port_out: int, model: str, corpus: list[str], references: References, size: int,
-                  offset: int, stop: Any, results: Any) -> None:  # fmt: skip
+def _flood_client(
+    port: int,
+    port_out: int,
+    model: str,
+    corpus: list[str],
+    references: References,
+    size: int,
+    offset: int,
+    stop: Any,
+    results: Any,
+) -> None:
     """One flood process: requests of ``size`` sentences to ``model`` back to back until
     ``stop``; a ``busy`` refusal is retried after a moment. Its tally goes to ``results``."""
     tally = Tally()
     n = len(corpus)
     try:
-        with BertClient(port=port, port_out=port_out, timeout=CLIENT_TIMEOUT_MS, check_length=False,
-                        model=model) as bert:  # fmt: skip
+        with BertClient(
+            port=port, port_out=port_out, timeout=CLIENT_TIMEOUT_MS, check_length=False, model=model
+        ) as bert:
             while not stop.is_set():
                 indices = references.indices(offset, size)
                 try:
@@ -284,8 +309,9 @@ class Flood:
     """``clients`` processes (spawned: they import no TensorFlow and take no GIL from the
     measurement) each keeping one request of ``size`` sentences to ``model`` in flight."""
 
-    def __init__(self, server: RunningServer, model: str, corpus: Sequence[str], references: References,
-                 size: int, clients: int) -> None:  # fmt: skip
+    def __init__(
+        self, server: RunningServer, model: str, corpus: Sequence[str], references: References, size: int, clients: int
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._results = context.Queue()
@@ -346,5 +372,8 @@ def machine_pair(seconds: float = 4.0) -> dict[str, Any]:
 
     (alone,) = rates(1)
     pair = rates(2)
-    return {"alone_per_s": round(alone, 2), "pair_per_s": [round(r, 2) for r in pair],
-            "ratio": round(sum(pair) / len(pair) / alone, 3)}  # fmt: skip
+    return {
+        "alone_per_s": round(alone, 2),
+        "pair_per_s": [round(r, 2) for r in pair],
+        "ratio": round(sum(pair) / len(pair) / alone, 3),
+    }

@@ -166,9 +166,20 @@ class OpenLoopClient(threading.Thread):
     at most ``drain_s`` for the requests still under way; those still unanswered are lost."""
 
     def __init__(
-        self, number: int, server: RunningServer, plan: Plan, expected: Expected, log: RequestLog, *,
-        rate: float, wait_ms: float, start_at: float, stop_at: float, drain_s: float, seed: int,
-    ) -> None:  # fmt: skip
+        self,
+        number: int,
+        server: RunningServer,
+        plan: Plan,
+        expected: Expected,
+        log: RequestLog,
+        *,
+        rate: float,
+        wait_ms: float,
+        start_at: float,
+        stop_at: float,
+        drain_s: float,
+        seed: int,
+    ) -> None:
         super().__init__(name=f"soak-{number}", daemon=True)
         self.server, self.plan, self.expected, self.log = server, plan, expected, log
         self.rate, self.wait_ms, self.drain_s = rate, wait_ms, drain_s

@@ -29,15 +29,14 @@ class SweepParameter:
 
 
 SWEEP_PARAMETERS = (
-    SweepParameter("client-batch", "sentences per request", "client",
-                   ("1", "16", "256", "4096"), ("1", "16")),
+    SweepParameter("client-batch", "sentences per request", "client", ("1", "16", "256", "4096"), ("1", "16")),
     SweepParameter("clients", "concurrent clients", "client", ("1", "4", "16", "64"), ("1", "4")),
     SweepParameter("max-seq-len", "max_seq_len", "server", ("32", "64", "128", "NONE"), ("16", "32")),
     SweepParameter("max-batch-size", "max_batch_size", "server", ("32", "128", "256", "512"), ("32", "256")),
     SweepParameter("pooling-layer", "pooling_layer", "server", ("-1", "-2", "-4"), ("-1", "-2")),
     SweepParameter("dtype", "dtype", "server", ("fp32", "bf16", "fp16"), ("fp32", "bf16")),
     SweepParameter("num-worker", "worker processes", "server", ("1", "2"), ("1", "2")),
-)  # fmt: skip
+)
 QUICK_PARAMETERS = ("client-batch", "clients", "dtype")
 
 

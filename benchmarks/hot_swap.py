@@ -74,9 +74,15 @@ class Load:
     >= :data:`COSINE_MIN` each row). Records (sent, seconds, outcome, version) per request."""
 
     def __init__(
-        self, server: Any, texts: list[str], references: dict[int | None, np.ndarray], sizes: tuple[int, ...],
-        *, model: str | None = None, think_s: float = 0.0,
-    ) -> None:  # fmt: skip
+        self,
+        server: Any,
+        texts: list[str],
+        references: dict[int | None, np.ndarray],
+        sizes: tuple[int, ...],
+        *,
+        model: str | None = None,
+        think_s: float = 0.0,
+    ) -> None:
         self.server, self.texts, self.references, self.sizes = server, texts, references, sizes
         self.model, self.think_s = model, think_s
         self.records: list[tuple[float, float, str, int | None]] = []
@@ -134,31 +140,37 @@ def markdown(report: dict[str, Any]) -> str:
     load, memory = report["load"], report["memory"]
     built = memory["preparing_peak_mib"]
     preparing = "prebuilt, not built" if built is None else f"{built:,.0f} MiB"
-    return "\n".join([
-        "# A model version swapped under load (all-MiniLM-L6-v2, CPU, 2 workers)",
-        "",
-        f"{CLIENTS} clients encoding continuously, requests of {', '.join(map(str, SIZES))} sentences. "
-        f"The swap took {report['swap_seconds']:.1f} s (from the version appearing to the last old worker gone"
-        f"{', its graph prebuilt' if report['version_2_prebuilt'] else ', its graph built on the way'}).",
-        "",
-        "| | |",
-        "| --- | ---: |",
-        f"| requests | {load['requests']:,} |",
-        f"| failed | {load['failed']} |",
-        f"| vectors not those of the version the reply names | {load['wrong']} |",
-        f"| replies by version 1 / 2 | {load['by_version'].get('1', 0):,} / {load['by_version'].get('2', 0):,} |",
-        f"| median request latency before / during the swap | {load['median_ms_before']:.0f} ms / "
-        f"{load['median_ms_during']:.0f} ms |",
-        f"| processes steady / most during the swap | {memory['processes_steady']} / "
-        f"{memory['processes_peak']} |",
-        f"| server RSS steady (median) | {memory['steady_mib']:,.0f} MiB |",
-        f"| server RSS peak during the swap | {memory['peak_mib']:,.0f} MiB |",
-        f"| one worker's RSS, serving (before the swap) | {memory['worker_mib']:,.0f} MiB |",
-        f"| the child building version 2's graph, its peak RSS | {preparing} |",
-        f"| a new worker's own peak RSS (while it loads) | {memory['new_worker_peak_mib']:,.0f} MiB |",
-        f"| peak - steady, in serving workers | {memory['extra_workers']:.2f} |",
-        f"| peak - steady, in new processes at their peak | {memory['extra_new_workers']:.2f} |",
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                "# A model version swapped under load (all-MiniLM-L6-v2, CPU, 2 workers)",
+                "",
+                f"{CLIENTS} clients encoding continuously, requests of {', '.join(map(str, SIZES))} sentences. "
+                f"The swap took {report['swap_seconds']:.1f} s (from the version appearing to the last old worker gone"
+                f"{', its graph prebuilt' if report['version_2_prebuilt'] else ', its graph built on the way'}).",
+                "",
+                "| | |",
+                "| --- | ---: |",
+                f"| requests | {load['requests']:,} |",
+                f"| failed | {load['failed']} |",
+                f"| vectors not those of the version the reply names | {load['wrong']} |",
+                f"| replies by version 1 / 2 | {load['by_version'].get('1', 0):,} / "
+                f"{load['by_version'].get('2', 0):,} |",
+                f"| median request latency before / during the swap | {load['median_ms_before']:.0f} ms / "
+                f"{load['median_ms_during']:.0f} ms |",
+                f"| processes steady / most during the swap | {memory['processes_steady']} / "
+                f"{memory['processes_peak']} |",
+                f"| server RSS steady (median) | {memory['steady_mib']:,.0f} MiB |",
+                f"| server RSS peak during the swap | {memory['peak_mib']:,.0f} MiB |",
+                f"| one worker's RSS, serving (before the swap) | {memory['worker_mib']:,.0f} MiB |",
+                f"| the child building version 2's graph, its peak RSS | {preparing} |",
+                f"| a new worker's own peak RSS (while it loads) | {memory['new_worker_peak_mib']:,.0f} MiB |",
+                f"| peak - steady, in serving workers | {memory['extra_workers']:.2f} |",
+                f"| peak - steady, in new processes at their peak | {memory['extra_new_workers']:.2f} |",
+            ]
+        )
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,8 +193,20 @@ def main(argv: list[str] | None = None) -> int:
     references = {v: Encoder(str(path), **options).encode(texts) for v, path in ((1, base / "1"), (2, spare))}
     cosine = np.sum(references[1] * references[2], axis=1)
     log(f"versions 1 and 2 differ: median cosine {np.median(cosine):.4f}")
-    server = start_server("--model-dir", str(base), "--num-worker", "2", "--cpu", "--max-seq-len", "128",
-                          "--graph-dir", str(graphs), "--poll-interval-s", "1", echo=False)  # fmt: skip
+    server = start_server(
+        "--model-dir",
+        str(base),
+        "--num-worker",
+        "2",
+        "--cpu",
+        "--max-seq-len",
+        "128",
+        "--graph-dir",
+        str(graphs),
+        "--poll-interval-s",
+        "1",
+        echo=False,
+    )
     sampler = RssSampler(server, 0.1, count_children=True)
     load = Load(server, texts, references, SIZES)  # type: ignore[arg-type]
     try:

@@ -66,12 +66,21 @@ def main(argv: list[str] | None = None) -> int:
             vectors = encoder.encode(texts)
             seconds = time.perf_counter() - started
             similarity = cosine_rows(vectors, base)
-            row = {"case": case, "min": float(similarity.min()), "mean": float(similarity.mean()),
-                   "sentences_per_s": len(texts) / seconds}  # fmt: skip
+            row = {
+                "case": case,
+                "min": float(similarity.min()),
+                "mean": float(similarity.mean()),
+                "sentences_per_s": len(texts) / seconds,
+            }
             log(f"{case}: min {row['min']:.4f} mean {row['mean']:.5f}, {row['sentences_per_s']:.0f}/s")
             rows.append(row)
-    report = {"environment": environment(), "sentences": len(texts), "corpus": str(args.corpus), "rows": rows,
-              "products": products}  # fmt: skip
+    report = {
+        "environment": environment(),
+        "sentences": len(texts),
+        "corpus": str(args.corpus),
+        "rows": rows,
+        "products": products,
+    }
     write_report(report, markdown(report), args.json, args.markdown)
     return 0
 

@@ -70,8 +70,15 @@ def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str]) -> d
     for half in halves:
         for name in names:
             log(f"in process: {name}, {len(half)} sentences")
-            request = json.dumps({"name": name, "model_dir": str(model_dir), "graph_dir": args.graph_dir and
-                                  str(args.graph_dir), "warmup": texts[: args.warmup], "texts": half})  # fmt: skip
+            request = json.dumps(
+                {
+                    "name": name,
+                    "model_dir": str(model_dir),
+                    "graph_dir": args.graph_dir and str(args.graph_dir),
+                    "warmup": texts[: args.warmup],
+                    "texts": half,
+                }
+            )
             child = subprocess.run(
                 [sys.executable, __file__, "--child"], input=request, capture_output=True, text=True, check=True
             )

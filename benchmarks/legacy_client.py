@@ -44,20 +44,26 @@ def bulk_rate(encode: Callable[[list[str]], Any], texts: list[str], size: int) -
 def markdown(report: dict[str, Any]) -> str:
     rates = report["sentences_per_s"]
     every = {name: ", ".join(f"{rate:.0f}" for rate in values) for name, values in report["all_rates"].items()}
-    return "\n".join([
-        "# bert-as-service's own client against bertserve's (all-MiniLM-L6-v2, CPU)",
-        "",
-        f"One server, one worker, `--max-seq-len 128`. Corpus: {report['sentences']} sentences, bulk requests of "
-        f"{report['request_size']}, {report['rounds']} rounds of each client, in turns.",
-        "",
-        "| client | sentences/s (median) | every round |",
-        "| --- | ---: | --- |",
-        f"| bertserve `BertClient` | {rates['ours']:,.0f} | {every['ours']} |",
-        f"| bert-serving-client 1.10.0 `BertClient` | {rates['legacy']:,.0f} | {every['legacy']} |",
-        "",
-        f"Ratio legacy / ours: {report['ratio']:.3f} (target >= {TARGET}). Vectors: max |difference| "
-        f"{report['max_abs_diff']:.2e}, min cosine {report['min_cosine']:.6f}.",
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                "# bert-as-service's own client against bertserve's (all-MiniLM-L6-v2, CPU)",
+                "",
+                f"One server, one worker, `--max-seq-len 128`. Corpus: {report['sentences']} "
+                "sentences, bulk requests of "
+                f"{report['request_size']}, {report['rounds']} rounds of each client, in turns.",
+                "",
+                "| client | sentences/s (median) | every round |",
+                "| --- | ---: | --- |",
+                f"| bertserve `BertClient` | {rates['ours']:,.0f} | {every['ours']} |",
+                f"| bert-serving-client 1.10.0 `BertClient` | {rates['legacy']:,.0f} | {every['legacy']} |",
+                "",
+                f"Ratio legacy / ours: {report['ratio']:.3f} (target >= {TARGET}). Vectors: max |difference| "
+                f"{report['max_abs_diff']:.2e}, min cosine {report['min_cosine']:.6f}.",
+            ]
+        )
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = model_dir_or_exit(parser, args.model_dir)
     texts = read_corpus(args.corpus, args.sentences)
     warnings.simplefilter("ignore")  # both clients warn of sentences past max_seq_len; the same for both
-    server = start_server("--model-dir", str(model_dir), "--cpu", "--max-seq-len", "128", "--num-worker", "1",
-                          echo=False)  # fmt: skip
+    server = start_server(
+        "--model-dir", str(model_dir), "--cpu", "--max-seq-len", "128", "--num-worker", "1", echo=False
+    )
     try:
         with BertClient(**server.client_kwargs, timeout=600_000) as ours:
             old = OldClient(port=server.port, port_out=server.port_out, timeout=600_000)

@@ -62,16 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     corpus = read_corpus(args.corpus)
     full = Encoder(model_dir, max_seq_len=FULL)
     ways = {
-        f"{how} {size}{' overlap ' + str(stride) if stride else ''}": (Encoder(model_dir, max_seq_len=size,
-                                                                              chunk_stride=stride), how)
-        for size in (128, 256) for how, stride in (("truncate", 0), ("chunk", 0), ("chunk", size // 4))
+        f"{how} {size}{' overlap ' + str(stride) if stride else ''}": (
+            Encoder(model_dir, max_seq_len=size, chunk_stride=stride),
+            how,
+        )
+        for size in (128, 256)
+        for how, stride in (("truncate", 0), ("chunk", 0), ("chunk", size // 4))
         if how == "chunk" or stride == 0
-    }  # fmt: skip
+    }
     whole_counter = full._tokenizer  # count_tokens(chunk=True): every token, in windows of 512
     rows: list[dict[str, Any]] = []
     for length in LENGTHS:
-        texts = make_inputs(corpus, lambda t: whole_counter.count_tokens(t, chunk=True), length, args.per_length,
-                            seed=length)  # fmt: skip
+        texts = make_inputs(
+            corpus, lambda t: whole_counter.count_tokens(t, chunk=True), length, args.per_length, seed=length
+        )
         tokens = whole_counter.count_tokens(texts, chunk=True)
         fits = tokens <= FULL  # the reference needs the whole text in one window
         reference = full.encode([t for t, ok in zip(texts, fits, strict=True) if ok]) if fits.any() else None
@@ -80,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             vectors = encoder.encode(texts, long_inputs=how)
             if reference is not None:
                 row[f"cosine {name}"] = round(float(np.median(cosine_rows(vectors[fits], reference))), 4)
-            row[f"rate {name}"] = round(rate(lambda t, e=encoder, h=how: e.encode(t, long_inputs=h), texts,
-                                             args.repeats), 1)  # fmt: skip
+            row[f"rate {name}"] = round(
+                rate(lambda t, e=encoder, h=how: e.encode(t, long_inputs=h), texts, args.repeats), 1
+            )
         log(f"{length} tokens: {row}")
         rows.append(row)
     names = list(ways)
@@ -104,8 +109,13 @@ def markdown(report: dict[str, Any]) -> str:
     for row in report["rows"]:
         if row["reference"]:
             lines.append(f"| {row['median_tokens']} | " + " | ".join(f"{row['cosine ' + n]:.4f}" for n in names) + " |")
-    lines += ["", "Inputs/s (median of the timed runs):", "", "| tokens | " + " | ".join(names) + " |",
-              "| ---: |" + " ---: |" * len(names)]  # fmt: skip
+    lines += [
+        "",
+        "Inputs/s (median of the timed runs):",
+        "",
+        "| tokens | " + " | ".join(names) + " |",
+        "| ---: |" + " ---: |" * len(names),
+    ]
     for row in report["rows"]:
         lines.append(f"| {row['median_tokens']} | " + " | ".join(f"{row['rate ' + n]:.1f}" for n in names) + " |")
     return "\n".join(lines) + "\n"

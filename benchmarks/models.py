@@ -72,8 +72,17 @@ def _graph_dir(args: argparse.Namespace) -> dict[str, str]:
 
 
 def start_servers(model_dir: Path, args: argparse.Namespace, log_dir: Path) -> dict[str, RunningServer]:
-    common = ["--cpu", "--dtype", "fp32", "--max-seq-len", str(args.max_seq_len), "--num-worker", "1",
-              "--threads-per-worker", "1"]  # fmt: skip
+    common = [
+        "--cpu",
+        "--dtype",
+        "fp32",
+        "--max-seq-len",
+        str(args.max_seq_len),
+        "--num-worker",
+        "1",
+        "--threads-per-worker",
+        "1",
+    ]
     if args.graph_dir is not None:
         common += ["--graph-dir", str(args.graph_dir)]
     models = {"one": ["a"], "two": list(MODELS)}
@@ -81,8 +90,9 @@ def start_servers(model_dir: Path, args: argparse.Namespace, log_dir: Path) -> d
     try:
         for name, served in models.items():
             flags = [flag for model in served for flag in ("--model", model_flag(model, model_dir))]
-            servers[name] = start_server(*common, *flags, expect_ready=False, echo=False,
-                                         log_path=log_dir / f"{name}.log")  # fmt: skip
+            servers[name] = start_server(
+                *common, *flags, expect_ready=False, echo=False, log_path=log_dir / f"{name}.log"
+            )
         for name, server in servers.items():
             seconds = server.wait_ready(args.start_timeout)
             progress(f"server {name} ({', '.join(models[name])}) ready in {seconds:.1f} s")
@@ -120,8 +130,9 @@ def warm_up(servers: dict[str, RunningServer], corpus: list[str]) -> None:
 
 def memory(servers: dict[str, RunningServer]) -> dict[str, Any]:
     """Each server's settled RSS split into head and workers, and the second model's cost."""
-    worker_pids = {name: {w["pid"] for w in workers_by_model(status(server)).values()} for name, server in
-                   servers.items()}  # fmt: skip
+    worker_pids = {
+        name: {w["pid"] for w in workers_by_model(status(server)).values()} for name, server in servers.items()
+    }
     by_pid = dict(zip(servers, settled_rss_by_pid(list(servers.values())), strict=True))
     split: dict[str, dict[str, Any]] = {}
     for name, rss in by_pid.items():
@@ -143,18 +154,24 @@ def _by_role(by_pid: dict[int, float], workers: set[int], unit: str) -> dict[str
     return {f"head_{unit}": round(head, 1), f"workers_{unit}": round(work, 1), f"total_{unit}": round(head + work, 1)}
 
 
-def neighbours(servers: dict[str, RunningServer], corpus: list[str], refs: References,
-               args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def neighbours(
+    servers: dict[str, RunningServer], corpus: list[str], refs: References, args: argparse.Namespace
+) -> dict[str, Any]:
     """Rounds of a alone on ``one`` and a and b at once on ``two``, the order alternating."""
     rounds = []
     for round_ in range(args.rounds):
         steps: dict[str, Any] = {"load_average": list(os.getloadavg()), "machine": machine_pair(args.machine_seconds)}
-        progress(f"round {round_ + 1}, the machine: two one-thread processes at once each run "
-                 f"{steps['machine']['ratio']:.2f} of one alone")  # fmt: skip
+        progress(
+            f"round {round_ + 1}, the machine: two one-thread processes at once each run "
+            f"{steps['machine']['ratio']:.2f} of one alone"
+        )
         order = ("alone", "neighbour") if round_ % 2 == 0 else ("neighbour", "alone")
         for step in order:
-            server, clients = (servers["one"], {"a": args.clients}) if step == "alone" else (
-                servers["two"], {model: args.clients for model in MODELS})  # fmt: skip
+            server, clients = (
+                (servers["one"], {"a": args.clients})
+                if step == "alone"
+                else (servers["two"], {model: args.clients for model in MODELS})
+            )
             steps[step] = drive(server, clients, corpus, args.request_size, args.seconds, refs)
             rates = ", ".join(f"{m} {r['sentences_per_s']:.0f}" for m, r in steps[step].items())
             progress(f"round {round_ + 1}, {step}: sentences/s {rates}")
@@ -188,8 +205,9 @@ def flood(server: RunningServer, corpus: list[str], refs: References, args: argp
     _, warm_tally = one_at_a_time(server, "a", corpus, [7 * i for i in range(20)], refs)  # untimed
     idle_before, idle_tally = one_at_a_time(server, "a", corpus, starts, refs)
     idle_tally.merge(warm_tally)
-    progress(f"a idle: one-sentence p50 {percentile_ms(idle_before, 50):.1f} ms, "
-             f"p99 {percentile_ms(idle_before, 99):.1f} ms")  # fmt: skip
+    progress(
+        f"a idle: one-sentence p50 {percentile_ms(idle_before, 50):.1f} ms, p99 {percentile_ms(idle_before, 99):.1f} ms"
+    )
     bulk = Flood(server, "b", corpus, refs, args.bulk_size, args.flood_clients)
     bulk.start()
     try:
@@ -202,8 +220,10 @@ def flood(server: RunningServer, corpus: list[str], refs: References, args: argp
         after, ended = _b_counters(server)
     finally:
         flood_tally = bulk.stop()
-    progress(f"a under the flood on b: one-sentence p50 {percentile_ms(loaded, 50):.1f} ms, "
-             f"p99 {percentile_ms(loaded, 99):.1f} ms")  # fmt: skip
+    progress(
+        f"a under the flood on b: one-sentence p50 {percentile_ms(loaded, 50):.1f} ms, "
+        f"p99 {percentile_ms(loaded, 99):.1f} ms"
+    )
     idle_after, after_tally = one_at_a_time(server, "a", corpus, starts, refs)
     idle_tally.merge(after_tally)
     idle = idle_before + idle_after
@@ -215,8 +235,10 @@ def flood(server: RunningServer, corpus: list[str], refs: References, args: argp
     p50 = {"idle": percentile_ms(idle, 50), "flood": percentile_ms(loaded, 50)}
     p99 = {"idle": percentile_ms(idle, 99), "flood": percentile_ms(loaded, 99)}
     growth_ms = p50["flood"] - p50["idle"]
-    progress(f"a idle again: one-sentence p50 {percentile_ms(idle_after, 50):.1f} ms; b's bulk jobs: median "
-             f"{job_s * 1000:.0f} ms")  # fmt: skip
+    progress(
+        f"a idle again: one-sentence p50 {percentile_ms(idle_after, 50):.1f} ms; b's bulk jobs: median "
+        f"{job_s * 1000:.0f} ms"
+    )
     return {
         "small_requests": args.small_requests,
         "bulk_size": args.bulk_size,
@@ -251,14 +273,21 @@ def verdict(report: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
     isolation = report["flood"]
     machine = report["throughput"]["machine_pair_ratio"]
     targets = [
-        {"target": f"{m} with a neighbour / a alone >= {NEIGHBOUR_TARGET}",
-         "measured": f"{ratios[m]:.2f} (the machine's own: {machine:.2f})",
-         "passed": ratios[m] is not None and ratios[m] >= NEIGHBOUR_TARGET} for m in MODELS
-    ]  # fmt: skip
+        {
+            "target": f"{m} with a neighbour / a alone >= {NEIGHBOUR_TARGET}",
+            "measured": f"{ratios[m]:.2f} (the machine's own: {machine:.2f})",
+            "passed": ratios[m] is not None and ratios[m] >= NEIGHBOUR_TARGET,
+        }
+        for m in MODELS
+    ]
     job = isolation["b_job_ms"]["status_bulk_median"]
-    targets.append({"target": "a's one-sentence p50 grows by at most one model run of b", "measured":
-                    f"{isolation['p50_growth_ms']:+.1f} ms against {job:.0f} ms",
-                    "passed": isolation["p50_growth_ms"] <= job})  # fmt: skip
+    targets.append(
+        {
+            "target": "a's one-sentence p50 grows by at most one model run of b",
+            "measured": f"{isolation['p50_growth_ms']:+.1f} ms against {job:.0f} ms",
+            "passed": isolation["p50_growth_ms"] <= job,
+        }
+    )
     bad = sum(tally["wrong"] + tally["crossed"] + tally["failed"] for tally in all_replies(report))
     targets.append({"target": "0 wrong, 0 crossed, 0 failed", "measured": bad, "passed": bad == 0})
     return targets, bad
@@ -266,8 +295,7 @@ def verdict(report: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
 
 def all_replies(report: dict[str, Any]) -> list[dict[str, Any]]:
     steps = [s for r in report["throughput"]["rounds"] for s in (r["alone"], r["neighbour"])]
-    return [result["replies"] for step in steps for result in step.values()] + list(
-        report["flood"]["replies"].values())  # fmt: skip
+    return [result["replies"] for step in steps for result in step.values()] + list(report["flood"]["replies"].values())
 
 
 def summed(replies: list[dict[str, Any]]) -> dict[str, Any]:
@@ -285,9 +313,13 @@ def markdown(report: dict[str, Any]) -> str:
     rounds = " · ".join(
         f"{r['alone']['a']['sentences_per_s']:,.0f} → {r['neighbour']['a']['sentences_per_s']:,.0f} + "
         f"{r['neighbour']['b']['sentences_per_s']:,.0f} (load average {r['load_average'][0]:.2f} at its start)"
-        for r in thr["rounds"])  # fmt: skip
-    beside = [f"| {m} beside the other (server `two`) | {thr['neighbour_sentences_per_s'][m]:,.0f} | "
-              f"{thr['ratio'][m]:.2f} | {thr['ratio_of_machine'][m]:.2f} |" for m in MODELS]  # fmt: skip
+        for r in thr["rounds"]
+    )
+    beside = [
+        f"| {m} beside the other (server `two`) | {thr['neighbour_sentences_per_s'][m]:,.0f} | "
+        f"{thr['ratio'][m]:.2f} | {thr['ratio_of_machine'][m]:.2f} |"
+        for m in MODELS
+    ]
     by_round = "; ".join(f"{m} {', '.join(f'{x:.2f}' for x in thr['ratio_by_round'][m])}" for m in MODELS)
     machine = ", ".join(f"{r['machine']['ratio']:.2f}" for r in thr["rounds"])
     a, job = fl["a_ms"], fl["b_job_ms"]
@@ -379,8 +411,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=16, help="clients per model in the throughput steps")
     parser.add_argument("--request-size", type=int, default=16, help="sentences a request in the throughput steps")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of alone / with a neighbour")
-    parser.add_argument("--machine-seconds", type=float, default=4.0,
-                        help="seconds of each step of the machine's own two-process check, each round")  # fmt: skip
+    parser.add_argument(
+        "--machine-seconds",
+        type=float,
+        default=4.0,
+        help="seconds of each step of the machine's own two-process check, each round",
+    )
     parser.add_argument("--small-requests", type=int, default=300, help="a's timed one-sentence requests, each way")
     parser.add_argument("--bulk-size", type=int, default=1000, help="sentences in each flood request to b")
     parser.add_argument("--flood-clients", type=int, default=3, help="flood processes, one request in flight each")
@@ -409,9 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         warm_up(servers, corpus)
         progress("warmed up; reading the settled RSS")
         mem = memory(servers)
-        progress(f"RSS one {mem['one']['total_mib']:.0f} MiB, two {mem['two']['total_mib']:.0f} MiB: the second "
-                 f"model {mem['extra_model']['head_mib']:+.0f} MiB head, {mem['extra_model']['workers_mib']:+.0f} "
-                 "MiB workers")  # fmt: skip
+        progress(
+            f"RSS one {mem['one']['total_mib']:.0f} MiB, two {mem['two']['total_mib']:.0f} MiB: the second "
+            f"model {mem['extra_model']['head_mib']:+.0f} MiB head, {mem['extra_model']['workers_mib']:+.0f} "
+            "MiB workers"
+        )
         throughput = neighbours(servers, corpus, refs, args)
         problems += stop_servers({"one": servers.pop("one")})
         isolation = flood(servers["two"], corpus, refs, args)

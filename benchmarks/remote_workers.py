@@ -45,8 +45,9 @@ def bulk_rate(server: RunningServer, texts: list[str], size: int) -> tuple[float
         return len(texts) / (time.perf_counter() - began), vectors
 
 
-def kill_under_load(head: RunningServer, doomed: RunningServer, texts: list[str], want: np.ndarray,
-                    args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def kill_under_load(
+    head: RunningServer, doomed: RunningServer, texts: list[str], want: np.ndarray, args: argparse.Namespace
+) -> dict[str, Any]:
     """Four clients encode ``texts`` in requests of 100 until the end; ``doomed`` is killed
     after ``args.kill_after`` seconds. Every reply is checked against ``want``."""
     outcome = {"requests": 0, "wrong": 0, "failed": 0}
@@ -86,23 +87,28 @@ def markdown(report: dict[str, Any]) -> str:
     rates = report["sentences_per_s"]
     spread = ", ".join(f"{w['jobs_done']} jobs / {w['sentences']} sentences" for w in report["remote_workers"])
     kill = report["kill"]
-    return "\n".join([
-        "# A head with two remote workers against one local worker (all-MiniLM-L6-v2, CPU)",
-        "",
-        f"Corpus: {report['sentences']} sentences, bulk requests of {report['request_size']}, "
-        f"{report['rounds']} rounds each, in turns.",
-        "",
-        "| setup | sentences/s (median) |",
-        "| --- | ---: |",
-        f"| one local worker | {rates['local']:,.0f} |",
-        f"| head + two remote workers (tcp) | {rates['remote']:,.0f} |",
-        "",
-        f"Ratio remote / local: {report['ratio']:.2f}. Work spread over the remote workers: {spread}.",
-        f"Vectors: max |difference| {report['max_abs_diff']:.2e}, min cosine {report['min_cosine']:.6f}.",
-        "",
-        f"One host killed (SIGKILL to its process group) under four clients: {kill['requests']} requests, "
-        f"{kill['failed']} failed, {kill['wrong']} wrong.",
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                "# A head with two remote workers against one local worker (all-MiniLM-L6-v2, CPU)",
+                "",
+                f"Corpus: {report['sentences']} sentences, bulk requests of {report['request_size']}, "
+                f"{report['rounds']} rounds each, in turns.",
+                "",
+                "| setup | sentences/s (median) |",
+                "| --- | ---: |",
+                f"| one local worker | {rates['local']:,.0f} |",
+                f"| head + two remote workers (tcp) | {rates['remote']:,.0f} |",
+                "",
+                f"Ratio remote / local: {report['ratio']:.2f}. Work spread over the remote workers: {spread}.",
+                f"Vectors: max |difference| {report['max_abs_diff']:.2e}, min cosine {report['min_cosine']:.6f}.",
+                "",
+                f"One host killed (SIGKILL to its process group) under four clients: {kill['requests']} requests, "
+                f"{kill['failed']} failed, {kill['wrong']} wrong.",
+            ]
+        )
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     model = ("--model-dir", str(model_dir), "--cpu", "--max-seq-len", "128")
     worker_port = free_port()
     local = start_server(*model, "--num-worker", "1", echo=False)
-    head = start_server(*model, "--num-worker", "0", "--worker-port", str(worker_port), "--heartbeat-timeout-ms",
-                        "3000", echo=False)  # fmt: skip
+    head = start_server(
+        *model, "--num-worker", "0", "--worker-port", str(worker_port), "--heartbeat-timeout-ms", "3000", echo=False
+    )
     host_flags = ("--model-dir", str(model_dir), "--cpu", "--threads-per-worker", "1")
     hosts = [start_worker_host(worker_port, *host_flags, echo=False) for _ in range(2)]
     try:

@@ -66,8 +66,9 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
     return total
 
 
-def step(head: RunningServer, host: RunningServer, texts: list[str], size: int, clients: int,
-         seconds: float) -> dict[str, Any]:  # fmt: skip
+def step(
+    head: RunningServer, host: RunningServer, texts: list[str], size: int, clients: int, seconds: float
+) -> dict[str, Any]:
     """``clients`` processes for ``seconds``: what the head routed and what it cost."""
     spawn = multiprocessing.get_context("spawn")
     counts = spawn.Manager().dict()
@@ -165,9 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     env = {"PYTHONPATH": os.pathsep.join([str(BENCHMARKS_DIR), os.environ.get("PYTHONPATH", "")])}
     worker_port = free_port()
     head = start_server(
-        "--num-worker", "0", "--worker-port", str(worker_port), "--model-class", MODEL, "--max-batch-size", "256",
-        env=env, echo=False, pass_port_out=False,
-    )  # fmt: skip
+        "--num-worker",
+        "0",
+        "--worker-port",
+        str(worker_port),
+        "--model-class",
+        MODEL,
+        "--max-batch-size",
+        "256",
+        env=env,
+        echo=False,
+        pass_port_out=False,
+    )
     try:
         host = start_worker_host(
             worker_port, "--num-worker", str(args.workers), "--model-class", MODEL, env=env, echo=False

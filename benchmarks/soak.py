@@ -164,11 +164,20 @@ def run(args: argparse.Namespace, server_flags: list[str]) -> dict[str, Any]:
         log = RequestLog(origin)
         clients = [
             OpenLoopClient(
-                n, server, plan, expected, log, rate=rate / args.clients, wait_ms=wait_ms, start_at=origin,
-                stop_at=origin + load_s, drain_s=drain_s, seed=args.seed,
+                n,
+                server,
+                plan,
+                expected,
+                log,
+                rate=rate / args.clients,
+                wait_ms=wait_ms,
+                start_at=origin,
+                stop_at=origin + load_s,
+                drain_s=drain_s,
+                seed=args.seed,
             )
             for n in range(1, args.clients + 1)
-        ]  # fmt: skip
+        ]
         for client in clients:
             client.start()
         time.sleep(max(0.0, origin - time.monotonic()))
@@ -196,20 +205,34 @@ def run(args: argparse.Namespace, server_flags: list[str]) -> dict[str, Any]:
 
     sent, records = log.snapshot()
     report.update(
-        clients=args.clients, minutes=args.minutes, seconds=round(seconds, 1), load=args.load,
-        timeout_ms=args.timeout_ms, grace_ms=args.grace_ms, mix=dict(zip(classes, weights, strict=True)),
-        bulk_sizes=list(plan.bulk_sizes), mean_request_sentences=round(plan.mean_size(), 1),
-        offered_sentences_per_second=round(offered, 1), offered_requests_per_second=round(rate, 3),
-        sent=sent, unrecorded=sent - len(records), connect_errors=dict(log.connect_errors),
+        clients=args.clients,
+        minutes=args.minutes,
+        seconds=round(seconds, 1),
+        load=args.load,
+        timeout_ms=args.timeout_ms,
+        grace_ms=args.grace_ms,
+        mix=dict(zip(classes, weights, strict=True)),
+        bulk_sizes=list(plan.bulk_sizes),
+        mean_request_sentences=round(plan.mean_size(), 1),
+        offered_sentences_per_second=round(offered, 1),
+        offered_requests_per_second=round(rate, 3),
+        sent=sent,
+        unrecorded=sent - len(records),
+        connect_errors=dict(log.connect_errors),
         send_lag_ms={name: percentile_ms(log.send_lag, q, 1) for name, q in (("p50", 50), ("p99", 99), ("max", 100))},
-        load_average={"start": load_start, "load_start": load_begun, "end": os.getloadavg()}, notes=args.note,
-        outcomes=_outcomes(records, classes), latency_ms=_latencies(records, classes),
+        load_average={"start": load_start, "load_start": load_begun, "end": os.getloadavg()},
+        notes=args.note,
+        outcomes=_outcomes(records, classes),
+        latency_ms=_latencies(records, classes),
         bulk=_bulk(records, report["unloaded"]["median_seconds"], plan.bulk_sizes),
-        busy=_busy(records, classes), throughput=_throughput(records, load_s),
+        busy=_busy(records, classes),
+        throughput=_throughput(records, load_s),
         expiry=_expiry(records, report.get("status_before"), report["status"]),
-        rss=rss_summary(rss, origin, warmup_s, load_s), stuck_clients=stuck, crashes=crashes,
+        rss=rss_summary(rss, origin, warmup_s, load_s),
+        stuck_clients=stuck,
+        crashes=crashes,
         environment=environment(),
-    )  # fmt: skip
+    )
     report["targets"] = _targets(report)
     total = report["outcomes"]["total"]
     failures = [f"{name} {total[name]}" for name in FAILED if total[name]]
@@ -295,10 +318,12 @@ def _bulk(records: list[Record], unloaded: dict[str, float], sizes: tuple[int, .
         base = unloaded[str(size)]
         ratios += [s / base for s in admitted]
         rows[str(size)] = {
-            "sent": len(mine), **{o: sum(r.outcome == o for r in mine) for o in ("ok", "busy", "expired")},
-            "latency_ms": _ms(admitted), "unloaded_ms": round(base * 1000, 1),
+            "sent": len(mine),
+            **{o: sum(r.outcome == o for r in mine) for o in ("ok", "busy", "expired")},
+            "latency_ms": _ms(admitted),
+            "unloaded_ms": round(base * 1000, 1),
             "p99_ratio": round(float(np.percentile(admitted, 99)) / base, 2) if admitted else None,
-        }  # fmt: skip
+        }
     all_admitted = [r.seconds for r in records if r.size_class == "bulk" and r.outcome in ("ok", "expired")]
     return {
         "by_size": rows,
@@ -382,23 +407,35 @@ def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         return value is not None and value == value  # not None, not NaN
 
     return [
-        line("0 lost, crossed or wrong", f"lost {total['lost']}, crossed {total['crossed']}, wrong {total['wrong']}",
-             bad == 0),
-        line(f"small p99 <= {SMALL_P99_MS / 1000:g} s (ok and expired)", f"{small_p99} ms",
-             small_p99 <= SMALL_P99_MS if known(small_p99) else None),
-        line(f"admitted bulk p99 <= {BULK_P99_RATIO:g}x its unloaded time",
-             f"{ratio}x (p99 of latency / unloaded; {bulk_expired} of {admitted} admitted expired, "
-             "counted at their expiry)",
-             ratio <= BULK_P99_RATIO if known(ratio) else None),
-        line(f"the excess refused busy at once (p99 <= {BUSY_P99_MS / 1000:g} s)",
-             f"{busy['count']} refusals, p50 {busy['p50']} ms, p99 {busy['p99']} ms",
-             busy["p99"] <= BUSY_P99_MS if busy["count"] else None),
-        line("every expired request answered as expired, none unanswered",
-             f"{expiry['client_expired_replies']} expired replies "
-             f"(server counted {expiry['server_requests_expired']}), "
-             f"{expiry['client_timeouts']} client timeouts, {expiry['client_lost']} lost",
-             silent == 0 and matched),
-    ]  # fmt: skip
+        line(
+            "0 lost, crossed or wrong",
+            f"lost {total['lost']}, crossed {total['crossed']}, wrong {total['wrong']}",
+            bad == 0,
+        ),
+        line(
+            f"small p99 <= {SMALL_P99_MS / 1000:g} s (ok and expired)",
+            f"{small_p99} ms",
+            small_p99 <= SMALL_P99_MS if known(small_p99) else None,
+        ),
+        line(
+            f"admitted bulk p99 <= {BULK_P99_RATIO:g}x its unloaded time",
+            f"{ratio}x (p99 of latency / unloaded; {bulk_expired} of {admitted} admitted expired, "
+            "counted at their expiry)",
+            ratio <= BULK_P99_RATIO if known(ratio) else None,
+        ),
+        line(
+            f"the excess refused busy at once (p99 <= {BUSY_P99_MS / 1000:g} s)",
+            f"{busy['count']} refusals, p50 {busy['p50']} ms, p99 {busy['p99']} ms",
+            busy["p99"] <= BUSY_P99_MS if busy["count"] else None,
+        ),
+        line(
+            "every expired request answered as expired, none unanswered",
+            f"{expiry['client_expired_replies']} expired replies "
+            f"(server counted {expiry['server_requests_expired']}), "
+            f"{expiry['client_timeouts']} client timeouts, {expiry['client_lost']} lost",
+            silent == 0 and matched,
+        ),
+    ]
 
 
 def rss_summary(rss: RssSampler, origin: float, warmup_s: float, load_s: float) -> dict[str, Any]:
@@ -456,14 +493,17 @@ def markdown(report: dict[str, Any]) -> str:
             else ""
         ),
         "",
-        "| unloaded, median of " + str(report["unloaded"]["repeats"]) + " | "
-        + " | ".join(f"{size}" for size in unloaded) + " sentences |",
+        "| unloaded, median of "
+        + str(report["unloaded"]["repeats"])
+        + " | "
+        + " | ".join(f"{size}" for size in unloaded)
+        + " sentences |",
         "| --- |" + " ---: |" * len(unloaded),
         "| ms | " + " | ".join(f"{s * 1000:.0f}" for s in unloaded.values()) + " |",
         "",
         "| outcome | total | " + " | ".join(classes) + " |",
         "| --- | ---: |" + " ---: |" * len(classes),
-    ]  # fmt: skip
+    ]
     outcomes = report["outcomes"]
     for row in ("sent", *OUTCOMES):
         lines.append(f"| {row} | " + " | ".join(str(outcomes[c][row]) for c in ["total", *classes]) + " |")
@@ -472,10 +512,11 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "| latency ms (ok and expired) | count | p50 | p99 | max |", "| --- | ---: | ---: | ---: | ---: |"]
     for name in classes:
         for key, label in (
-            (name, name), (f"{name}_ok", f"{name}, ok only"),
+            (name, name),
+            (f"{name}_ok", f"{name}, ok only"),
             (f"{name}_not_behind_own_bulk", f"{name}, sent while its client had no bulk request under way"),
             (f"{name}_behind_own_bulk", f"{name}, sent while its client had a bulk request under way"),
-        ):  # fmt: skip
+        ):
             row = report["latency_ms"][key]
             lines.append(f"| {label} | {row['count']} | {row['p50']} | {row['p99']} | {row['max']} |")
     bulk = report["bulk"]
@@ -506,7 +547,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{expiry['server_expired_sentences_dropped']} queued sentences dropped, {expiry['server_skipped_sentences']} "
         f"skipped by workers, {expiry['server_busy_rejections']} busy refusals. Client timeouts (silence): "
         f"{expiry['client_timeouts']}; lost: {expiry['client_lost']}.",
-    ]  # fmt: skip
+    ]
     rss = report["rss"]
     lines += [
         "",
@@ -557,10 +598,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--minutes", type=float, default=30.0, help="minutes of load (default 30)")
     parser.add_argument("--load", type=float, default=1.5, help="offered sentences/s over capacity (default 1.5)")
     parser.add_argument(
-        "--mix", type=parse_mix, default="small,medium,bulk",
-        help="request sizes: small (1-8), medium (9-100), bulk (" + ", ".join(map(str, BULK_SIZES))
+        "--mix",
+        type=parse_mix,
+        default="small,medium,bulk",
+        help="request sizes: small (1-8), medium (9-100), bulk ("
+        + ", ".join(map(str, BULK_SIZES))
         + "), as name or name=weight; default weights small 85, medium 12, bulk 3",
-    )  # fmt: skip
+    )
     parser.add_argument("--capacity-seconds", type=float, default=25.0, help="capacity run (default 25)")
     parser.add_argument("--repeats", type=int, default=3, help="unloaded timings of each bulk size (default 3)")
     parser.add_argument("--model-dir", type=Path, help="default: all-MiniLM-L6-v2")
@@ -570,9 +614,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--max-seq-len", default="128", help="server and Encoder (default 128)")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument(
-        "--timeout-ms", type=float, default=60_000, help="each request's deadline, the server's --request-timeout-ms "
-        "(default 60000)",
-    )  # fmt: skip
+        "--timeout-ms",
+        type=float,
+        default=60_000,
+        help="each request's deadline, the server's --request-timeout-ms (default 60000)",
+    )
     parser.add_argument(
         "--grace-ms", type=float, default=15_000, help="how much longer a client waits for the answer (default 15000)"
     )

@@ -51,10 +51,17 @@ from lib.servers import BenchmarkError
 QUICK_DEFAULTS: dict[str, dict[str, Any]] = {
     "sweep": {"duration": 0.5, "max_seq_len": 32, "client_load": "1x16", "server_load": "2x32"},
     "compare": {
-        "duration": 0.5, "latency_duration": 0.5, "repeats": 1, "idle_requests": 5, "start_repeats": 1,
-        "max_seq_len": 32, "limit": 300, "clients": 8, "bulk_request": 256,
+        "duration": 0.5,
+        "latency_duration": 0.5,
+        "repeats": 1,
+        "idle_requests": 5,
+        "start_repeats": 1,
+        "max_seq_len": 32,
+        "limit": 300,
+        "clients": 8,
+        "bulk_request": 256,
     },
-}  # fmt: skip
+}
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,19 +92,36 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_arguments(sweep)
     names = ", ".join(p.name for p in SWEEP_PARAMETERS)
     add = sweep.add_argument
-    add("--only", action="append", choices=[p.name for p in SWEEP_PARAMETERS], metavar="PARAM",
-        help=f"run only this parameter (repeatable): {names}")  # fmt: skip
-    add("--client-load", default=None, metavar="CxB",
-        help="base load of the client-side sweeps: C clients of B sentences (default: 1x16)")  # fmt: skip
-    add("--server-load", default=None, metavar="CxB",
-        help="load of the server-side sweeps (default: 4x256, enough to keep workers busy)")  # fmt: skip
+    add(
+        "--only",
+        action="append",
+        choices=[p.name for p in SWEEP_PARAMETERS],
+        metavar="PARAM",
+        help=f"run only this parameter (repeatable): {names}",
+    )
+    add(
+        "--client-load",
+        default=None,
+        metavar="CxB",
+        help="base load of the client-side sweeps: C clients of B sentences (default: 1x16)",
+    )
+    add(
+        "--server-load",
+        default=None,
+        metavar="CxB",
+        help="load of the server-side sweeps (default: 4x256, enough to keep workers busy)",
+    )
     compare = commands.add_parser("compare", help="server vs Encoder vs sentence-transformers, with targets")
     add_common_arguments(compare)
     add = compare.add_argument
     add("--repeats", type=int, default=None, help="rounds, interleaved (default: 3)")
     add("--limit", type=int, default=None, help="use only the first N sentences of the corpus")
-    add("--batch-size", type=int, default=None,
-        help="sentences per model run of the in-process contenders (default: the server's)")  # fmt: skip
+    add(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="sentences per model run of the in-process contenders (default: the server's)",
+    )
     add("--bulk-request", type=int, default=None, help="sentences per bulk request (default: 4096)")
     add("--clients", type=int, default=None, help="single-sentence clients (default: 32)")
     add("--latency-duration", type=float, default=None, help="seconds of single requests under load (default: 20)")
@@ -106,18 +130,30 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-sentence-transformers", action="store_true", help="leave sentence-transformers out")
     add("--no-onnx", action="store_true", help="leave ONNX Runtime (fp32 and int8) out")
     add("--no-roofline", action="store_true", help="do not measure this machine's matmul rates")
-    add("--st-targets", type=_two_ratios, default=(1.5, 3.0), metavar="FP32,BF16",
-        help="server / sentence-transformers throughput goals (default: 1.5,3; 2,4 for corpus-long.txt)")  # fmt: skip
+    add(
+        "--st-targets",
+        type=_two_ratios,
+        default=(1.5, 3.0),
+        metavar="FP32,BF16",
+        help="server / sentence-transformers throughput goals (default: 1.5,3; 2,4 for corpus-long.txt)",
+    )
     return parser
 
 
 FULL_DEFAULTS: dict[str, dict[str, Any]] = {
     "sweep": {"duration": 10.0, "max_seq_len": 128, "client_load": "1x16", "server_load": "4x256"},
     "compare": {
-        "duration": 10.0, "latency_duration": 20.0, "repeats": 3, "idle_requests": 50, "start_repeats": 3,
-        "max_seq_len": 128, "limit": None, "clients": 32, "bulk_request": 4096,
+        "duration": 10.0,
+        "latency_duration": 20.0,
+        "repeats": 3,
+        "idle_requests": 50,
+        "start_repeats": 3,
+        "max_seq_len": 128,
+        "limit": None,
+        "clients": 32,
+        "bulk_request": 4096,
     },
-}  # fmt: skip
+}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

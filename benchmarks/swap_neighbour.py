@@ -77,36 +77,46 @@ def markdown(report: dict[str, Any]) -> str:
         f"| {name} | {p['seconds']} | {p['requests']} | {p['p50_ms']} | {p['p99_ms']} |" for name, p in periods.items()
     ]
     verdict = "PASS" if report["p99_within_noise"] else "MISS"
-    return "\n".join([
-        "# One model's version swapped while its neighbour is under load (all-MiniLM-L6-v2, CPU, fp32)",
-        "",
-        f"Machine: {describe_cpu(report['environment'])}; load average {format_load(report['load_average'])} "
-        f"at the start. One server, `--model stable=DIR --model rolling=REPO,poll_interval_s=1 --num-worker 1 "
-        f"--threads-per-worker 1 --cpu --max-seq-len 128`; {report['clients']} clients on stable and "
-        f"{report['rolling_clients']} on rolling, each one request after another of {', '.join(map(str, SIZES))} "
-        f"sentences with pauses of {report['think_ms']:.0f} ms on average between them; stable's worker was busy "
-        f"{report['stable_busy']:.0%} of the time before the swap. Version 2 of rolling appeared after "
-        f"{report['steady_s']:.0f} s; the swap (its graph and LiteRT model built at the lowest CPU priority, a "
-        f"version 2 worker started, the version 1 worker drained and gone) took {report['swap_seconds']:.1f} s.",
-        "",
-        "| stable, ok replies | seconds | requests | p50 ms | p99 ms |",
-        "| --- | ---: | ---: | ---: | ---: |",
-        *rows,
-        "",
-        f"Noise: stable's p99 in the {len(noise['window_p99_ms'])} windows of {noise['width_s']:.1f} s (the swap's "
-        f"length, at most a third of a steady period) before and after the swap: "
-        f"{', '.join(f'{v:.0f}' for v in noise['window_p99_ms'])} ms "
-        f"(range {noise['low_ms']:.0f} to {noise['high_ms']:.0f} ms).",
-        "",
-        "| target | measured | result |",
-        "| --- | --- | --- |",
-        f"| stable: 0 failed, 0 wrong | {stable['failed']} failed, {stable['wrong']} wrong of {stable['requests']} "
-        f"| {'PASS' if stable['failed'] == stable['wrong'] == 0 else 'MISS'} |",
-        f"| stable's p99 during the swap within the steady windows' range | {periods['during']['p99_ms']} ms "
-        f"against {noise['low_ms']:.0f} to {noise['high_ms']:.0f} ms | {verdict} |",
-        f"| rolling: 0 failed, 0 wrong, both versions served | {report['rolling']['failed']} failed, "
-        f"{report['rolling']['wrong']} wrong; replies by version {report['rolling']['by_version']} | |",
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                "# One model's version swapped while its neighbour is under load (all-MiniLM-L6-v2, CPU, fp32)",
+                "",
+                f"Machine: {describe_cpu(report['environment'])}; load average {format_load(report['load_average'])} "
+                f"at the start. One server, `--model stable=DIR --model rolling=REPO,poll_interval_s=1 --num-worker 1 "
+                f"--threads-per-worker 1 --cpu --max-seq-len 128`; {report['clients']} clients on stable and "
+                f"{report['rolling_clients']} on rolling, each one request after another of "
+                f"{', '.join(map(str, SIZES))} "
+                f"sentences with pauses of {report['think_ms']:.0f} ms on average between them; "
+                "stable's worker was busy "
+                f"{report['stable_busy']:.0%} of the time before the swap. Version 2 of rolling appeared after "
+                f"{report['steady_s']:.0f} s; the swap (its graph and LiteRT model built at the lowest CPU priority, a "
+                "version 2 worker started, the version 1 worker drained and gone) took "
+                f"{report['swap_seconds']:.1f} s.",
+                "",
+                "| stable, ok replies | seconds | requests | p50 ms | p99 ms |",
+                "| --- | ---: | ---: | ---: | ---: |",
+                *rows,
+                "",
+                f"Noise: stable's p99 in the {len(noise['window_p99_ms'])} windows of "
+                f"{noise['width_s']:.1f} s (the swap's "
+                f"length, at most a third of a steady period) before and after the swap: "
+                f"{', '.join(f'{v:.0f}' for v in noise['window_p99_ms'])} ms "
+                f"(range {noise['low_ms']:.0f} to {noise['high_ms']:.0f} ms).",
+                "",
+                "| target | measured | result |",
+                "| --- | --- | --- |",
+                f"| stable: 0 failed, 0 wrong | {stable['failed']} failed, {stable['wrong']} wrong of "
+                f"{stable['requests']} "
+                f"| {'PASS' if stable['failed'] == stable['wrong'] == 0 else 'MISS'} |",
+                f"| stable's p99 during the swap within the steady windows' range | {periods['during']['p99_ms']} ms "
+                f"against {noise['low_ms']:.0f} to {noise['high_ms']:.0f} ms | {verdict} |",
+                f"| rolling: 0 failed, 0 wrong, both versions served | {report['rolling']['failed']} failed, "
+                f"{report['rolling']['wrong']} wrong; replies by version {report['rolling']['by_version']} | |",
+            ]
+        )
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,9 +148,21 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
     rolling_refs = {v: Encoder(str(path), **options).encode(texts) for v, path in ((1, repo / "1"), (2, spare))}
     load_average = list(os.getloadavg())
     server = start_server(
-        "--model", f"stable={model_dir}", "--model", f"rolling={repo},poll_interval_s=1", "--num-worker", "1",
-        "--threads-per-worker", "1", "--cpu", "--max-seq-len", "128", "--graph-dir", str(graphs), echo=False,
-    )  # fmt: skip
+        "--model",
+        f"stable={model_dir}",
+        "--model",
+        f"rolling={repo},poll_interval_s=1",
+        "--num-worker",
+        "1",
+        "--threads-per-worker",
+        "1",
+        "--cpu",
+        "--max-seq-len",
+        "128",
+        "--graph-dir",
+        str(graphs),
+        echo=False,
+    )
     think_s = args.think_ms / 1000
     stable = Load(server, texts, {None: stable_ref}, SIZES, model="stable", think_s=think_s)
     rolling = Load(server, texts, rolling_refs, SIZES, model="rolling", think_s=think_s)  # type: ignore[arg-type]
@@ -169,10 +191,17 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
         server.stop()
     width = min(done - appeared, args.steady_s / 3, args.after_s / 3)  # at least three windows on each side
     windows = window_p99s(stable, began, appeared, width) + window_p99s(stable, done, ended, width)
-    periods = {"before": period(stable, began, appeared), "during": period(stable, appeared, done),
-               "after": period(stable, done, ended)}  # fmt: skip
-    noise = {"width_s": round(width, 1), "window_p99_ms": windows,
-             "low_ms": min(windows, default=float("nan")), "high_ms": max(windows, default=float("nan"))}  # fmt: skip
+    periods = {
+        "before": period(stable, began, appeared),
+        "during": period(stable, appeared, done),
+        "after": period(stable, done, ended),
+    }
+    noise = {
+        "width_s": round(width, 1),
+        "window_p99_ms": windows,
+        "low_ms": min(windows, default=float("nan")),
+        "high_ms": max(windows, default=float("nan")),
+    }
     within = bool(windows) and periods["during"]["p99_ms"] <= noise["high_ms"]
     report = {
         "kind": "swap_neighbour",

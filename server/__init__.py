@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import ModelConfig, PoolingStrategy
+from .config.model import ModelConfig, PoolingStrategy
 from .errors import BertServeError, ConfigError, ModelError, ModelFileError, ModelShapeError, StartupError
 
 if TYPE_CHECKING:

@@ -29,8 +29,11 @@ _OTHER = 4  # a line of any other form (Python's own output, a crash report) alw
 
 class _Formatter(logging.Formatter):
     _COLOURS: ClassVar[dict[int, str]] = {
-        logging.DEBUG: "blue", logging.INFO: "green", logging.WARNING: "yellow", logging.ERROR: "red",
-    }  # fmt: skip
+        logging.DEBUG: "blue",
+        logging.INFO: "green",
+        logging.WARNING: "yellow",
+        logging.ERROR: "red",
+    }
 
     def __init__(self, colour: bool) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s", "%H:%M:%S")

@@ -31,11 +31,13 @@ REQUESTS = Counter(
     "bertserve_requests_total",
     "Encode requests answered, by path, outcome (ok, or the error kind) and model (empty: none was chosen)",
     ["path", "outcome", "model"],
-)  # fmt: skip
+)
 REQUEST_SECONDS = Histogram(
-    "bertserve_request_duration_seconds", "Time from admitting an encode request to publishing its reply",
-    ["path", "model"], buckets=_LATENCY_BUCKETS,
-)  # fmt: skip
+    "bertserve_request_duration_seconds",
+    "Time from admitting an encode request to publishing its reply",
+    ["path", "model"],
+    buckets=_LATENCY_BUCKETS,
+)
 SENTENCES = Counter("bertserve_sentences_total", "Inputs encoded by the workers", ["model"])
 SKIPPED_SENTENCES = Counter(
     "bertserve_skipped_sentences_total", "Inputs a worker held but did not run: their requests were past their deadline"
@@ -46,9 +48,10 @@ EXPIRED_SENTENCES = Counter(
 TOKENS = Counter("bertserve_tokens_total", "Tokens encoded by the workers, padding left out")
 TOKEN_SLOTS = Counter("bertserve_token_slots_total", "Token positions the model computed, padding included")
 PADDING = Gauge(
-    "bertserve_padding_ratio", "Share of computed token positions that were padding, since start",
+    "bertserve_padding_ratio",
+    "Share of computed token positions that were padding, since start",
     multiprocess_mode="mostrecent",
-)  # fmt: skip
+)
 JOB_SENTENCES = Histogram(
     "bertserve_job_sentences", "Inputs per mini-job sent to a worker", ["model"], buckets=_SIZE_BUCKETS
 )
@@ -56,22 +59,28 @@ JOB_SECONDS = Histogram(
     "bertserve_job_seconds", "Model time of one mini-job in its worker", ["model"], buckets=_LATENCY_BUCKETS
 )
 QUEUED = Gauge(
-    "bertserve_queued_sentences", "Inputs waiting in the scheduler, by queue (small, bulk, retry) and model",
-    ["queue", "model"], multiprocess_mode="mostrecent",
-)  # fmt: skip
-QUEUED_REQUESTS = Gauge(
-    "bertserve_queued_requests", "Requests waiting in the scheduler, by queue (small, bulk) and model",
-    ["queue", "model"], multiprocess_mode="mostrecent",
-)  # fmt: skip
-QUEUED_BYTES = Gauge(
-    "bertserve_queued_bytes", "Memory the texts of admitted requests hold in the head (of --max-queued-bytes)",
+    "bertserve_queued_sentences",
+    "Inputs waiting in the scheduler, by queue (small, bulk, retry) and model",
+    ["queue", "model"],
     multiprocess_mode="mostrecent",
-)  # fmt: skip
+)
+QUEUED_REQUESTS = Gauge(
+    "bertserve_queued_requests",
+    "Requests waiting in the scheduler, by queue (small, bulk) and model",
+    ["queue", "model"],
+    multiprocess_mode="mostrecent",
+)
+QUEUED_BYTES = Gauge(
+    "bertserve_queued_bytes",
+    "Memory the texts of admitted requests hold in the head (of --max-queued-bytes)",
+    multiprocess_mode="mostrecent",
+)
 RUNNING_JOBS = Gauge("bertserve_running_jobs", "Mini-jobs held by workers", multiprocess_mode="mostrecent")
 IN_FLIGHT = Gauge("bertserve_in_flight_requests", "Admitted requests not answered yet", multiprocess_mode="mostrecent")
 REJECTIONS = Counter("bertserve_rejections_total", "Requests refused on arrival, by kind (busy, limit, ...)", ["kind"])
-MODEL_VERSION = Gauge("bertserve_model_version", "The model version served (0: a plain model directory)",
-                      multiprocess_mode="mostrecent")  # fmt: skip
+MODEL_VERSION = Gauge(
+    "bertserve_model_version", "The model version served (0: a plain model directory)", multiprocess_mode="mostrecent"
+)
 VERSIONS_REFUSED = Counter("bertserve_model_versions_refused_total", "Model versions refused: not whole, or unreadable")
 RESTARTS = Counter("bertserve_process_restarts_total", "Server processes restarted after a failure", ["process"])
 WORKERS = Gauge("bertserve_workers", "Workers registered and serving", multiprocess_mode="mostrecent")
@@ -82,27 +91,31 @@ READY = Gauge(
     "bertserve_ready", "1 when the server has a worker and answers encode requests", multiprocess_mode="mostrecent"
 )
 MODEL = Gauge(
-    "bertserve_model_info", "Each served model (name and directory); the value is always 1",
-    ["model", "model_dir", "dtype", "pooling_strategy", "output_dim", "max_seq_len"], multiprocess_mode="mostrecent",
-)  # fmt: skip
+    "bertserve_model_info",
+    "Each served model (name and directory); the value is always 1",
+    ["model", "model_dir", "dtype", "pooling_strategy", "output_dim", "max_seq_len"],
+    multiprocess_mode="mostrecent",
+)
 HTTP_REQUESTS = Counter(
     "bertserve_http_requests_total", "HTTP requests by endpoint and status code", ["endpoint", "status"]
 )
 HTTP_SECONDS = Histogram(
-    "bertserve_http_request_duration_seconds", "HTTP request time by endpoint", ["endpoint"],
+    "bertserve_http_request_duration_seconds",
+    "HTTP request time by endpoint",
+    ["endpoint"],
     buckets=_LATENCY_BUCKETS,
-)  # fmt: skip
+)
 HTTP_PRINCIPAL_REQUESTS = Counter(
     "bertserve_http_principal_requests_total",
     "HTTP requests past the API key check, by principal (the key's name; anonymous without keys) and status code",
     ["principal", "status"],
-)  # fmt: skip
+)
 HTTP_BODY_BYTES = Gauge(
     "bertserve_http_body_bytes",
     "What the HTTP bodies in flight hold of --max-http-body-bytes-total (their bytes, and 64 per comma, 232 per "
     "'{', 88 per '[')",
     multiprocess_mode="mostrecent",
-)  # fmt: skip
+)
 
 
 def path_of(client_id: bytes) -> str:

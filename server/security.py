@@ -9,7 +9,7 @@ client ids ``K:suffix`` (:func:`identity_belongs`), so it can neither send reque
 another key (:func:`request_allowed`, checked against each request's own ``User-Id``) nor
 route another key's replies to itself (:func:`route_allowed`, checked against each
 announcement's own ``User-Id`` by the sink's reply ``ROUTER``, see
-``bertserve.server.serving.replies``). TERMINATE is honoured only from keys listed in
+``bertserve.server.serving.sink.replies``). TERMINATE is honoured only from keys listed in
 ``admins/`` (:func:`is_admin`).
 
 Key files are checked when read (:func:`load_curve_dir`, :func:`unsafe_mode`): a start is

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from bertserve.server.config import ModelConfig
+from bertserve.server.config.model import ModelConfig
 from bertserve.server.model.interface import HashingModel
 from bertserve.server.model.tokenization import TokenizedBatch
 

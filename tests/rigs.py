@@ -11,12 +11,12 @@ from typing import Any
 
 import zmq
 from bertserve.client import protocol as p
-from bertserve.server.config import ServerConfig
-from bertserve.server.serving import wire
-from bertserve.server.serving.models import Models
-from bertserve.server.serving.scheduler import Scheduler
-from bertserve.server.serving.ventilator import Ventilator
-from bertserve.server.serving.worker import Addresses
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.head.models import Models
+from bertserve.server.serving.head.ventilator import Ventilator
+from bertserve.server.serving.policy.scheduler import Scheduler
+from bertserve.server.serving.protocol import wire
+from bertserve.server.serving.protocol.wire import Addresses
 
 
 @dataclass

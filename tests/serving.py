@@ -235,9 +235,14 @@ def start_server(
 
 
 def _launch(
-    command: list[str], port: int, port_out: int, env: dict[str, str] | None, echo: bool, log_path: Path | None,
+    command: list[str],
+    port: int,
+    port_out: int,
+    env: dict[str, str] | None,
+    echo: bool,
+    log_path: Path | None,
     is_ready_line: Callable[[str], bool],
-) -> RunningServer:  # fmt: skip
+) -> RunningServer:
     launched_at = time.perf_counter()
     process = subprocess.Popen(
         command,
@@ -281,8 +286,17 @@ def start_worker_host(
     "Ready" is its log line saying it joined the head (workers start after it); ``port`` and
     ``port_out`` of the result are 0. Stop it like a server: :meth:`RunningServer.stop`.
     """
-    command = [sys.executable, "-m", "bertserve.server.cli", "worker", "--server", "127.0.0.1",
-               "--worker-port", str(worker_port), *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bertserve.server.cli",
+        "worker",
+        "--server",
+        "127.0.0.1",
+        "--worker-port",
+        str(worker_port),
+        *args,
+    ]
     host = _launch(command, 0, 0, env, echo, None, _is_joined_line)
     if expect_joined:
         _wait_or_stop(host, timeout)

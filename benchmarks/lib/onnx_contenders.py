@@ -72,9 +72,15 @@ def _export(model_dir: Path, path: Path) -> None:
     partial = path.with_suffix(".partial")
     with torch.inference_mode():
         torch.onnx.export(
-            model, sample, str(partial), input_names=names, output_names=["last_hidden_state"],
-            dynamic_axes=axes, opset_version=OPSET, dynamo=False,
-        )  # fmt: skip
+            model,
+            sample,
+            str(partial),
+            input_names=names,
+            output_names=["last_hidden_state"],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
     partial.rename(path)
 
 

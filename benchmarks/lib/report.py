@@ -80,9 +80,16 @@ def package_version(name: str) -> str | None:
 
 def environment() -> dict[str, Any]:
     packages = (
-        "bertserve", "tensorflow", "ai-edge-litert", "numpy", "torch", "sentence-transformers", "transformers",
-        "onnxruntime", "onnx",
-    )  # fmt: skip
+        "bertserve",
+        "tensorflow",
+        "ai-edge-litert",
+        "numpy",
+        "torch",
+        "sentence-transformers",
+        "transformers",
+        "onnxruntime",
+        "onnx",
+    )
     return {
         "python": platform.python_version(),
         "machine": platform.machine(),

@@ -100,9 +100,19 @@ class RooflineRun:
     def __init__(self, shapes: Shapes, *, tokens_per_sentence: float, tokens: int, threads: int, repeats: int) -> None:
         self.shapes, self.tokens_per_sentence, self.tokens, self.threads = shapes, tokens_per_sentence, tokens, threads
         command = [
-            sys.executable, __file__, "--hidden", str(shapes.hidden), "--intermediate", str(shapes.intermediate),
-            "--tokens", str(tokens), "--threads", str(threads), "--repeats", str(repeats),
-        ]  # fmt: skip
+            sys.executable,
+            __file__,
+            "--hidden",
+            str(shapes.hidden),
+            "--intermediate",
+            str(shapes.intermediate),
+            "--tokens",
+            str(tokens),
+            "--threads",
+            str(threads),
+            "--repeats",
+            str(repeats),
+        ]
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 

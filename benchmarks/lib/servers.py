@@ -61,10 +61,19 @@ class ServerOptions:
 
     def flags(self) -> list[str]:
         flags = [
-            "--max-seq-len", self.max_seq_len, "--dtype", self.dtype, "--num-worker", str(self.num_worker),
-            "--max-batch-size", str(self.max_batch_size), "--pooling-layer", str(self.pooling_layer),
-            "--merge-requests", "true" if self.merge_requests else "false",
-        ]  # fmt: skip
+            "--max-seq-len",
+            self.max_seq_len,
+            "--dtype",
+            self.dtype,
+            "--num-worker",
+            str(self.num_worker),
+            "--max-batch-size",
+            str(self.max_batch_size),
+            "--pooling-layer",
+            str(self.pooling_layer),
+            "--merge-requests",
+            "true" if self.merge_requests else "false",
+        ]
         if self.model_dir is not None:
             flags += ["--model-dir", str(self.model_dir)]
         if self.graph_dir is not None:

@@ -29,8 +29,10 @@ def unread(bench: Bench) -> dict[str, Any]:
         reader.fetch_all()
         baseline = settled_rss(server)
         served = watcher.server_status["requests_served"]
-        log(f"unread: {started:.0f} MiB at start, {baseline:.0f} MiB after the same load read by its client; "
-            "now a client sends 1,000 x 100 and never reads")  # fmt: skip
+        log(
+            f"unread: {started:.0f} MiB at start, {baseline:.0f} MiB after the same load read by its client; "
+            "now a client sends 1,000 x 100 and never reads"
+        )
         with RssSampler(server, RSS_SAMPLE_S) as rss, bench.client(server) as deaf:
             for i in range(1000):
                 deaf.encode(bench.texts(100, i * 100), blocking=False)

@@ -34,6 +34,7 @@ from fastapi.responses import Response
 from fastapi_offline import FastAPIOffline
 
 from .. import metrics
+from ..config.http import HTTP_HEADERS
 from ..model.prompts import apply_prompt
 from .bodies import BodyBudget, BodyPace
 from .catalog import Catalog, ModelSettings
@@ -41,7 +42,6 @@ from .disconnects import ClientGone, unless_disconnected
 from .front import Front, caller
 from .gateway import Gateway, GatewayError
 from .lengths import Tokenizing, check_text_limits, explain_bounded, first_over_long, tokens_answered
-from .limits import HTTP_HEADERS
 from .options import Asked, asked, checked_prompt_name, direction, prompt_text
 from .principals import Principals
 from .schemas import (
@@ -95,9 +95,12 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             await state["gateway"].close()
 
     app = FastAPIOffline(  # FastAPI, with /docs and /redoc on local copies of their assets
-        title="bertserve", version=__version__, lifespan=lifespan, static_url=DOCS_ASSETS,
+        title="bertserve",
+        version=__version__,
+        lifespan=lifespan,
+        static_url=DOCS_ASSETS,
         description="BERT sentence embeddings over HTTP: OpenAI-, TEI- and bert-as-service-compatible.",
-    )  # fmt: skip
+    )
     app.add_middleware(
         Front,
         principals=settings.principals,
@@ -139,23 +142,31 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     ) -> p.Reply:
         gw = gateway()
         ask = gw.request(
-            gw.client_id(caller(request)), p.ENCODE, texts, is_tokenized=is_tokenized, model=model.name,
-            options=options.header(settings.request_timeout_s), timeout_s=settings.request_timeout_s + 5,
-        )  # fmt: skip
+            gw.client_id(caller(request)),
+            p.ENCODE,
+            texts,
+            is_tokenized=is_tokenized,
+            model=model.name,
+            options=options.header(settings.request_timeout_s),
+            timeout_s=settings.request_timeout_s + 5,
+        )
         try:
             reply = await unless_disconnected(ask, request.receive)
         except GatewayError as exc:
             raise HTTPError(504, f"the server did not answer in time: {exc}") from None
         except ClientGone:  # nobody reads this answer; the metrics count it
-            raise HTTPError(CLIENT_CLOSED, "the client closed the connection; its request was withdrawn",
-                            code="cancelled") from None  # fmt: skip
+            raise HTTPError(
+                CLIENT_CLOSED, "the client closed the connection; its request was withdrawn", code="cancelled"
+            ) from None
         if not reply.ok:
             kind = str(reply.header.get("kind", "internal"))
             unknown = kind == p.UNKNOWN_MODEL  # the head serves other models than this process knows: as any unknown
             raise HTTPError(
-                STATUS_OF_KIND.get(kind, 500), str(reply.header.get("error")),
-                param="model" if unknown else None, code="model_not_found" if unknown else kind,
-            )  # fmt: skip
+                STATUS_OF_KIND.get(kind, 500),
+                str(reply.header.get("error")),
+                param="model" if unknown else None,
+                code="model_not_found" if unknown else kind,
+            )
         return reply
 
     async def server_status() -> dict[str, Any]:
@@ -179,24 +190,35 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         await ready_or_503()
         info = await catalog().info(model)
         if info.get("token_level"):
-            raise HTTPError(422, f"the model {model.name!r} returns one vector per token (pooling NONE); "
-                            "/v1/embeddings needs one vector per input")  # fmt: skip
+            raise HTTPError(
+                422,
+                f"the model {model.name!r} returns one vector per token (pooling NONE); "
+                "/v1/embeddings needs one vector per input",
+            )
         reply = await encode(request, model, texts, asked(body, info), is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
         if body.encoding_format == "base64":
-            data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
-                    for i, row in enumerate(vectors)]  # fmt: skip
+            data = [
+                {"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
+                for i, row in enumerate(vectors)
+            ]
         else:
             data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)]
         computed = reply.header.get("model")  # the head names the model that ran it
         if not isinstance(computed, str):
             computed = model.name
         named = body.model if body.model in model.aliases else computed  # an alias asked for is echoed, as OpenAI does
-        return json_response({
-            "object": "list", "data": data, "model": named,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "chunked_inputs": chunked_count(reply),
-        }, reply)  # fmt: skip
+        return json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": named,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "chunked_inputs": chunked_count(reply),
+            },
+            reply,
+        )
 
     @app.get("/v1/models", summary="The served models, the default first (OpenAI-compatible), with their prompts")
     async def models() -> Response:
@@ -210,11 +232,13 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         await ready_or_503()
         info = await catalog().info(model)
         if info.get("token_level"):
-            raise HTTPError(422, f"the model {model.name!r} returns one vector per token (pooling NONE); /embed "
-                            "needs one per input")  # fmt: skip
+            raise HTTPError(
+                422, f"the model {model.name!r} returns one vector per token (pooling NONE); /embed needs one per input"
+            )
         if not body.normalize and info.get("normalize"):
-            raise HTTPError(422, f"the model {model.name!r} L2-normalizes its vectors; normalize=false is not "
-                            "available")  # fmt: skip
+            raise HTTPError(
+                422, f"the model {model.name!r} L2-normalizes its vectors; normalize=false is not available"
+            )
         options = asked(body, info)
         if not body.truncate and body.long_inputs != "chunk":
             await refuse_over_long(model, info, texts, options)
@@ -232,9 +256,12 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         first = await tokenizing.run(first_over_long, model.tokenizer, prompted)
         if first is not None:
             with_prompt = " with its prompt" if prompt else ""
-            raise HTTPError(413, f"inputs[{first}] is longer{with_prompt} than the {model.tokenizer.max_len} tokens "
-                            f"the model {model.name!r} takes; pass truncate=true to cut it, or "
-                            "long_inputs=chunk")  # fmt: skip
+            raise HTTPError(
+                413,
+                f"inputs[{first}] is longer{with_prompt} than the {model.tokenizer.max_len} tokens "
+                f"the model {model.name!r} takes; pass truncate=true to cut it, or "
+                "long_inputs=chunk",
+            )
 
     @app.post("/tokenize", summary="Text Embeddings Inference-compatible tokenization, with the model's tokenizer")
     async def tokenize(body: TokenizeRequest) -> Response:
@@ -245,9 +272,13 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
         tokens = await tokenizing.run(
-            tokenized, model.tokenizer, prompted, add_special_tokens=body.add_special_tokens,
-            truncate=bool(body.truncate), direction=direction(body.truncation_direction) or "right",
-        )  # fmt: skip
+            tokenized,
+            model.tokenizer,
+            prompted,
+            add_special_tokens=body.add_special_tokens,
+            truncate=bool(body.truncate),
+            direction=direction(body.truncation_direction) or "right",
+        )
         return json_response(tokens)
 
     @app.post("/encode", summary="bert-as-service-compatible encoding")
@@ -269,8 +300,9 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     @app.get("/ready", summary="Readiness: 200 while every served model has a worker with it loaded, else 503")
     async def ready() -> Response:
         if not (await server_status()).get("ready"):
-            raise HTTPError(503, "not every model has a worker with it loaded: the server is starting, or its "
-                            "workers restart")  # fmt: skip
+            raise HTTPError(
+                503, "not every model has a worker with it loaded: the server is starting, or its workers restart"
+            )
         return json_response({"status": "ready"})
 
     @app.get("/status", summary="The server's status, as `bertserve status` shows it")
@@ -291,5 +323,6 @@ def tokenized(
     """``/tokenize``'s answer, refused with 413 before any token is made if it would hold more
     than :data:`~.lengths.TOKENIZE_TOKENS` (:mod:`.lengths`)."""
     tokens_answered(tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate)
-    return explain_bounded(tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate,
-                           direction=direction)  # fmt: skip
+    return explain_bounded(
+        tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate, direction=direction
+    )

@@ -43,8 +43,12 @@ class ModelSettings:
 
 def not_served(name: str, served: Sequence[str]) -> HTTPError:
     """The 404 for a request naming a model this server does not serve."""
-    return HTTPError(404, f"the model {quoted(name)} is not served here; this server serves "
-                     f"{', '.join(map(repr, served))}", param="model", code="model_not_found")  # fmt: skip
+    return HTTPError(
+        404,
+        f"the model {quoted(name)} is not served here; this server serves {', '.join(map(repr, served))}",
+        param="model",
+        code="model_not_found",
+    )
 
 
 class Catalog:
@@ -60,8 +64,11 @@ class Catalog:
         head_default = gateway.config.get("default_model")
         default = next((model for model in models if model.name == head_default), models[0])
         if head_default is not None and default.name != head_default:
-            logger.warning("the server's default model %r is not among those the HTTP API serves; its default is %r",
-                           head_default, default.name)  # fmt: skip
+            logger.warning(
+                "the server's default model %r is not among those the HTTP API serves; its default is %r",
+                head_default,
+                default.name,
+            )
         self.default = default
         self.models = (default, *(model for model in models if model is not default))
         self._said: dict[str, dict[str, Any]] = {}
@@ -103,8 +110,9 @@ class Catalog:
         """The head's ``CONFIG`` answer for ``model``, kept; the last one if it refuses."""
         gateway = self._gateway
         try:
-            reply = await gateway.request(gateway.client_id("bertserve"), p.CONFIG, model=model.name,
-                                          timeout_s=_CONFIG_TIMEOUT_S)  # fmt: skip
+            reply = await gateway.request(
+                gateway.client_id("bertserve"), p.CONFIG, model=model.name, timeout_s=_CONFIG_TIMEOUT_S
+            )
         except GatewayError as exc:
             raise HTTPError(503, f"the server is not answering: {exc}") from None
         if reply.ok:
@@ -139,8 +147,11 @@ class Catalog:
                 "max_seq_len": model.tokenizer.max_len,
                 "dtype": summary.get("dtype") or info.get("dtype"),
                 "model_version": summary.get("model_version"),
-                "prompts": prompts(info), "default_prompt_name": default_prompt_name(info),
-            }  # fmt: skip
-            entries += [{"id": name, "object": "model", "created": created, "owned_by": "bertserve", **about}
-                        for name in model.names]  # fmt: skip
+                "prompts": prompts(info),
+                "default_prompt_name": default_prompt_name(info),
+            }
+            entries += [
+                {"id": name, "object": "model", "created": created, "owned_by": "bertserve", **about}
+                for name in model.names
+            ]
         return entries

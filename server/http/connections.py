@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .limits import HTTP_CONNECTIONS, HTTP_HEADER_TIMEOUT_S
+from ..config.http import HTTP_CONNECTIONS, HTTP_HEADER_TIMEOUT_S
 
 logger = logging.getLogger("bertserve.http")
 
@@ -70,8 +70,10 @@ class BoundedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            logger.warning("refused an HTTP connection: %d are open, the most --max-http-connections allows",
-                           len(self.connections) - 1)  # fmt: skip
+            logger.warning(
+                "refused an HTTP connection: %d are open, the most --max-http-connections allows",
+                len(self.connections) - 1,
+            )
             self.transport.write(_BUSY)
             self.transport.close()
             return

@@ -10,8 +10,8 @@ from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import metrics
+from ..config.http import HTTP_HEADERS
 from .bodies import ARRAY_COST, COMMA_COST, OBJECT_COST, BodyBudget, BodyPace, parse_cost
-from .limits import HTTP_HEADERS
 from .principals import Principals
 from .schemas import HTTPError, error_response
 
@@ -46,9 +46,16 @@ class Front:
     """
 
     def __init__(
-        self, app: ASGIApp, principals: Principals, limit: int, budget: BodyBudget, *, pace: BodyPace | None = None,
-        max_headers: int = HTTP_HEADERS, principal_metrics: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        app: ASGIApp,
+        principals: Principals,
+        limit: int,
+        budget: BodyBudget,
+        *,
+        pace: BodyPace | None = None,
+        max_headers: int = HTTP_HEADERS,
+        principal_metrics: bool = False,
+    ) -> None:
         self.app, self.principals, self.limit, self.budget = app, principals, limit, budget
         self.pace = pace or BodyPace()
         self.max_headers = max_headers
@@ -69,8 +76,9 @@ class Front:
     async def _serve(self, visit: _Visit, receive: Receive) -> None:
         scope = visit.scope
         if len(scope.get("headers") or ()) > self.max_headers:
-            return await visit.refuse(HTTPError(431, f"the request has more than {self.max_headers} header fields",
-                                                code="limit"))  # fmt: skip
+            return await visit.refuse(
+                HTTPError(431, f"the request has more than {self.max_headers} header fields", code="limit")
+            )
         headers = dict(scope.get("headers") or [])
         open_path = _open(scope["path"])
         if not open_path:
@@ -82,8 +90,9 @@ class Front:
                 scope[_PRINCIPAL] = principal
         if open_path or scope["method"] in _BODILESS_METHODS:
             if _declares_body(headers):
-                return await visit.refuse(HTTPError(413, f"{scope['method']} {scope['path']} takes no body",
-                                                    code="limit"))  # fmt: skip
+                return await visit.refuse(
+                    HTTPError(413, f"{scope['method']} {scope['path']} takes no body", code="limit")
+                )
             return await self.app(scope, receive, visit.reply)
         body = await self._read_body(visit, headers, receive)
         if isinstance(body, HTTPError):
@@ -138,15 +147,23 @@ class Front:
     def _fits(self, visit: _Visit, amount: int) -> HTTPError | None:
         """The error if ``amount`` more would not fit what ``visit``'s principal may still hold."""
         if visit.held + amount > self.budget.per_principal:
-            return HTTPError(413, f"the request body would take about {_mib(visit.held + amount)} of memory once "
-                             f"parsed (its bytes, and {COMMA_COST} bytes for each comma, {OBJECT_COST} for each "
-                             f"'{{' and {ARRAY_COST} for each '['); this server holds at most "
-                             f"{_mib(self.budget.per_principal)} of one caller's bodies at once: send fewer inputs "
-                             "per request", code="limit")  # fmt: skip
+            return HTTPError(
+                413,
+                f"the request body would take about {_mib(visit.held + amount)} of memory once "
+                f"parsed (its bytes, and {COMMA_COST} bytes for each comma, {OBJECT_COST} for each "
+                f"'{{' and {ARRAY_COST} for each '['); this server holds at most "
+                f"{_mib(self.budget.per_principal)} of one caller's bodies at once: send fewer inputs "
+                "per request",
+                code="limit",
+            )
         if not self.budget.fits(amount, visit.owner):
-            return HTTPError(429, f"the server holds as many request bodies as it can at once "
-                             f"({_mib(self.budget.total)}, {_mib(self.budget.per_principal)} of one caller's); "
-                             "retry later", code="busy")  # fmt: skip
+            return HTTPError(
+                429,
+                f"the server holds as many request bodies as it can at once "
+                f"({_mib(self.budget.total)}, {_mib(self.budget.per_principal)} of one caller's); "
+                "retry later",
+                code="busy",
+            )
         return None
 
     def _hold(self, visit: _Visit, chunk: bytes) -> HTTPError | None:
@@ -161,14 +178,19 @@ class Front:
         return None
 
     def _too_large(self) -> HTTPError:
-        return HTTPError(413, f"the request body is larger than this server's limit of {self.limit} bytes",
-                         code="limit")  # fmt: skip
+        return HTTPError(
+            413, f"the request body is larger than this server's limit of {self.limit} bytes", code="limit"
+        )
 
     def _too_slow(self, received: int, seconds: float) -> HTTPError:
         pace = self.pace
-        return HTTPError(408, f"the request body was not whole in time: {received} bytes in {seconds:.1f} s; this "
-                         f"server takes a body in at most {pace.timeout_s:g} s, at {pace.min_rate} bytes/s or "
-                         "faster", code="timeout")  # fmt: skip
+        return HTTPError(
+            408,
+            f"the request body was not whole in time: {received} bytes in {seconds:.1f} s; this "
+            f"server takes a body in at most {pace.timeout_s:g} s, at {pace.min_rate} bytes/s or "
+            "faster",
+            code="timeout",
+        )
 
 
 class _Visit:

@@ -51,13 +51,20 @@ def check_text_limits(texts: Sequence[Any], name: str, *, max_inputs: int, max_c
     """``texts`` if within ``--max-request-size`` inputs of ``--max-text-chars`` characters
     each (a pre-tokenized input: its tokens' characters), before anything tokenizes them; else 413."""
     if len(texts) > max_inputs:
-        raise HTTPError(413, f"the request has {len(texts)} inputs; this server takes at most {max_inputs} per "
-                        "request", code="limit")  # fmt: skip
+        raise HTTPError(
+            413,
+            f"the request has {len(texts)} inputs; this server takes at most {max_inputs} per request",
+            code="limit",
+        )
     for index, text in enumerate(texts):
         size = len(text) if isinstance(text, str) else sum(map(len, text))
         if size > max_chars:
-            raise HTTPError(413, f"{name}[{index}] has {size} characters; this server takes at most {max_chars}",
-                            param=name, code="limit")  # fmt: skip
+            raise HTTPError(
+                413,
+                f"{name}[{index}] has {size} characters; this server takes at most {max_chars}",
+                param=name,
+                code="limit",
+            )
     return list(texts)
 
 
@@ -147,8 +154,9 @@ def tokens_answered(
             total += count_up_to(tokenizer, _sides(text), most - total) + specials
         if total > most:
             how = "" if truncate else "; pass truncate=true to have each cut to the model's length"
-            raise HTTPError(413, f"the answer would hold more than {most} tokens: send fewer or shorter inputs{how}",
-                            code="limit")  # fmt: skip
+            raise HTTPError(
+                413, f"the answer would hold more than {most} tokens: send fewer or shorter inputs{how}", code="limit"
+            )
 
 
 def explain_bounded(
@@ -193,8 +201,12 @@ def _explain(
 ) -> list[list[dict[str, Any]]]:
     if not group:
         return []
-    explained = tokenizer.explain([text for text, _ in group], add_special_tokens=add_special_tokens,
-                                  truncate=truncate, truncation_direction=direction)  # fmt: skip
+    explained = tokenizer.explain(
+        [text for text, _ in group],
+        add_special_tokens=add_special_tokens,
+        truncate=truncate,
+        truncation_direction=direction,
+    )
     for tokens, (_, shift) in zip(explained, group, strict=True):
         if shift:
             for token in tokens:

@@ -29,9 +29,11 @@ class Asked:
     def header(self, timeout_s: float) -> dict[str, Any]:
         """The ENCODE header fields: these options, and the request's deadline."""
         fields = {
-            "long_inputs": self.long_inputs, "dimensions": self.dimensions, "prompt_name": self.prompt_name,
+            "long_inputs": self.long_inputs,
+            "dimensions": self.dimensions,
+            "prompt_name": self.prompt_name,
             "truncation_direction": self.truncation_direction,
-        }  # fmt: skip
+        }
         return {"timeout_ms": max(1, round(timeout_s * 1000)), **{k: v for k, v in fields.items() if v is not None}}
 
 
@@ -56,8 +58,11 @@ def checked_dimensions(k: int | None, info: dict[str, Any]) -> int | None:
         return None
     dim = info.get("output_dim")
     if isinstance(dim, int) and not 1 <= k <= dim:
-        raise HTTPError(422, f"dimensions={k} is out of range: this model's vectors have {dim} dimensions; ask for "
-                        f"1 to {dim}", param="dimensions")  # fmt: skip
+        raise HTTPError(
+            422,
+            f"dimensions={k} is out of range: this model's vectors have {dim} dimensions; ask for 1 to {dim}",
+            param="dimensions",
+        )
     return k
 
 
@@ -80,8 +85,9 @@ def checked_prompt_name(name: str | None, info: dict[str, Any]) -> str | None:
     known = prompts(info)
     if name not in known:
         listed = ", ".join(map(repr, sorted(known))) if known else "none (start it with --prompt NAME=TEXT)"
-        raise HTTPError(422, f"prompt_name={quoted(name)} is not one of this server's prompts: {listed}",
-                        param="prompt_name")  # fmt: skip
+        raise HTTPError(
+            422, f"prompt_name={quoted(name)} is not one of this server's prompts: {listed}", param="prompt_name"
+        )
     return name
 
 

@@ -125,8 +125,10 @@ def parse_key_file(text: str, path: str) -> list[Principal]:
             raise KeyFileError(f"{where}: the name {entry.name!r} is taken already, on line {name_lines[entry.name]}")
         if entry.key in key_lines:
             other, line_no = key_lines[entry.key]
-            raise KeyFileError(f"{where}: {entry.name!r} has the same key as {other!r} on line {line_no}; "
-                               "every principal needs its own key")  # fmt: skip
+            raise KeyFileError(
+                f"{where}: {entry.name!r} has the same key as {other!r} on line {line_no}; "
+                "every principal needs its own key"
+            )
         name_lines[entry.name] = number
         key_lines[entry.key] = (entry.name, number)
         principals.append(Principal.of(entry.name, entry.key))
@@ -146,8 +148,10 @@ def read_key_file(path: str) -> list[Principal]:
     except OSError as exc:
         raise KeyFileError(f"cannot read the API key file {path}: {exc.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):  # a local user could read a key, or add one of their own
-        raise KeyFileError(f"the API key file {path} may be read or changed by group or other users "
-                           f"(mode {stat.S_IMODE(mode):o}): chmod 600 {path}")  # fmt: skip
+        raise KeyFileError(
+            f"the API key file {path} may be read or changed by group or other users "
+            f"(mode {stat.S_IMODE(mode):o}): chmod 600 {path}"
+        )
     return parse_key_file(text, path)
 
 
@@ -158,8 +162,10 @@ def load_principals(api_key: str | None, api_keys_file: str | None) -> Principal
     if api_key is not None:
         single = Principal.of(SINGLE_KEY_NAME, api_key.strip())
         if any(p.name == SINGLE_KEY_NAME for p in principals):
-            raise KeyFileError(f"{api_keys_file} names a principal {SINGLE_KEY_NAME!r}, the name of --api-key: "
-                               "rename it, or move --api-key into the file")  # fmt: skip
+            raise KeyFileError(
+                f"{api_keys_file} names a principal {SINGLE_KEY_NAME!r}, the name of --api-key: "
+                "rename it, or move --api-key into the file"
+            )
         if any(p.digest == single.digest for p in principals):
             raise KeyFileError(f"--api-key is also a key in {api_keys_file}: every principal needs its own key")
         principals.append(single)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..config import ServerConfig
-from ..served_models import ServedModel, directory_name
+from ..config.served import ServedModel, directory_name
+from ..config.server import ServerConfig
 from .bodies import BodyPace
 from .gateway import Gateway, GatewayKeys
 from .principals import Principals, load_principals
@@ -39,9 +39,12 @@ def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
 
 
 def run_http(
-    config: ServerConfig, log_level: int, keys: GatewayKeys | None, principals: Principals | None = None,
+    config: ServerConfig,
+    log_level: int,
+    keys: GatewayKeys | None,
+    principals: Principals | None = None,
     models: list[ServedModel] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Entry point of the HTTP process; ``principals`` as the supervisor read them (else read
     here); ``models``: the models served, each with its config and version (else ``config``'s one).
     Each model's name and tokenizer are read here, once; the head says the rest (:mod:`.catalog`)."""

@@ -18,13 +18,29 @@ VERSION_HEADER = "X-Model-Version"  # the model version that made the vectors (a
 CLIENT_CLOSED = 499  # nginx's "client closed request": the caller left, and its request was withdrawn
 
 STATUS_OF_KIND = {
-    "input": 422, "protocol": 422, "limit": 413, "busy": 429, "timeout": 504, "expired": 504, "shutdown": 503,
-    "forbidden": 403, "duplicate": 409, "worker": 500, "internal": 500, "cancelled": CLIENT_CLOSED,
-    p.UNKNOWN_MODEL: 404, p.DROPPED: 503,
-}  # fmt: skip
+    "input": 422,
+    "protocol": 422,
+    "limit": 413,
+    "busy": 429,
+    "timeout": 504,
+    "expired": 504,
+    "shutdown": 503,
+    "forbidden": 403,
+    "duplicate": 409,
+    "worker": 500,
+    "internal": 500,
+    "cancelled": CLIENT_CLOSED,
+    p.UNKNOWN_MODEL: 404,
+    p.DROPPED: 503,
+}
 _TEI_PATHS = ("/embed", "/tokenize")
-_OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error",
-                 422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 QUOTED_CHARS = 100
@@ -91,9 +107,10 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
     user: str | None = Field(
-        None, description="accepted and ignored: the server's bounds and turns go by API key (without keys, by "
+        None,
+        description="accepted and ignored: the server's bounds and turns go by API key (without keys, by "
         "the caller's address), never by this field",
-    )  # fmt: skip
+    )
     long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
@@ -179,8 +196,12 @@ def openai_input(value: Any, tokenizer: Any, *, token_ids: bool) -> tuple[list[A
             return [_tokens_of(value, tokenizer, "input")], True
         return [_tokens_of(ids, tokenizer, f"input[{i}]") for i, ids in enumerate(value)], True
     bad = next(i for i, item in enumerate(value) if not isinstance(item, type(value[0])) or isinstance(item, bool))
-    raise HTTPError(422, f"input[{bad}] is a {type(value[bad]).__name__}; input must be a string, a list of "
-                    "strings, a list of token ids or a list of such lists", param="input")  # fmt: skip
+    raise HTTPError(
+        422,
+        f"input[{bad}] is a {type(value[bad]).__name__}; input must be a string, a list of "
+        "strings, a list of token ids or a list of such lists",
+        param="input",
+    )
 
 
 def _tokens_of(ids: list[Any], tokenizer: Any, name: str) -> list[str]:
@@ -224,10 +245,14 @@ def error_response(path: str, error: HTTPError) -> Response:
     elif path == "/encode":
         body = {"error": error.message, "kind": error.code}
     else:
-        body = {"error": {
-            "message": error.message, "type": _OPENAI_TYPES.get(error.status, "server_error"),
-            "param": error.param, "code": error.code,
-        }}  # fmt: skip
+        body = {
+            "error": {
+                "message": error.message,
+                "type": _OPENAI_TYPES.get(error.status, "server_error"),
+                "param": error.param,
+                "code": error.code,
+            }
+        }
     response = Response(orjson.dumps(body), status_code=error.status, media_type="application/json")
     if error.status == 429:
         response.headers["Retry-After"] = "1"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import PoolingStrategy
+from ..config.model import PoolingStrategy
 from ..errors import ModelOptionError
 
 CHUNKABLE = (PoolingStrategy.REDUCE_MEAN, PoolingStrategy.REDUCE_MAX, PoolingStrategy.REDUCE_MEAN_MAX)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from bertserve.client.protocol import check_texts
 
-from ..config import ModelConfig, default_graph_dir, parse_long_inputs
+from ..config.model import ModelConfig, default_graph_dir, parse_long_inputs
 from ..errors import BertServeError, ModelError
 from ..logs import held_native_output, quiet_tensorflow
 from ..memory import trim_heap
@@ -106,9 +106,13 @@ class Encoder:
             trim_heap()
         logger.info(
             "encoder ready in %.1fs: %s layers of %d run, %s pooling, %s, output dim %d",
-            time.perf_counter() - started, self.meta.layers_run, model.config.num_hidden_layers,
-            spec.pooling_strategy.value, spec.dtype, self.output_dim,
-        )  # fmt: skip
+            time.perf_counter() - started,
+            self.meta.layers_run,
+            model.config.num_hidden_layers,
+            spec.pooling_strategy.value,
+            spec.dtype,
+            self.output_dim,
+        )
 
     def describe(self) -> dict[str, Any]:
         """The resolved options and the graph's shape, as plain JSON values."""
@@ -179,14 +183,19 @@ class Encoder:
         side ``truncation_direction`` names ("left" keeps an input's end). With ``chunk`` a
         long input becomes several rows, its windows (``.owners``)."""
         batch = self._tokenizer.tokenize(
-            texts, is_tokenized=is_tokenized, keep_tokens=keep_tokens, chunk=chunk,
+            texts,
+            is_tokenized=is_tokenized,
+            keep_tokens=keep_tokens,
+            chunk=chunk,
             truncation_direction=truncation_direction,
-        )  # fmt: skip
+        )
         if batch.truncated.any():
             logger.info(
                 "%d of %d inputs were longer than max_seq_len=%d and were truncated",
-                int(batch.truncated.sum()), len(batch), self.max_len,
-            )  # fmt: skip
+                int(batch.truncated.sum()),
+                len(batch),
+                self.max_len,
+            )
         return batch
 
     def combine(self, batch: TokenizedBatch, vectors: np.ndarray) -> np.ndarray:
@@ -195,9 +204,13 @@ class Encoder:
             return vectors
         weights = batch.lengths - (2 if self.spec.mask_cls_sep else 0)
         return chunking.combine(
-            vectors, batch.owners, weights, strategy=self.spec.pooling_strategy,
-            layers=len(self.spec.pooling_layer), normalize=self.spec.normalize,
-        )  # fmt: skip
+            vectors,
+            batch.owners,
+            weights,
+            strategy=self.spec.pooling_strategy,
+            layers=len(self.spec.pooling_layer),
+            normalize=self.spec.normalize,
+        )
 
     def run(self, batch: TokenizedBatch) -> np.ndarray:
         """Run the graph over ``batch`` in length-sorted runs of at most ``batch_size``."""

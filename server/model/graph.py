@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import PoolingStrategy
+from ..config.model import PoolingStrategy
 from ..errors import ModelError
 from .model_dir import BertConfig, ModelFiles
 from .weights import read_weights
@@ -67,12 +67,17 @@ class GraphMeta:
 def cache_key(model: ModelFiles, spec: GraphSpec) -> str:
     """The cache's name for the graph of ``model`` with ``spec``; needs no TensorFlow."""
     digest = hashlib.sha256()
-    digest.update(json.dumps({
-        "format": _FORMAT,
-        "tensorflow": tensorflow_version(),
-        "config": asdict(model.config),
-        "spec": asdict(spec),
-    }, sort_keys=True).encode())  # fmt: skip
+    digest.update(
+        json.dumps(
+            {
+                "format": _FORMAT,
+                "tensorflow": tensorflow_version(),
+                "config": asdict(model.config),
+                "spec": asdict(spec),
+            },
+            sort_keys=True,
+        ).encode()
+    )
     for path in model.files:
         digest.update(os.path.basename(path).encode() + b"\x00")
         with open(path, "rb") as f:
@@ -239,8 +244,11 @@ def _prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: G
         qb, kb, vb = (weights[f"{src}attention/self/{x}/bias"] for x in ("query", "key", "value"))
         out[dst + "qkv/kernel"] = np.concatenate([q * scale, k, v], axis=1).astype(compute)
         out[dst + "qkv/bias"] = np.concatenate([qb * scale, kb, vb]).astype(compute)
-        for block, name in (("attention/output/dense", "attn_out"), ("intermediate/dense", "ffn_in"),
-                            ("output/dense", "ffn_out")):  # fmt: skip
+        for block, name in (
+            ("attention/output/dense", "attn_out"),
+            ("intermediate/dense", "ffn_in"),
+            ("output/dense", "ffn_out"),
+        ):
             out[f"{dst}{name}/kernel"] = weights[f"{src}{block}/kernel"].astype(compute)
             out[f"{dst}{name}/bias"] = weights[f"{src}{block}/bias"].astype(compute)
         for block, name in (("attention/output", "attn_ln"), ("output", "ffn_ln")):

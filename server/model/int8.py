@@ -51,10 +51,12 @@ def convert(graph_def: Any, meta: GraphMeta, keep_float: Iterable[str] = KEEP_FL
     import tensorflow as tf
 
     converter = tf.compat.v1.lite.TFLiteConverter(
-        graph_def, None, None,
+        graph_def,
+        None,
+        None,
         input_arrays_with_shape=[(name, [-1, -1]) for name in INPUT_NAMES],
         output_arrays=[meta.output_node],
-    )  # fmt: skip
+    )
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter._experimental_disable_fuse_mul_and_fc = FUSE_DISABLED
     with held_native_output():

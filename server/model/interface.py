@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config.model import ModelConfig
 from .tokenization import TokenizedBatch
 
 

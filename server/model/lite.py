@@ -89,10 +89,12 @@ def convert(graph_def: Any, meta: GraphMeta) -> bytes:
     import tensorflow as tf
 
     converter = tf.compat.v1.lite.TFLiteConverter(
-        graph_def, None, None,
+        graph_def,
+        None,
+        None,
         input_arrays_with_shape=[(name, [-1, -1]) for name in INPUT_NAMES],  # -1: any batch, any length
         output_arrays=[meta.output_node],
-    )  # fmt: skip
+    )
     with held_native_output():  # the converter logs its passes natively
         return bytes(converter.convert())
 

@@ -18,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ..config import ModelConfig, PoolingStrategy
+from ..config.model import ModelConfig, PoolingStrategy
 from ..errors import ModelError, ModelFileError, ModelShapeError
 from .default import hub_name_hint
 
@@ -45,9 +45,13 @@ class BertConfig:
     def from_json(cls, path: str) -> BertConfig:
         raw = read_json(path)
         required = (
-            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "max_position_embeddings",
-        )  # fmt: skip
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        )
         missing = [key for key in required if not isinstance(raw.get(key), int)]
         if missing:
             raise ModelFileError(f"{path}: missing or non-integer {', '.join(missing)}")

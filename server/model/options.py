@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import DYNAMIC, ModelConfig, PoolingStrategy
+from ..config.model import DYNAMIC, ModelConfig, PoolingStrategy
 from ..errors import ModelError
 from . import chunking, hardware
 from .chunking import check_chunkable

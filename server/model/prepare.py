@@ -23,7 +23,7 @@ import os
 import signal
 from multiprocessing.process import BaseProcess
 
-from ..config import ModelConfig, default_graph_dir
+from ..config.model import ModelConfig, default_graph_dir
 from .graph import GraphSpec, cache_key, load_or_build
 from .model_dir import inspect_model
 from .options import resolve
@@ -109,9 +109,15 @@ class Preparation:
     while it runs, then True, or False when it failed (:attr:`failure` says how)."""
 
     def __init__(
-        self, requested: ModelConfig, steps: list[str], *, cpu_only: bool, threads: int, log_level: int,
+        self,
+        requested: ModelConfig,
+        steps: list[str],
+        *,
+        cpu_only: bool,
+        threads: int,
+        log_level: int,
         nice: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.steps = list(steps)
         self.failure = ""
         args = (requested, self.steps, cpu_only, threads, log_level, nice)

@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..config import ModelConfig
+from ..config.model import ModelConfig
 from ..errors import ModelError
 from .checksum import MANIFEST, manifest_problems, model_files
 
@@ -69,8 +69,9 @@ def is_repository(path: str) -> bool:
     return bool(versions(path))
 
 
-def problem(version: Version, options: ModelConfig, *, require_manifest: bool, settle_s: float,
-            now: float | None = None) -> str | None:  # fmt: skip
+def problem(
+    version: Version, options: ModelConfig, *, require_manifest: bool, settle_s: float, now: float | None = None
+) -> str | None:
     """Why ``version`` cannot be served (whole, settled, readable), or ``None`` if it can."""
     now = time.time() if now is None else now
     newest = max((os.path.getmtime(os.path.join(version.path, rel)) for rel in model_files(version.path)), default=0.0)
@@ -92,8 +93,9 @@ def problem(version: Version, options: ModelConfig, *, require_manifest: bool, s
     return None
 
 
-def choose(base: str, wanted: str | int, options: ModelConfig, *, require_manifest: bool = False,
-           settle_s: float = 2.0) -> tuple[Version, list[Refusal]]:  # fmt: skip
+def choose(
+    base: str, wanted: str | int, options: ModelConfig, *, require_manifest: bool = False, settle_s: float = 2.0
+) -> tuple[Version, list[Refusal]]:
     """The version of ``base`` to serve, and the versions refused on the way (newest first).
     ``wanted`` is ``"latest"`` or a version number; raises :class:`ModelError` when no
     version (or not the one wanted) can be served, naming why. A version refused only because

@@ -85,7 +85,7 @@ _HF_RENAMES = [
     (_LAYER + r"\.bias$", r"bert/encoder/layer_\1/\2/bias"),
     (_PREFIX + r"pooler\.dense\.weight$", "bert/pooler/dense/kernel"),
     (_PREFIX + r"pooler\.dense\.bias$", "bert/pooler/dense/bias"),
-]  # fmt: skip
+]
 
 
 def _hf_to_google(name: str) -> str | None:

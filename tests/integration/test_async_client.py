@@ -47,9 +47,19 @@ def bert_server(tiny_google: str, session_graph_dir: str) -> Iterator[RunningSer
     """The tiny BERT with L2-normalized output and two prompts."""
     prompts = [flag for name, text in PROMPTS.items() for flag in ("--prompt", f"{name}={text}")]
     server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-batch-size", "64", "--max-latency-ms", "2", "--normalize", *prompts,
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--max-batch-size",
+        "64",
+        "--max-latency-ms",
+        "2",
+        "--normalize",
+        *prompts,
+    )
     yield server
     server.stop()
 
@@ -58,10 +68,21 @@ def bert_server(tiny_google: str, session_graph_dir: str) -> Iterator[RunningSer
 def paced_server(tiny_google: str) -> Iterator[RunningServer]:
     """50 ms a model run, 16 texts a run; a client may queue at most 100 texts."""
     server = start_server(
-        "--model-dir", tiny_google, "--max-seq-len", "32", "--model-class", "faulty_model:PacedModel",
-        "--num-worker", "1", "--max-batch-size", "16", "--max-client-queued-sentences", "100",
-        env=pythonpath_env(), timeout=60,
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--max-seq-len",
+        "32",
+        "--model-class",
+        "faulty_model:PacedModel",
+        "--num-worker",
+        "1",
+        "--max-batch-size",
+        "16",
+        "--max-client-queued-sentences",
+        "100",
+        env=pythonpath_env(),
+        timeout=60,
+    )
     yield server
     server.stop()
 
@@ -328,10 +349,21 @@ def curve_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def curve_server(curve_keys: Path, tiny_google: str) -> Iterator[RunningServer]:
     server = start_server(
-        "--model-dir", tiny_google, "--max-seq-len", "32", "--model-class", "faulty_model:PacedModel",
-        "--num-worker", "1", "--max-batch-size", "16", "--curve-dir", str(curve_keys),
-        env=pythonpath_env(), timeout=60,
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--max-seq-len",
+        "32",
+        "--model-class",
+        "faulty_model:PacedModel",
+        "--num-worker",
+        "1",
+        "--max-batch-size",
+        "16",
+        "--curve-dir",
+        str(curve_keys),
+        env=pythonpath_env(),
+        timeout=60,
+    )
     yield server
     server.stop()
 
@@ -340,9 +372,11 @@ def test_curve_serves_an_allowed_key_and_refuses_another(curve_server: RunningSe
     def keyed(name: str, **options: Any) -> AsyncBertClient:
         folder = "clients" if name == "alice" else "outsiders"
         return async_client(
-            curve_server, server_key=curve_keys / "server.key", client_cert=curve_keys / folder / f"{name}.key_secret",
+            curve_server,
+            server_key=curve_keys / "server.key",
+            client_cert=curve_keys / folder / f"{name}.key_secret",
             **options,
-        )  # fmt: skip
+        )
 
     texts = sentences(30, seed=8)
 

@@ -28,9 +28,20 @@ HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 def run_suite(command: str, model_dir: str, graph_dir: str, out: Path, *extra: str) -> dict[str, Any]:
     """Run ``suite.py COMMAND --quick`` writing into ``out``; return its JSON report."""
     args = [
-        sys.executable, str(SUITE), command, "--quick", "--model-dir", model_dir, "--graph-dir", graph_dir,
-        "--json", str(out / f"{command}.json"), "--markdown", str(out / f"{command}.md"), *extra,
-    ]  # fmt: skip
+        sys.executable,
+        str(SUITE),
+        command,
+        "--quick",
+        "--model-dir",
+        model_dir,
+        "--graph-dir",
+        graph_dir,
+        "--json",
+        str(out / f"{command}.json"),
+        "--markdown",
+        str(out / f"{command}.md"),
+        *extra,
+    ]
     if HAVE_MATPLOTLIB:
         args += ["--plots", str(out / "plots")]
     done = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=out)
@@ -52,9 +63,13 @@ def test_sweep_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) -
     assert report["kind"] == "sweep" and report["quick"] is True
     values = {(p["parameter"], p["value"]) for p in report["points"]}
     assert values == {
-        ("client-batch", "1"), ("client-batch", "16"), ("clients", "1"), ("clients", "4"),
-        ("dtype", "fp32"), ("dtype", "bf16"),
-    }  # fmt: skip
+        ("client-batch", "1"),
+        ("client-batch", "16"),
+        ("clients", "1"),
+        ("clients", "4"),
+        ("dtype", "fp32"),
+        ("dtype", "bf16"),
+    }
     for point in report["points"]:
         assert point["errors"] == [], point
         assert point["requests"] > 0 and point["sentences_per_second"] > 0, point
@@ -72,9 +87,13 @@ def test_sweep_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) -
 
 
 BASE_ROWS = {
-    "server fp32", "server bf16", "Encoder fp32", "Encoder bf16",
-    "single-sentence clients, merging on", "single-sentence clients, merging off",
-}  # fmt: skip
+    "server fp32",
+    "server bf16",
+    "Encoder fp32",
+    "Encoder bf16",
+    "single-sentence clients, merging on",
+    "single-sentence clients, merging off",
+}
 INT8_ROWS = {"server int8", "Encoder int8"}  # where this bertserve serves int8
 NOT_MEASURED_HERE = ("sentence-transformers", "int8", "auto")  # left out of the smoke run, or not yet served
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # as benchmarks/lib/report.py reads them
@@ -132,12 +151,39 @@ def test_compare_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path)
 @pytest.mark.timeout(180)
 def test_models_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) -> None:
     args = [
-        sys.executable, str(MODELS), "--model-dir", tiny_google, "--graph-dir", session_graph_dir,
-        "--max-seq-len", "32", "--limit", "300", "--seconds", "1.5", "--rounds", "1", "--clients", "2",
-        "--request-size", "8", "--small-requests", "20", "--bulk-size", "300", "--flood-clients", "2",
-        "--flood-ramp", "0.5", "--machine-seconds", "0.5",
-        "--json", str(tmp_path / "models.json"), "--markdown", str(tmp_path / "models.md"),
-    ]  # fmt: skip
+        sys.executable,
+        str(MODELS),
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--limit",
+        "300",
+        "--seconds",
+        "1.5",
+        "--rounds",
+        "1",
+        "--clients",
+        "2",
+        "--request-size",
+        "8",
+        "--small-requests",
+        "20",
+        "--bulk-size",
+        "300",
+        "--flood-clients",
+        "2",
+        "--flood-ramp",
+        "0.5",
+        "--machine-seconds",
+        "0.5",
+        "--json",
+        str(tmp_path / "models.json"),
+        "--markdown",
+        str(tmp_path / "models.md"),
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=tmp_path)
     assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     report = json.loads((tmp_path / "models.json").read_text(encoding="utf-8"))
@@ -149,8 +195,13 @@ def test_models_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) 
         assert memory[server]["head_mib"] > 0 and memory[server]["workers_mib"] > 0, memory
         assert memory[server]["total_pss_mib"] > 0, memory
     assert set(memory["extra_model"]) == {
-        "head_mib", "workers_mib", "total_mib", "head_pss_mib", "workers_pss_mib", "total_pss_mib",
-    }  # fmt: skip
+        "head_mib",
+        "workers_mib",
+        "total_mib",
+        "head_pss_mib",
+        "workers_pss_mib",
+        "total_pss_mib",
+    }
 
     throughput = report["throughput"]
     (round_,) = throughput["rounds"]

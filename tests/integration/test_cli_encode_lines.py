@@ -24,8 +24,11 @@ def _encode(server: RunningServer, *args: str, stdin: str) -> subprocess.Complet
     ports = ["--host", "127.0.0.1", "--port", str(server.port), "--port-out", str(server.port_out)]
     return subprocess.run(
         [sys.executable, "-m", "bertserve.server.cli", "encode", *ports, *args],
-        input=stdin, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +160,19 @@ def test_long_inputs_and_the_advice_in_flags(tiny_server: RunningServer, client:
 
 def test_embed_in_process_keeps_one_vector_a_line_too(tiny_google: str, session_graph_dir: str, tmp_path: Path) -> None:
     def embed(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "bertserve.server.cli", "embed", "--model-dir", tiny_google,
-                   "--graph-dir", session_graph_dir, "--max-seq-len", "32", *args]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "bertserve.server.cli",
+            "embed",
+            "--model-dir",
+            tiny_google,
+            "--graph-dir",
+            session_graph_dir,
+            "--max-seq-len",
+            "32",
+            *args,
+        ]
         return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=240)
 
     out = tmp_path / "rows.npz"

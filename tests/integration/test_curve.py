@@ -62,10 +62,21 @@ HTTP_KEY = "curve-and-http-key"
 @pytest.fixture(scope="module")
 def server(keys: Keys, tiny_google: str, session_graph_dir: str) -> Iterator[RunningServer]:
     running = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--curve-dir", str(keys.root), "--max-latency-ms", "2", "--http-port", str(HTTP_PORT),
-        "--api-key", HTTP_KEY,
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--curve-dir",
+        str(keys.root),
+        "--max-latency-ms",
+        "2",
+        "--http-port",
+        str(HTTP_PORT),
+        "--api-key",
+        HTTP_KEY,
+    )
     yield running
     running.stop()
 
@@ -84,9 +95,13 @@ def test_the_http_front_end_reaches_a_curve_server(server: RunningServer, keys: 
 
 def client(server: RunningServer, keys: Keys, name: str, **options) -> BertClient:
     return BertClient(
-        port=server.port, port_out=server.port_out, timeout=options.pop("timeout", 20_000),
-        server_key=str(keys.server), client_cert=str(keys.secret(name)), **options,
-    )  # fmt: skip
+        port=server.port,
+        port_out=server.port_out,
+        timeout=options.pop("timeout", 20_000),
+        server_key=str(keys.server),
+        client_cert=str(keys.secret(name)),
+        **options,
+    )
 
 
 def curve_socket(context: zmq.Context, kind: int, keys: Keys, name: str) -> zmq.Socket:
@@ -151,8 +166,9 @@ def test_another_key_reads_none_of_a_clients_replies(server: RunningServer, keys
     context = zmq.Context()
     try:
         with client(server, keys, "alice") as alice, client(server, keys, "bob") as bob:
-            snoops = [reply_dealer(context, keys, "bob", server, topic)
-                      for topic in (alice.identity, alice.identity[:45])]  # fmt: skip
+            snoops = [
+                reply_dealer(context, keys, "bob", server, topic) for topic in (alice.identity, alice.identity[:45])
+            ]
             own = reply_dealer(context, keys, "bob", server, bob.identity)
             mine: list[p.Reply] = []
             for i in range(20):  # at least 5 rounds, and until bob's own route is through
@@ -216,9 +232,15 @@ def test_another_key_cannot_cancel_a_clients_request(server: RunningServer, keys
 
 def test_only_an_admin_key_may_stop_the_server(keys: Keys, tiny_google: str, session_graph_dir: str) -> None:
     running = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--curve-dir", str(keys.root),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--curve-dir",
+        str(keys.root),
+    )
     try:
         with client(running, keys, "alice") as alice, pytest.raises(ServerError, match="admins") as refused:
             alice.terminate()
@@ -238,10 +260,18 @@ def test_after_the_sink_is_killed_clients_and_the_http_front_end_hear_of_their_r
     reply announce every second, so the in-flight requests' errors reach them (not a timeout)."""
     http_port = free_port()
     server = start_server(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--curve-dir", str(keys.root),
-        "--heartbeat-timeout-ms", "60000", "--http-port", str(http_port),
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:FaultyModel",
+        "--curve-dir",
+        str(keys.root),
+        "--heartbeat-timeout-ms",
+        "60000",
+        "--http-port",
+        str(http_port),
         env=pythonpath_env(BERTSERVE_API_KEY=HTTP_KEY),
-    )  # fmt: skip
+    )
     texts = sentences(5, seed=1)
     url, auth = f"http://127.0.0.1:{http_port}/v1/embeddings", {"Authorization": f"Bearer {HTTP_KEY}"}
     try:

@@ -42,9 +42,16 @@ def _runs(record: Path) -> list[dict]:
 def recording_server(tiny_google: str, tmp_path: Path) -> tuple[RunningServer, Path]:
     record = tmp_path / "runs.jsonl"
     server = start_server(
-        "--model-dir", tiny_google, "--model-class", RECORDING, "--max-batch-size", str(ROWS),
-        "--bulk-slowdown", "0", env=pythonpath_env(**{RECORD_FILE_ENV: str(record)}),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        RECORDING,
+        "--max-batch-size",
+        str(ROWS),
+        "--bulk-slowdown",
+        "0",
+        env=pythonpath_env(**{RECORD_FILE_ENV: str(record)}),
+    )
     yield server, record
     server.stop()
 

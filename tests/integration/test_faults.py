@@ -68,9 +68,16 @@ def faulty(tiny_google: str) -> Iterator[Callable[..., RunningServer]]:
 
     def start(*flags: str, env: dict[str, str] | None = None) -> RunningServer:
         server = start_server(
-            "--model-dir", tiny_google, "--max-seq-len", "32", "--model-class", FAULTY, *flags,
-            env=pythonpath_env(**(env or {})), timeout=60,
-        )  # fmt: skip
+            "--model-dir",
+            tiny_google,
+            "--max-seq-len",
+            "32",
+            "--model-class",
+            FAULTY,
+            *flags,
+            env=pythonpath_env(**(env or {})),
+            timeout=60,
+        )
         started.append(server)
         return server
 
@@ -85,13 +92,23 @@ def faulty(tiny_google: str) -> Iterator[Callable[..., RunningServer]]:
 @pytest.mark.timeout(240)
 def test_kill_9_of_a_worker_mid_request_loses_and_mixes_up_nothing(tiny_google: str, session_graph_dir: str) -> None:
     server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-batch-size", "8", "--num-worker", "2",
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--max-batch-size",
+        "8",
+        "--num-worker",
+        "2",
+    )
     try:
         texts = sentences(3000, seed=21)
-        with BertClient(**server.client_kwargs, timeout=120_000) as client, \
-                BertClient(**server.client_kwargs, timeout=10_000) as watcher:  # fmt: skip
+        with (
+            BertClient(**server.client_kwargs, timeout=120_000) as client,
+            BertClient(**server.client_kwargs, timeout=10_000) as watcher,
+        ):
             client.encode(texts, blocking=False)
 
             def a_busy_worker() -> int | None:
@@ -115,8 +132,10 @@ def test_kill_9_of_a_worker_mid_request_loses_and_mixes_up_nothing(tiny_google: 
 def test_a_frozen_worker_holding_a_job_is_replaced_and_the_job_answered(faulty) -> None:
     server = faulty("--num-worker", "1", "--heartbeat-timeout-ms", "3000")
     texts = sentences(40, seed=2)
-    with BertClient(**server.client_kwargs, timeout=30_000) as client, \
-            BertClient(**server.client_kwargs, timeout=10_000) as watcher:  # fmt: skip
+    with (
+        BertClient(**server.client_kwargs, timeout=30_000) as client,
+        BertClient(**server.client_kwargs, timeout=10_000) as watcher,
+    ):
         client.encode(["warm up"])
         (victim,) = worker_pids(watcher)
         os.kill(victim, signal.SIGSTOP)
@@ -363,9 +382,17 @@ def test_a_request_answered_before_the_sink_died_is_not_answered_again(faulty) -
 def test_a_model_that_cannot_load_fails_the_start_with_its_cause(tiny_google: str) -> None:
     started = time.monotonic()
     server = start_server(
-        "--model-dir", tiny_google, "--max-seq-len", "32", "--model-class", "faulty_model:BrokenModel",
-        "--max-restarts", "2", env=pythonpath_env(), expect_ready=False,
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--max-seq-len",
+        "32",
+        "--model-class",
+        "faulty_model:BrokenModel",
+        "--max-restarts",
+        "2",
+        env=pythonpath_env(),
+        expect_ready=False,
+    )
     try:
         code = server.process.wait(60)
     finally:
@@ -383,9 +410,14 @@ def test_a_model_that_cannot_load_fails_the_start_with_its_cause(tiny_google: st
 def test_the_server_gives_up_after_max_restarts_failures_in_a_row(faulty, tmp_path) -> None:
     flag = tmp_path / "break"
     server = faulty(
-        "--model-class", "faulty_model:BreakableModel", "--num-worker", "1", "--max-restarts", "2",
+        "--model-class",
+        "faulty_model:BreakableModel",
+        "--num-worker",
+        "1",
+        "--max-restarts",
+        "2",
         env={BREAK_FILE_ENV: str(flag)},
-    )  # fmt: skip
+    )
     with BertClient(**server.client_kwargs, timeout=10_000) as client:
         client.encode(["fine"])
         (worker,) = worker_pids(client)

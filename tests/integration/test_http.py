@@ -47,10 +47,23 @@ def serve_http(*args: str, expect_ready: bool = True, env: dict[str, str] | None
 @pytest.fixture(scope="module")
 def server(tiny_google: str, session_graph_dir: str) -> Iterator[HTTPServer]:
     running = serve_http(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-latency-ms", "2", "--api-key", KEY, "--served-model-name", MODEL,
-        "--model-alias", "text-embedding-3-small", "--max-request-size", "2000",
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--max-latency-ms",
+        "2",
+        "--api-key",
+        KEY,
+        "--served-model-name",
+        MODEL,
+        "--model-alias",
+        "text-embedding-3-small",
+        "--max-request-size",
+        "2000",
+    )
     yield running
     running.running.stop()
 
@@ -139,8 +152,9 @@ def test_tei_embed_and_bert_as_service_encode(server: HTTPServer) -> None:
         openai_body = {"input": ["fine", long], "long_inputs": "chunk"}
         openai_chunked = http.post("/v1/embeddings", json=openai_body).json()
         assert openai_chunked["chunked_inputs"] == 1
-        np.testing.assert_allclose(openai_chunked["data"][1]["embedding"], bc.encode([long], long_inputs="chunk")[0],
-                                   atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            openai_chunked["data"][1]["embedding"], bc.encode([long], long_inputs="chunk")[0], atol=1e-5
+        )
         bad = http.post("/v1/embeddings", json={"input": ["fine"], "long_inputs": "window"})
         assert bad.status_code == 422, bad.text
 
@@ -254,7 +268,7 @@ def test_metrics_count_each_request_once_by_path(server: HTTPServer) -> None:
         "bertserve_tokens_total",
         "bertserve_http_request_duration_seconds_bucket",
     ):
-        assert name in names, name  # fmt: skip
+        assert name in names, name
 
 
 def test_64_concurrent_requests_are_all_answered_correctly(server: HTTPServer) -> None:
@@ -266,10 +280,12 @@ def test_64_concurrent_requests_are_all_answered_correctly(server: HTTPServer) -
         headers = {"Authorization": f"Bearer {KEY}"}
         limits = httpx.Limits(max_connections=64)
         async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60, limits=limits) as http:
-            return await asyncio.gather(*(
-                http.post("/v1/embeddings", json={"input": batch, "user": f"user-{i % 8}"})
-                for i, batch in enumerate(batches)
-            ))  # fmt: skip
+            return await asyncio.gather(
+                *(
+                    http.post("/v1/embeddings", json={"input": batch, "user": f"user-{i % 8}"})
+                    for i, batch in enumerate(batches)
+                )
+            )
 
     replies = asyncio.run(run())
     for reply, want in zip(replies, expected, strict=True):
@@ -324,9 +340,15 @@ def _ok(http: httpx.Client, body: dict) -> httpx.Response | None:
 @pytest.mark.timeout(120)
 def test_ready_is_503_until_a_worker_is_up_and_a_late_answer_is_504(tiny_google: str) -> None:
     server = serve_http(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:SlowStartModel", "--request-timeout-ms", "500",
-        expect_ready=False, env=pythonpath_env(),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:SlowStartModel",
+        "--request-timeout-ms",
+        "500",
+        expect_ready=False,
+        env=pythonpath_env(),
+    )
     try:
 
         def probe() -> httpx.Response | None:
@@ -352,10 +374,20 @@ def test_ready_is_503_until_a_worker_is_up_and_a_late_answer_is_504(tiny_google:
 @pytest.mark.timeout(120)
 def test_a_full_server_answers_429_with_retry_after(tiny_google: str) -> None:
     server = serve_http(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--heartbeat-timeout-ms", "60000",
-        "--max-request-size", "50", "--max-client-queued-sentences", "100", "--max-queued-sentences", "100",
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:FaultyModel",
+        "--heartbeat-timeout-ms",
+        "60000",
+        "--max-request-size",
+        "50",
+        "--max-client-queued-sentences",
+        "100",
+        "--max-queued-sentences",
+        "100",
         env=pythonpath_env(),
-    )  # fmt: skip
+    )
     try:
         with server.bert_client() as bc, httpx.Client(base_url=server.url, timeout=60) as http:
             bc.encode(["warm up"])

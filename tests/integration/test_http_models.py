@@ -42,10 +42,21 @@ class HTTPServer:
 def server(tiny_google: str, session_graph_dir: str) -> Iterator[HTTPServer]:
     port = free_port()
     running = start_server(
-        "--http-port", str(port), "--api-key", KEY, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-latency-ms", "2", "--model", f"a={tiny_google}",
-        "--model", f"b={tiny_google},pooling_strategy=CLS_TOKEN,max_seq_len={MAX_LEN['b']}",
-    )  # fmt: skip
+        "--http-port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--max-latency-ms",
+        "2",
+        "--model",
+        f"a={tiny_google}",
+        "--model",
+        f"b={tiny_google},pooling_strategy=CLS_TOKEN,max_seq_len={MAX_LEN['b']}",
+    )
     yield HTTPServer(running, port)
     running.stop()
 
@@ -104,8 +115,10 @@ def test_an_unknown_model_is_404_naming_the_served_ones(server: HTTPServer) -> N
     error = raised.value.body
     assert isinstance(error, dict)
     assert {key: error[key] for key in ("type", "param", "code")} == {
-        "type": "invalid_request_error", "param": "model", "code": "model_not_found",
-    }  # fmt: skip
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
     assert "'gpt-4'" in error["message"] and "'a', 'b'" in error["message"]
     with server.http() as http:
         for path, body in (("/embed", {"inputs": "x"}), ("/tokenize", {"inputs": "x"}), ("/encode", {"texts": ["x"]})):

@@ -71,10 +71,19 @@ def serve_http(*args: str, env: dict[str, str] | None = None) -> HTTPServer:
 def server(tiny_google: str, session_graph_dir: str) -> Iterator[HTTPServer]:
     """The tiny BERT, normalizing, with two prompts and no default one."""
     running = serve_http(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", str(MAX_LEN),
-        "--max-latency-ms", "2", "--normalize", "--max-request-size", "100",
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        str(MAX_LEN),
+        "--max-latency-ms",
+        "2",
+        "--normalize",
+        "--max-request-size",
+        "100",
         *(f"--prompt={name}={text}" for name, text in PROMPTS.items()),
-    )  # fmt: skip
+    )
     yield running
     running.running.stop()
 
@@ -84,11 +93,24 @@ def hashing(tiny_google: str) -> Iterator[HTTPServer]:
     """faulty_model's hashing stand-in (vectors of unit norm, not declared normalized), taking
     token ids, with a default prompt and a short request timeout, so a test can stop its worker."""
     running = serve_http(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--max-seq-len", str(MAX_LEN),
-        "--token-id-input", "--heartbeat-timeout-ms", "60000", "--request-timeout-ms", "8000",
-        "--max-request-size", "500", "--prompt=query=query: ", "--default-prompt-name", "query",
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:FaultyModel",
+        "--max-seq-len",
+        str(MAX_LEN),
+        "--token-id-input",
+        "--heartbeat-timeout-ms",
+        "60000",
+        "--request-timeout-ms",
+        "8000",
+        "--max-request-size",
+        "500",
+        "--prompt=query=query: ",
+        "--default-prompt-name",
+        "query",
         env=pythonpath_env(),
-    )  # fmt: skip
+    )
     yield running
     running.running.stop()
 
@@ -198,8 +220,9 @@ def test_models_list_the_prompts_the_dimension_and_the_length(server: HTTPServer
 def test_the_default_prompt_applies_unless_another_is_named(hashing: HTTPServer, server: HTTPServer) -> None:
     with hashing.http() as http, server.http() as plain:
         got = http.post("/v1/embeddings", json={"input": ["hello world"], "encoding_format": "float"}).json()
-        np.testing.assert_allclose(got["data"][0]["embedding"], expected(["query: hello world"], HASH_DIM)[0],
-                                   atol=1e-6)  # fmt: skip
+        np.testing.assert_allclose(
+            got["data"][0]["embedding"], expected(["query: hello world"], HASH_DIM)[0], atol=1e-6
+        )
         tokens = http.post("/tokenize", json={"inputs": "hello world"}).json()
         assert tokens == plain.post("/tokenize", json={"inputs": "query: hello world"}).json()  # no default there
         assert tokens[0][1]["text"] == "q" and tokens[0][-2]["text"] == "world"
@@ -225,13 +248,16 @@ def test_truncation_direction_picks_the_end_that_is_cut(server: HTTPServer) -> N
         start, end = embed({"inputs": [" ".join(words[:keep]), " ".join(words[-keep:])]})
         right = embed({"inputs": text, "truncate": True})[0]
         np.testing.assert_allclose(right, start, atol=1e-5)
-        np.testing.assert_allclose(embed({"inputs": text, "truncate": True, "truncation_direction": "right"})[0],
-                                   start, atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            embed({"inputs": text, "truncate": True, "truncation_direction": "right"})[0], start, atol=1e-5
+        )
         for side in ("left", "Left"):  # TEI's spellings
-            np.testing.assert_allclose(embed({"inputs": text, "truncate": True, "truncation_direction": side})[0],
-                                       end, atol=1e-5)  # fmt: skip
-        openai_left = http.post("/v1/embeddings", json={"input": text, "truncation_direction": "left",
-                                                         "encoding_format": "float"}).json()  # fmt: skip
+            np.testing.assert_allclose(
+                embed({"inputs": text, "truncate": True, "truncation_direction": side})[0], end, atol=1e-5
+            )
+        openai_left = http.post(
+            "/v1/embeddings", json={"input": text, "truncation_direction": "left", "encoding_format": "float"}
+        ).json()
         np.testing.assert_allclose(openai_left["data"][0]["embedding"], end, atol=1e-5)
         bad = http.post("/embed", json={"inputs": text, "truncate": True, "truncation_direction": "middle"})
         assert bad.status_code == 422 and "truncation_direction" in bad.json()["error"], bad.text
@@ -354,14 +380,22 @@ def test_langchain_openai_embeddings_without_the_length_check_get_the_servers_ve
     np.testing.assert_allclose(np.array(embeddings.embed_documents(texts)), want, atol=1e-5)
     np.testing.assert_allclose(embeddings.embed_query(texts[0]), want[0], atol=1e-5)
     shorter = OpenAIEmbeddings(
-        model=MODEL, base_url=server.url + "/v1", api_key=KEY, max_retries=0, check_embedding_ctx_length=False,
+        model=MODEL,
+        base_url=server.url + "/v1",
+        api_key=KEY,
+        max_retries=0,
+        check_embedding_ctx_length=False,
         dimensions=8,
-    )  # fmt: skip
+    )
     np.testing.assert_allclose(np.array(shorter.embed_documents(texts)), unit(want[:, :8]), atol=1e-5)
     queries = OpenAIEmbeddings(
-        model=MODEL, base_url=server.url + "/v1", api_key=KEY, max_retries=0, check_embedding_ctx_length=False,
+        model=MODEL,
+        base_url=server.url + "/v1",
+        api_key=KEY,
+        max_retries=0,
+        check_embedding_ctx_length=False,
         model_kwargs={"extra_body": {"prompt_name": "query"}},
-    )  # fmt: skip
+    )
     with server.bert_client() as bc:
         prompted = bc.encode([f"query: {text}" for text in texts[:2]])
     np.testing.assert_allclose(np.array(queries.embed_documents(texts[:2])), prompted, atol=1e-5)

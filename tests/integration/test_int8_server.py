@@ -20,9 +20,17 @@ TEXTS = [f"the quick brown fox {i} jumps over the lazy dog" * (1 + i % 4) for i 
 def test_an_int8_server_serves_litert_int8_vectors(tiny_google: str, tmp_path) -> None:
     graph_dir = str(tmp_path / "graphs")
     server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", graph_dir, "--max-seq-len", "32", "--dtype", "int8",
-        "--num-worker", "1",
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        graph_dir,
+        "--max-seq-len",
+        "32",
+        "--dtype",
+        "int8",
+        "--num-worker",
+        "1",
+    )
     try:
         assert server.ready_line is not None and "int8" in server.ready_line
         # some rows are cut at 32 tokens, on purpose

@@ -38,9 +38,18 @@ def assert_same_vectors(got: np.ndarray, want: np.ndarray) -> None:
 @pytest.fixture(scope="module")
 def server(tiny_google: str, session_graph_dir: str) -> Iterator[RunningServer]:
     running = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-batch-size", "16", "--max-latency-ms", "5", "--show-tokens-to-client",
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--max-batch-size",
+        "16",
+        "--max-latency-ms",
+        "5",
+        "--show-tokens-to-client",
+    )
     yield running
     running.stop()
 
@@ -81,8 +90,11 @@ def test_show_tokens_when_the_server_shows_them(old: OldClient, ours: BertClient
     texts = ["hello world", "the fox ||| the dog"]
     vectors, tokens = old.encode(texts, show_tokens=True)
     want_vectors, want_tokens = ours.encode(texts, show_tokens=True)
-    assert tokens == want_tokens == [["[CLS]", "hello", "world", "[SEP]"], ["[CLS]", "the", "fox", "[SEP]", "the",
-                                                                            "dog", "[SEP]"]]  # fmt: skip
+    assert (
+        tokens
+        == want_tokens
+        == [["[CLS]", "hello", "world", "[SEP]"], ["[CLS]", "the", "fox", "[SEP]", "the", "dog", "[SEP]"]]
+    )
     assert_same_vectors(vectors, want_vectors)
 
 

@@ -28,9 +28,16 @@ MEMORY_SLACK_MIB = 64
 
 def serve(model_dir: str, model: str, *flags: str) -> RunningServer:
     return start_server(
-        "--model-dir", model_dir, "--max-seq-len", "32", "--model-class", f"faulty_model:{model}", *flags,
-        env=pythonpath_env(), timeout=60,
-    )  # fmt: skip
+        "--model-dir",
+        model_dir,
+        "--max-seq-len",
+        "32",
+        "--model-class",
+        f"faulty_model:{model}",
+        *flags,
+        env=pythonpath_env(),
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,21 +95,38 @@ class _Raw:
 @pytest.mark.timeout(90)
 def test_a_flood_is_refused_at_once_while_other_clients_are_queued(tiny_google: str) -> None:
     server = serve(
-        tiny_google, "FaultyModel", "--num-worker", "1", "--heartbeat-timeout-ms", "60000",
-        "--max-request-size", "50", "--max-client-queued-sentences", "100", "--max-queued-sentences", "200",
-    )  # fmt: skip
+        tiny_google,
+        "FaultyModel",
+        "--num-worker",
+        "1",
+        "--heartbeat-timeout-ms",
+        "60000",
+        "--max-request-size",
+        "50",
+        "--max-client-queued-sentences",
+        "100",
+        "--max-queued-sentences",
+        "200",
+    )
     kwargs = {**server.client_kwargs, "timeout": 20_000}
     try:
-        with BertClient(**kwargs) as flood, BertClient(**kwargs) as small, BertClient(**kwargs) as third, \
-                BertClient(**kwargs) as watcher:  # fmt: skip
+        with (
+            BertClient(**kwargs) as flood,
+            BertClient(**kwargs) as small,
+            BertClient(**kwargs) as third,
+            BertClient(**kwargs) as watcher,
+        ):
             flood.encode(["warm up"])
             (worker,) = [w["pid"] for w in watcher.server_status["workers"]]
             os.kill(worker, signal.SIGSTOP)  # nothing is answered until SIGCONT: the queues stay full
             try:
                 batches = [sentences(50, seed=i) for i in range(10)]
                 flood.encode(batches[0], blocking=False)
-                wait_for(lambda: (s := watcher.server_status)["jobs_in_flight"] and not s["queued_sentences"], 5,
-                         "the whole first request reaching the worker")  # fmt: skip
+                wait_for(
+                    lambda: (s := watcher.server_status)["jobs_in_flight"] and not s["queued_sentences"],
+                    5,
+                    "the whole first request reaching the worker",
+                )
                 ids = [flood.encode(batch, blocking=False) for batch in batches[1:]]
                 started = time.monotonic()
                 refused = []
@@ -208,8 +232,16 @@ def test_a_100_mb_frame_is_dropped_unread(wide_server: RunningServer) -> None:
 @pytest.mark.timeout(60)
 def test_any_identity_of_1_to_64_bytes_gets_its_own_replies(hashing_server: RunningServer) -> None:
     identities: list[bytes | str] = [
-        "café", b"\x00", b"\xff\x00\xfe", bytes(range(64)), bytes(range(192, 256)), b"a", b"ab", b"a\x00", "日本語",
-    ]  # fmt: skip
+        "café",
+        b"\x00",
+        b"\xff\x00\xfe",
+        bytes(range(64)),
+        bytes(range(192, 256)),
+        b"a",
+        b"ab",
+        b"a\x00",
+        "日本語",
+    ]
     clients = [BertClient(**hashing_server.client_kwargs, timeout=10_000, identity=i) for i in identities]
     try:
         batches = [sentences(3 + i, seed=200 + i) for i in range(len(clients))]

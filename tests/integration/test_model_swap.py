@@ -97,9 +97,21 @@ def test_a_swap_under_load_fails_no_request_and_each_reply_names_its_version(
     base = tmp_path / "models"
     add_version(base, 1, models[1])
     server = start_server(
-        "--model-dir", str(base), "--num-worker", "2", "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--poll-interval-s", "0.5", "--max-batch-size", "64", "--bulk-slowdown", "0",  # every request served
-    )  # fmt: skip
+        "--model-dir",
+        str(base),
+        "--num-worker",
+        "2",
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--poll-interval-s",
+        "0.5",
+        "--max-batch-size",
+        "64",
+        "--bulk-slowdown",
+        "0",  # every request served
+    )
     pool = {seed: sentences(400, seed=seed) for seed in range(8)}
     references = {(seed, v): encoders[v].encode(texts) for seed, texts in pool.items() for v in (1, 2)}
     stop = threading.Event()
@@ -170,9 +182,17 @@ def test_broken_versions_are_refused_and_a_failed_load_rolls_back(
     add_version(base, 1, models[1])
     http_port = free_port()
     server = start_server(  # a graph cache of its own: each version's graph is built while serving
-        "--model-dir", str(base), "--graph-dir", str(tmp_path / "graphs"), "--max-seq-len", "32",
-        "--poll-interval-s", "0.3", "--http-port", str(http_port),
-    )  # fmt: skip
+        "--model-dir",
+        str(base),
+        "--graph-dir",
+        str(tmp_path / "graphs"),
+        "--max-seq-len",
+        "32",
+        "--poll-interval-s",
+        "0.3",
+        "--http-port",
+        str(http_port),
+    )
     texts = sentences(30, seed=9)
     seeds = {1: 1}
     try:
@@ -254,8 +274,18 @@ def test_broken_versions_are_refused_and_a_failed_load_rolls_back(
             vectors = np.asarray([row["embedding"] for row in answer.json()["data"]], np.float32)
             assert version_of(vectors, texts, encoders, seeds) == 6
 
-            command = [sys.executable, "-m", "bertserve.server.cli", "reload", "--port", str(server.port),
-                       "--port-out", str(server.port_out), "--model-version", "1"]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "bertserve.server.cli",
+                "reload",
+                "--port",
+                str(server.port),
+                "--port-out",
+                str(server.port_out),
+                "--model-version",
+                "1",
+            ]
             rollback = subprocess.run(command, capture_output=True, text=True, timeout=180)
             assert rollback.returncode == 0, rollback.stdout + rollback.stderr
             assert "done: serving version 1" in rollback.stdout

@@ -59,9 +59,17 @@ def metrics_port() -> int:
 @pytest.fixture(scope="module")
 def server(tiny: dict[int, str], session_graph_dir: str, metrics_port: int) -> Iterator[RunningServer]:
     running = start_server(
-        "--model", f"mean={tiny[1]}", "--model", f"cls={tiny[2]},pooling_strategy=CLS_TOKEN,num_worker=2",
-        "--graph-dir", session_graph_dir, "--max-seq-len", "32", "--metrics-port", str(metrics_port),
-    )  # fmt: skip
+        "--model",
+        f"mean={tiny[1]}",
+        "--model",
+        f"cls={tiny[2]},pooling_strategy=CLS_TOKEN,num_worker=2",
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--metrics-port",
+        str(metrics_port),
+    )
     yield running
     running.stop()
 
@@ -72,9 +80,10 @@ def test_each_model_answers_with_its_own_vectors_and_an_unknown_one_is_refused(
     texts = sentences(40, seed=3)
     mean = Encoder(tiny[1], graph_dir=session_graph_dir, max_seq_len=32).encode(texts)
     cls = Encoder(tiny[2], graph_dir=session_graph_dir, max_seq_len=32, pooling_strategy="CLS_TOKEN").encode(texts)
-    with BertClient(**server.client_kwargs, timeout=60_000) as default, BertClient(
-        **server.client_kwargs, timeout=60_000, model="cls"
-    ) as named:  # fmt: skip
+    with (
+        BertClient(**server.client_kwargs, timeout=60_000) as default,
+        BertClient(**server.client_kwargs, timeout=60_000, model="cls") as named,
+    ):
         assert_same(default.encode(texts), mean)
         assert_same(named.encode(texts), cls)
         assert_same(named.encode(texts, model="mean"), mean)  # one call to the other model
@@ -109,9 +118,17 @@ def test_a_swap_of_one_model_leaves_the_other_models_requests_untouched(
     base = tmp_path / "rolling"
     add_version(base, 1, tiny[1])
     server = start_server(
-        "--model", f"stable={tiny[2]}", "--model", f"rolling={base},poll_interval_s=0.5",
-        "--graph-dir", session_graph_dir, "--max-seq-len", "32", "--max-batch-size", "64",
-    )  # fmt: skip
+        "--model",
+        f"stable={tiny[2]}",
+        "--model",
+        f"rolling={base},poll_interval_s=0.5",
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--max-batch-size",
+        "64",
+    )
     texts = sentences(60, seed=5)
     stable = Encoder(tiny[2], graph_dir=session_graph_dir, max_seq_len=32).encode(texts)
     stop, failures, answered = threading.Event(), [], []
@@ -136,8 +153,20 @@ def test_a_swap_of_one_model_leaves_the_other_models_requests_untouched(
         with BertClient(**server.client_kwargs, timeout=30_000, model="rolling") as client:
             wait_for_version(client, 2, texts)
             status = client.server_status
-            command = [sys.executable, "-m", "bertserve.server.cli", "reload", "--port", str(server.port),
-                       "--port-out", str(server.port_out), "--model", "rolling", "--wait-s", "60"]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "bertserve.server.cli",
+                "reload",
+                "--port",
+                str(server.port),
+                "--port-out",
+                str(server.port_out),
+                "--model",
+                "rolling",
+                "--wait-s",
+                "60",
+            ]
             reload = subprocess.run(command, capture_output=True, text=True, timeout=120)
             with pytest.raises(ServerError, match="not a repository of numbered versions"):
                 client.reload(model="stable")
@@ -151,8 +180,13 @@ def test_a_swap_of_one_model_leaves_the_other_models_requests_untouched(
     assert len(answered) > 10
     assert status["models"]["rolling"]["model_version"] == 2 and "model_version" not in status["models"]["stable"]
     planning = status["models"]["stable"]["bulk_planning"]  # what its bulk admission plans with
-    assert set(planning) == {"capacity_sentences_per_s", "small_share", "small_load", "bulk_lag",
-                             "bulk_sentences_per_s"}  # fmt: skip
+    assert set(planning) == {
+        "capacity_sentences_per_s",
+        "small_share",
+        "small_load",
+        "bulk_lag",
+        "bulk_sentences_per_s",
+    }
     assert 0.75 <= planning["bulk_lag"] <= 4.0 and 0.0 <= planning["small_share"] <= 1.0
     assert reload.returncode == 0, reload.stdout + reload.stderr
     assert "unchanged: no version newer than 2 can be served" in reload.stdout
@@ -161,15 +195,25 @@ def test_a_swap_of_one_model_leaves_the_other_models_requests_untouched(
 def test_remote_workers_join_for_the_model_they_name(tiny: dict[int, str], session_graph_dir: str) -> None:
     worker_port = free_port()
     server = start_server(
-        "--model", f"here={tiny[1]}", "--model", f"far={tiny[2]},num_worker=0", "--worker-port", str(worker_port),
-        "--graph-dir", session_graph_dir, "--max-seq-len", "32", expect_ready=False,
-    )  # fmt: skip
+        "--model",
+        f"here={tiny[1]}",
+        "--model",
+        f"far={tiny[2]},num_worker=0",
+        "--worker-port",
+        str(worker_port),
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        expect_ready=False,
+    )
     hosts = []
     try:
         wrong = start_worker_host(worker_port, "--model-dir", tiny[1], "--model-name", "far", expect_joined=False)
         hosts.append(wrong)
-        right = start_worker_host(worker_port, "--model-dir", tiny[2], "--model-name", "far",
-                                  "--graph-dir", session_graph_dir)  # fmt: skip
+        right = start_worker_host(
+            worker_port, "--model-dir", tiny[2], "--model-name", "far", "--graph-dir", session_graph_dir
+        )
         hosts.append(right)
         texts = sentences(20, seed=7)
         want = Encoder(tiny[2], graph_dir=session_graph_dir, max_seq_len=32).encode(texts)

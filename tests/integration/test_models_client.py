@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient, UnknownModelError
-from bertserve.server import Encoder, cli
+from bertserve.server import Encoder
+from bertserve.server.cli import main as cli
 from faulty_model import sentences
 from serving import RunningServer, start_server
 from tiny_bert import write_tiny_bert
@@ -48,9 +49,17 @@ def model_b(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def server(tiny_google: str, model_b: str, session_graph_dir: str) -> Iterator[RunningServer]:
     running = start_server(
-        "--model", f"a={tiny_google}", "--model", f"b={model_b},pooling_strategy=CLS_TOKEN,max_seq_len={MAX_LEN['b']}",
-        "--graph-dir", session_graph_dir, "--max-seq-len", str(MAX_LEN["a"]), "--max-latency-ms", "2",
-    )  # fmt: skip
+        "--model",
+        f"a={tiny_google}",
+        "--model",
+        f"b={model_b},pooling_strategy=CLS_TOKEN,max_seq_len={MAX_LEN['b']}",
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        str(MAX_LEN["a"]),
+        "--max-latency-ms",
+        "2",
+    )
     yield running
     running.stop()
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bertserve.server.config import ModelConfig
+from bertserve.server.config.model import ModelConfig
 from bertserve.server.model.prepare import BACKGROUND_NICE, Preparation, missing_steps
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,8 +32,9 @@ def test_a_build_while_workers_serve_runs_at_the_lowest_priority_and_still_build
     steps = missing_steps(config)
     assert "graph" in steps  # a fresh cache: there is something to build
     ours = os.nice(0)
-    preparation = Preparation(config, ["graph"], cpu_only=True, threads=1, log_level=logging.WARNING,
-                              nice=BACKGROUND_NICE)  # fmt: skip
+    preparation = Preparation(
+        config, ["graph"], cpu_only=True, threads=1, log_level=logging.WARNING, nice=BACKGROUND_NICE
+    )
     seen: set[int] = set()
     deadline = time.monotonic() + 150
     while (done := preparation.poll()) is None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from bertserve.client import BertClient
-from bertserve.server.config import ModelConfig
+from bertserve.server.config.model import ModelConfig
 from faulty_model import expected, pythonpath_env, sentences, wait_for
 from serving import RunningServer, free_port, start_server, start_worker_host
 
@@ -60,9 +60,15 @@ class Hosts:
 def paced_head(tiny_google: str) -> Iterator[tuple[RunningServer, Hosts]]:
     worker_port = free_port()
     head = start_server(
-        "--model-dir", tiny_google, "--model-class", PACED, "--worker-port", str(worker_port), *HEAD_FLAGS,
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        PACED,
+        "--worker-port",
+        str(worker_port),
+        *HEAD_FLAGS,
         env=pythonpath_env(),
-    )  # fmt: skip
+    )
     hosts = Hosts(worker_port, "--model-dir", tiny_google, "--model-class", PACED)
     try:
         yield head, hosts
@@ -179,8 +185,13 @@ def test_hosts_join_a_restarted_head_by_themselves(tiny_google: str) -> None:
             wait_for(lambda: remote_workers(client), 30, "the worker registering")
         head.stop()
         again = start_server(
-            *flags, "--port", str(head.port), "--port-out", str(head.port_out), env=pythonpath_env(),
-        )  # fmt: skip
+            *flags,
+            "--port",
+            str(head.port),
+            "--port-out",
+            str(head.port_out),
+            env=pythonpath_env(),
+        )
         try:
             texts = sentences(100, seed=6)
             with BertClient(**head.client_kwargs, timeout=30_000) as client:  # the same ports
@@ -196,8 +207,9 @@ def test_hosts_join_a_restarted_head_by_themselves(tiny_google: str) -> None:
             head.stop()
 
 
-def test_a_host_with_other_model_files_is_refused(paced_head: tuple[RunningServer, Hosts], tmp_path: Path,
-                                                  tiny_google: str) -> None:  # fmt: skip
+def test_a_host_with_other_model_files_is_refused(
+    paced_head: tuple[RunningServer, Hosts], tmp_path: Path, tiny_google: str
+) -> None:
     head, hosts = paced_head
     other = tmp_path / "model"
     shutil.copytree(tiny_google, other)
@@ -225,9 +237,17 @@ def test_under_curve_only_listed_worker_keys_join(tiny_google: str, tmp_path: Pa
     shutil.copy(good_public, curve / "workers")
     worker_port = free_port()
     head = start_server(
-        "--model-dir", tiny_google, "--model-class", PACED, "--worker-port", str(worker_port), *HEAD_FLAGS,
-        "--curve-dir", str(curve), env=pythonpath_env(),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        PACED,
+        "--worker-port",
+        str(worker_port),
+        *HEAD_FLAGS,
+        "--curve-dir",
+        str(curve),
+        env=pythonpath_env(),
+    )
     server_key = str(curve / "server.key")
     hosts = Hosts(worker_port, "--model-dir", tiny_google, "--model-class", PACED, "--server-key", server_key)
     client_options = {**head.client_kwargs, "server_key": server_key, "client_cert": str(secret), "timeout": 10_000}

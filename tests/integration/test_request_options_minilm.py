@@ -32,8 +32,16 @@ def server(minilm: str, session_graph_dir: str, st: dict[str, np.ndarray]) -> It
     prompts = json.loads(str(st["meta"]))["prompts"]
     flags = [f"--prompt={name}={text}" for name, text in prompts.items()]
     running = start_server(
-        "--model-dir", minilm, "--max-seq-len", "128", "--dtype", "fp32", "--graph-dir", session_graph_dir, *flags,
-    )  # fmt: skip
+        "--model-dir",
+        minilm,
+        "--max-seq-len",
+        "128",
+        "--dtype",
+        "fp32",
+        "--graph-dir",
+        session_graph_dir,
+        *flags,
+    )
     yield running
     running.stop()
 

@@ -243,9 +243,19 @@ def test_server_status_and_config(tiny_server: RunningServer) -> None:
 
 def test_two_workers_split_the_load(tiny_google: str, session_graph_dir: str) -> None:
     server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-batch-size", "8", "--num-worker", "2", "--prefetch-size", "1",
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--max-batch-size",
+        "8",
+        "--num-worker",
+        "2",
+        "--prefetch-size",
+        "1",
+    )
     try:
         with BertClient(**server.client_kwargs, timeout=60_000) as client:
             for seed in range(4):
@@ -257,12 +267,21 @@ def test_two_workers_split_the_load(tiny_google: str, session_graph_dir: str) ->
         server.stop()
 
 
-def test_the_tf_data_feed_serves_the_same_vectors(tiny_google: str, session_graph_dir: str,
-                                                  reference_encoder: Encoder) -> None:  # fmt: skip
+def test_the_tf_data_feed_serves_the_same_vectors(
+    tiny_google: str, session_graph_dir: str, reference_encoder: Encoder
+) -> None:
     server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32",
-        "--max-batch-size", "16", "--feed", "tfdata",
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--max-batch-size",
+        "16",
+        "--feed",
+        "tfdata",
+    )
     try:
         bulk, small = sentences(100, seed=11), sentences(3, seed=12)
         with BertClient(**server.client_kwargs, timeout=60_000) as client:
@@ -301,8 +320,11 @@ def test_client_raises_when_the_server_goes_away(tiny_google: str, session_graph
 def _cli(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "bertserve.server.cli", *args],
-        input=stdin, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_cli_encode_status_and_stop_leave_nothing_behind(
@@ -347,9 +369,17 @@ def test_sigterm_mid_request_fails_it_with_a_reply(tiny_google: str, session_gra
 def test_ctrl_c_stops_every_process(tiny_google: str, session_graph_dir: str) -> None:
     http_port, metrics_port = free_ports(2)
     server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--num-worker", "2",
-        "--http-port", str(http_port), "--metrics-port", str(metrics_port),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--num-worker",
+        "2",
+        "--http-port",
+        str(http_port),
+        "--metrics-port",
+        str(metrics_port),
+    )
     family = server.family()
     assert len(family) >= 5  # server, sink, two workers, HTTP
     with BertClient(**server.client_kwargs, timeout=30_000) as client:
@@ -379,8 +409,17 @@ def test_startup_errors_exit_non_zero_with_the_cause(tiny_server: RunningServer,
     weights = next(truncated.glob("*.data-*"))
     with open(weights, "r+b") as f:
         f.truncate(weights.stat().st_size // 2)
-    broken = _cli("start", "--model-dir", str(truncated), "--graph-dir", str(tmp_path / "graphs"),
-                  "--port", str(free_port()), "--port-out", str(free_port()))  # fmt: skip
+    broken = _cli(
+        "start",
+        "--model-dir",
+        str(truncated),
+        "--graph-dir",
+        str(tmp_path / "graphs"),
+        "--port",
+        str(free_port()),
+        "--port-out",
+        str(free_port()),
+    )
     assert broken.returncode != 0, broken.stderr
     assert "the model cannot be served: its graph and LiteRT model could not be built" in broken.stderr, broken.stderr
 

@@ -24,11 +24,33 @@ BULK_SIZES = {"256", "512", "1024", "2000"}
 @pytest.mark.timeout(180)
 def test_soak_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) -> None:
     args = [
-        sys.executable, str(SOAK), "--clients", "4", "--minutes", "0.17", "--load", "1.5", "--model-dir", tiny_google,
-        "--graph-dir", session_graph_dir, "--max-seq-len", "32", "--capacity-seconds", "3", "--repeats", "1",
-        "--timeout-ms", "20000", "--grace-ms", "5000",
-        "--json", str(tmp_path / "soak.json"), "--markdown", str(tmp_path / "soak.md"),
-    ]  # fmt: skip
+        sys.executable,
+        str(SOAK),
+        "--clients",
+        "4",
+        "--minutes",
+        "0.17",
+        "--load",
+        "1.5",
+        "--model-dir",
+        tiny_google,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-seq-len",
+        "32",
+        "--capacity-seconds",
+        "3",
+        "--repeats",
+        "1",
+        "--timeout-ms",
+        "20000",
+        "--grace-ms",
+        "5000",
+        "--json",
+        str(tmp_path / "soak.json"),
+        "--markdown",
+        str(tmp_path / "soak.md"),
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=tmp_path)
     assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     report = json.loads((tmp_path / "soak.json").read_text(encoding="utf-8"))

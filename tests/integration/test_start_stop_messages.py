@@ -44,11 +44,23 @@ class TerminalServer:
         environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")}
         self.master, terminal = os.openpty()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _ON_TERMINAL, "start", "--port", str(self.port), "--port-out", str(self.port_out),
-             *args],
-            stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
+            [
+                sys.executable,
+                "-c",
+                _ON_TERMINAL,
+                "start",
+                "--port",
+                str(self.port),
+                "--port-out",
+                str(self.port_out),
+                *args,
+            ],
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            start_new_session=True,
             env={**environ, "TERM": "xterm-256color", **env},
-        )  # fmt: skip
+        )
         os.close(terminal)
         self._output = bytearray()
         self._lock = threading.Lock()
@@ -191,10 +203,11 @@ def test_a_port_in_use_is_named_with_its_flag_before_anything_is_built(
     default = ", by default --port + 1" if flag == "--port-out" else ""
     assert run.returncode == 2, run.stderr
     check = {  # how to tell whether a bertserve holds it: each port answers its own way, the workers' none
-        "--port": f"`bertserve status --port {port}`", "--port-out": f"`bertserve status --port {port - 1}`",
+        "--port": f"`bertserve status --port {port}`",
+        "--port-out": f"`bertserve status --port {port - 1}`",
         "--http-port": f"`curl -s http://127.0.0.1:{port}/health`",
         "--metrics-port": f"`curl -s http://127.0.0.1:{port}/metrics`",
-    }.get(flag)  # fmt: skip
+    }.get(flag)
     told = f"To see whether a bertserve already serves there: {check}; " if check else ""
     assert _errors(run) == [
         f"bertserve: error: cannot listen on 127.0.0.1:{port} ({flag}{default}): the port is in use. {told}"
@@ -241,8 +254,10 @@ def test_a_server_command_names_the_missing_packages_and_how_to_install_them(
     assert here.returncode == 2, here.stderr
     assert len(_errors(here)) == 1 and "Traceback" not in here.stderr, here.stderr
     error = _errors(here)[0]
-    assert error.startswith(f"bertserve: error: `bertserve {command[0]}` needs the server's packages, and "
-                            "tokenizers and uvicorn are not installed; install them with: "), error  # fmt: skip
+    assert error.startswith(
+        f"bertserve: error: `bertserve {command[0]}` needs the server's packages, and "
+        "tokenizers and uvicorn are not installed; install them with: "
+    ), error
     assert re.search(r"(^|\s|-m )pip install -e '\.\[server\]'$", error), error  # the checkout, from inside it
     elsewhere = _cli(*command, cwd=tmp_path, python=python)
     assert _errors(elsewhere)[0].endswith(f"pip install -e '{ROOT}[server]'"), elsewhere.stderr

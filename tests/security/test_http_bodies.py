@@ -45,9 +45,15 @@ def _auth() -> dict[str, str]:
 def serve(tiny_google: str, *args: str) -> Front:
     port = free_port()
     running = start_server(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--http-port", str(port),
-        *args, env=pythonpath_env(BERTSERVE_API_KEY=KEY),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:FaultyModel",
+        "--http-port",
+        str(port),
+        *args,
+        env=pythonpath_env(BERTSERVE_API_KEY=KEY),
+    )
     return Front(running, f"http://127.0.0.1:{port}")
 
 
@@ -134,8 +140,10 @@ def test_32_chunked_bodies_of_60_mb_are_cut_off(default_front: Front) -> None:
     statuses, idle, peak = flood(default_front, inputs=2000, content_length=False)
     assert set(statuses) <= {413, 429} and 413 in statuses, statuses
     assert peak - idle < HEADROOM_MIB, f"the head grew from {idle:.0f} MiB to {peak:.0f} MiB"
-    print(f"chunked bodies: {statuses.count(413)} x 413, {statuses.count(429)} x 429; "
-          f"head idle {idle:.0f} MiB, peak {peak:.0f} MiB")  # fmt: skip
+    print(
+        f"chunked bodies: {statuses.count(413)} x 413, {statuses.count(429)} x 429; "
+        f"head idle {idle:.0f} MiB, peak {peak:.0f} MiB"
+    )
     with httpx.Client(base_url=default_front.url, headers=_auth(), timeout=30) as http:
         assert http.post("/v1/embeddings", json={"input": "still served"}).status_code == 200
         metrics = http.get("/metrics").text
@@ -150,8 +158,10 @@ def test_32_bodies_of_12_mb_are_encoded_as_the_budget_allows(default_front: Fron
     statuses, idle, peak = flood(default_front, size=12_000_000, inputs=2000, content_length=True)
     assert set(statuses) <= {200, 429} and 200 in statuses and 429 in statuses, statuses
     assert peak - idle < HEADROOM_MIB, f"the head grew from {idle:.0f} MiB to {peak:.0f} MiB"
-    print(f"bodies encoded: {statuses.count(200)} x 200, {statuses.count(429)} x 429; "
-          f"head idle {idle:.0f} MiB, peak {peak:.0f} MiB")  # fmt: skip
+    print(
+        f"bodies encoded: {statuses.count(200)} x 200, {statuses.count(429)} x 429; "
+        f"head idle {idle:.0f} MiB, peak {peak:.0f} MiB"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -159,10 +169,16 @@ def test_bodies_the_limit_allows_are_read_one_budget_at_a_time(tiny_google: str)
     """With the body limit and the budget raised to 64 MiB each body may be read, but one at a
     time: the rest get 429 by their Content-Length, before they are read."""
     front = serve(
-        tiny_google, "--max-http-body-bytes", str(64 * MIB), "--max-http-body-bytes-total", str(64 * MIB),
-        "--max-message-bytes", str(64 * MIB),
-        "--max-request-size", "1000",
-    )  # fmt: skip
+        tiny_google,
+        "--max-http-body-bytes",
+        str(64 * MIB),
+        "--max-http-body-bytes-total",
+        str(64 * MIB),
+        "--max-message-bytes",
+        str(64 * MIB),
+        "--max-request-size",
+        "1000",
+    )
     try:
         statuses, idle, peak = flood(front, inputs=2000, content_length=True)
     finally:
@@ -170,5 +186,7 @@ def test_bodies_the_limit_allows_are_read_one_budget_at_a_time(tiny_google: str)
     # read whole, parsed, and refused for its 2000 inputs (at most 1000); or refused unread
     assert set(statuses) <= {413, 429} and 413 in statuses and 429 in statuses, statuses
     assert peak - idle < HEADROOM_MIB, f"the head grew from {idle:.0f} MiB to {peak:.0f} MiB"
-    print(f"bodies within the limit: {statuses.count(413)} x 413, {statuses.count(429)} x 429; "
-          f"head idle {idle:.0f} MiB, peak {peak:.0f} MiB")  # fmt: skip
+    print(
+        f"bodies within the limit: {statuses.count(413)} x 413, {statuses.count(429)} x 429; "
+        f"head idle {idle:.0f} MiB, peak {peak:.0f} MiB"
+    )

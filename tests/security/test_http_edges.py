@@ -64,11 +64,24 @@ def front(tiny_google: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     key_file.chmod(0o600)
     port = free_port()
     running = start_server(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--http-port", str(port),
-        "--api-keys", str(key_file), "--http-header-timeout-s", str(HEADER_TIMEOUT_S),
-        "--http-body-timeout-s", str(BODY_TIMEOUT_S), "--http-body-min-rate", str(MIN_RATE),
-        "--max-http-connections", str(CONNECTIONS), env=pythonpath_env(),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:FaultyModel",
+        "--http-port",
+        str(port),
+        "--api-keys",
+        str(key_file),
+        "--http-header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--http-body-timeout-s",
+        str(BODY_TIMEOUT_S),
+        "--http-body-min-rate",
+        str(MIN_RATE),
+        "--max-http-connections",
+        str(CONNECTIONS),
+        env=pythonpath_env(),
+    )
     try:
         yield Front(running, port, http_process(running, port))
     finally:
@@ -270,10 +283,12 @@ def test_32_such_requests_at_once_grow_it_by_at_most_300_mib(front: Front) -> No
 
     async def flood() -> list[int]:
         async with httpx.AsyncClient(base_url=front.url, timeout=30, limits=httpx.Limits(max_connections=32)) as http:
-            replies = await asyncio.gather(*(
-                http.post(path, json=bodies[i % 3], headers=_auth((ALICE, BOB)[i % 2]))
-                for i, path in enumerate(["/tokenize", "/embed"] * 16)
-            ))  # fmt: skip
+            replies = await asyncio.gather(
+                *(
+                    http.post(path, json=bodies[i % 3], headers=_auth((ALICE, BOB)[i % 2]))
+                    for i, path in enumerate(["/tokenize", "/embed"] * 16)
+                )
+            )
         return [reply.status_code for reply in replies]
 
     with peak_growth(front) as growth:

@@ -25,10 +25,22 @@ REQUEST = 5  # inputs per request; each principal may have 10 queued
 def front(tiny_google: str) -> Iterator[tuple[RunningServer, str]]:
     port = free_port()
     running = start_server(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--http-port", str(port),
-        "--heartbeat-timeout-ms", "60000", "--max-request-size", str(REQUEST),
-        "--max-client-queued-sentences", str(2 * REQUEST), "--max-queued-sentences", "1000", env=pythonpath_env(),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:FaultyModel",
+        "--http-port",
+        str(port),
+        "--heartbeat-timeout-ms",
+        "60000",
+        "--max-request-size",
+        str(REQUEST),
+        "--max-client-queued-sentences",
+        str(2 * REQUEST),
+        "--max-queued-sentences",
+        "1000",
+        env=pythonpath_env(),
+    )
     try:
         yield running, f"http://127.0.0.1:{port}"
     finally:
@@ -53,8 +65,7 @@ def test_a_forged_forwarded_header_from_loopback_does_not_change_the_principal(
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
 
             async def post(seed: int, headers: dict[str, str] | None = None) -> httpx.Response:
-                return await http.post("/v1/embeddings", json={"input": sentences(REQUEST, seed=seed)},
-                                       headers=headers)  # fmt: skip
+                return await http.post("/v1/embeddings", json={"input": sentences(REQUEST, seed=seed)}, headers=headers)
 
             async def status() -> dict:
                 return (await http.get("/status")).raise_for_status().json()
@@ -76,8 +87,12 @@ def test_a_forged_forwarded_header_from_loopback_does_not_change_the_principal(
                     return (await status())["queued_sentences"] == 2 * REQUEST
 
                 await _until(full, "this address's bound filling")
-                for forged in ({"X-Forwarded-For": "203.0.113.7"}, {"X-Forwarded-For": "198.51.100.1, 10.0.0.1"},
-                               {"Forwarded": "for=192.0.2.60"}, {"X-Real-IP": "192.0.2.61"}):  # fmt: skip
+                for forged in (
+                    {"X-Forwarded-For": "203.0.113.7"},
+                    {"X-Forwarded-For": "198.51.100.1, 10.0.0.1"},
+                    {"Forwarded": "for=192.0.2.60"},
+                    {"X-Real-IP": "192.0.2.61"},
+                ):
                     refused = await post(9, forged)
                     assert refused.status_code == 429, (forged, refused.text)
                     assert "this client already has 10 inputs queued" in refused.json()["error"]["message"]

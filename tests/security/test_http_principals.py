@@ -40,11 +40,26 @@ def front(tiny_google: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     key_file.chmod(0o600)
     port = free_port()
     running = start_server(
-        "-v", "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel", "--http-port", str(port),
-        "--api-keys", str(key_file), "--heartbeat-timeout-ms", "60000", "--max-request-size", str(REQUEST),
-        "--max-client-queued-sentences", str(2 * REQUEST), "--max-queued-sentences", "1000", "--metrics-principals",
+        "-v",
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:FaultyModel",
+        "--http-port",
+        str(port),
+        "--api-keys",
+        str(key_file),
+        "--heartbeat-timeout-ms",
+        "60000",
+        "--max-request-size",
+        str(REQUEST),
+        "--max-client-queued-sentences",
+        str(2 * REQUEST),
+        "--max-queued-sentences",
+        "1000",
+        "--metrics-principals",
         env=pythonpath_env(BERTSERVE_API_KEY=OPS),
-    )  # fmt: skip
+    )
     yield Front(running, f"http://127.0.0.1:{port}", key_file)
     running.stop()
 
@@ -153,8 +168,14 @@ def test_keys_never_show_in_argv_logs_status_or_metrics(front: Front) -> None:
     output = front.running.tail(len(front.running.output))
     assert '"POST /v1/embeddings HTTP/1.1" 401' in output  # -v: the access log, which names no key
     for key in (ALICE, BOB, OPS, guess):
-        for where, text in (("argv", "\n".join(argv)), ("the log", output), ("/status", status),
-                            ("/metrics", metrics), ("/v1/models", models), ("CONFIG", repr(config))):  # fmt: skip
+        for where, text in (
+            ("argv", "\n".join(argv)),
+            ("the log", output),
+            ("/status", status),
+            ("/metrics", metrics),
+            ("/v1/models", models),
+            ("CONFIG", repr(config)),
+        ):
             assert key not in text, f"a key is in {where}"
 
 

@@ -136,9 +136,24 @@ def test_a_start_refuses_an_api_key_file_group_or_others_may_read_or_change(
     keys.write_text("alice alice-key-0123456789\n")
     keys.chmod(loose)
     done = subprocess.run(
-        [sys.executable, "-m", "bertserve.server.cli", "start", "--model-dir", tiny_google, "--model-class", MODEL,
-         "--http-port", str(free_port()), "--api-keys", str(keys)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **pythonpath_env()},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bertserve.server.cli",
+            "start",
+            "--model-dir",
+            tiny_google,
+            "--model-class",
+            MODEL,
+            "--http-port",
+            str(free_port()),
+            "--api-keys",
+            str(keys),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **pythonpath_env()},
+    )
     assert done.returncode != 0
     assert f"chmod 600 {keys}" in done.stderr and "alice-key-0123456789" not in done.stderr, done.stderr

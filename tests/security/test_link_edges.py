@@ -27,7 +27,7 @@ from bertserve.client import BertClient
 from bertserve.client import __version__ as client_version
 from bertserve.client import protocol as p
 from bertserve.server.model.checksum import tree_sha256
-from bertserve.server.serving import wire
+from bertserve.server.serving.protocol import wire
 from faulty_model import expected, pythonpath_env, wait_for
 from serving import RunningServer, free_port, start_server
 

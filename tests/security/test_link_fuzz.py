@@ -28,8 +28,8 @@ import zmq
 from bertserve.client import BertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.server.model.checksum import tree_sha256
-from bertserve.server.serving import wire
-from bertserve.server.serving.link_schema import ERROR_KINDS
+from bertserve.server.serving.protocol import wire
+from bertserve.server.serving.protocol.link import ERROR_KINDS
 from faulty_model import expected, pythonpath_env, sentences, wait_for
 from serving import free_port, start_server, start_worker_host
 
@@ -41,16 +41,82 @@ STRANGER_MESSAGES = 4_000
 JOINED_MESSAGES = 6_500
 NAMES = [b"w0-1", b"w1-1", b"w2-1", b"w3-1"]  # the joined peer's workers
 
-NUMBERS: list[Any] = [math.inf, -math.inf, math.nan, -1, 0, 1, 7, 2**31, 2**63, 2**64, 10**400, 1e308, -1e-308, 0.5,
-                      True, False, None, "1", "", [], {}, [1, 2], {"a": 1}]  # fmt: skip
-STRINGS: list[Any] = ["", "w0-1", "x" * 300, "\n\x1b[31mred", "../../etc/passwd", "/etc/passwd", "é" * 50, "\ud800",
-                      "1e999", "NaN"]  # fmt: skip
-RAW_JSON = [b"1e999", b"-1e999", b"NaN", b"Infinity", b"[" * 5000, b"{", b"\xff\xfe", b"", b"null", b"[]", b'"x"',
-            b"{}", b'{"credits":1e999}', b'{"a":' * 3000]  # fmt: skip
-KINDS = [wire.HELLO, wire.HEARTBEAT, wire.READY, wire.DONE, wire.RESULT, wire.JOB_ERROR, wire.GONE, wire.DRAIN,
-         wire.BYE]  # fmt: skip
-OTHER_KINDS = [wire.WELCOME, wire.JOB, wire.FORGET, wire.REFUSED, wire.STOP, b"", b"NOPE", b"\x00\xff", b"ready",
-               b"X" * 100]  # fmt: skip
+NUMBERS: list[Any] = [
+    math.inf,
+    -math.inf,
+    math.nan,
+    -1,
+    0,
+    1,
+    7,
+    2**31,
+    2**63,
+    2**64,
+    10**400,
+    1e308,
+    -1e-308,
+    0.5,
+    True,
+    False,
+    None,
+    "1",
+    "",
+    [],
+    {},
+    [1, 2],
+    {"a": 1},
+]
+STRINGS: list[Any] = [
+    "",
+    "w0-1",
+    "x" * 300,
+    "\n\x1b[31mred",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "é" * 50,
+    "\ud800",
+    "1e999",
+    "NaN",
+]
+RAW_JSON = [
+    b"1e999",
+    b"-1e999",
+    b"NaN",
+    b"Infinity",
+    b"[" * 5000,
+    b"{",
+    b"\xff\xfe",
+    b"",
+    b"null",
+    b"[]",
+    b'"x"',
+    b"{}",
+    b'{"credits":1e999}',
+    b'{"a":' * 3000,
+]
+KINDS = [
+    wire.HELLO,
+    wire.HEARTBEAT,
+    wire.READY,
+    wire.DONE,
+    wire.RESULT,
+    wire.JOB_ERROR,
+    wire.GONE,
+    wire.DRAIN,
+    wire.BYE,
+]
+OTHER_KINDS = [
+    wire.WELCOME,
+    wire.JOB,
+    wire.FORGET,
+    wire.REFUSED,
+    wire.STOP,
+    b"",
+    b"NOPE",
+    b"\x00\xff",
+    b"ready",
+    b"X" * 100,
+]
 BAD_NAMES = [b"", b"w" * 65, b"../w0", b"w0\n", b"\xff", b"w 0"]
 JOB_ERROR_KINDS = ["worker", "input", "timeout", "evil\nlabel", "x" * 200, "", "busy"]
 
@@ -100,8 +166,13 @@ class Fuzzer:
         name, job = self.name(), self.job_id()
         if kind == wire.HELLO:
             sha = self.sha if joined_sha else f"{self.rng.getrandbits(256):064x}"
-            hello = {"link": wire.LINK_VERSION, "version": "fuzz", "hostname": "fuzz", "model_sha256": sha,
-                     "workers": 4}  # fmt: skip
+            hello = {
+                "link": wire.LINK_VERSION,
+                "version": "fuzz",
+                "hostname": "fuzz",
+                "model_sha256": sha,
+                "workers": 4,
+            }
             frames = [self.body(hello)]
         elif kind == wire.HEARTBEAT:
             frames = self.rng.choice([[], [name]])
@@ -109,8 +180,17 @@ class Fuzzer:
             ready = {"worker": 0, "pid": 1, "credits": 1, "device": "fuzz", "hostname": "fuzz"}
             frames = [name, self.body(ready)]
         elif kind == wire.DONE:
-            frames = [self.body({"job": job.decode(errors="replace"), "worker": name.decode(errors="replace"),
-                                 "seconds": 0.1, "tokens": 1, "slots": 1})]  # fmt: skip
+            frames = [
+                self.body(
+                    {
+                        "job": job.decode(errors="replace"),
+                        "worker": name.decode(errors="replace"),
+                        "seconds": 0.1,
+                        "tokens": 1,
+                        "slots": 1,
+                    }
+                )
+            ]
         elif kind == wire.RESULT:
             rows = self.rng.choice([1, 2, 3])
             header = {"parts": [{"key": "k#1@0", "rows": list(range(rows))}], "dtype": "float32", "shape": [rows, 16]}
@@ -134,8 +214,11 @@ class Fuzzer:
         if roll < 0.06:
             return [self.rng.choice(OTHER_KINDS), *[self.rng.choice(RAW_JSON) for _ in range(self.rng.randrange(4))]]
         if roll < 0.07:
-            return [self.rng.choice([wire.READY, wire.DONE, wire.HELLO]), *([b"w0-1"] * (self.rng.random() < 0.5)),
-                    b'{"pad":"' + b"x" * (2 << 20) + b'"}']  # fmt: skip
+            return [
+                self.rng.choice([wire.READY, wire.DONE, wire.HELLO]),
+                *([b"w0-1"] * (self.rng.random() < 0.5)),
+                b'{"pad":"' + b"x" * (2 << 20) + b'"}',
+            ]
         return self.frames(self.rng.choice(KINDS), joined_sha)
 
     # -- answers to the jobs the head gave us ------------------------------------------------
@@ -151,8 +234,9 @@ class Fuzzer:
         done = [wire.DONE, p.dumps({"job": job_id.decode(), "worker": worker.decode(), "seconds": 0.01})]
         other_parts = [{**part, "key": "someone-else#" + part["key"]} for part in parts]
         fewer_rows = [{**parts[0], "rows": parts[0]["rows"][:-1]}, *parts[1:]]
-        choice = self.rng.choice(["good", "good", "good", "other-requests", "other-rows", "short", "second", "early",
-                                  "error", "gone"])  # fmt: skip
+        choice = self.rng.choice(
+            ["good", "good", "good", "other-requests", "other-rows", "short", "second", "early", "error", "gone"]
+        )
         if choice == "other-rows" and len(texts) == 1:
             choice = "good"
         self.answers[choice] = self.answers.get(choice, 0) + 1
@@ -162,8 +246,16 @@ class Fuzzer:
             return [[wire.RESULT, worker, job_id, p.dumps({**header, "parts": other_parts}), vectors], done]
         if choice == "other-rows":
             shape = [len(texts) - 1, 16]
-            return [[wire.RESULT, worker, job_id, p.dumps({**header, "parts": fewer_rows, "shape": shape}),
-                     vectors[: 64 * (len(texts) - 1)]], done]  # fmt: skip
+            return [
+                [
+                    wire.RESULT,
+                    worker,
+                    job_id,
+                    p.dumps({**header, "parts": fewer_rows, "shape": shape}),
+                    vectors[: 64 * (len(texts) - 1)],
+                ],
+                done,
+            ]
         if choice == "short":
             return [[*result[:4], vectors[:-1]], done]
         if choice == "second":
@@ -202,8 +294,20 @@ class Peer:
 
 
 def join(peer: Peer, fuzzer: Fuzzer, context_timeout: float = 20.0) -> None:
-    peer.send([wire.HELLO, p.dumps({"link": wire.LINK_VERSION, "version": "fuzz", "hostname": "fuzz",
-                                 "model_sha256": fuzzer.sha, "workers": 4})])  # fmt: skip
+    peer.send(
+        [
+            wire.HELLO,
+            p.dumps(
+                {
+                    "link": wire.LINK_VERSION,
+                    "version": "fuzz",
+                    "hostname": "fuzz",
+                    "model_sha256": fuzzer.sha,
+                    "workers": 4,
+                }
+            ),
+        ]
+    )
     deadline = time.monotonic() + context_timeout
     while time.monotonic() < deadline:
         if peer.socket.poll(100) and peer.socket.recv_multipart()[0] == wire.WELCOME:
@@ -221,10 +325,25 @@ def test_a_fuzzed_worker_link_raises_nothing_and_the_head_serves_right_after(tin
     worker_port = free_port()
     log = tmp_path / "head.log"
     head = start_server(
-        "--model-dir", tiny_google, "--model-class", MODEL, "--num-worker", "0", "--worker-port", str(worker_port),
-        "--max-batch-size", "8", "--max-latency-ms", "1", "--heartbeat-timeout-ms", "4000", "--job-timeout-ms",
-        "20000", env=pythonpath_env(), log_path=log,
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        MODEL,
+        "--num-worker",
+        "0",
+        "--worker-port",
+        str(worker_port),
+        "--max-batch-size",
+        "8",
+        "--max-latency-ms",
+        "1",
+        "--heartbeat-timeout-ms",
+        "4000",
+        "--job-timeout-ms",
+        "20000",
+        env=pythonpath_env(),
+        log_path=log,
+    )
     host = None
     context = zmq.Context()
     peers: list[Peer] = []

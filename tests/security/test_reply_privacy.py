@@ -43,7 +43,7 @@ import zmq
 from bertserve.client import protocol as p
 from bertserve.client.security import ROUTE_ID_BYTES, announce, keygen, load_public_key
 from bertserve.server.security import MAX_TOPIC_BYTES
-from bertserve.server.serving.replies import MAX_INBOUND_BYTES
+from bertserve.server.serving.sink.replies import MAX_INBOUND_BYTES
 from faulty_model import expected, pythonpath_env, sentences
 from integration.test_curve import Keys, client, curve_socket
 from serving import RunningServer, start_server
@@ -136,10 +136,21 @@ class Attack:
         """Announced topics: the victim's id and its prefixes, and ids (good and bad) of our key."""
         victim, own, key = self.victim_id, self.own_id, self.key
         return [
-            victim, victim[: len(self.victim_key) + 2], self.victim_key + b":", self.victim_key, victim + b"x",
-            b"", b":", own, own[: len(key) + 2], key + b":", key, key + b":" + victim, own + b"x" * MAX_TOPIC_BYTES,
+            victim,
+            victim[: len(self.victim_key) + 2],
+            self.victim_key + b":",
+            self.victim_key,
+            victim + b"x",
+            b"",
+            b":",
+            own,
+            own[: len(key) + 2],
+            key + b":",
+            key,
+            key + b":" + victim,
+            own + b"x" * MAX_TOPIC_BYTES,
             key + b":" + self.rng.randbytes(8).hex().encode(),  # many ids of our own key: its route table churns
-        ]  # fmt: skip
+        ]
 
     def junk(self, *, oversize: bool) -> list[bytes]:
         """One message of the flood that is not an announcement in the client's format."""
@@ -180,8 +191,14 @@ class Attack:
         context = zmq.Context()
         sockets: dict[str, zmq.Socket] = {}
         try:
-            for name, kind in (("flood", zmq.DEALER), ("thief", zmq.DEALER), ("router", zmq.ROUTER),
-                               ("req", zmq.REQ), ("xsub", zmq.XSUB), ("sub", zmq.SUB)):  # fmt: skip
+            for name, kind in (
+                ("flood", zmq.DEALER),
+                ("thief", zmq.DEALER),
+                ("router", zmq.ROUTER),
+                ("req", zmq.REQ),
+                ("xsub", zmq.XSUB),
+                ("sub", zmq.SUB),
+            ):
                 sock = sockets[name] = curve_socket(context, kind, self.keys, "mallory")
                 sock.reconnect_ivl = 20  # back soon after the sink drops it for an oversize frame
                 sock.sndtimeo = 0
@@ -266,17 +283,29 @@ def test_an_authenticated_attacker_reads_none_of_another_keys_replies(
 ) -> None:
     log = tmp_path / "server.log"
     server = start_server(
-        "--model-dir", tiny_google, "--model-class", MODEL, "--max-seq-len", "32", "--curve-dir", str(keys.root),
-        "--max-latency-ms", "1", env=pythonpath_env(), log_path=log,
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        MODEL,
+        "--max-seq-len",
+        "32",
+        "--curve-dir",
+        str(keys.root),
+        "--max-latency-ms",
+        "1",
+        env=pythonpath_env(),
+        log_path=log,
+    )
     stop = threading.Event()
     failures: list[str] = []
     threads: list[threading.Thread] = []
     try:
         with client(server, keys, "victim", timeout=10_000) as victim:
             attack = Attack(server, keys, victim.identity, stop)
-            threads = [threading.Thread(target=attack.legit, name="attacker-client", daemon=True),
-                       threading.Thread(target=attack.run, name="attacker-sockets", daemon=True)]  # fmt: skip
+            threads = [
+                threading.Thread(target=attack.legit, name="attacker-client", daemon=True),
+                threading.Thread(target=attack.run, name="attacker-sockets", daemon=True),
+            ]
             for thread in threads:
                 thread.start()
             attack.own_ready.wait(30)

@@ -27,9 +27,10 @@ from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient
 from bertserve.client import protocol as p
 from bertserve.client.security import announce, reply_socket
 from bertserve.server import security as s
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving import formats
-from bertserve.server.serving.replies import MAX_HELD, Routed
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.protocol import formats
+from bertserve.server.serving.sink.replies import MAX_HELD, Routed
 from faulty_model import expected, pythonpath_env
 from serving import RunningServer, free_port, start_server
 from zmq.auth.certs import _write_key_file
@@ -49,9 +50,18 @@ def server(tiny_google: str, http_port: int) -> Iterator[RunningServer]:
     """The hashing model with 1024-wide vectors (a reply of 16 is 64 KiB), a small reply
     queue, and the HTTP front end."""
     running = start_server(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:WideModel", "--max-seq-len", "32",
-        "--reply-hwm", str(REPLY_HWM), "--http-port", str(http_port), env=pythonpath_env(),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:WideModel",
+        "--max-seq-len",
+        "32",
+        "--reply-hwm",
+        str(REPLY_HWM),
+        "--http-port",
+        str(http_port),
+        env=pythonpath_env(),
+    )
     yield running
     running.stop()
 

@@ -71,9 +71,16 @@ def still_serves(server: RunningServer) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def server(tiny_google: str) -> Iterator[RunningServer]:
     running = start_server(
-        "--model-dir", tiny_google, "--model-class", "faulty_model:FaultyModel",
-        "--max-queued-bytes", str(QUEUED_MIB * MIB), "--bulk-slowdown", "0", env=pythonpath_env(),
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        "faulty_model:FaultyModel",
+        "--max-queued-bytes",
+        str(QUEUED_MIB * MIB),
+        "--bulk-slowdown",
+        "0",
+        env=pythonpath_env(),
+    )
     yield running
     running.stop()
 
@@ -99,10 +106,14 @@ def test_32_frames_of_60_mb_at_once_are_dropped_unread(server: RunningServer) ->
             sock.connect(f"tcp://127.0.0.1:{server.port}")
             sockets.append(sock)
         senders = [
-            threading.Thread(target=sock.send_multipart, args=([f"raw-{i}".encode(), *frames[1:]],),
-                             kwargs={"copy": False}, daemon=True)
+            threading.Thread(
+                target=sock.send_multipart,
+                args=([f"raw-{i}".encode(), *frames[1:]],),
+                kwargs={"copy": False},
+                daemon=True,
+            )
             for i, sock in enumerate(sockets)
-        ]  # fmt: skip
+        ]
         for sender in senders:
             sender.start()
         for sender in senders:
@@ -170,5 +181,7 @@ def test_32_requests_under_the_frame_limit_are_answered_or_busy_within_the_byte_
     status = still_serves(server)
     assert status["queued_bytes"] == 0
     held = max(statuses, default=0) / MIB
-    print(f"32 requests of {size:.1f} MB: {outcomes.count('ok')} answered, {outcomes.count('busy')} busy; at most "
-          f"{held:.0f} MiB of texts held; head idle {idle:.0f} MiB, peak {peak:.0f} MiB")  # fmt: skip
+    print(
+        f"32 requests of {size:.1f} MB: {outcomes.count('ok')} answered, {outcomes.count('busy')} busy; at most "
+        f"{held:.0f} MiB of texts held; head idle {idle:.0f} MiB, peak {peak:.0f} MiB"
+    )

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import zmq
 from bertserve.client import protocol as p
-from bertserve.server.serving import wire
+from bertserve.server.serving.protocol import wire
 from faulty_model import pythonpath_env
 from serving import RunningServer, free_port, start_worker_host
 
@@ -40,8 +40,9 @@ class RogueHead:
             self.socket.curve_server = True
         self.port = free_port()
         self.socket.bind(f"tcp://127.0.0.1:{self.port}")
-        self.welcome = p.dumps({"model": {}, "model_class": None, "tuned": False, "heartbeat_timeout_ms": 10_000,
-                                **welcome})  # fmt: skip
+        self.welcome = p.dumps(
+            {"model": {}, "model_class": None, "tuned": False, "heartbeat_timeout_ms": 10_000, **welcome}
+        )
         self.kinds: list[bytes] = []
 
     def serve(self, host: RunningServer, seconds: float, until: bytes | None = None) -> None:
@@ -85,13 +86,20 @@ def env_with(tmp_path: Path) -> dict[str, str]:
         ({"model_class": "evil_model:EvilModel"}, ("--model-class", MODEL), f"was started with --model-class {MODEL}"),
     ],
     ids=["absolute-vocab", "dotdot-config", "dotdot-ckpt", "class-not-given", "other-class"],
-)  # fmt: skip
-def test_a_worker_refuses_a_rogue_heads_welcome(tiny_google: str, tmp_path: Path, context: zmq.Context,
-                                                evil_module: Path, welcome: dict[str, Any], flags: tuple[str, ...],
-                                                said: str) -> None:  # fmt: skip
+)
+def test_a_worker_refuses_a_rogue_heads_welcome(
+    tiny_google: str,
+    tmp_path: Path,
+    context: zmq.Context,
+    evil_module: Path,
+    welcome: dict[str, Any],
+    flags: tuple[str, ...],
+    said: str,
+) -> None:
     rogue = RogueHead(context, welcome)
-    host = start_worker_host(rogue.port, "--model-dir", tiny_google, *flags, env=env_with(tmp_path),
-                             expect_joined=False)  # fmt: skip
+    host = start_worker_host(
+        rogue.port, "--model-dir", tiny_google, *flags, env=env_with(tmp_path), expect_joined=False
+    )
     try:
         rogue.serve(host, 60)
         assert host.process.wait(30) == 2
@@ -108,8 +116,9 @@ def test_a_worker_refuses_a_rogue_heads_welcome(tiny_google: str, tmp_path: Path
 
 def test_a_welcome_that_keeps_the_rules_is_taken(tiny_google: str, tmp_path: Path, context: zmq.Context) -> None:
     rogue = RogueHead(context, {"model": {"vocab_name": "vocab.txt", "max_seq_len": 32}, "model_class": MODEL})
-    host = start_worker_host(rogue.port, "--model-dir", tiny_google, "--model-class", MODEL, env=env_with(tmp_path),
-                             expect_joined=False)  # fmt: skip
+    host = start_worker_host(
+        rogue.port, "--model-dir", tiny_google, "--model-class", MODEL, env=env_with(tmp_path), expect_joined=False
+    )
     try:
         rogue.serve(host, 60, until=wire.READY)  # its worker process runs, and registers
         assert wire.READY in rogue.kinds, host.tail(100)
@@ -118,8 +127,9 @@ def test_a_welcome_that_keeps_the_rules_is_taken(tiny_google: str, tmp_path: Pat
         host.stop()
 
 
-def test_a_worker_with_a_server_key_does_not_talk_to_a_head_with_another(tiny_google: str, tmp_path: Path,
-                                                                        context: zmq.Context) -> None:  # fmt: skip
+def test_a_worker_with_a_server_key_does_not_talk_to_a_head_with_another(
+    tiny_google: str, tmp_path: Path, context: zmq.Context
+) -> None:
     from bertserve.server.security import keygen
 
     real_public, _ = keygen(tmp_path / "head", "server")
@@ -127,9 +137,16 @@ def test_a_worker_with_a_server_key_does_not_talk_to_a_head_with_another(tiny_go
     _, rogue_secret = zmq.curve_keypair()
     rogue = RogueHead(context, {}, curve_secret=rogue_secret)
     host = start_worker_host(
-        rogue.port, "--model-dir", tiny_google, "--server-key", str(real_public), "--client-cert", str(worker_secret),
-        env=env_with(tmp_path), expect_joined=False,
-    )  # fmt: skip
+        rogue.port,
+        "--model-dir",
+        tiny_google,
+        "--server-key",
+        str(real_public),
+        "--client-cert",
+        str(worker_secret),
+        env=env_with(tmp_path),
+        expect_joined=False,
+    )
     try:
         rogue.serve(host, 8)  # the host says HELLO every second, to a head it can authenticate
         assert rogue.kinds == [] and host.process.poll() is None
@@ -143,7 +160,7 @@ def test_a_worker_without_a_server_key_drops_a_frame_past_the_link_limit(
 ) -> None:
     """A head that sends a frame larger than any job needs loses its connection at the frame's
     header: the worker never holds it (nor logs it as a malformed message), and joins again."""
-    from bertserve.server.serving.link_schema import MAX_FRAME_BYTES
+    from bertserve.server.serving.protocol.link import MAX_FRAME_BYTES
 
     rogue = RogueHead(context, {})
     monitor = rogue.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)

@@ -6,11 +6,12 @@ import subprocess
 import sys
 
 import pytest
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving import admission
-from bertserve.server.serving.admission import Refusal
-from bertserve.server.serving.control import Control
-from bertserve.server.serving.scheduler import Scheduler
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.head.control import Control
+from bertserve.server.serving.policy import admission
+from bertserve.server.serving.policy.admission import Refusal
+from bertserve.server.serving.policy.scheduler import Scheduler
 
 
 def _config(**options: object) -> ServerConfig:
@@ -20,7 +21,7 @@ def _config(**options: object) -> ServerConfig:
 
 def test_admission_imports_neither_zmq_nor_tensorflow() -> None:
     code = (
-        "import sys; import bertserve.server.serving.admission; "
+        "import sys; import bertserve.server.serving.policy.admission; "
         "assert not {'zmq', 'tensorflow'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

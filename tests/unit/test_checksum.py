@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bertserve.server import cli
+from bertserve.server.cli import main as cli
 from bertserve.server.model.checksum import MANIFEST, manifest_problems, read_manifest, tree_sha256, write_manifest
 
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from bertserve.server.serving.children import Children
-from bertserve.server.serving.lifecycle import FORCED_STOP_SECONDS
+from bertserve.server.serving.process.children import Children
+from bertserve.server.serving.process.lifecycle import FORCED_STOP_SECONDS
 
 
 def _blocked_signals(pid: int) -> int:

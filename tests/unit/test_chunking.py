@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from bertserve.server.config import ModelConfig, PoolingStrategy
+from bertserve.server.config.model import ModelConfig, PoolingStrategy
 from bertserve.server.errors import ModelOptionError
 from bertserve.server.model.chunking import combine
 from bertserve.server.model.encoder import Encoder
@@ -21,9 +21,11 @@ def word_pieces(model_dir: str, text: str) -> list[str]:
     """Every word piece of ``text``, uncut."""
     model = inspect_model(ModelConfig(model_dir=model_dir))
     whole = WordPieceTokenizer(
-        vocab_path=model.vocab_path, tokenizer_json=model.tokenizer_json, do_lower_case=model.do_lower_case,
+        vocab_path=model.vocab_path,
+        tokenizer_json=model.tokenizer_json,
+        do_lower_case=model.do_lower_case,
         max_len=100_000,
-    )  # fmt: skip
+    )
     tokens = whole.tokenize([text], keep_tokens=True).tokens
     assert tokens is not None
     return tokens[0][1:-1]
@@ -106,9 +108,12 @@ def test_poolings_of_one_position_or_every_token_refuse_to_chunk(
 def test_the_tokenizer_cuts_text_and_token_lists_into_the_same_windows(tiny_hf: str) -> None:
     model = inspect_model(ModelConfig(model_dir=tiny_hf))
     tokenizer = WordPieceTokenizer(
-        vocab_path=model.vocab_path, tokenizer_json=model.tokenizer_json, do_lower_case=model.do_lower_case,
-        max_len=MAX_LEN, stride=3,
-    )  # fmt: skip
+        vocab_path=model.vocab_path,
+        tokenizer_json=model.tokenizer_json,
+        do_lower_case=model.do_lower_case,
+        max_len=MAX_LEN,
+        stride=3,
+    )
     texts = [LONG, "short", "a pair of sentences that is long enough to be cut ||| and its second half here"]
     from_text = tokenizer.tokenize(texts, chunk=True)
     pieces = [word_pieces(tiny_hf, t) for t in texts[:2]]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from bertserve.server import BertServeError, ConfigError, ModelConfig, cli, flags
-from bertserve.server.config import ServerConfig
+from bertserve.server import BertServeError, ConfigError, ModelConfig
+from bertserve.server.cli import flags
+from bertserve.server.cli import main as cli
+from bertserve.server.config.server import ServerConfig
 from bertserve.server.model import default
 
 
@@ -14,9 +16,24 @@ def _server_config(argv: list[str]):
 
 def test_flags_become_the_config() -> None:
     config = _server_config(
-        ["--num-worker", "2", "--max-seq-len", "NONE", "--pooling-layer", "-1", "-2", "--xla", "--dtype", "bf16",
-         "--device-map", "0", "1", "--merge-requests", "false"]
-    )  # fmt: skip
+        [
+            "--num-worker",
+            "2",
+            "--max-seq-len",
+            "NONE",
+            "--pooling-layer",
+            "-1",
+            "-2",
+            "--xla",
+            "--dtype",
+            "bf16",
+            "--device-map",
+            "0",
+            "1",
+            "--merge-requests",
+            "false",
+        ]
+    )
     assert (config.num_worker, config.device_map, config.merge_requests) == (2, (0, 1), False)
     model = config.model
     assert (model.max_seq_len, model.pooling_layer, model.xla, model.dtype) == ("NONE", (-1, -2), True, "bf16")
@@ -114,21 +131,50 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.mark.parametrize(
     ("command", "shown"),
     [
-        ("start", ["only remote ones) (default: 1)", "port that publishes results (default: --port + 1)",
-                   "most sentences in one model run (default: 64)", "(default: the model's, or 25)",
-                   "GPU ids the workers take in turn (default: every visible GPU)",
-                   "XLA-compile the graph (default: off)", "(default: 10.0)"]),
-        ("embed", ["(NAME.npz: with line numbers) (default: embeddings.npy)", "one sentence a line (default: stdin)",
-                   "else fp32 (never int8) (default: auto)", "BERT model directory (default: all-MiniLM"]),
-        ("encode", ["sentences per request (default: 256)", "wait for an answer (default: 60000)",
-                    "server port for replies (default: --port + 1)", "(needs --client-cert) (default: plain TCP)"]),
+        (
+            "start",
+            [
+                "only remote ones) (default: 1)",
+                "port that publishes results (default: --port + 1)",
+                "most sentences in one model run (default: 64)",
+                "(default: the model's, or 25)",
+                "GPU ids the workers take in turn (default: every visible GPU)",
+                "XLA-compile the graph (default: off)",
+                "(default: 10.0)",
+            ],
+        ),
+        (
+            "embed",
+            [
+                "(NAME.npz: with line numbers) (default: embeddings.npy)",
+                "one sentence a line (default: stdin)",
+                "else fp32 (never int8) (default: auto)",
+                "BERT model directory (default: all-MiniLM",
+            ],
+        ),
+        (
+            "encode",
+            [
+                "sentences per request (default: 256)",
+                "wait for an answer (default: 60000)",
+                "server port for replies (default: --port + 1)",
+                "(needs --client-cert) (default: plain TCP)",
+            ],
+        ),
         ("status", ["server host (default: localhost)", "for requests (default: 5555)", "answer (default: 5000)"]),
         ("stop", ["server port for replies (default: --port + 1)", "answer (default: 5000)"]),
         ("keygen", ["file name of the pair"]),
-        ("worker", ["the head's --worker-port (default: required)", "worker processes on this machine (default: 1)",
-                    "checked by sha256) (default: all-MiniLM-L6-v2 if installed)", "(default: 127.0.0.1)"]),
+        (
+            "worker",
+            [
+                "the head's --worker-port (default: required)",
+                "worker processes on this machine (default: 1)",
+                "checked by sha256) (default: all-MiniLM-L6-v2 if installed)",
+                "(default: 127.0.0.1)",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def test_help_shows_each_flags_default(command: str, shown: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     text = _help([command, "--help-all" if command == "start" else "--help"], capsys)
     for phrase in shown:
@@ -169,17 +215,25 @@ def test_bounds_left_out_follow_those_given() -> None:
 @pytest.mark.parametrize(
     ("argv", "problem"),
     [
-        (["--max-queued-sentences", "2000", "--max-client-queued-sentences", "5000"],
-         "--max-client-queued-sentences 5000 is more than --max-queued-sentences 2000"),
-        (["--max-queued-sentences", "2000", "--max-request-size", "5000"],
-         "--max-request-size 5000 is more than --max-queued-sentences 2000"),
-        (["--max-client-queued-sentences", "100", "--max-request-size", "500"],
-         "--max-request-size 500 is more than --max-client-queued-sentences 100"),
+        (
+            ["--max-queued-sentences", "2000", "--max-client-queued-sentences", "5000"],
+            "--max-client-queued-sentences 5000 is more than --max-queued-sentences 2000",
+        ),
+        (
+            ["--max-queued-sentences", "2000", "--max-request-size", "5000"],
+            "--max-request-size 5000 is more than --max-queued-sentences 2000",
+        ),
+        (
+            ["--max-client-queued-sentences", "100", "--max-request-size", "500"],
+            "--max-request-size 500 is more than --max-client-queued-sentences 100",
+        ),
         (["--max-request-size", "0"], "--max-request-size must be at least 1, not 0"),
-        (["--max-queued-bytes", str(2**21), "--max-message-bytes", str(2**22)],
-         "--max-message-bytes 4194304 is more than --max-queued-bytes 2097152"),
+        (
+            ["--max-queued-bytes", str(2**21), "--max-message-bytes", str(2**22)],
+            "--max-message-bytes 4194304 is more than --max-queued-bytes 2097152",
+        ),
     ],
-)  # fmt: skip
+)
 def test_only_bounds_given_that_contradict_each_other_are_an_error_naming_both(argv: list[str], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         _server_config(argv)

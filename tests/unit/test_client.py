@@ -213,9 +213,16 @@ def test_no_server_times_out_within_the_timeout() -> None:
 
 @pytest.mark.parametrize(
     ("timeout", "error"),
-    [(0, ValueError), (-1, ValueError), (float("inf"), ValueError), (float("nan"), ValueError),
-     (None, TypeError), ("60", TypeError), (True, TypeError)],
-)  # fmt: skip
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        (None, TypeError),
+        ("60", TypeError),
+        (True, TypeError),
+    ],
+)
 def test_bad_timeouts_are_rejected(timeout: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match="timeout"):
         BertClient(timeout=timeout)
@@ -832,8 +839,9 @@ def test_curve_identity_is_the_key_and_a_suffix(
         bc.encode(["again"])
     assert all(request.client_id.startswith(alice + b":") for request in r.requests)
     assert set(r.user_ids) == {alice.decode()}  # every request came authenticated as alice
-    with ConcurrentBertClient(max_concurrency=2, host="127.0.0.1", port=r.port, port_out=r.port_out,
-                              **curve_options(keys)) as pool:  # fmt: skip
+    with ConcurrentBertClient(
+        max_concurrency=2, host="127.0.0.1", port=r.port, port_out=r.port_out, **curve_options(keys)
+    ) as pool:
         assert pool.encode(["pooled"]).shape == (1, 4)
 
 
@@ -985,7 +993,7 @@ def test_the_reply_port_defaults_to_the_request_port_plus_one(
 def test_cli_warnings_are_one_line(
     responder: Callable[..., Responder], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bertserve.server import cli
+    from bertserve.server.cli import main as cli
 
     r = responder(config={"server_version": "0.0.1"})
     (tmp_path / "in.txt").write_text("one\n", encoding="utf-8")

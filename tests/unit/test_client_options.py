@@ -72,13 +72,22 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
     assert EncodeOptions().header(1500.2) == {"is_tokenized": False, "show_tokens": False, "timeout_ms": 1501}
     assert EncodeOptions().header(0.0)["timeout_ms"] == 1  # the server takes a number > 0
     full = EncodeOptions(
-        is_tokenized=False, show_tokens=True, long_inputs="chunk", dimensions=8, prompt_name="query",
+        is_tokenized=False,
+        show_tokens=True,
+        long_inputs="chunk",
+        dimensions=8,
+        prompt_name="query",
         truncation_direction="left",
-    ).header(60_000)  # fmt: skip
+    ).header(60_000)
     assert full == {
-        "is_tokenized": False, "show_tokens": True, "timeout_ms": 60_000, "long_inputs": "chunk", "dimensions": 8,
-        "prompt_name": "query", "truncation_direction": "left",
-    }  # fmt: skip
+        "is_tokenized": False,
+        "show_tokens": True,
+        "timeout_ms": 60_000,
+        "long_inputs": "chunk",
+        "dimensions": 8,
+        "prompt_name": "query",
+        "truncation_direction": "left",
+    }
     assert set(full) - {"is_tokenized", "show_tokens"} == set(p.ENCODE_OPTIONS)  # the protocol's names
 
 

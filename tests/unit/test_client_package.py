@@ -19,15 +19,34 @@ def test_importing_the_client_does_not_import_tensorflow() -> None:
 
 def test_public_names() -> None:
     assert sorted(bertserve.client.__all__) == [
-        "AsyncBertClient", "AuthenticationError", "BertClient", "BertClientError", "ClientClosedError",
-        "ConcurrentBertClient", "ConcurrentUseError", "EncodeResult", "NoServerError", "ProtocolVersionError",
-        "ServerBusyError", "ServerError", "ServerTimeoutError", "UnknownModelError", "__version__",
-    ]  # fmt: skip
+        "AsyncBertClient",
+        "AuthenticationError",
+        "BertClient",
+        "BertClientError",
+        "ClientClosedError",
+        "ConcurrentBertClient",
+        "ConcurrentUseError",
+        "EncodeResult",
+        "NoServerError",
+        "ProtocolVersionError",
+        "ServerBusyError",
+        "ServerError",
+        "ServerTimeoutError",
+        "UnknownModelError",
+        "__version__",
+    ]
     for name in bertserve.client.__all__:
         assert getattr(bertserve.client, name) is not None
     assert sorted(bertserve.server.__all__) == [
-        "BertServeError", "ConfigError", "Encoder", "ModelConfig", "ModelError", "ModelFileError",
-        "ModelShapeError", "PoolingStrategy", "StartupError",
-    ]  # fmt: skip
+        "BertServeError",
+        "ConfigError",
+        "Encoder",
+        "ModelConfig",
+        "ModelError",
+        "ModelFileError",
+        "ModelShapeError",
+        "PoolingStrategy",
+        "StartupError",
+    ]
     for name in bertserve.server.__all__:
         assert getattr(bertserve.server, name) is not None

@@ -50,8 +50,13 @@ def test_an_installed_copy_checks_only_the_extras_distributions_by_their_metadat
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(dependencies, "_CHECKOUT", tmp_path)  # no setup.py: installed from a wheel, say
-    requires = ["pyzmq>=25", "numpy>=1.24", 'tokenizers>=0.15; extra == "server"', 'pytest>=8; extra == "test"',
-                'no-such-distribution-here>=1; extra == "server"']  # fmt: skip
+    requires = [
+        "pyzmq>=25",
+        "numpy>=1.24",
+        'tokenizers>=0.15; extra == "server"',
+        'pytest>=8; extra == "test"',
+        'no-such-distribution-here>=1; extra == "server"',
+    ]
     monkeypatch.setattr(importlib.metadata, "requires", lambda name: requires)
     names = [requirement.name for requirement in dependencies.server_requirements()]
     assert names == ["tokenizers", "no-such-distribution-here"]  # the client's own requirements are not the extra's

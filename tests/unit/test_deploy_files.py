@@ -27,7 +27,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from bertserve.server import cli
+from bertserve.server.cli import main as cli
 
 KUBERNETES_VERSION = "1.33.0"  # kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37
 

@@ -51,8 +51,11 @@ def test_stdin_is_read_as_utf8_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_blank_and_empty_input_are_errors_that_name_the_lines() -> None:
     with pytest.raises(ValueError, match=r"^no input: stdin is empty"):
         numbered([], "stdin", skip_blank=False)
-    with pytest.raises(ValueError, match=r"^line 2 of in.txt is blank, and each line must become one vector: "
-                       r"pass --skip-blank"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^line 2 of in.txt is blank, and each line must become one vector: "
+        r"pass --skip-blank",
+    ):
         numbered(["a", " ", "b"], "in.txt", skip_blank=False)
     with pytest.raises(ValueError, match=r"^lines 1, 2, 3, 4, 5 and 2 more of in.txt are blank"):
         numbered([""] * 7 + ["a"], "in.txt", skip_blank=False)

@@ -32,13 +32,15 @@ def _pool(hidden: np.ndarray, lengths: np.ndarray, strategy: str) -> np.ndarray:
     rows = []
     for h, n in zip(hidden, lengths, strict=True):
         real = h[:n]
-        rows.append({
-            "REDUCE_MEAN": real.mean(0),
-            "REDUCE_MAX": real.max(0),
-            "REDUCE_MEAN_MAX": np.concatenate([real.mean(0), real.max(0)]),
-            "CLS_TOKEN": real[0],
-            "SEP_TOKEN": real[-1],
-        }[strategy])  # fmt: skip
+        rows.append(
+            {
+                "REDUCE_MEAN": real.mean(0),
+                "REDUCE_MAX": real.max(0),
+                "REDUCE_MEAN_MAX": np.concatenate([real.mean(0), real.max(0)]),
+                "CLS_TOKEN": real[0],
+                "SEP_TOKEN": real[-1],
+            }[strategy]
+        )
     return np.stack(rows)
 
 
@@ -101,9 +103,12 @@ def test_dynamic_max_seq_len_pads_to_the_longest(tiny_google: str, session_graph
 
 def test_concatenated_layers_and_mask_cls_sep(tiny_google: str, session_graph_dir: str) -> None:
     encoder = Encoder(
-        tiny_google, pooling_layer=[-1, -3], mask_cls_sep=True, pooling_strategy="REDUCE_MEAN",
+        tiny_google,
+        pooling_layer=[-1, -3],
+        mask_cls_sep=True,
+        pooling_strategy="REDUCE_MEAN",
         graph_dir=session_graph_dir,
-    )  # fmt: skip
+    )
     got = encoder.encode(TEXTS)
     assert got.shape == (len(TEXTS), 64)
     hidden = _expected(tiny_google, encoder, TEXTS)
@@ -263,9 +268,9 @@ def test_batching_does_not_change_results(tiny_google: str, session_graph_dir: s
     texts = [" ".join(["the dog"] * (i % 9 + 1)) for i in range(50)]
     small = Encoder(tiny_google, batch_size=3, graph_dir=session_graph_dir).encode(texts)
     whole = Encoder(tiny_google, batch_size=128, graph_dir=session_graph_dir).encode(texts)
-    one_by_one = np.concatenate([whole[:0]] + [
-        Encoder(tiny_google, graph_dir=session_graph_dir).encode([t]) for t in texts[:5]
-    ])  # fmt: skip
+    one_by_one = np.concatenate(
+        [whole[:0]] + [Encoder(tiny_google, graph_dir=session_graph_dir).encode([t]) for t in texts[:5]]
+    )
     np.testing.assert_allclose(small, whole, atol=1e-5)
     np.testing.assert_allclose(one_by_one, whole[:5], atol=1e-5)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bertserve.server import cli
+from bertserve.server.cli import main as cli
 from bertserve.server.model.encoder import Encoder
 
 TEXTS = [
@@ -53,8 +53,9 @@ def test_the_export_serves_the_encoders_vectors(
     assert {p.name for p in (out / "assets").iterdir()} >= {"vocab.txt", "bertserve.json"}
 
 
-def test_export_refuses_a_directory_that_holds_files(tiny_google: str, session_graph_dir: str, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_export_refuses_a_directory_that_holds_files(
+    tiny_google: str, session_graph_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "keep.txt").write_text("mine")
     argv = ["export", "--out", str(tmp_path), "--model-dir", tiny_google, "--graph-dir", session_graph_dir]
     assert cli.main(argv) == 2

@@ -4,7 +4,8 @@ that say what was chosen and why. No TensorFlow: the head decides as the workers
 from __future__ import annotations
 
 import pytest
-from bertserve.server import ModelConfig, cli
+from bertserve.server import ModelConfig
+from bertserve.server.cli import main as cli
 from bertserve.server.errors import ModelOptionError
 from bertserve.server.model import hardware
 from bertserve.server.model.graph import cache_key
@@ -157,8 +158,11 @@ def test_a_dtype_asked_for_is_described_as_asked(tiny_hf: str) -> None:
     config, spec = resolve(requested, inspect_model(requested))
     info = describe(config, spec)
     assert (spec.dtype, info["dtype"], info["dtype_requested"], info["dtype_reason"]) == (
-        "bf16", "bf16", "bf16", "asked for with --dtype"
-    )  # fmt: skip
+        "bf16",
+        "bf16",
+        "bf16",
+        "asked for with --dtype",
+    )
 
 
 def test_the_ready_line_says_what_auto_chose_and_why() -> None:

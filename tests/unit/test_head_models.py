@@ -11,17 +11,23 @@ from dataclasses import replace
 
 import pytest
 from bertserve.client import protocol as p
-from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
 from bertserve.server.model.prompts import Prompts
-from bertserve.server.serving import wire
-from bertserve.server.serving.models import HeadModel, Models
-from bertserve.server.serving.scheduler import Scheduler
+from bertserve.server.serving.head.models import HeadModel, Models
+from bertserve.server.serving.policy.scheduler import Scheduler
+from bertserve.server.serving.protocol import wire
 from rigs import Rig, ventilator_rig
 
 
 def config_of(name: str, **options) -> ServerConfig:
-    defaults = {"max_batch_size": 4, "max_latency_ms": 0, "max_request_size": 40, "max_client_queued_sentences": 40,
-                "max_queued_sentences": 80}  # fmt: skip
+    defaults = {
+        "max_batch_size": 4,
+        "max_latency_ms": 0,
+        "max_request_size": 40,
+        "max_client_queued_sentences": 40,
+        "max_queued_sentences": 80,
+    }
     model = ModelConfig(model_dir=f"/models/{name}")
     return ServerConfig(model=model, served_model_name=name, **{**defaults, **options})
 
@@ -29,10 +35,12 @@ def config_of(name: str, **options) -> ServerConfig:
 @pytest.fixture
 def rig(tmp_path) -> Iterator[Rig]:
     fast, big = config_of("fast"), config_of("big", model_version="3")
-    models = Models([
-        HeadModel("fast", fast, Scheduler(fast), Prompts({"query": "query: "}, None), sha256="aa" * 32),
-        HeadModel("big", big, Scheduler(big, job_prefix="m1."), sha256="bb" * 32),
-    ])  # fmt: skip
+    models = Models(
+        [
+            HeadModel("fast", fast, Scheduler(fast), Prompts({"query": "query: "}, None), sha256="aa" * 32),
+            HeadModel("big", big, Scheduler(big, job_prefix="m1."), sha256="bb" * 32),
+        ]
+    )
     with ventilator_rig(tmp_path, fast, models=models) as rig:
         yield rig
 
@@ -88,8 +96,11 @@ def test_a_flood_on_one_model_never_holds_the_other_models_requests_back(rig: Ri
 def test_config_describes_the_model_asked_for_and_lists_every_model(rig: Rig) -> None:
     rig.worker(b"w-fast", 0, model="fast")
     answer = rig.ventilator.describe()
-    assert answer["model_name"] == "fast" and answer["default_model"] == "fast" and answer["prompts"] == {
-        "query": "query: "}  # fmt: skip
+    assert (
+        answer["model_name"] == "fast"
+        and answer["default_model"] == "fast"
+        and answer["prompts"] == {"query": "query: "}
+    )
     assert [m["name"] for m in answer["models"]] == ["fast", "big"]
     assert [m["ready"] for m in answer["models"]] == [True, False] and not rig.ventilator.ready
     big = rig.ventilator.describe(rig.ventilator.models.by_name["big"])

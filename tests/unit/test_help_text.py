@@ -11,13 +11,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from bertserve.server import BertServeError, cli, flag_help, flags
+from bertserve.server import BertServeError
+from bertserve.server.cli import flag_help, flags
+from bertserve.server.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 START_FLAGS = [*flags.MODEL_FLAGS, *flags.SERVER_FLAGS]
 COMMAND_FLAGS = {"start": START_FLAGS, "worker": flags.WORKER_FLAGS, "embed": flags.MODEL_FLAGS}
-HEADINGS = ["model", "serving", "limits and overload", "workers and devices", "HTTP", "security",
-            "several models and model versions"]  # fmt: skip
+HEADINGS = [
+    "model",
+    "serving",
+    "limits and overload",
+    "workers and devices",
+    "HTTP",
+    "security",
+    "several models and model versions",
+]
 
 
 def _bertserve(*argv: str, columns: int = 100) -> str:
@@ -50,10 +59,16 @@ def test_start_help_groups_the_flags_under_headings() -> None:
 
 def test_start_help_shows_choices_and_both_forms_of_a_switch() -> None:
     text = _bertserve("start", "--help")
-    for shown in ("--dtype {auto,fp32,bf16,fp16,int8}", "--long-inputs {truncate,chunk}",
-                  "--pooling-strategy {NONE,REDUCE_MEAN,REDUCE_MAX,REDUCE_MEAN_MAX,CLS_TOKEN,SEP_TOKEN,CLS_POOLED}",
-                  "--cpu, --no-cpu", "--merge-requests, --no-merge-requests", "--normalize, --no-normalize",
-                  "--port PORT", "--max-latency-ms MS"):  # fmt: skip
+    for shown in (
+        "--dtype {auto,fp32,bf16,fp16,int8}",
+        "--long-inputs {truncate,chunk}",
+        "--pooling-strategy {NONE,REDUCE_MEAN,REDUCE_MAX,REDUCE_MEAN_MAX,CLS_TOKEN,SEP_TOKEN,CLS_POOLED}",
+        "--cpu, --no-cpu",
+        "--merge-requests, --no-merge-requests",
+        "--normalize, --no-normalize",
+        "--port PORT",
+        "--max-latency-ms MS",
+    ):
         assert shown in text, shown
     assert "[CPU]" not in text and "DTYPE" not in text
     flat = " ".join(text.split())
@@ -96,8 +111,9 @@ def test_the_command_list_starts_with_start() -> None:
     text = _bertserve("--help")
     listed = re.findall(r"(?m)^ {4}(\w+) ", text)
     assert listed[:3] == ["start", "worker", "encode"]
-    assert sorted(listed) == sorted(["start", "worker", "encode", "status", "stop", "reload", "keygen", "embed",
-                                     "export", "manifest"])  # fmt: skip
+    assert sorted(listed) == sorted(
+        ["start", "worker", "encode", "status", "stop", "reload", "keygen", "embed", "export", "manifest"]
+    )
 
 
 def _start(argv: list[str]):
@@ -119,10 +135,15 @@ def test_switches_take_the_no_form_and_the_word_form(argv: list[str], merge: boo
 
 
 def test_other_spellings_the_config_takes_pass_the_choices() -> None:
-    model = _start(["--dtype", "half", "--pooling-strategy", "first_token", "--long-inputs", "CHUNK",
-                    "--output-dtype", "fp16"]).model  # fmt: skip
+    model = _start(
+        ["--dtype", "half", "--pooling-strategy", "first_token", "--long-inputs", "CHUNK", "--output-dtype", "fp16"]
+    ).model
     assert (model.dtype, model.pooling_strategy.value, model.long_inputs, model.output_dtype) == (
-        "fp16", "CLS_TOKEN", "chunk", "float16")  # fmt: skip
+        "fp16",
+        "CLS_TOKEN",
+        "chunk",
+        "float16",
+    )
 
 
 @pytest.mark.parametrize(

@@ -90,8 +90,9 @@ def test_bodies_that_do_not_fit_the_budget_are_429_and_commas_count() -> None:
             yield b'"}'
 
         async with _client(front) as http:
-            held = asyncio.create_task(http.post("/v1/embeddings", content=slow_body(),
-                                                 headers={"content-length": str(60_013)}))  # fmt: skip
+            held = asyncio.create_task(
+                http.post("/v1/embeddings", content=slow_body(), headers={"content-length": str(60_013)})
+            )
             for _ in range(100):
                 if budget.in_use:
                     break

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
-from bertserve.server.cli import build_parser, server_config_from_args
-from bertserve.server.config import HTTP_BODY_BYTES, HTTP_BODY_BYTES_TOTAL, ModelConfig, ServerConfig
+from bertserve.server.cli.main import build_parser, server_config_from_args
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import HTTP_BODY_BYTES, HTTP_BODY_BYTES_TOTAL, ServerConfig
 from bertserve.server.errors import ConfigError
 from bertserve.server.http.bodies import ARRAY_COST, COMMA_COST, OBJECT_COST, BodyBudget, parse_cost
 from bertserve.server.http.principals import (
@@ -128,8 +129,9 @@ def test_the_http_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> Non
     config = _config(["--http-port", "8080"])
     assert config.api_keys is None and config.max_http_body_bytes_total == HTTP_BODY_BYTES_TOTAL
     assert config.http_body_limit == HTTP_BODY_BYTES
-    config = _config(["--api-keys", "/etc/keys", "--max-http-body-bytes", "4096", "--max-http-body-bytes-total",
-                      "8192"])  # fmt: skip
+    config = _config(
+        ["--api-keys", "/etc/keys", "--max-http-body-bytes", "4096", "--max-http-body-bytes-total", "8192"]
+    )
     assert (config.api_keys, config.http_body_limit, config.max_http_body_bytes_total) == ("/etc/keys", 4096, 8192)
     assert config.public()["api_keys"] == "(set)"
     monkeypatch.setenv("BERTSERVE_API_KEYS", "/run/secrets/keys")
@@ -158,7 +160,7 @@ def test_bad_body_limits_are_refused(options: dict[str, int], problem: str) -> N
 def test_an_api_key_on_the_command_line_is_warned_of(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bertserve.server import cli
+    from bertserve.server.cli import main as cli
 
     monkeypatch.setattr(cli, "_serve", lambda config, args: 0)
     monkeypatch.delenv("BERTSERVE_API_KEY", raising=False)

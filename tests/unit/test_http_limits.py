@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
 from bertserve.server.errors import ConfigError
 from bertserve.server.http.bodies import BodyBudget, BodyPace
 from bertserve.server.http.front import Front
@@ -33,8 +34,9 @@ async def _echo(request: Request) -> JSONResponse:
 
 
 def _front(budget: BodyBudget, pace: BodyPace | None = None) -> Front:
-    inner = Starlette(routes=[Route("/v1/embeddings", _echo, methods=["POST"]), Route("/health", _echo),
-                              Route("/status", _echo)])  # fmt: skip
+    inner = Starlette(
+        routes=[Route("/v1/embeddings", _echo, methods=["POST"]), Route("/health", _echo), Route("/status", _echo)]
+    )
     return Front(inner, KEYS, 64 * 1024, budget, pace=pace, max_headers=20)
 
 

@@ -118,8 +118,10 @@ def test_an_encode_whose_wait_runs_out_is_withdrawn(ventilator: tuple[zmq.Socket
     encode = _next(pull)
     assert encode.command == p.ENCODE and encode.texts == ["hello"]
     assert {k: encode.header[k] for k in ("timeout_ms", "dimensions", "prompt_name")} == {
-        "timeout_ms": 200, "dimensions": 8, "prompt_name": "query",
-    }  # fmt: skip
+        "timeout_ms": 200,
+        "dimensions": 8,
+        "prompt_name": "query",
+    }
     cancel = _next(pull)
     assert (cancel.command, cancel.client_id, cancel.request_id) == (p.CANCEL, encode.client_id, encode.request_id)
     assert _next(pull).command == p.STATUS

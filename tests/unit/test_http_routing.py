@@ -43,9 +43,16 @@ class FakeHead:
         return b"http." + caller.encode()
 
     async def request(
-        self, client_id: bytes, command: bytes, texts: Sequence[Any] = (), *, is_tokenized: bool = False,
-        options: dict[str, Any] | None = None, model: str | None = None, timeout_s: float,
-    ) -> p.Reply:  # fmt: skip
+        self,
+        client_id: bytes,
+        command: bytes,
+        texts: Sequence[Any] = (),
+        *,
+        is_tokenized: bool = False,
+        options: dict[str, Any] | None = None,
+        model: str | None = None,
+        timeout_s: float,
+    ) -> p.Reply:
         header = {**(options or {}), **({"model": model} if model is not None else {})}
         self.sent.append((command, header))
         name = model or self.default
@@ -55,8 +62,11 @@ class FakeHead:
             return p.Reply(client_id, 1, False, error)
         if command == p.CONFIG:
             return p.Reply(client_id, 1, True, self._config(name))
-        rows = np.full((len(texts), (options or {}).get("dimensions") or MODELS[name]["output_dim"]),
-                       MODELS[name]["fill"], np.float32)  # fmt: skip
+        rows = np.full(
+            (len(texts), (options or {}).get("dimensions") or MODELS[name]["output_dim"]),
+            MODELS[name]["fill"],
+            np.float32,
+        )
         about = {**p.array_header(rows), "token_count": 3 * len(texts), "model": name}
         if MODELS[name]["model_version"] is not None:
             about["model_version"] = MODELS[name]["model_version"]
@@ -74,14 +84,27 @@ class FakeHead:
     def _config(self, name: str) -> dict[str, Any]:
         model = MODELS[name]
         listed = [
-            {"name": known, "output_dim": about["output_dim"] if self.ready else None, "max_seq_len": 8,
-             "dtype": about["dtype"] if self.ready else None, "pooling_strategy": "REDUCE_MEAN",
-             "model_version": about["model_version"], "workers": int(self.ready), "prompts": sorted(about["prompts"]),
-             "ready": self.ready}
+            {
+                "name": known,
+                "output_dim": about["output_dim"] if self.ready else None,
+                "max_seq_len": 8,
+                "dtype": about["dtype"] if self.ready else None,
+                "pooling_strategy": "REDUCE_MEAN",
+                "model_version": about["model_version"],
+                "workers": int(self.ready),
+                "prompts": sorted(about["prompts"]),
+                "ready": self.ready,
+            }
             for known, about in MODELS.items()
-        ]  # fmt: skip
-        answer = {"model_name": name, "default_model": self.default, "models": listed, "normalize": False,
-                  "prompts": model["prompts"], "default_prompt_name": None}  # fmt: skip
+        ]
+        answer = {
+            "model_name": name,
+            "default_model": self.default,
+            "models": listed,
+            "normalize": False,
+            "prompts": model["prompts"],
+            "default_prompt_name": None,
+        }
         if self.ready:
             answer.update(output_dim=model["output_dim"], dtype=model["dtype"])
         return answer
@@ -105,9 +128,13 @@ def two_models(vocab: str) -> tuple[ModelSettings, ...]:
 
 def serve(models: tuple[ModelSettings, ...], head: FakeHead) -> TestClient:
     settings = Settings(
-        models=models, principals=Principals(), max_body_bytes=1 << 20, max_bodies_bytes=1 << 22, max_inputs=100,
+        models=models,
+        principals=Principals(),
+        max_body_bytes=1 << 20,
+        max_bodies_bytes=1 << 22,
+        max_inputs=100,
         request_timeout_s=5.0,
-    )  # fmt: skip
+    )
 
     async def gateway() -> Any:
         return head
@@ -188,8 +215,10 @@ def test_an_unknown_model_is_404_listing_the_served_ones(
     error = answer.json()["error"]
     if path == "/v1/embeddings":
         assert {k: error[k] for k in ("type", "param", "code")} == {
-            "type": "invalid_request_error", "param": "model", "code": "model_not_found",
-        }  # fmt: skip
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
         error = error["message"]
     else:
         assert answer.json()["error_type" if path in ("/embed", "/tokenize") else "kind"] == "model_not_found"
@@ -220,7 +249,7 @@ def test_v1_models_lists_every_model_the_default_first(vocab: str) -> None:
     for name, model in MODELS.items():
         assert {key: about[name][key] for key in ("output_dim", "dtype", "model_version", "prompts")} == {
             key: model[key] for key in ("output_dim", "dtype", "model_version", "prompts")
-        }  # fmt: skip
+        }
         assert about[name]["object"] == "model" and about[name]["owned_by"] == "bertserve"
         assert about[name]["default_prompt_name"] is None
     assert (about["a"]["max_seq_len"], about["b"]["max_seq_len"]) == (8, 16)

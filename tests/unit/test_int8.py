@@ -113,8 +113,9 @@ def test_restoring_every_product_gives_back_fp32_weights(tiny_google: str, sessi
     exact = int8.exact_weights(graph_def, lambda name: True)
     assert {name.split("/")[1] for name in exact if "/" in name} == {"qkv", "attn_out", "ffn_in", "ffn_out"}
     exactly = lite.LiteRunner(int8.restore_float(quantized, lambda name: True, exact), 1)
-    np.testing.assert_allclose(exactly(batch.input_ids, batch.input_mask, batch.segment_ids), encoder.encode(TEXTS[:4]),
-                               atol=2e-5)  # fmt: skip  # the graph's own weights: fp32's vectors
+    np.testing.assert_allclose(
+        exactly(batch.input_ids, batch.input_mask, batch.segment_ids), encoder.encode(TEXTS[:4]), atol=2e-5
+    )  # the graph's own weights: fp32's vectors
 
 
 def test_int8_is_refused_on_a_gpu_and_without_litert(tiny_google: str, session_graph_dir: str, monkeypatch) -> None:

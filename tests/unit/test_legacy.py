@@ -12,9 +12,9 @@ import pytest
 import zmq
 from bert_serving.client import BertClient as OldClient
 from bertserve.client import protocol as p
-from bertserve.server import cli
+from bertserve.server.cli import main as cli
 from bertserve.server.security import handle_subscription
-from bertserve.server.serving import formats, legacy
+from bertserve.server.serving.protocol import formats, legacy
 from serving import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -165,9 +165,16 @@ def test_an_error_text_numpy_could_read_is_replaced() -> None:
 
 def test_config_answers_keep_bert_as_service_names(old: OldClientOverPub) -> None:
     ours = {
-        "server_version": "0.1.0", "max_seq_len": 128, "show_tokens_to_client": True, "pooling_strategy": "REDUCE_MEAN",
-        "pooling_layer": [-2], "num_worker": 2, "max_batch_size": 256, "dtype": "fp16", "graph_dir": "/g",
-    }  # fmt: skip
+        "server_version": "0.1.0",
+        "max_seq_len": 128,
+        "show_tokens_to_client": True,
+        "pooling_strategy": "REDUCE_MEAN",
+        "pooling_layer": [-2],
+        "num_worker": 2,
+        "max_batch_size": 256,
+        "dtype": "fp16",
+        "graph_dir": "/g",
+    }
     old.publisher.send(legacy.answer_reply(old.identity, 2, legacy.config_answer(ours, old.identity)))
     old.client.pending_request.add(2)
     answer = json.loads(old.client._recv(2).content[1])
@@ -176,8 +183,11 @@ def test_config_answers_keep_bert_as_service_names(old: OldClientOverPub) -> Non
     assert (answer["max_seq_len"], answer["show_tokens_to_client"], answer["fp16"]) == (128, True, True)
     assert (answer["graph_tmp_dir"], answer["client"]) == ("/g", old.identity.decode())
     assert {k: answer[k] for k in ("pooling_strategy", "pooling_layer", "num_worker", "max_batch_size")} == {
-        "pooling_strategy": "REDUCE_MEAN", "pooling_layer": [-2], "num_worker": 2, "max_batch_size": 256,
-    }  # fmt: skip
+        "pooling_strategy": "REDUCE_MEAN",
+        "pooling_layer": [-2],
+        "num_worker": 2,
+        "max_batch_size": 256,
+    }
     for dynamic in ("NONE", None):
         assert legacy.config_answer({"max_seq_len": dynamic}, b"c")["max_seq_len"] is None
     assert legacy.config_answer({}, b"c")["show_tokens_to_client"] is False

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 import pytest
 import zmq
 from bertserve.client import protocol as p
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving import link_schema, wire
-from bertserve.server.serving.remote import HostConfig
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.protocol import link as link_schema
+from bertserve.server.serving.protocol import wire
+from bertserve.server.serving.remote.host import HostConfig
 from rigs import Rig, ventilator_rig
 from serving import free_port
 
@@ -239,15 +241,25 @@ def held_job(head: Head, dealer: zmq.Socket) -> tuple[bytes, bytes]:
 @pytest.mark.parametrize(
     "bad",
     [
-        lambda job_id, header: [wire.RESULT, b"w0-7", job_id, p.dumps({**result_of(header), "parts": [
-            {"key": "someone-else#1@0", "rows": [0, 1]}]}), b"\0" * 16],
-        lambda job_id, header: [wire.RESULT, b"w0-7", job_id, p.dumps({**result_of(header), "shape": [1, 2], "parts": [
-            {**p.loads(header)["parts"][0], "rows": [0]}]}), b"\0" * 8],
+        lambda job_id, header: [
+            wire.RESULT,
+            b"w0-7",
+            job_id,
+            p.dumps({**result_of(header), "parts": [{"key": "someone-else#1@0", "rows": [0, 1]}]}),
+            b"\0" * 16,
+        ],
+        lambda job_id, header: [
+            wire.RESULT,
+            b"w0-7",
+            job_id,
+            p.dumps({**result_of(header), "shape": [1, 2], "parts": [{**p.loads(header)["parts"][0], "rows": [0]}]}),
+            b"\0" * 8,
+        ],
         lambda job_id, header: [wire.RESULT, b"w0-7", job_id, p.dumps(result_of(header)), b"\0" * 15],
         lambda job_id, header: [wire.DONE, p.dumps({"job": job_id.decode(), "worker": "w0-7"})],
     ],
     ids=["other-requests", "other-rows", "short-buffer", "done-before-result"],
-)  # fmt: skip
+)
 def test_a_worker_that_answers_its_job_wrongly_is_replaced_and_the_job_runs_again(head: Head, bad) -> None:
     dealer = head.host()
     head.join(dealer)

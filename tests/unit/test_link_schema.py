@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from bertserve.client import protocol as p
 from bertserve.server.errors import ConfigError
-from bertserve.server.serving import link_schema as schema
-from bertserve.server.serving import wire
-from bertserve.server.serving.remote import HostConfig
+from bertserve.server.serving.protocol import link as schema
+from bertserve.server.serving.protocol import wire
+from bertserve.server.serving.remote.host import HostConfig
 
 READY = {"worker": 0, "pid": 7, "credits": 2, "device": "/CPU:0", "hostname": "far"}
 RESULT = {
@@ -84,9 +84,22 @@ def test_a_result_header_is_bounded_by_its_job() -> None:
 
 @pytest.mark.parametrize(
     "credits",
-    [b"1e999", b"-1e999", b"NaN", b"Infinity", b"-1", b"0", b"1.0", b"true", b'"2"', b"null", b"[1]", b"2147483648",
-     b"1" * 400],
-)  # fmt: skip
+    [
+        b"1e999",
+        b"-1e999",
+        b"NaN",
+        b"Infinity",
+        b"-1",
+        b"0",
+        b"1.0",
+        b"true",
+        b'"2"',
+        b"null",
+        b"[1]",
+        b"2147483648",
+        b"1" * 400,
+    ],
+)
 def test_credits_must_be_a_positive_integer_in_range(credits: bytes) -> None:
     body = b'{"worker":0,"pid":7,"credits":' + credits + b"}"
     assert "credits" in refused([wire.READY, b"w0-7", body])
@@ -94,9 +107,20 @@ def test_credits_must_be_a_positive_integer_in_range(credits: bytes) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("seconds", math.nan), ("seconds", math.inf), ("seconds", -1.0), ("seconds", "0.1"), ("tokens", -5),
-     ("tokens", 2**64), ("slots", 1.5), ("job", ""), ("job", "x" * 65), ("job", "1\n2"), ("worker", 7)],
-)  # fmt: skip
+    [
+        ("seconds", math.nan),
+        ("seconds", math.inf),
+        ("seconds", -1.0),
+        ("seconds", "0.1"),
+        ("tokens", -5),
+        ("tokens", 2**64),
+        ("slots", 1.5),
+        ("job", ""),
+        ("job", "x" * 65),
+        ("job", "1\n2"),
+        ("worker", 7),
+    ],
+)
 def test_done_refuses_bad_numbers_and_names(field: str, value: Any) -> None:
     body = json.dumps({"job": "12.0", "worker": "w0-7", field: value}).encode()  # json writes NaN and Infinity
     assert field in refused([wire.DONE, body])
@@ -110,16 +134,30 @@ def test_done_needs_its_job_and_worker_and_fills_in_its_statistics() -> None:
 
 @pytest.mark.parametrize(
     ("frames", "said"),
-    [([], "empty"), ([b"NOPE"], "unknown kind 'NOPE'"), ([b"X" * 1000], "unknown kind"), ([wire.HELLO], "0 frame"),
-     ([wire.DRAIN, b"x"], "1 frame"), ([wire.BYE, b"", b""], "2 frame"), ([wire.READY, b"w0"], "1 frame"),
-     ([wire.HEARTBEAT, b"w0", b"w1"], "2 frame"), ([wire.RESULT, b"w0", b"1", b"{}"], "3 frame"),
-     ([wire.GONE], "0 frame"), ([wire.JOB, b"w0", b"1", b"{}", b"[]"], "unknown kind"),
-     ([wire.WELCOME, b"{}"], "unknown kind"), ([wire.READY, b"w0", b"\xff\xfe"], "Invalid JSON"),
-     ([wire.READY, b"w0", b"[" * 10_000], "JSON"), ([wire.READY, b"w0", b"[]"], "object"),
-     ([wire.DONE, b" " * (schema.MAX_CONTROL_BYTES + 1)], "at most"), ([wire.READY, b"", raw(READY)], "worker name"),
-     ([wire.READY, b"w" * 65, raw(READY)], "worker name"), ([wire.READY, b"../w0", raw(READY)], "worker name"),
-     ([wire.HEARTBEAT, b"w0\x00"], "worker name"), ([wire.RESULT, b"w0", b"", raw(RESULT), b"\0" * 48], "job id")],
-)  # fmt: skip
+    [
+        ([], "empty"),
+        ([b"NOPE"], "unknown kind 'NOPE'"),
+        ([b"X" * 1000], "unknown kind"),
+        ([wire.HELLO], "0 frame"),
+        ([wire.DRAIN, b"x"], "1 frame"),
+        ([wire.BYE, b"", b""], "2 frame"),
+        ([wire.READY, b"w0"], "1 frame"),
+        ([wire.HEARTBEAT, b"w0", b"w1"], "2 frame"),
+        ([wire.RESULT, b"w0", b"1", b"{}"], "3 frame"),
+        ([wire.GONE], "0 frame"),
+        ([wire.JOB, b"w0", b"1", b"{}", b"[]"], "unknown kind"),
+        ([wire.WELCOME, b"{}"], "unknown kind"),
+        ([wire.READY, b"w0", b"\xff\xfe"], "Invalid JSON"),
+        ([wire.READY, b"w0", b"[" * 10_000], "JSON"),
+        ([wire.READY, b"w0", b"[]"], "object"),
+        ([wire.DONE, b" " * (schema.MAX_CONTROL_BYTES + 1)], "at most"),
+        ([wire.READY, b"", raw(READY)], "worker name"),
+        ([wire.READY, b"w" * 65, raw(READY)], "worker name"),
+        ([wire.READY, b"../w0", raw(READY)], "worker name"),
+        ([wire.HEARTBEAT, b"w0\x00"], "worker name"),
+        ([wire.RESULT, b"w0", b"", raw(RESULT), b"\0" * 48], "job id"),
+    ],
+)
 def test_a_message_of_the_wrong_layout_is_refused_with_one_line(frames: list[bytes], said: str) -> None:
     assert said in refused(frames)
 
@@ -140,12 +178,21 @@ def test_a_result_parses_when_its_rows_lists_and_buffer_agree() -> None:
 
 @pytest.mark.parametrize(
     ("changes", "buffer", "said"),
-    [({}, 47, "buffer holds 47 bytes"), ({"shape": [4, 4]}, 64, "4 rows, the parts 3"),
-     ({"lengths": [1, 2]}, 48, "lengths has 2 entries"), ({"windows": [1, 1, 1, 1]}, 48, "windows"),
-     ({"dtype": "object"}, 48, "dtype"), ({"shape": [3]}, 48, "shape"), ({"shape": [3, -4]}, 48, "shape"),
-     ({"shape": [3, 2**40]}, 48, "shape"), ({"parts": []}, 48, "parts"), ({"parts": "all"}, 48, "parts"),
-     ({"parts": [{"key": "a", "rows": [-1, 0, 1]}]}, 48, "rows"), ({"lengths": [1, math.inf, 1]}, 48, "lengths")],
-)  # fmt: skip
+    [
+        ({}, 47, "buffer holds 47 bytes"),
+        ({"shape": [4, 4]}, 64, "4 rows, the parts 3"),
+        ({"lengths": [1, 2]}, 48, "lengths has 2 entries"),
+        ({"windows": [1, 1, 1, 1]}, 48, "windows"),
+        ({"dtype": "object"}, 48, "dtype"),
+        ({"shape": [3]}, 48, "shape"),
+        ({"shape": [3, -4]}, 48, "shape"),
+        ({"shape": [3, 2**40]}, 48, "shape"),
+        ({"parts": []}, 48, "parts"),
+        ({"parts": "all"}, 48, "parts"),
+        ({"parts": [{"key": "a", "rows": [-1, 0, 1]}]}, 48, "rows"),
+        ({"lengths": [1, math.inf, 1]}, 48, "lengths"),
+    ],
+)
 def test_a_result_that_does_not_add_up_is_refused(changes: dict[str, Any], buffer: int, said: str) -> None:
     body = json.dumps({**RESULT, **changes}).encode()
     assert said in refused([wire.RESULT, b"w0-7", b"3", body, b"\0" * buffer])
@@ -174,9 +221,18 @@ def welcome(**model: Any) -> list[bytes]:
 
 @pytest.mark.parametrize(
     "name",
-    ["/etc/passwd", "../vocab.txt", "sub/../../vocab.txt", "..", "C:\\vocab.txt", "..\\vocab.txt", "", "a\x00b",
-     "\\\\server\\share\\vocab.txt"],
-)  # fmt: skip
+    [
+        "/etc/passwd",
+        "../vocab.txt",
+        "sub/../../vocab.txt",
+        "..",
+        "C:\\vocab.txt",
+        "..\\vocab.txt",
+        "",
+        "a\x00b",
+        "\\\\server\\share\\vocab.txt",
+    ],
+)
 @pytest.mark.parametrize("field", ["vocab_name", "config_name", "ckpt_name"])
 def test_welcome_file_names_must_stay_inside_the_model_directory(field: str, name: str) -> None:
     message = refused(welcome(**{field: name}), schema.from_head)
@@ -184,20 +240,31 @@ def test_welcome_file_names_must_stay_inside_the_model_directory(field: str, nam
 
 
 def test_a_welcome_with_plain_names_gives_model_options() -> None:
-    message = schema.from_head(welcome(vocab_name="vocab.txt", ckpt_name="ckpt/model.ckpt", max_seq_len=40,
-                                       pooling_layer=[-1, -2], normalize=None))  # fmt: skip
+    message = schema.from_head(
+        welcome(
+            vocab_name="vocab.txt", ckpt_name="ckpt/model.ckpt", max_seq_len=40, pooling_layer=[-1, -2], normalize=None
+        )
+    )
     assert isinstance(message, schema.Welcome)
-    assert message.model.options() == {"vocab_name": "vocab.txt", "ckpt_name": "ckpt/model.ckpt", "max_seq_len": 40,
-                                       "pooling_layer": [-1, -2]}  # fmt: skip
+    assert message.model.options() == {
+        "vocab_name": "vocab.txt",
+        "ckpt_name": "ckpt/model.ckpt",
+        "max_seq_len": 40,
+        "pooling_layer": [-1, -2],
+    }
 
 
 @pytest.mark.parametrize(
     ("body", "said"),
-    [({"model": {"nope": 1}, "heartbeat_timeout_ms": 3000}, "nope"), ({"model": {}}, "heartbeat_timeout_ms"),
-     ({"model": {}, "heartbeat_timeout_ms": 1e999}, "heartbeat_timeout_ms"),
-     ({"model": {}, "heartbeat_timeout_ms": 3000, "model_class": "os:system; rm"}, "model_class"),
-     ({"model": {"batch_size": 0}, "heartbeat_timeout_ms": 3000}, "batch_size"), ({"model": []}, "model")],
-)  # fmt: skip
+    [
+        ({"model": {"nope": 1}, "heartbeat_timeout_ms": 3000}, "nope"),
+        ({"model": {}}, "heartbeat_timeout_ms"),
+        ({"model": {}, "heartbeat_timeout_ms": 1e999}, "heartbeat_timeout_ms"),
+        ({"model": {}, "heartbeat_timeout_ms": 3000, "model_class": "os:system; rm"}, "model_class"),
+        ({"model": {"batch_size": 0}, "heartbeat_timeout_ms": 3000}, "batch_size"),
+        ({"model": []}, "model"),
+    ],
+)
 def test_a_welcome_that_breaks_its_schema_is_refused(body: dict[str, Any], said: str) -> None:
     with pytest.raises(schema.LinkError) as caught:
         schema.from_head([wire.WELCOME, json.dumps(body).encode()])

@@ -50,9 +50,15 @@ def test_pooling_at_layers_minus_one_and_minus_two(
 ) -> None:
     # Both layers in one graph: pooling_layer [-1, -2] concatenates their results.
     encoder = Encoder(
-        minilm, max_seq_len=128, pooling_strategy=strategy, pooling_layer=[-1, -2], normalize=False,
-        dtype=dtype, graph_dir=session_graph_dir, **TF_ONLY,
-    )  # fmt: skip
+        minilm,
+        max_seq_len=128,
+        pooling_strategy=strategy,
+        pooling_layer=[-1, -2],
+        normalize=False,
+        dtype=dtype,
+        graph_dir=session_graph_dir,
+        **TF_ONLY,
+    )
     got = encoder.encode(reference_sentences)
     assert got.dtype == np.float32
     width = got.shape[1] // 2
@@ -64,18 +70,29 @@ def test_pooling_at_layers_minus_one_and_minus_two(
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_cls_pooled(minilm: str, session_graph_dir: str, reference, reference_sentences, dtype: str) -> None:
     encoder = Encoder(
-        minilm, max_seq_len=128, pooling_strategy="CLS_POOLED", normalize=False, dtype=dtype,
-        graph_dir=session_graph_dir, **TF_ONLY,
-    )  # fmt: skip
+        minilm,
+        max_seq_len=128,
+        pooling_strategy="CLS_POOLED",
+        normalize=False,
+        dtype=dtype,
+        graph_dir=session_graph_dir,
+        **TF_ONLY,
+    )
     assert cosine_rows(encoder.encode(reference_sentences), reference["CLS_POOLED"]).min() >= THRESHOLD[dtype]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_token_vectors(minilm: str, session_graph_dir: str, reference, reference_sentences, dtype: str) -> None:
     encoder = Encoder(
-        minilm, max_seq_len=128, pooling_strategy="NONE", pooling_layer=-1, normalize=False, dtype=dtype,
-        graph_dir=session_graph_dir, **TF_ONLY,
-    )  # fmt: skip
+        minilm,
+        max_seq_len=128,
+        pooling_strategy="NONE",
+        pooling_layer=-1,
+        normalize=False,
+        dtype=dtype,
+        graph_dir=session_graph_dir,
+        **TF_ONLY,
+    )
     got = encoder.encode(reference_sentences[:16])
     want = reference["NONE_-1"]
     assert got.shape == want.shape == (16, 128, 384)

@@ -218,9 +218,18 @@ def test_elsewhere_a_refusal_is_waited_out_within_the_timeout() -> None:
 
 @pytest.mark.parametrize(
     ("host", "local"),
-    [("localhost", True), ("LOCALHOST", True), ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True),
-     ("0.0.0.0", False), ("10.1.2.3", False), ("example.org", False), ("::ffff:10.0.0.1", False)],
-)  # fmt: skip
+    [
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("10.1.2.3", False),
+        ("example.org", False),
+        ("::ffff:10.0.0.1", False),
+    ],
+)
 def test_only_this_machine_is_probed(host: str, local: bool) -> None:
     assert is_loopback(host) is local
     context = zmq.Context()

@@ -18,9 +18,13 @@ _REFERENCE = re.compile(r"""(?:src|href)="([^"]+)"|url: '([^']+)'""")
 @pytest.fixture(scope="module")
 def http() -> TestClient:
     settings = Settings(
-        models=(), principals=Principals([Principal.of("default", KEY)]), max_body_bytes=1 << 20,
-        max_bodies_bytes=1 << 22, max_inputs=100, request_timeout_s=5.0,
-    )  # fmt: skip
+        models=(),
+        principals=Principals([Principal.of("default", KEY)]),
+        max_body_bytes=1 << 20,
+        max_bodies_bytes=1 << 22,
+        max_inputs=100,
+        request_timeout_s=5.0,
+    )
 
     async def no_gateway() -> Any:
         raise AssertionError("the documentation needs no server behind it")

@@ -1,4 +1,4 @@
-"""``server/serving/owed.py``: the errors owed to clients whose replies were dropped, bounded in
+"""``server/serving/sink/owed.py``: the errors owed to clients whose replies were dropped, bounded in
 count (per client, per key and in all) and in what each payment costs."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from bertserve.client import protocol as p
-from bertserve.server.serving import formats, owed
-from bertserve.server.serving.owed import Owed
+from bertserve.server.serving.protocol import formats
+from bertserve.server.serving.sink import owed
+from bertserve.server.serving.sink.owed import Owed
 
 
 def reply(client: bytes, request_id: int) -> list[Any]:

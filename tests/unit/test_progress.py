@@ -18,7 +18,7 @@ from bertserve.client import BertClient, ConcurrentBertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.client.chunking import ASYNC_WINDOW
 from bertserve.client.connection import Connection
-from bertserve.server import cli
+from bertserve.server.cli import main as cli
 from faulty_model import sentences
 from serving import RunningServer, start_server
 
@@ -31,9 +31,18 @@ CHUNK = 4 * 16  # four mini-jobs of --max-batch-size
 @pytest.fixture(scope="module")
 def server(tiny_google: str) -> Iterator[RunningServer]:
     running = start_server(
-        "--model-dir", tiny_google, "--model-class", HASHING, "--max-seq-len", "32", "--max-batch-size", "16",
-        "--max-text-chars", "400", pass_port_out=False,
-    )  # fmt: skip
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        HASHING,
+        "--max-seq-len",
+        "32",
+        "--max-batch-size",
+        "16",
+        "--max-text-chars",
+        "400",
+        pass_port_out=False,
+    )
     try:
         yield running
     finally:

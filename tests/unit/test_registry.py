@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from bertserve.server.serving.link_schema import Done, Ready
-from bertserve.server.serving.registry import MAX_CREDITS, Registry
-from bertserve.server.serving.scheduler import Job, Piece
+from bertserve.server.serving.head.registry import MAX_CREDITS, Registry
+from bertserve.server.serving.policy.scheduler import Job, Piece
+from bertserve.server.serving.protocol.link import Done, Ready
 
 
 def job(job_id: str, key: str = "k", size: int = 2, bulk: bool = False) -> Job:

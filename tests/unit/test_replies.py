@@ -1,4 +1,4 @@
-"""``server/serving/replies.py``'s ``Routed``: the CURVE reply port, with real ``DEALER`` clients
+"""``server/serving/sink/replies.py``'s ``Routed``: the CURVE reply port, with real ``DEALER`` clients
 on loopback. A z85 key may hold a ``:`` (about one key in three does, and one in 85 starts
 with one), so a client id is split at the key's fixed length, never at its first colon."""
 
@@ -12,8 +12,9 @@ import pytest
 import zmq
 from bertserve.client.security import announce, reply_socket
 from bertserve.server import security as s
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving.replies import Routed
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.sink.replies import Routed
 from zmq.auth.certs import _write_key_file
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bertserve.server.config import ModelConfig
+from bertserve.server.config.model import ModelConfig
 from bertserve.server.errors import ModelError
 from bertserve.server.model import repository as repository_module
 from bertserve.server.model.checksum import write_manifest

@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
 from bertserve.server.model.prompts import Prompts
-from bertserve.server.serving.admission import Refusal
-from bertserve.server.serving.request_options import EncodeOptions, read_options
+from bertserve.server.serving.head.request_options import EncodeOptions, read_options
+from bertserve.server.serving.policy.admission import Refusal
 
 CONFIG = ServerConfig(model=ModelConfig(model_dir="unused"), request_timeout_ms=10_000)
 MODEL = {"output_dim": 8, "normalize": True}

@@ -1,9 +1,9 @@
-"""The restart rule of child processes (:mod:`bertserve.server.serving.restarts`), with made-up
+"""The restart rule of child processes (:mod:`bertserve.server.serving.process.restarts`), with made-up
 times: backoff, giving up, forgiving a child that stayed up, retired children."""
 
 from __future__ import annotations
 
-from bertserve.server.serving.restarts import STABLE_SECONDS, Fate, RestartPolicy, restart_delay
+from bertserve.server.serving.process.restarts import STABLE_SECONDS, Fate, RestartPolicy, restart_delay
 
 
 def test_the_delay_doubles_with_each_failure_in_a_row_up_to_a_cap() -> None:

@@ -6,13 +6,20 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving.scheduler import Busy, Job, Scheduler, TooLarge
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.policy.scheduler import Busy, Job, Scheduler, TooLarge
 
 
 def make(**options) -> Scheduler:
-    defaults = {"max_batch_size": 8, "max_batch_tokens": 10_000, "max_latency_ms": 10.0,
-                "max_request_size": 100, "max_client_queued_sentences": 100, "max_queued_sentences": 1000}  # fmt: skip
+    defaults = {
+        "max_batch_size": 8,
+        "max_batch_tokens": 10_000,
+        "max_latency_ms": 10.0,
+        "max_request_size": 100,
+        "max_client_queued_sentences": 100,
+        "max_queued_sentences": 1000,
+    }
     config = ServerConfig(model=ModelConfig(model_dir="unused"), **{**defaults, **options})
     return Scheduler(config, lambda texts, is_tokenized, chunk: np.asarray([len(t.split()) for t in texts]))
 
@@ -344,8 +351,13 @@ def test_drain_keys_empties_everything() -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_every_admitted_row_runs_exactly_once_whatever_the_order_of_events(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    s = make(max_batch_size=int(rng.integers(1, 10)), max_client_queued_sentences=300, max_queued_sentences=900,
-             max_request_size=300, merge_requests=bool(rng.integers(0, 2)))  # fmt: skip
+    s = make(
+        max_batch_size=int(rng.integers(1, 10)),
+        max_client_queued_sentences=300,
+        max_queued_sentences=900,
+        max_request_size=300,
+        merge_requests=bool(rng.integers(0, 2)),
+    )
     admitted: dict[str, int] = {}
     ran: dict[str, list[int]] = {}
     held: list[Job] = []
@@ -389,8 +401,15 @@ def test_every_admitted_row_runs_exactly_once_whatever_the_order_of_events(seed:
 def test_requests_pinned_to_different_model_versions_never_share_a_job() -> None:
     s = make(merge_requests=True)
     for client, version in ((b"a", 1), (b"b", 2), (b"c", 1)):
-        s.admit(client.decode(), client, texts(2, client.decode()), is_tokenized=False, show_tokens=False, now=0.0,
-                version=version)  # fmt: skip
+        s.admit(
+            client.decode(),
+            client,
+            texts(2, client.decode()),
+            is_tokenized=False,
+            show_tokens=False,
+            now=0.0,
+            version=version,
+        )
     assert s.versions() == {1, 2}
     jobs = drain(s)
     assert sorted((job.version, sorted(job.keys)) for job in jobs) == [(1, ["a", "c"]), (2, ["b"])]

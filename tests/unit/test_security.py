@@ -205,10 +205,20 @@ def test_subscription_allowed(topic: bytes, expected: bool) -> None:
 
 @pytest.mark.parametrize(
     ("bind", "expected"),
-    [("127.0.0.1", True), ("127.1.2.3", True), ("::1", True), ("[::1]", True), ("localhost", True),
-     ("LOCALHOST", True), ("0.0.0.0", False), ("*", False), ("::", False), ("10.0.0.1", False),
-     ("example.com", False)],
-)  # fmt: skip
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("0.0.0.0", False),
+        ("*", False),
+        ("::", False),
+        ("10.0.0.1", False),
+        ("example.com", False),
+    ],
+)
 def test_loopback_only(bind: str, expected: bool) -> None:
     assert s.loopback_only(bind) is expected
 

@@ -7,12 +7,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from bertserve.server import ConfigError, ModelConfig, cli, flags
-from bertserve.server.config import PoolingStrategy, ServerConfig
-from bertserve.server.errors import ModelOptionError
-from bertserve.server.http.process import served_names
-from bertserve.server.model_specs import ModelSpec, parse_model_spec
-from bertserve.server.served_models import (
+from bertserve.server import ConfigError, ModelConfig
+from bertserve.server.cli import flags
+from bertserve.server.cli import main as cli
+from bertserve.server.config.model import PoolingStrategy
+from bertserve.server.config.served import (
     ServedModel,
     default_model_name,
     directory_name,
@@ -20,6 +19,10 @@ from bertserve.server.served_models import (
     served_models,
     with_default_model,
 )
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.config.specs import ModelSpec, parse_model_spec
+from bertserve.server.errors import ModelOptionError
+from bertserve.server.http.process import served_names
 
 ALLOWED = (
     "tuned_model_dir, ckpt_name, config_name, vocab_name, max_seq_len, pooling_strategy, pooling_layer, "
@@ -41,22 +44,43 @@ def test_a_spec_is_a_name_a_directory_and_options_as_written() -> None:
     assert parse_model_spec("fast=/m/a") == ModelSpec("fast", "/m/a")
     assert parse_model_spec("a" * 128 + "=/m/a").name == "a" * 128  # the longest name
     spec = parse_model_spec(" org/fast:v1 = /m/a , dtype=int8,pooling-strategy = CLS_TOKEN,normalize=")
-    assert spec == ModelSpec("org/fast:v1", "/m/a", (("dtype", "int8"), ("pooling_strategy", "CLS_TOKEN"),
-                                                     ("normalize", "")))  # fmt: skip
+    assert spec == ModelSpec(
+        "org/fast:v1", "/m/a", (("dtype", "int8"), ("pooling_strategy", "CLS_TOKEN"), ("normalize", ""))
+    )
 
 
 def test_each_model_takes_the_flags_and_overrides_them_with_its_own_options() -> None:
     config = _start(
-        ["--model", "fast=/m/a,num_worker=2,dtype=int8,pooling_strategy=CLS_TOKEN", "--model", "big=/m/b",
-         "--dtype", "bf16", "--num-worker", "3", "--pooling-layer", "-1", "--batch-size", "16"]
-    )  # fmt: skip
+        [
+            "--model",
+            "fast=/m/a,num_worker=2,dtype=int8,pooling_strategy=CLS_TOKEN",
+            "--model",
+            "big=/m/b",
+            "--dtype",
+            "bf16",
+            "--num-worker",
+            "3",
+            "--pooling-layer",
+            "-1",
+            "--batch-size",
+            "16",
+        ]
+    )
     served = served_models(config)
     assert [entry.name for entry in served] == ["fast", "big"]
     fast, big = (entry.config for entry in served)
     assert (fast.model.model_dir, fast.num_worker, fast.model.dtype, fast.model.pooling_strategy) == (
-        "/m/a", 2, "int8", PoolingStrategy.CLS_TOKEN)  # fmt: skip
+        "/m/a",
+        2,
+        "int8",
+        PoolingStrategy.CLS_TOKEN,
+    )
     assert (big.model.model_dir, big.num_worker, big.model.dtype, big.model.pooling_strategy) == (
-        "/m/b", 3, "bf16", None)  # fmt: skip
+        "/m/b",
+        3,
+        "bf16",
+        None,
+    )
     assert fast.model.pooling_layer == big.model.pooling_layer == (-1,)
     assert fast.model.batch_size == big.model.batch_size == 16
     for entry in served:
@@ -81,15 +105,26 @@ def test_the_default_model_is_the_first_unless_named_and_config_model_is_its() -
 
 def test_values_are_parsed_as_their_fields_take_them() -> None:
     config = _start(
-        ["--normalize", "true", "--worker-port", "7000", "--model",
-         "a=/m/a,pooling_layer=-1+-2,normalize=,max_seq_len=NONE,mask_cls_sep=yes,xla=0,batch_size=8,"
-         "poll_interval_s=0.5,require_manifest=on,model_version=3,default_prompt_name=query,"
-         "model_class=pkg.mod:Model,num_worker=0,long_inputs=chunk,chunk_stride=4"]
-    )  # fmt: skip
+        [
+            "--normalize",
+            "true",
+            "--worker-port",
+            "7000",
+            "--model",
+            "a=/m/a,pooling_layer=-1+-2,normalize=,max_seq_len=NONE,mask_cls_sep=yes,xla=0,batch_size=8,"
+            "poll_interval_s=0.5,require_manifest=on,model_version=3,default_prompt_name=query,"
+            "model_class=pkg.mod:Model,num_worker=0,long_inputs=chunk,chunk_stride=4",
+        ]
+    )
     a = _by_name(config)["a"]
     model = a.model
     assert (model.pooling_layer, model.normalize, model.max_seq_len, model.mask_cls_sep, model.xla) == (
-        (-1, -2), None, "NONE", True, False)  # fmt: skip
+        (-1, -2),
+        None,
+        "NONE",
+        True,
+        False,
+    )
     assert (model.batch_size, model.long_inputs, model.chunk_stride) == (8, "chunk", 4)
     assert (a.poll_interval_s, a.require_manifest, a.model_version, a.version_number) == (0.5, True, "3", 3)
     assert (a.default_prompt_name, a.model_class, a.num_worker) == ("query", "pkg.mod:Model", 0)
@@ -103,51 +138,101 @@ def test_the_keys_a_model_takes() -> None:
 @pytest.mark.parametrize(
     ("argv", "error", "message"),
     [
-        (["--model", "fast=/m/a,pooling=CLS"], ConfigError,
-         f"--model fast: unknown option 'pooling'; a model takes {ALLOWED}"),
-        (["--model", "fast=/m/a,batch_size=many"], ConfigError,
-         "--model fast: batch_size must be an integer, not 'many'"),
-        (["--model", "fast=/m/a,poll_interval_s=often"], ConfigError,
-         "--model fast: poll_interval_s must be a number, not 'often'"),
+        (
+            ["--model", "fast=/m/a,pooling=CLS"],
+            ConfigError,
+            f"--model fast: unknown option 'pooling'; a model takes {ALLOWED}",
+        ),
+        (
+            ["--model", "fast=/m/a,batch_size=many"],
+            ConfigError,
+            "--model fast: batch_size must be an integer, not 'many'",
+        ),
+        (
+            ["--model", "fast=/m/a,poll_interval_s=often"],
+            ConfigError,
+            "--model fast: poll_interval_s must be a number, not 'often'",
+        ),
         (["--model", "fast=/m/a,xla=maybe"], ConfigError, "--model fast: xla must be true or false, not 'maybe'"),
-        (["--model", "fast=/m/a,dtype=int4"], ModelOptionError,
-         "--model fast: unknown dtype 'int4'; choose auto, fp32, bf16, fp16 or int8"),
-        (["--model", "fast=/m/a,pooling_layer=-1+last"], ModelOptionError,
-         "--model fast: pooling_layer entries must be integers, not 'last'"),
-        (["--model", "fast=/m/a,batch_size=0"], ModelOptionError,
-         "--model fast: batch_size must be a positive integer, not 0"),
-        (["--model", "fast=/m/a,num_worker=0"], ConfigError,
-         "--model fast: num_worker must be at least 1 (0 only with worker_port, for a head whose workers join "
-         "remotely)"),
+        (
+            ["--model", "fast=/m/a,dtype=int4"],
+            ModelOptionError,
+            "--model fast: unknown dtype 'int4'; choose auto, fp32, bf16, fp16 or int8",
+        ),
+        (
+            ["--model", "fast=/m/a,pooling_layer=-1+last"],
+            ModelOptionError,
+            "--model fast: pooling_layer entries must be integers, not 'last'",
+        ),
+        (
+            ["--model", "fast=/m/a,batch_size=0"],
+            ModelOptionError,
+            "--model fast: batch_size must be a positive integer, not 0",
+        ),
+        (
+            ["--model", "fast=/m/a,num_worker=0"],
+            ConfigError,
+            "--model fast: num_worker must be at least 1 (0 only with worker_port, for a head whose workers join "
+            "remotely)",
+        ),
         (["--model", "fast=/m/a,dtype=int8,dtype=fp32"], ConfigError, "--model fast: dtype is given twice"),
-        (["--model", "fast=/m/a,int8"], ConfigError,
-         "--model fast: expected key=value after the directory, not 'int8'"),
+        (
+            ["--model", "fast=/m/a,int8"],
+            ConfigError,
+            "--model fast: expected key=value after the directory, not 'int8'",
+        ),
         (["--model", "fast"], ConfigError, "--model takes NAME=DIR[,key=value,...], not 'fast'"),
         (["--model", "fast="], ConfigError, "--model takes NAME=DIR[,key=value,...], not 'fast='"),
-        (["--model", "a=/m/a", "b=/m/b", "--model", "a=/m/c", "b=/m/d"], ConfigError,
-         "--model names a, b more than once: each model needs a name of its own"),
-        (["--model", "a=/m/a", "b=/m/b", "--default-model", "c"], ConfigError,
-         "--default-model c names no model served (served: a, b)"),
-        (["--model", "_a=/m/a"], ConfigError,
-         "--model: '_a' is not a model name (a letter or digit, then up to 127 letters, digits and . _ : / -)"),
+        (
+            ["--model", "a=/m/a", "b=/m/b", "--model", "a=/m/c", "b=/m/d"],
+            ConfigError,
+            "--model names a, b more than once: each model needs a name of its own",
+        ),
+        (
+            ["--model", "a=/m/a", "b=/m/b", "--default-model", "c"],
+            ConfigError,
+            "--default-model c names no model served (served: a, b)",
+        ),
+        (
+            ["--model", "_a=/m/a"],
+            ConfigError,
+            "--model: '_a' is not a model name (a letter or digit, then up to 127 letters, digits and . _ : / -)",
+        ),
         (["--model", "a b=/m/a"], ConfigError, "--model: 'a b' is not a model name"),
         (["--model", "a" * 129 + "=/m/a"], ConfigError, f"--model: '{'a' * 129}' is not a model name"),
-        (["--model-dir", "/m/one", "--model", "a=/m/a"], ConfigError,
-         "--model-dir and --model cannot be given together: --model-dir serves one model, --model names each model "
-         "with its directory"),
-        (["--model-dir", "/m/one", "--models-dir", "/m"], ConfigError,
-         "--model-dir and --models-dir cannot be given together: --model-dir serves one model, --models-dir serves "
-         "every model of a folder"),
-        (["--models-dir", "/m", "--model", "a=/m/a"], ConfigError,
-         "--model and --models-dir cannot be given together: serve the models of a folder, or those named one by one"),
-        (["--model", "a=/m/a", "--served-model-name", "x"], ConfigError,
-         "--served-model-name and --model-alias name the one model of --model-dir; with --model or --models-dir each "
-         "model goes by its NAME"),
+        (
+            ["--model-dir", "/m/one", "--model", "a=/m/a"],
+            ConfigError,
+            "--model-dir and --model cannot be given together: --model-dir serves one model, --model names each model "
+            "with its directory",
+        ),
+        (
+            ["--model-dir", "/m/one", "--models-dir", "/m"],
+            ConfigError,
+            "--model-dir and --models-dir cannot be given together: --model-dir serves one model, --models-dir serves "
+            "every model of a folder",
+        ),
+        (
+            ["--models-dir", "/m", "--model", "a=/m/a"],
+            ConfigError,
+            "--model and --models-dir cannot be given together: serve the models of a folder, or "
+            "those named one by one",
+        ),
+        (
+            ["--model", "a=/m/a", "--served-model-name", "x"],
+            ConfigError,
+            "--served-model-name and --model-alias name the one model of --model-dir; with --model "
+            "or --models-dir each "
+            "model goes by its NAME",
+        ),
         (["--model", "a=/m/a", "--model-alias", "x"], ConfigError, "--served-model-name and --model-alias name"),
-        (["--model-dir", "/m/one", "--default-model", "two"], ConfigError,
-         "--default-model two names no model served (served: one)"),
+        (
+            ["--model-dir", "/m/one", "--default-model", "two"],
+            ConfigError,
+            "--default-model two names no model served (served: one)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_models_are_refused_naming_the_flag_and_the_model(
     argv: list[str], error: type[Exception], message: str
 ) -> None:
@@ -231,12 +316,16 @@ def test_a_models_dir_serves_each_subfolder_by_its_name_in_sorted_order(models_d
     config = _start(["--models-dir", str(models_dir), "--dtype", "int8", "--num-worker", "2"])
     served = served_models(config)
     assert [(entry.name, entry.config.model.model_dir) for entry in served] == [
-        ("Big.v2", str(models_dir / "Big.v2")), ("fast", str(models_dir / "fast")),
+        ("Big.v2", str(models_dir / "Big.v2")),
+        ("fast", str(models_dir / "fast")),
         ("minilm", str(models_dir / "minilm")),
-    ]  # fmt: skip
+    ]
     assert {(entry.config.model.dtype, entry.config.num_worker) for entry in served} == {("int8", 2)}
     assert (default_model_name(config), config.model.model_dir, config.models_dir) == (
-        "Big.v2", str(models_dir / "Big.v2"), str(models_dir))  # fmt: skip
+        "Big.v2",
+        str(models_dir / "Big.v2"),
+        str(models_dir),
+    )
     chosen = _start(["--models-dir", str(models_dir), "--default-model", "minilm"])
     assert (default_model_name(chosen), chosen.model.model_dir) == ("minilm", str(models_dir / "minilm"))
 
@@ -248,23 +337,28 @@ def test_a_models_dir_is_refused_when_it_cannot_be_what_it_says(models_dir: Path
         return str(raised.value)
 
     assert problem(["--models-dir", str(models_dir), "--default-model", "slow"]) == (
-        "--default-model slow names no model served (served: Big.v2, fast, minilm)")  # fmt: skip
+        "--default-model slow names no model served (served: Big.v2, fast, minilm)"
+    )
     assert problem(["--models-dir", str(models_dir / "minilm")]) == (
         f"--models-dir {models_dir / 'minilm'} holds the numbered versions of one model: serve it with --model-dir, "
-        "or move it into a folder of its own inside --models-dir")  # fmt: skip
+        "or move it into a folder of its own inside --models-dir"
+    )
     assert problem(["--models-dir", str(models_dir / "fast")]) == (
         f"--models-dir {models_dir / 'fast'} is a model directory itself: serve it with --model-dir, or move it into "
-        "a folder of its own inside --models-dir")  # fmt: skip
+        "a folder of its own inside --models-dir"
+    )
     empty = tmp_path / "empty"
     (empty / ".hidden").mkdir(parents=True)
     assert problem(["--models-dir", str(empty)]) == (
-        f"--models-dir {empty} holds no model: it needs a subfolder for each, named by it")  # fmt: skip
+        f"--models-dir {empty} holds no model: it needs a subfolder for each, named by it"
+    )
     absent = tmp_path / "absent"
     assert problem(["--models-dir", str(absent)]) == f"--models-dir {absent} is not a directory"
     (models_dir / "my model").mkdir()
     assert problem(["--models-dir", str(models_dir)]) == (
         f"--models-dir {models_dir}: 'my model' is not a model name (a letter or digit, then up to 127 letters, "
-        "digits and . _ : / -)")  # fmt: skip
+        "digits and . _ : / -)"
+    )
 
 
 def test_a_folder_named_by_a_number_among_named_ones_is_a_model(tmp_path: Path) -> None:

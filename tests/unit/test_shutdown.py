@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from bertserve.server.serving.shutdown import stopping_message
+from bertserve.server.serving.process.shutdown import stopping_message
 
 
 def test_a_ctrl_c_says_how_many_requests_are_in_flight_and_how_not_to_wait() -> None:

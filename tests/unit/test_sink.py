@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import zmq
 from bertserve.client import protocol as p
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving import wire
-from bertserve.server.serving.sink import Sink, _Pending
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.protocol import wire
+from bertserve.server.serving.sink.sink import Sink, _Pending
 from serving import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -50,8 +51,9 @@ class Harness:
 @pytest.fixture
 def harness(tmp_path) -> Iterator[Harness]:
     port_out = free_port()
-    config = ServerConfig(model=ModelConfig(model_dir="unused"), port=free_port(), port_out=port_out,
-                          request_timeout_ms=60_000)  # fmt: skip
+    config = ServerConfig(
+        model=ModelConfig(model_dir="unused"), port=free_port(), port_out=port_out, request_timeout_ms=60_000
+    )
     context = zmq.Context()
     address = f"ipc://{tmp_path}/sink"
     sink = Sink(config, address, context)
@@ -204,8 +206,11 @@ def test_failed_requests_get_an_error_and_late_parts_are_dropped(harness: Harnes
 def test_dimensions_keep_the_first_k_renormalized_and_too_many_is_an_input_error(harness: Harness) -> None:
     sub = subscribed(harness, b"d")
     vectors = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
-    for request_id, extra in ((1, {"dimensions": 2, "renormalize": True}), (2, {"dimensions": 3}),
-                              (3, {"dimensions": 5, "renormalize": True})):  # fmt: skip
+    for request_id, extra in (
+        (1, {"dimensions": 2, "renormalize": True}),
+        (2, {"dimensions": 3}),
+        (3, {"dimensions": 5, "renormalize": True}),
+    ):
         key = p.request_key(b"d", request_id)
         info = {"key": key, "client": b"d".hex(), "request_id": request_id, "count": 3, **extra}
         harness.send(wire.REGISTER, p.dumps(info))

@@ -1,4 +1,4 @@
-"""The version swap carrying out its plan (:mod:`bertserve.server.serving.swap`) against a fake
+"""The version swap carrying out its plan (:mod:`bertserve.server.serving.versions.swap`) against a fake
 ventilator and supervisor: what it asks of each, and what the status shows."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving.swap import VersionSwap
-from bertserve.server.serving.versions import VersionsBook
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.versions.book import VersionsBook
+from bertserve.server.serving.versions.swap import VersionSwap
 
 
 @dataclasses.dataclass
@@ -113,8 +114,12 @@ def test_a_swap_replaces_the_worker_and_reports_its_progress(repository: Path) -
         swap.begin(version(repository, 2), reload=3)
         status = progress(book)
         assert {k: status[k] for k in ("state", "reload", "version_from", "version_to", "workers_replaced")} == {
-            "state": "rolling", "reload": 3, "version_from": 1, "version_to": 2, "workers_replaced": 0,
-        }  # fmt: skip
+            "state": "rolling",
+            "reload": 3,
+            "version_from": 1,
+            "version_to": 2,
+            "workers_replaced": 0,
+        }
         swap.tick(0.0)
         assert head.worker_versions() == {0: 1, 1: 2}
         assert progress(book)["message"] == "worker 1 is loading version 2"

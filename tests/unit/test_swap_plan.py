@@ -1,4 +1,4 @@
-"""The version swap's plan (:mod:`bertserve.server.serving.swap_plan`), on made-up workers and
+"""The version swap's plan (:mod:`bertserve.server.serving.versions.plan`), on made-up workers and
 times: a roll one worker at a time, a rollback, the last old worker kept for queued work, the
 load timeout, and old workers that die during a swap."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving.swap_plan import (
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.versions.plan import (
     LOAD_TIMEOUT_S,
     Death,
     DrainWorker,
@@ -27,8 +28,9 @@ from bertserve.server.serving.swap_plan import (
 
 
 def config(version: int, num_worker: int = 2) -> ServerConfig:
-    return ServerConfig(model=ModelConfig(model_dir=f"/models/{version}"), model_version=str(version),
-                        num_worker=num_worker)  # fmt: skip
+    return ServerConfig(
+        model=ModelConfig(model_dir=f"/models/{version}"), model_version=str(version), num_worker=num_worker
+    )
 
 
 class World:

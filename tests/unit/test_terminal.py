@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 from bertserve.client.terminal import colour_wanted, paint, print_status
-from bertserve.server import ModelConfig, cli, logs
-from bertserve.server.config import ServerConfig
+from bertserve.server import ModelConfig, logs
+from bertserve.server.cli import main as cli
+from bertserve.server.config.server import ServerConfig
 from serving import free_port
 
 ESC = "\x1b["

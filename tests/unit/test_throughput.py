@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from bertserve.server.serving.throughput import LAG_LIMITS, QueuedBulk, Throughput, bulk_seconds, late_bulk
+from bertserve.server.serving.policy.throughput import LAG_LIMITS, QueuedBulk, Throughput, bulk_seconds, late_bulk
 
 
 def test_capacity_is_measured_on_bulk_jobs_only_and_smoothed() -> None:
@@ -95,14 +95,24 @@ def test_projections_of_requests_that_end_otherwise_are_forgotten_oldest_first()
 
 def test_status_shows_what_bulk_admission_plans_with() -> None:
     t = Throughput()
-    assert t.describe(0.0) == {"capacity_sentences_per_s": None, "small_share": 0.0, "small_load": 0.0,
-                               "bulk_lag": 1.0, "bulk_sentences_per_s": None}  # fmt: skip
+    assert t.describe(0.0) == {
+        "capacity_sentences_per_s": None,
+        "small_share": 0.0,
+        "small_load": 0.0,
+        "bulk_lag": 1.0,
+        "bulk_sentences_per_s": None,
+    }
     t.per_worker, t.workers, t.lag = 50.0, 2, 2.0
     for second in range(10):
         t.job_done(4, 1.0, bulk=False, now=second + 0.5)  # half of the two workers' time
         t.job_done(50, 1.0, bulk=True, now=second + 0.5)
-    assert t.describe(9.9) == {"capacity_sentences_per_s": 100.0, "small_share": 0.5, "small_load": 0.5,
-                               "bulk_lag": 2.0, "bulk_sentences_per_s": 25.0}  # fmt: skip
+    assert t.describe(9.9) == {
+        "capacity_sentences_per_s": 100.0,
+        "small_share": 0.5,
+        "small_load": 0.5,
+        "bulk_lag": 2.0,
+        "bulk_sentences_per_s": 25.0,
+    }
 
 
 def test_bulk_work_is_planned_with_the_time_small_work_leaves_idle_time_included() -> None:

@@ -48,8 +48,11 @@ def test_google_checkpoint_names_round_trip(tmp_path, tiny: tuple[dict, dict[str
     prefix = tiny_bert.write_google_checkpoint(str(tmp_path), config, weights, extra_vars=True)
     assert prefix == str(tmp_path / "bert_model.ckpt")
     assert sorted(os.listdir(tmp_path)) == [
-        "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index", "vocab.txt",
-    ]  # fmt: skip
+        "bert_config.json",
+        "bert_model.ckpt.data-00000-of-00001",
+        "bert_model.ckpt.index",
+        "vocab.txt",
+    ]
     reader = tf.train.load_checkpoint(prefix)
     names = set(reader.get_variable_to_shape_map())
     extras = {"output_weights", "output_bias", "global_step"}
@@ -69,14 +72,26 @@ def test_huggingface_files_have_hf_names(tmp_path, tiny: tuple[dict, dict[str, n
     tiny_bert.write_huggingface(str(tmp_path), config, weights)
     tensors = load_file(str(tmp_path / "model.safetensors"))
     expected = {
-        "embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
-        "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias",
-        "embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias",
-    }  # fmt: skip
+        "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight",
+        "embeddings.token_type_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+        "embeddings.LayerNorm.bias",
+        "embeddings.position_ids",
+        "pooler.dense.weight",
+        "pooler.dense.bias",
+    }
     for i in range(config["num_hidden_layers"]):
-        for part in ("attention.self.query", "attention.self.key", "attention.self.value",
-                     "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
-                     "output.dense", "output.LayerNorm"):  # fmt: skip
+        for part in (
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+            "attention.output.LayerNorm",
+            "intermediate.dense",
+            "output.dense",
+            "output.LayerNorm",
+        ):
             expected |= {f"encoder.layer.{i}.{part}.weight", f"encoder.layer.{i}.{part}.bias"}
     assert set(tensors) == expected
     assert tensors["embeddings.position_ids"].dtype == np.int64
@@ -119,8 +134,15 @@ def test_tokenizer_json_and_sentence_transformers_files(tmp_path) -> None:
     directory = tiny_bert.write_tiny_bert(str(tmp_path), "huggingface", tokenizer_json=True, sentence_transformers=True)
     tokenizer = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
     assert tokenizer.encode("Hello, World walking!").tokens == [
-        "[CLS]", "hello", ",", "world", "walk", "##ing", "!", "[SEP]",
-    ]  # fmt: skip
+        "[CLS]",
+        "hello",
+        ",",
+        "world",
+        "walk",
+        "##ing",
+        "!",
+        "[SEP]",
+    ]
     pair = tokenizer.encode("the dog", "你好")
     assert pair.tokens == ["[CLS]", "the", "dog", "[SEP]", "你", "好", "[SEP]"]
     assert pair.type_ids == [0, 0, 0, 0, 1, 1, 1]

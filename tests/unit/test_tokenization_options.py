@@ -182,8 +182,13 @@ def test_every_token_text_is_its_slice_of_the_input(minilm_tokenizer: WordPieceT
 def test_word_pieces_show_their_part_of_the_word(tiny_hf: str) -> None:
     (tokens,) = _tiny(tiny_hf, 32).explain(["Walking dogs"])
     assert [(t["text"], t["start"], t["stop"]) for t in tokens] == [
-        ("[CLS]", None, None), ("Walk", 0, 4), ("ing", 4, 7), ("dog", 8, 11), ("s", 11, 12), ("[SEP]", None, None),
-    ]  # fmt: skip
+        ("[CLS]", None, None),
+        ("Walk", 0, 4),
+        ("ing", 4, 7),
+        ("dog", 8, 11),
+        ("s", 11, 12),
+        ("[SEP]", None, None),
+    ]
 
 
 def test_pair_offsets_index_the_whole_input(tiny_hf: str) -> None:

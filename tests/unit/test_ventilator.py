@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 from bertserve.client import protocol as p
-from bertserve.server.config import ModelConfig, ServerConfig
-from bertserve.server.serving import wire
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.protocol import wire
 from rigs import Rig, ventilator_rig
 
 DEFAULT = "default"  # the name of a rig's one model
@@ -20,8 +21,14 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.fixture
 def rig(tmp_path, request) -> Iterator[Rig]:
     """A ventilator on ipc sockets; ``indirect`` parametrization overrides its config."""
-    options = {"max_batch_size": 4, "max_latency_ms": 0, "max_request_size": 10, "max_client_queued_sentences": 10,
-               "max_queued_sentences": 20, **getattr(request, "param", {})}  # fmt: skip
+    options = {
+        "max_batch_size": 4,
+        "max_latency_ms": 0,
+        "max_request_size": 10,
+        "max_client_queued_sentences": 10,
+        "max_queued_sentences": 20,
+        **getattr(request, "param", {}),
+    }
     with ventilator_rig(tmp_path, ServerConfig(model=ModelConfig(model_dir="unused"), **options)) as rig:
         yield rig
 

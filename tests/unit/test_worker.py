@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import zmq
 from bertserve.client import protocol as p
-from bertserve.server.config import ModelConfig, ServerConfig
+from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.server import ServerConfig
 from bertserve.server.model.interface import HashingModel, Model
-from bertserve.server.serving import wire
-from bertserve.server.serving.worker import Addresses, Worker
+from bertserve.server.serving.protocol import wire
+from bertserve.server.serving.protocol.wire import Addresses
+from bertserve.server.serving.worker.worker import Worker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -211,7 +213,7 @@ def test_a_model_failure_becomes_an_error_for_the_job_and_the_credit_returns(bro
 
 
 def test_the_heap_is_trimmed_when_a_bulk_burst_ends_and_not_after_small_jobs(hashing: Rig, monkeypatch) -> None:
-    from bertserve.server.serving import worker as worker_module
+    from bertserve.server.serving.worker import worker as worker_module
 
     trims: list[float] = []
     monkeypatch.setattr(worker_module, "trim_heap", lambda: trims.append(time.monotonic()) or True)

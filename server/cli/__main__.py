@@ -1,0 +1,5 @@
+"""``python -m bertserve.server.cli``: the ``bertserve`` command."""
+
+from .main import main
+
+raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""What a command-line flag is, and how ``--help`` shows it.
+
+A :class:`Flag` is named like the config field it sets and may also come from the
+environment (``BERTSERVE_<FLAG>``). ``--help`` shows a command's flags under headings
+(:data:`GROUPS`), a yes-or-no flag as ``--cpu, --no-cpu``, a flag of a fixed set of values
+with its choices, and leaves the rarely used ones to ``--help-all``. The flags themselves
+are in :mod:`.flags`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bertserve.client.cli import unset_help
+
+from ..errors import BertServeError
+
+#: The ``--help`` headings, in the order shown; a command shows those its flags are under.
+GROUPS = (
+    "the head",
+    "model",
+    "serving",
+    "limits and overload",
+    "workers and devices",
+    "HTTP",
+    "security",
+    "several models and model versions",
+    "health checks",
+)
+
+#: What ``--help`` calls a flag's value, by how the flag's name ends (``--http-port PORT``).
+_METAVARS = {
+    "-ms": "MS",
+    "-s": "SECONDS",
+    "-bytes": "BYTES",
+    "-bytes-total": "BYTES",
+    "port": "PORT",
+    "port-out": "PORT",
+    "-dir": "DIR",
+    "bind": "ADDR",
+    "-name": "NAME",
+}
+
+
+def boolean(value: str | bool) -> bool:
+    """A yes-or-no flag's value: true, yes, on or 1, or false, no, off or 0."""
+    if isinstance(value, bool):
+        return value
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
+
+
+class _Switch(argparse.BooleanOptionalAction):
+    """``--cpu`` and ``--no-cpu``; ``--cpu false`` (any word :func:`boolean` takes) works
+    too, as in the environment. Left out, the flag keeps its default, which may be None:
+    "what the model says"."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **options: Any) -> None:
+        negated = [f"--no-{option[2:]}" for option in option_strings]
+        argparse.Action.__init__(self, [*option_strings, *negated], dest, nargs="?", type=boolean, **options)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        negated = bool(option_string and option_string.startswith("--no-"))
+        if negated and values is not None:
+            raise argparse.ArgumentError(self, f"{option_string} takes no value")
+        setattr(namespace, self.dest, not negated if values is None else values)
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help, with the flags ``--help`` leaves out."""
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        hidden: Sequence[tuple[argparse.Action, str]] = (),
+        epilog: str = "",
+        **options: Any,
+    ) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS, **options)
+        self.hidden, self.epilog = list(hidden), epilog
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        for action, help in self.hidden:
+            action.help = help
+        parser.epilog = self.epilog
+        parser.print_help()
+        parser.exit()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag, named like the config field it sets (``--max-seq-len``:
+    ``max_seq_len``), which ``BERTSERVE_MAX_SEQ_LEN`` can also set. ``unset`` says what
+    leaving out a flag whose default is None (or empty) means, for ``--help``; ``group`` is
+    its heading there (one of :data:`GROUPS`), and a ``rare`` flag is shown by
+    ``--help-all`` only. A flag of kind :func:`boolean` is a switch: ``--xla``, ``--no-xla``."""
+
+    name: str
+    help: str
+    kind: Callable[[str], Any] = str
+    default: Any = None
+    many: bool = False  # takes several values: --pooling-layer -1 -2
+    unset: str = ""
+    field: str = ""  # the config field it sets, when not the one named like it (--model: models)
+    env_commas: bool = True  # several values in BERTSERVE_<FLAG> may be separated by commas, not only spaces
+    choices: tuple[str, ...] = ()  # every value it takes, as its kind spells them
+    metavar: str = ""  # what --help calls its value, when the name's ending does not say (see _METAVARS)
+    group: str = ""
+    rare: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.field or self.name[2:].replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "BERTSERVE_" + self.name[2:].replace("-", "_").upper()
+
+    @property
+    def switch(self) -> bool:
+        return self.kind is boolean
+
+    def add_to(self, group: Any) -> argparse.Action:
+        raw = os.environ.get(self.env)
+        default = self.default if raw is None else self._parse_env(raw)
+        help = unset_help(self.help, default, self.unset) if self.unset else self.help
+        options: dict[str, Any] = {"default": default, "help": help}
+        if self.switch:
+            return group.add_argument(self.name, action=_Switch, **options)
+        options.update(type=self.kind, choices=self.choices or None, metavar=self._metavar())
+        if self.field:  # --model fills models, and is still shown as --model MODEL
+            options["dest"] = self.field
+        if self.many:
+            options["nargs"] = "+"
+            if isinstance(self.default, tuple) and not self.default:  # repeatable: --prompt a=x --prompt b=y
+                options.update(action="extend", default=list(default or ()))
+        return group.add_argument(self.name, **options)
+
+    def _metavar(self) -> str | None:
+        if self.metavar or self.choices:
+            return self.metavar or None  # argparse shows the choices: --dtype {auto,fp32,...}
+        if self.field:
+            return self.env.removeprefix("BERTSERVE_")
+        ending = next((ending for ending in _METAVARS if self.name.endswith(ending)), None)
+        if ending is not None:
+            return _METAVARS[ending]
+        return "N" if self.kind in (int, float) else None
+
+    def _parse_env(self, raw: str) -> Any:
+        try:
+            if self.many:
+                return [self.kind(item) for item in (raw.replace(",", " ") if self.env_commas else raw).split()]
+            value = self.kind(raw)
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            raise BertServeError(f"{self.env}={raw!r}: {exc}") from None
+        if self.choices and value not in self.choices:
+            raise BertServeError(f"{self.env}={raw!r}: choose one of {', '.join(self.choices)}")
+        return value
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag], docs: str) -> None:
+    """``flags`` on ``parser``, each under its heading. ``--help`` leaves the rare ones to
+    ``--help-all``, and ends by saying how many it left out and where ``docs`` has them all."""
+    groups = {title: parser.add_argument_group(title) for title in GROUPS if any(f.group == title for f in flags)}
+    hidden = []
+    for flag in flags:
+        action = flag.add_to(groups[flag.group])
+        if flag.rare:
+            hidden.append((action, str(action.help)))
+            action.help = argparse.SUPPRESS
+    every = f"Every flag is described in {docs}."
+    if not hidden:
+        parser.epilog = every
+        return
+    parser.epilog = f"{len(hidden)} more flags: {parser.prog} --help-all. {every}"
+    parser.add_argument("--help-all", action=_HelpAll, hidden=hidden, epilog=every, help="show every flag")

@@ -1,0 +1,298 @@
+"""The ``bertserve`` command line: its parser, its commands, and ``main``.
+
+``bertserve embed`` encodes lines of text in this process with the ``Encoder`` and writes
+a ``.npy`` file. The flags, and the configs they build, are in :mod:`.flags`. This module
+imports TensorFlow only when a command needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from bertserve.client import __version__
+from bertserve.client.cli import HelpFormatter, add_client_commands
+from bertserve.client.lines import numbered, read_lines, save, skipped_note, source_name, unpaired_warning
+from bertserve.client.protocol import one_sentence
+from bertserve.client.terminal import paint, print_status
+
+from ..config.served import served_models
+from ..config.server import ServerConfig
+from ..dependencies import install_command, missing_server_requirements
+from ..errors import BertServeError
+from ..logs import quiet_native_logs, setup_logging
+from ..model.hardware import short_reason
+from .flag_help import add_flags
+from .flags import (
+    MODEL_FLAGS,
+    SERVER_FLAGS,
+    WORKER_FLAGS,
+    model_config_from_args,
+    server_config_from_args,
+    server_flag,
+    worker_options_from_args,
+)
+
+logger = logging.getLogger("bertserve.cli")
+
+SERVER_COMMANDS = frozenset({"start", "worker", "embed", "export"})  # they need the `server` extra
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    config = server_config_from_args(args)
+    if config.api_key is not None and os.environ.get(server_flag("--api-key").env) != args.api_key:
+        logger.warning(
+            "--api-key on the command line is visible to every user of this machine (ps); "
+            "prefer BERTSERVE_API_KEY or --api-keys FILE"
+        )
+    # Every process of this server writes its metrics here; prometheus_client reads the
+    # variable when it is first imported, so it is set before anything imports it.
+    metrics_dir = tempfile.mkdtemp(prefix="bertserve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        return _serve(config, args)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _serve(config: ServerConfig, args: argparse.Namespace) -> int:
+    from ..serving.process.supervisor import BertServer
+
+    server = BertServer(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
+    server.install_signal_handlers()
+    server.run(on_ready=lambda info: announce_ready(config, info))
+    return 0
+
+
+def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
+    """The one line on stdout that says the server serves (bold green on a terminal, to stand
+    out among the log's green lines); scripts and tests wait for it. With several models,
+    ``info`` describes the default one."""
+    served = served_models(config)
+    line = (
+        f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
+        f"results on port {config.port_out}, {sum(entry.config.num_worker for entry in served)} worker(s), "
+        f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
+        f"dim {info.get('output_dim')}, {dtype_text(info)}, model {info.get('model_dir') or config.model.model_dir}"
+    )
+    if len(served) > 1:
+        line += f" (the default of {len(served)} models: {', '.join(entry.name for entry in served)})"
+    if str(info.get("model_version", "")).isdigit():  # a version of a model repository
+        line += f" (version {info['model_version']})"
+    if config.http_port is not None:
+        line += f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}"
+    if config.worker_port is not None:
+        line += f", remote workers join on tcp://{config.bind}:{config.worker_port}"
+    print(paint(line, "green", sys.stdout, bold=True), flush=True)
+
+
+def dtype_text(info: dict[str, Any]) -> str:
+    """The ready line's dtype: the one the workers run, and, when ``auto`` chose it, why."""
+    dtype, reason = info.get("dtype"), info.get("dtype_reason")
+    if dtype == "auto":  # no worker has told yet: remote ones each decide on their own machine
+        return "auto (each worker decides for its own device)"
+    if info.get("dtype_requested") != "auto" or not reason:
+        return str(dtype)
+    return f"{dtype} (auto: {short_reason(str(reason))})"
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from ..serving.remote.host import HostConfig, WorkerHost
+
+    missing = [flag for flag in ("--server", "--worker-port") if getattr(args, flag[2:].replace("-", "_")) is None]
+    if missing:
+        raise BertServeError(f"bertserve worker needs {' and '.join(missing)}: where the head lets workers join")
+    config = HostConfig(**worker_options_from_args(args))
+    host = WorkerHost(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
+    host.install_signal_handlers()
+    return host.run()
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ..model.export import export_saved_model
+
+    config = model_config_from_args(args)
+    description = export_saved_model(config, args.out)
+    print(
+        f"wrote a SavedModel to {args.out}: signature serving_default(input_ids, input_mask, segment_ids) -> "
+        f"embeddings [batch, {description['output_dim']}], {description['pooling_strategy']}, {description['dtype']}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_manifest(args: argparse.Namespace) -> int:
+    from ..model.checksum import manifest_problems, write_manifest
+
+    if not os.path.isdir(args.directory):
+        raise BertServeError(f"{args.directory} is not a directory")
+    if not args.check:
+        path, count = write_manifest(args.directory)
+        print(f"wrote {path}: {count} files", file=sys.stderr)
+        return 0
+    try:
+        problems = manifest_problems(args.directory)
+    except FileNotFoundError:
+        raise BertServeError(f"{args.directory} has no manifest: write one with `bertserve manifest DIR`") from None
+    for problem in problems:
+        print_status("error", problem)
+    if not problems:
+        print(f"{args.directory}: every file matches its manifest", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _cmd_embed(args: argparse.Namespace) -> int:
+    """As ``bertserve encode`` does on a server: one vector a line, blank lines and empty input
+    refused unless ``--skip-blank``, and ``|||`` a sentence pair only with ``--pairs``."""
+    source = source_name(args.input)
+    lines = numbered(read_lines(args.input, keep_blank=True), source, skip_blank=args.skip_blank)
+    if not args.pairs and (unpaired := unpaired_warning(lines, source, False)):
+        print_status("warning", unpaired)
+    texts = lines.texts if args.pairs else [one_sentence(text) for text in lines.texts]
+    config = model_config_from_args(args)
+    from ..model.encoder import Encoder
+
+    vectors = Encoder(config).encode(texts)
+    written = save(args.output, vectors, lines.numbers)
+    if skipped := skipped_note(lines, source, written):
+        print(skipped, file=sys.stderr)
+    count = vectors.shape[0]
+    print(
+        f"wrote {count} vector{'' if count == 1 else 's'} of dimension {vectors.shape[-1]} to {written}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertserve", description="BERT sentence embeddings, served.", formatter_class=HelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"bertserve {__version__}")
+    _add_verbose(parser, default=False)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    start = commands.add_parser(
+        "start",
+        help="start the server in the foreground (Ctrl-C or `bertserve stop` ends it)",
+        usage="%(prog)s [options]",
+        formatter_class=HelpFormatter,
+    )
+    _add_verbose(start)
+    add_flags(start, [*MODEL_FLAGS, *SERVER_FLAGS], docs="docs/server.md")
+    start.set_defaults(run=_cmd_start)
+
+    worker = commands.add_parser(
+        "worker",
+        help="run workers on this machine for a head started with --worker-port (Ctrl-C ends them)",
+        description="Worker processes that join a head over tcp. The model options come from the head; "
+        "this machine's model files must be the same (checked by sha256).",
+        usage="%(prog)s --server HOST --worker-port PORT [options]",
+        formatter_class=HelpFormatter,
+    )
+    _add_verbose(worker)
+    add_flags(worker, WORKER_FLAGS, docs="docs/deployment.md and docs/server.md")
+    worker.set_defaults(run=_cmd_worker)
+    add_client_commands(commands)
+
+    embed = commands.add_parser(
+        "embed",
+        help="encode lines of text in this process, write a .npy file",
+        usage="%(prog)s [options] [input]",
+        formatter_class=HelpFormatter,
+    )
+    embed.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
+    embed.add_argument(
+        "-o",
+        "--output",
+        default="embeddings.npy",
+        metavar="FILE",
+        help="where to write the vectors (NAME.npz: with line numbers)",
+    )
+    embed.add_argument("--skip-blank", action="store_true", help="leave blank lines out and name them, not fail")
+    embed.add_argument(
+        "--pairs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="read a line 'first ||| second' as a sentence pair (default: off, one sentence a line)",
+    )
+    _add_verbose(embed)
+    add_flags(embed, MODEL_FLAGS, docs="docs/server.md")
+    embed.set_defaults(run=_cmd_embed)
+
+    export = commands.add_parser(
+        "export",
+        help="write the optimized graph as a TensorFlow SavedModel (for TF Serving or Triton)",
+        usage="%(prog)s --out DIR [options]",
+        formatter_class=HelpFormatter,
+    )
+    export.add_argument("--out", required=True, metavar="DIR", help="directory to write (new, or empty)")
+    _add_verbose(export)
+    add_flags(export, MODEL_FLAGS, docs="docs/server.md")
+    export.set_defaults(run=_cmd_export)
+
+    manifest = commands.add_parser(
+        "manifest",
+        help="write DIR/bertserve.sha256 (sha256 of every model file), or --check a copy against it",
+        formatter_class=HelpFormatter,
+    )
+    manifest.add_argument("directory", help="a model directory")
+    manifest.add_argument("--check", action="store_true", help="check the files against the manifest instead")
+    manifest.set_defaults(run=_cmd_manifest)
+    return parser
+
+
+def _add_verbose(parser: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    """``-v`` before the command (``default=False``) or after it (``bertserve start -v``,
+    which leaves the first one's value alone unless given)."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="log debug messages, and show TensorFlow's and LiteRT's C++ lines",
+    )
+
+
+def _check_server_requirements(command: str) -> None:
+    """Before server command ``command`` does anything: the server's packages are all installed."""
+    missing = missing_server_requirements()
+    if missing:
+        names = [requirement.name for requirement in missing]
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        raise BertServeError(
+            f"`bertserve {command}` needs the server's packages, and {listed} {'is' if len(names) == 1 else 'are'} "
+            f"not installed; install them with: {install_command(missing)}"
+        )
+
+
+def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+    print_status("warning", str(message))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command in SERVER_COMMANDS:
+            _check_server_requirements(args.command)
+        setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+        quiet_native_logs(args.verbose)  # before anything imports TensorFlow, here or in a worker
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # "bertserve: warning: ...", not a source line
+            return int(args.run(args))
+    except ImportError as exc:  # a server package gone since the check, or there but broken
+        missing = missing_server_requirements()
+        print_status("error", f"{exc}; install them with: {install_command(missing)}" if missing else str(exc))
+        return 2
+    except (BertServeError, ValueError, TypeError, OSError) as exc:
+        print_status("error", str(exc))
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,76 @@
+"""The limits of the HTTP front end's edge: what one connection and one request may hold, in
+bytes and in time, before the application sees them; their defaults and the rules their values
+keep. ``ServerConfig`` holds the values (each a ``bertserve start`` flag) and checks them here;
+:mod:`.connections` and :mod:`.front` enforce them. Nothing here imports the web framework, so
+the config can use it in any process.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ConfigError
+
+HTTP_CONNECTIONS = 1000
+"""Default most HTTP connections open at once; one more is answered 503 and closed unread."""
+HTTP_HEADER_BYTES = 16 * 1024
+"""Default most bytes of an HTTP request's line and headers (h11's own default)."""
+HTTP_HEADERS = 100
+"""Default most header fields in one HTTP request."""
+HTTP_HEADER_TIMEOUT_S = 10.0
+"""Default time an HTTP request's headers may take to arrive."""
+HTTP_BODY_TIMEOUT_S = 60.0
+"""Default time an HTTP request's body may take to arrive, once its headers have."""
+HTTP_BODY_MIN_RATE = 64 * 1024
+"""Default slowest average pace of an HTTP body, in bytes a second, after its first 2 s."""
+
+
+def forwarded_allow_ips(values: Sequence[str]) -> tuple[str, ...]:
+    """``--forwarded-allow-ips``: addresses or networks (``10.0.0.0/8``), or ``*`` for any,
+    whose ``X-Forwarded-For`` the HTTP process believes; anything else is a ConfigError."""
+    checked = []
+    for value in values:
+        for item in str(value).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if item != "*":
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError:
+                    raise ConfigError(f"--forwarded-allow-ips takes addresses, networks or *, not {item!r}") from None
+            checked.append(item)
+    return tuple(checked)
+
+
+def http_limit_checks(config: Any) -> list[tuple[bool, str]]:
+    """The rules of a ``ServerConfig``'s HTTP edge limits: (holds, the message if not)."""
+    return [
+        (
+            config.max_http_body_bytes_per_principal is None
+            or config.http_body_limit <= config.max_http_body_bytes_per_principal <= config.max_http_body_bytes_total,
+            f"--max-http-body-bytes-per-principal {config.max_http_body_bytes_per_principal} must be between the body "
+            f"limit {config.http_body_limit} (--max-http-body-bytes) and --max-http-body-bytes-total "
+            f"{config.max_http_body_bytes_total}",
+        ),
+        (
+            config.http_body_timeout_s > 0,
+            f"--http-body-timeout-s must be more than 0, not {config.http_body_timeout_s}",
+        ),
+        (config.http_body_min_rate >= 0, f"--http-body-min-rate must be 0 or more, not {config.http_body_min_rate}"),
+        (
+            config.max_http_connections >= 1,
+            f"--max-http-connections must be at least 1, not {config.max_http_connections}",
+        ),
+        (
+            config.max_http_header_bytes >= 1024,
+            f"--max-http-header-bytes must be at least 1024, not {config.max_http_header_bytes}",
+        ),
+        (config.max_http_headers >= 1, f"--max-http-headers must be at least 1, not {config.max_http_headers}"),
+        (
+            config.http_header_timeout_s > 0,
+            f"--http-header-timeout-s must be more than 0, not {config.http_header_timeout_s}",
+        ),
+    ]

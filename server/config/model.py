@@ -1,0 +1,176 @@
+"""Model options: one frozen, keyword-only dataclass, validated once.
+
+``None`` in ``max_seq_len``, ``pooling_strategy``, ``pooling_layer`` and ``normalize``
+means "what the model directory says": a sentence-transformers directory brings its own
+pooling, sequence length and normalization; a plain BERT directory gets bert-as-service's
+defaults (REDUCE_MEAN over layer -2, ``max_seq_len`` 25, no normalization).
+``max_seq_len="NONE"`` pads each batch to its own longest member instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ModelOptionError
+
+
+class PoolingStrategy(str, enum.Enum):
+    NONE = "NONE"
+    REDUCE_MEAN = "REDUCE_MEAN"
+    REDUCE_MAX = "REDUCE_MAX"
+    REDUCE_MEAN_MAX = "REDUCE_MEAN_MAX"
+    CLS_TOKEN = "CLS_TOKEN"
+    SEP_TOKEN = "SEP_TOKEN"
+    CLS_POOLED = "CLS_POOLED"
+
+    @classmethod
+    def parse(cls, value: str | PoolingStrategy) -> PoolingStrategy:
+        if isinstance(value, PoolingStrategy):
+            return value
+        name = str(value).strip().upper()
+        name = _POOLING_ALIASES.get(name, name)
+        try:
+            return cls(name)
+        except ValueError:
+            choices = ", ".join([*cls.__members__, *_POOLING_ALIASES])
+            raise ModelOptionError(f"unknown pooling_strategy {value!r}; choose one of {choices}") from None
+
+
+_POOLING_ALIASES = {"FIRST_TOKEN": "CLS_TOKEN", "LAST_TOKEN": "SEP_TOKEN"}
+
+#: Accepted spellings of each dtype, mapped to the canonical short name. ``auto`` is resolved
+#: for the model's device by ``model.options.resolve`` (see ``model/hardware.py``).
+_DTYPES = {
+    "auto": "auto",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "int8": "int8",
+    "qint8": "int8",
+}
+DTYPE_CHOICES = "auto, fp32, bf16, fp16 or int8"
+_OUTPUT_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
+
+DYNAMIC = "NONE"
+"""``max_seq_len`` value that pads each batch to its own longest member."""
+
+
+def default_graph_dir() -> str:
+    """Where optimized graphs are cached unless ``graph_dir`` says otherwise."""
+    env = os.environ.get("BERTSERVE_GRAPH_DIR")
+    if env:
+        return env
+    import platformdirs
+
+    return os.path.join(platformdirs.user_cache_dir("bertserve"), "graphs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Everything that decides which model is loaded and which graph is built.
+
+    The field names are the ``bertserve start`` flags with ``-`` written ``_``.
+    """
+
+    model_dir: str
+    tuned_model_dir: str | None = None
+    ckpt_name: str = "bert_model.ckpt"
+    config_name: str = "bert_config.json"
+    vocab_name: str | None = None
+    max_seq_len: int | str | None = None
+    pooling_strategy: PoolingStrategy | None = None
+    pooling_layer: tuple[int, ...] | None = None
+    mask_cls_sep: bool = False
+    normalize: bool | None = None
+    do_lower_case: bool | None = None
+    dtype: str = "auto"  # chosen for the device and CPU when the options are resolved
+    output_dtype: str = "float32"
+    xla: bool = False
+    graph_dir: str | None = None
+    batch_size: int = 64
+    lite_max_tokens: int = 64
+    device: str | None = None
+    long_inputs: str = "truncate"
+    chunk_stride: int = 0
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "model_dir", os.fspath(self.model_dir))
+        if self.tuned_model_dir is not None:
+            set_(self, "tuned_model_dir", os.fspath(self.tuned_model_dir))
+        set_(self, "max_seq_len", _parse_max_seq_len(self.max_seq_len))
+        if self.pooling_strategy is not None:
+            set_(self, "pooling_strategy", PoolingStrategy.parse(self.pooling_strategy))
+        if self.pooling_layer is not None:
+            set_(self, "pooling_layer", _parse_layers(self.pooling_layer))
+        dtype = _DTYPES.get(str(self.dtype).lower())
+        if dtype is None:
+            raise ModelOptionError(f"unknown dtype {self.dtype!r}; choose {DTYPE_CHOICES}")
+        set_(self, "dtype", dtype)
+        output_dtype = _OUTPUT_DTYPES.get(str(self.output_dtype).lower())
+        if output_dtype is None:
+            raise ModelOptionError(f"unknown output_dtype {self.output_dtype!r}; choose float32 or float16")
+        set_(self, "output_dtype", output_dtype)
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ModelOptionError(f"batch_size must be a positive integer, not {self.batch_size!r}")
+        if not isinstance(self.lite_max_tokens, int) or self.lite_max_tokens < 0:
+            raise ModelOptionError(f"lite_max_tokens must be 0 or more, not {self.lite_max_tokens!r}")
+        set_(self, "long_inputs", parse_long_inputs(self.long_inputs))
+        if isinstance(self.chunk_stride, bool) or not isinstance(self.chunk_stride, int) or self.chunk_stride < 0:
+            raise ModelOptionError(f"chunk_stride must be 0 or more tokens, not {self.chunk_stride!r}")
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def dynamic_length(self) -> bool:
+        return self.max_seq_len == DYNAMIC
+
+
+LONG_INPUTS = ("truncate", "chunk")
+"""What happens to an input longer than ``max_seq_len``: cut to fit, or encoded in windows."""
+
+
+def parse_long_inputs(value: object) -> str:
+    lowered = str(value).strip().lower()
+    if lowered not in LONG_INPUTS:
+        raise ModelOptionError(f"long_inputs must be truncate or chunk, not {value!r}")
+    return lowered
+
+
+def _parse_max_seq_len(value: object) -> int | str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().upper() == DYNAMIC:
+            return DYNAMIC
+        try:
+            value = int(value)
+        except ValueError:
+            raise ModelOptionError(f"max_seq_len must be an integer or NONE, not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 3:
+        raise ModelOptionError(f"max_seq_len must be an integer >= 3 or NONE, not {value!r}")
+    return value
+
+
+def _parse_layers(value: object) -> tuple[int, ...]:
+    if isinstance(value, (int, str)):
+        value = [value]
+    if not isinstance(value, Sequence) or not value:
+        raise ModelOptionError(f"pooling_layer must be a layer index or a list of them, not {value!r}")
+    layers = []
+    for item in value:
+        try:
+            layers.append(int(item))
+        except (TypeError, ValueError):
+            raise ModelOptionError(f"pooling_layer entries must be integers, not {item!r}") from None
+    return tuple(layers)

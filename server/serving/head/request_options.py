@@ -1,0 +1,81 @@
+"""The options of one ENCODE request, read from its header and checked at the edge: each
+field against its declared type and range (:data:`bertserve.client.protocol.ENCODE_OPTIONS`),
+with a refusal that names the field, before anything is queued.
+
+Pure: no sockets, no clock. The ventilator turns :class:`EncodeOptions` into the request's
+deadline, its prompt, the side its inputs are cut on, and the dimensions the sink keeps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bertserve.client import protocol as p
+
+from ...config.server import ServerConfig
+from ...model.prompts import Prompts, UnknownPrompt
+from ..policy.admission import Refusal, chunking
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    is_tokenized: bool
+    show_tokens: bool
+    chunk: bool  # long inputs are encoded in windows
+    timeout_s: float  # the request's deadline, from its arrival: the client's, at most the server's
+    prompt: str  # put before every text ("" for none)
+    truncation: str  # "right" or "left"
+    dimensions: int | None  # keep the first k dimensions of each vector
+
+
+def read_options(
+    header: dict[str, Any], config: ServerConfig, model: dict[str, Any], prompts: Prompts
+) -> EncodeOptions | Refusal:
+    """The options ``header`` asks for, or the :class:`Refusal` of the first one at fault.
+    ``model`` is what the workers reported (empty before the first is ready)."""
+    is_tokenized, show_tokens = header.get("is_tokenized", False), header.get("show_tokens", False)
+    for name, value in (("is_tokenized", is_tokenized), ("show_tokens", show_tokens)):
+        if not isinstance(value, bool):
+            return Refusal(f"the header field {name} must be true or false, not {value!r}", "protocol")
+    chunk, refusal = chunking(header.get("long_inputs"), config, model)
+    if refusal is not None:
+        return refusal
+    timeout_s = config.request_timeout_ms / 1000
+    raw_timeout = header.get("timeout_ms")
+    if raw_timeout is not None:
+        if isinstance(raw_timeout, bool) or not isinstance(raw_timeout, (int, float)) or not raw_timeout > 0:
+            return Refusal(f"timeout_ms must be a number of milliseconds > 0, not {raw_timeout!r}")
+        if math.isfinite(raw_timeout):
+            timeout_s = min(timeout_s, raw_timeout / 1000)
+    prompt = _prompt(header.get("prompt_name"), is_tokenized, prompts)
+    if isinstance(prompt, Refusal):
+        return prompt
+    truncation = header.get("truncation_direction", "right")
+    if truncation not in p.TRUNCATION_DIRECTIONS:
+        return Refusal(f"truncation_direction must be 'right' or 'left', not {truncation!r}")
+    dimensions = header.get("dimensions")
+    if dimensions is not None:
+        dim = model.get("output_dim")
+        most = dim if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0 else None
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
+            return Refusal(
+                f"dimensions must be an integer from 1 to {most or 'the model dimension'}, not {dimensions!r}"
+            )
+        if most is not None and dimensions > most:
+            return Refusal(f"dimensions={dimensions} is more than this model's {most} dimensions: ask for 1 to {most}")
+    return EncodeOptions(is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions)
+
+
+def _prompt(name: Any, is_tokenized: bool, prompts: Prompts) -> str | Refusal:
+    if name is not None and not isinstance(name, str):
+        return Refusal(f"prompt_name must be a string, not {type(name).__name__}")
+    if is_tokenized:  # a prompt is text: a tokenized input is taken as it is
+        if name is not None:
+            return Refusal("prompt_name needs text inputs: tokenized inputs are encoded as they are")
+        return ""
+    try:
+        return prompts.text_of(name)
+    except UnknownPrompt as exc:
+        return Refusal(str(exc))

@@ -1,0 +1,193 @@
+"""What the head checks before it starts a process: the model version to serve, the model
+and its options, the CURVE keys, the ports, and what it serves openly.
+
+Each check raises :class:`..errors.StartupError` with the cause, so a bad option stops the
+start with one clear message instead of a child process failing later. Every port the server
+listens on is checked before any process starts; one in use is named with its flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import socket
+from typing import Any
+
+import zmq
+
+from ... import metrics
+from ...config.server import ServerConfig
+from ...errors import StartupError
+from ...security import loopback_only
+from ..versions.book import VersionsBook
+
+logger = logging.getLogger("bertserve.server")
+
+# Where a server is reached by `bertserve status` without --host (which is localhost).
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "*", "::1", "[::1]", "::", "[::]")
+
+
+def choose_version(config: ServerConfig, book: VersionsBook) -> tuple[ServerConfig, bool]:
+    """With a model repository, the config of the version asked for, or of the newest that
+    is whole (the refusals on the way go in ``book``), and whether newer versions are taken
+    (``--model-version latest``). Else ``config`` as it is."""
+    from ...model.repository import choose, is_repository
+
+    if not is_repository(config.model.model_dir):
+        return config, True
+    base = config.model.model_dir
+    try:
+        version, refused = choose(base, config.model_version, config.model, require_manifest=config.require_manifest)
+    except (ValueError, OSError) as exc:
+        raise StartupError(str(exc)) from exc
+    book.repository = base
+    book.record_refusals(refused)
+    logger.info("serving version %d of %s", version.number, base)
+    model = config.model.replace(model_dir=version.path)
+    follow_latest = str(config.model_version) == "latest"
+    return dataclasses.replace(config, model=model, model_version=str(version.number)), follow_latest
+
+
+def check_model(config: ServerConfig, book: VersionsBook) -> tuple[dict[str, Any], str]:
+    """Catch a bad model directory or option here, with its cause: the model's description
+    and the sha256 of its files (which remote workers must share; ``""`` without them). Its
+    tokenizer is the one ``book`` serves."""
+    from ...model.options import resolve_options
+    from ...model.prompts import resolve_prompts
+
+    model_sha256 = ""
+    try:
+        model_info, tokenizer = resolve_options(config.model)
+        prompts = resolve_prompts(config.model.model_dir, config.prompt, config.default_prompt_name)
+        model_info.update(prompts.describe())
+        book.serve_tokenizer(tokenizer)
+        if config.worker_port is not None:
+            from ...model.checksum import tree_sha256
+
+            model_sha256 = tree_sha256(config.model.model_dir, config.model.tuned_model_dir)
+        if config.model_class:
+            from ...model.interface import load_model_class
+
+            load_model_class(config.model_class)
+    except (ValueError, TypeError, OSError, ImportError) as exc:
+        raise StartupError(str(exc)) from exc
+    return model_info, model_sha256
+
+
+def curve_keys(config: ServerConfig) -> Any:
+    from ...security import load_curve_dir
+
+    assert config.curve_dir is not None
+    try:
+        keys = load_curve_dir(config.curve_dir)
+    except (ValueError, OSError) as exc:
+        raise StartupError(f"--curve-dir: {exc}") from exc
+    if config.worker_port is not None and not keys.workers:
+        raise StartupError(
+            f"--curve-dir {config.curve_dir} has no workers/*.key, so no remote worker could join on "
+            f"--worker-port: copy each worker's public key (`bertserve keygen DIR --name NAME`) into "
+            f"{config.curve_dir}/workers/"
+        )
+    return keys
+
+
+def warn_if_exposed(config: ServerConfig) -> None:
+    if not loopback_only(config.bind):
+        logger.warning(
+            "LISTENING ON %s WITHOUT CURVE: anyone who reaches ports %d and %d can send requests and "
+            "subscribe to replies%s%s. Serve with --curve-dir (see `bertserve keygen`) to authenticate "
+            "and encrypt.",
+            config.bind,
+            config.port,
+            config.port_out,
+            ", and stop the server (--allow-terminate true)" if config.allow_terminate else "",
+            f"; on port {config.worker_port} anyone can join as a worker and read every request"
+            if config.worker_port is not None
+            else "",
+        )
+
+
+def warn_if_http_exposed(config: ServerConfig) -> None:
+    http_bind = config.http_bind or config.bind
+    keyless = config.api_key is None and config.api_keys is None
+    if config.http_port is not None and keyless and not loopback_only(http_bind):
+        logger.warning(
+            "SERVING HTTP ON %s:%d WITHOUT AN API KEY: anyone who reaches it can encode. Set --api-keys FILE "
+            "or BERTSERVE_API_KEY.",
+            http_bind,
+            config.http_port,
+        )
+
+
+def check_ports(context: zmq.Context, frontend: zmq.Socket, config: ServerConfig) -> None:
+    """Bind ``frontend`` to the request port, and check that the other ports are free (their
+    processes bind them later): the results port, the HTTP port and the workers' port."""
+    bind(frontend, config.bind, config.port, "--port")
+    assert config.port_out is not None  # ServerConfig made it port + 1
+    check_port_free(context, config.bind, config.port_out, "--port-out")
+    if config.http_port is not None:
+        check_tcp_port_free(config.http_bind or config.bind, config.http_port, "--http-port")
+    if config.worker_port is not None:
+        check_port_free(context, config.bind, config.worker_port, "--worker-port")
+
+
+def cannot_listen(host: str, port: int, flag: str, exc: OSError | zmq.ZMQError) -> StartupError:
+    """The error of a port the server cannot listen on, naming its flag; for one in use, how
+    to tell whether a bertserve holds it, and how to choose another."""
+    reason = exc.strerror or str(exc)
+    message = f"cannot listen on {host}:{port} ({flag}): {reason}"
+    if exc.errno == errno.EADDRINUSE:
+        default = ", by default --port + 1" if flag == "--port-out" else ""
+        check = _who_holds(host, port, flag)
+        message = (
+            f"cannot listen on {host}:{port} ({flag}{default}): the port is in use. {check}"
+            f"to start on another port: {flag} PORT"
+        )
+    return StartupError(message)
+
+
+def _who_holds(host: str, port: int, flag: str) -> str:
+    """How to tell whether a bertserve holds ``port`` as its ``flag``, or nothing if no command can."""
+    if flag in ("--http-port", "--metrics-port"):
+        path = "/metrics" if flag == "--metrics-port" else "/health"
+        return f"To see whether a bertserve already serves there: `curl -s http://{host}:{port}{path}`; "
+    if flag not in ("--port", "--port-out"):
+        return ""
+    where = "" if host in _LOCAL_HOSTS else f" --host {host}"
+    requests = port if flag == "--port" else port - 1  # a server's results port is its --port + 1
+    return f"To see whether a bertserve already serves there: `bertserve status{where} --port {requests}`; "
+
+
+def bind(sock: zmq.Socket, host: str, port: int, flag: str = "--port") -> None:
+    try:
+        sock.bind(f"tcp://{host}:{port}")
+    except zmq.ZMQError as exc:
+        raise cannot_listen(host, port, flag, exc) from None
+
+
+def check_port_free(context: zmq.Context, host: str, port: int, flag: str) -> None:
+    probe = context.socket(zmq.PUB)
+    probe.linger = 0
+    try:
+        bind(probe, host, port, flag)
+    finally:
+        probe.close()
+
+
+def check_tcp_port_free(host: str, port: int, flag: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]") if host not in ("*", "") else "0.0.0.0", port))
+        except OSError as exc:
+            raise cannot_listen(host, port, flag, exc) from None
+
+
+def serve_metrics(config: ServerConfig) -> None:
+    assert config.metrics_port is not None
+    try:
+        metrics.serve(config.metrics_port, config.bind)
+    except OSError as exc:
+        raise cannot_listen(config.bind, config.metrics_port, "--metrics-port", exc) from None

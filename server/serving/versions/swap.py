@@ -1,0 +1,348 @@
+"""Model versions while serving: looking for a new version, and swapping the workers to it.
+
+With ``--model-dir`` a repository of numbered versions (:mod:`..model.repository`), the
+server looks for a newer whole version every ``--poll-interval-s`` seconds and when a client
+sends RELOAD (``bertserve reload``). Hashing model files takes a while, so the look runs on a
+thread of its own while the ventilator keeps serving.
+
+A version found is first made ready to load: its graph and LiteRT model, when not cached
+yet, are built in a child process of their own (:mod:`..model.prepare`, status state
+``preparing``), so a build's transient memory never stays in a worker. A version whose graph
+cannot be built is refused there, before any worker is touched. Then the swap is rolling,
+one worker at a time, and never holds more than one worker beyond ``--num-worker``:
+
+1. a worker of the new version starts in an extra slot, beside the old ones;
+2. once it is ready, new requests are pinned to the new version (requests already admitted
+   keep the old one: every mini-job of a request runs on the version it was admitted under);
+3. one old worker drains (it gets nothing new and finishes what it holds), is stopped and
+   exits; then the next new worker starts, and so on. The last old worker stays until no
+   request pinned to its version is queued, so nothing admitted before the flip is failed.
+
+A new worker that cannot load its version (it exits before it is ready, or takes longer
+than :data:`.swap_plan.LOAD_TIMEOUT_S`) rolls the swap back the same way: the old version is
+served again, its workers are started again, and new-version workers that were ready finish
+what was pinned to them and leave. The version is refused from then on, until its files
+change. A head that takes remote workers (``--worker-port``) does not swap: their hosts hold
+their own copies of the model files.
+
+Each turn :mod:`.swap_plan` says what to do next from a snapshot of the workers; this module
+carries it out, through the ventilator (:class:`.interfaces.WorkerPool`) and the supervisor
+(:class:`.interfaces.WorkerProcesses`), and writes the progress and the refusals in the
+:class:`.versions.VersionsBook`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...config.server import ServerConfig
+from ...errors import ModelError
+from ...model.repository import Checker, Refusal, Version
+from . import plan
+from .plan import Death, Roll, Seen, Step, SwapState
+
+if TYPE_CHECKING:
+    from ...model.prepare import Preparation
+    from .book import VersionsBook
+    from .interfaces import WorkerPool, WorkerProcesses
+
+logger = logging.getLogger("bertserve.server")
+
+
+@dataclass
+class _Found:
+    """What a look at the repository found: the config of a version to swap to (if any) and
+    its tokenizer, the versions refused on the way, and why nothing is to be done."""
+
+    config: ServerConfig | None
+    refused: list[Refusal]
+    tokenizer: Any = None
+    steps: list[str] = dataclasses.field(default_factory=list)  # what its workers load that is not cached yet
+    note: str = ""
+    state: SwapState = SwapState.UNCHANGED  # what a reload that finds nothing to swap to ends in: unchanged or refused
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A version whose graph is being built: its config, the RELOAD it answers, and when."""
+
+    config: ServerConfig
+    reload: int
+    started: float
+
+
+class VersionSwap:
+    """Looks for versions in ``config``'s repository and rolls the local workers from one to
+    another."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        pool: WorkerPool,
+        processes: WorkerProcesses,
+        book: VersionsBook,
+        follow_latest: bool,
+    ) -> None:
+        assert config.version_number is not None
+        self.config = config  # the server's options: a version found replaces its model directory
+        self.pool = pool
+        self.processes = processes
+        self.book = book
+        self.checker = Checker(book.repository, config.model, require_manifest=config.require_manifest)
+        self.follow_latest = follow_latest  # --model-version latest (or reload): newer versions are taken
+        self.interval = config.poll_interval_s
+        self.next_look = time.monotonic() + self.interval
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="bertserve-versions")
+        self.look: Future[_Found] | None = None
+        self.look_reload = 0  # the RELOAD the running look answers (0: a poll)
+        self.served = config  # what the workers run when no swap is under way
+        self.roll: Roll | None = None  # the swap under way
+        self.tokenizers: dict[int | None, Any] = {}  # version -> its tokenizer, until it is served
+        self.preparing: Preparation | None = None  # building what a found version's workers load
+        self.prepared: _Prepared | None = None
+        book.swap_begin(SwapState.IDLE, reload=0)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.preparing is not None:
+            self.preparing.stop()
+
+    # -- looking -------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Called by the server's loop a few times a second."""
+        if self.preparing is not None:
+            self._prepared()
+            return
+        if self.look is not None and self.look.done():
+            self._found(self.look)
+            self.look = None
+        if self.look is None and self.roll is None and self.preparing is None:
+            reload = self.pool.take_reload()
+            if reload is not None:
+                self._start_look(*reload)
+            elif self.interval > 0 and self.follow_latest and now >= self.next_look:
+                self._start_look("latest", 0)
+        if self.roll is not None:
+            self._roll(now)
+
+    def _start_look(self, wanted: str, reload: int) -> None:
+        self.next_look = time.monotonic() + self.interval
+        if reload:
+            self.follow_latest = wanted == "latest"  # a version asked for by number stays until asked again
+            self.book.swap_update(SwapState.CHECKING, reload=reload, wanted=wanted, message="")
+        self.look_reload = reload
+        self.look = self.executor.submit(self._look, wanted, self._serving)
+
+    @property
+    def _serving(self) -> int:
+        version = self.pool.serving_version
+        assert version is not None
+        return version
+
+    def _look(self, wanted: str, current: int) -> _Found:
+        """On the look's thread: the version to swap to, checked, and its tokenizer."""
+        try:
+            if wanted != "latest" and int(wanted) == current:
+                return _Found(None, [], note=f"version {wanted} is already served")
+            version, refused = self.checker.find(wanted, current)
+        except (ModelError, OSError) as exc:  # no such version, or the repository is unreadable
+            return _Found(None, [], note=str(exc), state=SwapState.REFUSED)
+        if version is None:
+            note = f"no version newer than {current} can be served"
+            if refused:
+                note = "; ".join(f"version {r.version.number} is refused: {r.reason}" for r in refused)
+            return _Found(None, refused, note=note, state=SwapState.REFUSED if refused else SwapState.UNCHANGED)
+        return self._prepare(version, refused)
+
+    def _prepare(self, version: Version, refused: list[Refusal]) -> _Found:
+        from ...model.options import resolve_options
+        from ...model.prepare import missing_steps
+
+        config = dataclasses.replace(
+            self.config, model=self.config.model.replace(model_dir=version.path), model_version=str(version.number)
+        )
+        try:
+            _, tokenizer = resolve_options(config.model)
+        except (ValueError, TypeError, OSError) as exc:
+            reason = f"this server's options do not fit its model: {exc}"
+            return self._refuse(version, reason, refused)
+        served = self.book.tokenizer
+        if self.config.http_port is not None and served is not None and not served.same_vocabulary(tokenizer):
+            reason = (
+                "its vocabulary differs from the served version's, with which the HTTP front end reads token "
+                "ids; restart the server to change vocabularies"
+            )
+            return self._refuse(version, reason, refused)
+        try:
+            steps = [] if config.model_class else missing_steps(config.model)
+        except (ValueError, TypeError, OSError) as exc:
+            return self._refuse(version, f"cannot read it: {exc}", refused)
+        return _Found(config, refused, tokenizer, steps)
+
+    def _refuse(self, version: Version, reason: str, refused: list[Refusal]) -> _Found:
+        self.checker.refuse(version, reason)
+        note = f"version {version.number} is refused: {reason}"
+        return _Found(None, [*refused, Refusal(version, reason)], note=note, state=SwapState.REFUSED)
+
+    def _found(self, look: Future[_Found]) -> None:
+        try:
+            found = look.result()
+        except Exception as exc:  # a bug in looking must not stop the server
+            logger.exception("looking for model versions failed")
+            found = _Found(None, [], note=f"looking for model versions failed: {exc}")
+        self.book.record_refusals(found.refused)
+        if found.config is None:
+            if self.look_reload:
+                self.book.swap_update(found.state, message=found.note, finished=time.time())
+                logger.info("reload: %s", found.note)
+            return
+        self.tokenizers[found.config.version_number] = found.tokenizer
+        self.preparing = self.processes.prepare(found.config, found.steps)
+        if self.preparing is None:
+            self.begin(found.config, self.look_reload)
+            return
+        self.prepared = _Prepared(found.config, self.look_reload, time.time())
+        self.book.swap_begin(
+            SwapState.PREPARING,
+            reload=self.look_reload,
+            version_from=self._serving,
+            version_to=found.config.version_number,
+            started=self.prepared.started,
+            message=f"building the graph of version {found.config.version_number}",
+        )
+
+    def _prepared(self) -> None:
+        """Once the preparation has ended: the swap begins, or the version is refused."""
+        assert self.preparing is not None and self.prepared is not None
+        done = self.preparing.poll()
+        if done is None:
+            return
+        prepared, failure = self.prepared, self.preparing.failure
+        self.preparing = self.prepared = None
+        if done:
+            self.begin(prepared.config, prepared.reload, started=prepared.started)  # it starts with its preparation
+            return
+        self._refuse_config(prepared.config, failure)
+        message = f"version {prepared.config.version_number} is refused: {failure}"
+        self.book.swap_update(SwapState.REFUSED, message=message, finished=time.time())
+
+    def _refuse_config(self, config: ServerConfig, reason: str) -> None:
+        """Refuse the version ``config`` serves, found sound but failed once tried."""
+        version = Version(int(config.model_version), config.model.model_dir)
+        self.checker.refuse(version, reason)
+        self.book.record_refusals([Refusal(version, reason)])
+        self.tokenizers.pop(config.version_number, None)
+
+    # -- rolling -------------------------------------------------------------------------
+
+    def begin(self, config: ServerConfig, reload: int, started: float | None = None) -> None:
+        """Start rolling the workers to ``config`` (a version found, and prepared), for the
+        RELOAD ``reload`` (0: a poll), which started at ``started`` (default now)."""
+        old, new = self.served.version_number, config.version_number
+        self.roll = Roll(target=config, previous=self.served)
+        logger.info("swapping model version %s for %s, one worker at a time", old, new)
+        self.book.forget_refusal(new)
+        self.book.swap_begin(
+            SwapState.ROLLING,
+            reload=reload,
+            version_from=old,
+            version_to=new,
+            started=started or time.time(),
+            workers_replaced=0,
+            message=f"starting a worker of version {new}",
+        )
+
+    def _seen(self, now: float) -> Seen:
+        """What the planner is shown: the local workers, the version served, the queue."""
+        pool, processes = self.pool, self.processes
+        retiring = processes.retiring_workers()
+        workers = {
+            index: self._worker(index, version, index in retiring)
+            for index, version in processes.worker_versions().items()
+        }
+        return Seen(now, pool.serving_version, workers, frozenset(pool.queued_versions()))
+
+    def _worker(self, index: int, version: int | None, retiring: bool) -> plan.Worker:
+        pool = self.pool
+        return plan.Worker(
+            version,
+            alive=self.processes.worker_alive(index),
+            retiring=retiring,
+            ready=pool.worker_ready(index),
+            draining=pool.worker_draining(index),
+            holds_jobs=pool.worker_holds_jobs(index),
+        )
+
+    def _roll(self, now: float) -> None:
+        """One turn towards ``--num-worker`` workers of the target version."""
+        assert self.roll is not None
+        self.roll, steps = plan.plan(self.roll, self._seen(now))
+        for step in steps:
+            self._carry_out(step, now)
+
+    def _carry_out(self, step: Step, now: float) -> None:
+        assert self.roll is not None
+        target = self.roll.target.version_number
+        if isinstance(step, plan.KillWorker):
+            logger.error(
+                "worker %d did not load version %s in %.0f s; killing it", step.index, target, plan.LOAD_TIMEOUT_S
+            )
+            self.processes.kill_worker(step.index)  # its exit rolls the swap back
+        elif isinstance(step, plan.ServeTarget):
+            self._serve(step.config)
+        elif isinstance(step, plan.RetireWorker):
+            self.processes.retire_worker(step.index)
+            self.pool.stop_worker(step.index)
+            self.book.swap_replaced()
+        elif isinstance(step, plan.StartWorker):
+            index = self.processes.add_worker(step.config)
+            self.roll = self.roll.started(index, now)
+            self.book.swap_update(message=f"worker {index} is loading version {target}")
+        elif isinstance(step, plan.DrainWorker):
+            self.pool.drain_worker(step.index)
+            self.book.swap_update(message=f"worker {step.index} of version {step.version} is finishing its jobs")
+        elif isinstance(step, plan.Finish):
+            self._finish(step.rolled_back)
+
+    def _serve(self, config: ServerConfig) -> None:
+        self.pool.serve_version(config)
+        tokenizer = self.tokenizers.pop(config.version_number, None)
+        if tokenizer is not None:
+            self.book.serve_tokenizer(tokenizer)
+        logger.info("new requests run on model version %s", config.version_number)
+
+    def _finish(self, rolled_back: bool) -> None:
+        assert self.roll is not None
+        self.served, self.roll = self.roll.target, None
+        state = SwapState.ROLLED_BACK if rolled_back else SwapState.DONE
+        self.book.swap_update(state, finished=time.time(), message=f"serving version {self.served.version_number}")
+        logger.info(
+            "%s: %d worker(s) serve model version %s",
+            "rolled back" if rolled_back else "swap done",
+            len(self.processes.worker_versions()),
+            self.served.version_number,
+        )
+
+    # -- deaths --------------------------------------------------------------------------
+
+    def keep(self, index: int, exitcode: int | None) -> bool:
+        """Worker ``index`` died: whether it is to be started again (see
+        :func:`.swap_plan.on_death`). A new worker that died before it was ready rolls the
+        swap back."""
+        if self.roll is None:
+            return True
+        failed = self.roll.target
+        self.roll, death = plan.on_death(self.roll, self._seen(time.monotonic()), index)
+        if death is Death.ROLL_BACK:
+            reason = f"its worker {index} could not load it (exit code {exitcode}; see the errors above)"
+            self._refuse_config(failed, reason)
+            logger.error("rolling back to model version %s", self.roll.target.version_number)
+            self.book.swap_update(SwapState.ROLLING_BACK, message=f"version {failed.version_number} failed: {reason}")
+        return death is Death.RESTART
