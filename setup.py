@@ -25,6 +25,9 @@ setup(
     python_requires=">=3.10",
     packages=[
         "bertserve.client",
+        "bertserve.client.aio",
+        "bertserve.client.core",
+        "bertserve.client.sync",
         "bertserve.server",
         "bertserve.server.http",
         "bertserve.server.model",
@@ -39,6 +42,7 @@ setup(
         "bertserve.server.serving.worker",
         "bertserve.server.cli",
         "bertserve.server.config",
+        "bertserve.server.testing",
     ],
     package_dir={"bertserve.client": "client", "bertserve.server": "server"},
     package_data={"bertserve.client": ["py.typed"], "bertserve.server": ["py.typed"]},

@@ -1,6 +1,6 @@
 """How a shared bertserve server holds up: fairness, memory at the edges, floods, faults.
 
-Each scenario starts a fresh real server (``tests/serving.py``'s launcher, free loopback
+Each scenario starts a fresh real server (``bertserve.server.testing.launcher``'s launcher, free loopback
 ports, ``--num-worker 2 --cpu --max-seq-len 128``, all-MiniLM-L6-v2 by default), drives it
 with real ``BertClient``s and raw ZeroMQ sockets, and stops it with SIGTERM at its end::
 

@@ -1,7 +1,7 @@
 """Soak test: an open-loop load of mixed request sizes at a multiple of the server's capacity,
 for minutes; every reply checked, every refusal and expiry timed.
 
-Starts a real server on free loopback ports (the shared launcher, ``tests/serving.py``) with
+Starts a real server on free loopback ports (the shared launcher, ``bertserve.server.testing.launcher``) with
 ``--request-timeout-ms`` set to ``--timeout-ms``, computes the expected vector of every corpus
 sentence once with the in-process ``Encoder`` (same model options), then
 

@@ -23,7 +23,7 @@ targets, each PASS or MISS.
 Progress goes to stderr, the markdown tables to stdout. The code: ``_sweep.py``;
 ``_compare.py`` with ``_compare_latency.py`` and ``_compare_report.py``; the command line
 here; and the benchmarks' library, ``lib/`` (servers, client load, RSS, statistics), whose
-servers come from the one launcher the tests use (``tests/serving.py``).
+servers come from the one launcher the tests use (``bertserve.server.testing.launcher``).
 """
 
 from __future__ import annotations

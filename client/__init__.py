@@ -13,8 +13,8 @@ server that uses CURVE, pass ``server_key="server.key"`` and ``client_cert="me.k
 """
 
 from ._version import __version__
-from .aio import AsyncBertClient
-from .client import BertClient
+from .aio.client import AsyncBertClient
+from .core.results import EncodeResult
 from .errors import (
     AuthenticationError,
     BertClientError,
@@ -27,8 +27,8 @@ from .errors import (
     ServerTimeoutError,
     UnknownModelError,
 )
-from .pool import ConcurrentBertClient
-from .results import EncodeResult
+from .sync.client import BertClient
+from .sync.pool import ConcurrentBertClient
 
 __all__ = [
     "AsyncBertClient",

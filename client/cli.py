@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from .advice import Advice
-from .client import BertClient
-from .connection import check_server, length_warning
+from .core.handshake import check_server
+from .core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, LONG_INPUTS, EncodeOptions, tcp_address
+from .core.requests import length_warning
 from .errors import BertClientError, NoServerError
 from .lines import (
     Lines,
@@ -43,10 +44,9 @@ from .lines import (
     source_name,
     unpaired_warning,
 )
-from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, LONG_INPUTS, EncodeOptions
 from .security import keygen
+from .sync.client import BertClient
 from .terminal import is_terminal, print_status, progress_bar
-from .transport import tcp_address
 
 _CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
 _WAITING_AFTER_S = 1.0  # encode says it waits for the server once the handshake takes this long
@@ -349,9 +349,11 @@ def _check_server(
         limit = config.get("max_seq_len")
         if args.pairs and isinstance(limit, int) and (cut := long_pairs(lines, limit, args.is_tokenized)):
             are, they = ("is a sentence pair", "it") if len(cut) == 1 else ("are sentence pairs", "they")
-            print_status("warning", f"{some_lines(cut)} {are} longer than the server's max_seq_len={limit} tokens: "
-                         f"--long-inputs chunk encodes single sentences in windows, never pairs, so {they} will be "
-                         "truncated")  # fmt: skip
+            print_status(
+                "warning",
+                f"{some_lines(cut)} {are} longer than the server's max_seq_len={limit} tokens: --long-inputs "
+                f"chunk encodes single sentences in windows, never pairs, so {they} will be truncated",
+            )
     elif args.long_inputs != "truncate" and (message := length_warning(config, texts, args.is_tokenized, advice)):
         print_status("warning", message)
 

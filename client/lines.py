@@ -109,8 +109,10 @@ def unpaired_warning(lines: Lines, source: str, is_tokenized: bool) -> str | Non
     if not held:
         return None
     holds = "holds" if len(held) == 1 else "hold"
-    return (f"{some_lines(held)} of {source} {holds} '|||', encoded as one sentence a line: "
-            "pass --pairs to encode such lines as sentence pairs")  # fmt: skip
+    return (
+        f"{some_lines(held)} of {source} {holds} '|||', encoded as one sentence a line: "
+        "pass --pairs to encode such lines as sentence pairs"
+    )
 
 
 def skipped_note(lines: Lines, source: str, written: str) -> str | None:

@@ -155,24 +155,33 @@ def check_texts(texts: object, is_tokenized: bool = False, *, pairs: bool = True
         raise TypeError(f"texts must be {kind}, not {type(texts).__name__}")
     for i, item in enumerate(texts):
         if is_tokenized:
-            if isinstance(item, str) or not isinstance(item, Sequence):
-                raise ValueError(f"texts[{i}] must be a list of tokens, not {type(item).__name__}")
-            if not item:
-                raise ValueError(f"texts[{i}] is an empty token list")
-            for j, token in enumerate(item):
-                if not isinstance(token, str) or not token.strip():
-                    raise ValueError(f"texts[{i}][{j}] must be a non-empty string token, got {token!r}")
-                if _has_surrogate(token):
-                    raise ValueError(f"texts[{i}][{j}] holds a lone surrogate, which is not valid Unicode text")
-        elif not isinstance(item, str):
-            raise ValueError(f"texts[{i}] must be a string, not {type(item).__name__}")
-        elif _has_surrogate(item):
-            raise ValueError(f"texts[{i}] holds a lone surrogate, which is not valid Unicode text")
-        elif not item.strip():
-            raise ValueError(f"texts[{i}] is empty")
-        elif pairs and PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(PAIR_SEPARATOR, 1)):
-            raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
+            _check_tokens(i, item)
+        else:
+            _check_text(i, item, pairs)
     return list(texts) if pairs else [one_sentence(item, is_tokenized) for item in texts]
+
+
+def _check_tokens(i: int, item: object) -> None:
+    if isinstance(item, str) or not isinstance(item, Sequence):
+        raise ValueError(f"texts[{i}] must be a list of tokens, not {type(item).__name__}")
+    if not item:
+        raise ValueError(f"texts[{i}] is an empty token list")
+    for j, token in enumerate(item):
+        if not isinstance(token, str) or not token.strip():
+            raise ValueError(f"texts[{i}][{j}] must be a non-empty string token, got {token!r}")
+        if _has_surrogate(token):
+            raise ValueError(f"texts[{i}][{j}] holds a lone surrogate, which is not valid Unicode text")
+
+
+def _check_text(i: int, item: object, pairs: bool) -> None:
+    if not isinstance(item, str):
+        raise ValueError(f"texts[{i}] must be a string, not {type(item).__name__}")
+    if _has_surrogate(item):
+        raise ValueError(f"texts[{i}] holds a lone surrogate, which is not valid Unicode text")
+    if not item.strip():
+        raise ValueError(f"texts[{i}] is empty")
+    if pairs and PAIR_SEPARATOR in item and not all(part.strip() for part in item.split(PAIR_SEPARATOR, 1)):
+        raise ValueError(f"texts[{i}] is a sentence pair with an empty side: {item!r}")
 
 
 def one_sentence(item: Any, is_tokenized: bool = False) -> Any:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tiny_bert
 import zmq
+from bertserve.server.testing import tiny_bert
 
 DATA = Path(__file__).parent / "data"
 

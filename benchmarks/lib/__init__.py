@@ -3,7 +3,8 @@
 - ``inputs``: the corpus, the model directory, the options every model benchmark takes;
 - ``stats``: percentiles, medians, ratios and cosines, one helper each;
 - ``rss``: the one sampler of a server family's resident memory;
-- ``servers``: the tests' launcher (``tests/serving.py``) and what the suite builds on it:
+- ``servers``: the launcher of real servers (``bertserve.server.testing.launcher``, which the tests use
+  too) and what the suite builds on it:
   server options, a server process with its counters and RSS, a pool that stops them all;
 - ``load``: clients in threads, and calls that take turns;
 - ``contenders``: the in-process contenders, bertserve's ``Encoder`` and sentence-transformers;
@@ -13,11 +14,3 @@ The scripts run as ``python benchmarks/NAME.py``, so ``benchmarks/`` is on ``sys
 this package imports as ``lib``. Nothing here imports TensorFlow or PyTorch until an
 in-process contender is built.
 """
-
-import sys
-from pathlib import Path
-
-# The tests' launcher of real servers, tests/serving.py, is the benchmarks' too (lib.servers).
-_TESTS_DIR = str(Path(__file__).resolve().parents[2] / "tests")
-if _TESTS_DIR not in sys.path:
-    sys.path.append(_TESTS_DIR)

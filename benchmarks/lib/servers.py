@@ -1,6 +1,6 @@
 """Real servers for the benchmarks: the tests' launcher, and what the suite builds on it.
 
-Servers are started by the one launcher the tests use, ``tests/serving.py`` (re-exported
+Servers are started by the one launcher the tests use, ``bertserve.server.testing.launcher`` (re-exported
 here: ``free_port``, ``RunningServer``, ``ServerStartError``, ``start_server``,
 ``start_worker_host``), so that tests and benchmarks start, watch and stop servers alike.
 On top of it, for ``suite.py``: :class:`ServerOptions` (the flags a benchmark varies),
@@ -23,12 +23,12 @@ from typing import Any
 
 from bertserve.client import BertClient
 
-# re-exported: the benchmarks import the launcher from here (lib/__init__.py puts tests/ on sys.path)
-from serving import RunningServer as RunningServer
-from serving import ServerStartError as ServerStartError
-from serving import free_port as free_port
-from serving import start_server as start_server
-from serving import start_worker_host as start_worker_host
+# re-exported: the benchmarks import the launcher from here
+from bertserve.server.testing.launcher import RunningServer as RunningServer
+from bertserve.server.testing.launcher import ServerStartError as ServerStartError
+from bertserve.server.testing.launcher import free_port as free_port
+from bertserve.server.testing.launcher import start_server as start_server
+from bertserve.server.testing.launcher import start_worker_host as start_worker_host
 
 from lib.inputs import BENCHMARKS_DIR
 from lib.report import Progress

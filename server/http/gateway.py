@@ -9,7 +9,7 @@ name, or without keys a peer address: :mod:`.principals`) are told apart by thei
 principal; the reply socket subscribes to the prefix (under CURVE: announces it) and so
 reads the replies of them all. Under CURVE the prefix starts with the front end's own public
 key, which the server generated for it and allows. Like every client, it keeps at most as many
-requests unanswered as the server queues replies for its connection (:mod:`bertserve.client.window`),
+requests unanswered as the server queues replies for its connection (:mod:`bertserve.client.core.window`),
 so no HTTP caller's reply is dropped while the event loop is busy elsewhere; the others wait
 their turn, within their deadlines.
 """
@@ -29,8 +29,9 @@ from typing import Any
 import zmq
 from bertserve.client import __version__
 from bertserve.client import protocol as p
+from bertserve.client.aio.places import AsyncPlaces
+from bertserve.client.core.window import ReplyWindow
 from bertserve.client.security import HandshakeWatch, announce, reply_socket
-from bertserve.client.window import AsyncPlaces, ReplyWindow
 
 from ..metrics import HTTP_ID_MARK
 

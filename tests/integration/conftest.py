@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from serving import RunningServer, start_server
+from bertserve.server.testing.launcher import RunningServer, start_server
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ from bertserve.client import (
     ServerTimeoutError,
 )
 from bertserve.client.security import keygen
+from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import expected, pythonpath_env, sentences
-from serving import RunningServer, start_server
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -157,8 +157,8 @@ def test_a_thousand_calls_at_once_come_back_right_without_stalling_the_loop(bert
                 calls += [asyncio.create_task(client.encode([text])) for text in texts[start : start + 10]]
                 await asyncio.sleep(0)
             await asyncio.sleep(0.05)
-            assert client._transport is not None
-            in_flight = client._transport.in_flight
+            assert client._connection.transport is not None
+            in_flight = client._connection.transport.in_flight
         finally:
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
@@ -287,8 +287,8 @@ def test_a_cancelled_call_is_withdrawn_and_its_reply_dropped(paced_server: Runni
                 await call
             after = await client.server_status()
             await asyncio.sleep(0.5)  # time for a late reply to come, and be dropped
-            assert client._transport is not None
-            waiting = client._transport.in_flight
+            assert client._connection.transport is not None
+            waiting = client._connection.transport.in_flight
             return before, after, waiting, await client.encode(big[:4])
 
     before, after, waiting, vectors = run(main)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bertserve.client import BertClient
-from serving import RunningServer
+from bertserve.server.testing.launcher import RunningServer
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,10 +19,10 @@ from bert_serving.client import BertClient as OldClient
 from bertserve.client import AuthenticationError, BertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.client.security import ROUTE_ID_BYTES, announce, keygen, load_public_key, load_secret_cert
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import expected as faulty_expected
 from faulty_model import pythonpath_env, sentences, wait_for
 from integration.test_faults import sink_pid
-from serving import RunningServer, free_port, start_server
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from bertserve.client import BertClient, ServerError, ServerTimeoutError
 from bertserve.client import protocol as p
+from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import RECORD_FILE_ENV, pythonpath_env, sentences, word_id
-from serving import RunningServer, start_server
 
 RECORDING = "faulty_model:RecordingModel"
 ROWS = 64  # the server's --max-batch-size: a request of ROWS is one job, and one model run

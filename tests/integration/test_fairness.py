@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 from bertserve.client import BertClient
+from bertserve.server.testing.launcher import RunningServer
 from faulty_model import sentences, wait_for
-from serving import RunningServer
 
 FLOOD_REQUESTS = 30
 FLOOD_SIZE = 256  # 16 jobs of --max-batch-size 16 each

@@ -25,8 +25,8 @@ import pytest
 import zmq
 from bertserve.client import BertClient, ServerError, ServerTimeoutError
 from bertserve.client import protocol as p
+from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import BREAK_FILE_ENV, CRASH_EXIT_CODE, expected, pythonpath_env, sentences, wait_for
-from serving import RunningServer, start_server
 
 FAULTY = "faulty_model:FaultyModel"
 

@@ -15,10 +15,10 @@ import numpy as np
 import psutil
 import pytest
 from bertserve.client import BertClient
+from bertserve.server.testing.launcher import RunningServer, free_port, metric_total, start_server
 from faulty_model import SLOW_WORD, SlowStartModel, pythonpath_env, sentences, wait_for
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
-from serving import RunningServer, free_port, metric_total, start_server
 
 KEY = "test-key-0123456789"
 MODEL = "tiny-bert"
@@ -119,7 +119,7 @@ def test_token_ids_are_refused_unless_the_server_takes_them(server: HTTPServer) 
 
 
 def _tokenizer_ids(tokens: list[str]) -> list[int]:
-    from tiny_bert import tiny_vocab
+    from bertserve.server.testing.tiny_bert import tiny_vocab
 
     vocab = tiny_vocab()
     return [vocab.index(token) for token in tokens]

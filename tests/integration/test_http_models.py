@@ -14,8 +14,8 @@ import openai
 import pytest
 from bertserve.client import BertClient
 from bertserve.server import Encoder
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import sentences
-from serving import RunningServer, free_port, start_server
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -22,10 +22,10 @@ import openai
 import pytest
 from bertserve.client import BertClient
 from bertserve.client.errors import BertClientError
+from bertserve.server.testing.launcher import RunningServer, free_port, metric_total, start_server
+from bertserve.server.testing.tiny_bert import tiny_vocab
 from faulty_model import expected, pythonpath_env, sentences, wait_for
 from prometheus_client.parser import text_string_to_metric_families
-from serving import RunningServer, free_port, metric_total, start_server
-from tiny_bert import tiny_vocab
 
 KEY = "options-key-0123456789"
 MODEL = "tiny-bert"

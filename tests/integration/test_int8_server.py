@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from bertserve.client import BertClient
 from bertserve.server import Encoder
+from bertserve.server.testing.launcher import start_server
 from checks import cosine_rows
-from serving import start_server
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,7 +15,7 @@ from bert_serving.client import BertClient as OldClient
 from bert_serving.client import ConcurrentBertClient as OldConcurrentClient
 from bertserve.client import BertClient
 from bertserve.client import protocol as p
-from serving import RunningServer, start_server
+from bertserve.server.testing.launcher import RunningServer, start_server
 from zmq.utils import jsonapi
 
 pytestmark = pytest.mark.timeout(180)

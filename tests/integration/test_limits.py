@@ -18,8 +18,8 @@ import pytest
 import zmq
 from bertserve.client import BertClient, ServerError
 from bertserve.client import protocol as p
+from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import expected, pythonpath_env, sentences, wait_for
-from serving import RunningServer, start_server
 
 ServerBusyError = getattr(bertserve.client, "ServerBusyError", ServerError)
 

@@ -20,8 +20,8 @@ import pytest
 from bertserve.client import BertClient
 from bertserve.server import Encoder
 from bertserve.server.model.checksum import write_manifest
-from serving import RunningServer, free_port, start_server
-from tiny_bert import write_tiny_bert
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
+from bertserve.server.testing.tiny_bert import write_tiny_bert
 
 pytestmark = pytest.mark.timeout(300)
 

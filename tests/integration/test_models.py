@@ -21,9 +21,9 @@ import pytest
 from bert_serving.client import BertClient as OldClient
 from bertserve.client import BertClient, ServerError, UnknownModelError
 from bertserve.server import Encoder
-from serving import RunningServer, free_port, start_server, start_worker_host
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server, start_worker_host
+from bertserve.server.testing.tiny_bert import write_tiny_bert
 from test_model_swap import add_version, sentences
-from tiny_bert import write_tiny_bert
 
 pytestmark = pytest.mark.timeout(300)
 

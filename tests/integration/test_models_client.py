@@ -24,9 +24,9 @@ import pytest
 from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient, UnknownModelError
 from bertserve.server import Encoder
 from bertserve.server.cli import main as cli
+from bertserve.server.testing.launcher import RunningServer, start_server
+from bertserve.server.testing.tiny_bert import write_tiny_bert
 from faulty_model import sentences
-from serving import RunningServer, start_server
-from tiny_bert import write_tiny_bert
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from bertserve.client import BertClient
 from bertserve.server.config.model import ModelConfig
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server, start_worker_host
 from faulty_model import expected, pythonpath_env, sentences, wait_for
-from serving import RunningServer, free_port, start_server, start_worker_host
 
 PACED = "faulty_model:PacedModel"
 HEAD_FLAGS = ("--num-worker", "0", "--max-batch-size", "16", "--heartbeat-timeout-ms", "3000")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bertserve.client import AsyncBertClient, BertClient
-from serving import RunningServer, start_server
+from bertserve.server.testing.launcher import RunningServer, start_server
 
 pytestmark = pytest.mark.minilm
 

@@ -21,7 +21,7 @@ import zmq
 from bertserve.client import BertClient, ConcurrentBertClient, ServerError, ServerTimeoutError
 from bertserve.client import protocol as p
 from bertserve.server import Encoder
-from serving import RunningServer, free_port, free_ports, start_server
+from bertserve.server.testing.launcher import RunningServer, free_port, free_ports, start_server
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 from bertserve.client import BertClient, ServerError
+from bertserve.server.testing.launcher import free_ports
 from faulty_model import pythonpath_env, wait_for
-from serving import free_ports
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from bertserve.client import BertClient, ServerError
 from bertserve.client.security import keygen
+from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import expected, pythonpath_env, sentences
-from serving import RunningServer, start_server
 
 pytestmark = pytest.mark.timeout(120)
 

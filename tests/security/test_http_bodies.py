@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import pythonpath_env
-from serving import RunningServer, free_port, start_server
 
 KEY = "bodies-test-key-0123456789"
 BODIES = 32

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import pythonpath_env
-from serving import RunningServer, free_port, start_server
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-fedcba9876543210"
 HEADER_TIMEOUT_S = 2.0

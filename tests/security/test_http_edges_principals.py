@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import pythonpath_env, sentences
-from serving import RunningServer, free_port, start_server
 
 REQUEST = 5  # inputs per request; each principal may have 10 queued
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import expected, pythonpath_env, sentences
 from prometheus_client.parser import text_string_to_metric_families
-from serving import RunningServer, free_port, start_server
 
 ALICE, BOB, OPS = "alice-key-0123456789abcdef", "bob-key-fedcba9876543210", "ops-key-from-the-env-0123"
 REQUEST = 50  # inputs per request; each principal may have 100 queued

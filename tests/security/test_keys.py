@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from bertserve.client.security import keygen
+from bertserve.server.testing.launcher import free_port, start_server
 from faulty_model import pythonpath_env
-from serving import free_port, start_server
 
 pytestmark = pytest.mark.timeout(120)
 

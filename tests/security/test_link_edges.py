@@ -28,8 +28,8 @@ from bertserve.client import __version__ as client_version
 from bertserve.client import protocol as p
 from bertserve.server.model.checksum import tree_sha256
 from bertserve.server.serving.protocol import wire
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import expected, pythonpath_env, wait_for
-from serving import RunningServer, free_port, start_server
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -44,9 +44,9 @@ from bertserve.client import protocol as p
 from bertserve.client.security import ROUTE_ID_BYTES, announce, keygen, load_public_key
 from bertserve.server.security import MAX_TOPIC_BYTES
 from bertserve.server.serving.sink.replies import MAX_INBOUND_BYTES
+from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import expected, pythonpath_env, sentences
 from integration.test_curve import Keys, client, curve_socket
-from serving import RunningServer, start_server
 from zmq.utils.monitor import recv_monitor_message
 
 pytestmark = pytest.mark.timeout(120)

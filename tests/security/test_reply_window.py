@@ -31,8 +31,8 @@ from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import formats
 from bertserve.server.serving.sink.replies import MAX_HELD, Routed
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import expected, pythonpath_env
-from serving import RunningServer, free_port, start_server
 from zmq.auth.certs import _write_key_file
 
 pytestmark = pytest.mark.timeout(180)
@@ -79,7 +79,8 @@ def test_ten_thousand_calls_at_once_on_one_async_client_lose_nothing(server: Run
                 lost.append(len(failed))
                 assert not failed, failed[:3]
                 np.testing.assert_allclose(np.concatenate(results), expected(texts, dim=1024), atol=1e-5)
-                assert client._transport is not None and client._transport.window.size == REPLY_HWM
+                transport = client._connection.transport
+                assert transport is not None and transport.window.size == REPLY_HWM
         return lost
 
     assert asyncio.run(main()) == [0] * 5

@@ -20,8 +20,8 @@ import pytest
 import zmq
 from bertserve.client import BertClient, ServerBusyError
 from bertserve.client import protocol as p
+from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import expected, pythonpath_env, sentences
-from serving import RunningServer, start_server
 
 CONNECTIONS = 32
 HEADROOM_MIB = 300

@@ -20,8 +20,8 @@ import pytest
 import zmq
 from bertserve.client import protocol as p
 from bertserve.server.serving.protocol import wire
+from bertserve.server.testing.launcher import RunningServer, free_port, start_worker_host
 from faulty_model import pythonpath_env
-from serving import RunningServer, free_port, start_worker_host
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -51,7 +51,7 @@ from bertserve.client import protocol as p
 from bertserve.client.cli import add_client_commands
 from bertserve.client.protocol import check_texts
 from bertserve.client.security import keygen, load_public_key
-from serving import free_ports
+from bertserve.server.testing.launcher import free_ports
 from zmq.auth.thread import ThreadAuthenticator
 
 pytestmark = [
@@ -504,7 +504,7 @@ def test_progress_keeps_order_and_raises_what_one_request_raises(
 
 
 def test_per_token_answers_are_joined_as_the_server_joins_them() -> None:
-    from bertserve.client.chunking import join
+    from bertserve.client.core.chunking import join
 
     first, second = np.ones((2, 3, 4), np.float16), np.full((1, 5, 4), 2, np.float16)
     joined = join([first, second])
@@ -637,7 +637,7 @@ def test_async_without_a_server_times_out_and_tries_again_on_the_next_call() -> 
             with pytest.raises(ServerTimeoutError, match=rf"127\.0\.0\.1:{port}.*400 ms") as info:
                 await (client.connect() if attempt == 0 else client.encode(["hello"]))
             assert 0.35 < time.monotonic() - started < 2 and info.value.timeout_ms == 400
-            assert not client.closed and client._transport is None  # nothing left open
+            assert not client.closed and client._connection.transport is None  # nothing left open
         await client.aclose()
 
     asyncio.run(main())
@@ -673,7 +673,7 @@ def test_async_timeout_cancellation_and_late_replies(responder: Callable[..., Re
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(client.encode(["slow three"]), 0.05)
             await asyncio.sleep(SLOW_S + 0.2)  # the late replies come, and are dropped
-            assert client._transport is not None and client._transport.in_flight == 0
+            assert client._connection.transport is not None and client._connection.transport.in_flight == 0
             vectors = await client.encode(["fast"])
             assert vectors[0, 2] == r.commands(p.ENCODE)[-1].request_id
 
@@ -704,7 +704,7 @@ def test_async_busy_and_progress_errors_name_the_text(
             with pytest.raises(ServerError) as piped:
                 await client.encode(bad, show_progress=True)
             assert (piped.value.kind, piped.value.message) == (whole.value.kind, whole.value.message)
-            assert client._transport is not None and client._transport.in_flight == 0
+            assert client._connection.transport is not None and client._connection.transport.in_flight == 0
 
     asyncio.run(main())
     capsys.readouterr()

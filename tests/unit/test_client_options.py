@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from bertserve.client import AsyncBertClient, ConcurrentBertClient
 from bertserve.client import protocol as p
-from bertserve.client.options import EncodeOptions
+from bertserve.client.core.options import EncodeOptions
 from unit.test_client import Responder
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("no_leaked_contexts")]  # and close every socket

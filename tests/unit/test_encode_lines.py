@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from bertserve.client.advice import PYTHON
 from bertserve.client.cli import CLI_ADVICE
-from bertserve.client.connection import check_server, length_warning
+from bertserve.client.core.handshake import check_server
+from bertserve.client.core.options import EncodeOptions
+from bertserve.client.core.requests import length_warning
 from bertserve.client.errors import NoServerError
 from bertserve.client.lines import (
     all_lines,
@@ -26,7 +28,6 @@ from bertserve.client.lines import (
     save,
     some_lines,
 )
-from bertserve.client.options import EncodeOptions
 from bertserve.client.protocol import check_texts, one_sentence
 
 

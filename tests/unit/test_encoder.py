@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 import pytest
-import tiny_bert
 from bertserve.server import Encoder, ModelError
+from bertserve.server.testing import tiny_bert
 from checks import cosine_rows
 
 TEXTS = [

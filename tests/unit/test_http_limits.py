@@ -20,11 +20,11 @@ from bertserve.server.http.principals import Principal, Principals
 from bertserve.server.http.process import _edge_options
 from bertserve.server.http.schemas import HTTPError, quoted
 from bertserve.server.model.tokenization import WordPieceTokenizer
+from bertserve.server.testing.tiny_bert import tiny_vocab
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from tiny_bert import tiny_vocab
 
 KEYS = Principals([Principal.of("alice", "alice-key-0123"), Principal.of("bob", "bob-key-01234")])
 

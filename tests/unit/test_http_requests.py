@@ -16,7 +16,7 @@ from bertserve.server.http.disconnects import ClientGone, unless_disconnected
 from bertserve.server.http.gateway import Gateway, GatewayError
 from bertserve.server.http.options import Asked, asked, checked_dimensions, checked_prompt_name, prompt_text
 from bertserve.server.http.schemas import EmbeddingRequest, EmbedRequest, HTTPError, openai_input
-from serving import free_ports
+from bertserve.server.testing.launcher import free_ports
 
 INFO = {"output_dim": 32, "prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None}
 

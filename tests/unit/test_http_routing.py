@@ -18,8 +18,8 @@ from bertserve.server.http.catalog import Catalog, ModelSettings
 from bertserve.server.http.principals import Principals
 from bertserve.server.http.schemas import STATUS_OF_KIND
 from bertserve.server.model.tokenization import WordPieceTokenizer
+from bertserve.server.testing.tiny_bert import tiny_vocab
 from starlette.testclient import TestClient
-from tiny_bert import tiny_vocab
 
 MODELS: dict[str, dict[str, Any]] = {
     "a": {"output_dim": 32, "dtype": "float32", "model_version": None, "fill": 1.0, "prompts": {"query": "what is: "}},

@@ -15,7 +15,7 @@ from bertserve.client import protocol as p
 from bertserve.server.cli import main as cli
 from bertserve.server.security import handle_subscription
 from bertserve.server.serving.protocol import formats, legacy
-from serving import free_port
+from bertserve.server.testing.launcher import free_port
 
 pytestmark = pytest.mark.timeout(30)
 

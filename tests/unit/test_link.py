@@ -15,8 +15,8 @@ from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import link as link_schema
 from bertserve.server.serving.protocol import wire
 from bertserve.server.serving.remote.host import HostConfig
+from bertserve.server.testing.launcher import free_port
 from rigs import Rig, ventilator_rig
-from serving import free_port
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from bertserve.server import logs
 from bertserve.server.cli import main as cli
-from serving import free_port
+from bertserve.server.testing.launcher import free_port
 
 # What the C++ libraries write while TensorFlow loads and LiteRT starts, as they write it.
 NATIVE = [

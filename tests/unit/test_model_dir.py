@@ -6,10 +6,10 @@ import os
 import shutil
 
 import pytest
-import tiny_bert
 from bertserve.server import ModelConfig, ModelFileError, ModelShapeError
 from bertserve.server.model.model_dir import detect_layout, inspect_model
 from bertserve.server.model.weights import read_weights
+from bertserve.server.testing import tiny_bert
 
 
 def _inspect(model_dir: str, **options: object):

@@ -28,7 +28,7 @@ from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient, 
 from bertserve.client import protocol as p
 from bertserve.client.errors import NoServerError
 from bertserve.client.probe import PROBE_AFTER_S, REFUSED_FOR_S, ServerProbe, is_loopback
-from serving import free_port
+from bertserve.server.testing.launcher import free_port
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaked_contexts")]
 
@@ -152,7 +152,7 @@ def test_the_pool_and_the_async_client_say_it_at_once_too() -> None:
             with pytest.raises(NoServerError, match=rf"no bertserve server at tcp://127\.0\.0\.1:{port}: .*refused"):
                 await (client.connect() if attempt == 0 else client.encode(["hello"]))
             assert time.monotonic() - started < FAST_S
-            assert not client.closed and client._transport is None
+            assert not client.closed and client._connection.transport is None
         await client.aclose()
 
     asyncio.run(main())

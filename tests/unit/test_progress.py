@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from bertserve.client import BertClient, ConcurrentBertClient, ServerError
 from bertserve.client import protocol as p
-from bertserve.client.chunking import ASYNC_WINDOW
-from bertserve.client.connection import Connection
+from bertserve.client.core.chunking import ASYNC_WINDOW
+from bertserve.client.sync.connection import Connection
 from bertserve.server.cli import main as cli
+from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import sentences
-from serving import RunningServer, start_server
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,11 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-import tiny_bert
 from bertserve.server import ModelFileError
 from bertserve.server.errors import ConfigError, ModelOptionError
 from bertserve.server.model.prompts import ST_CONFIG, Prompts, UnknownPrompt, apply_prompt, resolve_prompts
 from bertserve.server.model.tokenization import WordPieceTokenizer
+from bertserve.server.testing import tiny_bert
 
 
 @pytest.fixture(scope="module")

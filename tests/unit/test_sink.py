@@ -15,7 +15,7 @@ from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import wire
 from bertserve.server.serving.sink.sink import Sink, _Pending
-from serving import free_port
+from bertserve.server.testing.launcher import free_port
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,7 +13,7 @@ from bertserve.client.terminal import colour_wanted, paint, print_status
 from bertserve.server import ModelConfig, logs
 from bertserve.server.cli import main as cli
 from bertserve.server.config.server import ServerConfig
-from serving import free_port
+from bertserve.server.testing.launcher import free_port
 
 ESC = "\x1b["
 

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-import tiny_bert
+from bertserve.server.testing import tiny_bert
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tiny_bert
 from bertserve.server import Encoder
 from bertserve.server.model.tokenization import WordPieceTokenizer
+from bertserve.server.testing import tiny_bert
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world"]

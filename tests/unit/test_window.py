@@ -1,8 +1,8 @@
-"""``client/window.py``: the places of a connection's unanswered requests, with the clock passed in."""
+"""``client/core/window.py``: the places of a connection's unanswered requests, with the clock passed in."""
 
 from __future__ import annotations
 
-from bertserve.client.window import ABANDONED_GRACE_S, DEFAULT_SIZE, MAX_SIZE, ReplyWindow, window_size
+from bertserve.client.core.window import ABANDONED_GRACE_S, DEFAULT_SIZE, MAX_SIZE, ReplyWindow, window_size
 
 
 def test_the_size_is_the_servers_reply_hwm_within_bounds() -> None:

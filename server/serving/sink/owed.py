@@ -5,7 +5,7 @@ not read (a client that stopped reading), or when it came before its client's co
 and no room was left to hold it. The client is not left to wait out its timeout in silence:
 the sink owes it a small error reply for that request, naming why, and sends it as soon as
 the connection takes one more message (the client reads again, or connects). Our clients keep
-at most ``reply_hwm`` requests unanswered (:mod:`bertserve.client.window`), so only a client
+at most ``reply_hwm`` requests unanswered (:mod:`bertserve.client.core.window`), so only a client
 that stops reading, or another program on the protocol, ever meets this.
 
 What is owed is bounded: at most :data:`MAX_PER_CLIENT` notices for one client id (past it,

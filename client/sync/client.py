@@ -1,11 +1,12 @@
 """``BertClient``: sentences in, vectors out, from a bertserve server over ZeroMQ.
 
-This module is the client's API: it checks what the caller passes, turns answers into
-vectors, and translates low-level errors at its boundary. The requests and the waits for
-their answers are the :class:`~bertserve.client.connection.Connection`'s, the sockets and
-which reply answers which request its :class:`~bertserve.client.transport.Transport`'s, and
-the windows of requests behind ``encode_async`` and ``encode(show_progress=True)`` are
-:mod:`~bertserve.client.chunking`'s.
+This module is the client's API: it holds the caller to one thread, runs each call through
+the client core (:mod:`~bertserve.client.core`: options, handshake, request framing, reply
+matching, written once for this client and ``AsyncBertClient``), and translates low-level
+errors at its boundary. The waits are the sync driver's
+(:class:`~bertserve.client.sync.connection.Connection` over a
+:class:`~bertserve.client.sync.transport.Transport`), and the windows of requests behind
+``encode_async`` and ``encode(show_progress=True)`` are :mod:`~bertserve.client.core.chunking`'s.
 
 Every wait has a deadline (the ZeroMQ guide's Lazy Pirate client), so a server that is down
 or gone gives :class:`ServerTimeoutError` within ``timeout`` milliseconds instead of a hang.
@@ -29,29 +30,24 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import zmq
 
-from .chunking import checked, chunk_size, chunks, concatenated, gather, in_order
-from .connection import Connection, length_warning
-from .errors import BertClientError, ClientClosedError, ConcurrentUseError, ProtocolVersionError
-from .options import (
+from ..core.base import ClientCore
+from ..core.chunking import checked, chunks, concatenated, gather, in_order
+from ..core.options import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     DEFAULT_TIMEOUT_MS,
+    ClientOptions,
     EncodeOptions,
     RequestOptions,
-    check_host,
-    check_identity,
     check_model,
-    check_output_fmt,
-    check_port,
-    check_port_out,
-    check_timeout,
-    load_curve,
     model_field,
 )
-from .protocol import RELOAD, STATUS, TERMINATE, ProtocolError
-from .results import Embedding, EncodeResult, empty_embedding
-from .security import KeySource
-from .transport import tcp_address
+from ..core.requests import length_warning, plan_encode
+from ..core.results import Embedding, EncodeResult, in_format, shaped
+from ..errors import ClientClosedError, ConcurrentUseError, ProtocolVersionError
+from ..protocol import RELOAD, STATUS, TERMINATE, ProtocolError
+from ..security import KeySource
+from .connection import Connection
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; only type checkers read it
@@ -108,54 +104,67 @@ class BertClient:
         client_cert: str | os.PathLike[str] | None = None,
         model: str | None = None,
     ) -> None:
-        self.host = check_host(host)
-        self.port = check_port("port", port)
-        self.port_out = check_port_out(self.port, port_out)
-        timeout = check_timeout(timeout)
-        check_output_fmt(output_fmt)
-        self.output_fmt = output_fmt
-        curve = load_curve(server_key, client_cert)
-        self.identity = check_identity(identity, None if curve is None else curve.public)
-        self.check_length = check_length
-        self.model = check_model(model)
-        self._address = tcp_address(host, self.port)
+        options = ClientOptions.checked(
+            host,
+            port,
+            port_out,
+            timeout=timeout,
+            output_fmt=output_fmt,
+            identity=identity,
+            check_version=check_version,
+            check_length=check_length,
+            show_server_config=show_server_config,
+            server_key=server_key,
+            client_cert=client_cert,
+            model=model,
+        )
+        self.host, self.port, self.port_out = options.host, options.port, options.port_out
+        self.output_fmt = options.output_fmt
+        self.identity = options.identity
+        self.check_length = options.check_length
+        self.model = options.model
+        self._core = ClientCore(options)
+        self._address = self._core.address
         self._lock = threading.Lock()
         self._closed = False
         #: What the last reply said beside its vectors: ``token_count`` (the tokens its inputs
         #: became, [CLS] and [SEP] included), ``chunked`` (inputs encoded in windows) and, from a
         #: server of a model repository, ``model_version``; from a server of several models, ``model``.
         self.last_info: dict[str, Any] = {}
-        try:
-            self._connection = Connection(
-                host, self.port, self.port_out, self.identity, curve, timeout=timeout, model=self.model
-            )
-        except zmq.ZMQError as exc:
-            self._closed = True
-            raise BertClientError(f"cannot connect to {self._address}: {exc}") from exc
-        try:
-            with self._using():
-                self._connection.handshake()
-        except BaseException:
-            self._closed = True
-            self._connection.destroy()
-            raise
+        self._connection = self._connect()
         if check_version:
             try:
-                self._connection.check_server()
+                self._core.check_server(stacklevel=2)  # past __init__: its caller
             except ProtocolVersionError:
                 self.close()
                 raise
         if show_server_config:
-            logger.info("server config of %s:\n%s", self._address, json.dumps(self._connection.config, indent=2))
+            logger.info("server config of %s:\n%s", self._address, json.dumps(self._core.config, indent=2))
+
+    def _connect(self) -> Connection:
+        """The connection to the server, its handshake done; the client is closed if it fails."""
+        try:
+            connection = Connection(self._core)
+        except zmq.ZMQError as exc:
+            self._closed = True
+            raise self._core.cannot_connect(exc) from exc
+        try:
+            with self._using():
+                connection.handshake()
+        except BaseException:
+            self._closed = True
+            connection.destroy()
+            raise
+        return connection
 
     @property
     def timeout(self) -> float:
         """Milliseconds that any one wait may take; may be changed between calls."""
-        return self._connection.timeout
+        return self._core.timeout
 
     @timeout.setter
     def timeout(self, timeout: float) -> None:
-        self._connection.timeout = timeout
+        self._core.timeout = timeout
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -226,33 +235,58 @@ class BertClient:
 
     @overload
     def encode(
-        self, texts: Sequence[Any], *, blocking: Literal[True] = ..., show_tokens: Literal[False] = ...,
-        show_progress: bool = ..., **options: Unpack[RequestOptions]
-    ) -> Embedding: ...  # fmt: skip
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: Literal[True] = ...,
+        show_tokens: Literal[False] = ...,
+        show_progress: bool = ...,
+        **options: Unpack[RequestOptions],
+    ) -> Embedding: ...
 
     @overload
     def encode(
-        self, texts: Sequence[Any], *, blocking: Literal[True] = ..., show_tokens: Literal[True],
-        show_progress: bool = ..., **options: Unpack[RequestOptions]
-    ) -> tuple[Embedding, list[list[str]]]: ...  # fmt: skip
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: Literal[True] = ...,
+        show_tokens: Literal[True],
+        show_progress: bool = ...,
+        **options: Unpack[RequestOptions],
+    ) -> tuple[Embedding, list[list[str]]]: ...
 
     @overload
     def encode(
-        self, texts: Sequence[Any], *, blocking: Literal[False], show_tokens: bool = ...,
-        show_progress: Literal[False] = ..., **options: Unpack[RequestOptions]
-    ) -> int: ...  # fmt: skip
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: Literal[False],
+        show_tokens: bool = ...,
+        show_progress: Literal[False] = ...,
+        **options: Unpack[RequestOptions],
+    ) -> int: ...
 
     @overload
     def encode(
-        self, texts: Sequence[Any], *, blocking: Literal[True] = ..., show_tokens: bool, show_progress: bool = ...,
-        **options: Unpack[RequestOptions]
-    ) -> Embedding | tuple[Embedding, list[list[str]]]: ...  # fmt: skip
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: Literal[True] = ...,
+        show_tokens: bool,
+        show_progress: bool = ...,
+        **options: Unpack[RequestOptions],
+    ) -> Embedding | tuple[Embedding, list[list[str]]]: ...
 
     @overload
     def encode(
-        self, texts: Sequence[Any], *, blocking: bool = ..., show_tokens: bool = ..., show_progress: bool = ...,
-        **options: Unpack[RequestOptions]
-    ) -> Embedding | tuple[Embedding, list[list[str]]] | int: ...  # fmt: skip
+        self,
+        texts: Sequence[Any],
+        *,
+        blocking: bool = ...,
+        show_tokens: bool = ...,
+        show_progress: bool = ...,
+        **options: Unpack[RequestOptions],
+    ) -> Embedding | tuple[Embedding, list[list[str]]] | int: ...
 
     def encode(
         self,
@@ -287,7 +321,7 @@ class BertClient:
 
         ``long_inputs`` (``"truncate"`` or ``"chunk"``), ``dimensions`` (keep the first k),
         ``prompt_name`` and ``truncation_direction`` (``"right"`` or ``"left"``) are the
-        request's options (see :class:`~bertserve.client.options.EncodeOptions`); each is
+        request's options (see :class:`~bertserve.client.core.options.EncodeOptions`); each is
         sent only when given, and checked before anything is sent. :attr:`last_info` has the
         reply's ``token_count`` and ``chunked`` (how many inputs were encoded in windows).
         ``model`` sends this call to another of the server's models than the client's.
@@ -298,30 +332,41 @@ class BertClient:
         if show_progress and not blocking:
             raise ValueError("show_progress needs blocking=True: fetch() collects a non-blocking request")
         options = EncodeOptions(
-            is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
-            prompt_name=prompt_name, truncation_direction=truncation_direction,
-            model=check_model(model) or self.model, pairs=pairs,
-        )  # fmt: skip
+            is_tokenized=is_tokenized,
+            show_tokens=show_tokens,
+            long_inputs=long_inputs,
+            dimensions=dimensions,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+            model=check_model(model) or self.model,
+            pairs=pairs,
+        )
         with self._using():
             texts = options.check_texts(texts)
             config = self._connection.config_of(options.model)
-            options.check_server(config)
-            chunking = options.chunks_long_inputs(config)
-            if self.check_length and not chunking and (message := length_warning(config, texts, is_tokenized)):
-                warnings.warn(message, stacklevel=2)
-            if blocking and not texts and (empty := empty_embedding(config, self.output_fmt, dimensions)) is not None:
-                return (empty, []) if show_tokens else empty
-            if show_progress and len(texts) > (size := chunk_size(config)):
+            plan = plan_encode(
+                options,
+                texts,
+                config,
+                output_fmt=self.output_fmt,
+                check_length=self.check_length,
+                show_progress=show_progress,
+                blocking=blocking,
+            )
+            if plan.warning:
+                warnings.warn(plan.warning, stacklevel=2)
+            if plan.empty is not None:
+                return shaped(plan.empty, [], show_tokens)
+            if plan.chunk is not None:
                 # One request per chunk, a bar counting the answers, joined as the server joins parts.
-                vectors, tokens = gather(self._in_order(chunks(texts, size), options, "ndarray"), len(texts))
-                embedding = vectors.tolist() if self.output_fmt == "list" else vectors
-                return (embedding, tokens) if show_tokens else embedding
+                vectors, tokens = gather(self._in_order(chunks(texts, plan.chunk), options, "ndarray"), len(texts))
+                return shaped(in_format(vectors, self.output_fmt), tokens, show_tokens)
             deadline = self._connection.deadline()
             request_id = self._connection.send_encode(texts, deadline, options, fetchable=not blocking)
             if not blocking:
                 return request_id
             result = self._collect({request_id}, deadline, f"request {request_id}")
-        return (result.embedding, result.tokens or []) if show_tokens else result.embedding
+        return shaped(result.embedding, result.tokens, show_tokens)
 
     def fetch(self) -> Iterator[EncodeResult]:
         """Yield the answers to the outstanding ``blocking=False`` requests as they arrive.
@@ -355,7 +400,7 @@ class BertClient:
         if sort:
             results.sort(key=lambda result: result.id)
         embeddings = [result.embedding for result in results]
-        return concatenated(embeddings, self.output_fmt, self._connection.config) if concat else embeddings
+        return concatenated(embeddings, self.output_fmt, self._core.config) if concat else embeddings
 
     def encode_async(
         self,
@@ -379,9 +424,14 @@ class BertClient:
         if max_num_batch is not None and (isinstance(max_num_batch, bool) or max_num_batch < 0):
             raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
         options = EncodeOptions(
-            is_tokenized=is_tokenized, long_inputs=long_inputs, dimensions=dimensions, prompt_name=prompt_name,
-            truncation_direction=truncation_direction, model=check_model(model) or self.model, pairs=pairs,
-        )  # fmt: skip
+            is_tokenized=is_tokenized,
+            long_inputs=long_inputs,
+            dimensions=dimensions,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+            model=check_model(model) or self.model,
+            pairs=pairs,
+        )
         with self._using():
             config = self._connection.config_of(options.model)
         options.check_server(config)
@@ -411,9 +461,9 @@ class BertClient:
                 raise ClientClosedError("this BertClient is closed")
             yield
         except ProtocolError as exc:
-            raise BertClientError(f"malformed reply from the server at {self._address}: {exc}") from exc
+            raise self._core.malformed(exc) from exc
         except zmq.ZMQError as exc:
-            raise BertClientError(f"ZeroMQ failed talking to {self._address}: {exc}") from exc
+            raise self._core.zmq_failed(exc) from exc
         finally:
             self._lock.release()
 

@@ -8,8 +8,8 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from .errors import ServerBusyError, ServerError, UnknownModelError
-from .protocol import BUSY, UNKNOWN_MODEL, Reply
+from ..errors import ServerBusyError, ServerError, UnknownModelError
+from ..protocol import BUSY, UNKNOWN_MODEL, Reply
 
 Embedding: TypeAlias = "np.ndarray | list[Any]"
 """One request's vectors: an array, or nested lists with ``output_fmt="list"``."""
@@ -67,3 +67,15 @@ def empty_embedding(
     dtype = config.get("output_dtype")
     empty = np.zeros((0, dim), np.float16 if dtype == "float16" else np.float32)
     return empty.tolist() if output_fmt == "list" else empty
+
+
+def shaped(
+    embedding: Embedding, tokens: list[list[str]] | None, show_tokens: bool
+) -> Embedding | tuple[Embedding, list[list[str]]]:
+    """What ``encode`` returns: the vectors, or ``(vectors, tokens)`` with ``show_tokens``."""
+    return (embedding, tokens or []) if show_tokens else embedding
+
+
+def in_format(vectors: np.ndarray, output_fmt: Literal["ndarray", "list"]) -> Embedding:
+    """``vectors`` as ``output_fmt`` asks: the array, or nested lists."""
+    return vectors.tolist() if output_fmt == "list" else vectors

@@ -8,8 +8,8 @@ late it reads: the queue always has room for every reply it can be sent.
 
 :class:`ReplyWindow` counts the requests a client's connection may still be answered on, with
 no sockets and the clock passed in. The sync transport reads replies while it is full;
-:class:`AsyncPlaces` queues the sends of an event loop (the asyncio client's, the HTTP front
-end's) for its places, first come first.
+:class:`~bertserve.client.aio.places.AsyncPlaces` queues the sends of an event loop (the
+asyncio client's, the HTTP front end's) for its places, first come first.
 
 A request holds its place from the moment it is sent until its reply arrives. One whose
 caller gave up (out of time, or cancelled) still gets a reply from the server (its error, or
@@ -19,10 +19,6 @@ the vectors nobody reads), so it keeps its place until that reply comes, or for
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 DEFAULT_SIZE = 100
@@ -91,65 +87,3 @@ class ReplyWindow:
         if request_id in self._sent:
             self._sent.discard(request_id)
             self._abandoned[request_id] = now + ABANDONED_GRACE_S
-
-
-class AsyncPlaces:
-    """The sends of one event loop waiting for a place in ``window``, first come first.
-
-    :meth:`take` reserves a place (waiting while the window is full); the sender then calls
-    ``window.sent`` (the place is used) or :meth:`give_back`. Whoever frees a place (a reply
-    in, a request abandoned) calls :meth:`hand_out`.
-    """
-
-    def __init__(self, window: ReplyWindow) -> None:
-        self.window = window
-        self._turns: deque[asyncio.Future[None]] = deque()
-
-    async def take(self, deadline: float, closed: Callable[[], bool]) -> bool:
-        """Reserve a place, waiting behind earlier senders while the window is full; ``False``
-        if none came by ``deadline`` (``time.monotonic()``). Once ``closed()`` the wait ends
-        (the caller tells the closing apart)."""
-        if not self._turns and self.window.has_room(time.monotonic()):
-            self.window.reserve()
-            return True
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._turns.append(turn)
-        taken = False
-        try:
-            while not turn.done():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                # At most a second at a time: an abandoned request's place frees itself when its grace runs out.
-                await asyncio.wait([turn], timeout=min(remaining, 1.0))
-                if not turn.done():
-                    self.hand_out()
-            if closed():
-                return False
-            taken = True
-            return True
-        finally:
-            if not turn.done():
-                turn.cancel()  # hand_out skips it
-            elif not taken and not turn.cancelled():  # given a place it will not use
-                self.give_back()
-
-    def give_back(self) -> None:
-        """A place :meth:`take` reserved that was not used."""
-        self.window.unreserve()
-        self.hand_out()
-
-    def hand_out(self) -> None:
-        """Give the free places to the sends waiting for one, first come first."""
-        while self._turns and self.window.has_room(time.monotonic()):
-            turn = self._turns.popleft()
-            if not turn.done():
-                self.window.reserve()
-                turn.set_result(None)
-
-    def wake_all(self) -> None:
-        """End every wait (the connection is closing): each :meth:`take` sees ``closed()``."""
-        turns, self._turns = self._turns, deque()
-        for turn in turns:
-            if not turn.done():
-                turn.set_result(None)

@@ -1,6 +1,7 @@
 """A client's options, checked once where they enter: host and ports, the timeout, the
 identity its replies are addressed to, the CURVE keys it loads, the served model its
-requests go to, and the options of each encode request (:class:`EncodeOptions`).
+requests go to (:class:`ClientOptions`), and the options of each encode request
+(:class:`EncodeOptions`).
 
 ``BertClient``, ``ConcurrentBertClient`` and ``AsyncBertClient`` all check here, so a bad
 option fails the same way, before any socket is opened or anything is sent.
@@ -14,10 +15,10 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
-from .protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TRUNCATION_DIRECTIONS, check_texts
-from .security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
+from ..protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TRUNCATION_DIRECTIONS, check_texts
+from ..security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
 
 DEFAULT_HOST = "localhost"
 DEFAULT_PORT = 5555
@@ -32,6 +33,12 @@ class Curve:
     server: bytes
     public: bytes
     secret: bytes = field(repr=False)
+
+
+def tcp_address(host: str, port: int) -> str:
+    """The ZeroMQ endpoint of ``port`` on ``host`` (an IPv6 address in brackets)."""
+    bracketed = f"[{host}]" if ":" in host else host
+    return f"tcp://{bracketed}:{port}"
 
 
 def check_timeout(timeout: object) -> float:
@@ -143,6 +150,68 @@ def load_curve(server_key: KeySource | None, client_cert: str | os.PathLike[str]
     return Curve(server=load_public_key(server_key), public=public, secret=secret)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClientOptions:
+    """The options of one client, checked (:meth:`checked`): where its server is, how long a
+    wait may take, what its answers look like, who it is, and the model its requests go to."""
+
+    host: str
+    port: int
+    port_out: int
+    timeout: float
+    output_fmt: Literal["ndarray", "list"]
+    identity: bytes
+    curve: Curve | None
+    check_version: bool
+    check_length: bool
+    show_server_config: bool
+    model: str | None
+
+    @property
+    def address(self) -> str:
+        """The server's request endpoint."""
+        return tcp_address(self.host, self.port)
+
+    @classmethod
+    def checked(
+        cls,
+        host: str,
+        port: int,
+        port_out: int | None,
+        *,
+        timeout: float,
+        output_fmt: Literal["ndarray", "list"],
+        identity: bytes | str | None,
+        check_version: bool,
+        check_length: bool,
+        show_server_config: bool,
+        server_key: KeySource | None,
+        client_cert: str | os.PathLike[str] | None,
+        model: str | None,
+    ) -> ClientOptions:
+        """The options a client was given, each checked in turn: the first bad one raises
+        ``ValueError`` or ``TypeError``, and a CURVE key file that cannot be read ``OSError``."""
+        host = check_host(host)
+        port = check_port("port", port)
+        port_out = check_port_out(port, port_out)
+        timeout = check_timeout(timeout)
+        check_output_fmt(output_fmt)
+        curve = load_curve(server_key, client_cert)
+        return cls(
+            host=host,
+            port=port,
+            port_out=port_out,
+            timeout=timeout,
+            output_fmt=output_fmt,
+            identity=check_identity(identity, None if curve is None else curve.public),
+            curve=curve,
+            check_version=check_version,
+            check_length=check_length,
+            show_server_config=show_server_config,
+            model=check_model(model),
+        )
+
+
 # -- the options of one encode call ------------------------------------------------------
 
 LONG_INPUTS = ("truncate", "chunk")
@@ -200,25 +269,9 @@ class EncodeOptions:
                 raise TypeError(f"{name} must be True or False, not {getattr(self, name)!r}")
         if self.long_inputs is not None and self.long_inputs not in LONG_INPUTS:
             raise ValueError(f"long_inputs must be None, 'truncate' or 'chunk', not {self.long_inputs!r}")
-        if self.dimensions is not None:
-            if isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int):
-                raise TypeError(f"dimensions must be an int, not {type(self.dimensions).__name__}")
-            if self.dimensions < 1:
-                raise ValueError(f"dimensions must be at least 1, not {self.dimensions}")
-        if self.prompt_name is not None:
-            if not isinstance(self.prompt_name, str):
-                raise TypeError(f"prompt_name must be a string, not {type(self.prompt_name).__name__}")
-            if not self.prompt_name:
-                raise ValueError("prompt_name must not be empty: pass None for the server's default prompt")
-            if self.is_tokenized:
-                raise ValueError("prompt_name needs text inputs: tokenized inputs are encoded as they are")
-        if self.truncation_direction is not None:
-            if not isinstance(self.truncation_direction, str):
-                raise TypeError(
-                    f"truncation_direction must be a string, not {type(self.truncation_direction).__name__}"
-                )
-            if self.truncation_direction not in TRUNCATION_DIRECTIONS:
-                raise ValueError(f"truncation_direction must be 'right' or 'left', not {self.truncation_direction!r}")
+        _check_dimensions(self.dimensions)
+        _check_prompt_name(self.prompt_name, self.is_tokenized)
+        _check_truncation_direction(self.truncation_direction)
         check_model(self.model)
 
     def check_texts(self, texts: object) -> list[Any]:
@@ -275,3 +328,32 @@ class EncodeOptions:
 
 # The protocol's request options, but the deadline that every request carries, are fields above.
 _SENT_WHEN_GIVEN = tuple(name for name in ENCODE_OPTIONS if name != "timeout_ms")
+
+
+def _check_dimensions(dimensions: object) -> None:
+    if dimensions is None:
+        return
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+        raise TypeError(f"dimensions must be an int, not {type(dimensions).__name__}")
+    if dimensions < 1:
+        raise ValueError(f"dimensions must be at least 1, not {dimensions}")
+
+
+def _check_prompt_name(prompt_name: object, is_tokenized: bool) -> None:
+    if prompt_name is None:
+        return
+    if not isinstance(prompt_name, str):
+        raise TypeError(f"prompt_name must be a string, not {type(prompt_name).__name__}")
+    if not prompt_name:
+        raise ValueError("prompt_name must not be empty: pass None for the server's default prompt")
+    if is_tokenized:
+        raise ValueError("prompt_name needs text inputs: tokenized inputs are encoded as they are")
+
+
+def _check_truncation_direction(direction: object) -> None:
+    if direction is None:
+        return
+    if not isinstance(direction, str):
+        raise TypeError(f"truncation_direction must be a string, not {type(direction).__name__}")
+    if direction not in TRUNCATION_DIRECTIONS:
+        raise ValueError(f"truncation_direction must be 'right' or 'left', not {direction!r}")

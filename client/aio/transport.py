@@ -1,27 +1,24 @@
-"""The sockets of an ``AsyncBertClient`` on its event loop, and which reply answers which request.
+"""The asyncio driver's sockets: sends that wait on the loop, and a reader task that hands
+each reply to the call awaiting it.
 
-Requests go out on one ``PUSH``; replies come in on one reply socket (a ``SUB``, or under
-CURVE a ``DEALER`` that announces the client id: :func:`~bertserve.client.security.reply_socket`),
-both wrapped as pyzmq's asyncio sockets. Every request in flight has a future, and a single
-reader task hands each reply to the future of its request id; a reply nobody waits for any
-more (its caller gave up) is dropped.
+The sockets are :func:`~bertserve.client.sockets.open_sockets`'s, wrapped as pyzmq's asyncio
+sockets. Every request in flight has a future, its tag in the
+:class:`~bertserve.client.core.replies.ReplyBook`, and a single reader task hands each reply to
+the future the book says it answers; a reply nobody waits for any more (its caller gave up) is
+dropped.
 
 Nothing here blocks the event loop: sends are ``NOBLOCK`` and, while the queue to the server
 is full, wait for room on the loop; the reader hands out at most :data:`READ_BATCH` replies
 that have already arrived before it lets the loop run the callers they woke; and each reply
 costs the reader one JSON header, the rest of the work (the vectors) falls to its caller.
 Under CURVE the route is announced before every request and, while requests wait, every
-second, since a restarted sink knows no route until told. A
-:class:`~bertserve.client.security.HandshakeWatch` tells a refused handshake from a server
-that is down, and a :class:`~bertserve.client.probe.ServerProbe`, once asked, a server on this
-machine that is down from one that is slow to answer.
+second, since a restarted sink knows no route until told.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import math
 import time
@@ -30,14 +27,14 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from ._version import __version__
-from .errors import AuthenticationError, ClientClosedError
-from .options import Curve
-from .probe import ServerProbe
-from .protocol import CANCEL, ProtocolError, Reply, decode_reply, encode_request
-from .security import HandshakeWatch, announce, reply_socket
-from .transport import tcp_address
-from .window import AsyncPlaces, ReplyWindow
+from ..core.options import Curve
+from ..core.replies import ReplyBook
+from ..core.window import ReplyWindow
+from ..errors import AuthenticationError, ClientClosedError
+from ..protocol import Reply
+from ..security import announce
+from ..sockets import open_sockets
+from .places import AsyncPlaces
 
 logger = logging.getLogger("bertserve.client")
 
@@ -56,72 +53,63 @@ class AsyncTransport:
     """
 
     def __init__(self, host: str, port: int, port_out: int, identity: bytes, curve: Curve | None) -> None:
+        # The sockets are made plain, for HandshakeWatch (its monitors are plain sockets of the same
+        # context) and for the reads and sends that must not wait; asyncio wrappers share them to wait.
+        self._sockets = sockets = open_sockets(host, port, port_out, identity, curve)
+        try:
+            self._push = zmq.asyncio.Socket.from_socket(sockets.push)
+            self._replies = zmq.asyncio.Socket.from_socket(sockets.replies)
+        except BaseException:
+            sockets.destroy()
+            raise
         self.identity = identity
-        self.address = tcp_address(host, port)
-        self.address_out = tcp_address(host, port_out)
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Reply]] = {}
-        self.window = ReplyWindow()  # sized by the server's CONFIG once the handshake is done
-        self._places = AsyncPlaces(self.window)
+        self.address, self.address_out = sockets.address, sockets.address_out
+        self._watch, self._probe = sockets.watch, sockets.probe
+        self.book: ReplyBook[asyncio.Future[Reply]] = ReplyBook(identity, sockets.address)
+        self._places = AsyncPlaces(self.book.window)
         self._reader: asyncio.Task[None] | None = None
         self._announcer: asyncio.TimerHandle | None = None
         self.closed = False
         self._routed = curve is not None  # replies on a DEALER that announces its route
-        # The sockets are made plain, for HandshakeWatch (its monitors are plain sockets of the same
-        # context) and for the reads and sends that must not wait; asyncio wrappers share them to wait.
-        self._context = zmq.Context()
-        try:
-            self._raw_push = self._context.socket(zmq.PUSH)
-            self._raw_push.setsockopt(zmq.LINGER, 0)
-            self._raw_replies = reply_socket(self._context, identity, routed=curve is not None)
-            for sock in (self._raw_push, self._raw_replies):
-                sock.setsockopt(zmq.IPV6, ":" in host)
-                if curve is not None:  # must come before connect
-                    sock.curve_serverkey = curve.server
-                    sock.curve_publickey = curve.public
-                    sock.curve_secretkey = curve.secret
-            self._watch = HandshakeWatch(
-                {self.address: self._raw_push, self.address_out: self._raw_replies},
-                public_key=None if curve is None else curve.public,
-            )
-            self._raw_push.connect(self.address)
-            self._raw_replies.connect(self.address_out)
-            self._push = zmq.asyncio.Socket.from_socket(self._raw_push)
-            self._replies = zmq.asyncio.Socket.from_socket(self._raw_replies)
-        except BaseException:
-            self._context.destroy(linger=0)
-            raise
-        self._probe = ServerProbe(self._context, host, self.address)
 
     def start(self) -> None:
         """Start the reader and the announcer on the running loop."""
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="bertserve-client-reader")
         self._keep_announced()
 
+    @property
+    def window(self) -> ReplyWindow:
+        """The places of the requests the server may still answer."""
+        return self.book.window
+
+    @property
+    def in_flight(self) -> int:
+        """How many requests wait for their replies."""
+        return len(self.book.awaited)
+
     # -- requests ----------------------------------------------------------------------
 
     def expect(self) -> tuple[int, asyncio.Future[Reply]]:
         """A new request id, and the future its reply will be handed to."""
-        request_id = next(self._ids)
+        request_id = self.book.new_id()
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
+        self.book.expect(request_id, future)
         return request_id, future
 
     def forget(self, request_id: int) -> None:
         """Stop waiting for the reply to ``request_id``: if it comes, it is dropped (a request
         sent keeps its place in :attr:`window` until it does)."""
-        self._waiting.pop(request_id, None)
-        self.window.abandoned(request_id, time.monotonic())
+        self.book.give_up((request_id,), time.monotonic())
 
-    def cancel(self, request_id: int) -> None:
-        """Withdraw ``request_id`` from the server (CANCEL) and forget it. Never waits: with the
-        queue to the server full the CANCEL is dropped, and the request's deadline ends it."""
+    def cancel(self, request_id: int, frames: list[bytes]) -> None:
+        """Withdraw ``request_id`` from the server (sending its CANCEL ``frames``) and forget it.
+        Never waits: with the queue to the server full the CANCEL is dropped, and the request's
+        deadline ends it."""
         self.forget(request_id)
         if self.closed:
             return
-        frames = encode_request(self.identity, CANCEL, request_id, {"client_version": __version__})
         with contextlib.suppress(zmq.Again, zmq.ZMQError):
-            self._raw_push.send_multipart(frames, zmq.NOBLOCK)
+            self._sockets.push.send_multipart(frames, zmq.NOBLOCK)
 
     async def send(self, request_id: int, frames: list[bytes], deadline: float) -> bool:
         """Queue request ``request_id``'s ``frames`` for the server; ``False`` if the queue
@@ -142,24 +130,31 @@ class AsyncTransport:
             self._announce()  # under CURVE: where the reply goes, as the sink may be new
             while True:
                 try:
-                    self._raw_push.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                    self.window.sent(request_id, reserved=True)
+                    self._sockets.push.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    self.book.window.sent(request_id, reserved=True)
                     placed = False
                     return True
                 except zmq.Again:
                     pass
-                remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
-                if remaining_ms <= 0 or self._watch.error(certain_only=True) is not None:
+                if not await self._room_to_send(deadline):
                     return False
-                try:
-                    await self._push.poll(min(remaining_ms, _SEND_CHECK_MS), zmq.POLLOUT)  # type: ignore[call-arg]
-                except asyncio.CancelledError:
-                    if self.closed:  # close() cancels what waits on the sockets
-                        raise ClientClosedError("the client was closed while the request waited to be sent") from None
-                    raise
         finally:
             if placed:
                 self._places.give_back()
+
+    async def _room_to_send(self, deadline: float) -> bool:
+        """Wait a little for room in the queue to the server; ``False`` once ``deadline`` has
+        passed or a handshake was refused for good."""
+        remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0 or self._watch.error(certain_only=True) is not None:
+            return False
+        try:
+            await self._push.poll(min(remaining_ms, _SEND_CHECK_MS), zmq.POLLOUT)  # type: ignore[call-arg]
+        except asyncio.CancelledError:
+            if self.closed:  # close() cancels what waits on the sockets
+                raise ClientClosedError("the client was closed while the request waited to be sent") from None
+            raise
+        return True
 
     def refusal(self, *, certain_only: bool = False) -> AuthenticationError | None:
         """Why the server may never have seen this client: a refused handshake, if one was seen."""
@@ -167,17 +162,13 @@ class AsyncTransport:
 
     def nobody_listens(self, waited_s: float) -> bool:
         """Whether the server is on this machine and nothing listens at its request port
-        (see :class:`ServerProbe`), asked after ``waited_s`` without an answer. Never waits."""
+        (see :class:`~bertserve.client.probe.ServerProbe`), asked after ``waited_s`` without an
+        answer. Never waits."""
         return self._probe.nobody_listens(waited_s)
 
     def stop_probing(self) -> None:
         """Close the probe :meth:`nobody_listens` started, if any."""
         self._probe.close()
-
-    @property
-    def in_flight(self) -> int:
-        """How many requests wait for their replies."""
-        return len(self._waiting)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -187,8 +178,7 @@ class AsyncTransport:
         if self.closed:
             return
         self.closed = True
-        waiting, self._waiting = self._waiting, {}
-        for future in waiting.values():
+        for future in self.book.clear():
             if not future.done():
                 with contextlib.suppress(RuntimeError):  # its loop already closed
                     future.set_exception(ClientClosedError(reason))
@@ -204,7 +194,7 @@ class AsyncTransport:
         for sock in (self._push, self._replies):
             with contextlib.suppress(RuntimeError):  # the wrapper unregisters from a loop that may be closed
                 sock.close(linger=0)
-        self._context.destroy(linger=0)
+        self._sockets.destroy()
 
     async def wait_closed(self) -> None:
         """Wait for the reader to end, after :meth:`close`."""
@@ -218,12 +208,12 @@ class AsyncTransport:
         """Tell a CURVE server where this client's replies go (nothing for a plain one)."""
         if not self._routed:
             return
-        announce(self._raw_replies, self.identity)
+        announce(self._sockets.replies, self.identity)
         # A send can take the descriptor's edge for a reply already in: have the wrapper look again.
         self._replies.get(zmq.EVENTS)
 
     def _keep_announced(self) -> None:
-        if self._waiting:
+        if self.book.awaited:
             self._announce()
         self._watch.drain()  # keep the monitors' queues empty
         self._announcer = asyncio.get_running_loop().call_later(_ANNOUNCE_EVERY_S, self._keep_announced)
@@ -238,7 +228,7 @@ class AsyncTransport:
                 # next, so a burst read whole would hold the loop for as long as the burst.
                 for _ in range(READ_BATCH - 1):
                     try:
-                        frames = self._raw_replies.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = self._sockets.replies.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     self._deliver(frames)
@@ -250,17 +240,10 @@ class AsyncTransport:
                 self.close(f"the reply socket failed: {exc}")
 
     def _deliver(self, frames: list[Any]) -> None:
-        try:
-            reply = decode_reply([frame.buffer for frame in frames])
-        except ProtocolError as exc:
-            logger.warning("ignoring a malformed reply from %s: %s", self.address, exc)
+        reply = self.book.read([frame.buffer for frame in frames])
+        if reply is None:
             return
-        if reply.client_id != self.identity:  # another client whose id starts with ours
-            return
-        if self.window.answered(reply.request_id):
-            self._places.hand_out()
-        future = self._waiting.pop(reply.request_id, None)
-        if future is None:
-            logger.debug("dropping a reply nobody waits for: request %d", reply.request_id)
-        elif not future.done():
+        self._places.hand_out()  # its place is free
+        future = self.book.claim(reply)
+        if future is not None and not future.done():
             future.set_result(reply)

@@ -4,7 +4,8 @@ cut into chunks whose answers join into the answer one request would get.
 ``encode_async`` checks its caller's batches with :func:`checked` and sends them through
 :func:`in_order`. ``encode(show_progress=True)`` cuts its input with :func:`chunks` into
 requests of :func:`chunk_size` texts, sends them the same way, and :func:`gather` counts
-their answers on a progress bar and joins them.
+their answers on a progress bar and joins them (:class:`Gathered`, which the asyncio client's
+tasks fill too). Nothing here opens a socket or waits: the requests are the caller's.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .errors import ServerError
-from .protocol import check_texts
+from ..errors import ServerError
+from ..protocol import check_texts
+from ..terminal import progress_bar
 from .results import Embedding, EncodeResult, empty_embedding
-from .terminal import progress_bar
 
 ASYNC_WINDOW = 4
 """Requests ``encode_async``, and ``encode`` with ``show_progress``, keep in flight at once."""
@@ -94,25 +95,46 @@ def chunks(texts: list[Any], size: int) -> Iterator[list[Any]]:
     return (texts[start : start + size] for start in range(0, len(texts), size))
 
 
+class Gathered:
+    """The answers to the consecutive chunks of one input, as they come, joined as the server
+    joins the parts of one request (:meth:`joined`)."""
+
+    def __init__(self) -> None:
+        self._arrays: list[np.ndarray] = []
+        self._tokens: list[list[str]] = []
+        self.done = 0  # texts answered
+
+    def add(self, result: EncodeResult) -> int:
+        """Keep the answer to the next chunk; how many texts it answers."""
+        self._arrays.append(np.asarray(result.embedding))
+        self._tokens.extend(result.tokens or [])
+        self.done += len(result.embedding)
+        return len(result.embedding)
+
+    def renumbered(self, error: ServerError) -> ServerError:
+        """``error``, the answer to the next chunk, naming each text by its place in the whole
+        input, as the answer to one request would."""
+        return renumbered(error, self.done)
+
+    def joined(self) -> tuple[np.ndarray, list[list[str]]]:
+        """The vectors and tokens of every chunk, as one answer."""
+        return join(self._arrays), self._tokens
+
+
 def gather(answers: Generator[EncodeResult, None, None], total: int) -> tuple[np.ndarray, list[list[str]]]:
     """The answers to the chunks of an input of ``total`` texts, counted on a bar as they come,
     joined as the server joins the parts of one request. An error names each text by its place
     in the whole input, as the answer to one request would; ``answers`` is closed either way."""
-    arrays: list[np.ndarray] = []
-    tokens: list[list[str]] = []
-    done = 0
+    gathered = Gathered()
     try:
         with progress_bar(total) as bar:
             for result in answers:
-                arrays.append(np.asarray(result.embedding))
-                tokens.extend(result.tokens or [])
-                done += len(result.embedding)
-                bar.update(len(result.embedding))
+                bar.update(gathered.add(result))
     except ServerError as exc:  # about the chunk from texts[done] on
-        raise renumbered(exc, done) from None
+        raise gathered.renumbered(exc) from None
     finally:
         answers.close()
-    return join(arrays), tokens
+    return gathered.joined()
 
 
 def join(parts: list[np.ndarray]) -> np.ndarray:

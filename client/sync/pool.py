@@ -16,10 +16,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ..core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, EncodeOptions, check_model, check_timeout
+from ..core.results import Embedding
+from ..errors import ClientClosedError, ServerError, ServerTimeoutError
 from .client import BertClient
-from .errors import ClientClosedError, ServerError, ServerTimeoutError
-from .options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, EncodeOptions, check_model, check_timeout
-from .results import Embedding
 
 
 class ConcurrentBertClient:
@@ -71,16 +71,29 @@ class ConcurrentBertClient:
         the request options, ``model`` among them, included); safe to call from any thread."""
         # Bad input or options fail before waiting for a client.
         options = EncodeOptions(
-            is_tokenized=is_tokenized, show_tokens=show_tokens, long_inputs=long_inputs, dimensions=dimensions,
-            prompt_name=prompt_name, truncation_direction=truncation_direction, model=check_model(model), pairs=pairs,
-        )  # fmt: skip
+            is_tokenized=is_tokenized,
+            show_tokens=show_tokens,
+            long_inputs=long_inputs,
+            dimensions=dimensions,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+            model=check_model(model),
+            pairs=pairs,
+        )
         texts = options.check_texts(texts)
         with self._client() as client:
             return client.encode(
-                texts, show_tokens=show_tokens, show_progress=show_progress, is_tokenized=is_tokenized, pairs=pairs,
-                long_inputs=long_inputs, dimensions=options.dimensions, prompt_name=options.prompt_name,
-                truncation_direction=options.truncation_direction, model=options.model,
-            )  # fmt: skip
+                texts,
+                show_tokens=show_tokens,
+                show_progress=show_progress,
+                is_tokenized=is_tokenized,
+                pairs=pairs,
+                long_inputs=long_inputs,
+                dimensions=options.dimensions,
+                prompt_name=options.prompt_name,
+                truncation_direction=options.truncation_direction,
+                model=options.model,
+            )
 
     @property
     def server_config(self) -> dict[str, Any]:

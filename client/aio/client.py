@@ -1,0 +1,282 @@
+"""``AsyncBertClient``: the client for asyncio programs, any number of requests in flight at once.
+
+    async with AsyncBertClient("localhost", 5555, timeout=10_000) as client:
+        vectors = await client.encode(["First do it", "then do it right"])
+
+One client serves every task of its event loop: each ``encode`` is a request of its own, over the one
+pair of sockets of an :class:`~bertserve.client.aio.transport.AsyncTransport`, whose reader hands each
+reply to the call waiting for it, with at most as many requests unanswered as the server queues replies
+(the rest wait their turn in the client). Its options, handshake, requests and the matching of replies
+are the client core's (:mod:`~bertserve.client.core`), shared with ``BertClient``, so it checks and
+raises as ``BertClient`` does; only the waiting is its own, on the loop. A call that is cancelled, or
+whose timeout runs out, withdraws its request from the server (CANCEL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from ..core.base import ClientCore
+from ..core.chunking import ASYNC_WINDOW, Gathered, chunks
+from ..core.options import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_TIMEOUT_MS,
+    ClientOptions,
+    EncodeOptions,
+    check_model,
+    model_field,
+)
+from ..core.requests import plan_encode
+from ..core.results import Embedding, EncodeResult, answer, encode_result, in_format, shaped
+from ..errors import ServerError
+from ..protocol import ENCODE, RELOAD, STATUS, TERMINATE
+from ..security import KeySource
+from ..terminal import progress_bar
+from .connection import AsyncConnection
+
+logger = logging.getLogger("bertserve.client")
+
+
+class AsyncBertClient:
+    """A connection to one bertserve server for the tasks of one asyncio event loop.
+
+    The options are ``BertClient``'s: ``port_out`` (by default ``port + 1``), ``timeout``
+    (milliseconds that each call waits for its answer, finite), ``output_fmt``, ``identity``,
+    ``check_version``, ``check_length``, ``show_server_config``, ``server_key`` with
+    ``client_cert`` for a server that uses CURVE, and ``model``, the served model every request
+    goes to (``None``: the server's default); they are checked here, before any socket is opened.
+
+    ``async with AsyncBertClient(...) as client`` (or ``await client.connect()``) opens the
+    sockets and asks for the server's configuration, so a server that is not there raises
+    :class:`NoServerError`: within a second if nothing listens on this machine, else within
+    the timeout. A call on a client not yet connected connects first. A connection that fails
+    leaves the client unconnected, and the next call tries again. The client belongs to the
+    event loop it connected on. :meth:`aclose` (or :meth:`close`) fails the calls in flight
+    with :class:`ClientClosedError`; a closed client raises it too, and closing it again does
+    nothing.
+    """
+
+    def __init__(
+        self,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        port_out: int | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_MS,
+        output_fmt: Literal["ndarray", "list"] = "ndarray",
+        identity: bytes | str | None = None,
+        check_version: bool = True,
+        check_length: bool = True,
+        show_server_config: bool = False,
+        server_key: KeySource | None = None,
+        client_cert: str | os.PathLike[str] | None = None,
+        model: str | None = None,
+    ) -> None:
+        options = ClientOptions.checked(
+            host,
+            port,
+            port_out,
+            timeout=timeout,
+            output_fmt=output_fmt,
+            identity=identity,
+            check_version=check_version,
+            check_length=check_length,
+            show_server_config=show_server_config,
+            server_key=server_key,
+            client_cert=client_cert,
+            model=model,
+        )
+        self.host, self.port, self.port_out = options.host, options.port, options.port_out
+        self.output_fmt = options.output_fmt
+        self.identity = options.identity
+        self.check_version = options.check_version
+        self.check_length = options.check_length
+        self.show_server_config = options.show_server_config
+        self.model = options.model
+        self._core = ClientCore(options)
+        self._address = self._core.address
+        self._connection = AsyncConnection(self._core)
+
+    @property
+    def timeout(self) -> float:
+        """Milliseconds that each call waits for its answer; may be changed at any time."""
+        return self._core.timeout
+
+    @timeout.setter
+    def timeout(self, timeout: float) -> None:
+        self._core.timeout = timeout
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._connection.closed
+
+    async def connect(self) -> None:
+        """Open the sockets and ask for the server's configuration, if not done yet.
+
+        Raises :class:`NoServerError` if no server answers (within a second if nothing listens
+        on this machine, else within the timeout), :class:`AuthenticationError` if the CURVE
+        handshake is refused, and :class:`ProtocolVersionError` if the server speaks another
+        protocol; the client is then left unconnected.
+        """
+        await self._connection.open()
+
+    def close(self) -> None:
+        """Fail the calls in flight with :class:`ClientClosedError` and close the sockets;
+        calling it again does nothing. Call it from the client's event loop (or once that
+        loop has stopped); :meth:`aclose` also waits for the reader to end."""
+        self._connection.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then wait for the reader task to end."""
+        self.close()
+        await self._connection.wait_closed()
+
+    async def __aenter__(self) -> AsyncBertClient:
+        await self._connection.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return (
+            f"<AsyncBertClient {self._address} out={self.port_out} id={self.identity!r} {self._connection.state.value}>"
+        )
+
+    # -- control commands --------------------------------------------------------------
+
+    async def server_config(self) -> dict[str, Any]:
+        """The server's configuration of this client's model, asked for afresh, as
+        ``BertClient.server_config``."""
+        return await self.server_config_of(self.model)
+
+    async def server_config_of(self, model: str | None) -> dict[str, Any]:
+        """The server's configuration of ``model`` (``None``: its default model), asked for
+        afresh; :class:`UnknownModelError` if the server does not serve it."""
+        model = check_model(model)
+        return dict(await self._connection.ask_config(model))
+
+    async def server_status(self) -> dict[str, Any]:
+        """The server's current status (workers, queues, counters; each model's in ``models``)."""
+        return await self._call(STATUS, "STATUS")
+
+    async def terminate(self) -> dict[str, Any]:
+        """Ask the server to shut down; its answer (``{"stopping": true}``)."""
+        return await self._call(TERMINATE, "TERMINATE")
+
+    async def reload(self, version: int | str = "latest", *, model: str | None = None) -> dict[str, Any]:
+        """Ask a server of a model repository to swap ``model`` (``None``: this client's) to
+        ``version``, as ``BertClient.reload``."""
+        header = {"version": str(version), **model_field(check_model(model) or self.model)}
+        return await self._call(RELOAD, "RELOAD", header)
+
+    # -- encoding ----------------------------------------------------------------------
+
+    async def encode(
+        self,
+        texts: Sequence[Any],
+        *,
+        is_tokenized: bool = False,
+        pairs: bool = True,
+        show_tokens: bool = False,
+        show_progress: bool = False,
+        long_inputs: str | None = None,
+        dimensions: int | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: str | None = None,
+        model: str | None = None,
+    ) -> Embedding | tuple[Embedding, list[list[str]]]:
+        """Encode ``texts`` into one vector each, as ``BertClient.encode`` does (``blocking``
+        aside: the caller awaits the answer, and other tasks run meanwhile).
+
+        Returns the ``(len(texts), D)`` vectors, or ``(vectors, tokens)`` with ``show_tokens``.
+        Bad texts or options raise ``ValueError``/``TypeError`` before anything is sent. With
+        ``show_progress`` an input larger than one chunk goes as one request per chunk, four in
+        flight, counted on a tqdm bar. ``pairs``, ``long_inputs``, ``dimensions``, ``prompt_name`` and
+        ``truncation_direction`` are the request's options
+        (:class:`~bertserve.client.options.EncodeOptions`), sent with every chunk; ``model``
+        sends the call to another of the server's models than the client's.
+
+        Raises :class:`ServerTimeoutError` when no answer comes within ``timeout`` ms (each
+        chunk's answer), :class:`ServerError` (:class:`ServerBusyError` for a refusal of kind
+        busy) when the server answers with an error, and :class:`ClientClosedError` if the
+        client is closed meanwhile. Cancelling the call withdraws its request from the server.
+        """
+        options = EncodeOptions(
+            is_tokenized=is_tokenized,
+            show_tokens=show_tokens,
+            long_inputs=long_inputs,
+            dimensions=dimensions,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+            model=check_model(model) or self.model,
+            pairs=pairs,
+        )
+        texts = options.check_texts(texts)
+        await self._connection.open()
+        config = await self._connection.config_of(options.model)
+        plan = plan_encode(
+            options,
+            texts,
+            config,
+            output_fmt=self.output_fmt,
+            check_length=self.check_length,
+            show_progress=show_progress,
+        )
+        if plan.warning:
+            warnings.warn(plan.warning, stacklevel=2)
+        if plan.empty is not None:
+            return shaped(plan.empty, [], show_tokens)
+        if plan.chunk is not None:
+            vectors, tokens = await self._encode_chunks(texts, options, plan.chunk)
+            return shaped(in_format(vectors, self.output_fmt), tokens, show_tokens)
+        result = await self._encode(texts, options, self.output_fmt)
+        return shaped(result.embedding, result.tokens, show_tokens)
+
+    # -- internals ---------------------------------------------------------------------
+
+    async def _call(self, command: bytes, what: str, header: dict[str, Any] | None = None) -> dict[str, Any]:
+        return answer(await self._connection.request(command, what, header))
+
+    async def _encode(
+        self, texts: list[Any], options: EncodeOptions, output_fmt: Literal["ndarray", "list"]
+    ) -> EncodeResult:
+        reply = await self._connection.request(ENCODE, "request", options.header(self._core.timeout), texts)
+        return encode_result(reply, options.show_tokens, output_fmt)
+
+    async def _encode_chunks(
+        self, texts: list[Any], options: EncodeOptions, size: int
+    ) -> tuple[np.ndarray, list[list[str]]]:
+        """``texts`` as one request per chunk of ``size``, ``ASYNC_WINDOW`` in flight, joined as
+        the server joins the parts of one request; a tqdm bar counts the texts answered."""
+        parts = chunks(texts, size)
+        in_flight: deque[asyncio.Task[EncodeResult]] = deque()
+        gathered = Gathered()
+        try:
+            with progress_bar(len(texts)) as bar:
+                while True:
+                    while len(in_flight) < ASYNC_WINDOW and (part := next(parts, None)) is not None:
+                        in_flight.append(asyncio.ensure_future(self._encode(part, options, "ndarray")))
+                    if not in_flight:
+                        break
+                    bar.update(gathered.add(await in_flight.popleft()))
+        except ServerError as exc:  # about the chunk from texts[done] on
+            raise gathered.renumbered(exc) from None
+        finally:
+            for task in in_flight:
+                task.cancel()  # each withdraws its request
+            if in_flight:
+                await asyncio.wait(in_flight)
+        return gathered.joined()
