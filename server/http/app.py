@@ -83,16 +83,15 @@ DOCS_ASSETS = "/docs/assets"
 
 
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
-    state: dict[str, Any] = {}
+    api = Endpoints(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
-        state["gateway"] = await gateway_factory()
-        state["catalog"] = Catalog(settings.models, state["gateway"])
+        await api.open(gateway_factory)
         try:
             yield
         finally:
-            await state["gateway"].close()
+            await api.close()
 
     app = FastAPIOffline(  # FastAPI, with /docs and /redoc on local copies of their assets
         title="bertserve",
@@ -110,45 +109,95 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         max_headers=settings.max_headers,
         principal_metrics=settings.metrics_principals,
     )
-    tokenizing = Tokenizing()
+    app.add_exception_handler(HTTPError, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    routes: list[tuple[str, str, Callable[..., Any], str]] = [
+        ("POST", "/v1/embeddings", api.embeddings, "OpenAI-compatible embeddings"),
+        (
+            "GET",
+            "/v1/models",
+            api.models,
+            "The served models, the default first (OpenAI-compatible), with their prompts",
+        ),
+        ("POST", "/embed", api.embed, "Text Embeddings Inference-compatible embeddings"),
+        (
+            "POST",
+            "/tokenize",
+            api.tokenize,
+            "Text Embeddings Inference-compatible tokenization, with the model's tokenizer",
+        ),
+        ("POST", "/encode", api.encode_legacy, "bert-as-service-compatible encoding"),
+        ("GET", "/health", api.health, "Liveness: 200 while this process serves"),
+        ("GET", "/ready", api.ready, "Readiness: 200 while every served model has a worker with it loaded, else 503"),
+        ("GET", "/status", api.status, "The server's status, as `bertserve status` shows it"),
+        ("GET", "/metrics", api.prometheus, "Prometheus metrics of every server process"),
+    ]
+    for method, path, endpoint, summary in routes:
+        app.add_api_route(path, endpoint, methods=[method], summary=summary)
+    return app
 
-    def gateway() -> Gateway:
-        return state["gateway"]
 
-    def catalog() -> Catalog:
-        return state["catalog"]
+async def _http_error(request: Request, exc: HTTPError) -> Response:
+    return error_response(request.url.path, exc)
 
-    @app.exception_handler(HTTPError)
-    async def _http_error(request: Request, exc: HTTPError) -> Response:
-        return error_response(request.url.path, exc)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        """The first problem, by where it is and what pydantic says of it: never the input it
-        quotes (``input``, ``ctx``), which may be as large as the body."""
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ())[1:] if part != "body") or "body"
-        message = f"{where}: {first.get('msg', 'invalid request')}"
-        return error_response(request.url.path, HTTPError(422, message, param=where))
+async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+    """The first problem, by where it is and what pydantic says of it: never the input it
+    quotes (``input``, ``ctx``), which may be as large as the body."""
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(part) for part in first.get("loc", ())[1:] if part != "body") or "body"
+    message = f"{where}: {first.get('msg', 'invalid request')}"
+    return error_response(request.url.path, HTTPError(422, message, param=where))
+
+
+class Endpoints:
+    """The HTTP API's endpoints, over one gateway to the ventilator opened with the app."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.tokenizing = Tokenizing()
+        self._gateway: Gateway | None = None
+        self._catalog: Catalog | None = None
+        self._was_ready = False
+
+    async def open(self, gateway_factory: Callable[[], Awaitable[Gateway]]) -> None:
+        self._gateway = await gateway_factory()
+        self._catalog = Catalog(self.settings.models, self._gateway)
+
+    async def close(self) -> None:
+        if self._gateway is not None:
+            await self._gateway.close()
+
+    @property
+    def gateway(self) -> Gateway:
+        assert self._gateway is not None, "the app's lifespan opens the gateway before any request"
+        return self._gateway
+
+    @property
+    def catalog(self) -> Catalog:
+        assert self._catalog is not None, "the app's lifespan opens the catalog before any request"
+        return self._catalog
 
     # -- encoding --
 
-    def within_limits(texts: list[Any], name: str) -> list[Any]:
+    def within_limits(self, texts: list[Any], name: str) -> list[Any]:
         """``texts`` if within the request and text size limits: checked before anything tokenizes them."""
+        settings = self.settings
         return check_text_limits(texts, name, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
 
     async def encode(
-        request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
+        self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
     ) -> p.Reply:
-        gw = gateway()
+        gw = self.gateway
+        timeout_s = self.settings.request_timeout_s
         ask = gw.request(
             gw.client_id(caller(request)),
             p.ENCODE,
             texts,
             is_tokenized=is_tokenized,
             model=model.name,
-            options=options.header(settings.request_timeout_s),
-            timeout_s=settings.request_timeout_s + 5,
+            options=options.header(timeout_s),
+            timeout_s=timeout_s + 5,
         )
         try:
             reply = await unless_disconnected(ask, request.receive)
@@ -169,33 +218,32 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             )
         return reply
 
-    async def server_status() -> dict[str, Any]:
+    async def server_status(self) -> dict[str, Any]:
         try:
-            return await gateway().status()
+            return await self.gateway.status()
         except GatewayError as exc:
             raise HTTPError(503, f"the server is not answering: {exc}") from None
 
-    async def ready_or_503() -> None:
-        if state.get("was_ready"):
+    async def ready_or_503(self) -> None:
+        if self._was_ready:
             return  # once up, a server answers for itself: it queues while a worker restarts, 503s at shutdown
-        if not (await server_status()).get("ready"):
+        if not (await self.server_status()).get("ready"):
             raise HTTPError(503, "the server is starting: not every model has a worker with it loaded yet")
-        state["was_ready"] = True
+        self._was_ready = True
 
-    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
-    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-        model = catalog().pick(body.model)
-        texts, is_tokenized = openai_input(body.input, model.tokenizer, token_ids=settings.token_id_input)
-        within_limits(texts, "input")
-        await ready_or_503()
-        info = await catalog().info(model)
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
+        model = self.catalog.pick(body.model)
+        texts, is_tokenized = openai_input(body.input, model.tokenizer, token_ids=self.settings.token_id_input)
+        self.within_limits(texts, "input")
+        await self.ready_or_503()
+        info = await self.catalog.info(model)
         if info.get("token_level"):
             raise HTTPError(
                 422,
                 f"the model {model.name!r} returns one vector per token (pooling NONE); "
                 "/v1/embeddings needs one vector per input",
             )
-        reply = await encode(request, model, texts, asked(body, info), is_tokenized=is_tokenized)
+        reply = await self.encode(request, model, texts, asked(body, info), is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
         if body.encoding_format == "base64":
@@ -220,17 +268,15 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             reply,
         )
 
-    @app.get("/v1/models", summary="The served models, the default first (OpenAI-compatible), with their prompts")
-    async def models() -> Response:
-        return json_response({"object": "list", "data": await catalog().listed()})
+    async def models(self) -> Response:
+        return json_response({"object": "list", "data": await self.catalog.listed()})
 
-    @app.post("/embed", summary="Text Embeddings Inference-compatible embeddings")
-    async def embed(body: EmbedRequest, request: Request) -> Response:
-        model = catalog().pick(body.model)
+    async def embed(self, body: EmbedRequest, request: Request) -> Response:
+        model = self.catalog.pick(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        texts = within_limits(checked_texts(texts, "inputs"), "inputs")
-        await ready_or_503()
-        info = await catalog().info(model)
+        texts = self.within_limits(checked_texts(texts, "inputs"), "inputs")
+        await self.ready_or_503()
+        info = await self.catalog.info(model)
         if info.get("token_level"):
             raise HTTPError(
                 422, f"the model {model.name!r} returns one vector per token (pooling NONE); /embed needs one per input"
@@ -241,19 +287,21 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             )
         options = asked(body, info)
         if not body.truncate and body.long_inputs != "chunk":
-            await refuse_over_long(model, info, texts, options)
-        reply = await encode(request, model, texts, options)
+            await self.refuse_over_long(model, info, texts, options)
+        reply = await self.encode(request, model, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
         if body.normalize and not info.get("normalize"):  # after the server kept the first `dimensions`
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return json_response(vectors, reply)
 
-    async def refuse_over_long(model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked) -> None:
+    async def refuse_over_long(
+        self, model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked
+    ) -> None:
         """413 for the first input longer than ``model`` takes, the prompt the workers put
         before it counted (``info``: the model's ``CONFIG`` answer)."""
         prompt = prompt_text(options.prompt_name, info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
-        first = await tokenizing.run(first_over_long, model.tokenizer, prompted)
+        first = await self.tokenizing.run(first_over_long, model.tokenizer, prompted)
         if first is not None:
             with_prompt = " with its prompt" if prompt else ""
             raise HTTPError(
@@ -263,15 +311,14 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
                 "long_inputs=chunk",
             )
 
-    @app.post("/tokenize", summary="Text Embeddings Inference-compatible tokenization, with the model's tokenizer")
-    async def tokenize(body: TokenizeRequest) -> Response:
-        model = catalog().pick(body.model)
+    async def tokenize(self, body: TokenizeRequest) -> Response:
+        model = self.catalog.pick(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        texts = within_limits(checked_texts(texts, "inputs"), "inputs")
-        info = await catalog().said(model)  # the prompts are the model's from the start; no worker is needed
+        texts = self.within_limits(checked_texts(texts, "inputs"), "inputs")
+        info = await self.catalog.said(model)  # the prompts are the model's from the start; no worker is needed
         prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
-        tokens = await tokenizing.run(
+        tokens = await self.tokenizing.run(
             tokenized,
             model.tokenizer,
             prompted,
@@ -281,40 +328,33 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         )
         return json_response(tokens)
 
-    @app.post("/encode", summary="bert-as-service-compatible encoding")
-    async def encode_legacy(body: EncodeRequest, request: Request) -> Response:
-        model = catalog().pick(body.model)
-        texts = within_limits(checked_texts(body.texts, "texts", is_tokenized=body.is_tokenized), "texts")
-        await ready_or_503()
-        info = await catalog().info(model)
-        reply = await encode(request, model, texts, asked(body, info), is_tokenized=body.is_tokenized)
+    async def encode_legacy(self, body: EncodeRequest, request: Request) -> Response:
+        model = self.catalog.pick(body.model)
+        texts = self.within_limits(checked_texts(body.texts, "texts", is_tokenized=body.is_tokenized), "texts")
+        await self.ready_or_503()
+        info = await self.catalog.info(model)
+        reply = await self.encode(request, model, texts, asked(body, info), is_tokenized=body.is_tokenized)
         result = reply.array().astype(np.float32, copy=False)
         return json_response({"id": body.id, "result": result, "chunked": chunked_count(reply)}, reply)
 
     # -- operations --
 
-    @app.get("/health", summary="Liveness: 200 while this process serves")
-    async def health() -> Response:
+    async def health(self) -> Response:
         return json_response({"status": "ok"})
 
-    @app.get("/ready", summary="Readiness: 200 while every served model has a worker with it loaded, else 503")
-    async def ready() -> Response:
-        if not (await server_status()).get("ready"):
+    async def ready(self) -> Response:
+        if not (await self.server_status()).get("ready"):
             raise HTTPError(
                 503, "not every model has a worker with it loaded: the server is starting, or its workers restart"
             )
         return json_response({"status": "ready"})
 
-    @app.get("/status", summary="The server's status, as `bertserve status` shows it")
-    async def status() -> Response:
-        return json_response(await server_status())
+    async def status(self) -> Response:
+        return json_response(await self.server_status())
 
-    @app.get("/metrics", summary="Prometheus metrics of every server process")
-    async def prometheus() -> Response:
+    async def prometheus(self) -> Response:
         body, content_type = await asyncio.to_thread(metrics.render)
         return Response(body, media_type=content_type)
-
-    return app
 
 
 def tokenized(

@@ -1,7 +1,7 @@
 """``bertserve worker``: worker processes on another machine, joined to a head over tcp.
 
 A *host* process runs this machine's worker processes exactly as a head runs its local ones
-(the same :func:`.worker.run_worker`, on ipc sockets the host binds) and relays between them
+(the same :func:`..worker.worker.run_worker`, on ipc sockets the host binds) and relays between them
 and the head over one DEALER connected to the head's ``--worker-port`` (:mod:`.link`, which
 draws the messages):
 
@@ -21,17 +21,22 @@ draws the messages):
   what they hold for up to 10 s, hands back the rest (BYE), and stops them (Ctrl-C again: now).
 
 ``--health-port`` serves container probes (:mod:`.probes`). The workers are
-:class:`.children.Children`, restarted by :mod:`.restarts`' rule, as the head's are.
+:class:`..process.children.Children`, restarted by :mod:`..process.restarts`' rule, as the head's are.
 
-What the head says is checked before it is used (:mod:`.link_schema`), since only CURVE tells
+What the head says is checked before it is used (:mod:`..protocol.link`), since only CURVE tells
 a host that its head is the real one: with ``--server-key`` (and ``--client-cert``) the link
 is a CURVE client that talks only to the holder of that key's secret; without it, whatever
 answers on the head's address is taken for the head, and the host warns at start unless the
 head is on loopback. Either way the model options of a WELCOME are held to
-:class:`.host_config.HostConfig`'s rules (plain file names inside the model directory; a
+:class:`.config.HostConfig`'s rules (plain file names inside the model directory; a
 model class only if this host's own ``--model-class`` names it), and one that breaks them is
 refused: the host says why and exits (code 2), as for REFUSED. With a server key or not, a
-frame past :data:`.link_schema.MAX_FRAME_BYTES` drops the link unread (the host joins again).
+frame past :data:`..protocol.link.MAX_FRAME_BYTES` drops the link unread (the host joins again).
+
+Over 400 lines: :class:`WorkerHost` is one relay whose three sides (the link to the head, the
+workers' sockets and the worker processes) act on one state: which workers run, which are
+registered with the head, which results wait for their credits. Each side is a section of the
+class; split into modules, each would reach into the others' fields.
 """
 
 from __future__ import annotations
