@@ -6,7 +6,7 @@ a frozen graph; embeddings sums, softmax, layer norm, residuals and pooling accu
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -14,11 +14,27 @@ from ..config.model import PoolingStrategy
 from ..errors import ModelError
 
 if TYPE_CHECKING:
-    from .graph import GraphSpec
     from .model_dir import BertConfig
 
 
-def prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: GraphSpec) -> dict[str, np.ndarray]:
+class ForwardSpec(Protocol):
+    """What the forward pass computes (:class:`.graph.GraphSpec` is one)."""
+
+    @property
+    def pooling_strategy(self) -> PoolingStrategy: ...
+    @property
+    def pooling_layer(self) -> tuple[int, ...]: ...
+    @property
+    def mask_cls_sep(self) -> bool: ...
+    @property
+    def normalize(self) -> bool: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def output_dtype(self) -> str: ...
+
+
+def prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
     """Fuse Q, K and V into one matrix (with the query pre-scaled) and store the matrices
     in the compute dtype."""
     compute = _numpy_dtype(spec.dtype)
@@ -62,7 +78,7 @@ def _numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype({"fp32": np.float32, "fp16": np.float16, "int8": np.float32}[dtype])
 
 
-def forward(w: dict, config: BertConfig, spec: GraphSpec, input_ids, input_mask, segment_ids):
+def forward(w: dict, config: BertConfig, spec: ForwardSpec, input_ids, input_mask, segment_ids):
     import tensorflow as tf
 
     # int8's graph is fp32: its LiteRT form (see .int8) holds the int8 weights.
