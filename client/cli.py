@@ -1,65 +1,24 @@
-"""The client's ``bertserve`` sub-commands: ``encode``, ``status``, ``stop`` and ``keygen``.
+"""The client's ``bertserve`` sub-commands and their flags: ``encode``, ``status``, ``stop``,
+``reload`` and ``keygen``.
 
 They never import TensorFlow. ``encode``, ``status`` and ``stop`` talk to a running server;
 ``--host``, ``--port``, ``--port-out``, ``--server-key`` and ``--client-cert`` default to
 ``BERTSERVE_HOST``, ``BERTSERVE_PORT``, ``BERTSERVE_PORT_OUT``, ``BERTSERVE_SERVER_KEY`` and
 ``BERTSERVE_CLIENT_CERT`` when those are set; without either, ``--port-out`` is ``--port`` + 1,
-as on the server. ``keygen`` writes a CURVE certificate pair.
-Each command returns its exit code: 0, or 1 with a one-line error on stderr when the server
-does not answer or answers with an error, or ``encode``'s input breaks its promise of one
-vector a line (:mod:`~bertserve.client.lines`). Errors and warnings name the commands' flags,
-not the Python API's options (:data:`CLI_ADVICE`). ``encode`` shows a progress bar on stderr
-when stderr is a terminal, and says so there when the server takes over a second to answer.
+as on the server. ``keygen`` writes a CURVE certificate pair. What each command does is
+:mod:`~bertserve.client.commands`'.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
-from .advice import Advice
-from .core.handshake import check_server
-from .core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, LONG_INPUTS, EncodeOptions, tcp_address
-from .core.requests import length_warning
-from .errors import BertClientError, NoServerError
-from .lines import (
-    Lines,
-    empty_sided_pair,
-    long_pairs,
-    numbered,
-    read_lines,
-    save,
-    skipped_note,
-    some_lines,
-    source_name,
-    unpaired_warning,
-)
-from .security import keygen
-from .sync.client import BertClient
-from .terminal import is_terminal, print_status, progress_bar
+from . import commands
+from .core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, LONG_INPUTS
 
 _CONTROL_TIMEOUT_MS = 5_000  # status and stop: a server that answers at all answers these at once
-_WAITING_AFTER_S = 1.0  # encode says it waits for the server once the handshake takes this long
-
-CLI_ADVICE = Advice(
-    chunk="pass --long-inputs chunk",
-    silence_length="pass --long-inputs truncate",
-    silence_version=None,
-    max_seq_len="--max-seq-len",
-    server_elsewhere="pass its --host and --port",
-    input="line",
-)
-"""How the commands' messages say what to change: with their flags."""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -142,17 +101,17 @@ def add_client_commands(subparsers: Any) -> None:
         metavar="NAME",
         help=unset_help("the served model to encode with, on a server of several", None, "the server's default model"),
     )
-    encode.set_defaults(run=_cmd_encode)
+    encode.set_defaults(run=commands.encode)
 
     status = subparsers.add_parser(
         "status", help="print a running server's status as JSON", formatter_class=HelpFormatter
     )
     _add_connection_arguments(status, _CONTROL_TIMEOUT_MS)
-    status.set_defaults(run=_cmd_status)
+    status.set_defaults(run=commands.status)
 
     stop = subparsers.add_parser("stop", help="ask a running server to shut down", formatter_class=HelpFormatter)
     _add_connection_arguments(stop, _CONTROL_TIMEOUT_MS)
-    stop.set_defaults(run=_cmd_stop)
+    stop.set_defaults(run=commands.stop)
 
     reload = subparsers.add_parser(
         "reload",
@@ -173,7 +132,7 @@ def add_client_commands(subparsers: Any) -> None:
         metavar="NAME",
         help=unset_help("the served model to swap, on a server of several", None, "the server's default model"),
     )
-    reload.set_defaults(run=_cmd_reload)
+    reload.set_defaults(run=commands.reload)
 
     keys = subparsers.add_parser(
         "keygen",
@@ -185,7 +144,7 @@ def add_client_commands(subparsers: Any) -> None:
     )
     keys.add_argument("directory", metavar="DIR", help="where to write the pair (created if missing)")
     keys.add_argument("--name", required=True, help="file name of the pair, e.g. server or a client's name")
-    keys.set_defaults(run=_cmd_keygen)
+    keys.set_defaults(run=commands.keygen)
 
 
 def _positive_int(value: str) -> int:
@@ -240,178 +199,3 @@ def _add_connection_arguments(parser: argparse.ArgumentParser, timeout_ms: int) 
             "plain TCP",
         ),
     )
-
-
-def _connect(args: argparse.Namespace, **options: Any) -> BertClient:
-    """A client for the command's server; a bad CURVE option becomes a :class:`BertClientError`
-    so that the command reports it in one line like any other failure."""
-    try:
-        return BertClient(
-            args.host,
-            args.port,
-            args.port_out,
-            timeout=args.timeout,
-            server_key=args.server_key,
-            client_cert=args.client_cert,
-            **options,
-        )
-    except ValueError as exc:
-        raise BertClientError(str(exc)) from exc
-
-
-def _fail(exc: Exception) -> int:
-    print_status("error", exc.advise(CLI_ADVICE) if isinstance(exc, NoServerError) else str(exc))
-    return 1
-
-
-@contextmanager
-def _said_if_slow(message: str) -> Iterator[None]:
-    """Print ``message`` on stderr if the block takes over :data:`_WAITING_AFTER_S`, and only
-    when stderr is a terminal: a person waiting learns what for, a pipe stays clean."""
-    if not is_terminal(sys.stderr):
-        yield
-        return
-    lock = threading.Lock()
-    finished = threading.Event()
-
-    def say() -> None:
-        with lock:
-            if not finished.is_set():
-                print(message, file=sys.stderr, flush=True)
-
-    timer = threading.Timer(_WAITING_AFTER_S, say)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        with lock:
-            finished.set()
-        timer.cancel()
-
-
-def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _cmd_encode(args: argparse.Namespace) -> int:
-    source = source_name(args.input)
-    try:
-        lines = numbered(read_lines(args.input, keep_blank=True), source, skip_blank=args.skip_blank)
-        if args.pairs and (problem := empty_sided_pair(lines, args.is_tokenized)):
-            raise ValueError(f"{problem}: write both sentences, or pass --no-pairs")
-    except (OSError, ValueError) as exc:
-        return _fail(exc)
-    if not args.pairs and (unpaired := unpaired_warning(lines, source, args.is_tokenized)):
-        print_status("warning", unpaired)
-    texts: list[Any] = [line.split() for line in lines.texts] if args.is_tokenized else lines.texts
-    started = time.perf_counter()
-    address = tcp_address(args.host, args.port)
-    try:
-        with _said_if_slow(f"waiting for the server at {address} ..."):
-            client = _connect(args, model=args.model, check_version=False, check_length=False)
-        with client:
-            _check_server(client.server_config, address, lines, texts, args)
-            parts = []
-            batches = _batches(texts, args.batch_size)
-            with progress_bar(len(texts), disable=not is_terminal(sys.stderr)) as bar:
-                for part in client.encode_async(
-                    batches, is_tokenized=args.is_tokenized, pairs=args.pairs, long_inputs=args.long_inputs
-                ):
-                    parts.append(part)
-                    bar.update(len(part))
-            vectors = np.concatenate(parts, axis=0)
-    except BertClientError as exc:
-        return _fail(exc)
-    elapsed = time.perf_counter() - started
-    written = save(args.output, vectors, lines.numbers)
-    if skipped := skipped_note(lines, source, written):
-        print(skipped, file=sys.stderr)
-    count = vectors.shape[0]
-    print(
-        f"wrote {count} {'vector' if count == 1 else 'vectors'} of dimension {vectors.shape[-1]} to {written} "
-        f"in {elapsed:.1f} s ({len(texts) / max(elapsed, 1e-9):.0f} sentences/s)",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def _check_server(
-    config: dict[str, Any], address: str, lines: Lines, texts: list[Any], args: argparse.Namespace
-) -> None:
-    """What ``BertClient`` checks and warns of on its own (the server's protocol and version,
-    lines that will be cut), said in flags and line numbers; and sentence pairs that
-    ``--long-inputs chunk`` will cut even so."""
-    advice = replace(CLI_ADVICE, line_numbers=lines.numbers)
-    check_server(config, address, stacklevel=2, advice=advice)
-    if EncodeOptions(long_inputs=args.long_inputs).chunks_long_inputs(config):
-        limit = config.get("max_seq_len")
-        if args.pairs and isinstance(limit, int) and (cut := long_pairs(lines, limit, args.is_tokenized)):
-            are, they = ("is a sentence pair", "it") if len(cut) == 1 else ("are sentence pairs", "they")
-            print_status(
-                "warning",
-                f"{some_lines(cut)} {are} longer than the server's max_seq_len={limit} tokens: --long-inputs "
-                f"chunk encodes single sentences in windows, never pairs, so {they} will be truncated",
-            )
-    elif args.long_inputs != "truncate" and (message := length_warning(config, texts, args.is_tokenized, advice)):
-        print_status("warning", message)
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    try:
-        with _connect(args, check_version=False) as client:
-            status = client.server_status
-    except BertClientError as exc:
-        return _fail(exc)
-    print(json.dumps(status, indent=2, sort_keys=True))
-    return 0
-
-
-def _cmd_stop(args: argparse.Namespace) -> int:
-    try:
-        with _connect(args, check_version=False) as client:
-            client.terminate()
-    except BertClientError as exc:
-        return _fail(exc)
-    print(f"the server at tcp://{args.host}:{args.port} is stopping")
-    return 0
-
-
-_SWAP_ENDS = {"unchanged": 0, "done": 0, "refused": 1, "rolled_back": 1}  # final swap states -> exit code
-
-
-def _cmd_reload(args: argparse.Namespace) -> int:
-    """Send RELOAD, then print the swap's progress from the status until it ends."""
-    try:
-        with _connect(args, check_version=False) as client:
-            answer = client.reload(args.model_version, model=args.model)
-            print(f"the server serves version {answer.get('model_version')}; looking for {answer.get('wanted')}")
-            deadline = time.monotonic() + args.wait_s
-            said = ""
-            while time.monotonic() < deadline:
-                status = client.server_status
-                swap = (status.get("models", {}).get(args.model, {}) if args.model else status).get("swap", {})
-                if swap.get("reload") == answer["reload"]:
-                    line = f"{swap.get('state')}: {swap.get('message', '')}".rstrip(": ")
-                    if line != said:
-                        print(line)
-                        said = line
-                    if swap.get("state") in _SWAP_ENDS:
-                        return _SWAP_ENDS[swap["state"]]
-                time.sleep(0.5)
-    except BertClientError as exc:
-        return _fail(exc)
-    if args.wait_s > 0:
-        print_status("warning", f"the swap had not ended after {args.wait_s:.0f} s; see `bertserve status`")
-    return 0
-
-
-def _cmd_keygen(args: argparse.Namespace) -> int:
-    try:
-        public, secret = keygen(args.directory, args.name)
-    except (OSError, ValueError) as exc:
-        return _fail(exc)
-    print(public)
-    print(secret)
-    return 0

@@ -15,7 +15,6 @@ whose timeout runs out, withdraws its request from the server (CANCEL).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import warnings
 from collections import deque
@@ -42,8 +41,6 @@ from ..protocol import ENCODE, RELOAD, STATUS, TERMINATE
 from ..security import KeySource
 from ..terminal import progress_bar
 from .connection import AsyncConnection
-
-logger = logging.getLogger("bertserve.client")
 
 
 class AsyncBertClient:

@@ -13,6 +13,10 @@ or gone gives :class:`ServerTimeoutError` within ``timeout`` milliseconds instea
 With ``server_key`` and ``client_cert`` both sockets use CURVE, and the client's identity is
 its public key, ``":"`` and a suffix, the only form a CURVE server lets it use; a refused
 handshake raises :class:`AuthenticationError` rather than a timeout.
+
+Over 400 lines: this is the sync client's public API, and most of it is the documentation of
+that API (each method's docstring) and the five typing overloads of ``encode``; what the calls
+share with ``AsyncBertClient`` is in the core already.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from bertserve.server import security as s
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import formats
-from bertserve.server.serving.sink.replies import MAX_HELD, Routed
+from bertserve.server.serving.sink.held import MAX_HELD
+from bertserve.server.serving.sink.replies import Routed
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import expected, pythonpath_env
 from zmq.auth.certs import _write_key_file

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bertserve.client.advice import PYTHON
-from bertserve.client.cli import CLI_ADVICE
+from bertserve.client.commands import CLI_ADVICE
 from bertserve.client.core.handshake import check_server
 from bertserve.client.core.options import EncodeOptions
 from bertserve.client.core.requests import length_warning
