@@ -13,8 +13,10 @@ import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
+from bertserve.server.serving.protocol import sink as messages
 from bertserve.server.serving.protocol import wire
-from bertserve.server.serving.sink.sink import Sink, _Pending
+from bertserve.server.serving.sink.pending import Pending
+from bertserve.server.serving.sink.sink import Sink
 from bertserve.server.testing.launcher import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -30,9 +32,10 @@ class Harness:
     def send(self, *frames: bytes) -> None:
         self.push.send_multipart(list(frames))
 
-    def register(self, key: str, client: bytes, request_id: int, count: int) -> None:
+    def register(self, key: str, client: bytes, request_id: int, count: int, **extra: object) -> None:
+        now = time.monotonic()
         info = {"key": key, "client": client.hex(), "request_id": request_id, "count": count, "show_tokens": False}
-        self.send(wire.REGISTER, p.dumps(info))
+        self.send(wire.REGISTER, p.dumps({"admitted": now, "deadline": now + 60, **info, **extra}))
 
     def result(self, parts: list[tuple[str, list[int]]], vectors: np.ndarray, lengths: list[int] | None = None) -> None:
         header = {"parts": [{"key": k, "rows": r} for k, r in parts], **p.array_header(vectors), "tokens": None}
@@ -141,10 +144,10 @@ def test_a_result_that_does_not_fit_its_request_becomes_an_error_reply(harness: 
 
 
 def test_a_failure_to_assemble_becomes_an_error_reply(harness: Harness, monkeypatch) -> None:
-    def broken(self: _Pending) -> np.ndarray:
+    def broken(self: Pending) -> np.ndarray:
         raise MemoryError("no room")
 
-    monkeypatch.setattr(_Pending, "assemble", broken)
+    monkeypatch.setattr(Pending, "assemble", broken)
     sub = subscribed(harness, b"c")
     key = p.request_key(b"c", 3)
     harness.register(key, b"c", 3, 1)
@@ -212,8 +215,7 @@ def test_dimensions_keep_the_first_k_renormalized_and_too_many_is_an_input_error
         (3, {"dimensions": 5, "renormalize": True}),
     ):
         key = p.request_key(b"d", request_id)
-        info = {"key": key, "client": b"d".hex(), "request_id": request_id, "count": 3, **extra}
-        harness.send(wire.REGISTER, p.dumps(info))
+        harness.register(key, b"d", request_id, 3, **extra)
         harness.result([(key, [0, 1, 2])], vectors)
     replies = {reply.request_id: reply for reply in (receive(sub) for _ in range(3)) if reply is not None}
     cut = vectors[:, :2] / np.linalg.norm(vectors[:, :2], axis=1, keepdims=True)
@@ -223,11 +225,69 @@ def test_dimensions_keep_the_first_k_renormalized_and_too_many_is_an_input_error
     assert "dimensions=5 is more than this model's 4 dimensions" in replies[3].header["error"]
 
 
-def test_a_request_past_its_own_deadline_is_answered_as_expired(harness: Harness) -> None:
+def test_a_request_past_the_deadline_the_head_gave_it_is_answered_as_expired(harness: Harness) -> None:
     sub = subscribed(harness, b"e")
     key = p.request_key(b"e", 1)
-    info = {"key": key, "client": b"e".hex(), "request_id": 1, "count": 2, "timeout_s": 0.2}
-    harness.send(wire.REGISTER, p.dumps(info))
+    admitted = time.monotonic() - 0.1  # the head admitted it a moment ago, on the same clock
+    harness.register(key, b"e", 1, 2, admitted=admitted, deadline=admitted + 0.2)
     reply = receive(sub, 5000)
     assert reply is not None and not reply.ok and reply.header["kind"] == "expired"
     assert "expired" in reply.header["error"] and "0.2 s" in reply.header["error"]
+
+
+MALFORMED = [
+    [wire.REGISTER, b"not json"],
+    [wire.REGISTER, p.dumps({"key": "k", "client": "00", "request_id": 1, "count": 1})],  # no deadline
+    [wire.REGISTER, p.dumps({"key": "k", "client": "zz", "request_id": 1, "count": 1, "deadline": 1, "admitted": 0})],
+    [wire.REGISTER, p.dumps({"key": "k", "client": "00", "request_id": "1", "count": 1, "deadline": 1, "admitted": 0})],
+    [wire.REGISTER, b'{"key": "k", "client": "00", "request_id": 1, "count": 1, "deadline": 1e999, "admitted": 0}'],
+    [wire.REGISTER, p.dumps({"key": "k", "client": "00", "request_id": 1, "count": 0, "deadline": 1, "admitted": 0})],
+    [
+        wire.REGISTER,
+        p.dumps({"key": "k", "client": "00", "request_id": 1, "count": 1, "deadline": 1, "admitted": 0, "format": "x"}),
+    ],
+    [wire.REGISTER],
+    [wire.FAIL, p.dumps({"keys": "k", "error": "e"})],
+    [wire.FAIL, p.dumps({"keys": ["k"], "error": "e", "kind": "Evil\nkind"})],
+    [wire.FAIL, p.dumps([1, 2])],
+    [wire.RESULT, b"job", p.dumps({"parts": [{"key": "k", "rows": [0]}], "dtype": "float32", "shape": [1, 2]}), b"x"],
+    [wire.RESULT, b"job", p.dumps({"parts": [], "dtype": "float32", "shape": [0, 2]}), b""],
+    [wire.RESULT, b"job", p.dumps({"parts": [{"key": "k", "rows": [0]}], "dtype": "int8", "shape": [1, 1]}), b"x"],
+    [wire.JOB_ERROR, b"job", p.dumps({"error": "no parts"})],
+    [wire.PUBLISH, b"native"],
+    [wire.PUBLISH, b"nobody's", b"c", b"1"],
+    [p.STATUS, b"native", b"c", b"one", b"{}"],
+    [p.STATUS, b"native", b"c", b"1", b"[]"],
+    [wire.STOP, b"extra"],
+    [b"WHAT", b"{}"],
+    [],
+]
+
+
+@pytest.mark.parametrize("frames", MALFORMED, ids=range(len(MALFORMED)))
+def test_a_malformed_message_is_refused_at_the_edge(frames: list[bytes]) -> None:
+    with pytest.raises(p.ProtocolError):
+        messages.read(frames)
+
+
+def test_the_sink_drops_malformed_messages_and_goes_on(harness: Harness, caplog) -> None:
+    sub = subscribed(harness, b"m")
+    for frames in MALFORMED:
+        if frames:
+            harness.send(*frames)
+    key = p.request_key(b"m", 1)
+    harness.register(key, b"m", 1, 1)
+    harness.result([(key, [0])], np.ones((1, 2), np.float32))
+    reply = receive(sub)
+    assert reply is not None and reply.ok and harness.sink.running
+    assert "dropped a malformed internal message" in caplog.text
+
+
+def test_register_and_fail_round_trip_through_their_schemas() -> None:
+    register = messages.Register(
+        key="k@1", client="00ff", request_id=7, count=3, deadline=12.5, admitted=10.0, version=2, format="legacy"
+    )
+    parsed = messages.read(register.frames())
+    assert parsed == register and parsed.client_id == b"\x00\xff" and parsed.timeout_s == 2.5
+    fail = messages.Fail(keys=["a", "b"], error="gone", kind="shutdown")
+    assert messages.read(fail.frames()) == fail

@@ -198,7 +198,7 @@ def test_a_worker_found_unreachable_hands_back_every_job_it_held(rig: Rig) -> No
 def test_an_expired_request_leaves_the_queue(rig: Rig, monkeypatch) -> None:
     rig.request(b"c", 1, ["no worker will come"] * 3)
     assert rig.ventilator.scheduler.queued == 3
-    for request in rig.ventilator.requests.requests.values():
+    for request in rig.ventilator.requests.book.requests.values():
         request.deadline = 0.0
     rig.ventilator.expiry.sweep(0.0)
     rig.pump()
@@ -223,7 +223,7 @@ def test_a_job_past_its_deadline_is_never_sent_and_the_rest_go_with_the_time_lef
     rig.request(b"c", 1, ["expired before any worker came"] * 3)
     rig.client.send_multipart(p.encode_request(b"d", p.ENCODE, 1, {"timeout_ms": 60_000}, ["still awaited"]))
     rig.pump()
-    for request in rig.ventilator.requests.requests.values():
+    for request in rig.ventilator.requests.book.requests.values():
         if request.client == b"c":
             request.deadline = 0.0
     for piece in (item for queue in rig.ventilator.scheduler.clients.values() for item in queue.small):
@@ -288,7 +288,7 @@ def test_requests_past_the_byte_bound_are_refused_busy_and_a_request_that_never_
     assert 600_000 < held < 700_000
     first = rig.ventilator.requests.key_of(p.request_key(b"c", 1))
     assert first is not None
-    rig.ventilator._fail({first}, "the test gave up on it", "timeout")  # answered: its bytes are free
+    rig.ventilator.requests.fail({first}, "the test gave up on it", "timeout")  # answered: its bytes are free
     assert rig.ventilator.status()["queued_bytes"] < 1000  # only the small request's
     rig.request(b"d", 2, ["b" * 60_000] * 10)
     assert kinds(rig.sink_messages()) == [wire.FAIL, wire.REGISTER]

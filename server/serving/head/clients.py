@@ -8,7 +8,6 @@ scheduler and the line to the sink it is given.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -21,15 +20,14 @@ from ...model.prompts import apply_prompt
 from ...security import message_user_id, request_allowed
 from ..policy import admission
 from ..policy.admission import Refusal
-from ..policy.scheduler import Busy, TooLarge
 from ..protocol import legacy, wire
 from ..protocol.formats import LEGACY, NATIVE, ReplyFormat
-from .admitted import Admitted, AdmittedRequests
 from .control import Control
 from .models import HeadModel, Models
 from .outbox import SinkOutbox
 from .registry import Registry
 from .request_options import EncodeOptions, read_options
+from .requests import Requests
 
 logger = logging.getLogger("bertserve.ventilator")
 
@@ -58,7 +56,7 @@ class Clients:
         head: Head,
         *,
         registry: Registry,
-        requests: AdmittedRequests,
+        requests: Requests,
         outbox: SinkOutbox,
         control: Control,
         curve: bool,
@@ -149,24 +147,56 @@ class Clients:
         return self._encode(request, fmt, who, model)
 
     def _encode(self, request: p.Request, fmt: ReplyFormat, who: bytes, model: HeadModel) -> None:
-        config, scheduler, name = model.config, model.scheduler, model.name
-        info = self.registry.model_info(name, model.version)
-        options = read_options(request.header, config, info, model.prompts)
-        refusal = options if isinstance(options, Refusal) else None
-        if refusal is None and request.count is not None:  # refused on the count its header declares, unread
-            refusal = admission.check_count(request.count, config, scheduler, who)
-        if refusal is None:  # a full server refuses it without reading the texts
-            floor = admission.payload_floor(len(request.payload or b""))
-            refusal = admission.check_bytes(floor, self.requests.queued_bytes, self.config.max_queued_bytes)
+        info = self.registry.model_info(model.name, model.version)
+        options = read_options(request.header, model.config, info, model.prompts)
+        refusal = options if isinstance(options, Refusal) else self._check_unread(request, model, who)
         if refusal is not None:
-            return self._refuse(request, fmt, refusal, name)
+            return self._refuse(request, fmt, refusal, model.name)
         assert isinstance(options, EncodeOptions)
+        read = self._read_texts(request, model, who, options)
+        if isinstance(read, Refusal):
+            return self._refuse(request, fmt, read, model.name)
+        texts, nbytes = read
+        if not texts:
+            return self._answer_empty(request, fmt, options, model)
+        refusal = self.requests.admit(
+            request,
+            fmt,
+            model=model,
+            who=who,
+            texts=texts,
+            options=options,
+            nbytes=nbytes,
+            renormalize=bool(info.get("normalize")),
+        )
+        if refusal is not None:
+            return self._refuse(request, fmt, refusal, model.name)
+        return None
+
+    def _check_unread(self, request: p.Request, model: HeadModel, who: bytes) -> Refusal | None:
+        """Why ``request`` is refused before its texts are read: the count its header
+        declares, or a full server."""
+        config, scheduler = model.config, model.scheduler
+        if request.count is not None:
+            refusal = admission.check_count(request.count, config.limits, scheduler, who)
+            if refusal is not None:
+                return refusal
+        floor = admission.payload_floor(len(request.payload or b""))
+        return admission.check_bytes(floor, self.requests.queued_bytes, self.config.max_queued_bytes)
+
+    def _read_texts(
+        self, request: p.Request, model: HeadModel, who: bytes, options: EncodeOptions
+    ) -> tuple[list[Any], int] | Refusal:
+        """``request``'s texts, checked and with their prompt, and the bytes they hold; or why
+        it is refused."""
+        config, scheduler = model.config, model.scheduler
         try:
             texts = request.texts = p.decode_texts(request, request.payload)
         except p.ProtocolError as exc:
-            return self._refuse(request, fmt, Refusal(f"malformed request: {exc}", "protocol"), name)
+            return Refusal(f"malformed request: {exc}", "protocol")
+        refusal = None
         if request.count is None:
-            refusal = admission.check_count(len(texts), config, scheduler, who)
+            refusal = admission.check_count(len(texts), config.limits, scheduler, who)
         if refusal is None:
             try:
                 p.check_texts(texts, options.is_tokenized)
@@ -177,52 +207,15 @@ class Clients:
             or admission.check_lengths(texts, config.max_text_chars)
             or admission.check_unique(request.request_id, self.requests.pending(request.key))
         )
-        if refusal is None and options.prompt:  # the prompt's tokens count toward max_seq_len, as it runs
+        if refusal is not None:
+            return refusal
+        if options.prompt:  # the prompt's tokens count toward max_seq_len, as it runs
             texts = apply_prompt(texts, options.prompt)
         nbytes = admission.held_bytes(texts)
-        refusal = refusal or admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.max_queued_bytes)
-        if refusal is not None:
-            return self._refuse(request, fmt, refusal, name)
-        if not texts:
-            return self._answer_empty(request, fmt, options, model)
-        key = self.requests.new_key(request.key)
-        now = time.monotonic()
-        deadline = now + options.timeout_s
-        try:
-            scheduler.admit(
-                key,
-                who,
-                texts,
-                is_tokenized=options.is_tokenized,
-                show_tokens=options.show_tokens,
-                now=now,
-                chunk=options.chunk,
-                version=model.version,
-                deadline=deadline,
-                truncation=options.truncation,
-            )
-        except Busy as exc:
-            return self._refuse(request, fmt, Refusal(str(exc), admission.BUSY), name)
-        except TooLarge as exc:
-            return self._refuse(request, fmt, Refusal(str(exc), "limit"), name)
-        admitted = Admitted(request.client_id, request.request_id, request.key, len(texts), deadline, fmt, nbytes, name)
-        self.requests.add(key, admitted)
-        register = {
-            "key": key,
-            "client": request.client_id.hex(),
-            "request_id": request.request_id,
-            "count": len(texts),
-            "show_tokens": options.show_tokens,
-            "version": model.version,
-            "format": fmt.name.decode(),
-            "timeout_s": options.timeout_s,
-            "model": name,
-        }
-        if options.dimensions is not None:
-            register["dimensions"] = options.dimensions
-            register["renormalize"] = bool(info.get("normalize"))
-        self.outbox.send([wire.REGISTER, p.dumps(register)])
-        return None
+        return admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.max_queued_bytes) or (
+            texts,
+            nbytes,
+        )
 
     def _on_cancel(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         """The client withdrew its request: its queued work is dropped, and it is answered as

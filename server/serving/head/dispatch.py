@@ -54,8 +54,7 @@ class Dispatch:
 
     def _model(self, model: HeadModel, now: float) -> None:
         queue, name = model.scheduler, model.name
-        queue.throughput.workers = self.registry.serving_count(name)
-        queue.throughput.held = self.registry.held_rows(name)
+        queue.throughput.serving(self.registry.serving_count(name), self.registry.held_rows(name))
         while (worker := self.registry.pick(model=name)) is not None:
             job = queue.next_job(now, idle=not worker.jobs)
             if job is None:

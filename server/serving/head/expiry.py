@@ -2,22 +2,21 @@
 any worker gets it, and counted. The sink answers those requests as expired; a worker skips
 what it holds of a job whose requests are all past it (:mod:`.worker`).
 
-The one owner of the expiry count and of when the queues are next swept.
+The one owner of the expiry count and of when the queues are next swept; what expiring a
+request does is :meth:`.requests.Requests.expire`'s.
 """
 
 from __future__ import annotations
 
 from ... import metrics
 from ..policy.jobs import Job
-from ..policy.scheduler import Scheduler
-from .admitted import AdmittedRequests
+from .requests import Requests
 
 SWEEP_INTERVAL_S = 0.25  # how often the queues are swept (dispatch checks each job too)
 
 
 class Expiry:
-    def __init__(self, schedulers: list[Scheduler], requests: AdmittedRequests) -> None:
-        self.schedulers = schedulers  # each served model's queue
+    def __init__(self, requests: Requests) -> None:
         self.requests = requests
         self.sentences = 0  # queued inputs dropped unrun: their request's deadline had passed
         self._next_sweep = 0.0
@@ -29,16 +28,7 @@ class Expiry:
     def sweep(self, now: float) -> None:
         """Forget the requests past their deadline, and drop their queued work."""
         self._next_sweep = now + SWEEP_INTERVAL_S
-        expired = self.requests.expired(now)
-        if expired:
-            for scheduler in self.schedulers:
-                before = scheduler.queued
-                scheduler.remove(expired)
-                self._count(before - scheduler.queued)
-                for key in expired:  # a bulk request taken expects to be done before then
-                    scheduler.throughput.finished(key, now)
-            for key in expired:
-                self.requests.finish(key)
+        self._count(self.requests.expire(now))
 
     def live(self, job: Job, now: float) -> bool:
         """Leave the pieces of requests past their deadline out of ``job``, so no worker runs

@@ -46,7 +46,7 @@ class HeadGauges:
             self._labelled.add(name)
             metrics.MODEL.labels(
                 model=name,
-                model_dir=model.config.model.model_dir,
+                model_dir=model.model_dir,
                 dtype=str(info.get("dtype")),
                 pooling_strategy=str(info.get("pooling_strategy")),
                 output_dim=str(info.get("output_dim")),

@@ -6,18 +6,14 @@ heartbeats both ways and results. A host connects one DEALER and speaks for the 
 processes on its machine; each of them enters the registry like a local worker, keyed
 ``<host routing id>/<its identity>``, and gets jobs by the same credits.
 
-- **Handshake.** A host's HELLO names its link version and the sha256 of its model files;
-  the head answers WELCOME with the model options every worker must run (so all run the
-  same model, pooling and dtype), or REFUSED saying why (another link version, other model
-  files). A message from a host the head does not know (it restarted, or forgot the host)
-  is answered BYE: the host joins again.
+- **Handshake** (:mod:`.handshake`). A host's HELLO names its link version and the sha256 of
+  its model files; the head answers WELCOME with the model options every worker must run, or
+  REFUSED saying why. A message from a host the head does not know (it restarted, or forgot
+  the host) is answered BYE: the host joins again.
 - **Liveness.** The head sends each host a heartbeat every second; a host passes on its
   workers' heartbeats and sends its own. A host silent for ``heartbeat_timeout_ms`` is
   forgotten, and its workers' jobs go to other workers (the registry counts an attempt
   against each, as for a local worker that dies).
-- **Late results.** A result is passed to the sink only while its worker still holds the
-  job; one from a forgotten worker, or for a job that went elsewhere, is dropped, so nothing
-  is counted twice.
 - **Leaving.** A host that stops sends DRAIN (its workers get nothing new, and finish what
   they hold), then BYE: the head takes back what they still hold, without counting it
   against the jobs.
@@ -32,14 +28,14 @@ processes on its machine; each of them enters the registry like a local worker, 
   read only for a job its worker holds, its header within what the job could need.
 - **What a worker says of its model** is allow-listed (:class:`~.link_schema.ModelInfo`), and
   kept with that worker only (see :mod:`.registry`).
-- **Results only for the job held.** A RESULT is passed to the sink only if its worker holds
-  the job and its parts are exactly the job's (the same request keys, the same rows, in
-  order), rebuilt from the parsed header; a JOB_ERROR fails the job's own requests (whatever
-  parts it names), with its text cut short and its kind one of
-  :data:`~.link_schema.ERROR_KINDS` (else ``worker``). A worker that sends the result of a job
-  it holds that does not fit it, a second result, or a DONE before the result, is broken: the
-  head loses it (its jobs run elsewhere, an attempt counted against each) and tells its host to
-  replace it (FORGET).
+- **Results only for the job held.** A RESULT is passed to the sink only if its worker still
+  holds the job (a late one is dropped, so nothing is counted twice) and its parts are exactly
+  the job's (the same request keys, the same rows, in order), rebuilt from the parsed header;
+  a JOB_ERROR fails the job's own requests (whatever parts it names), with its text cut short
+  and its kind one of :data:`~.link_schema.ERROR_KINDS` (else ``worker``). A worker that sends
+  the result of a job it holds that does not fit it, a second result, or a DONE before the
+  result, is broken: the head loses it (its jobs run elsewhere, an attempt counted against
+  each) and tells its host to replace it (FORGET).
 
 Under CURVE the socket is a CURVE server in the ZAP domain ``workers``: only keys in the key
 directory's ``workers/`` may join. Without CURVE anyone who reaches the port may join, and
@@ -49,80 +45,40 @@ nothing tells a host that its head is the real one: see :mod:`.remote`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import zmq
-from bertserve.client import __version__
 from bertserve.client import protocol as p
 
-from ...config.model import ModelConfig
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ...logs import Refusals
 from ..policy.scheduler import Job
 from ..protocol import link as schema
 from ..protocol import wire
+from .handshake import Host, as_served, refusal, welcome_options
 from .models import Models
 from .registry import Registry
+from .requests import Requests
 
 logger = logging.getLogger("bertserve.link")
 
 _REJOIN_INTERVAL_S = 1.0  # at most one BYE a second to a host the head does not know
 
-MAX_HOSTS = 1024
-"""Most hosts joined at once; a HELLO past it is refused."""
-
-
-@dataclass
-class Host:
-    routing_id: bytes
-    hostname: str
-    last_seen: float
-    draining: bool = False
-    workers: int = 1  # the most workers it may register (its HELLO's count)
-    model: str = ""  # the served model its workers run
-    clamped: bool = False  # told once that a worker of it asked for more credits than it gets
-
-
-def welcome_options(config: ServerConfig) -> dict[str, Any]:
-    """What a host needs from the head to run the head's model: its model options (the
-    model directory and graph cache are the host's own) and model class."""
-    model = {
-        key: value
-        for key, value in config.public().items()
-        if key in _MODEL_FIELDS and key not in ("model_dir", "tuned_model_dir", "graph_dir", "device")
-    }
-    return {
-        "model": model,
-        "model_class": config.model_class,
-        "tuned": config.model.tuned_model_dir is not None,
-        "heartbeat_timeout_ms": config.heartbeat_timeout_ms,
-    }
-
-
-_MODEL_FIELDS = frozenset(field.name for field in dataclasses.fields(ModelConfig))
-
 
 class Head(Protocol):
-    """What the link needs of the head (the ventilator): its registry, which the link's
-    workers join, and what happens to their jobs and answers."""
+    """What the link needs of the head (the ventilator): the registry its workers join, the
+    owner of requests (told what happens to their jobs), and the line to the sink."""
 
     registry: Registry
+    requests: Requests
 
     @property
     def models(self) -> Models: ...
 
-    def job_done(self, identity: bytes, done: schema.Done) -> None: ...
-
     def to_sink(self, frames: list[Any]) -> None: ...
-
-    def lose_worker(self, identity: bytes, reason: str) -> None: ...
-
-    def hand_back(self, identity: bytes) -> None: ...
 
 
 class WorkerLink:
@@ -245,7 +201,9 @@ class WorkerLink:
         elif isinstance(message, schema.WorkerReady):
             self._on_ready(host, message)
         elif isinstance(message, schema.Gone):
-            vent.lose_worker(self._key(host, message.worker), f"remote worker on {host.hostname}: {message.reason}")
+            vent.requests.worker_lost(
+                self._key(host, message.worker), f"remote worker on {host.hostname}: {message.reason}"
+            )
         elif isinstance(message, schema.Drain):
             host.draining = True
             for worker in vent.registry.of_host(host.routing_id):
@@ -272,21 +230,9 @@ class WorkerLink:
         served = vent.models.get(host.model)
         if served is None:  # not after a HELLO that named it
             return
-        ready = message.ready
-        model = ready.model
-        if model is not None:  # the same files (checked), wherever they are there
-            model = model.model_copy(update={"model_dir": served.config.model.model_dir})
-        # Its files are the head's (checked), so it runs the head's version: a head with a link never swaps.
-        ready = ready.model_copy(
-            update={
-                "hostname": ready.hostname or host.hostname,
-                "version": served.version,
-                "model": model,
-                "model_name": served.name,
-            }
-        )
+        ready = as_served(message.ready, served, host.hostname)
         if known:  # registered again: what it held is not coming back
-            vent.hand_back(key)
+            vent.requests.hand_back(key)
         worker = vent.registry.add(key, ready, time.monotonic(), host=host.routing_id, model=served.name)
         if host.draining:
             vent.registry.drain(key)
@@ -314,7 +260,7 @@ class WorkerLink:
         if registry.held(key, done.job) is not None and not registry.answered(key, done.job):
             self._broken(host, key, f"it returned the credit of job {done.job} before its result")
             return
-        self.head.job_done(key, done)
+        self.head.requests.done(key, done)
 
     def _on_result(self, host: Host, message: schema.WorkerResult) -> None:
         key = self._key(host, message.worker)
@@ -356,11 +302,11 @@ class WorkerLink:
         """A worker broke the link's rules: lose it (its jobs run elsewhere), and have its host replace it."""
         name = key.rpartition(b"/")[2]
         self._refusals.log("remote worker %s on %s is broken: %s; forgetting it", name.decode(), host.hostname, reason)
-        self.head.lose_worker(key, f"remote worker {name.decode()} on {host.hostname} is broken ({reason})")
+        self.head.requests.worker_lost(key, f"remote worker {name.decode()} on {host.hostname} is broken ({reason})")
         self.forget_worker(host.routing_id, name, reason)
 
     def _on_hello(self, host_id: bytes, hello: schema.Hello) -> None:
-        error = self._refusal(hello, host_id)
+        error = refusal(hello, self.head.models, joined=len(self.hosts), known=host_id in self.hosts)
         if error is not None:
             self._refusals.log("refused host %s: %s", hello.hostname, error)
             self._send([host_id, wire.REFUSED, p.dumps({"error": error})])
@@ -369,7 +315,7 @@ class WorkerLink:
         if old is not None:  # said HELLO again: what it had is gone
             self._forget(old, "it joined again")
         served = self.head.models.get(hello.model_name)
-        assert served is not None  # checked by _refusal
+        assert served is not None  # checked by refusal
         self.hosts[host_id] = Host(host_id, hello.hostname, time.monotonic(), workers=hello.workers, model=served.name)
         self._told_to_rejoin.pop(host_id, None)
         logger.info(
@@ -380,26 +326,6 @@ class WorkerLink:
             hello.workers,
         )
         self._send([host_id, wire.WELCOME, p.dumps(welcome_options(served.config))])
-
-    def _refusal(self, hello: schema.Hello, host_id: bytes) -> str | None:
-        if hello.link != wire.LINK_VERSION:
-            return (
-                f"the worker speaks link version {hello.link} (bertserve {hello.version}); this head "
-                f"speaks {wire.LINK_VERSION} (bertserve {__version__}): run the same bertserve version on both"
-            )
-        served = self.head.models.get(hello.model_name)
-        if served is None:
-            return f"{self.head.models.unknown(hello.model_name)}: start the worker with --model NAME, one of those"
-        if hello.model_sha256 != served.sha256:
-            return (
-                f"the worker's model files (sha256 {schema.printable(hello.model_sha256, 16)}...) differ from those "
-                f"of the head's model {served.name} (sha256 {served.sha256[:16]}...): give the worker the same model "
-                f"directory as the head (--model-dir"
-                f"{' and --tuned-model-dir' if served.config.model.tuned_model_dir else ''})"
-            )
-        if host_id not in self.hosts and len(self.hosts) >= MAX_HOSTS:
-            return f"this head has {len(self.hosts)} hosts joined, the most it takes"
-        return None
 
     def _tell_to_rejoin(self, host_id: bytes) -> None:
         now = time.monotonic()
@@ -450,9 +376,9 @@ class WorkerLink:
         self.hosts.pop(host.routing_id, None)
         for worker in self.head.registry.of_host(host.routing_id):
             if reason is None:
-                self.head.hand_back(worker.identity)
+                self.head.requests.hand_back(worker.identity)
             else:
-                self.head.lose_worker(worker.identity, reason)
+                self.head.requests.worker_lost(worker.identity, reason)
 
     def stop(self) -> None:
         """The head is stopping: every host is told to join again (a head that comes back)."""

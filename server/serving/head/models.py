@@ -12,6 +12,7 @@ model (``"model"`` in its header), or gets the default one.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,19 +35,36 @@ class VersionsView(Protocol):
 
 @dataclass
 class HeadModel:
-    """One served model, as the head sees it."""
+    """One served model, as the head sees it: its options, fixed once built, and its state:
+    its queue, and the model version new requests are pinned to, which a swap changes
+    (:meth:`serve`)."""
 
     name: str
-    config: ServerConfig  # its options, and the version new requests are pinned to
+    config: ServerConfig  # its options, with the version served at start
     scheduler: Scheduler
     prompts: Prompts = field(default_factory=lambda: Prompts({}, None))
     sha256: str = ""  # of its files: a remote worker that joins for it must have the same
     versions_view: VersionsView | None = None  # its versions' side of the status
+    version: int | None = field(init=False)  # new requests are pinned to it (None: not from a repository)
+    model_dir: str = field(init=False)  # the directory of that version
+
+    def __post_init__(self) -> None:
+        self.version = self.config.version_number
+        self.model_dir = self.config.model.model_dir
+
+    def serve(self, version: int | None, model_dir: str) -> None:
+        """New requests are pinned to ``version``, whose files are in ``model_dir`` (a swap's
+        workers of it are ready)."""
+        self.version, self.model_dir = version, model_dir
 
     @property
-    def version(self) -> int | None:
-        """The model version new requests are pinned to (``None``: not from a repository)."""
-        return self.config.version_number
+    def served_config(self) -> ServerConfig:
+        """Its options with the version now served, as CONFIG shows them."""
+        if self.version == self.config.version_number and self.model_dir == self.config.model.model_dir:
+            return self.config
+        model = self.config.model.replace(model_dir=self.model_dir)
+        version = "latest" if self.version is None else str(self.version)
+        return dataclasses.replace(self.config, model=model, model_version=version)
 
 
 class Models:

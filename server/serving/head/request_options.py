@@ -39,7 +39,7 @@ def read_options(
     for name, value in (("is_tokenized", is_tokenized), ("show_tokens", show_tokens)):
         if not isinstance(value, bool):
             return Refusal(f"the header field {name} must be true or false, not {value!r}", "protocol")
-    chunk, refusal = chunking(header.get("long_inputs"), config, model)
+    chunk, refusal = chunking(header.get("long_inputs"), config.model.long_inputs, model)
     if refusal is not None:
         return refusal
     timeout_s = config.request_timeout_ms / 1000

@@ -2,11 +2,12 @@
 
 It is socket glue and dispatch. Policy lives elsewhere, each part the one owner of its
 state: :mod:`.admission` says whether a request is taken, :mod:`.scheduler` what runs next,
-:mod:`.registry` which worker holds which job, :mod:`.admitted` the requests not yet seen
+:mod:`.registry` which worker holds which job, :mod:`.requests` the requests not yet seen
 through, :mod:`.control` the answers to control commands, :mod:`.formats` how a reply is laid
 out for its client. This module reads requests (checking, under CURVE, that a client id
-belongs to the sender's key), hands jobs to workers and tells the sink what to expect,
-without ever blocking on a send (:mod:`.outbox`). Workers on other machines reach it through
+belongs to the sender's key) and hands jobs to workers, without ever blocking on a send to
+the sink (:mod:`.outbox`). What happens to a request, from admission to its end, is
+:mod:`.requests`'. Workers on other machines reach it through
 :mod:`.link` (``--worker-port``) and get jobs by the same credits; its own workers' READY and
 DONE are parsed by the same schemas as theirs (:mod:`.link_schema`).
 """
@@ -32,7 +33,6 @@ from ..protocol import wire
 from ..protocol.formats import ReplyFormat
 from ..protocol.sockets import drain
 from ..protocol.wire import Addresses
-from .admitted import AdmittedRequests
 from .clients import Clients
 from .control import Control, describe
 from .dispatch import Dispatch
@@ -42,6 +42,7 @@ from .link import WorkerLink
 from .models import HeadModel, ModelPool, Models, model_ready, model_status, model_summary, versions_status
 from .outbox import SinkOutbox
 from .registry import MAX_CREDITS, Registry, WorkerState
+from .requests import Requests
 
 logger = logging.getLogger("bertserve.ventilator")
 
@@ -85,7 +86,7 @@ class Ventilator:
         self.credit_socket.linger = 0
         self.credit_socket.bind(addresses.credits)
         self.outbox = SinkOutbox(context, addresses.sink)
-        self.requests = AdmittedRequests()
+        self.requests = Requests(models, self.registry, self.outbox)
         self.control = Control(config, admins=curve_admins, remote_workers=config.worker_port is not None)
         self.clients = Clients(
             config,
@@ -100,10 +101,10 @@ class Ventilator:
         self.gauges = HeadGauges()
         self.accepting = True
         self.started = time.time()
-        self.expiry = Expiry([model.scheduler for model in models], self.requests)
+        self.expiry = Expiry(self.requests)
         self.cancelled = 0  # requests their clients withdrew (CANCEL) while pending
         self._next_gauges = 0.0
-        self.dispatch = Dispatch(models, self.registry, self.expiry, self._send_frames, self.lose_worker)
+        self.dispatch = Dispatch(models, self.registry, self.expiry, self._send_frames, self.requests.worker_lost)
         self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
         if config.worker_port is not None:
             self.link = WorkerLink(config, context, self, curve_keys)
@@ -186,22 +187,12 @@ class Ventilator:
         """Requests their clients withdrew: their queued work is dropped and each is answered
         as cancelled; rows a worker is computing are dropped by the sink when they come."""
         self.cancelled += len(keys)
-        self._fail(keys, "the client cancelled this request", p.CANCELLED)
+        self.requests.fail(keys, "the client cancelled this request", p.CANCELLED)
 
     # -- the sink --------------------------------------------------------------------------
 
     def to_sink(self, frames: list[Any]) -> None:
         self.outbox.send(frames)
-
-    def _fail(self, keys: set[str], error: str, kind: str) -> None:
-        """Answer the requests ``keys`` with an error and drop what is left of them."""
-        if not keys:
-            return
-        for model in self.models:
-            model.scheduler.remove(keys)
-        for key in keys:
-            self.requests.finish(key)
-        self.outbox.send([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": kind})])
 
     # -- control commands (answered by .control) -------------------------------------------
 
@@ -209,7 +200,7 @@ class Ventilator:
         """The CONFIG answer for ``model`` (default: the default model), with every model listed."""
         model = model or self.models.default
         info = self.registry.model_info(model.name, model.version)
-        answer = describe(model.config, curve=self.curve, ready=self.model_ready(model), model=info)
+        answer = describe(model.served_config, curve=self.curve, ready=self.model_ready(model), model=info)
         answer.update(model.prompts.describe())
         answer.update(
             model_name=model.name,
@@ -278,64 +269,13 @@ class Ventilator:
         if isinstance(message, link_schema.Heartbeat):
             self.registry.heartbeat(message.worker, time.monotonic())
         else:
-            self.job_done(message.worker.encode(), message)
-
-    def job_done(self, identity: bytes, done: link_schema.Done) -> None:
-        """Worker ``identity``'s DONE: its credit is free again, and the rows it computed are counted."""
-        queue = self._queue_of(identity)
-        worker = self.registry.workers.get(identity)
-        worker_model = worker.model if worker is not None else ""
-        job = self.registry.done(identity, done, time.monotonic())
-        if job is None:
-            logger.debug("ignored DONE of job %s from %r: it is no longer that worker's", done.job, identity)
-            return
-        _count_job(job.size, done, worker_model)
-        ran = job.size if done.sentences is None else done.sentences
-        now = time.monotonic()
-        queue.throughput.job_done(ran, done.seconds, bulk=job.bulk, now=now)
-        for piece in job.pieces:
-            self.requests.rows_done(piece.key, len(piece.rows))
-            if job.bulk and piece.key not in self.requests:  # its last rows: is it as late as projected?
-                queue.throughput.finished(piece.key, now)
+            self.requests.done(message.worker.encode(), message)
 
     def worker_lost(self, index: int, reason: str) -> None:
         """Worker ``index`` died or stopped answering: forget it, and run its jobs elsewhere,
         except a job that has now lost two workers: its requests get an error reply."""
         for worker in self.registry.by_index(index):
-            self.lose_worker(worker.identity, reason)
-
-    def hand_back(self, identity: bytes) -> None:
-        """A worker is leaving and returns what it holds: its jobs run elsewhere, and count as
-        never run."""
-        queue = self._queue_of(identity)
-        for job in self.registry.remove(identity):
-            job.pieces = [piece for piece in job.pieces if piece.key in self.requests]
-            if job.pieces:
-                queue.retry(job)
-
-    def _queue_of(self, identity: bytes) -> Scheduler:
-        """The queue of the model worker ``identity`` runs: where its jobs go back to."""
-        worker = self.registry.workers.get(identity)
-        model = self.models.get(worker.model) if worker is not None else None
-        return (model or self.models.default).scheduler
-
-    def lose_worker(self, identity: bytes, reason: str) -> None:
-        queue = self._queue_of(identity)
-        retry, poisoned = self.registry.lose(identity)
-        if retry or poisoned:
-            logger.warning("%s: it held %d job(s); handing them to others", reason, len(retry) + len(poisoned))
-        for job in retry:
-            job.pieces = [piece for piece in job.pieces if piece.key in self.requests]  # not failed meanwhile
-            if job.pieces:
-                queue.retry(job)
-        for job in poisoned:
-            keys = {key for key in job.keys if key in self.requests}
-            logger.error("job %s lost %d workers (%s); failing its requests %s", job.job_id, job.failures, reason, keys)
-            error = (
-                f"the request was running when its worker failed, {job.failures} times ({reason}); it is not "
-                "retried: an input in it may crash the model"
-            )
-            self._fail(keys, error, "worker")
+            self.requests.worker_lost(worker.identity, reason)
 
     def unresponsive_workers(self) -> list[tuple[int, int, str]]:
         """``(index, pid, reason)`` of local workers to kill: silent, or holding a job too long.
@@ -354,7 +294,7 @@ class Ventilator:
                     self.link.forget_worker(worker.host, worker.name, reason)
                 label = f"remote worker {worker.index} on {worker.hostname}"
             logger.warning("%s (pid %d) stopped answering (%s)", label, worker.pid, reason)
-            self.lose_worker(worker.identity, f"{label} stopped answering ({reason})")
+            self.requests.worker_lost(worker.identity, f"{label} stopped answering ({reason})")
         return found
 
     def sink_lost(self) -> None:
@@ -363,18 +303,7 @@ class Ventilator:
         rows were all computed was published by the old sink (it publishes as the last row
         arrives), so it is not answered again."""
         self.outbox.reconnect()  # what was queued for the dead sink (their registrations) must not reach the new one
-        keys = sorted(self.requests.requests)
-        for model in self.models:
-            model.scheduler.remove(set(keys))
-        error = "the server's sink process failed while this request was in flight; please retry"
-        for key in keys:
-            request = self.requests.finish(key)
-            assert request is not None
-            # Queued until the new sink binds; it lets clients subscribe again before it publishes.
-            self.outbox.publish(
-                request.format, request.format.error(request.client, request.request_id, error, "internal")
-            )
-            metrics.REQUESTS.labels(metrics.path_of(request.client), "internal", request.model).inc()
+        self.requests.sink_lost()
 
     # -- dispatch (.dispatch) ----------------------------------------------------------------
 
@@ -388,11 +317,7 @@ class Ventilator:
 
     def fail_everything(self, error: str) -> None:
         """Shutdown: every request still queued or in flight gets an error reply."""
-        for model in self.models:
-            model.scheduler.drain_keys()
-        keys = self.requests.clear()
-        if keys:
-            self.outbox.send([wire.FAIL, p.dumps({"keys": sorted(keys), "error": error, "kind": "shutdown"})])
+        self.requests.fail_all(error)
 
     def stop_sink(self, timeout_s: float = 5.0) -> None:
         """Tell the sink to publish what is left and exit, after everything already queued for it."""
@@ -432,9 +357,8 @@ class Ventilator:
 
     def serve_version(self, model: HeadModel, config: ServerConfig) -> None:
         """Pin ``model``'s new requests to ``config``'s model version (a swap's workers of it are ready)."""
-        model.config = config
+        model.serve(config.version_number, config.model.model_dir)
         if model is self.models.default:
-            self.config = config
             metrics.MODEL_VERSION.set(model.version or 0)
         self.gauges.model_changed(model.name)  # labelled again with the new version's model by update_gauges
 
@@ -453,13 +377,3 @@ class Ventilator:
                 self.backend.send_multipart([worker.identity, wire.STOP], zmq.NOBLOCK)
         if self.link is not None:
             self.link.stop()
-
-
-def _count_job(size: int, done: link_schema.Done, model: str) -> None:
-    """A worker's DONE: its inputs, tokens and model time, for ``/metrics``."""
-    metrics.SENTENCES.labels(model).inc(size if done.sentences is None else done.sentences)
-    if done.skipped:
-        metrics.SKIPPED_SENTENCES.inc(done.skipped)
-    metrics.TOKENS.inc(done.tokens)
-    metrics.TOKEN_SLOTS.inc(done.slots)
-    metrics.JOB_SECONDS.labels(model).observe(done.seconds)

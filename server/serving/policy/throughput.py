@@ -63,6 +63,10 @@ class Throughput:
     _busy: deque[list[float]] = field(default_factory=deque)  # [second, small seconds, bulk seconds] of worker time
     _expected: OrderedDict[str, tuple[float, float]] = field(default_factory=OrderedDict)  # key: (taken at, seconds)
 
+    def serving(self, workers: int, held: int) -> None:
+        """The workers serving now, and the sentences of the jobs they hold (told by dispatch)."""
+        self.workers, self.held = workers, held
+
     def job_done(self, sentences: int, seconds: float, *, bulk: bool, now: float) -> None:
         """A worker ran ``sentences`` of a job in ``seconds`` of its own time (time lent to
         small jobs that overtook it left out: they report their own)."""

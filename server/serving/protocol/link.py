@@ -29,6 +29,10 @@ Head -> host::
 A worker of the head, to its ventilator: ``[READY, Ready]`` and ``[DONE, Done]`` |
 ``[HEARTBEAT, W]``.
 
+Over 400 lines: this is the one table of what each side of the link may send, each kind's
+parser beside its frame layout and the bounds it is read within; a third of the length is
+the list of names the link's callers read from it (its bodies live in :mod:`.link_bodies`).
+
 What the schemas cannot say is checked by policy: the head caps credits and accepts a result
 only for the job its worker holds (:mod:`.link`); a host runs a model class only if its own
 command line names it (:mod:`.remote`).

@@ -5,7 +5,8 @@ these share.
 
 Inside the server (same version, never seen by clients)::
 
-    ventilator PUSH -> sink PULL     [REGISTER, JSON {key, client (hex), request_id, count, show_tokens, version}]
+    ventilator PUSH -> sink PULL     [REGISTER, JSON {key, client (hex), request_id, count, deadline, ...}]
+                                     (the bodies the sink reads are declared in :mod:`.sink`)
                                      [PUBLISH, client_id, request_id, status, header, *buffer]
                                      [FAIL, JSON {keys, error, kind}]
                                      [STATUS, client_id, request_id, JSON ventilator status]

@@ -21,7 +21,7 @@ carry it, chosen once at start by :func:`open_replies`:
 Both bound what they hold: a subscriber's or a connection's queue holds at most
 ``reply_hwm`` replies, the route table has a bound per key (one key's announcements evict
 only its own routes), and a reply whose client has not connected yet waits at most
-:data:`HOLD_S`, within a budget per key and one in all. Our clients keep at most
+:data:`~.held.HOLD_S`, within a budget per key and one in all (:mod:`.held`). Our clients keep at most
 ``reply_hwm`` requests unanswered (the ``CONFIG`` answer says how many), so a client that
 reads, however late, never finds its queue full. A reply that cannot be queued (its client
 stopped reading, or no room was left to hold it) is never dropped in silence: its client is
@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections import OrderedDict
 from typing import Any, Protocol
 
 import zmq
@@ -57,12 +55,10 @@ from ...security import (
 )
 from ..protocol import formats, legacy
 from ..protocol.formats import ReplyFormat
+from .held import HOLD_S, Held, key_of
 from .owed import Owed
 
 logger = logging.getLogger("bertserve.sink.replies")
-
-HOLD_S = legacy.HOLD_S
-"""Longest a reply waits for its client's connection (subscription or route) to reach the sink."""
 
 MAX_INBOUND_BYTES = 1024
 """Largest frame a client may send on the reply port: a subscription or an announcement is
@@ -79,12 +75,6 @@ MAX_CONNECTIONS_PER_TOPIC = 8
 ROUTE_ID_BYTES = 16
 """A client's routing id on the reply port: random, so no other peer can take it over."""
 
-MAX_HELD = 1000
-MAX_HELD_BYTES = 64 << 20
-"""Replies waiting for their clients' connections, all together."""
-MAX_HELD_PER_KEY = 100
-MAX_HELD_BYTES_PER_KEY = 8 << 20
-"""Replies waiting for the connections of one CURVE key: one key cannot fill the shared room."""
 _REFUSAL_LOG_S = 1.0
 
 
@@ -147,56 +137,6 @@ def open_replies(config: ServerConfig, context: zmq.Context, keys: CurveServerKe
     return replies
 
 
-class _Held:
-    """Replies whose client has not connected yet, each waiting at most :data:`HOLD_S`: at
-    most :data:`MAX_HELD` of them and :data:`MAX_HELD_BYTES` in all, and at most
-    :data:`MAX_HELD_PER_KEY` and :data:`MAX_HELD_BYTES_PER_KEY` for one key."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[float, bytes, list[Any], ReplyFormat]] = []  # (due, client id, frames, format)
-        self.nbytes = 0
-        self._count_of_key: Counter[bytes] = Counter()
-        self._bytes_of_key: Counter[bytes] = Counter()
-
-    def add(self, frames: list[Any], fmt: ReplyFormat, now: float | None = None) -> str | None:
-        """Hold ``frames``; ``None`` if held, else why not."""
-        size, client = _nbytes(frames), bytes(frames[0])
-        key = _key_of(client)
-        if self._count_of_key[key] >= MAX_HELD_PER_KEY or self._bytes_of_key[key] + size > MAX_HELD_BYTES_PER_KEY:
-            return (
-                f"it came before its client's connection, and the replies of this key waiting for theirs "
-                f"already filled the room one key has ({MAX_HELD_PER_KEY} replies, "
-                f"{MAX_HELD_BYTES_PER_KEY >> 20} MiB)"
-            )
-        if len(self.items) >= MAX_HELD or self.nbytes + size > MAX_HELD_BYTES:
-            return "it came before its client's connection, and no room was left to hold it until that came"
-        self.items.append(((time.monotonic() if now is None else now) + HOLD_S, client, frames, fmt))
-        self.nbytes += size
-        self._count_of_key[key] += 1
-        self._bytes_of_key[key] += size
-        return None
-
-    def take(self, wanted: Callable[[float, bytes], bool]) -> list[tuple[list[Any], ReplyFormat]]:
-        """The held replies for which ``wanted(due, client_id)`` holds, removed."""
-        taken = [item for item in self.items if wanted(item[0], item[1])]
-        if not taken:
-            return []
-        self.items = [item for item in self.items if not wanted(item[0], item[1])]
-        for _, client, frames, _ in taken:
-            size, key = _nbytes(frames), _key_of(client)
-            self.nbytes -= size
-            self._count_of_key[key] -= 1
-            self._bytes_of_key[key] -= size
-            if self._count_of_key[key] <= 0:
-                del self._count_of_key[key], self._bytes_of_key[key]
-        return [(frames, fmt) for _, _, frames, fmt in taken]
-
-
-def _nbytes(frames: list[Any]) -> int:
-    """The bytes of a reply's frames (a frame may be an array's buffer, whose ``len`` is its rows)."""
-    return sum(memoryview(frame).nbytes for frame in frames)
-
-
 class Published:
     """Replies by topic on an ``XPUB_MANUAL``: the server without CURVE."""
 
@@ -251,12 +191,6 @@ class Published:
         self.socket.close()
 
 
-def _key_of(topic: bytes) -> bytes:
-    """The key a routed topic belongs to: its first :data:`CURVE_KEY_LENGTH` bytes (a z85 key
-    may itself hold a ``:``, so the topic is never split at its first colon)."""
-    return topic[:CURVE_KEY_LENGTH]
-
-
 class Routed:
     """Replies routed to the connections of the key that owns them, on a CURVE ``ROUTER``."""
 
@@ -265,7 +199,7 @@ class Routed:
         self.socket.linger = 1000
         self.socket.sndhwm = socket_hwm(config.reply_hwm)  # per connection
         self._unread_why = _unread_why(config.reply_hwm)
-        self._owed = Owed(key_of=_key_of)  # one key's owed errors cannot push out another's
+        self._owed = Owed(key_of=key_of)  # one key's owed errors cannot push out another's
         self.socket.maxmsgsize = MAX_INBOUND_BYTES
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone connection raises, so its routes go
         # A connection that died without closing is found within seconds, so the client's new
@@ -277,7 +211,7 @@ class Routed:
         self._topics_of_key: dict[bytes, OrderedDict[bytes, None]] = {}
         self._routes: dict[bytes, OrderedDict[bytes, None]] = {}
         self._topics_of_route: dict[bytes, set[bytes]] = {}
-        self._held = _Held()
+        self._held = Held()
         self._refusals = Refusals(logger, _REFUSAL_LOG_S)
 
     # -- announcements -------------------------------------------------------------------
@@ -309,7 +243,7 @@ class Routed:
                 "refused an announcement of %r from %s", topic[:MAX_TOPIC_BYTES], user_id or "an unknown key"
             )
             return
-        self._add_route(_key_of(topic), topic, route)
+        self._add_route(key_of(topic), topic, route)
         for frames, fmt in self._held.take(lambda _, client_id: client_id.startswith(topic)):
             self._deliver(frames, fmt, self._unread_why)
 
@@ -347,7 +281,7 @@ class Routed:
             routes.pop(route, None)
             if not routes:
                 del self._routes[topic]
-                key = _key_of(topic)
+                key = key_of(topic)
                 if (topics := self._topics_of_key.get(key)) is not None:
                     topics.pop(topic, None)
                     if not topics:

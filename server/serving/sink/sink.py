@@ -21,7 +21,6 @@ import signal
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,10 @@ from bertserve.client import protocol as p
 
 from ... import metrics
 from ...config.server import ServerConfig
-from ..protocol import formats, wire
+from ...logs import Refusals
+from ..protocol import formats
+from ..protocol import sink as messages
+from .pending import BadParts, Pending, TooManyDimensions, row_counts
 from .replies import Replies, open_replies
 
 logger = logging.getLogger("bertserve.sink")
@@ -38,95 +40,6 @@ logger = logging.getLogger("bertserve.sink")
 _ORPHAN_TTL = 30.0  # seconds a result may wait for its request's registration
 _MAX_ORPHAN_KEYS = 10_000
 _CLOSED_TTL = 120.0  # seconds the key of an answered request is remembered, so late parts are dropped
-
-
-class _BadParts(ValueError):
-    """A result does not fit the request it names."""
-
-
-class _TooManyDimensions(ValueError):
-    """A request asked for more dimensions than the model's vectors have."""
-
-
-@dataclass
-class _Pending:
-    client: bytes
-    request_id: int
-    count: int
-    show_tokens: bool
-    deadline: float
-    admitted: float = field(default_factory=time.monotonic)
-    parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (rows, vectors)
-    tokens: list[Any] | None = None
-    token_count: int = 0  # tokens of the rows placed, [CLS] and [SEP] included
-    chunked: int = 0  # rows placed that were encoded in windows (long_inputs=chunk)
-    version: int | None = None  # the model version its rows are computed with, pinned at admission
-    format: formats.ReplyFormat = formats.NATIVE  # how its replies are laid out, chosen at admission
-    dimensions: int | None = None  # keep the first k dimensions of each vector
-    renormalize: bool = False  # and scale them back to unit length (the model's output is normalized)
-    model: str = ""  # the served model it runs on: a label of its metrics
-    filled: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.filled = np.zeros(self.count, bool)
-
-    @property
-    def complete(self) -> bool:
-        return bool(self.filled.all())
-
-    def add(
-        self, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, counts: np.ndarray | None = None
-    ) -> None:
-        """Place the rows not placed yet; rows already in are duplicates and are skipped.
-        ``counts`` holds each row's tokens and whether it was chunked (0 or 1)."""
-        if len(rows) != len(vectors) or (len(rows) and (rows.min() < 0 or rows.max() >= self.count)):
-            raise _BadParts(f"rows {rows[:8].tolist()}... do not fit a request of {self.count}")
-        if self.parts and (vectors.ndim, vectors.shape[2:]) != (self.parts[0][1].ndim, self.parts[0][1].shape[2:]):
-            raise _BadParts(f"vectors of shape {vectors.shape} do not match {self.parts[0][1].shape}")
-        new = ~self.filled[rows]
-        if not new.any():
-            return
-        rows, vectors = rows[new], vectors[new]
-        self.filled[rows] = True
-        if counts is not None and len(counts) == len(new):
-            self.token_count += int(counts[new, 0].sum())
-            self.chunked += int(counts[new, 1].sum())
-        self.parts.append((rows, vectors))
-        if self.show_tokens and tokens is not None:
-            if self.tokens is None:
-                self.tokens = [None] * self.count
-            for row, row_tokens in zip(
-                rows.tolist(), [t for t, keep in zip(tokens, new, strict=True) if keep], strict=True
-            ):
-                self.tokens[row] = row_tokens
-
-    def assemble(self) -> np.ndarray:
-        first = self.parts[0][1]
-        tail = list(first.shape[1:])
-        if first.ndim == 3:  # per-token vectors: parts may be padded to different widths
-            tail[0] = max(vectors.shape[1] for _, vectors in self.parts)
-        out = np.zeros([self.count, *tail], dtype=first.dtype)
-        for rows, vectors in self.parts:
-            if vectors.ndim == 3:
-                out[rows, : vectors.shape[1]] = vectors
-            else:
-                out[rows] = vectors
-        return out if self.dimensions is None else self._cut(out)
-
-    def _cut(self, out: np.ndarray) -> np.ndarray:
-        """The first ``dimensions`` of each vector (Matryoshka), at unit length again where
-        the model's vectors were."""
-        k = self.dimensions
-        assert k is not None
-        if k > out.shape[-1]:
-            raise _TooManyDimensions(
-                f"dimensions={k} is more than this model's {out.shape[-1]} dimensions: ask for 1 to {out.shape[-1]}"
-            )
-        cut = np.ascontiguousarray(out[..., :k])
-        if self.renormalize:
-            norms = np.linalg.norm(cut.astype(np.float32), axis=-1, keepdims=True)
-            cut = (cut / np.maximum(norms, 1e-12)).astype(out.dtype)
-        return cut
 
 
 class Sink:
@@ -153,7 +66,7 @@ class Sink:
             if self.authenticator is not None:
                 self.authenticator.stop()
             raise
-        self.pending: dict[str, _Pending] = {}
+        self.pending: dict[str, Pending] = {}
         self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None, np.ndarray | None]]] = {}
         self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
         self.served = 0
@@ -161,23 +74,15 @@ class Sink:
         self.failures: Counter[str] = Counter()  # the requests failed, by kind
         self.started = time.time()
         self.running = True
-        self._handlers: dict[bytes, Callable[[list[Any]], None]] = {
-            wire.REGISTER: self._on_register,
-            wire.PUBLISH: self._on_publish,
-            wire.FAIL: self._on_fail,
-            p.STATUS: self._on_status,
-            wire.RESULT: self._on_result,
-            wire.JOB_ERROR: self._on_job_error,
-            wire.STOP: self._on_stop,
-        }
-        self._frame_counts = {
-            wire.REGISTER: 1,
-            wire.PUBLISH: -1,
-            wire.FAIL: 1,
-            p.STATUS: 4,
-            wire.RESULT: 3,
-            wire.JOB_ERROR: 2,
-            wire.STOP: 0,
+        self._refusals = Refusals(logger, level=logging.ERROR)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            messages.Register: self._on_register,
+            messages.Publish: self._on_publish,
+            messages.Fail: self._on_fail,
+            messages.Status: self._on_status,
+            messages.Result: self._on_result,
+            messages.JobError: self._on_job_error,
+            messages.Stop: self._on_stop,
         }
 
     def close(self) -> None:
@@ -218,88 +123,82 @@ class Sink:
         self.replies.flush()
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
+        """One message, parsed at the edge (:mod:`..protocol.sink`): one that does not follow
+        its schema is logged and dropped; nothing raises past here."""
         try:
-            kind, rest = wire.split_message([f.bytes for f in frames], self._frame_counts)
-            self._handlers[kind](rest)
+            message = messages.read([frame.bytes for frame in frames])
         except p.ProtocolError as exc:
-            logger.error("dropped a malformed internal message: %s", exc)
+            self._refusals.log("dropped a malformed internal message: %s", exc)
+            return
+        try:
+            self._handlers[type(message)](message)
         except Exception:
-            logger.exception("error while handling a %r message", bytes(frames[0].bytes[:16]))
+            logger.exception("error while handling a %s message", type(message).__name__)
 
     # -- messages ------------------------------------------------------------------------
 
-    def _on_register(self, rest: list[Any]) -> None:
-        info = p.loads(rest[0])
-        key = info["key"]
+    def _on_register(self, message: messages.Register) -> None:
+        key = message.key
         if key in self.pending:
             logger.error("request %s is already pending; ignoring a second registration", key)
             return
         self.closed.pop(key, None)
-        timeout_s = info.get("timeout_s", self.config.request_timeout_ms / 1000)
-        deadline = time.monotonic() + float(timeout_s)
-        pending = _Pending(
-            bytes.fromhex(info["client"]),
-            int(info["request_id"]),
-            int(info["count"]),
-            bool(info.get("show_tokens")),
-            deadline,
+        pending = Pending(
+            message.client_id,
+            message.request_id,
+            message.count,
+            message.show_tokens,
+            message.deadline,
+            admitted=message.admitted,
+            version=message.version if message.version is not None else self.config.version_number,
+            format=formats.named(message.format),
+            dimensions=message.dimensions,
+            renormalize=message.renormalize,
+            model=message.model,
         )
-        if "dimensions" in info:
-            pending.dimensions = int(info["dimensions"])
-            pending.renormalize = bool(info.get("renormalize"))
-        version = info.get("version")
-        pending.version = version if isinstance(version, int) else self.config.version_number
-        pending.format = formats.named(str(info.get("format", "native")))
-        pending.model = str(info.get("model", ""))
         self.pending[key] = pending
         for _, rows, vectors, tokens, counts in self.orphans.pop(key, []):
             self._add(key, pending, rows, vectors, tokens, counts)
         self._maybe_publish(key)
 
-    def _on_publish(self, rest: list[Any]) -> None:
-        if len(rest) < 2:
-            raise p.ProtocolError(f"PUBLISH has {len(rest)} frames, expected at least 2")
-        fmt = formats.named(rest[0])
-        self.replies.send(rest[1:], fmt)
+    def _on_publish(self, message: messages.Publish) -> None:
+        self.replies.send(message.frames, message.format)
 
-    def _on_fail(self, rest: list[Any]) -> None:
-        info = p.loads(rest[0])
-        for key in info["keys"]:
-            self._fail(key, info["error"], info.get("kind", "error"))
+    def _on_fail(self, message: messages.Fail) -> None:
+        for key in message.keys:
+            self._fail(key, message.error, message.kind)
 
-    def _on_status(self, rest: list[Any]) -> None:
-        name, client, request_id, raw = rest
-        fmt = formats.named(name)
-        status = p.loads(raw)
+    def _on_status(self, message: messages.Status) -> None:
+        status = dict(message.status)
         status.update(
             requests_served=self.served,
             requests_failed=self.failed,
             requests_expired=self.failures[p.EXPIRED],
             requests_in_flight=len(self.pending),
         )
-        self.replies.send(fmt.status(client, int(request_id), status), fmt)
+        fmt = message.format
+        self.replies.send(fmt.status(message.client, message.request_id, status), fmt)
 
-    def _on_result(self, rest: list[Any]) -> None:
-        _, raw_header, buffer = rest
-        header = p.loads(raw_header)
-        vectors = p.array_from_buffer(header, buffer)
-        tokens = header.get("tokens")
-        counts = _row_counts(header, len(vectors))
-        version = header.get("model_version")
+    def _on_result(self, message: messages.Result) -> None:
+        header = message.header
+        vectors = np.frombuffer(message.buffer, dtype=header.dtype).reshape(header.shape)
+        tokens = header.tokens
+        counts = row_counts(header, len(vectors))
+        version = header.model_version
         offset = 0
-        for part in header["parts"]:
-            rows = np.asarray(part["rows"], dtype=np.int64)
+        for part in header.parts:
+            rows = np.asarray(part.rows, dtype=np.int64)
             chunk = vectors[offset : offset + len(rows)]
             chunk_tokens = tokens[offset : offset + len(rows)] if tokens is not None else None
             part_counts = counts[offset : offset + len(rows)] if counts is not None else None
             offset += len(rows)
-            key = part["key"]
+            key = part.key
             pending = self.pending.get(key)
             if pending is None:
                 if key not in self.closed:
                     self._keep_orphan(key, rows, chunk, chunk_tokens, part_counts)
                 continue
-            if isinstance(version, int) and pending.version is not None and version != pending.version:
+            if version is not None and pending.version is not None and version != pending.version:
                 logger.error("a result for %s came from model version %d, not %d", key, version, pending.version)
                 self._fail(
                     key,
@@ -320,21 +219,19 @@ class Sink:
         self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens, counts))
 
     def _add(
-        self, key: str, pending: _Pending, rows: np.ndarray, vectors: np.ndarray, tokens: Any, counts: Any = None
+        self, key: str, pending: Pending, rows: np.ndarray, vectors: np.ndarray, tokens: Any, counts: Any = None
     ) -> None:
         try:
             pending.add(rows, vectors, tokens, counts)
-        except _BadParts as exc:
+        except BadParts as exc:
             logger.error("a result for %s does not fit it: %s", key, exc)
             self._fail(key, f"the server produced a malformed result for this request: {exc}", "internal")
 
-    def _on_job_error(self, rest: list[Any]) -> None:
-        _, raw = rest
-        info = p.loads(raw)
-        for part in info["parts"]:
-            self._fail(part["key"], info["error"], info.get("kind", "error"))
+    def _on_job_error(self, message: messages.JobError) -> None:
+        for part in message.body.parts:
+            self._fail(part.key, message.body.error, message.body.kind)
 
-    def _on_stop(self, rest: list[Any]) -> None:
+    def _on_stop(self, message: messages.Stop) -> None:
         self.running = False
 
     # -- requests ------------------------------------------------------------------------
@@ -355,7 +252,7 @@ class Sink:
             if pending.show_tokens:
                 header["tokens"] = pending.tokens
             frames = pending.format.vectors(pending.client, pending.request_id, array, header)
-        except _TooManyDimensions as exc:
+        except TooManyDimensions as exc:
             self._fail(key, str(exc), "input")
             return
         except Exception as exc:
@@ -401,20 +298,7 @@ class Sink:
             self.closed.popitem(last=False)
 
 
-def _row_counts(header: dict[str, Any], rows: int) -> np.ndarray | None:
-    """Each row's token count and whether it was chunked, as ``[rows, 2]``; None if the
-    worker did not say (the reply then counts no tokens)."""
-    lengths, windows = header.get("lengths"), header.get("windows")
-    if not isinstance(lengths, list) or len(lengths) != rows:
-        return None
-    counts = np.zeros((rows, 2), np.int64)
-    counts[:, 0] = np.asarray(lengths, dtype=np.int64)
-    if isinstance(windows, list) and len(windows) == rows:
-        counts[:, 1] = np.asarray(windows, dtype=np.int64) > 1
-    return counts
-
-
-def _count(pending: _Pending, outcome: str) -> None:
+def _count(pending: Pending, outcome: str) -> None:
     path = metrics.path_of(pending.client)
     metrics.REQUESTS.labels(path, outcome, pending.model).inc()
     metrics.REQUEST_SECONDS.labels(path, pending.model).observe(time.monotonic() - pending.admitted)
