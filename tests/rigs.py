@@ -80,7 +80,8 @@ def ventilator_rig(
     frontend.bind(f"ipc://{tmp_path}/requests")
     sink.bind(addresses.sink)
     client.connect(f"ipc://{tmp_path}/requests")
-    ventilator = Ventilator(config, context, frontend, addresses, models or Scheduler(config), **options)
+    served = models or Scheduler(config.batching, config.limits)
+    ventilator = Ventilator(config, context, frontend, addresses, served, **options)
     rig = rig_class(ventilator, context, client, sink, addresses)
     try:
         yield rig

@@ -10,6 +10,7 @@ are in :mod:`.flags`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -177,6 +178,11 @@ class Flag:
         if self.choices and value not in self.choices:
             raise BertServeError(f"{self.env}={raw!r}: choose one of {', '.join(self.choices)}")
         return value
+
+
+def under(group: str, *flags: Flag) -> list[Flag]:
+    """``flags``, shown under the ``--help`` heading ``group``."""
+    return [dataclasses.replace(flag, group=group) for flag in flags]
 
 
 def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag], docs: str) -> None:

@@ -5,36 +5,26 @@ also come from the environment as ``BERTSERVE_<FLAG>`` (``BERTSERVE_MAX_SEQ_LEN=
 on the command line wins. :func:`server_config_from_args` and :func:`model_config_from_args`
 turn a parsed command line into the one frozen config the server's roles are given. What a
 flag is, and how ``--help`` shows it, is in :mod:`.flag_help`.
+
+The flags of ``bertserve start`` are tabled per concern: the model's here, how the head serves
+in :mod:`.serving_flags`, its HTTP and security edges in :mod:`.http_flags`; ``SERVER_FLAGS``
+puts them in the order ``--help`` shows them.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..config.http import (
-    HTTP_BODY_MIN_RATE,
-    HTTP_BODY_TIMEOUT_S,
-    HTTP_CONNECTIONS,
-    HTTP_HEADER_BYTES,
-    HTTP_HEADER_TIMEOUT_S,
-    HTTP_HEADERS,
-)
 from ..config.model import LONG_INPUTS, ModelConfig, PoolingStrategy
 from ..config.served import default_model_name, with_default_model
-from ..config.server import (
-    CLIENT_QUEUED_SENTENCES,
-    HTTP_BODY_BYTES_TOTAL,
-    QUEUED_BYTES,
-    QUEUED_SENTENCES,
-    REQUEST_SIZE,
-    ServerConfig,
-)
+from ..config.server import ServerConfig
 from ..errors import ConfigError, ModelOptionError
 from ..model.default import default_model_dir
-from .flag_help import Flag, boolean
+from .flag_help import Flag, boolean, under
+from .http_flags import HTTP_FLAGS, SECURITY_FLAGS
+from .serving_flags import DEVICE_FLAGS, LIMIT_FLAGS, SERVING_FLAGS
 
 
 def _as_the_config_spells(field: str) -> Callable[[str], str]:
@@ -53,14 +43,9 @@ def _as_the_config_spells(field: str) -> Callable[[str], str]:
     return parse
 
 
-def _under(group: str, *flags: Flag) -> list[Flag]:
-    """``flags``, shown under the ``--help`` heading ``group``."""
-    return [dataclasses.replace(flag, group=group) for flag in flags]
-
-
 _MODEL_DEFAULT = "the model's, or "  # what a plain BERT directory gets when the model says nothing
 
-MODEL_FLAGS = _under(
+MODEL_FLAGS = under(
     "model",
     Flag("--model-dir", "BERT model directory", unset="all-MiniLM-L6-v2 if installed"),
     Flag(
@@ -128,7 +113,7 @@ MODEL_FLAGS = _under(
 )
 
 SERVER_FLAGS = [
-    *_under(
+    *under(
         "model",
         Flag(
             "--model-class",
@@ -153,277 +138,12 @@ SERVER_FLAGS = [
             rare=True,
         ),
     ),
-    *_under(
-        "serving",
-        Flag("--port", "port that takes requests", int, 5555),
-        Flag("--port-out", "port that publishes results", int, unset="--port + 1"),
-        Flag("--bind", "address to listen on (0.0.0.0 for every interface)", default="127.0.0.1"),
-        Flag("--max-batch-size", "most sentences in one mini-job", int, 256),
-        Flag(
-            "--max-batch-tokens",
-            "most padded tokens in one bulk mini-job, so jobs take similar time",
-            int,
-            4096,
-            rare=True,
-        ),
-        Flag("--max-latency-ms", "most a small request for a busy worker waits for company", float, 10.0),
-        Flag("--merge-requests", "merge small requests from different clients into one mini-job", boolean, True),
-        Flag(
-            "--bulk-run-ms",
-            "while small requests are about, a long job's model runs are cut to take about this "
-            "long, so a small job overtaking it waits at most about this (0: runs of --batch-size)",
-            float,
-            250.0,
-            rare=True,
-        ),
-        Flag("--legacy-clients", "answer bert-as-service 1.x's own client too", boolean, True, rare=True),
-        Flag("--show-tokens-to-client", "send bert-as-service clients each input's tokens", boolean, False, rare=True),
-    ),
-    *_under(
-        "limits and overload",
-        Flag(
-            "--max-request-size",
-            "most inputs in one request",
-            int,
-            unset=f"{REQUEST_SIZE}, at most --max-client-queued-sentences",
-        ),
-        Flag("--max-text-chars", "most characters in one input", int, 100_000),
-        Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
-        Flag(
-            "--max-queued-sentences",
-            "most inputs queued at once; past it requests get a busy error",
-            int,
-            unset=f"{QUEUED_SENTENCES}, at least the bounds per client and per request",
-        ),
-        Flag(
-            "--max-client-queued-sentences",
-            "most inputs one client may have queued",
-            int,
-            unset=f"{CLIENT_QUEUED_SENTENCES}, within --max-request-size and --max-queued-sentences",
-            rare=True,
-        ),
-        Flag(
-            "--max-queued-bytes",
-            "memory the texts of queued requests may hold; past it requests get a busy error",
-            int,
-            QUEUED_BYTES,
-            rare=True,
-        ),
-        Flag(
-            "--bulk-slowdown",
-            "a bulk request that would finish (or make one taken before it finish) later than "
-            "this many times its time on an idle server, at the speed measured, is refused busy at once (0: never)",
-            float,
-            4.0,
-            rare=True,
-        ),
-        Flag(
-            "--max-message-bytes",
-            "largest request frame; a larger one is dropped unread",
-            int,
-            unset="what the size limits need, at most 16 MiB and --max-queued-bytes",
-            rare=True,
-        ),
-        Flag(
-            "--reply-hwm",
-            "replies queued for one client connection; bertserve's clients keep at most this many "
-            "requests unanswered, and a reply past it is answered with a 'dropped' error instead",
-            int,
-            100,
-            rare=True,
-        ),
-    ),
-    *_under(
-        "workers and devices",
-        Flag("--num-worker", "worker processes on this machine (0 with a worker port: only remote ones)", int, 1),
-        Flag("--cpu", "run on the CPU even where a GPU is visible", boolean, False),
-        Flag("--device-map", "GPU ids the workers take in turn", int, (), many=True, unset="every visible GPU"),
-        Flag(
-            "--gpu-memory-fraction",
-            "share of its GPU's memory a worker may take",
-            float,
-            unset="grow as needed",
-            metavar="FRACTION",
-            rare=True,
-        ),
-        Flag("--threads-per-worker", "TensorFlow threads per CPU worker", int, unset="the cores shared out"),
-        Flag(
-            "--worker-nice",
-            "how much lower the workers' CPU priority is, so requests move while they compute",
-            int,
-            5,
-            rare=True,
-        ),
-        Flag(
-            "--worker-port",
-            "let workers on other machines (`bertserve worker`) join on this port",
-            int,
-            unset="local workers only",
-        ),
-        Flag(
-            "--feed",
-            "what receives and tokenizes a worker's next jobs",
-            default="thread",
-            choices=("thread", "tfdata"),
-            rare=True,
-        ),
-        Flag(
-            "--prefetch-size",
-            "jobs a worker holds at once; more than 1 makes small requests wait longer",
-            int,
-            1,
-            rare=True,
-        ),
-        Flag(
-            "--job-timeout-ms",
-            "a worker holding a job longer than this is killed and replaced",
-            int,
-            120_000,
-            rare=True,
-        ),
-        Flag("--heartbeat-timeout-ms", "a worker silent this long is killed and replaced", int, 10_000, rare=True),
-        Flag("--max-restarts", "failures in a row of one process before the server gives up", int, 5, rare=True),
-    ),
-    *_under(
-        "HTTP",
-        Flag(
-            "--http-port", "also serve the HTTP API (OpenAI's /v1/embeddings, ...) on this port", int, unset="no HTTP"
-        ),
-        Flag("--http-bind", "address the HTTP port listens on", unset="--bind"),
-        Flag(
-            "--served-model-name",
-            "the model name the HTTP API lists and accepts",
-            unset="all-MiniLM-L6-v2 without --model-dir, else the directory's name",
-        ),
-        Flag(
-            "--model-alias",
-            "other names the HTTP API accepts for the model",
-            many=True,
-            default=(),
-            unset="none",
-            metavar="NAME",
-        ),
-        Flag(
-            "--token-id-input",
-            "take token id arrays as this model's WordPiece ids (else refused: most clients send tiktoken ids)",
-            boolean,
-            False,
-            rare=True,
-        ),
-        Flag(
-            "--max-http-body-bytes",
-            "largest HTTP request body; larger is refused with 413",
-            int,
-            unset="16 MiB, at most the request frame limit",
-            rare=True,
-        ),
-        Flag(
-            "--max-http-body-bytes-total",
-            "HTTP bodies held at once, each counted as its bytes plus 64 per comma, "
-            "232 per '{' and 88 per '['; past it 429",
-            int,
-            HTTP_BODY_BYTES_TOTAL,
-            rare=True,
-        ),
-        Flag(
-            "--max-http-body-bytes-per-principal",
-            "HTTP bodies one principal (API key, else address) holds at "
-            "once, of --max-http-body-bytes-total; past it 429",
-            int,
-            unset="half the total, at least --max-http-body-bytes",
-            rare=True,
-        ),
-        Flag(
-            "--http-body-timeout-s",
-            "an HTTP body not whole this long after its headers is cut off with 408",
-            float,
-            HTTP_BODY_TIMEOUT_S,
-            rare=True,
-        ),
-        Flag(
-            "--http-body-min-rate",
-            "an HTTP body slower than this many bytes a second on average (after 2 s) is "
-            "cut off with 408 (0: any pace)",
-            int,
-            HTTP_BODY_MIN_RATE,
-            metavar="BYTES",
-            rare=True,
-        ),
-        Flag(
-            "--max-http-connections",
-            "HTTP connections open at once; one more is answered 503 and closed",
-            int,
-            HTTP_CONNECTIONS,
-            rare=True,
-        ),
-        Flag(
-            "--max-http-header-bytes",
-            "largest HTTP request line and headers; larger is answered 400 and closed",
-            int,
-            HTTP_HEADER_BYTES,
-            rare=True,
-        ),
-        Flag(
-            "--max-http-headers",
-            "most header fields in one HTTP request; more is 431",
-            int,
-            HTTP_HEADERS,
-            metavar="N",
-            rare=True,
-        ),
-        Flag(
-            "--http-header-timeout-s",
-            "HTTP request headers not whole this long after the connection (or the "
-            "request's first byte) are answered 408 and closed",
-            float,
-            HTTP_HEADER_TIMEOUT_S,
-            rare=True,
-        ),
-        Flag(
-            "--forwarded-allow-ips",
-            "proxies (addresses, networks, or *) whose X-Forwarded-For names the HTTP caller",
-            many=True,
-            default=(),
-            unset="none: the peer address",
-            metavar="ADDR",
-        ),
-        Flag(
-            "--metrics-principals",
-            "name each HTTP principal in /metrics (bertserve_http_principal_requests_total)",
-            boolean,
-            False,
-            rare=True,
-        ),
-        Flag(
-            "--metrics-port",
-            "serve Prometheus /metrics alone on this port (with --http-port it is at /metrics)",
-            int,
-            unset="none",
-        ),
-    ),
-    *_under(
-        "security",
-        Flag(
-            "--curve-dir",
-            "serve with CURVE: DIR/server.key_secret; client keys in DIR/clients, admins in DIR/admins",
-            unset="plain TCP",
-        ),
-        Flag("--allow-terminate", "let clients stop the server", boolean, unset="on loopback without CURVE, or admins"),
-        Flag(
-            "--api-key",
-            "HTTP callers must send Authorization: Bearer KEY (principal 'default'); better as "
-            "BERTSERVE_API_KEY, since every user can see a command line",
-            unset="none needed",
-            metavar="KEY",
-        ),
-        Flag(
-            "--api-keys",
-            "FILE of NAME KEY lines: each key a principal of its own (bounds, turns, metrics)",
-            unset="none",
-            metavar="FILE",
-        ),
-    ),
-    *_under(
+    *SERVING_FLAGS,
+    *LIMIT_FLAGS,
+    *DEVICE_FLAGS,
+    *HTTP_FLAGS,
+    *SECURITY_FLAGS,
+    *under(
         "several models and model versions",
         Flag(
             "--model",
@@ -467,13 +187,13 @@ def server_flag(name: str) -> Flag:
 
 
 WORKER_FLAGS = [
-    *_under(
+    *under(
         "the head",
         Flag("--server", "the head's host name or address", unset="required", metavar="HOST"),
         Flag("--worker-port", "the head's --worker-port", int, unset="required"),
         Flag("--model-name", "the head's model these workers serve, when it serves several", unset="its default model"),
     ),
-    *_under(
+    *under(
         "model",
         Flag(
             "--model-dir",
@@ -484,14 +204,14 @@ WORKER_FLAGS = [
     server_flag("--tuned-model-dir"),
     server_flag("--graph-dir"),
     server_flag("--model-class"),  # the only class it may import: the head must serve the same
-    *_under(
+    *under(
         "workers and devices",
         Flag("--num-worker", "worker processes on this machine", int, 1),
         Flag("--prefetch-size", "jobs a worker holds at once: its credits; give faster devices more", int, 1),
     ),
     *(server_flag(name) for name in ("--cpu", "--device-map", "--gpu-memory-fraction", "--threads-per-worker")),
     *(server_flag(name) for name in ("--worker-nice", "--feed", "--max-restarts")),
-    *_under(
+    *under(
         "security",
         Flag(
             "--client-cert",
@@ -506,7 +226,7 @@ WORKER_FLAGS = [
             metavar="KEY",
         ),
     ),
-    *_under(
+    *under(
         "health checks",
         Flag("--health-port", "serve GET /health and /ready on this port, for container probes", int, unset="none"),
         Flag("--health-bind", "address the health port listens on", default="127.0.0.1"),

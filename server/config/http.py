@@ -45,9 +45,25 @@ def forwarded_allow_ips(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(checked)
 
 
-def http_limit_checks(config: Any) -> list[tuple[bool, str]]:
-    """The rules of a ``ServerConfig``'s HTTP edge limits: (holds, the message if not)."""
+def http_limit_checks(config: Any, message_limit: int) -> list[tuple[bool, str]]:
+    """The rules of a ``ServerConfig``'s HTTP edge limits, a body at most ``message_limit``
+    (the request frame limit): (holds, the message if not)."""
     return [
+        (
+            config.max_http_body_bytes_total >= 1024,
+            f"--max-http-body-bytes-total must be at least 1024, not {config.max_http_body_bytes_total}",
+        ),
+        (
+            config.max_http_body_bytes is None or 1024 <= config.max_http_body_bytes <= message_limit,
+            f"--max-http-body-bytes {config.max_http_body_bytes} must be between 1024 and the request frame limit, "
+            f"{message_limit} bytes (--max-message-bytes, or what --max-request-size and --max-text-chars "
+            "need, at most 16 MiB): raise --max-message-bytes too",
+        ),
+        (
+            config.max_http_body_bytes is None or config.max_http_body_bytes <= config.max_http_body_bytes_total,
+            f"--max-http-body-bytes {config.max_http_body_bytes} must not exceed --max-http-body-bytes-total "
+            f"{config.max_http_body_bytes_total}, or a body at the limit could never be read",
+        ),
         (
             config.max_http_body_bytes_per_principal is None
             or config.http_body_limit <= config.max_http_body_bytes_per_principal <= config.max_http_body_bytes_total,

@@ -110,6 +110,17 @@ def directory_name(config: ServerConfig) -> str:
     return DEFAULT_MODEL_NAME if name == DEFAULT_MODEL_PACKAGE else name
 
 
+def share_cores(models: list[ServedModel]) -> list[ServedModel]:
+    """``models`` with the cores shared out among all their local workers, unless
+    ``--threads-per-worker`` says how many each takes: each model's workers would otherwise
+    take the machine's cores as if they were alone on it."""
+    workers = sum(model.config.num_worker for model in models)
+    if len(models) < 2 or workers < 1 or models[0].config.threads_per_worker is not None:
+        return models
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    return [ServedModel(m.name, dataclasses.replace(m.config, threads_per_worker=threads)) for m in models]
+
+
 @functools.cache
 def option_types() -> dict[str, Any]:
     """The keys a ``--model`` takes, each with the type of the field it sets."""

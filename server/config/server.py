@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
 from . import http as http_limits
+from .batching import Batching
+from .limits import QUEUED_BYTES, Limits
 from .model import ModelConfig
+from .ports import Ports
 from .specs import check_models
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-"""The largest request frame ``--max-message-bytes`` may allow."""
-MESSAGE_BYTES = 16 * 1024 * 1024
-"""Default largest request frame: larger requests are better sent as several. ZeroMQ reads a
-frame whole before the ventilator sees it, one per connection at a time, so this bounds what a
-flood of large frames can make the head hold (docker/README.md)."""
-QUEUED_BYTES = 128 * 1024 * 1024
-"""Default bound on the memory the texts of admitted requests hold in the head
-(``--max-queued-bytes``): with the HTTP budget and the idle head, within a 1 GiB limit."""
-QUEUED_SENTENCES = 500_000
-CLIENT_QUEUED_SENTENCES = 200_000
-REQUEST_SIZE = 100_000
 HTTP_BODY_BYTES = 12 * 1024 * 1024
 """Default largest HTTP body: while it is read, parsed and sent on, one body costs the HTTP process
 about four times its size, so this keeps one request within 64 MiB; bulk work is better sent as
@@ -40,11 +32,16 @@ HEARTBEAT_INTERVAL_MS = 1000
 class ServerConfig:
     """How ``bertserve start`` serves: processes, ports, batching, devices and limits.
 
-    Built once by the CLI (or by tests) and passed whole to every role. ``port_out`` left
-    out (``None``) is ``port + 1``; once built it is always an int. With several models
+    Built once by the CLI (or by tests), with one keyword a flag. The options of one concern
+    are built, checked and resolved once into a frozen object of their own, which a policy
+    is given instead of the whole config: :attr:`ports` (:class:`.ports.Ports`, ``port_out``
+    following ``port``), :attr:`batching` (:class:`.batching.Batching`, the scheduler's),
+    :attr:`limits` (:class:`.limits.Limits`, the head's bounds, those left out following those
+    given); the HTTP edge's rules are :mod:`.http`'s. Once built, ``port_out`` is always an int. With several models
     (``models`` or ``models_dir``), the CLI makes ``model`` the default model's options
-    (:func:`.served_models.with_default_model`), and :func:`.served_models.served_models`
-    gives each model a config of its own.
+    (:func:`.served.with_default_model`), and :func:`.served.served_models` gives each model
+    a config of its own. The version a model serves once a swap has run is the head's state
+    (:class:`..serving.head.models.HeadModel`), not a field here.
     """
 
     model: ModelConfig
@@ -68,7 +65,7 @@ class ServerConfig:
     max_text_chars: int = 100_000
     request_timeout_ms: int = 600_000
     bulk_slowdown: float = 4.0  # a bulk request that would take more than this times its idle-server time: busy
-    max_queued_sentences: int | None = None  # None: QUEUED_SENTENCES, at least the two below (_follow_bounds)
+    max_queued_sentences: int | None = None  # None: QUEUED_SENTENCES, at least the two below (.limits)
     max_client_queued_sentences: int | None = None  # None: CLIENT_QUEUED_SENTENCES, within the two around it
     max_queued_bytes: int = QUEUED_BYTES
     max_message_bytes: int | None = None
@@ -112,30 +109,13 @@ class ServerConfig:
     model_defaults: ModelConfig | None = None  # with models or models_dir: the model flags, under each model's own
 
     def __post_init__(self) -> None:
-        self._follow_bounds()
-        port_out = self.port + 1 if self.port_out is None else self.port_out
-        extra_ports = [p for p in (self.http_port, self.metrics_port, self.worker_port) if p is not None]
+        if not (self.num_worker >= 1 or (self.num_worker == 0 and self.worker_port is not None)):
+            raise ConfigError(
+                "num_worker must be at least 1 (0 only with worker_port, for a head whose workers join remotely)"
+            )
+        # Each concern is built, so checked, once: the HTTP body limits are checked against the frame limit.
+        ports, limits, _ = self.ports, self.limits, self.batching
         checks = [
-            (
-                self.num_worker >= 1 or (self.num_worker == 0 and self.worker_port is not None),
-                "num_worker must be at least 1 (0 only with worker_port, for a head whose workers join remotely)",
-            ),
-            (1 <= self.port <= 65535, "port must be between 1 and 65535"),
-            (
-                1 <= port_out <= 65535,
-                "port_out must be between 1 and 65535"
-                if self.port_out is not None
-                else f"port_out defaults to port + 1 = {port_out}, past 65535: set port_out",
-            ),
-            (self.port != port_out, "port and port_out must differ"),
-            (
-                all(p is None or 1 <= p <= 65535 for p in (self.http_port, self.metrics_port, self.worker_port)),
-                "http_port, metrics_port and worker_port must be between 1 and 65535",
-            ),
-            (
-                len({self.port, port_out, *extra_ports}) == 2 + len(extra_ports),
-                "port, port_out, http_port, metrics_port and worker_port must all differ",
-            ),
             (self.api_key is None or len(self.api_key.strip()) >= 8, "api_key must be at least 8 characters"),
             (
                 self.curve_dir is None
@@ -146,44 +126,8 @@ class ServerConfig:
                 "anyone CURVE keeps "
                 "out",
             ),
-            (
-                self.max_http_body_bytes_total >= 1024,
-                f"--max-http-body-bytes-total must be at least 1024, not {self.max_http_body_bytes_total}",
-            ),
-            (
-                self.max_http_body_bytes is None or 1024 <= self.max_http_body_bytes <= self.message_limit,
-                f"--max-http-body-bytes {self.max_http_body_bytes} must be between 1024 and the request frame limit, "
-                f"{self.message_limit} bytes (--max-message-bytes, or what --max-request-size and --max-text-chars "
-                "need, at most 16 MiB): raise --max-message-bytes too",
-            ),
-            (
-                self.max_http_body_bytes is None or self.max_http_body_bytes <= self.max_http_body_bytes_total,
-                f"--max-http-body-bytes {self.max_http_body_bytes} must not exceed --max-http-body-bytes-total "
-                f"{self.max_http_body_bytes_total}, or a body at the limit could never be read",
-            ),
-            *http_limits.http_limit_checks(self),
-            (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
-            (self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"),
-            (self.max_latency_ms >= 0, "max_latency_ms must not be negative"),
+            *http_limits.http_limit_checks(self, limits.message_bytes),
             (self.prefetch_size >= 1, "prefetch_size must be at least 1"),
-            (self.bulk_run_ms >= 0, f"--bulk-run-ms must be 0 or more, not {self.bulk_run_ms}"),
-            (self.max_text_chars >= 1, "max_text_chars must be at least 1"),
-            (self.request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
-            (self.bulk_slowdown >= 0, f"--bulk-slowdown must be 0 or more, not {self.bulk_slowdown}"),
-            (
-                self.max_message_bytes is None or 1024 <= self.max_message_bytes <= MAX_MESSAGE_BYTES,
-                f"--max-message-bytes must be between 1024 and {MAX_MESSAGE_BYTES}, not {self.max_message_bytes}",
-            ),
-            (
-                self.max_queued_bytes >= 1024 * 1024,
-                f"--max-queued-bytes must be at least 1 MiB (1048576), not {self.max_queued_bytes}",
-            ),
-            (
-                self.max_message_bytes is None or self.max_message_bytes <= self.max_queued_bytes,
-                f"--max-message-bytes {self.max_message_bytes} is more than --max-queued-bytes "
-                f"{self.max_queued_bytes}: a "
-                "request that large could never be queued; lower --max-message-bytes or raise --max-queued-bytes",
-            ),
             (self.reply_hwm >= 1, "reply_hwm must be at least 1"),
             (self.job_timeout_ms >= 100, "job_timeout_ms must be at least 100"),
             (
@@ -213,10 +157,11 @@ class ServerConfig:
                 raise ConfigError(problem)
         named = self.served_model_name is not None or bool(self.model_alias)
         check_models(self.models, self.models_dir, self.default_model, named=named)
+        # What was given as another type (a path, a list, a number) is kept as the fields say.
         object.__setattr__(self, "models", tuple(str(spec) for spec in self.models))
         if self.models_dir is not None:
             object.__setattr__(self, "models_dir", os.fspath(self.models_dir))
-        object.__setattr__(self, "port_out", port_out)
+        object.__setattr__(self, "port_out", ports.out)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
         object.__setattr__(self, "model_alias", tuple(str(a) for a in self.model_alias))
         object.__setattr__(self, "forwarded_allow_ips", http_limits.forwarded_allow_ips(self.forwarded_allow_ips))
@@ -224,62 +169,57 @@ class ServerConfig:
             object.__setattr__(self, "curve_dir", os.fspath(self.curve_dir))
         object.__setattr__(self, "model_version", str(self.model_version).lower())
 
-    def _follow_bounds(self) -> None:
-        """Set the sentence bounds left out so that they fit those given: a request at most a
-        client's queue, a client's queue at most the server's. Each left out takes its default,
-        moved as far as the bounds given need (``--max-queued-sentences 2000`` alone lowers
-        the other two to 2000; ``--max-request-size 300000`` alone raises the queues to it).
-        Only bounds given that contradict each other are an error, naming both flags."""
-        names = {
-            "queued": "--max-queued-sentences",
-            "client": "--max-client-queued-sentences",
-            "request": "--max-request-size",
-        }
-        given = {
-            "queued": self.max_queued_sentences,
-            "client": self.max_client_queued_sentences,
-            "request": self.max_request_size,
-        }
-        for key, value in given.items():
-            if value is not None and value < 1:
-                raise ConfigError(f"{names[key]} must be at least 1, not {value}")
-        for low, high in (("request", "client"), ("client", "queued"), ("request", "queued")):
-            small, large = given[low], given[high]
-            if small is not None and large is not None and small > large:
-                raise ConfigError(
-                    f"{names[low]} {small} is more than {names[high]} {large}: "
-                    + (
-                        "a request that large could never queue"
-                        if low == "request"
-                        else "one client cannot queue more than the whole server"
-                    )
-                    + f"; lower {names[low]} or raise {names[high]}"
-                )
-        request_given, client_given = given["request"] or 0, given["client"] or 0
-        queued = given["queued"] or max(QUEUED_SENTENCES, client_given, request_given)
-        client = given["client"] or max(min(CLIENT_QUEUED_SENTENCES, queued), request_given)
-        request = given["request"] or min(REQUEST_SIZE, client)
-        object.__setattr__(self, "max_queued_sentences", queued)
-        object.__setattr__(self, "max_client_queued_sentences", client)
-        object.__setattr__(self, "max_request_size", request)
+    @functools.cached_property
+    def ports(self) -> Ports:
+        """Where the server listens, ``port_out`` following ``port`` (:meth:`.Ports.resolve`)."""
+        return Ports.resolve(
+            port=self.port,
+            port_out=self.port_out,
+            http_port=self.http_port,
+            metrics_port=self.metrics_port,
+            worker_port=self.worker_port,
+        )
+
+    @functools.cached_property
+    def limits(self) -> Limits:
+        """The head's bounds, those left out following those given (:meth:`.Limits.resolve`)."""
+        return Limits.resolve(
+            max_queued_sentences=self.max_queued_sentences,
+            max_client_queued_sentences=self.max_client_queued_sentences,
+            max_request_size=self.max_request_size,
+            max_queued_bytes=self.max_queued_bytes,
+            max_message_bytes=self.max_message_bytes,
+            max_text_chars=self.max_text_chars,
+            request_timeout_ms=self.request_timeout_ms,
+        )
+
+    @functools.cached_property
+    def batching(self) -> Batching:
+        """The scheduler's batching options, with this model's run size."""
+        return Batching(
+            max_batch_size=self.max_batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            max_latency_ms=self.max_latency_ms,
+            merge_requests=self.merge_requests,
+            bulk_run_ms=self.bulk_run_ms,
+            bulk_slowdown=self.bulk_slowdown,
+            model_batch_size=self.model.batch_size,
+        )
 
     @property
     def queue_limit(self) -> int:
         """Most inputs queued at once, all clients together (``max_queued_sentences``, resolved)."""
-        assert self.max_queued_sentences is not None  # __post_init__ resolved it
-        return self.max_queued_sentences
+        return self.limits.queued_sentences
 
     @property
     def client_queue_limit(self) -> int:
         """Most inputs one client may have queued (``max_client_queued_sentences``, resolved)."""
-        assert self.max_client_queued_sentences is not None  # __post_init__ resolved it
-        return self.max_client_queued_sentences
+        return self.limits.client_queued_sentences
 
     @property
     def request_size_limit(self) -> int:
         """Most inputs in one request (``max_request_size``, resolved)."""
-        assert self.max_request_size is not None  # __post_init__ resolved it
-        return self.max_request_size
+        return self.limits.request_size
 
     @property
     def version_number(self) -> int | None:
@@ -289,12 +229,9 @@ class ServerConfig:
     @property
     def message_limit(self) -> int:
         """Largest frame the request socket accepts (ZeroMQ's MAXMSGSIZE): ``max_message_bytes``,
-        or what the largest allowed request can take as UTF-8 JSON, at most :data:`MESSAGE_BYTES`
-        and ``max_queued_bytes``."""
-        if self.max_message_bytes is not None:
-            return self.max_message_bytes
-        per_text = 4 * self.max_text_chars + 8  # UTF-8 bytes, quotes and comma
-        return min(MESSAGE_BYTES, self.max_queued_bytes, self.request_size_limit * per_text + 65_536)
+        or what the largest allowed request can take as UTF-8 JSON, at most
+        :data:`.limits.MESSAGE_BYTES` and ``max_queued_bytes``."""
+        return self.limits.message_bytes
 
     @property
     def http_body_limit(self) -> int:
@@ -322,6 +259,12 @@ class ServerConfig:
     def public(self) -> dict[str, Any]:
         """The configuration as plain JSON values, for the CONFIG command."""
         data = dataclasses.asdict(self)
+        limits = self.limits  # the sentence bounds as resolved, not as given
+        data.update(
+            max_queued_sentences=limits.queued_sentences,
+            max_client_queued_sentences=limits.client_queued_sentences,
+            max_request_size=limits.request_size,
+        )
         data["api_key"] = "(set)" if self.api_key is not None else None  # never the key itself
         data["api_keys"] = "(set)" if self.api_keys is not None else None
         model = data.pop("model")

@@ -29,13 +29,13 @@ def test_admission_imports_neither_zmq_nor_tensorflow() -> None:
 
 def test_a_count_over_the_request_size_is_a_limit_and_over_the_queues_is_busy() -> None:
     config = _config(max_request_size=10, max_queued_sentences=20, max_client_queued_sentences=20)
-    scheduler = Scheduler(config)
-    assert admission.check_count(10, config, scheduler, b"c") is None
-    too_big = admission.check_count(11, config, scheduler, b"c")
+    scheduler = Scheduler(config.batching, config.limits)
+    assert admission.check_count(10, config.limits, scheduler, b"c") is None
+    too_big = admission.check_count(11, config.limits, scheduler, b"c")
     assert too_big is not None and too_big.kind == "limit" and "at most 10 per request" in too_big.message
     scheduler.admit("k", b"c", ["x"] * 10, is_tokenized=False, show_tokens=False, now=0.0, chunk=False)
     scheduler.admit("k2", b"d", ["x"] * 10, is_tokenized=False, show_tokens=False, now=0.0, chunk=False)
-    full = admission.check_count(5, config, scheduler, b"e")
+    full = admission.check_count(5, config.limits, scheduler, b"e")
     assert full is not None and full.kind == admission.BUSY
 
 
@@ -71,13 +71,13 @@ def test_a_pending_request_id_is_refused_as_a_duplicate() -> None:
 
 
 def test_chunking_follows_the_request_then_the_server_and_the_model_may_refuse_it() -> None:
-    config = _config(model=ModelConfig(model_dir="unused", long_inputs="chunk"))
-    assert admission.chunking(None, config, {}) == (True, None)
-    assert admission.chunking("truncate", config, {"chunking": False}) == (False, None)
-    assert admission.chunking("chunk", config, {"chunking": True}) == (True, None)
-    chunk, refusal = admission.chunking("chunk", config, {"chunking": False, "pooling_strategy": "CLS_TOKEN"})
+    chunks = _config(model=ModelConfig(model_dir="unused", long_inputs="chunk")).model.long_inputs
+    assert admission.chunking(None, chunks, {}) == (True, None)
+    assert admission.chunking("truncate", chunks, {"chunking": False}) == (False, None)
+    assert admission.chunking("chunk", chunks, {"chunking": True}) == (True, None)
+    chunk, refusal = admission.chunking("chunk", chunks, {"chunking": False, "pooling_strategy": "CLS_TOKEN"})
     assert not chunk and refusal is not None and "CLS_TOKEN" in refusal.message
-    chunk, refusal = admission.chunking("sideways", config, {})
+    chunk, refusal = admission.chunking("sideways", chunks, {})
     assert not chunk and refusal is not None and refusal.kind == "input"
 
 

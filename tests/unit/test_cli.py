@@ -200,7 +200,8 @@ def test_help_shows_a_default_from_the_environment(
 def test_bounds_left_out_follow_those_given() -> None:
     def bounds(argv: list[str]) -> tuple[int | None, ...]:
         config = _server_config(argv)
-        return config.max_queued_sentences, config.max_client_queued_sentences, config.max_request_size
+        limits = config.limits
+        return limits.queued_sentences, limits.client_queued_sentences, limits.request_size
 
     assert bounds([]) == (500_000, 200_000, 100_000)
     assert bounds(["--max-queued-sentences", "2000"]) == (2000, 2000, 2000)  # lowered: the others follow down

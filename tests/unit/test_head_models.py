@@ -37,8 +37,14 @@ def rig(tmp_path) -> Iterator[Rig]:
     fast, big = config_of("fast"), config_of("big", model_version="3")
     models = Models(
         [
-            HeadModel("fast", fast, Scheduler(fast), Prompts({"query": "query: "}, None), sha256="aa" * 32),
-            HeadModel("big", big, Scheduler(big, job_prefix="m1."), sha256="bb" * 32),
+            HeadModel(
+                "fast",
+                fast,
+                Scheduler(fast.batching, fast.limits),
+                Prompts({"query": "query: "}, None),
+                sha256="aa" * 32,
+            ),
+            HeadModel("big", big, Scheduler(big.batching, big.limits, job_prefix="m1."), sha256="bb" * 32),
         ]
     )
     with ventilator_rig(tmp_path, fast, models=models) as rig:
@@ -131,7 +137,7 @@ def test_a_lost_workers_jobs_go_back_to_its_own_models_queue(rig: Rig) -> None:
     big, _ = rig.worker(b"w-big", 1, model="big", version=3)
     rig.request(b"c", 1, ["a", "b"], model="big")
     rig.job(big)
-    rig.ventilator.lose_worker(b"w-big", "test")
+    rig.ventilator.requests.worker_lost(b"w-big", "test")
     assert rig.ventilator.models.by_name["big"].scheduler.queued == 2
     assert rig.ventilator.models.by_name["fast"].scheduler.queued == 0
     again, _ = rig.worker(b"w-big-2", 2, model="big", version=3)

@@ -21,7 +21,9 @@ def make(**options) -> Scheduler:
         "max_queued_sentences": 1000,
     }
     config = ServerConfig(model=ModelConfig(model_dir="unused"), **{**defaults, **options})
-    return Scheduler(config, lambda texts, is_tokenized, chunk: np.asarray([len(t.split()) for t in texts]))
+    return Scheduler(
+        config.batching, config.limits, lambda texts, is_tokenized, chunk: np.asarray([len(t.split()) for t in texts])
+    )
 
 
 def texts(n: int, prefix: str = "t") -> list[str]:
@@ -129,8 +131,8 @@ def test_a_bulk_request_is_cut_at_its_first_turn_not_on_arrival() -> None:
         counted.append(len(texts))
         return np.asarray([len(t.split()) for t in texts])
 
-    config = make().config
-    s = Scheduler(config, count_tokens)
+    made = make()
+    s = Scheduler(made.batching, made.limits, count_tokens)
     s.admit("bulk", b"a", texts(20), is_tokenized=False, show_tokens=False, now=0.0)
     s.admit("next", b"b", texts(20), is_tokenized=False, show_tokens=False, now=0.0)
     assert counted == [] and s.queued == 40 and s.bulk_count == 2
@@ -233,7 +235,7 @@ def test_a_short_request_goes_whole_in_the_next_job_however_many_clients_wait() 
 def busy_small_lane() -> Scheduler:
     """Merged jobs of 16 rows while others wait: runs of 64 rows, 40 sentences/s, 250 ms."""
     s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=200, bulk_run_ms=250.0)
-    s.config = replace(s.config, model=replace(s.config.model, batch_size=64))
+    s.batching = replace(s.batching, model_batch_size=64)
     s.throughput.per_worker, s.throughput.workers = 40.0, 2
     return s
 
@@ -530,7 +532,7 @@ def test_a_merged_job_drops_only_the_pieces_past_their_deadline() -> None:
 def test_while_others_wait_a_merged_job_holds_what_runs_in_about_bulk_run_ms() -> None:
     # batch_size 64; a worker does 40 sentences a second, so 250 ms is 10 rows: at least a quarter run, 16
     s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=200, bulk_run_ms=250.0)
-    s.config = replace(s.config, model=replace(s.config.model, batch_size=64))
+    s.batching = replace(s.batching, model_batch_size=64)
     admit(s, b"m1", 100, now=0.0)
     alone = s.next_job(0.0, idle=True)  # nothing else waits: a whole model run
     assert alone is not None and alone.size == 64
@@ -552,7 +554,7 @@ def test_while_others_wait_a_merged_job_holds_what_runs_in_about_bulk_run_ms() -
 
 def test_a_few_sentences_wait_for_a_short_job_not_a_whole_run_of_larger_requests() -> None:
     s = make(max_batch_size=256, max_request_size=200, max_client_queued_sentences=200, bulk_run_ms=250.0)
-    s.config = replace(s.config, model=replace(s.config.model, batch_size=64))
+    s.batching = replace(s.batching, model_batch_size=64)
     s.throughput.per_worker, s.throughput.workers = 40.0, 2
     for client in (b"m1", b"m2", b"m3"):
         admit(s, client, 100, now=0.0)

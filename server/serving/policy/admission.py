@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ...config.limits import Limits
 from ...config.model import parse_long_inputs
-from ...config.server import ServerConfig
 from ...model.chunking import chunk_refusal
 from .scheduler import Busy, Scheduler, TooLarge
 
@@ -39,11 +39,12 @@ def principal(client_id: bytes, user: bytes | None, gateway_key: bytes | None) -
     return b"key:" + user if user is not None and user != gateway_key else client_id
 
 
-def chunking(requested: object, config: ServerConfig, model: dict[str, Any]) -> tuple[bool, Refusal | None]:
+def chunking(requested: object, default: str, model: dict[str, Any]) -> tuple[bool, Refusal | None]:
     """Whether a request's long inputs are encoded in windows (its ``long_inputs``, else the
-    server's), and why they cannot be, if they cannot. ``model`` is what the workers reported."""
+    model's ``default``), and why they cannot be, if they cannot. ``model`` is what the workers
+    reported."""
     if requested is None:
-        return config.model.long_inputs == "chunk", None
+        return default == "chunk", None
     try:
         if parse_long_inputs(requested) == "truncate":
             return False, None
@@ -55,9 +56,9 @@ def chunking(requested: object, config: ServerConfig, model: dict[str, Any]) -> 
     return True, None
 
 
-def check_count(count: int, config: ServerConfig, scheduler: Scheduler, who: bytes) -> Refusal | None:
+def check_count(count: int, limits: Limits, scheduler: Scheduler, who: bytes) -> Refusal | None:
     """``count`` inputs against the request size limit and the room in the queues."""
-    limit = config.request_size_limit
+    limit = limits.request_size
     if count > limit:
         return Refusal(f"the request has {count} inputs; this server takes at most {limit} per request", "limit")
     try:

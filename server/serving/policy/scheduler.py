@@ -20,7 +20,7 @@
   at most ``max_latency_ms``, for company (and not at all when bulk work is queued).
 - **Versions.** A request is pinned at admission to the model version then served; pieces
   of different versions never share a job (two versions are served side by side only while
-  a swap is under way, see :mod:`.swap`). :meth:`Scheduler.put_back` returns a job that no
+  a swap is under way, see :mod:`..versions.swap`). :meth:`Scheduler.put_back` returns a job that no
   worker of its version could take yet.
 - **Two lanes.** Each client's queue has a small lane and a bulk lane, each in arrival
   order, except that its *short* requests (an eighth of a model run at most) go before its
@@ -37,7 +37,15 @@
   lane joins at its back. So one client's flood delays another's request by at most about
   one job per active client.
 
-Everything takes the time as an argument, so tests drive it with a fake clock.
+Everything takes the time as an argument, so tests drive it with a fake clock. The scheduler
+is given the values it uses (:class:`..config.batching.Batching`,
+:class:`..config.limits.Limits`), not the server's config.
+
+Over 400 lines: one queue's state, kept in step. Admission, cutting, merging, turns, retries
+and forgetting all move the same counters (inputs queued, small rows, bulk requests) and the
+same turn lists; what has no share in them is apart already (a client's lanes and a merged
+job's shares in :mod:`.lanes`, jobs and cutting by length in :mod:`.jobs`, the measured
+rates in :mod:`.throughput`).
 """
 
 from __future__ import annotations
@@ -50,9 +58,10 @@ from typing import Any
 
 import numpy as np
 
-from ...config.server import ServerConfig
+from ...config.batching import Batching
+from ...config.limits import Limits
 from .jobs import Busy, Job, Piece, TooLarge, cut_by_length
-from .lanes import BulkRequest, ClientQueue
+from .lanes import BulkRequest, ClientQueue, merge_shares
 from .throughput import LEAST_BOUND_S, QueuedBulk, Throughput, bulk_seconds, late_bulk
 
 CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
@@ -62,8 +71,11 @@ CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
 class Scheduler:
     """Per-client queues, admission, cutting, merging and turns. No sockets, no clocks."""
 
-    def __init__(self, config: ServerConfig, count_tokens: CountTokens | None = None, job_prefix: str = "") -> None:
-        self.config = config
+    def __init__(
+        self, batching: Batching, limits: Limits, count_tokens: CountTokens | None = None, job_prefix: str = ""
+    ) -> None:
+        self.batching = batching
+        self.limits = limits
         self.prefix = job_prefix  # the models' queues each have their own, so job ids never meet
         self.count_tokens = count_tokens
         self.clients: dict[bytes, ClientQueue] = {}
@@ -105,7 +117,7 @@ class Scheduler:
         queue = self.clients.get(client)
         if queue is None:
             queue = self.clients[client] = ClientQueue()
-        if count < self.config.max_batch_size:
+        if count < self.batching.max_batch_size:
             if not queue.small:
                 self.small_turns.append(client)
             queue.add_small(piece, count <= self._short_rows)
@@ -123,7 +135,7 @@ class Scheduler:
     def check_room(self, client: bytes, count: int) -> None:
         """Raise :class:`Busy` (or :class:`TooLarge`) unless ``count`` more inputs of ``client``
         may be queued now. Cheap, so a flood is refused before its texts are looked at."""
-        per_client = self.config.client_queue_limit
+        per_client = self.limits.client_queued_sentences
         if count > per_client:
             raise TooLarge(f"the request has {count} inputs; a client may queue at most {per_client}")
         queue = self.clients.get(client)
@@ -134,10 +146,10 @@ class Scheduler:
                 f"the server is busy: this client already has {mine} inputs queued and may queue at most "
                 f"{per_client}; retry when some are answered"
             )
-        if self.queued + count > self.config.queue_limit:
+        if self.queued + count > self.limits.queued_sentences:
             self.busy_rejections += 1
             raise Busy(
-                f"the server is busy: {self.queued} inputs are queued, at most {self.config.queue_limit} "
+                f"the server is busy: {self.queued} inputs are queued, at most {self.limits.queued_sentences} "
                 "may be; retry later"
             )
 
@@ -154,10 +166,10 @@ class Scheduler:
         first on an idle server too, so they count in its time there (pipelined chunks of one
         large encode are not refused for each other); no bound is tighter than a second. Until
         the speed is measured, and for small requests (which overtake), nothing is refused."""
-        slowdown = self.config.bulk_slowdown
+        slowdown = self.batching.bulk_slowdown
         capacity = self.throughput.capacity()
         rate = self.throughput.bulk_rate(now)
-        if not slowdown or count < self.config.max_batch_size or capacity is None or rate is None:
+        if not slowdown or count < self.batching.max_batch_size or capacity is None or rate is None:
             return float("inf")
         queue = self.clients.get(client)
         own = sum(item.rows for item in queue.bulk) if queue is not None else 0
@@ -202,7 +214,7 @@ class Scheduler:
 
     def _chunks(self, texts: list[Any], is_tokenized: bool, chunk: bool = False) -> list[np.ndarray]:
         lengths = self._lengths(texts, is_tokenized, chunk)
-        return cut_by_length(lengths, self.config.max_batch_size, self.config.max_batch_tokens)
+        return cut_by_length(lengths, self.batching.max_batch_size, self.batching.max_batch_tokens)
 
     def _lengths(self, texts: list[Any], is_tokenized: bool, chunk: bool = False) -> np.ndarray:
         if self.count_tokens is not None:
@@ -249,10 +261,10 @@ class Scheduler:
         if not self.small_turns:
             return None
         oldest = min(self.clients[c].oldest_small() for c in self.small_turns)
-        return max(0.0, oldest + self.config.max_latency_ms / 1000 - now)
+        return max(0.0, oldest + self.batching.max_latency_ms / 1000 - now)
 
     def _small_due(self, now: float) -> bool:
-        if self.bulk_count or self.retries or not self.config.merge_requests:
+        if self.bulk_count or self.retries or not self.batching.merge_requests:
             return True
         wait = self.wake_in(now)
         return (wait is not None and wait <= 0) or self.small_rows >= self._merge_room
@@ -261,8 +273,8 @@ class Scheduler:
     def _merge_room(self) -> int:
         """Rows of a merged job: one model run; while other work waits, what runs in about
         ``bulk_run_ms`` (at least a quarter run), so a few sentences wait only for short jobs."""
-        run = min(self.config.model.batch_size, self.config.max_batch_size)
-        rate, budget = self.throughput.per_worker, self.config.bulk_run_ms / 1000
+        run = self.batching.model_run
+        rate, budget = self.throughput.per_worker, self.batching.bulk_run_ms / 1000
         others = self.bulk_count or len(self.small_turns) > 1
         return min(run, max(run // 4, int(rate * budget))) if rate and budget and others else run
 
@@ -270,7 +282,7 @@ class Scheduler:
     def _short_rows(self) -> int:
         """The most rows of a *short* request: an eighth of a model run. A client's short
         requests go before its longer small ones, so a few sentences never wait for its own 90."""
-        return max(1, min(self.config.model.batch_size, self.config.max_batch_size) // 8)
+        return max(1, self.batching.model_run // 8)
 
     def _take_bulk(self, client: bytes) -> Job:
         queue = self.clients[client]
@@ -286,35 +298,19 @@ class Scheduler:
 
     def _take_small(self, first_client: bytes, room: int | None = None) -> Job:
         """Merge waiting small requests (of one input kind) into a job of at most ``room`` rows
-        (default and most: one model run, within max_batch_size): its requests are answered
-        when the job is. First the short requests (an eighth of a model run at most) at the
-        heads of the lanes go in whole, smallest first, so a request of a few sentences is
-        answered by the next job; but the client whose turn it is keeps room for its share.
-        Then, when what waits does not fit, each client gets an equal share, no larger than the
-        lightest client's demand (but at least a quarter of an equal split): a client with 32
-        sentences queued beside one with 100,000 is not held up by the other's rows. A request
-        larger than a share is split, the rest going in a later job; a short one waits whole."""
+        (default and most: one model run, within max_batch_size), shared out among the
+        clients waiting as :func:`.lanes.merge_shares` says: its requests are answered when
+        the job is."""
         room = min(room or self._merge_room, self._merge_room)
         first = self.clients[first_client].small[0]
         kind = first.kind
-        if not self.config.merge_requests:
+        if not self.batching.merge_requests:
             return self._take_pieces([(first_client, len(first.rows))], kind, room)
-        waiting = [c for c in self.small_turns if self.clients[c].small[0].kind == kind]
-        share = room
-        if len(waiting) > 1 and self.small_rows > room:
-            lightest = min(self.clients[c].small_rows for c in waiting)
-            share = max(1, min(room // len(waiting), max(lightest, room // (4 * len(waiting)))))
-        limit = max(share, self._short_rows)  # what goes in whole
-        reserve = min(share, len(first.rows)) if len(first.rows) > limit else 0  # the turn's share
-        whole, left = {}, room
-        for client in sorted(waiting, key=lambda c: len(self.clients[c].small[0].rows)):
-            rows = len(self.clients[client].small[0].rows)
-            if rows > min(left - (reserve if client != first_client else 0), limit):
-                break
-            whole[client], left = rows, left - rows
-        shares = [(c, max(share, whole[c])) for c in waiting if c in whole]  # in turn order
-        rest = [c for c in waiting if c not in whole and (len(self.clients[c].small[0].rows) > limit or not whole)]
-        return self._take_pieces(shares + [(c, share) for c in rest], kind, room)  # a short one waits whole
+        waiting = [c for c in self.small_turns if self.clients[c].small[0].kind == kind]  # the first is first_client
+        heads = {c: len(self.clients[c].small[0].rows) for c in waiting}
+        demands = {c: self.clients[c].small_rows for c in waiting}
+        shares = merge_shares(heads, demands, room=room, queued=self.small_rows, short=self._short_rows)
+        return self._take_pieces(shares, kind, room)
 
     def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None, str], room: int) -> Job:
         """A job of up to ``share`` rows of small requests from each client, in order, and of
@@ -335,7 +331,7 @@ class Scheduler:
                 pieces.append(part)
                 want -= len(part.rows)
                 taken += len(part.rows)
-                if not self.config.merge_requests:
+                if not self.batching.merge_requests:
                     break
             room -= taken
             self.small_rows -= taken

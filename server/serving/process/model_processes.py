@@ -1,78 +1,140 @@
-"""Each served model as the supervisor keeps it, and what one model's version swap sees of
-the worker processes (:class:`.interfaces.WorkerProcesses`): that model's workers only."""
+"""The local worker processes, each running one served model's version, and what one model's
+version swap sees of them (:class:`.interfaces.WorkerProcesses`): that model's workers only.
+
+A served model as the supervisor keeps it is :class:`SupervisedModel`: the head's model
+(:class:`.head.models.HeadModel`: its options, queue and the version served) with what only
+the supervisor holds beside it, its versions book and swap.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ...config.server import ServerConfig
+from ..head.models import HeadModel
+from ..protocol.wire import Addresses
 from ..versions.book import VersionsBook
 from ..versions.swap import VersionSwap
+from ..worker.worker import run_worker
 from .children import Children, worker_name
 
 if TYPE_CHECKING:
     from ...model.prepare import Preparation
 
-
-class Supervisor(Protocol):
-    """What :class:`ModelProcesses` asks of the supervisor: its children and local workers."""
-
-    children: Children
-
-    def workers_of(self, model: str) -> dict[int, ServerConfig]: ...
-
-    def worker_alive(self, index: int) -> bool: ...
-
-    def add_worker(self, config: ServerConfig) -> int: ...
-
-    def retire_worker(self, index: int) -> None: ...
-
-    def kill_worker(self, index: int) -> None: ...
-
-    def prepare(self, config: ServerConfig, steps: list[str] | None = None) -> Preparation | None: ...
+logger = logging.getLogger("bertserve.server")
 
 
 @dataclass
-class ServedModelState:
-    """A served model as the supervisor keeps it: its config (the version chosen), versions,
-    swap, and what preflight found (its options' answers, the sha256 of its files)."""
+class SupervisedModel:
+    """A served model as the supervisor keeps it: the head's model, its versions book, whether
+    it follows the newest version, what preflight found (its options' answers) and its swap."""
 
-    name: str
-    config: ServerConfig
+    head: HeadModel
     book: VersionsBook
     follow_latest: bool  # --model-version latest: newer versions are swapped in
     info: dict[str, Any]
-    sha256: str
     swap: VersionSwap | None = None
+
+    @property
+    def name(self) -> str:
+        return self.head.name
+
+    @property
+    def config(self) -> ServerConfig:
+        """Its options, with the version chosen at start."""
+        return self.head.config
+
+
+class LocalWorkers:
+    """The local worker processes, by index (which runs on across the models), with the config
+    (model and version) each runs; started and stopped through the supervisor's children."""
+
+    def __init__(self, children: Children, log_level: int) -> None:
+        self.children = children
+        self.log_level = log_level
+        self.configs: dict[int, ServerConfig] = {}  # running, or waiting to start again
+        self.addresses: Addresses | None = None  # set once the supervisor has made them
+
+    def of(self, model: str) -> dict[int, ServerConfig]:
+        """The workers of served model ``model``, with the config each runs."""
+        return {index: config for index, config in self.configs.items() if config.served_model_name == model}
+
+    def next_index(self) -> int:
+        return max(self.configs, default=-1) + 1
+
+    def start(self, index: int, config: ServerConfig | None = None) -> None:
+        """Start worker ``index`` running ``config`` (default: what it ran before)."""
+        assert self.addresses is not None
+        config = self.configs[index] = config or self.configs[index]
+        args = (config, index, self.addresses, self.log_level)
+        self.children.start(worker_name(index), run_worker, args, f"bertserve-worker-{index}")
+
+    def add(self, config: ServerConfig) -> int:
+        index = self.next_index()
+        self.start(index, config)
+        return index
+
+    def forget(self, index: int) -> None:
+        """Worker ``index`` is gone for good (a swap retired it, or no longer needs it)."""
+        del self.configs[index]
+
+    def prepare(self, config: ServerConfig, steps: list[str] | None = None) -> Preparation | None:
+        """The steps that make what ``config``'s workers load, if any is missing (``steps``
+        when the caller has looked already)."""
+        from ...model.prepare import BACKGROUND_NICE, STEP_NAMES, Preparation, missing_steps
+
+        if config.model_class:
+            return None  # a model class loads itself
+        try:
+            steps = missing_steps(config.model) if steps is None else steps
+        except (ValueError, TypeError, OSError) as exc:  # the workers will fail on it and say why
+            logger.warning("cannot tell whether the model's graph is cached: %s", exc)
+            return None
+        if not steps:
+            return None
+        names = " and ".join(STEP_NAMES[step] for step in steps)
+        logger.info("building the %s of model %s before a worker loads it", names, config.model.model_dir)
+        # A worker's share of the cores, and while other workers serve (a swap, a later model),
+        # the lowest priority: the serving workers keep theirs.
+        nice = BACKGROUND_NICE if self.children.workers() else config.worker_nice
+        return Preparation(
+            config.model,
+            steps,
+            cpu_only=config.cpu,
+            threads=config.worker_threads(),
+            log_level=self.log_level,
+            nice=nice,
+        )
 
 
 class ModelProcesses:
-    """The supervisor as one model's version swap sees it (:class:`.interfaces.WorkerProcesses`):
+    """The local workers as one model's version swap sees them (:class:`.interfaces.WorkerProcesses`):
     that model's worker processes only."""
 
-    def __init__(self, supervisor: Supervisor, model: str) -> None:
-        self.supervisor = supervisor
+    def __init__(self, workers: LocalWorkers, model: str) -> None:
+        self.workers = workers
         self.model = model
 
     def worker_versions(self) -> dict[int, int | None]:
-        return {index: config.version_number for index, config in self.supervisor.workers_of(self.model).items()}
+        return {index: config.version_number for index, config in self.workers.of(self.model).items()}
 
     def worker_alive(self, index: int) -> bool:
-        return self.supervisor.worker_alive(index)
+        return self.workers.children.alive(worker_name(index))
 
     def retiring_workers(self) -> set[int]:
-        children = self.supervisor.children
-        return {index for index in self.supervisor.workers_of(self.model) if children.retiring(worker_name(index))}
+        children = self.workers.children
+        return {index for index in self.workers.of(self.model) if children.retiring(worker_name(index))}
 
     def add_worker(self, config: ServerConfig) -> int:
-        return self.supervisor.add_worker(config)
+        return self.workers.add(config)
 
     def retire_worker(self, index: int) -> None:
-        self.supervisor.retire_worker(index)
+        self.workers.children.retire(worker_name(index))
 
     def kill_worker(self, index: int) -> None:
-        self.supervisor.kill_worker(index)
+        self.workers.children.kill(worker_name(index))
 
     def prepare(self, config: ServerConfig, steps: list[str] | None = None) -> Preparation | None:
-        return self.supervisor.prepare(config, steps)
+        return self.workers.prepare(config, steps)

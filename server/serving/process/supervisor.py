@@ -10,35 +10,30 @@ failed. Shutdown runs in stages (:mod:`.shutdown`): stop accepting, drain what i
 (with a deadline), fail what is left with an error reply, stop the workers, then the sink; a
 process that does not stop in time is killed, and a second Ctrl-C stops everything at once.
 Every port is checked before any process starts, and a start that fails says why, once.
-Remote workers (``--worker-port``) are not this process's to
-start or stop: their hosts keep them alive (:mod:`.remote`) and join again when a head
-comes back. With a repository of model versions, :mod:`.swap` rolls the workers to a new
-version while serving. Several models are served side by side (:mod:`.models`): each has
-its own workers, versions and swap; the worker indices run on across them.
-
-The processes are :class:`.children.Children`, restarted by :mod:`.restarts`' rule; the model
-versions' state (what was refused, the swap's progress, the tokenizer served) is the
-:class:`.versions.VersionsBook`'s. The swap sees this supervisor as
-:class:`.interfaces.WorkerProcesses`.
+Remote workers (``--worker-port``) are not this process's to start or stop: their hosts keep
+them alive (:mod:`..remote`) and join again when a head comes back. Several models are
+served side by side (:class:`.model_processes.SupervisedModel`), each with its own workers,
+versions and swap (:mod:`..versions.swap`); the worker indices run on across them
+(:class:`.model_processes.LocalWorkers`, which the swap sees as
+:class:`..versions.interfaces.WorkerProcesses`). The processes are
+:class:`.children.Children`, restarted by :mod:`.restarts`' rule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import os
 import shutil
 import socket
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
 from ... import metrics
-from ...config.served import ServedModel, default_model_name, served_models
+from ...config.served import ServedModel, default_model_name, served_models, share_cores
 from ...config.server import ServerConfig
 from ...errors import StartupError
 from ...model.prompts import Prompts
@@ -49,16 +44,12 @@ from ..protocol.wire import Addresses
 from ..sink.sink import run_sink
 from ..versions.book import VersionsBook
 from ..versions.swap import VersionSwap
-from ..worker.worker import run_worker
 from . import preflight
 from .children import Children, worker_index, worker_name
 from .lifecycle import ExitFlags
-from .model_processes import ModelProcesses, ServedModelState
+from .model_processes import LocalWorkers, ModelProcesses, SupervisedModel
 from .restarts import Exit, Fate
 from .shutdown import shut_down
-
-if TYPE_CHECKING:
-    from ...model.prepare import Preparation
 
 logger = logging.getLogger("bertserve.server")
 
@@ -67,13 +58,12 @@ _RESUBSCRIBE_S = 1.0  # a restarted sink lets clients subscribe again before it 
 
 class BertServer(ExitFlags):
     def __init__(self, config: ServerConfig, *, log_level: int = logging.INFO) -> None:
-        self.config = config
+        self.config = config  # the server's options; each model's own are its HeadModel's
         self.log_level = log_level
         super().__init__()
         self.children = Children(config.max_restarts, logger)  # the sink, the HTTP front end, the workers
-        self.worker_configs: dict[int, ServerConfig] = {}  # the config (model and version) each worker runs
-        self.addresses: Addresses | None = None
-        self.models: dict[str, ServedModelState] = {}  # each served model's versions, swap and what preflight found
+        self.workers = LocalWorkers(self.children, log_level)  # the config (model and version) each runs
+        self.models: dict[str, SupervisedModel] = {}  # each served model, its versions and swap
         self.default = ""  # the model a request that names none gets
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
         self.principals: Any = None  # who may call the HTTP API (http.principals.Principals), read at start
@@ -85,51 +75,29 @@ class BertServer(ExitFlags):
         """The default model's versions."""
         return self.models[self.default].book
 
+    @property
+    def served(self) -> ServerConfig:
+        """The default model's options, with the version chosen at start: what the sink, the
+        HTTP front end and the ventilator are given (the server's options are every model's)."""
+        return self.models[self.default].config
+
     # -- running -------------------------------------------------------------------------
 
     def run(self, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Serve until told to stop (a signal, ``TERMINATE``, or ``should_exit``)."""
         if self.config.http_port is not None:
             self._load_principals()
-        self.default = default_model_name(self.config)
-        for served in _share_cores(served_models(self.config)):
-            book = VersionsBook()
-            config, follow_latest = preflight.choose_version(served.config, book)
-            info, sha256 = preflight.check_model(config, book)
-            self.models[served.name] = ServedModelState(served.name, config, book, follow_latest, info, sha256)
-        self.config = self.models[self.default].config  # its server options are every model's
+        self._choose_models()
         context = zmq.Context()
         ipc_dir = tempfile.mkdtemp(prefix="bertserve-")
-        addresses = self.addresses = Addresses(
+        addresses = self.workers.addresses = Addresses(
             f"ipc://{ipc_dir}/jobs", f"ipc://{ipc_dir}/credits", f"ipc://{ipc_dir}/sink"
         )
-        frontend = context.socket(zmq.PULL)
-        frontend.linger = 0
-        frontend.maxmsgsize = self.config.message_limit  # a larger frame is dropped unread
-        # Requests one connection may have waiting in this process, read but not yet taken: at most
-        # ~64 MiB of them. ZeroMQ bounds this per connection only; the ventilator takes them as they
-        # come, and refuses what does not fit --max-queued-bytes.
-        frontend.rcvhwm = max(1, min(1000, 64 * 2**20 // self.config.message_limit))
+        frontend = _request_socket(context, self.config)
         ventilator: Ventilator | None = None
         authenticator = None
         try:
-            admins = None
-            gateway_public = None
-            curve_keys = None
-            if self.config.curve_dir is not None:
-                keys = curve_keys = preflight.curve_keys(self.config)
-                if self.config.http_port is not None:
-                    from ...http.gateway import GatewayKeys
-
-                    gateway_public, secret = zmq.curve_keypair()
-                    self.gateway_keys = GatewayKeys(keys.public, gateway_public, secret)
-                authenticator = self._start_authenticator(context, keys)
-                from ...security import make_curve_server
-
-                make_curve_server(frontend, keys)
-                admins = keys.admins
-            else:
-                preflight.warn_if_exposed(self.config)
+            authenticator, keys = self._secure(context, frontend)
             preflight.warn_if_http_exposed(self.config)
             preflight.check_ports(context, frontend, self.config)
             if self.config.metrics_port is not None:
@@ -137,22 +105,8 @@ class BertServer(ExitFlags):
             self._start_sink(addresses)
             if self.config.http_port is not None:
                 self._start_http()
-            ventilator = self._ventilator(
-                context, frontend, addresses, self._head_models(), admins, gateway_public, curve_keys
-            )
-            metrics.MODEL_VERSION.set(self.config.version_number or 0)
-            for model in self.models.values():
-                self._start_workers(ventilator, addresses, model)
-            self._start_swaps(ventilator)
-            if "http" in self.children:
-                self._wait_http(ventilator)
-            ventilator.update_gauges()
-            self.serving = True
-            if on_ready is not None:
-                info = ventilator.describe()
-                default = self.models[self.default]
-                # With no local worker, what no worker has reported yet comes from the options.
-                on_ready({**info, **{k: v for k, v in default.info.items() if info.get(k) is None}})
+            ventilator = self._ventilator(context, frontend, addresses, keys)
+            self._start(ventilator, on_ready)
             self._serve(ventilator, addresses)
         finally:
             for model in self.models.values():
@@ -169,25 +123,64 @@ class BertServer(ExitFlags):
         if self.gave_up is not None:
             raise StartupError(f"the server stopped: {self.gave_up} (see the errors above)")
 
-    def _head_models(self) -> Models:
-        """Each served model as the head sees it: its own queue, prompts and versions."""
-        head = []
-        for index, model in enumerate(self.models.values()):
-            book = model.book
+    def _choose_models(self) -> None:
+        """Each served model's version chosen and checked (preflight), with its queue."""
+        self.default = default_model_name(self.config)
+        for index, served in enumerate(share_cores(served_models(self.config))):
+            book = VersionsBook()
+            config, follow_latest = preflight.choose_version(served.config, book)
+            info, sha256 = preflight.check_model(config, book)
             counter = book.count_tokens if book.tokenizer is not None else None
-            prompts = Prompts(model.info.get("prompts", {}), model.info.get("default_prompt_name"))
-            queue = Scheduler(model.config, counter, job_prefix=f"m{index}." if index else "")  # ids of [A-Za-z0-9._:-]
-            head.append(HeadModel(model.name, model.config, queue, prompts, model.sha256, versions_view=book))
-        return Models(head, self.default)
+            prefix = f"m{index}." if index else ""  # job ids of [A-Za-z0-9._:-]
+            queue = Scheduler(config.batching, config.limits, counter, job_prefix=prefix)
+            prompts = Prompts(info.get("prompts", {}), info.get("default_prompt_name"))
+            head = HeadModel(served.name, config, queue, prompts, sha256, versions_view=book)
+            self.models[served.name] = SupervisedModel(head, book, follow_latest, info)
+
+    def _secure(self, context: zmq.Context, frontend: zmq.Socket) -> tuple[Any, dict[str, Any]]:
+        """Under CURVE, the authenticator started and the request socket a CURVE server: the
+        authenticator, and the keys the ventilator is given; else a warning if the server
+        listens past loopback (no authenticator, no keys)."""
+        if self.config.curve_dir is None:
+            preflight.warn_if_exposed(self.config)
+            return None, {}
+        from ...security import make_curve_server, start_authenticator
+
+        keys = preflight.curve_keys(self.config)
+        gateway_public = None
+        if self.config.http_port is not None:
+            from ...http.gateway import GatewayKeys
+
+            gateway_public, secret = zmq.curve_keypair()
+            self.gateway_keys = GatewayKeys(keys.public, gateway_public, secret)
+        authenticator = start_authenticator(context, keys, self._extra_client_keys())
+        make_curve_server(frontend, keys)
+        return authenticator, {"curve_admins": keys.admins, "gateway_key": gateway_public, "curve_keys": keys}
+
+    def _start(self, ventilator: Ventilator, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
+        """Every model's workers started, its swap made and the HTTP front end waited for;
+        then ``on_ready`` told what CONFIG says."""
+        metrics.MODEL_VERSION.set(self.served.version_number or 0)
+        for model in self.models.values():
+            self._start_workers(ventilator, model)
+        self._start_swaps(ventilator)
+        if "http" in self.children:
+            self._wait_http(ventilator)
+        ventilator.update_gauges()
+        self.serving = True
+        if on_ready is not None:
+            info = ventilator.describe()
+            default = self.models[self.default]
+            # With no local worker, what no worker has reported yet comes from the options.
+            on_ready({**info, **{k: v for k, v in default.info.items() if info.get(k) is None}})
 
     def _start_swaps(self, ventilator: Ventilator) -> None:
         for model in self.models.values():
             if model.book.repository and self.config.worker_port is None:
-                pool = ventilator.pool(ventilator.models.by_name[model.name])
                 model.swap = VersionSwap(
                     model.config,
-                    pool=pool,
-                    processes=ModelProcesses(self, model.name),
+                    pool=ventilator.pool(model.head),
+                    processes=ModelProcesses(self.workers, model.name),
                     book=model.book,
                     follow_latest=model.follow_latest,
                 )
@@ -198,96 +191,21 @@ class BertServer(ExitFlags):
                 )
 
     def _ventilator(
-        self,
-        context: zmq.Context,
-        frontend: zmq.Socket,
-        addresses: Addresses,
-        models: Models,
-        admins: frozenset[bytes] | None,
-        gateway_public: bytes | None,
-        curve_keys: Any,
+        self, context: zmq.Context, frontend: zmq.Socket, addresses: Addresses, keys: dict[str, Any]
     ) -> Ventilator:
+        models = Models([model.head for model in self.models.values()], self.default)
         try:
-            return Ventilator(
-                self.config,
-                context,
-                frontend,
-                addresses,
-                models,
-                curve_admins=admins,
-                gateway_key=gateway_public,
-                curve_keys=curve_keys,
-            )
+            return Ventilator(self.served, context, frontend, addresses, models, **keys)
         except zmq.ZMQError as exc:  # the worker link's port, taken since it was checked
             assert self.config.worker_port is not None
             raise preflight.cannot_listen(self.config.bind, self.config.worker_port, "--worker-port", exc) from None
 
-    def _start_authenticator(self, context: zmq.Context, keys: Any) -> Any:
-        from ...security import start_authenticator
-
-        return start_authenticator(context, keys, self._extra_client_keys())
-
     def _extra_client_keys(self) -> frozenset[bytes]:
         return frozenset([self.gateway_keys.public]) if self.gateway_keys is not None else frozenset()
 
-    # -- what a model's version swap asks (interfaces.WorkerProcesses, through ModelProcesses) --
-
-    def workers_of(self, model: str) -> dict[int, ServerConfig]:
-        """The local worker processes of served model ``model`` (running, or waiting to start
-        again), with the config each runs."""
-        return {index: config for index, config in self.worker_configs.items() if config.served_model_name == model}
-
-    def worker_alive(self, index: int) -> bool:
-        return self.children.alive(worker_name(index))
-
-    def add_worker(self, config: ServerConfig) -> int:
-        assert self.addresses is not None
-        index = max(self.worker_configs, default=-1) + 1
-        self._start_worker(index, self.addresses, config)
-        return index
-
-    def retire_worker(self, index: int) -> None:
-        self.children.retire(worker_name(index))
-
-    def kill_worker(self, index: int) -> None:
-        self.children.kill(worker_name(index))
-
-    def prepare(self, config: ServerConfig, steps: list[str] | None = None) -> Preparation | None:
-        """The steps that make what ``config``'s workers load, if any is missing (``steps``
-        when the caller has looked already)."""
-        from ...model.prepare import BACKGROUND_NICE, STEP_NAMES, Preparation, missing_steps
-
-        if config.model_class:
-            return None  # a model class loads itself
-        try:
-            steps = missing_steps(config.model) if steps is None else steps
-        except (ValueError, TypeError, OSError) as exc:  # the workers will fail on it and say why
-            logger.warning("cannot tell whether the model's graph is cached: %s", exc)
-            return None
-        if not steps:
-            return None
-        names = " and ".join(STEP_NAMES[step] for step in steps)
-        logger.info("building the %s of model %s before a worker loads it", names, config.model.model_dir)
-        # A worker's share of the cores, and while other workers serve (a swap, a later model),
-        # the lowest priority: the serving workers keep theirs.
-        nice = BACKGROUND_NICE if self.children.workers() else config.worker_nice
-        return Preparation(
-            config.model,
-            steps,
-            cpu_only=config.cpu,
-            threads=config.worker_threads(),
-            log_level=self.log_level,
-            nice=nice,
-        )
-
     def _start_sink(self, addresses: Addresses, grace_s: float = 0.0) -> None:
-        args = (self.config, addresses.sink, self.log_level, grace_s, self._extra_client_keys())
+        args = (self.served, addresses.sink, self.log_level, grace_s, self._extra_client_keys())
         self.children.start("sink", run_sink, args, "bertserve-sink")
-
-    def _start_worker(self, index: int, addresses: Addresses, config: ServerConfig | None = None) -> None:
-        config = self.worker_configs[index] = config or self.worker_configs.get(index, self.config)
-        args = (config, index, addresses, self.log_level)
-        self.children.start(worker_name(index), run_worker, args, f"bertserve-worker-{index}")
 
     def _load_principals(self) -> None:
         """Read the HTTP API's keys once, at start; a restarted HTTP process gets the same."""
@@ -300,7 +218,7 @@ class BertServer(ExitFlags):
 
         # The keys go to the child through multiprocessing's pipe (as SHA-256 digests), never its command line.
         models = [ServedModel(model.name, model.config) for model in self.models.values()]
-        args = (self.config, self.log_level, self.gateway_keys, self.principals, models)
+        args = (self.served, self.log_level, self.gateway_keys, self.principals, models)
         self.children.start("http", run_http, args, "bertserve-http")
 
     def _wait_http(self, ventilator: Ventilator) -> None:
@@ -321,7 +239,7 @@ class BertServer(ExitFlags):
             except OSError:
                 ventilator.poll_once(100)
 
-    def _start_workers(self, ventilator: Ventilator, addresses: Addresses, model: ServedModelState) -> None:
+    def _start_workers(self, ventilator: Ventilator, model: SupervisedModel) -> None:
         """What ``model``'s workers load is made first, in processes of its own (see
         :mod:`..model.prepare`); then its first worker, then the rest."""
         config = model.config
@@ -332,7 +250,7 @@ class BertServer(ExitFlags):
                 self.config.worker_port,
             )
             return
-        preparation = self.prepare(config)
+        preparation = self.workers.prepare(config)
         while preparation is not None and (done := preparation.poll()) is None:
             if self.should_exit.is_set():
                 preparation.stop()
@@ -341,11 +259,11 @@ class BertServer(ExitFlags):
         if preparation is not None and not done:
             which = f"the model {model.name}" if len(self.models) > 1 else "the model"
             raise StartupError(f"{which} cannot be served: {preparation.failure}")
-        first = max(self.worker_configs, default=-1) + 1
-        self._start_worker(first, addresses, config)
+        first = self.workers.next_index()
+        self.workers.start(first, config)
         self._wait_ready(ventilator, first + 1)
         for index in range(first + 1, first + config.num_worker):
-            self._start_worker(index, addresses, config)
+            self.workers.start(index, config)
         self._wait_ready(ventilator, first + config.num_worker)
 
     def _wait_ready(self, ventilator: Ventilator, count: int) -> None:
@@ -393,7 +311,7 @@ class BertServer(ExitFlags):
     def _restart(self, name: str, addresses: Addresses) -> None:
         index = worker_index(name)
         if index is not None:
-            self._start_worker(index, addresses)
+            self.workers.start(index)
         elif name == "sink":
             self._start_sink(addresses, grace_s=_RESUBSCRIBE_S)
         else:
@@ -413,7 +331,7 @@ class BertServer(ExitFlags):
 
     def _worker_died(self, ventilator: Ventilator, index: int, exitcode: int | None, now: float) -> None:
         """Restart a worker that died, unless a swap retired it or no longer needs it."""
-        config = self.worker_configs[index]
+        config = self.workers.configs[index]
         name, version = worker_name(index), config.version_number
         swap = self.models[config.served_model_name or ""].swap if config.served_model_name in self.models else None
         wanted = None if swap is None else functools.partial(swap.keep, index, exitcode)
@@ -429,7 +347,7 @@ class BertServer(ExitFlags):
             ventilator.worker_lost(index, f"worker {index} died with exit code {exitcode}")
             self._count_failure(name, verdict)
             return
-        del self.worker_configs[index]
+        self.workers.forget(index)
 
     def _count_failure(self, name: str, verdict: Exit) -> None:
         """A failure of ``name``, restarted after a delay that grows with its failures in a
@@ -453,12 +371,13 @@ class BertServer(ExitFlags):
             )
 
 
-def _share_cores(models: list[ServedModel]) -> list[ServedModel]:
-    """``models`` with the cores shared out among all their local workers, unless
-    ``--threads-per-worker`` says how many each takes: each model's workers would otherwise
-    take the machine's cores as if they were alone on it."""
-    workers = sum(model.config.num_worker for model in models)
-    if len(models) < 2 or workers < 1 or models[0].config.threads_per_worker is not None:
-        return models
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    return [ServedModel(m.name, dataclasses.replace(m.config, threads_per_worker=threads)) for m in models]
+def _request_socket(context: zmq.Context, config: ServerConfig) -> zmq.Socket:
+    """The socket requests come in on, bounded by ``config``'s frame limit (not bound yet)."""
+    frontend = context.socket(zmq.PULL)
+    frontend.linger = 0
+    frontend.maxmsgsize = config.message_limit  # a larger frame is dropped unread
+    # Requests one connection may have waiting in this process, read but not yet taken: at most
+    # ~64 MiB of them. ZeroMQ bounds this per connection only; the ventilator takes them as they
+    # come, and refuses what does not fit --max-queued-bytes.
+    frontend.rcvhwm = max(1, min(1000, 64 * 2**20 // config.message_limit))
+    return frontend

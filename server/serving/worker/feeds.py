@@ -16,13 +16,10 @@ from typing import Any, Protocol
 
 from bertserve.client import protocol as p
 
-from ...config.server import ServerConfig
-
 
 class Worker(Protocol):
     """What a feed needs of the worker it feeds."""
 
-    config: ServerConfig
     stop: threading.Event
 
     def jobs(self) -> Iterator[Any]: ...
@@ -38,9 +35,10 @@ class ThreadFeed:
     :meth:`take_short` takes a short job (not bulk, one model run at most) out of turn, for
     the model thread to run between two model runs of a long one."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, *, prefetch_size: int, run_rows: int) -> None:
         self.worker = worker
-        self.room = worker.config.prefetch_size + 1  # the credits, and one short job beyond them
+        self.room = prefetch_size + 1  # the credits, and one short job beyond them
+        self.run_rows = run_rows  # one model run: a job of at most this many inputs may be short
         self.items: deque[tuple[tuple[Any, ...], bool]] = deque()  # (job, short)
         self.changed = threading.Condition()
         self.finished = False
@@ -49,7 +47,7 @@ class ThreadFeed:
         self.thread = threading.Thread(target=self._feed, name="feed", daemon=True)
 
     def _feed(self) -> None:
-        rows = self.worker.config.model.batch_size
+        rows = self.run_rows
         try:
             for job in self.worker.jobs():
                 short = not p.loads(job[1]).get("bulk") and len(job[4]) <= rows
@@ -111,7 +109,7 @@ def as_numpy(value: Any) -> Any:
     return value.numpy() if hasattr(value, "numpy") else value
 
 
-def tf_data_feed(worker: Worker) -> Iterable[Any]:
+def tf_data_feed(worker: Worker, prefetch_size: int) -> Iterable[Any]:
     """``worker.jobs()`` through ``tf.data.Dataset.from_generator(...).prefetch``, so the next
     job is received and tokenized on tf.data's threads while the current one runs."""
     import tensorflow as tf
@@ -125,4 +123,4 @@ def tf_data_feed(worker: Worker) -> Iterable[Any]:
             tf.TensorSpec((None, None), tf.int32),
             tf.TensorSpec((None,), tf.int32),
         ),
-    ).prefetch(worker.config.prefetch_size)
+    ).prefetch(prefetch_size)

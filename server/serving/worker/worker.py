@@ -215,7 +215,8 @@ class Worker:
 
     def run(self, feed: Iterable[tuple[Any, Any, Any, Any, Any]] | None = None) -> None:
         """Run every job ``feed`` yields (by default a :class:`ThreadFeed` of :meth:`jobs`)."""
-        feed = ThreadFeed(self) if feed is None else feed
+        if feed is None:
+            feed = ThreadFeed(self, prefetch_size=self.config.prefetch_size, run_rows=self.config.model.batch_size)
         self.feed = feed if isinstance(feed, ThreadFeed) else None
         for job_id_t, header_t, ids, segments, lengths in feed:
             self.process(as_numpy(job_id_t), as_numpy(header_t), as_numpy(ids), as_numpy(segments), as_numpy(lengths))
@@ -380,7 +381,7 @@ def run_worker(config: ServerConfig, index: int, addresses: Addresses, log_level
     worker = Worker(config, index, addresses, model, device)
     try:
         logger.info("worker %d ready on %s (pid %d)", index, device, os.getpid())
-        worker.run(tf_data_feed(worker) if config.feed == "tfdata" else None)
+        worker.run(tf_data_feed(worker, config.prefetch_size) if config.feed == "tfdata" else None)
     except KeyboardInterrupt:
         pass
     finally:

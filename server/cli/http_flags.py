@@ -1,0 +1,153 @@
+"""The flags of ``bertserve start`` for its edges: the HTTP front end (its port, names, keys
+and the limits of its edge, :mod:`..config.http`) and security (CURVE, who may stop the
+server, the HTTP API's keys)."""
+
+from __future__ import annotations
+
+from ..config.http import (
+    HTTP_BODY_MIN_RATE,
+    HTTP_BODY_TIMEOUT_S,
+    HTTP_CONNECTIONS,
+    HTTP_HEADER_BYTES,
+    HTTP_HEADER_TIMEOUT_S,
+    HTTP_HEADERS,
+)
+from ..config.server import HTTP_BODY_BYTES_TOTAL
+from .flag_help import Flag, boolean, under
+
+HTTP_FLAGS = under(
+    "HTTP",
+    Flag("--http-port", "also serve the HTTP API (OpenAI's /v1/embeddings, ...) on this port", int, unset="no HTTP"),
+    Flag("--http-bind", "address the HTTP port listens on", unset="--bind"),
+    Flag(
+        "--served-model-name",
+        "the model name the HTTP API lists and accepts",
+        unset="all-MiniLM-L6-v2 without --model-dir, else the directory's name",
+    ),
+    Flag(
+        "--model-alias",
+        "other names the HTTP API accepts for the model",
+        many=True,
+        default=(),
+        unset="none",
+        metavar="NAME",
+    ),
+    Flag(
+        "--token-id-input",
+        "take token id arrays as this model's WordPiece ids (else refused: most clients send tiktoken ids)",
+        boolean,
+        False,
+        rare=True,
+    ),
+    Flag(
+        "--max-http-body-bytes",
+        "largest HTTP request body; larger is refused with 413",
+        int,
+        unset="16 MiB, at most the request frame limit",
+        rare=True,
+    ),
+    Flag(
+        "--max-http-body-bytes-total",
+        "HTTP bodies held at once, each counted as its bytes plus 64 per comma, "
+        "232 per '{' and 88 per '['; past it 429",
+        int,
+        HTTP_BODY_BYTES_TOTAL,
+        rare=True,
+    ),
+    Flag(
+        "--max-http-body-bytes-per-principal",
+        "HTTP bodies one principal (API key, else address) holds at once, of --max-http-body-bytes-total; past it 429",
+        int,
+        unset="half the total, at least --max-http-body-bytes",
+        rare=True,
+    ),
+    Flag(
+        "--http-body-timeout-s",
+        "an HTTP body not whole this long after its headers is cut off with 408",
+        float,
+        HTTP_BODY_TIMEOUT_S,
+        rare=True,
+    ),
+    Flag(
+        "--http-body-min-rate",
+        "an HTTP body slower than this many bytes a second on average (after 2 s) is cut off with 408 (0: any pace)",
+        int,
+        HTTP_BODY_MIN_RATE,
+        metavar="BYTES",
+        rare=True,
+    ),
+    Flag(
+        "--max-http-connections",
+        "HTTP connections open at once; one more is answered 503 and closed",
+        int,
+        HTTP_CONNECTIONS,
+        rare=True,
+    ),
+    Flag(
+        "--max-http-header-bytes",
+        "largest HTTP request line and headers; larger is answered 400 and closed",
+        int,
+        HTTP_HEADER_BYTES,
+        rare=True,
+    ),
+    Flag(
+        "--max-http-headers",
+        "most header fields in one HTTP request; more is 431",
+        int,
+        HTTP_HEADERS,
+        metavar="N",
+        rare=True,
+    ),
+    Flag(
+        "--http-header-timeout-s",
+        "HTTP request headers not whole this long after the connection (or the "
+        "request's first byte) are answered 408 and closed",
+        float,
+        HTTP_HEADER_TIMEOUT_S,
+        rare=True,
+    ),
+    Flag(
+        "--forwarded-allow-ips",
+        "proxies (addresses, networks, or *) whose X-Forwarded-For names the HTTP caller",
+        many=True,
+        default=(),
+        unset="none: the peer address",
+        metavar="ADDR",
+    ),
+    Flag(
+        "--metrics-principals",
+        "name each HTTP principal in /metrics (bertserve_http_principal_requests_total)",
+        boolean,
+        False,
+        rare=True,
+    ),
+    Flag(
+        "--metrics-port",
+        "serve Prometheus /metrics alone on this port (with --http-port it is at /metrics)",
+        int,
+        unset="none",
+    ),
+)
+
+SECURITY_FLAGS = under(
+    "security",
+    Flag(
+        "--curve-dir",
+        "serve with CURVE: DIR/server.key_secret; client keys in DIR/clients, admins in DIR/admins",
+        unset="plain TCP",
+    ),
+    Flag("--allow-terminate", "let clients stop the server", boolean, unset="on loopback without CURVE, or admins"),
+    Flag(
+        "--api-key",
+        "HTTP callers must send Authorization: Bearer KEY (principal 'default'); better as "
+        "BERTSERVE_API_KEY, since every user can see a command line",
+        unset="none needed",
+        metavar="KEY",
+    ),
+    Flag(
+        "--api-keys",
+        "FILE of NAME KEY lines: each key a principal of its own (bounds, turns, metrics)",
+        unset="none",
+        metavar="FILE",
+    ),
+)

@@ -1,0 +1,122 @@
+"""What the head holds: inputs queued in all and per client, inputs in one request, the bytes
+of the texts queued and of one request frame, and how long a request may wait.
+
+Built once from the flags (:meth:`Limits.resolve`), which may leave out any of the three
+sentence bounds: each left out takes its default, moved as far as the bounds given need, so
+that a request fits a client's queue and a client's queue the server's. The scheduler and
+admission take these values, not the server's whole config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The largest request frame ``--max-message-bytes`` may allow."""
+MESSAGE_BYTES = 16 * 1024 * 1024
+"""Default largest request frame: larger requests are better sent as several. ZeroMQ reads a
+frame whole before the ventilator sees it, one per connection at a time, so this bounds what a
+flood of large frames can make the head hold (docker/README.md)."""
+QUEUED_BYTES = 128 * 1024 * 1024
+"""Default bound on the memory the texts of admitted requests hold in the head
+(``--max-queued-bytes``): with the HTTP budget and the idle head, within a 1 GiB limit."""
+QUEUED_SENTENCES = 500_000
+CLIENT_QUEUED_SENTENCES = 200_000
+REQUEST_SIZE = 100_000
+
+_FLAGS = {
+    "queued": "--max-queued-sentences",
+    "client": "--max-client-queued-sentences",
+    "request": "--max-request-size",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """The head's bounds, resolved: each an int, whatever the flags left out."""
+
+    queued_sentences: int  # most inputs queued at once, all clients together
+    client_queued_sentences: int  # most inputs one client may have queued
+    request_size: int  # most inputs in one request
+    queued_bytes: int  # most bytes the texts of admitted requests hold
+    message_bytes: int  # largest frame the request socket accepts (ZeroMQ's MAXMSGSIZE)
+    text_chars: int  # most characters in one input
+    request_timeout_ms: int
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        max_queued_sentences: int | None,
+        max_client_queued_sentences: int | None,
+        max_request_size: int | None,
+        max_queued_bytes: int,
+        max_message_bytes: int | None,
+        max_text_chars: int,
+        request_timeout_ms: int,
+    ) -> Limits:
+        """The limits the flags give, the bounds left out following those given; raises
+        :class:`ConfigError` naming the flag (or both flags) at fault."""
+        queued, client, request = _follow_bounds(max_queued_sentences, max_client_queued_sentences, max_request_size)
+        per_text = 4 * max_text_chars + 8  # UTF-8 bytes, quotes and comma
+        message = max_message_bytes
+        if message is None:
+            message = min(MESSAGE_BYTES, max_queued_bytes, request * per_text + 65_536)
+        checks = [
+            (max_text_chars >= 1, "max_text_chars must be at least 1"),
+            (request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
+            (
+                max_message_bytes is None or 1024 <= max_message_bytes <= MAX_MESSAGE_BYTES,
+                f"--max-message-bytes must be between 1024 and {MAX_MESSAGE_BYTES}, not {max_message_bytes}",
+            ),
+            (
+                max_queued_bytes >= 1024 * 1024,
+                f"--max-queued-bytes must be at least 1 MiB (1048576), not {max_queued_bytes}",
+            ),
+            (
+                max_message_bytes is None or max_message_bytes <= max_queued_bytes,
+                f"--max-message-bytes {max_message_bytes} is more than --max-queued-bytes {max_queued_bytes}: a "
+                "request that large could never be queued; lower --max-message-bytes or raise --max-queued-bytes",
+            ),
+        ]
+        for ok, problem in checks:
+            if not ok:
+                raise ConfigError(problem)
+        return cls(
+            queued_sentences=queued,
+            client_queued_sentences=client,
+            request_size=request,
+            queued_bytes=max_queued_bytes,
+            message_bytes=message,
+            text_chars=max_text_chars,
+            request_timeout_ms=request_timeout_ms,
+        )
+
+
+def _follow_bounds(queued: int | None, client: int | None, request: int | None) -> tuple[int, int, int]:
+    """The sentence bounds, those left out fitted to those given: a request at most a client's
+    queue, a client's queue at most the server's. Each left out takes its default, moved as far
+    as the bounds given need (``--max-queued-sentences 2000`` alone lowers the other two to
+    2000; ``--max-request-size 300000`` alone raises the queues to it). Only bounds given that
+    contradict each other are an error, naming both flags."""
+    given = {"queued": queued, "client": client, "request": request}
+    for key, value in given.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{_FLAGS[key]} must be at least 1, not {value}")
+    for low, high in (("request", "client"), ("client", "queued"), ("request", "queued")):
+        small, large = given[low], given[high]
+        if small is not None and large is not None and small > large:
+            why = (
+                "a request that large could never queue"
+                if low == "request"
+                else "one client cannot queue more than the whole server"
+            )
+            lower, higher = _FLAGS[low], _FLAGS[high]
+            raise ConfigError(f"{lower} {small} is more than {higher} {large}: {why}; lower {lower} or raise {higher}")
+    request_given, client_given = request or 0, client or 0
+    queued = queued or max(QUEUED_SENTENCES, client_given, request_given)
+    client = client or max(min(CLIENT_QUEUED_SENTENCES, queued), request_given)
+    request = request or min(REQUEST_SIZE, client)
+    return queued, client, request
