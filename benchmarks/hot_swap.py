@@ -19,121 +19,29 @@ beforehand, to see the swap without that step.
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from bertserve.client import BertClient
 from bertserve.server import Encoder
-from bertserve.server.model.checksum import write_manifest
+from bertserve.server.testing.launcher import start_server
 from lib.inputs import model_dir_or_exit, model_parser, read_corpus
 from lib.report import environment, tagged_log, write_report
 from lib.rss import RssSampler, largest_child_mib
-from lib.servers import start_server
+from swapping.load import Load
+from swapping.versions import write_version
 
 CLIENTS = 8
 SIZES = (1, 5, 20, 100)
-COSINE_MIN = 0.99999
 
 
 log = tagged_log("hot-swap")
-
-
-def write_version(source: Path, target: Path, *, scale: float | None = None) -> None:
-    """Copy ``source`` to ``target`` (its last LayerNorm scaled by ``scale``) with a manifest;
-    written aside and renamed into place, as a deployment would."""
-    staging = target.with_name(f".{target.name}.partial")
-    shutil.copytree(source, staging)
-    if scale is not None:
-        from safetensors.numpy import load_file, save_file
-
-        path = staging / "model.safetensors"
-        weights = load_file(str(path))
-        name = next(k for k in sorted(weights) if k.endswith("output.LayerNorm.weight") and ".5." in k)
-        weights[name] = (weights[name] * scale).astype(weights[name].dtype)
-        save_file(weights, str(path), metadata={"format": "pt"})
-    write_manifest(str(staging))
-    past = time.time() - 60  # written a minute ago: nothing waits for it to settle
-    for path in staging.rglob("*"):
-        os.utime(path, (past, past))
-    staging.rename(target)
-
-
-class Load:
-    """Clients in threads encoding random corpus slices of ``sizes`` on ``model`` (the
-    default: the server's), each request after the last (and a pause, exponential with mean
-    ``think_s``); every reply checked against ``references`` of the version it names (cosine
-    >= :data:`COSINE_MIN` each row). Records (sent, seconds, outcome, version) per request."""
-
-    def __init__(
-        self,
-        server: Any,
-        texts: list[str],
-        references: dict[int | None, np.ndarray],
-        sizes: tuple[int, ...],
-        *,
-        model: str | None = None,
-        think_s: float = 0.0,
-    ) -> None:
-        self.server, self.texts, self.references, self.sizes = server, texts, references, sizes
-        self.model, self.think_s = model, think_s
-        self.records: list[tuple[float, float, str, int | None]] = []
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads: list[threading.Thread] = []
-
-    def start(self, clients: int) -> None:
-        self.threads = [threading.Thread(target=self._loop, args=(seed,)) for seed in range(clients)]
-        for thread in self.threads:
-            thread.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(120)
-
-    def _loop(self, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        with BertClient(**self.server.client_kwargs, timeout=120_000, model=self.model) as client:
-            while not self.stop.is_set():
-                size = int(rng.choice(self.sizes))
-                start = int(rng.integers(0, len(self.texts) - size))
-                sent = time.monotonic()
-                version = None
-                try:
-                    vectors = client.encode(self.texts[start : start + size])
-                    version = client.last_info.get("model_version")
-                    want = self.references.get(version)
-                    ok = want is not None and bool(
-                        np.min(np.sum(vectors * want[start : start + size], axis=1)) >= COSINE_MIN
-                    )
-                    outcome = "ok" if ok else "wrong"
-                except Exception as exc:
-                    log(f"a request{f' to {self.model}' if self.model else ''} failed: {exc}")
-                    outcome = "failed"
-                with self.lock:
-                    self.records.append((sent, time.monotonic() - sent, outcome, version))
-                if self.think_s:
-                    self.stop.wait(rng.exponential(self.think_s))
-
-    def seconds(self, start: float, end: float, *, ok_only: bool = True) -> list[float]:
-        """The latencies of the requests sent from ``start`` to ``end`` (those answered right)."""
-        return [r[1] for r in self.records if start <= r[0] < end and (r[2] == "ok" or not ok_only)]
-
-    def count(self, outcome: str) -> int:
-        return sum(r[2] == outcome for r in self.records)
-
-    def by_version(self) -> dict[str, int]:
-        """Replies (and failures, under ``None``) by the model version they name."""
-        return dict(Counter(str(r[3]) for r in self.records))
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -208,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         echo=False,
     )
     sampler = RssSampler(server, 0.1, count_children=True)
-    load = Load(server, texts, references, SIZES)  # type: ignore[arg-type]
+    load = Load(server, texts, references, SIZES, log=log)  # type: ignore[arg-type]
     try:
         sampler.start()
         load.start(CLIENTS)

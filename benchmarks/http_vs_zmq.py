@@ -29,10 +29,10 @@ import httpx
 import numpy as np
 import psutil
 from bertserve.client import BertClient
+from bertserve.server.testing.launcher import free_port, start_server
 from lib.inputs import cycle_take, model_dir_or_exit, model_parser, read_corpus
 from lib.load import take_turns
 from lib.report import environment, tagged_log, write_report
-from lib.servers import free_port, start_server
 
 SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", "128")
 TARGETS = {"bulk": 0.9, "one": 1.3}

@@ -40,12 +40,12 @@ from typing import Any
 import numpy as np
 import psutil
 from bertserve.client import BertClient
+from bertserve.server.testing.launcher import RunningServer, start_server
 from lib.contenders import encoder_contender, st_contender
 from lib.inputs import DEFAULT_CORPUS, NO_MODEL_HINT, cycle_take, read_corpus, resolve_model_dir
 from lib.load import take_turns
 from lib.report import environment, pyplot, tagged_log, write_report
 from lib.rss import max_rss_mib
-from lib.servers import RunningServer, start_server
 from lib.stats import latency_row
 
 SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", "128")

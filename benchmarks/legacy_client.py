@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 from bert_serving.client import BertClient as OldClient
 from bertserve.client import BertClient
+from bertserve.server.testing.launcher import start_server
 from lib.inputs import model_dir_or_exit, model_parser, read_corpus
 from lib.report import environment, tagged_log, write_report
-from lib.servers import start_server
 from lib.stats import cosine_rows
 
 TARGET = 0.95

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 from bertserve.client import BertClient
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server, start_worker_host
 from lib.inputs import model_dir_or_exit, model_parser, read_corpus
 from lib.report import environment, tagged_log, write_report
-from lib.servers import RunningServer, free_port, start_server, start_worker_host
 from lib.stats import cosine_rows
 
 log = tagged_log("remote")

@@ -1,7 +1,7 @@
 """How far one head goes: what one ventilator and sink can route, with workers that cost nothing.
 
 A head (``bertserve start --num-worker 0 --worker-port P``) and one ``bertserve worker`` host
-serve ``instant_model:InstantModel`` (the typed fake model; it returns 384-wide zero vectors
+serve ``lib.instant_model:InstantModel`` (the typed fake model; it returns 384-wide zero vectors
 at once, so the bytes are all-MiniLM-L6-v2's and the compute is none). Client processes send
 requests back to back, for ``--seconds`` a step, their number doubling until sentences/s stops
 growing. Two shapes: bulk (requests of 1,000 sentences, cut into mini-jobs of 256) and small
@@ -28,11 +28,11 @@ from typing import Any
 
 import psutil
 from bertserve.client import BertClient
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server, start_worker_host
 from lib.inputs import BENCHMARKS_DIR, DEFAULT_CORPUS, read_corpus
 from lib.report import environment, tagged_log, write_report
-from lib.servers import RunningServer, free_port, start_server, start_worker_host
 
-MODEL = "instant_model:InstantModel"
+MODEL = "lib.instant_model:InstantModel"
 WINDOW = 32  # one-sentence requests a client has in flight
 
 

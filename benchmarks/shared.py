@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.inputs import DEFAULT_CORPUS, NO_MODEL_HINT, read_corpus, resolve_model_dir
-from lib.report import cpu_model, format_load, package_version, write_report
+from lib.report import cpu_flags, cpu_model, format_load, package_version, write_report
 from sharing import fairness, faults, flood, malformed, memory
 from sharing.bench import Bench, log
 from sharing.report import markdown
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "benchmarks/shared.py", *(sys.argv[1:] if argv is None else argv)]),
         "machine": {
             "cpu": cpu_model(),
+            "cpu_flags": cpu_flags(),
             "cores": os.cpu_count(),
             "python": platform.python_version(),
             "tensorflow": package_version("tensorflow"),

@@ -20,10 +20,11 @@ targets, each PASS or MISS.
     python benchmarks/suite.py compare --json benchmarks/results/compare.json --plots benchmarks/results/plots
     python benchmarks/suite.py sweep --quick --model-dir /tmp/tiny_bert      # a seconds-long smoke run
 
-Progress goes to stderr, the markdown tables to stdout. The code: ``_sweep.py``;
-``_compare.py`` with ``_compare_latency.py`` and ``_compare_report.py``; the command line
-here; and the benchmarks' library, ``lib/`` (servers, client load, RSS, statistics), whose
-servers come from the one launcher the tests use (``bertserve.server.testing.launcher``).
+Progress goes to stderr, the markdown tables to stdout. The command line is here; the runs
+are in ``comparing/`` (``sweep``; ``compare`` with its latency, roofline, targets and report;
+the servers and the load both start), built on the one launcher the tests use
+(``bertserve.server.testing.launcher``) and on the benchmarks' library, ``lib/`` (inputs,
+RSS, statistics, reports).
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from _compare import run_compare
-from _compare_report import compare_markdown, plot_compare
-from _sweep import SWEEP_PARAMETERS, plot_sweep, run_sweep, sweep_markdown
+from comparing.compare import run_compare
+from comparing.report import compare_markdown, plot_compare
+from comparing.servers import BenchmarkError
+from comparing.sweep import SWEEP_PARAMETERS, plot_sweep, run_sweep, sweep_markdown
 from lib.inputs import DEFAULT_CORPUS, NO_MODEL_HINT, resolve_model_dir
 from lib.report import Progress, format_load, write_report
-from lib.servers import BenchmarkError
 
 # ----------------------------------------------------------------------------------------
 # command line

@@ -33,11 +33,12 @@ from typing import Any
 
 from bertserve.client import BertClient
 from bertserve.server import Encoder
-from hot_swap import Load, write_version
+from bertserve.server.testing.launcher import start_server
 from lib.inputs import model_dir_or_exit, model_parser, read_corpus
 from lib.report import describe_cpu, environment, format_load, tagged_log, write_report
-from lib.servers import start_server
 from lib.stats import percentile_ms
+from swapping.load import Load
+from swapping.versions import write_version
 
 SIZES = (1, 5, 20)
 
@@ -164,8 +165,8 @@ def run(args: Any, model_dir: Path, texts: list[str], workdir: Path) -> int:
         echo=False,
     )
     think_s = args.think_ms / 1000
-    stable = Load(server, texts, {None: stable_ref}, SIZES, model="stable", think_s=think_s)
-    rolling = Load(server, texts, rolling_refs, SIZES, model="rolling", think_s=think_s)  # type: ignore[arg-type]
+    stable = Load(server, texts, {None: stable_ref}, SIZES, model="stable", think_s=think_s, log=log)
+    rolling = Load(server, texts, rolling_refs, SIZES, model="rolling", think_s=think_s, log=log)  # type: ignore[arg-type]
     try:
         stable.start(args.clients)
         rolling.start(args.rolling_clients)

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 from bertserve.client import BertClient
+from bertserve.server.testing.launcher import RunningServer, start_server
 from lib.inputs import cycle_take
 from lib.load import timed
 from lib.report import Progress
-from lib.servers import RunningServer, start_server
 from lib.stats import cosine_rows
 
 RSS_LIMIT_MIB = 64.0

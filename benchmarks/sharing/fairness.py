@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 import numpy as np
+from bertserve.server.testing.launcher import RunningServer
 from lib.load import timed, wait_until
-from lib.servers import RunningServer
 from lib.stats import median
 
 from sharing.bench import Bench, log

@@ -3,18 +3,24 @@ crashes its worker; nothing lost or wrong, the hung worker replaced, the poison 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
+import sys
 import time
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import psutil
 from bertserve.client import BertClient, ServerError
+from bertserve.server.testing.launcher import RunningServer
+from lib.inputs import BENCHMARKS_DIR
 from lib.load import wait_until
-from lib.servers import TESTS_DIR, RunningServer
 
 from sharing.bench import Bench, compare_vectors, is_wrong, log
+
+TESTS_DIR = BENCHMARKS_DIR.parent / "tests"  # the fault models stay with the tests: tests/faulty_model.py
 
 
 def _workers(client: BertClient) -> list[dict[str, Any]]:
@@ -89,21 +95,33 @@ def _hit_a_worker(bench: Bench, server: RunningServer, how: signal.Signals, labe
     }
 
 
+def _faulty_model() -> ModuleType:
+    """``tests/faulty_model.py``, imported from its path (the server's workers import it through
+    the ``PYTHONPATH`` its ``pythonpath_env`` gives them)."""
+    if "faulty_model" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("faulty_model", TESTS_DIR / "faulty_model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["faulty_model"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["faulty_model"]
+
+
 def _poison(bench: Bench) -> dict[str, Any]:
     if not (TESTS_DIR / "faulty_model.py").is_file():
         return {"skipped": "tests/faulty_model.py is missing"}
-    from faulty_model import CRASH_WORD, pythonpath_env
+    faulty_model = _faulty_model()
 
     flags = ("--model-class", "faulty_model:FaultyModel")
     with (
-        bench.server("poison", *flags, env=pythonpath_env()) as server,
+        bench.server("poison", *flags, env=faulty_model.pythonpath_env()) as server,
         bench.client(server, timeout=60_000) as victim,
         bench.client(server) as normal,
     ):
         texts = bench.texts(32, offset=3)
         reference = np.asarray(normal.encode(texts))
         sent_at = time.perf_counter()
-        victim.encode([f"This sentence says {CRASH_WORD} to its worker.", *texts[:3]], blocking=False)
+        victim.encode([f"This sentence says {faulty_model.CRASH_WORD} to its worker.", *texts[:3]], blocking=False)
         normal.encode(texts, blocking=False)
         kind, error_s = None, None
         try:

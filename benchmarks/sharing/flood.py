@@ -11,9 +11,9 @@ from typing import Any
 import zmq
 from bertserve.client import ServerBusyError, ServerError
 from bertserve.client.protocol import decode_reply
+from bertserve.server.testing.launcher import RunningServer
 from lib.load import timed
 from lib.rss import RssSampler, settled_rss
-from lib.servers import RunningServer
 from lib.stats import median
 
 from sharing.bench import RSS_LIMIT_MIB, Bench, log

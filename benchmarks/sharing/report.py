@@ -108,7 +108,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Command: `{report['command']}`",
         "",
-        f"Machine: {facts['cpu']}, {facts['cores']} cores; Python {facts['python']}, TensorFlow {facts['tensorflow']}, "
+        f"Machine: {facts['cpu']}, {facts['cores']} cores, flags {' '.join(facts['cpu_flags']) or 'none'}; "
+        f"Python {facts['python']}, TensorFlow {facts['tensorflow']}, "
         f"load average {facts['load_before']} before, {facts['load_after']} after. Servers: "
         f"`{' '.join(report['server_flags'])}`, model `{report['model_dir']}`. Total {report['seconds']:.0f} s.",
         "",

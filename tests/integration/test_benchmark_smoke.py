@@ -4,7 +4,8 @@ benchmarks/models.py (seconds-long steps), on a tiny BERT.
 Each runs as a subprocess, exactly as a user runs it; it starts its own servers on free
 ports. This checks that it finishes, and that its JSON, markdown and plots hold what they
 should, not the numbers. Without matplotlib (``requirements-bench.txt``) the plots are left
-out and the rest is still checked.
+out and the rest is still checked. Every one starts several servers: they are ``slow``, run
+in a pass of their own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LATENCY_KEYS = {"p50", "p90", "p99"}
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+pytestmark = pytest.mark.slow
 
 
 def run_suite(command: str, model_dir: str, graph_dir: str, out: Path, *extra: str) -> dict[str, Any]:
@@ -160,9 +163,9 @@ def test_models_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) 
         "--max-seq-len",
         "32",
         "--limit",
-        "300",
+        "100",
         "--seconds",
-        "1.5",
+        "1",
         "--rounds",
         "1",
         "--clients",
@@ -170,15 +173,15 @@ def test_models_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) 
         "--request-size",
         "8",
         "--small-requests",
-        "20",
+        "10",
         "--bulk-size",
         "300",
         "--flood-clients",
-        "2",
+        "1",
         "--flood-ramp",
         "0.5",
         "--machine-seconds",
-        "0.5",
+        "0.2",
         "--json",
         str(tmp_path / "models.json"),
         "--markdown",
@@ -212,7 +215,7 @@ def test_models_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) 
     assert throughput["machine_pair_ratio"] > 0 and set(throughput["ratio_of_machine"]) == {"a", "b"}
 
     flood = report["flood"]
-    assert flood["a_ms"]["idle"]["count"] == 2 * flood["a_ms"]["flood"]["count"] == 40  # idle before and after
+    assert flood["a_ms"]["idle"]["count"] == 2 * flood["a_ms"]["flood"]["count"] == 20  # idle before and after
     assert 0 < flood["a_ms"]["idle"]["p50"] <= flood["a_ms"]["idle"]["p99"]
     assert flood["replies"]["b_flood"]["ok"] > 0 and flood["b_job_ms"]["status_bulk_median"] > 0
 

@@ -1,8 +1,10 @@
 """The benchmarks' library (``benchmarks/lib``): the one percentile helper and the one RSS
-sampler, whose views the scenarios read (startup and serving peaks, growth per process)."""
+sampler, whose views the scenarios read (startup and serving peaks, growth per process); and
+the layout of ``benchmarks/``: commands at the top, their parts in packages."""
 
 from __future__ import annotations
 
+import ast
 import math
 import sys
 import threading
@@ -19,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from lib.rss import RssSampler
 from lib.stats import Percentiles, latency_row, median, percentile_ms, ratio
 
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 MIB = 2**20
 
 
@@ -82,3 +85,27 @@ def test_rss_sampler_peaks_and_growth() -> None:
     assert rss.serving_peak_mib == 165.0 and rss.peak_mib == 300.0
     assert rss.growth_by_process([2]) == {"server": 20.0, "worker pid 2": 150.0, "pid 3 (sink or helper)": 10.0}
     assert next(s.at for s in rss.between(rss.first_seen[3], time.monotonic())) == rss.first_seen[3]
+
+
+def _imported(path: Path) -> set[str]:
+    """The top-level names of the modules ``path`` imports (absolute imports only)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_command_imports_another_and_no_package_is_named_like_one() -> None:
+    """A command is a file at the top of benchmarks/; what two share lives in a package. A
+    package named like a command would hide it (or be hidden) on ``sys.path``."""
+    commands = {path.stem for path in BENCHMARKS.glob("*.py")}
+    packages = {path.parent.name for path in BENCHMARKS.glob("*/__init__.py")}
+    assert commands and packages and commands.isdisjoint(packages)
+    importing = {
+        str(path.relative_to(BENCHMARKS)): sorted(_imported(path) & commands)
+        for path in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("*/*.py")]
+    }
+    assert {path: names for path, names in importing.items() if names} == {}

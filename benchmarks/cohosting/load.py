@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from bertserve.client import BertClient, ServerBusyError
-from lib.servers import RunningServer
+from bertserve.server.testing.launcher import RunningServer
 from lib.stats import latency_row
 
 COSINE_MIN = 0.99999  # a reply row is its sentence's vector when its cosine to the reference is at least this

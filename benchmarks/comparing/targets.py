@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from _compare_latency import LatencyResult
 from lib.contenders import ST_NAME
-from lib.onnx_contenders import ONNX_INT8
 from lib.stats import fmt, ratio
+
+from comparing.latency import LatencyResult
+from comparing.onnx_contenders import ONNX_INT8
 
 SERVER_FP32, SERVER_BF16 = "server fp32", "server bf16"
 SERVER_INT8, SERVER_AUTO = "server int8", "server auto"

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from bertserve.client import AsyncBertClient, BertClientError, ServerError, ServerTimeoutError
-from lib.servers import RunningServer
+from bertserve.server.testing.launcher import RunningServer
 
 # name: (fewest, most sentences, default weight)
 SIZES: dict[str, tuple[int, int, float]] = {"small": (1, 8, 85.0), "medium": (9, 100, 12.0), "bulk": (200, 2000, 3.0)}

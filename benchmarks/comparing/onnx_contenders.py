@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from lib.contenders import Contender
 from lib.inputs import BENCHMARKS_DIR, model_tokenizer
 

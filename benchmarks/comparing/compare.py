@@ -1,7 +1,7 @@
 """``suite.py compare``: the server, the in-process Encoder, sentence-transformers and ONNX
 Runtime side by side, in rounds that take turns, with the machine's matmul ceiling
-(``lib/roofline.py``), the targets (``_compare_targets.py``), the report (``_compare_report.py``)
-and the latency under load (``_compare_latency.py``)."""
+(``roofline``), the targets (``targets``), the report (``report``) and the latency under
+load (``latency``)."""
 
 from __future__ import annotations
 
@@ -19,15 +19,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _compare_latency import (
+from lib.contenders import NO_ST_HINT, Contender, encoder_contender, st_contender
+from lib.inputs import describe_corpus, mean_tokens, read_corpus
+from lib.report import Progress, cpu_flags, describe_cpu, environment, native_bf16
+from lib.stats import clean, cosine_rows, fmt, median, percentile_ms, ratio
+
+from comparing.latency import (
     LatencyRepeat,
     describe_latency_repeat,
     latency_repeat,
     single_sentence_turns,
     summarize_latency,
 )
-from _compare_report import CompareReport, StartupResult, Timed, throughput_rows
-from _compare_targets import (
+from comparing.load import Load, run_load
+from comparing.onnx_contenders import onnx_contenders
+from comparing.report import CompareReport, StartupResult, Timed, throughput_rows
+from comparing.roofline import Roofline, RooflineRun, Shapes
+from comparing.servers import BenchmarkError, ServerOptions, ServerPool, ServerProcess, WorkCounters
+from comparing.targets import (
     CLIENTS_MERGE,
     CLIENTS_NO_MERGE,
     ENCODER_FP32,
@@ -39,14 +48,6 @@ from _compare_targets import (
     TargetInputs,
     compute_targets,
 )
-from lib.contenders import NO_ST_HINT, Contender, encoder_contender, st_contender
-from lib.inputs import describe_corpus, mean_tokens, read_corpus
-from lib.load import Load, run_load
-from lib.onnx_contenders import onnx_contenders
-from lib.report import Progress, cpu_flags, describe_cpu, environment, native_bf16
-from lib.roofline import Roofline, RooflineRun, Shapes
-from lib.servers import BenchmarkError, ServerOptions, ServerPool, ServerProcess, WorkCounters
-from lib.stats import clean, cosine_rows, fmt, median, percentile_ms, ratio
 
 BULK_SERVERS = (SERVER_FP32, SERVER_BF16, SERVER_INT8, SERVER_AUTO)
 THREADS = 2  # what every contender computes with: the server's worker, the Encoder, torch, ONNX Runtime

@@ -13,7 +13,7 @@ sentences/s: the ceiling no implementation of that precision can pass on this ma
 Attention's own products (``QK^T`` and ``AV``, 2 x ``T_seq`` x ``H`` MACs per token and layer)
 are left out: at corpus lengths they are under 2 % of the work (the report gives the share).
 
-The measurement runs in a process of its own (``python benchmarks/lib/roofline.py``), so
+The measurement runs in a process of its own (``python benchmarks/comparing/roofline.py``), so
 that TensorFlow's thread count is set before it starts and no other runtime's threads are
 about; :class:`RooflineRun` starts it and reads its JSON.
 """

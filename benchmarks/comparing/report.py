@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _compare_latency import LatencyResult
-from _compare_targets import Target, targets_markdown
 from lib.contenders import ST_NAME
 from lib.report import describe_cpu, format_load, pyplot
-from lib.roofline import Roofline, fraction, roofline_markdown
 from lib.stats import clean, fmt, median, milliseconds, ratio
+
+from comparing.latency import LatencyResult
+from comparing.roofline import Roofline, fraction, roofline_markdown
+from comparing.targets import Target, targets_markdown
 
 
 @dataclass

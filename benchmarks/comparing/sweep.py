@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 import numpy as np
 from lib.inputs import read_corpus
-from lib.load import Load, run_load, warm_up_server
 from lib.report import Progress, environment, format_load, pyplot
-from lib.servers import ServerOptions, ServerPool, ServerProcess, WorkCounters
 from lib.stats import Percentiles, clean, fmt
+
+from comparing.load import Load, run_load, warm_up_server
+from comparing.servers import ServerOptions, ServerPool, ServerProcess, WorkCounters
 
 
 @dataclass(frozen=True)

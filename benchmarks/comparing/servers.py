@@ -1,11 +1,8 @@
-"""Real servers for the benchmarks: the tests' launcher, and what the suite builds on it.
-
-Servers are started by the one launcher the tests use, ``bertserve.server.testing.launcher`` (re-exported
-here: ``free_port``, ``RunningServer``, ``ServerStartError``, ``start_server``,
-``start_worker_host``), so that tests and benchmarks start, watch and stop servers alike.
-On top of it, for ``suite.py``: :class:`ServerOptions` (the flags a benchmark varies),
-:class:`ServerProcess` (a server with its RSS and work counters) and :class:`ServerPool`
-(starts servers together and stops every one of them).
+"""The suite's servers, built on the one launcher the tests use too
+(``bertserve.server.testing.launcher``), so that tests and benchmarks start, watch and stop
+servers alike: :class:`ServerOptions` (the flags a benchmark varies), :class:`ServerProcess`
+(a server with its RSS and work counters) and :class:`ServerPool` (starts servers together
+and stops every one of them).
 """
 
 from __future__ import annotations
@@ -22,19 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bertserve.client import BertClient
-
-# re-exported: the benchmarks import the launcher from here
-from bertserve.server.testing.launcher import RunningServer as RunningServer
-from bertserve.server.testing.launcher import ServerStartError as ServerStartError
-from bertserve.server.testing.launcher import free_port as free_port
-from bertserve.server.testing.launcher import start_server as start_server
-from bertserve.server.testing.launcher import start_worker_host as start_worker_host
-
-from lib.inputs import BENCHMARKS_DIR
+from bertserve.server.testing.launcher import ServerStartError, start_server
 from lib.report import Progress
 from lib.rss import RssSampler
-
-TESTS_DIR = BENCHMARKS_DIR.parent / "tests"
 
 START_TIMEOUT_S = 900.0  # a cold start builds the graph; on a busy machine that takes a while
 STOP_TIMEOUT_S = 60.0

@@ -4,7 +4,7 @@
 (it is one), but tokenizing only counts words and running returns zero vectors of
 all-MiniLM-L6-v2's width, so the bytes on the wire are a real model's and the compute is
 none. The server imports it in its worker processes: put ``benchmarks/`` on ``PYTHONPATH``
-and pass ``--model-class instant_model:InstantModel``.
+and pass ``--model-class lib.instant_model:InstantModel``.
 """
 
 from __future__ import annotations

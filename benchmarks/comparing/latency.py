@@ -13,8 +13,9 @@ from typing import Any
 
 from bertserve.client import BertClient
 from lib.inputs import cycle_take
-from lib.servers import BenchmarkError, ServerProcess
 from lib.stats import Percentiles, clean, median, percentile_ms
+
+from comparing.servers import BenchmarkError, ServerProcess
 
 JOB_POLL_S = 0.05
 
