@@ -125,7 +125,13 @@ def write_json(data: Any, path: Path) -> None:
 
 
 def write_report(report: Any, text: str, json_path: Path | None, markdown_path: Path | None) -> None:
-    """Print the markdown ``text`` and write it (ending in a newline) and the ``report`` where asked."""
+    """Print the markdown ``text`` and write it (ending in a newline) and the ``report`` where asked.
+
+    A report whose text does not name the CPU gets a last line that does: numbers on a CPU
+    with bf16 or int8 matrix units do not carry to one without."""
+    if "CPU:" not in text:
+        env = report.get("environment") if isinstance(report, dict) else getattr(report, "environment", None)
+        text = text.rstrip("\n") + f"\n\nCPU: {describe_cpu(env if isinstance(env, dict) else environment())}.\n"
     print(text)
     if json_path:
         write_json(report, json_path)
