@@ -1,13 +1,14 @@
 """``--help`` that reads: ``bertserve start --help`` on one screen, its flags under headings,
 each fixed set of values shown, ``--cpu, --no-cpu``, the rarely used flags behind
-``--help-all``, and every flag described in the docs the help points to."""
+``--help-all``, and every flag described in the docs the help points to. The command runs in
+this process (``main(argv)``), as it prints the same help there."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,14 +31,17 @@ HEADINGS = [
 
 
 def _bertserve(*argv: str, columns: int = 100) -> str:
-    """What the real command prints, with the environment's BERTSERVE_ defaults left out."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("BERTSERVE_")}
-    env["COLUMNS"] = str(columns)
-    done = subprocess.run(
-        [sys.executable, "-m", "bertserve.server.cli", *argv], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    """What the command prints, run in this process, with the environment's BERTSERVE_ defaults left out."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in os.environ:
+            if name.startswith("BERTSERVE_"):
+                patch.delenv(name)
+        patch.setenv("COLUMNS", str(columns))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exited:
+            cli.main(list(argv))
+    assert exited.value.code == 0, err.getvalue()
+    return out.getvalue()
 
 
 def _shown(text: str, name: str) -> bool:

@@ -1,34 +1,27 @@
 """A client that finds no server says so: at once on this machine, where a refused connection
 means nothing listens; within its timeout elsewhere, or when something listens but does not
-answer. ``bertserve encode`` says so in its own flags, and at a terminal says what it waits for.
+answer. (``bertserve encode`` without a server, a process of its own, is tested in
+tests/integration/test_encode_without_a_server.py.)
 
 No bertserve server runs here: the "servers" are a closed port, a plain TCP listener that
-never answers, and a small stand-in that answers the handshake late or at once.
+never answers, and a small stand-in that answers the handshake late or at once (late_server.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import pty
-import select
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import zmq
-from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient, ServerTimeoutError, __version__
-from bertserve.client import protocol as p
+from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient, ServerTimeoutError
 from bertserve.client.errors import NoServerError
 from bertserve.client.probe import PROBE_AFTER_S, REFUSED_FOR_S, ServerProbe, is_loopback
 from bertserve.server.testing.launcher import free_port
+from late_server import LateServer
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaked_contexts")]
 
@@ -42,50 +35,6 @@ def listener() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
         yield sock.getsockname()[1]
-
-
-class LateServer:
-    """Answers CONFIG after ``delay_s`` (as a server whose PUB has not yet seen the client's
-    subscription), then ENCODE at once with one row ``[words, 0, 0, 0]`` per text."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-        self._context = zmq.Context()
-        self._pull = self._context.socket(zmq.PULL)
-        self._pub = self._context.socket(zmq.PUB)
-        for sock in (self._pull, self._pub):
-            sock.setsockopt(zmq.LINGER, 0)
-        self.port = self._pull.bind_to_random_port("tcp://127.0.0.1")
-        self.port_out = self._pub.bind_to_random_port("tcp://127.0.0.1")
-        self._first_seen: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                if not self._pull.poll(10):
-                    continue
-                request = p.decode_request(self._pull.recv_multipart())
-                cid, rid = request.client_id, request.request_id
-                if request.command == p.CONFIG:
-                    self._first_seen = self._first_seen or time.monotonic()
-                    if time.monotonic() - self._first_seen >= self.delay_s:
-                        config = {"server_version": __version__, "protocol": p.PROTOCOL_VERSION, "output_dim": 4}
-                        self._pub.send_multipart(p.encode_reply(cid, rid, True, config))
-                elif request.command == p.ENCODE:
-                    words = [len(text if isinstance(text, list) else text.split()) for text in request.texts]
-                    vectors = np.array([[n, 0, 0, 0] for n in words], np.float32).reshape(-1, 4)
-                    self._pub.send_multipart(p.encode_reply(cid, rid, True, p.array_header(vectors), vectors.tobytes()))
-        finally:
-            self._pull.close()
-            self._pub.close()
-            self._context.term()
 
 
 @pytest.fixture
@@ -241,81 +190,3 @@ def test_only_this_machine_is_probed(host: str, local: bool) -> None:
         probe.close()
     finally:
         context.destroy(linger=0)
-
-
-# -- bertserve encode ----------------------------------------------------------------------
-
-
-def _encode_command(port: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "bertserve.server.cli", "encode", "--host", "127.0.0.1", "--port", str(port), *args]
-
-
-def test_bertserve_encode_without_a_server_says_how_to_start_one_at_once(tmp_path: Path) -> None:
-    port = free_port()
-    out = tmp_path / "out.npy"
-    started = time.monotonic()
-    done = subprocess.run(
-        _encode_command(port, "-o", str(out)), input="hello\n", capture_output=True, text=True, timeout=30
-    )
-    took = time.monotonic() - started
-    assert done.returncode == 1 and not out.exists()
-    assert done.stderr == (
-        f"bertserve: error: no bertserve server at tcp://127.0.0.1:{port}: the connection was refused, so nothing "
-        "listens there. Start one with `bertserve start`, or pass its --host and --port if it runs elsewhere\n"
-    )
-    assert took < FAST_S + 5  # the interpreter's start, then about a second; not the 60 s timeout
-
-
-def _run_on_a_terminal(command: list[str], stdin: bytes, timeout_s: float = 30) -> tuple[int, str]:
-    """Run ``command`` with its stderr on a pseudo-terminal; its exit code and what it wrote there."""
-    leader, follower = pty.openpty()
-    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=follower) as proc:
-        os.close(follower)
-        assert proc.stdin is not None
-        proc.stdin.write(stdin)
-        proc.stdin.close()
-        seen = b""
-        deadline = time.monotonic() + timeout_s
-        try:
-            while time.monotonic() < deadline:
-                if select.select([leader], [], [], 0.1)[0]:
-                    try:
-                        chunk = os.read(leader, 4096)
-                    except OSError:  # EIO: every writer of the terminal has closed it
-                        break
-                    if not chunk:
-                        break
-                    seen += chunk
-                elif proc.poll() is not None:
-                    break
-        finally:
-            os.close(leader)
-            if proc.poll() is None:
-                proc.kill()
-        return proc.wait(10), seen.decode("utf-8", "replace")
-
-
-def test_bertserve_encode_at_a_terminal_says_what_it_waits_for(listener: int, tmp_path: Path) -> None:
-    command = _encode_command(listener, "--timeout", "2500", "-o", str(tmp_path / "out.npy"))
-    code, said = _run_on_a_terminal(command, b"hello\n")
-    assert code == 1
-    waiting = f"waiting for the server at tcp://127.0.0.1:{listener} ..."
-    assert waiting in said
-    error = said.index(f"no bertserve server answered at tcp://127.0.0.1:{listener}")
-    assert said.index(waiting) < error
-    assert "within 2500 ms. Start one with `bertserve start`, or pass its --host and --port" in said
-
-    piped = subprocess.run(command, input="hello\n", capture_output=True, text=True, timeout=30)
-    assert piped.returncode == 1 and "waiting for" not in piped.stderr  # a pipe gets the error alone
-    assert piped.stderr.startswith(f"bertserve: error: no bertserve server answered at tcp://127.0.0.1:{listener}")
-
-
-def test_bertserve_encode_at_a_terminal_says_nothing_of_waiting_for_a_prompt_server(
-    late_server: Any, tmp_path: Path
-) -> None:
-    server = late_server(delay_s=0)
-    out = tmp_path / "out.npy"
-    command = _encode_command(server.port, "--port-out", str(server.port_out), "-o", str(out))
-    code, said = _run_on_a_terminal(command, b"one\ntwo words\n")
-    assert code == 0 and "waiting for" not in said and "wrote 2 vectors of dimension 4" in said
-    np.testing.assert_array_equal(np.load(out)[:, 0], [1, 2])
