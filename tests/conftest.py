@@ -52,7 +52,16 @@ def reference_sentences() -> list[str]:
 
 @pytest.fixture(scope="session")
 def session_graph_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One graph cache for the whole run, so a graph is built once per set of options."""
+    """One graph cache for the whole run, so a graph is built once per set of options.
+
+    Under pytest-xdist every worker has its own base folder in one folder of the run: the
+    workers share the cache there (a graph is written to a temporary file and renamed, so two
+    processes building the same graph at once each leave a whole file).
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "graphs"
+        shared.mkdir(exist_ok=True)
+        return str(shared)
     return str(tmp_path_factory.mktemp("graphs"))
 
 

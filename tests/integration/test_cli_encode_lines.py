@@ -6,8 +6,7 @@ lines and empty input are errors naming what is wrong, ``--skip-blank`` says wha
 from __future__ import annotations
 
 import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,18 +16,16 @@ from bertserve.server.testing.launcher import RunningServer
 
 pytestmark = pytest.mark.timeout(300)
 
+Main = Callable[..., subprocess.CompletedProcess[str]]
+
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)  # 54 words, over max_seq_len=32
 
 
-def _encode(server: RunningServer, *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    ports = ["--host", "127.0.0.1", "--port", str(server.port), "--port-out", str(server.port_out)]
-    return subprocess.run(
-        [sys.executable, "-m", "bertserve.server.cli", "encode", *ports, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.fixture
+def encode(tiny_server: RunningServer, bertserve_main: Main) -> Main:
+    """``bertserve encode ARGS`` against the session's tiny BERT, run by ``main`` in this process."""
+    ports = ["--host", "127.0.0.1", "--port", str(tiny_server.port), "--port-out", str(tiny_server.port_out)]
+    return lambda *args, stdin: bertserve_main("encode", *ports, *args, stdin=stdin)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +35,11 @@ def client(tiny_server: RunningServer) -> Iterator[BertClient]:
 
 
 def test_a_blank_line_is_an_error_unless_skipped_and_then_named(
-    tiny_server: RunningServer, client: BertClient, tmp_path: Path
+    encode: Main, client: BertClient, tmp_path: Path
 ) -> None:
     out = tmp_path / "out.npy"
     stdin = "hello world\n\nthe lazy dog\n   \nthe fox\n"
-    refused = _encode(tiny_server, "-o", str(out), stdin=stdin)
+    refused = encode("-o", str(out), stdin=stdin)
     assert refused.returncode == 1 and not out.exists()
     assert refused.stderr == (
         "bertserve: error: lines 2 and 4 of stdin are blank, and each line must become one vector: "
@@ -50,7 +47,7 @@ def test_a_blank_line_is_an_error_unless_skipped_and_then_named(
     )
 
     expected = client.encode(["hello world", "the lazy dog", "the fox"])
-    skipped = _encode(tiny_server, "-o", str(out), "--skip-blank", stdin=stdin)
+    skipped = encode("-o", str(out), "--skip-blank", stdin=stdin)
     assert skipped.returncode == 0, skipped.stderr
     np.testing.assert_allclose(np.load(out), expected, atol=1e-6)
     said, wrote = skipped.stderr.splitlines()
@@ -61,7 +58,7 @@ def test_a_blank_line_is_an_error_unless_skipped_and_then_named(
     assert wrote.startswith(f"wrote 3 vectors of dimension 32 to {out} in ")
 
     keyed = tmp_path / "out.npz"
-    with_numbers = _encode(tiny_server, "-o", str(keyed), "--skip-blank", stdin=stdin)
+    with_numbers = encode("-o", str(keyed), "--skip-blank", stdin=stdin)
     assert with_numbers.returncode == 0, with_numbers.stderr
     assert f"skipped blank lines 2 and 4 of stdin: the lines array of {keyed} holds each row's line number" in (
         with_numbers.stderr
@@ -71,26 +68,24 @@ def test_a_blank_line_is_an_error_unless_skipped_and_then_named(
         assert data["lines"].tolist() == [1, 3, 5]
 
 
-def test_empty_input_is_an_error_and_writes_nothing(tiny_server: RunningServer, tmp_path: Path) -> None:
+def test_empty_input_is_an_error_and_writes_nothing(encode: Main, tmp_path: Path) -> None:
     out = tmp_path / "out.npy"
     for stdin, args, problem in (
         ("", (), "no input: stdin is empty; give one text a line"),
         ("\n \n", ("--skip-blank",), "no input: every line of stdin is blank"),
     ):
-        done = _encode(tiny_server, "-o", str(out), *args, stdin=stdin)
+        done = encode("-o", str(out), *args, stdin=stdin)
         assert (done.returncode, done.stderr) == (1, f"bertserve: error: {problem}\n")
         assert not out.exists()
 
 
-def test_one_vector_is_one_vector(tiny_server: RunningServer, tmp_path: Path) -> None:
-    done = _encode(tiny_server, "-o", str(tmp_path / "one.npy"), stdin="hello\n")
+def test_one_vector_is_one_vector(encode: Main, tmp_path: Path) -> None:
+    done = encode("-o", str(tmp_path / "one.npy"), stdin="hello\n")
     assert done.returncode == 0, done.stderr
     assert done.stderr.startswith(f"wrote 1 vector of dimension 32 to {tmp_path / 'one.npy'} in ")
 
 
-def test_a_pair_only_with_pairs_and_never_in_silence(
-    tiny_server: RunningServer, client: BertClient, tmp_path: Path
-) -> None:
+def test_a_pair_only_with_pairs_and_never_in_silence(encode: Main, client: BertClient, tmp_path: Path) -> None:
     lines = ["the quick fox ||| the lazy dog", "hello world"]
     as_pairs, as_sentences = client.encode(lines), client.encode(lines, pairs=False)
     assert not np.allclose(as_pairs[0], as_sentences[0], atol=1e-4)
@@ -99,7 +94,7 @@ def test_a_pair_only_with_pairs_and_never_in_silence(
     assert tokens[0].count("[SEP]") == 1 and tokens[0].count("|") == 3  # one sentence, its pipes and all
 
     out = tmp_path / "out.npy"
-    plain = _encode(tiny_server, "-o", str(out), stdin="\n".join(lines) + "\n")
+    plain = encode("-o", str(out), stdin="\n".join(lines) + "\n")
     assert plain.returncode == 0, plain.stderr
     np.testing.assert_allclose(np.load(out), as_sentences, atol=1e-6)
     warning = plain.stderr.splitlines()[0]
@@ -108,12 +103,12 @@ def test_a_pair_only_with_pairs_and_never_in_silence(
         "pass --pairs to encode such lines as sentence pairs"
     )
 
-    paired = _encode(tiny_server, "-o", str(out), "--pairs", stdin="\n".join(lines) + "\n")
+    paired = encode("-o", str(out), "--pairs", stdin="\n".join(lines) + "\n")
     assert paired.returncode == 0, paired.stderr
     np.testing.assert_allclose(np.load(out), as_pairs, atol=1e-6)
     assert "warning" not in paired.stderr
 
-    empty_side = _encode(tiny_server, "-o", str(tmp_path / "no.npy"), "--pairs", stdin="hello\nthe fox ||| \n")
+    empty_side = encode("-o", str(tmp_path / "no.npy"), "--pairs", stdin="hello\nthe fox ||| \n")
     assert empty_side.returncode == 1 and not (tmp_path / "no.npy").exists()
     assert empty_side.stderr == (
         "bertserve: error: line 2 is a sentence pair with an empty side: 'the fox ||| ': "
@@ -121,14 +116,14 @@ def test_a_pair_only_with_pairs_and_never_in_silence(
     )
 
 
-def test_long_inputs_and_the_advice_in_flags(tiny_server: RunningServer, client: BertClient, tmp_path: Path) -> None:
+def test_long_inputs_and_the_advice_in_flags(encode: Main, client: BertClient, tmp_path: Path) -> None:
     if client.server_config.get("long_inputs") == "chunk":
         pytest.skip("this server chunks long inputs by default")
     lines = ["hello world", LONG]
     out = tmp_path / "out.npy"
     stdin = "\n".join(lines) + "\n"
 
-    truncated = _encode(tiny_server, "-o", str(out), stdin=stdin)
+    truncated = encode("-o", str(out), stdin=stdin)
     assert truncated.returncode == 0, truncated.stderr
     np.testing.assert_allclose(np.load(out), client.encode(lines), atol=1e-6)
     assert truncated.stderr.splitlines()[0] == (
@@ -139,17 +134,17 @@ def test_long_inputs_and_the_advice_in_flags(tiny_server: RunningServer, client:
     for python_words in ("long_inputs=", "check_length", "check_version", "texts["):
         assert python_words not in truncated.stderr
 
-    chunked = _encode(tiny_server, "-o", str(out), "--long-inputs", "chunk", stdin=stdin)
+    chunked = encode("-o", str(out), "--long-inputs", "chunk", stdin=stdin)
     assert chunked.returncode == 0, chunked.stderr
     np.testing.assert_allclose(np.load(out), client.encode(lines, long_inputs="chunk"), atol=1e-5)
     assert not np.allclose(np.load(out)[1], client.encode(lines)[1], atol=1e-4)
     assert "warning" not in chunked.stderr
 
-    quiet = _encode(tiny_server, "-o", str(out), "--long-inputs", "truncate", stdin=stdin)
+    quiet = encode("-o", str(out), "--long-inputs", "truncate", stdin=stdin)
     assert quiet.returncode == 0 and "warning" not in quiet.stderr
 
     pair = f"hello world ||| {LONG}"
-    cut = _encode(tiny_server, "-o", str(out), "--pairs", "--long-inputs", "chunk", stdin=f"hello\n{pair}\n")
+    cut = encode("-o", str(out), "--pairs", "--long-inputs", "chunk", stdin=f"hello\n{pair}\n")
     assert cut.returncode == 0, cut.stderr
     assert cut.stderr.splitlines()[0] == (
         "bertserve: warning: line 2 is a sentence pair longer than the server's max_seq_len=32 tokens: "
@@ -158,22 +153,12 @@ def test_long_inputs_and_the_advice_in_flags(tiny_server: RunningServer, client:
     np.testing.assert_allclose(np.load(out), client.encode(["hello", pair], long_inputs="chunk"), atol=1e-5)
 
 
-def test_embed_in_process_keeps_one_vector_a_line_too(tiny_google: str, session_graph_dir: str, tmp_path: Path) -> None:
+def test_embed_in_process_keeps_one_vector_a_line_too(
+    tiny_google: str, session_graph_dir: str, tmp_path: Path, bertserve_main: Main
+) -> None:
     def embed(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-        command = [
-            sys.executable,
-            "-m",
-            "bertserve.server.cli",
-            "embed",
-            "--model-dir",
-            tiny_google,
-            "--graph-dir",
-            session_graph_dir,
-            "--max-seq-len",
-            "32",
-            *args,
-        ]
-        return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=240)
+        model = ["--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32"]
+        return bertserve_main("embed", *model, *args, stdin=stdin)
 
     out = tmp_path / "rows.npz"
     for stdin, error in [("a\n\nb\n", "line 2 of stdin is blank"), ("", "no input: stdin is empty")]:

@@ -20,11 +20,14 @@ from bertserve.client import AuthenticationError, BertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.client.security import ROUTE_ID_BYTES, announce, keygen, load_public_key, load_secret_cert
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server
+from faulty_model import SLOW_WORD, pythonpath_env, sentences, wait_for
 from faulty_model import expected as faulty_expected
-from faulty_model import pythonpath_env, sentences, wait_for
 from integration.test_faults import sink_pid
 
 pytestmark = pytest.mark.timeout(240)
+
+FAULTY = "faulty_model:FaultyModel"  # CURVE is plumbing: HashingModel's vectors, no TensorFlow
+DIM = 16  # FaultyModel's vectors
 
 
 @dataclass
@@ -55,17 +58,23 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     return Keys(root)
 
 
-HTTP_PORT = free_port()
 HTTP_KEY = "curve-and-http-key"
 
 
 @pytest.fixture(scope="module")
-def server(keys: Keys, tiny_google: str, session_graph_dir: str) -> Iterator[RunningServer]:
+def http_port() -> int:
+    """Chosen when the server starts, not when the module is imported (each pytest-xdist
+    worker imports every module)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(keys: Keys, tiny_google: str, http_port: int) -> Iterator[RunningServer]:
     running = start_server(
         "--model-dir",
         tiny_google,
-        "--graph-dir",
-        session_graph_dir,
+        "--model-class",
+        FAULTY,
         "--max-seq-len",
         "32",
         "--curve-dir",
@@ -73,20 +82,21 @@ def server(keys: Keys, tiny_google: str, session_graph_dir: str) -> Iterator[Run
         "--max-latency-ms",
         "2",
         "--http-port",
-        str(HTTP_PORT),
+        str(http_port),
         "--api-key",
         HTTP_KEY,
+        env=pythonpath_env(),
     )
     yield running
     running.stop()
 
 
-def test_the_http_front_end_reaches_a_curve_server(server: RunningServer, keys: Keys) -> None:
+def test_the_http_front_end_reaches_a_curve_server(server: RunningServer, keys: Keys, http_port: int) -> None:
     # The front end connects with a key the server made for it; its callers need the API key.
     texts = ["through the front end", "and a second sentence"]
     with client(server, keys, "alice") as alice:
         expected = alice.encode(texts)
-    url, auth = f"http://127.0.0.1:{HTTP_PORT}/v1/embeddings", {"Authorization": f"Bearer {HTTP_KEY}"}
+    url, auth = f"http://127.0.0.1:{http_port}/v1/embeddings", {"Authorization": f"Bearer {HTTP_KEY}"}
     assert httpx.post(url, json={"input": texts}, timeout=30).status_code == 401
     reply = httpx.post(url, json={"input": texts}, headers=auth, timeout=30)
     assert reply.status_code == 200, reply.text
@@ -116,7 +126,7 @@ def curve_socket(context: zmq.Context, kind: int, keys: Keys, name: str) -> zmq.
 def test_an_authenticated_client_is_served(server: RunningServer, keys: Keys) -> None:
     with client(server, keys, "alice") as alice:
         assert alice.identity.startswith(load_public_key(str(keys.root / "clients" / "alice.key")) + b":")
-        assert alice.encode(["hello over curve", "second"]).shape == (2, 32)
+        assert alice.encode(["hello over curve", "second"]).shape == (2, DIM)
         assert alice.server_config["curve"] is True
 
 
@@ -172,7 +182,7 @@ def test_another_key_reads_none_of_a_clients_replies(server: RunningServer, keys
             own = reply_dealer(context, keys, "bob", server, bob.identity)
             mine: list[p.Reply] = []
             for i in range(20):  # at least 5 rounds, and until bob's own route is through
-                assert bob.encode([f"bob's own {i}"]).shape == (1, 32)
+                assert bob.encode([f"bob's own {i}"]).shape == (1, DIM)
                 alice.encode([f"alice's secret number {i}"])
                 mine += replies_read(own, 100)
                 if i >= 4 and mine:
@@ -217,29 +227,31 @@ def test_another_key_cannot_cancel_a_clients_request(server: RunningServer, keys
     try:
         with client(server, keys, "alice") as alice:
             texts = [f"alice's long request {i}" for i in range(3000)]
+            texts[0] = f"{SLOW_WORD} {texts[0]}"  # in flight for a second at least, as a real model's would be
             request_id = alice.encode(texts, blocking=False)
             spoof = curve_socket(context, zmq.PUSH, keys, "bob")
             spoof.connect(f"tcp://127.0.0.1:{server.port}")
             before = alice.server_status["rejections"].get("spoofed", 0)
             spoof.send_multipart(p.encode_request(alice.identity, p.CANCEL, request_id, {}))
             result = next(alice.fetch())
-            assert result.id == request_id and result.embedding.shape == (3000, 32)
+            assert result.id == request_id and result.embedding.shape == (3000, DIM)
             status = alice.server_status
             assert status["rejections"].get("spoofed", 0) == before + 1 and status["requests_cancelled"] == 0
     finally:
         context.destroy(linger=0)
 
 
-def test_only_an_admin_key_may_stop_the_server(keys: Keys, tiny_google: str, session_graph_dir: str) -> None:
+def test_only_an_admin_key_may_stop_the_server(keys: Keys, tiny_google: str) -> None:
     running = start_server(
         "--model-dir",
         tiny_google,
-        "--graph-dir",
-        session_graph_dir,
+        "--model-class",
+        FAULTY,
         "--max-seq-len",
         "32",
         "--curve-dir",
         str(keys.root),
+        env=pythonpath_env(),
     )
     try:
         with client(running, keys, "alice") as alice, pytest.raises(ServerError, match="admins") as refused:

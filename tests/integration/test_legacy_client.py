@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world"]
 TIMEOUT_MS = 30_000  # the old client's receive timeout: a failure raises instead of hanging
+HASHING = "bertserve.server.model.interface:HashingModel"  # for the servers a test stops: no TensorFlow
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
@@ -36,22 +37,10 @@ def assert_same_vectors(got: np.ndarray, want: np.ndarray) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_google: str, session_graph_dir: str) -> Iterator[RunningServer]:
-    running = start_server(
-        "--model-dir",
-        tiny_google,
-        "--graph-dir",
-        session_graph_dir,
-        "--max-seq-len",
-        "32",
-        "--max-batch-size",
-        "16",
-        "--max-latency-ms",
-        "5",
-        "--show-tokens-to-client",
-    )
-    yield running
-    running.stop()
+def server(tiny_server: RunningServer) -> RunningServer:
+    """The session's tiny BERT (``--max-seq-len 32 --max-batch-size 16 --show-tokens-to-client``):
+    the old client's vectors and tokens are BERT's, pairs and all."""
+    return tiny_server
 
 
 @pytest.fixture(scope="module")
@@ -207,8 +196,8 @@ def test_bad_requests_raise_at_once_and_others_are_served(
     assert_same_vectors(old.encode(texts), want)
 
 
-def test_the_server_stops_on_termination_as_on_terminate(tiny_google: str, session_graph_dir: str) -> None:
-    server = start_server("--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32")
+def test_the_server_stops_on_termination_as_on_terminate(tiny_google: str) -> None:
+    server = start_server("--model-dir", tiny_google, "--model-class", HASHING, "--max-seq-len", "32")
     try:
         with zmq.Context() as context, context.socket(zmq.PUSH) as push:  # as bert-serving-terminate sends it
             push.linger = 1000
@@ -219,9 +208,9 @@ def test_the_server_stops_on_termination_as_on_terminate(tiny_google: str, sessi
         server.stop()
 
 
-def test_with_legacy_clients_off_their_messages_are_malformed(tiny_google: str, session_graph_dir: str) -> None:
+def test_with_legacy_clients_off_their_messages_are_malformed(tiny_google: str) -> None:
     server = start_server(
-        "--model-dir", tiny_google, "--graph-dir", session_graph_dir, "--max-seq-len", "32", "--legacy-clients", "false"
+        "--model-dir", tiny_google, "--model-class", HASHING, "--max-seq-len", "32", "--legacy-clients", "false"
     )
     old = OldClient(port=server.port, port_out=server.port_out, ignore_all_checks=True, timeout=TIMEOUT_MS)
     try:

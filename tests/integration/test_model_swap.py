@@ -22,6 +22,7 @@ from bertserve.server import Encoder
 from bertserve.server.model.checksum import write_manifest
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from bertserve.server.testing.tiny_bert import write_tiny_bert
+from faulty_model import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -149,11 +150,15 @@ def test_a_swap_under_load_fails_no_request_and_each_reply_names_its_version(
         assert steady >= 3  # the sink and two workers
         for thread in threads:
             thread.start()
-        time.sleep(1)
+        wait_for(lambda: all(replies.values()) or failures, 60, "every client served by version 1")
         add_version(base, 2, models[2], settled=False)  # it settles 2 s after the copy, then swaps
         with BertClient(**server.client_kwargs, timeout=30_000) as control:
             status = wait_swap(control, "done", version_to=2)
-            time.sleep(1)  # more traffic on version 2
+            wait_for(  # more traffic on version 2
+                lambda: all(versions[-1:] == [2] for versions in replies.values()) or failures,
+                60,
+                "every client served by version 2",
+            )
             stop.set()
             for thread in threads:
                 thread.join(120)

@@ -23,6 +23,7 @@ from bertserve.client import BertClient, ServerError, UnknownModelError
 from bertserve.server import Encoder
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server, start_worker_host
 from bertserve.server.testing.tiny_bert import write_tiny_bert
+from faulty_model import wait_for
 from test_model_swap import add_version, sentences
 
 pytestmark = pytest.mark.timeout(300)
@@ -148,7 +149,7 @@ def test_a_swap_of_one_model_leaves_the_other_models_requests_untouched(
     try:
         for thread in threads:
             thread.start()
-        time.sleep(1)
+        wait_for(lambda: len(answered) >= len(threads) or failures, 60, "the stable model serving every thread")
         add_version(base, 2, tiny[2], settled=False)
         with BertClient(**server.client_kwargs, timeout=30_000, model="rolling") as client:
             wait_for_version(client, 2, texts)

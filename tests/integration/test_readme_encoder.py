@@ -33,7 +33,7 @@ def _examples() -> list[tuple[str, str]]:
 
 def _run(code: str, graph_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter, outside the repository, with no TensorFlow log level
-    set (the user's default) and this module's graph cache."""
+    set (the user's default) and the run's graph cache."""
     environ = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     environ.update(BERTSERVE_GRAPH_DIR=str(graph_dir), **env)
     return subprocess.run(
@@ -42,8 +42,9 @@ def _run(code: str, graph_dir: Path, **env: str) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture(scope="module")
-def graph_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("readme_graphs")
+def graph_dir(session_graph_dir: str) -> Path:
+    """The run's graph cache: the default model's graph is built once, by whichever test needs it first."""
+    return Path(session_graph_dir)
 
 
 def test_the_documentation_shows_encoder_with_the_default_model() -> None:

@@ -152,7 +152,11 @@ def test_a_second_ctrl_c_fails_what_is_in_flight_and_stops_within_two_seconds(ti
             client.encode(["HANGME until stopped"], blocking=False)
             with BertClient(port=server.port, port_out=server.port_out, timeout=10_000) as watcher:
                 wait_for(lambda: watcher.server_status["requests_pending"] == 1, 10, "the request reaching the head")
-            time.sleep(0.5)  # on the worker, which never finishes it
+                wait_for(  # on the worker, which never finishes it
+                    lambda: any(w["jobs_in_flight"] for w in watcher.server_status["workers"]),
+                    10,
+                    "the job on the worker",
+                )
             server.ctrl_c()
             server.wait_for("stopping: 1 request in flight; Ctrl-C again to stop now", 5)
             time.sleep(1.0)
@@ -239,7 +243,10 @@ def _python_without(hidden: set[str], tmp_path: Path) -> list[str]:
         for entry in Path(directory).iterdir():
             if re.split(r"[-.]", entry.name)[0].lower() not in hidden and not (view / entry.name).exists():
                 (view / entry.name).symlink_to(entry)
-    boot = "import site, sys; site.addsitedir(sys.argv.pop(1)); from bertserve.server.cli import main; sys.exit(main())"
+    boot = (
+        "import site, sys; site.addsitedir(sys.argv.pop(1)); "
+        "from bertserve.server.cli.main import main; sys.exit(main())"
+    )
     return [sys.executable, "-S", "-c", boot, str(view)]
 
 

@@ -29,7 +29,7 @@ from bertserve.client import BertClient, ServerError
 from bertserve.client import protocol as p
 from bertserve.server.model.checksum import tree_sha256
 from bertserve.server.serving.protocol import wire
-from bertserve.server.serving.protocol.link import ERROR_KINDS
+from bertserve.server.serving.protocol.link_bodies import ERROR_KINDS
 from bertserve.server.testing.launcher import free_port, start_server, start_worker_host
 from faulty_model import expected, pythonpath_env, sentences, wait_for
 

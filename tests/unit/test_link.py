@@ -13,6 +13,7 @@ from bertserve.client import protocol as p
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import link as link_schema
+from bertserve.server.serving.protocol import link_bodies as bodies
 from bertserve.server.serving.protocol import wire
 from bertserve.server.serving.remote.host import HostConfig
 from bertserve.server.testing.launcher import free_port
@@ -78,7 +79,7 @@ def test_welcome_carries_the_heads_model_options_and_the_host_keeps_its_own_file
     assert kind == wire.WELCOME
     host = HostConfig(server="head", worker_port=1, model_dir="/here/model", graph_dir="/here/cache", num_worker=3)
     welcome = link_schema.from_head([wire.WELCOME, raw])
-    assert isinstance(welcome, link_schema.Welcome)
+    assert isinstance(welcome, bodies.Welcome)
     config = host.server_config(welcome)
     assert config.model == head.ventilator.config.model.replace(model_dir="/here/model", graph_dir="/here/cache")
     assert config.num_worker == 3 and config.model.dtype == "bf16" and config.model.pooling_layer == (-1, -2)

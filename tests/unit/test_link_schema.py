@@ -10,6 +10,7 @@ import pytest
 from bertserve.client import protocol as p
 from bertserve.server.errors import ConfigError
 from bertserve.server.serving.protocol import link as schema
+from bertserve.server.serving.protocol import link_bodies as bodies
 from bertserve.server.serving.protocol import wire
 from bertserve.server.serving.remote.host import HostConfig
 
@@ -129,7 +130,7 @@ def test_done_refuses_bad_numbers_and_names(field: str, value: Any) -> None:
 def test_done_needs_its_job_and_worker_and_fills_in_its_statistics() -> None:
     assert "worker" in refused([wire.DONE, raw({"job": "1"})])
     done = schema.from_host([wire.DONE, raw({"job": "1", "worker": "w0-7", "unknown": {"ignored": True}})])
-    assert done == schema.Done(job="1", worker="w0-7", seconds=0.0, tokens=0, slots=0)
+    assert done == bodies.Done(job="1", worker="w0-7", seconds=0.0, tokens=0, slots=0)
 
 
 @pytest.mark.parametrize(
@@ -164,8 +165,8 @@ def test_a_message_of_the_wrong_layout_is_refused_with_one_line(frames: list[byt
 
 def test_a_hello_of_any_link_version_parses_so_it_can_be_refused_with_the_reason() -> None:
     hello = schema.from_host([wire.HELLO, raw({"link": 99, "future": "field"})])
-    assert hello == schema.Hello(link=99, version="?", hostname="?", model_sha256="", workers=1)
-    assert "workers" in refused([wire.HELLO, raw({"link": 1, "workers": schema.MAX_HOST_WORKERS + 1})])
+    assert hello == bodies.Hello(link=99, version="?", hostname="?", model_sha256="", workers=1)
+    assert "workers" in refused([wire.HELLO, raw({"link": 1, "workers": bodies.MAX_HOST_WORKERS + 1})])
     assert "hostname" in refused([wire.HELLO, raw({"link": 1, "hostname": "evil\x1b[2J"})])
 
 
@@ -201,8 +202,8 @@ def test_a_result_that_does_not_add_up_is_refused(changes: dict[str, Any], buffe
 def test_a_job_errors_kind_is_one_of_a_fixed_set_and_its_text_is_cut() -> None:
     message = schema.from_host([wire.JOB_ERROR, b"w0-7", b"3", raw({"error": "x" * 10_000, "kind": "evil\nkind"})])
     assert isinstance(message, schema.WorkerError)
-    assert message.error.safe_kind == "worker" and len(message.error.safe_error) == schema.MAX_ERROR_CHARS + 3
-    for kind in schema.ERROR_KINDS:
+    assert message.error.safe_kind == "worker" and len(message.error.safe_error) == bodies.MAX_ERROR_CHARS + 3
+    for kind in bodies.ERROR_KINDS:
         error = schema.from_host([wire.JOB_ERROR, b"w0-7", b"3", raw({"error": "bad", "kind": kind})])
         assert isinstance(error, schema.WorkerError) and error.error.safe_kind == kind
     assert "kind" in refused([wire.JOB_ERROR, b"w0-7", b"3", raw({"kind": 5})])
@@ -245,7 +246,7 @@ def test_a_welcome_with_plain_names_gives_model_options() -> None:
             vocab_name="vocab.txt", ckpt_name="ckpt/model.ckpt", max_seq_len=40, pooling_layer=[-1, -2], normalize=None
         )
     )
-    assert isinstance(message, schema.Welcome)
+    assert isinstance(message, bodies.Welcome)
     assert message.model.options() == {
         "vocab_name": "vocab.txt",
         "ckpt_name": "ckpt/model.ckpt",
@@ -275,8 +276,8 @@ def test_a_host_imports_a_model_class_only_if_its_own_command_line_names_it() ->
     def config(model_class: str | None) -> HostConfig:
         return HostConfig(server="head", worker_port=1, model_dir="/here/model", model_class=model_class)
 
-    def offer(model_class: str | None) -> schema.Welcome:
-        return schema.Welcome(model=schema.WelcomeModel(), model_class=model_class, heartbeat_timeout_ms=3000)
+    def offer(model_class: str | None) -> bodies.Welcome:
+        return bodies.Welcome(model=bodies.WelcomeModel(), model_class=model_class, heartbeat_timeout_ms=3000)
 
     with pytest.raises(ConfigError, match="pass --model-class evil:Model"):
         config(None).server_config(offer("evil:Model"))
@@ -294,12 +295,12 @@ def test_local_workers_ready_and_credits_use_the_same_schemas() -> None:
         schema.local_ready([wire.READY, b'{"worker":0,"pid":7,"credits":1e999}'])
     assert schema.local_credit([wire.HEARTBEAT, b"w0-7"]) == schema.Heartbeat(b"w0-7")
     done = schema.local_credit([wire.DONE, raw({"job": "1", "worker": "w0-7", "seconds": 0.25})])
-    assert isinstance(done, schema.Done) and done.seconds == 0.25
+    assert isinstance(done, bodies.Done) and done.seconds == 0.25
     with pytest.raises(schema.LinkError):
         schema.local_credit([wire.READY, raw(READY)])
 
 
 def test_printable_escapes_control_characters_and_cuts() -> None:
-    assert schema.printable("plain") == "plain"
-    assert schema.printable("a\nb\x1b", 10) == "a\\nb\\x1b"
-    assert schema.printable("x" * 500, 20) == "x" * 20
+    assert bodies.printable("plain") == "plain"
+    assert bodies.printable("a\nb\x1b", 10) == "a\\nb\\x1b"
+    assert bodies.printable("x" * 500, 20) == "x" * 20

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from bertserve.server.serving.head.registry import MAX_CREDITS, Registry
 from bertserve.server.serving.policy.scheduler import Job, Piece
-from bertserve.server.serving.protocol.link import Done, Ready
+from bertserve.server.serving.protocol.link_bodies import Done, Ready
 
 
 def job(job_id: str, key: str = "k", size: int = 2, bulk: bool = False) -> Job:

@@ -16,7 +16,7 @@ from bertserve.client import __version__
 
 from ...config.model import ModelConfig
 from ...config.server import ServerConfig
-from ..protocol import link as schema
+from ..protocol import link_bodies as bodies
 from ..protocol import wire
 from .models import HeadModel, Models
 
@@ -54,7 +54,7 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
 _MODEL_FIELDS = frozenset(field.name for field in dataclasses.fields(ModelConfig))
 
 
-def as_served(ready: schema.Ready, served: HeadModel, hostname: str) -> schema.Ready:
+def as_served(ready: bodies.Ready, served: HeadModel, hostname: str) -> bodies.Ready:
     """A remote worker's READY as the head registers it: its files are the head's (checked
     at HELLO), wherever they are on its host, so it runs the head's model version (a head
     with a link never swaps)."""
@@ -70,7 +70,7 @@ def as_served(ready: schema.Ready, served: HeadModel, hostname: str) -> schema.R
     return ready.model_copy(update=update)
 
 
-def refusal(hello: schema.Hello, models: Models, *, joined: int, known: bool) -> str | None:
+def refusal(hello: bodies.Hello, models: Models, *, joined: int, known: bool) -> str | None:
     """Why a host's HELLO is refused (``joined``: hosts joined now; ``known``: this one is
     among them); ``None``: it may join."""
     if hello.link != wire.LINK_VERSION:
@@ -83,7 +83,7 @@ def refusal(hello: schema.Hello, models: Models, *, joined: int, known: bool) ->
         return f"{models.unknown(hello.model_name)}: start the worker with --model NAME, one of those"
     if hello.model_sha256 != served.sha256:
         return (
-            f"the worker's model files (sha256 {schema.printable(hello.model_sha256, 16)}...) differ from those "
+            f"the worker's model files (sha256 {bodies.printable(hello.model_sha256, 16)}...) differ from those "
             f"of the head's model {served.name} (sha256 {served.sha256[:16]}...): give the worker the same model "
             f"directory as the head (--model-dir"
             f"{' and --tuned-model-dir' if served.config.model.tuned_model_dir else ''})"

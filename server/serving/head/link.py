@@ -57,6 +57,7 @@ from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ...logs import Refusals
 from ..policy.scheduler import Job
 from ..protocol import link as schema
+from ..protocol import link_bodies as bodies
 from ..protocol import wire
 from .handshake import Host, as_served, refusal, welcome_options
 from .models import Models
@@ -130,7 +131,7 @@ class WorkerLink:
             return
         try:
             host.last_seen = time.monotonic()
-            if isinstance(message, schema.Hello):
+            if isinstance(message, bodies.Hello):
                 self._on_hello(host_id, message)
             else:
                 self._dispatch(host, message)
@@ -192,7 +193,7 @@ class WorkerLink:
         if isinstance(message, schema.Heartbeat):
             if message.worker:
                 vent.registry.heartbeat(self._key(host, message.worker), time.monotonic())
-        elif isinstance(message, schema.Done):
+        elif isinstance(message, bodies.Done):
             self._on_done(host, message)
         elif isinstance(message, schema.WorkerResult):
             self._on_result(host, message)
@@ -254,7 +255,7 @@ class WorkerLink:
             worker.credits,
         )
 
-    def _on_done(self, host: Host, done: schema.Done) -> None:
+    def _on_done(self, host: Host, done: bodies.Done) -> None:
         key = self._key(host, done.worker.encode())
         registry = self.head.registry
         if registry.held(key, done.job) is not None and not registry.answered(key, done.job):
@@ -305,7 +306,7 @@ class WorkerLink:
         self.head.requests.worker_lost(key, f"remote worker {name.decode()} on {host.hostname} is broken ({reason})")
         self.forget_worker(host.routing_id, name, reason)
 
-    def _on_hello(self, host_id: bytes, hello: schema.Hello) -> None:
+    def _on_hello(self, host_id: bytes, hello: bodies.Hello) -> None:
         error = refusal(hello, self.head.models, joined=len(self.hosts), known=host_id in self.hosts)
         if error is not None:
             self._refusals.log("refused host %s: %s", hello.hostname, error)

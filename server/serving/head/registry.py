@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..policy.scheduler import Job
-from ..protocol.link import Done, Ready
+from ..protocol.link_bodies import Done, Ready
 
 MAX_CREDITS = 8
 """The most credits (jobs held at once) a worker gets, unless the head's own ``--prefetch-size``

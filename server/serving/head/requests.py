@@ -29,7 +29,7 @@ from ..policy.admission import Refusal
 from ..policy.scheduler import Busy, Job, Scheduler, TooLarge
 from ..protocol import sink
 from ..protocol.formats import ReplyFormat
-from ..protocol.link import Done
+from ..protocol.link_bodies import Done
 from .admitted import Admitted, AdmittedRequests
 from .models import HeadModel, Models
 from .outbox import SinkOutbox

@@ -6,7 +6,7 @@ any policy code sees it: into a typed object whose numbers are within declared r
 refused with :class:`LinkError`, whose one line says what is wrong. The core reads attributes,
 never a peer's JSON, and never calls ``int()`` on it. The frame layouts and kinds are those of
 :mod:`bertserve.client.protocol`; the JSON bodies are the strict pydantic models of
-:mod:`.link_bodies`, importable from here too. A JSON frame longer than its kind's bound is
+:mod:`.link_bodies`. A JSON frame longer than its kind's bound is
 refused unread, and so is a message with too many or too few frames, or of a kind the
 direction does not carry. A peer that has not joined is read only for its HELLO
 (:func:`hello`, within :data:`MAX_HELLO_BYTES`), and a RESULT's header only within what the
@@ -29,10 +29,6 @@ Head -> host::
 A worker of the head, to its ventilator: ``[READY, Ready]`` and ``[DONE, Done]`` |
 ``[HEARTBEAT, W]``.
 
-Over 400 lines: this is the one table of what each side of the link may send, each kind's
-parser beside its frame layout and the bounds it is read within; a third of the length is
-the list of names the link's callers read from it (its bodies live in :mod:`.link_bodies`).
-
 What the schemas cannot say is checked by policy: the head caps credits and accepts a result
 only for the job its worker holds (:mod:`.link`); a host runs a model class only if its own
 command line names it (:mod:`.remote`).
@@ -50,69 +46,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import wire
 from .link_bodies import (
-    ERROR_KINDS,
-    MAX_ERROR_CHARS,
-    MAX_HOST_WORKERS,
-    MODEL_CLASS_PATTERN,
     Done,
     Hello,
     JobError,
     ModelInfo,
-    Part,
     Ready,
     Refused,
     ResultHeader,
     Welcome,
-    WelcomeModel,
     printable,
 )
-
-__all__ = [
-    "ERROR_KINDS",
-    "MAX_CONTROL_BYTES",
-    "MAX_ERROR_BYTES",
-    "MAX_ERROR_CHARS",
-    "MAX_FRAME_BYTES",
-    "MAX_HELLO_BYTES",
-    "MAX_HOST_WORKERS",
-    "MAX_RESULT_HEADER_BYTES",
-    "MODEL_CLASS_PATTERN",
-    "Bye",
-    "Done",
-    "Drain",
-    "Forget",
-    "FromHead",
-    "FromHost",
-    "Gone",
-    "Heartbeat",
-    "Hello",
-    "JobError",
-    "JobFor",
-    "LinkError",
-    "ModelInfo",
-    "Part",
-    "Ready",
-    "Refused",
-    "ResultHeader",
-    "Welcome",
-    "WelcomeModel",
-    "WorkerError",
-    "WorkerReady",
-    "WorkerResult",
-    "declared_ready",
-    "from_head",
-    "from_host",
-    "hello",
-    "is_hello",
-    "job_id",
-    "local_credit",
-    "local_ready",
-    "name",
-    "parse",
-    "printable",
-    "result_header_bound",
-    "result_of",
-]
 
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 """Largest frame either side of the link takes (ZeroMQ's MAXMSGSIZE on the head's ROUTER and on

@@ -26,7 +26,7 @@ from bertserve.client.protocol import MODEL_NAME_PATTERN
 from ...config.model import ModelConfig
 from ...config.server import ServerConfig
 from ...errors import ConfigError
-from ..protocol import link as schema
+from ..protocol import link_bodies as bodies
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +67,7 @@ class HostConfig:
             ),
             (self.max_restarts >= 1, "max_restarts must be at least 1"),
             (
-                self.model_class is None or re.match(schema.MODEL_CLASS_PATTERN, self.model_class) is not None,
+                self.model_class is None or re.match(bodies.MODEL_CLASS_PATTERN, self.model_class) is not None,
                 f"model_class must be written package.module:Name, not {self.model_class!r}",
             ),
             (
@@ -80,7 +80,7 @@ class HostConfig:
             if not ok:
                 raise ConfigError(problem)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
-        welcome = schema.Welcome(model=schema.WelcomeModel(), model_class=self.model_class, heartbeat_timeout_ms=10_000)
+        welcome = bodies.Welcome(model=bodies.WelcomeModel(), model_class=self.model_class, heartbeat_timeout_ms=10_000)
         self.server_config(welcome)  # the worker options, checked now
 
     @property
@@ -90,7 +90,7 @@ class HostConfig:
             host = f"[{host}]"  # an IPv6 address
         return f"tcp://{host}:{self.worker_port}"
 
-    def server_config(self, welcome: schema.Welcome) -> ServerConfig:
+    def server_config(self, welcome: bodies.Welcome) -> ServerConfig:
         """The configuration this host's workers run: the head's model options, this
         machine's files, devices and process settings. Raises ``ConfigError`` if the head
         names a model class this host was not given, or a file outside its model directory."""

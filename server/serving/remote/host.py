@@ -66,6 +66,7 @@ from ..process.children import Children, worker_index, worker_name
 from ..process.lifecycle import DRAIN_SECONDS, ExitFlags
 from ..process.restarts import Fate
 from ..protocol import link as schema
+from ..protocol import link_bodies as bodies
 from ..protocol import wire
 from ..protocol.sockets import bound, drain
 from ..protocol.wire import Addresses
@@ -105,7 +106,7 @@ class WorkerHost(ExitFlags):
             raise StartupError(f"cannot read the model files: {exc}") from None
         self.children = Children(config.max_restarts, logger)  # this machine's workers
         self.server_config: ServerConfig | None = None
-        self.welcome_options: schema.Welcome | None = None
+        self.welcome_options: bodies.Welcome | None = None
         self._refusals = Refusals(logger, level=logging.ERROR)
         self.ready: dict[bytes, bytes] = {}  # worker identity -> its READY, to register again with a new head
         self.held: dict[bytes, _Held] = {}  # job id -> who holds it
@@ -307,10 +308,10 @@ class WorkerHost(ExitFlags):
                 self._to_head([wire.GONE, worker, b"it is not running on this host"])
         elif isinstance(message, schema.Heartbeat):
             pass
-        elif isinstance(message, schema.Welcome):
+        elif isinstance(message, bodies.Welcome):
             self._on_welcome(message)
-        elif isinstance(message, schema.Refused):
-            error = schema.printable(message.error, 1000)
+        elif isinstance(message, bodies.Refused):
+            error = bodies.printable(message.error, 1000)
             logger.error("the head at %s refused this worker: %s", self.config.address, error)
             self.exit_code = 2
             self.should_exit.set()
@@ -324,7 +325,7 @@ class WorkerHost(ExitFlags):
         self.exit_code = 2
         self.should_exit.set()
 
-    def _on_welcome(self, welcome: schema.Welcome) -> None:
+    def _on_welcome(self, welcome: bodies.Welcome) -> None:
         try:
             config = self.config.server_config(welcome)
         except (ConfigError, TypeError, ValueError) as exc:
