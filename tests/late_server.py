@@ -9,8 +9,7 @@ import time
 
 import numpy as np
 import zmq
-from bertserve.client import __version__
-from bertserve.client import protocol as p
+from bertserve.client import __version__, protocol as p
 
 
 class LateServer:

@@ -1,7 +1,7 @@
 """The limits of the HTTP front end's edge: what one connection and one request may hold, in
 bytes and in time, before the application sees them; their defaults and the rules their values
 keep. ``ServerConfig`` holds the values (each a ``bertserve start`` flag) and checks them here;
-:mod:`.connections` and :mod:`.front` enforce them. Nothing here imports the web framework, so
+:mod:`..http.connections` and :mod:`..http.front` enforce them. Nothing here imports the web framework, so
 the config can use it in any process.
 """
 

@@ -171,7 +171,7 @@ class ServerConfig:
 
     @functools.cached_property
     def ports(self) -> Ports:
-        """Where the server listens, ``port_out`` following ``port`` (:meth:`.Ports.resolve`)."""
+        """Where the server listens, ``port_out`` following ``port`` (:meth:`.ports.Ports.resolve`)."""
         return Ports.resolve(
             port=self.port,
             port_out=self.port_out,
@@ -182,7 +182,7 @@ class ServerConfig:
 
     @functools.cached_property
     def limits(self) -> Limits:
-        """The head's bounds, those left out following those given (:meth:`.Limits.resolve`)."""
+        """The head's bounds, those left out following those given (:meth:`.limits.Limits.resolve`)."""
         return Limits.resolve(
             max_queued_sentences=self.max_queued_sentences,
             max_client_queued_sentences=self.max_client_queued_sentences,

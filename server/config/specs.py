@@ -4,7 +4,7 @@ A name is what requests and the HTTP API use to pick a model, so it must be safe
 path and a log line: a letter or digit, then up to 127 letters, digits and ``._:/-``
 (``minilm``, ``bge-small-en:v1.5``, ``org/model``). Only the syntax is checked here, when
 the config is built; which keys a model takes and what their values mean is
-:mod:`.served_models`' business, as it needs the configs themselves.
+:mod:`.served`' business, as it needs the configs themselves.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def check_models(
 ) -> tuple[ModelSpec, ...]:
     """The ``--model`` specs parsed, once checked against each other and the flags beside
     them (``named``: ``--served-model-name`` or ``--model-alias`` given). What needs the
-    file system (the folders of ``--models-dir``) is checked by :mod:`.served_models`."""
+    file system (the folders of ``--models-dir``) is checked by :mod:`.served`."""
     if specs and models_dir is not None:
         raise ConfigError(
             "--model and --models-dir cannot be given together: serve the models of a folder, or those named one by one"

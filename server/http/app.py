@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from bertserve.client import __version__
-from bertserve.client import protocol as p
+from bertserve.client import __version__, protocol as p
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response

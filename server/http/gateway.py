@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from bertserve.client import __version__
-from bertserve.client import protocol as p
+from bertserve.client import __version__, protocol as p
 from bertserve.client.aio.places import AsyncPlaces
 from bertserve.client.core.window import ReplyWindow
 from bertserve.client.security import HandshakeWatch, announce, reply_socket

@@ -16,12 +16,10 @@ import psutil
 import pytest
 import zmq
 from bert_serving.client import BertClient as OldClient
-from bertserve.client import AuthenticationError, BertClient, ServerError
-from bertserve.client import protocol as p
+from bertserve.client import AuthenticationError, BertClient, ServerError, protocol as p
 from bertserve.client.security import ROUTE_ID_BYTES, announce, keygen, load_public_key, load_secret_cert
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server
-from faulty_model import SLOW_WORD, pythonpath_env, sentences, wait_for
-from faulty_model import expected as faulty_expected
+from faulty_model import SLOW_WORD, expected as faulty_expected, pythonpath_env, sentences, wait_for
 from integration.test_faults import sink_pid
 
 pytestmark = pytest.mark.timeout(240)

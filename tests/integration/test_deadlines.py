@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bertserve.client import BertClient, ServerError, ServerTimeoutError
-from bertserve.client import protocol as p
+from bertserve.client import BertClient, ServerError, ServerTimeoutError, protocol as p
 from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import RECORD_FILE_ENV, pythonpath_env, sentences, word_id
 

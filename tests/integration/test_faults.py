@@ -23,8 +23,7 @@ import numpy as np
 import psutil
 import pytest
 import zmq
-from bertserve.client import BertClient, ServerError, ServerTimeoutError
-from bertserve.client import protocol as p
+from bertserve.client import BertClient, ServerError, ServerTimeoutError, protocol as p
 from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import BREAK_FILE_ENV, CRASH_EXIT_CODE, expected, pythonpath_env, sentences, wait_for
 

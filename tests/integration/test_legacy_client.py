@@ -11,10 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from bert_serving.client import BertClient as OldClient
-from bert_serving.client import ConcurrentBertClient as OldConcurrentClient
-from bertserve.client import BertClient
-from bertserve.client import protocol as p
+from bert_serving.client import BertClient as OldClient, ConcurrentBertClient as OldConcurrentClient
+from bertserve.client import BertClient, protocol as p
 from bertserve.server.testing.launcher import RunningServer, start_server
 from zmq.utils import jsonapi
 

@@ -16,8 +16,7 @@ import bertserve.client
 import numpy as np
 import pytest
 import zmq
-from bertserve.client import BertClient, ServerError
-from bertserve.client import protocol as p
+from bertserve.client import BertClient, ServerError, protocol as p
 from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import expected, pythonpath_env, sentences, wait_for
 

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from bertserve.client import BertClient, ConcurrentBertClient, ServerError
-from bertserve.client import protocol as p
+from bertserve.client import BertClient, ConcurrentBertClient, ServerError, protocol as p
 from bertserve.client.core.chunking import ASYNC_WINDOW
 from bertserve.client.sync.connection import Connection
 from bertserve.server.cli import main as cli

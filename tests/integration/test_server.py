@@ -19,12 +19,10 @@ import numpy as np
 import psutil
 import pytest
 import zmq
-from bertserve.client import BertClient, ConcurrentBertClient, ServerError, ServerTimeoutError
-from bertserve.client import protocol as p
+from bertserve.client import BertClient, ConcurrentBertClient, ServerError, ServerTimeoutError, protocol as p
 from bertserve.server import Encoder
 from bertserve.server.testing.launcher import RunningServer, free_port, free_ports, start_server
-from faulty_model import expected as hashing_expected
-from faulty_model import wait_for
+from faulty_model import expected as hashing_expected, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 

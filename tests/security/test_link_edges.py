@@ -23,9 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from bertserve.client import BertClient
-from bertserve.client import __version__ as client_version
-from bertserve.client import protocol as p
+from bertserve.client import BertClient, __version__ as client_version, protocol as p
 from bertserve.server.model.checksum import tree_sha256
 from bertserve.server.serving.protocol import wire
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server

@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from bertserve.client import BertClient, ServerError
-from bertserve.client import protocol as p
+from bertserve.client import BertClient, ServerError, protocol as p
 from bertserve.server.model.checksum import tree_sha256
 from bertserve.server.serving.protocol import wire
 from bertserve.server.serving.protocol.link_bodies import ERROR_KINDS

@@ -23,8 +23,7 @@ import httpx
 import numpy as np
 import pytest
 import zmq
-from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient
-from bertserve.client import protocol as p
+from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient, protocol as p
 from bertserve.client.security import announce, reply_socket
 from bertserve.server import security as s
 from bertserve.server.config.model import ModelConfig

@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import zmq
-from bertserve.client import BertClient, ServerBusyError
-from bertserve.client import protocol as p
+from bertserve.client import BertClient, ServerBusyError, protocol as p
 from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import expected, pythonpath_env, sentences
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from bertserve.server import BertServeError, ConfigError, ModelConfig
-from bertserve.server.cli import flags
-from bertserve.server.cli import main as cli
+from bertserve.server.cli import flags, main as cli
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.model import default
 

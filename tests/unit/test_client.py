@@ -46,8 +46,8 @@ from bertserve.client import (
     ServerError,
     ServerTimeoutError,
     __version__,
+    protocol as p,
 )
-from bertserve.client import protocol as p
 from bertserve.client.cli import add_client_commands
 from bertserve.client.protocol import check_texts
 from bertserve.client.security import keygen, load_public_key

@@ -25,8 +25,8 @@ from bertserve.client import (
     ConcurrentBertClient,
     ServerError,
     UnknownModelError,
+    protocol as p,
 )
-from bertserve.client import protocol as p
 from unit.test_client import Responder, run_cli
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("no_leaked_contexts")]  # and close every socket

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from bertserve.client import AsyncBertClient, ConcurrentBertClient
-from bertserve.client import protocol as p
+from bertserve.client import AsyncBertClient, ConcurrentBertClient, protocol as p
 from bertserve.client.core.options import EncodeOptions
 from unit.test_client import Responder
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from bertserve.server import BertServeError
-from bertserve.server.cli import flag_help, flags
-from bertserve.server.cli import main as cli
+from bertserve.server.cli import flag_help, flags, main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 START_FLAGS = [*flags.MODEL_FLAGS, *flags.SERVER_FLAGS]

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 from bertserve.server.serving.head.registry import MAX_CREDITS, Registry
-from bertserve.server.serving.policy.scheduler import Job, Piece
+from bertserve.server.serving.policy.jobs import Job, Piece
 from bertserve.server.serving.protocol.link_bodies import Done, Ready
 
 

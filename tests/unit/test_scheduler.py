@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
-from bertserve.server.serving.policy.scheduler import Busy, Job, Scheduler, TooLarge
+from bertserve.server.serving.policy.jobs import Busy, Job, TooLarge
+from bertserve.server.serving.policy.scheduler import Scheduler
 
 
 def make(**options) -> Scheduler:

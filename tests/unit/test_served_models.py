@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 from bertserve.server import ConfigError, ModelConfig
-from bertserve.server.cli import flags
-from bertserve.server.cli import main as cli
+from bertserve.server.cli import flags, main as cli
 from bertserve.server.config.model import PoolingStrategy
 from bertserve.server.config.served import (
     ServedModel,

@@ -13,8 +13,7 @@ import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
-from bertserve.server.serving.protocol import sink as messages
-from bertserve.server.serving.protocol import wire
+from bertserve.server.serving.protocol import sink as messages, wire
 from bertserve.server.serving.sink.pending import Pending
 from bertserve.server.serving.sink.sink import Sink
 from bertserve.server.testing.launcher import free_port

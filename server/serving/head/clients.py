@@ -1,7 +1,7 @@
 """The clients' side of the ventilator: each request read, checked against its sender's key,
 then admitted (queued, and registered with the sink) or answered at once: a refusal, an empty
-request, or a control command. What is decided lives elsewhere (:mod:`.admission`,
-:mod:`.control`, :mod:`.formats`); this module carries it out on the requests' book, the
+request, or a control command. What is decided lives elsewhere (:mod:`..policy.admission`,
+:mod:`.control`, :mod:`..protocol.formats`); this module carries it out on the requests' book, the
 scheduler and the line to the sink it is given.
 """
 

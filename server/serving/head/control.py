@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bertserve.client import __version__
-from bertserve.client import protocol as p
+from bertserve.client import __version__, protocol as p
 
 from ...config.server import ServerConfig
 from ...security import loopback_only

@@ -1,7 +1,7 @@
 """Dispatch: each served model's jobs to its own workers, by credits, small ones overtaking.
 
 A job runs only on a worker of its model and version (two versions run side by side only
-while a swap is under way, see :mod:`.swap`). When every credit of a model's workers is
+while a swap is under way, see :mod:`..versions.swap`). When every credit of a model's workers is
 taken, small requests overtake: one model run's worth at a time, to workers that hold only
 long jobs (see :mod:`.registry`). The models take turns at being served first, so none
 has the first pick of the loop every time.
@@ -17,7 +17,8 @@ import zmq
 from bertserve.client import protocol as p
 
 from ... import metrics
-from ..policy.scheduler import Job, Scheduler
+from ..policy.jobs import Job
+from ..policy.scheduler import Scheduler
 from ..protocol import wire
 from .expiry import Expiry
 from .models import HeadModel, Models

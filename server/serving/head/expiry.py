@@ -1,6 +1,6 @@
 """Deadlines on the head: the queued work of requests past their deadline is dropped before
 any worker gets it, and counted. The sink answers those requests as expired; a worker skips
-what it holds of a job whose requests are all past it (:mod:`.worker`).
+what it holds of a job whose requests are all past it (:mod:`..worker.worker`).
 
 The one owner of the expiry count and of when the queues are next swept; what expiring a
 request does is :meth:`.requests.Requests.expire`'s.

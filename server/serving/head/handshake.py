@@ -16,8 +16,7 @@ from bertserve.client import __version__
 
 from ...config.model import ModelConfig
 from ...config.server import ServerConfig
-from ..protocol import link_bodies as bodies
-from ..protocol import wire
+from ..protocol import link_bodies as bodies, wire
 from .models import HeadModel, Models
 
 MAX_HOSTS = 1024

@@ -1,7 +1,7 @@
 """The head's worker link: remote workers join the ventilator over tcp.
 
 One ROUTER socket on ``--worker-port`` carries everything between the head and each host of
-remote workers (``bertserve worker``, :mod:`.remote`): the handshake, jobs, credits,
+remote workers (``bertserve worker``, :mod:`..remote.host`): the handshake, jobs, credits,
 heartbeats both ways and results. A host connects one DEALER and speaks for the worker
 processes on its machine; each of them enters the registry like a local worker, keyed
 ``<host routing id>/<its identity>``, and gets jobs by the same credits.
@@ -17,29 +17,29 @@ processes on its machine; each of them enters the registry like a local worker, 
 - **Leaving.** A host that stops sends DRAIN (its workers get nothing new, and finish what
   they hold), then BYE: the head takes back what they still hold, without counting it
   against the jobs.
-- **Checked at the edge.** Every message is parsed by its schema (:mod:`.link_schema`) before
+- **Checked at the edge.** Every message is parsed by its schema (:mod:`..protocol.link`) before
   anything acts on it; one that does not follow it is dropped with one log line (at most one a
   second, counting the rest), from a joined host or not. A host has at most the workers its
   HELLO named; a worker gets at most :data:`~.registry.MAX_CREDITS` credits (or the head's
   ``--prefetch-size`` if larger): one asking for more is given that many, and the head says so
   once per host.
 - **Nothing read from a peer that has not joined** but its HELLO (at most
-  :data:`~.link_schema.MAX_HELLO_BYTES`); anything else of it is answered BYE unread. A RESULT is
-  read only for a job its worker holds, its header within what the job could need.
-- **What a worker says of its model** is allow-listed (:class:`~.link_schema.ModelInfo`), and
-  kept with that worker only (see :mod:`.registry`).
+  :data:`~..protocol.link.MAX_HELLO_BYTES`); anything else of it is answered BYE unread. A
+  RESULT is read only for a job its worker holds, its header within what the job could need.
+- **What a worker says of its model** is allow-listed
+  (:class:`~..protocol.link_bodies.ModelInfo`), and kept with that worker only (:mod:`.registry`).
 - **Results only for the job held.** A RESULT is passed to the sink only if its worker still
   holds the job (a late one is dropped, so nothing is counted twice) and its parts are exactly
   the job's (the same request keys, the same rows, in order), rebuilt from the parsed header;
   a JOB_ERROR fails the job's own requests (whatever parts it names), with its text cut short
-  and its kind one of :data:`~.link_schema.ERROR_KINDS` (else ``worker``). A worker that sends
-  the result of a job it holds that does not fit it, a second result, or a DONE before the
-  result, is broken: the head loses it (its jobs run elsewhere, an attempt counted against
-  each) and tells its host to replace it (FORGET).
+  and its kind one of :data:`~..protocol.link_bodies.ERROR_KINDS` (else ``worker``). A worker
+  that sends the result of a job it holds that does not fit it, a second result, or a DONE
+  before the result, is broken: the head loses it (its jobs run elsewhere, an attempt counted
+  against each) and tells its host to replace it (FORGET).
 
 Under CURVE the socket is a CURVE server in the ZAP domain ``workers``: only keys in the key
 directory's ``workers/`` may join. Without CURVE anyone who reaches the port may join, and
-nothing tells a host that its head is the real one: see :mod:`.remote`.
+nothing tells a host that its head is the real one: see :mod:`..remote.host`.
 """
 
 from __future__ import annotations
@@ -55,10 +55,8 @@ from bertserve.client import protocol as p
 
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ...logs import Refusals
-from ..policy.scheduler import Job
-from ..protocol import link as schema
-from ..protocol import link_bodies as bodies
-from ..protocol import wire
+from ..policy.jobs import Job
+from ..protocol import link as schema, link_bodies as bodies, wire
 from .handshake import Host, as_served, refusal, welcome_options
 from .models import Models
 from .registry import Registry

@@ -1,13 +1,13 @@
 """The models one head serves, each with its own queue, prompts and version.
 
-Models are a dimension of the head: each model has its own :class:`.scheduler.Scheduler`
+Models are a dimension of the head: each model has its own :class:`..policy.scheduler.Scheduler`
 (its clients' queues, under the same fairness and admission rules as every other model's),
 its own workers (the registry knows each worker's model) and its own model version, so jobs
 never mix models and a flood on one model is never in another's queue. A request names its
 model (``"model"`` in its header), or gets the default one.
 
 :class:`ModelPool` is what a version swap of one model sees of the ventilator
-(:class:`.interfaces.WorkerPool`): that model's version and queue, and the workers by index.
+(:class:`..versions.interfaces.WorkerPool`): that model's version and queue, and the workers by index.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class Workers(Protocol):
 
 
 class ModelPool:
-    """The ventilator as one model's version swap sees it (:class:`.interfaces.WorkerPool`)."""
+    """The ventilator as one model's version swap sees it (:class:`..versions.interfaces.WorkerPool`)."""
 
     def __init__(self, ventilator: Workers, model: HeadModel) -> None:
         self.ventilator = ventilator

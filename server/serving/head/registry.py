@@ -3,7 +3,7 @@
 A worker registers with READY (its identity names one incarnation of one worker process,
 so a restarted worker is a new entry), takes jobs while it has free credits, returns a
 credit with each DONE and sends a heartbeat every second. READY and DONE come parsed
-(:mod:`.link_schema`), and a worker holds at most ``max_credits`` credits, whatever it asks:
+(:mod:`..protocol.link`), and a worker holds at most ``max_credits`` credits, whatever it asks:
 a worker that asks for more gets ``max_credits``. The registry says who gets the
 next job (the most free credits), which workers have gone silent or hold a job past its
 deadline, and which jobs a lost worker held: each loss counts an attempt against a job, and a
@@ -15,7 +15,7 @@ any other, keyed ``<host routing id>/<its identity on the host>``; ``host`` and 
 where to send its jobs. A draining worker (its host is stopping, or it is being retired for
 another model version) keeps what it holds and gets nothing new. Each worker runs one model
 (of the several a head may serve, :mod:`.models`) in one version, and gets only jobs of that
-model pinned to that version (see :mod:`.swap`).
+model pinned to that version (see :mod:`..versions.swap`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..policy.scheduler import Job
+from ..policy.jobs import Job
 from ..protocol.link_bodies import Done, Ready
 
 MAX_CREDITS = 8

@@ -26,7 +26,8 @@ from pydantic import ValidationError
 from ... import metrics
 from ..policy import admission
 from ..policy.admission import Refusal
-from ..policy.scheduler import Busy, Job, Scheduler, TooLarge
+from ..policy.jobs import Busy, Job, TooLarge
+from ..policy.scheduler import Scheduler
 from ..protocol import sink
 from ..protocol.formats import ReplyFormat
 from ..protocol.link_bodies import Done

@@ -1,15 +1,15 @@
 """The ventilator: moves frames between clients, the scheduler, the workers and the sink.
 
 It is socket glue and dispatch. Policy lives elsewhere, each part the one owner of its
-state: :mod:`.admission` says whether a request is taken, :mod:`.scheduler` what runs next,
+state: :mod:`..policy.admission` says whether a request is taken, :mod:`..policy.scheduler` what runs next,
 :mod:`.registry` which worker holds which job, :mod:`.requests` the requests not yet seen
-through, :mod:`.control` the answers to control commands, :mod:`.formats` how a reply is laid
+through, :mod:`.control` the answers to control commands, :mod:`..protocol.formats` how a reply is laid
 out for its client. This module reads requests (checking, under CURVE, that a client id
 belongs to the sender's key) and hands jobs to workers, without ever blocking on a send to
 the sink (:mod:`.outbox`). What happens to a request, from admission to its end, is
 :mod:`.requests`'. Workers on other machines reach it through
 :mod:`.link` (``--worker-port``) and get jobs by the same credits; its own workers' READY and
-DONE are parsed by the same schemas as theirs (:mod:`.link_schema`).
+DONE are parsed by the same schemas as theirs (:mod:`..protocol.link`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
-from bertserve.client import __version__
-from bertserve.client import protocol as p
+from bertserve.client import __version__, protocol as p
 
 from ... import metrics
 from ...config.server import ServerConfig
 from ...model.prompts import Prompts
 from ..policy.scheduler import Scheduler
-from ..protocol import link as link_schema
-from ..protocol import wire
+from ..protocol import link as link_schema, wire
 from ..protocol.formats import ReplyFormat
 from ..protocol.sockets import drain
 from ..protocol.wire import Addresses

@@ -17,7 +17,8 @@ from typing import Any
 from ...config.limits import Limits
 from ...config.model import parse_long_inputs
 from ...model.chunking import chunk_refusal
-from .scheduler import Busy, Scheduler, TooLarge
+from .jobs import Busy, TooLarge
+from .scheduler import Scheduler
 
 BUSY = "busy"  # the client may retry later (the kind of error reply, as the client protocol names it)
 

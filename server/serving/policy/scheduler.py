@@ -38,8 +38,8 @@
   one job per active client.
 
 Everything takes the time as an argument, so tests drive it with a fake clock. The scheduler
-is given the values it uses (:class:`..config.batching.Batching`,
-:class:`..config.limits.Limits`), not the server's config.
+is given the values it uses (:class:`...config.batching.Batching`,
+:class:`...config.limits.Limits`), not the server's config.
 
 Over 400 lines: one queue's state, kept in step. Admission, cutting, merging, turns, retries
 and forgetting all move the same counters (inputs queued, small rows, bulk requests) and the

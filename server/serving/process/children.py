@@ -1,5 +1,5 @@
 """The child processes of a supervising process: the head's sink, HTTP front end and workers
-(:mod:`.supervisor`), or a worker machine's workers (:mod:`.remote`).
+(:mod:`.supervisor`), or a worker machine's workers (:mod:`..remote.host`).
 
 :class:`Children` owns the process objects, by name (``sink``, ``http``, ``worker 0``...): it
 starts each child in a fresh interpreter (spawn), tells which died and which are due to start

@@ -1,5 +1,5 @@
 """What the two supervising processes share: the head's :class:`.supervisor.BertServer` and
-a worker machine's :class:`.remote.WorkerHost`.
+a worker machine's :class:`..remote.host.WorkerHost`.
 
 Signal handlers only set flags (``should_exit``; a second Ctrl-C sets ``force_exit``), which
 the main loop polls. Shutdown gives what is in flight :data:`DRAIN_SECONDS` to finish, and the

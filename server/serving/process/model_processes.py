@@ -1,8 +1,8 @@
 """The local worker processes, each running one served model's version, and what one model's
-version swap sees of them (:class:`.interfaces.WorkerProcesses`): that model's workers only.
+version swap sees of them (:class:`..versions.interfaces.WorkerProcesses`): that model's workers only.
 
 A served model as the supervisor keeps it is :class:`SupervisedModel`: the head's model
-(:class:`.head.models.HeadModel`: its options, queue and the version served) with what only
+(:class:`..head.models.HeadModel`: its options, queue and the version served) with what only
 the supervisor holds beside it, its versions book and swap.
 """
 
@@ -110,7 +110,7 @@ class LocalWorkers:
 
 
 class ModelProcesses:
-    """The local workers as one model's version swap sees them (:class:`.interfaces.WorkerProcesses`):
+    """The local workers as one model's version swap sees them (:class:`..versions.interfaces.WorkerProcesses`):
     that model's worker processes only."""
 
     def __init__(self, workers: LocalWorkers, model: str) -> None:

@@ -1,7 +1,7 @@
 """What the head checks before it starts a process: the model version to serve, the model
 and its options, the CURVE keys, the ports, and what it serves openly.
 
-Each check raises :class:`..errors.StartupError` with the cause, so a bad option stops the
+Each check raises :class:`...errors.StartupError` with the cause, so a bad option stops the
 start with one clear message instead of a child process failing later. Every port the server
 listens on is checked before any process starts; one in use is named with its flag.
 """

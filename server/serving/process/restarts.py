@@ -1,5 +1,5 @@
 """When a child process that died starts again: the rule both supervising processes follow,
-the head's :class:`.supervisor.BertServer` and a worker machine's :class:`.remote.WorkerHost`.
+the head's :class:`.supervisor.BertServer` and a worker machine's :class:`..remote.host.WorkerHost`.
 
 A child that fails is started again after a delay that doubles with each failure in a row
 (:func:`restart_delay`); after ``max_restarts`` failures in a row its supervisor gives up. A

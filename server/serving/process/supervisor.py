@@ -241,7 +241,7 @@ class BertServer(ExitFlags):
 
     def _start_workers(self, ventilator: Ventilator, model: SupervisedModel) -> None:
         """What ``model``'s workers load is made first, in processes of its own (see
-        :mod:`..model.prepare`); then its first worker, then the rest."""
+        :mod:`...model.prepare`); then its first worker, then the rest."""
         config = model.config
         if config.num_worker == 0:
             logger.info(

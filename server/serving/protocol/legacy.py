@@ -45,8 +45,7 @@ from typing import Any
 
 import numpy as np
 import zmq
-from bertserve.client import __version__
-from bertserve.client import protocol as p
+from bertserve.client import __version__, protocol as p
 
 PROTOCOL_LEVEL = "1.10.0"
 """The bert-as-service version whose client we answer; that client insists on it."""

@@ -1,7 +1,7 @@
 """The worker link's messages, parsed at the edge: what a peer may send, as typed objects.
 
-Every message on the worker link (the head's side in :mod:`.link`, a host's in :mod:`.remote`),
-and every READY and DONE of the head's own workers (:mod:`.ventilator`), is parsed here before
+Every message on the worker link (the head's side in :mod:`.link`, a host's in :mod:`..remote.host`),
+and every READY and DONE of the head's own workers (:mod:`..head.ventilator`), is parsed here before
 any policy code sees it: into a typed object whose numbers are within declared ranges, or
 refused with :class:`LinkError`, whose one line says what is wrong. The core reads attributes,
 never a peer's JSON, and never calls ``int()`` on it. The frame layouts and kinds are those of
@@ -31,7 +31,7 @@ A worker of the head, to its ventilator: ``[READY, Ready]`` and ``[DONE, Done]``
 
 What the schemas cannot say is checked by policy: the head caps credits and accepts a result
 only for the job its worker holds (:mod:`.link`); a host runs a model class only if its own
-command line names it (:mod:`.remote`).
+command line names it (:mod:`..remote.host`).
 """
 
 from __future__ import annotations

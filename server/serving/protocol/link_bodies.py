@@ -1,4 +1,4 @@
-"""The JSON bodies of the worker link's messages (:mod:`.link_schema`), as pydantic models in
+"""The JSON bodies of the worker link's messages (:mod:`.link`), as pydantic models in
 strict mode:
 
 - an integer field takes only a JSON integer within its range (not ``1e999``, ``1.0``,
@@ -216,7 +216,7 @@ class JobError(_Schema):
 
 
 class WelcomeModel(_Schema):
-    """The model options a head gives its hosts: those of :class:`~..config.ModelConfig` but
+    """The model options a head gives its hosts: those of :class:`~...config.ModelConfig` but
     the directories and device, which are each host's own. Absent or ``null``: the default."""
 
     model_config = ConfigDict(extra="forbid")

@@ -2,7 +2,7 @@
 
 A *host* process runs this machine's worker processes exactly as a head runs its local ones
 (the same :func:`..worker.worker.run_worker`, on ipc sockets the host binds) and relays between them
-and the head over one DEALER connected to the head's ``--worker-port`` (:mod:`.link`, which
+and the head over one DEALER connected to the head's ``--worker-port`` (:mod:`..protocol.link`, which
 draws the messages):
 
 - It joins with HELLO, naming the sha256 of its model files; the head answers with the
@@ -55,8 +55,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import zmq
-from bertserve.client import __version__
-from bertserve.client import protocol as p
+from bertserve.client import __version__, protocol as p
 
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ...errors import ConfigError, StartupError
@@ -65,9 +64,7 @@ from ...security import loopback_only
 from ..process.children import Children, worker_index, worker_name
 from ..process.lifecycle import DRAIN_SECONDS, ExitFlags
 from ..process.restarts import Fate
-from ..protocol import link as schema
-from ..protocol import link_bodies as bodies
-from ..protocol import wire
+from ..protocol import link as schema, link_bodies as bodies, wire
 from ..protocol.sockets import bound, drain
 from ..protocol.wire import Addresses
 from ..worker.worker import run_worker
@@ -460,7 +457,7 @@ class WorkerHost(ExitFlags):
 
 
 def _identity(index: int, process: BaseProcess) -> bytes:
-    """The identity a worker process registers under (see :class:`.worker.Worker`)."""
+    """The identity a worker process registers under (see :class:`..worker.worker.Worker`)."""
     return f"w{index}-{process.pid}".encode()
 
 

@@ -112,7 +112,7 @@ class Replies(Protocol):
     def send(self, frames: list[Any], fmt: ReplyFormat = formats.NATIVE) -> None:
         """Send one reply, addressed to ``frames[0]`` and laid out by ``fmt``; if it cannot be
         queued for its client, owe that client an error instead (``fmt.held``: it waits for its
-        client's subscription, see :mod:`.legacy`)."""
+        client's subscription, see :mod:`..protocol.legacy`)."""
 
     def release_due(self, now: float) -> None:
         """Send or drop the held replies that waited :data:`HOLD_S`, and send the errors owed

@@ -30,8 +30,7 @@ from bertserve.client import protocol as p
 from ... import metrics
 from ...config.server import ServerConfig
 from ...logs import Refusals
-from ..protocol import formats
-from ..protocol import sink as messages
+from ..protocol import formats, sink as messages
 from .pending import BadParts, Pending, TooManyDimensions, row_counts
 from .replies import Replies, open_replies
 

@@ -45,7 +45,7 @@ class VersionsBook:
         return self._tokenizer.count_tokens(texts, is_tokenized=is_tokenized, chunk=chunk)
 
     # -- the swap's progress -------------------------------------------------------------
-    # ``state`` (a :class:`.swap_plan.SwapState` value), the RELOAD answered, the versions from
+    # ``state`` (a :class:`.plan.SwapState` value), the RELOAD answered, the versions from
     # and to, a message, the workers replaced, and when the swap started and finished.
 
     def swap_begin(self, state: SwapState, **fields: Any) -> None:

@@ -2,14 +2,14 @@
 
 The head has four parts, each the one owner of its state:
 
-- the ventilator (:mod:`.ventilator`) owns the sockets, the requests admitted and, through
-  :mod:`.registry`, which worker holds which job;
-- the control answers (:mod:`.control`) own the counters and flags clients' commands change
+- the ventilator (:mod:`..head.ventilator`) owns the sockets, the requests admitted and, through
+  :mod:`..head.registry`, which worker holds which job;
+- the control answers (:mod:`..head.control`) own the counters and flags clients' commands change
   (a TERMINATE asked for, the RELOADs taken);
-- the supervisor (:mod:`.supervisor`) owns the child processes, through :mod:`.children`,
+- the supervisor (:mod:`..process.supervisor`) owns the child processes, through :mod:`..process.children`,
   and so which model version each worker runs;
 - the version swap (:mod:`.swap`) owns the version the workers converge on; the book of
-  versions (:mod:`.versions`) owns the swap's progress, the versions refused and the
+  versions (:mod:`.book`) owns the swap's progress, the versions refused and the
   tokenizer of the version served.
 
 Each part sees the others only through the :class:`typing.Protocol` below.

@@ -1,12 +1,12 @@
 """Model versions while serving: looking for a new version, and swapping the workers to it.
 
-With ``--model-dir`` a repository of numbered versions (:mod:`..model.repository`), the
+With ``--model-dir`` a repository of numbered versions (:mod:`...model.repository`), the
 server looks for a newer whole version every ``--poll-interval-s`` seconds and when a client
 sends RELOAD (``bertserve reload``). Hashing model files takes a while, so the look runs on a
 thread of its own while the ventilator keeps serving.
 
 A version found is first made ready to load: its graph and LiteRT model, when not cached
-yet, are built in a child process of their own (:mod:`..model.prepare`, status state
+yet, are built in a child process of their own (:mod:`...model.prepare`, status state
 ``preparing``), so a build's transient memory never stays in a worker. A version whose graph
 cannot be built is refused there, before any worker is touched. Then the swap is rolling,
 one worker at a time, and never holds more than one worker beyond ``--num-worker``:
@@ -19,16 +19,16 @@ one worker at a time, and never holds more than one worker beyond ``--num-worker
    request pinned to its version is queued, so nothing admitted before the flip is failed.
 
 A new worker that cannot load its version (it exits before it is ready, or takes longer
-than :data:`.swap_plan.LOAD_TIMEOUT_S`) rolls the swap back the same way: the old version is
+than :data:`.plan.LOAD_TIMEOUT_S`) rolls the swap back the same way: the old version is
 served again, its workers are started again, and new-version workers that were ready finish
 what was pinned to them and leave. The version is refused from then on, until its files
 change. A head that takes remote workers (``--worker-port``) does not swap: their hosts hold
 their own copies of the model files.
 
-Each turn :mod:`.swap_plan` says what to do next from a snapshot of the workers; this module
+Each turn :mod:`.plan` says what to do next from a snapshot of the workers; this module
 carries it out, through the ventilator (:class:`.interfaces.WorkerPool`) and the supervisor
 (:class:`.interfaces.WorkerProcesses`), and writes the progress and the refusals in the
-:class:`.versions.VersionsBook`.
+:class:`.book.VersionsBook`.
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ class VersionSwap:
 
     def keep(self, index: int, exitcode: int | None) -> bool:
         """Worker ``index`` died: whether it is to be started again (see
-        :func:`.swap_plan.on_death`). A new worker that died before it was ready rolls the
+        :func:`.plan.on_death`). A new worker that died before it was ready rolls the
         swap back."""
         if self.roll is None:
             return True

@@ -92,7 +92,7 @@ def _gpu_memory_mb(gpu_id: int) -> int | None:
 
 
 class Worker:
-    """The loop of one worker process, around any :class:`~..model.interface.Model`."""
+    """The loop of one worker process, around any :class:`~...model.interface.Model`."""
 
     def __init__(self, config: ServerConfig, index: int, addresses: Addresses, model: Model, device: str = "") -> None:
         self.config = config
