@@ -104,7 +104,8 @@ def dtype_text(info: dict[str, Any]) -> str:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from ..serving.remote.host import HostConfig, WorkerHost
+    from ..serving.remote.config import HostConfig
+    from ..serving.remote.host import WorkerHost
 
     missing = [flag for flag in ("--server", "--worker-port") if getattr(args, flag[2:].replace("-", "_")) is None]
     if missing:

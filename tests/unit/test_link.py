@@ -13,7 +13,7 @@ from bertserve.client import protocol as p
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import link as link_schema, link_bodies as bodies, wire
-from bertserve.server.serving.remote.host import HostConfig
+from bertserve.server.serving.remote.config import HostConfig
 from bertserve.server.testing.launcher import free_port
 from rigs import Rig, ventilator_rig
 

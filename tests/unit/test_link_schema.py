@@ -10,7 +10,7 @@ import pytest
 from bertserve.client import protocol as p
 from bertserve.server.errors import ConfigError
 from bertserve.server.serving.protocol import link as schema, link_bodies as bodies, wire
-from bertserve.server.serving.remote.host import HostConfig
+from bertserve.server.serving.remote.config import HostConfig
 
 READY = {"worker": 0, "pid": 7, "credits": 2, "device": "/CPU:0", "hostname": "far"}
 RESULT = {

@@ -71,8 +71,6 @@ from ..worker.worker import run_worker
 from .config import HostConfig
 from .probes import serve_probes
 
-__all__ = ["HostConfig", "WorkerHost"]
-
 logger = logging.getLogger("bertserve.host")
 
 _HELLO_INTERVAL_S = 1.0
