@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import zmq
 from bertserve.server.testing import tiny_bert
+from late_server import LateServer
 
 DATA = Path(__file__).parent / "data"
 
@@ -91,3 +93,26 @@ def no_leaked_contexts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for context in leaked:
         context.destroy(linger=0)
     assert not leaked, f"{len(leaked)} ZeroMQ context(s) left open"
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that accepts connections and never says a word."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def late_server() -> Iterator[Any]:
+    """Starts stand-in servers that answer the handshake after ``delay_s`` (late_server.py)."""
+    started: list[LateServer] = []
+
+    def start(delay_s: float) -> LateServer:
+        started.append(LateServer(delay_s))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()

@@ -11,44 +11,19 @@ from __future__ import annotations
 import os
 import pty
 import select
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from bertserve.server.testing.launcher import free_port
-from late_server import LateServer
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaked_contexts")]
 
 FAST_S = 2.0  # a refused connection on this machine is reported within this (the probe needs REFUSED_FOR_S)
-
-
-@pytest.fixture
-def listener() -> Iterator[int]:
-    """A TCP port on 127.0.0.1 that accepts connections and never says a word."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        yield sock.getsockname()[1]
-
-
-@pytest.fixture
-def late_server() -> Iterator[Any]:
-    started: list[LateServer] = []
-
-    def start(delay_s: float) -> LateServer:
-        started.append(LateServer(delay_s))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def _encode_command(port: int, *args: str) -> list[str]:
