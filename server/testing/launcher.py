@@ -13,7 +13,7 @@ Ctrl-C), and stopped with SIGTERM, its graceful stop::
 
 ``start_server(..., expect_ready=False)`` returns at once: start several, then
 :meth:`RunningServer.wait_ready` each. Any ``bertserve start`` flag passes through as is.
-The benchmarks put ``tests/`` on ``sys.path`` to import this module.
+Tests and benchmarks import it as ``bertserve.server.testing.launcher``.
 """
 
 from __future__ import annotations
