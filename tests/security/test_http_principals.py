@@ -103,6 +103,9 @@ def test_a_principal_cannot_borrow_quota_by_its_user_field(front: Front) -> None
 
             warm = await http.post("/v1/embeddings", json={"input": "warm up"}, headers=_headers(ALICE))
             assert warm.status_code == 200, warm.text
+            # A reply can reach its client before its worker's DONE reaches the head: stopped
+            # in between, the worker would keep the warm-up job and its credit.
+            await until(lambda s: not s["jobs_in_flight"], "the head taking the warm-up's DONE")
             (worker,) = [w["pid"] for w in (await status())["workers"]]
             os.kill(worker, signal.SIGSTOP)
             pending: list[tuple[asyncio.Task[httpx.Response], int]] = []

@@ -20,7 +20,7 @@ import pytest
 import zmq
 from bertserve.client import BertClient, ServerBusyError, protocol as p
 from bertserve.server.testing.launcher import RunningServer, start_server
-from faulty_model import expected, pythonpath_env, sentences
+from faulty_model import expected, pythonpath_env, sentences, wait_for
 
 CONNECTIONS = 32
 HEADROOM_MIB = 300
@@ -61,10 +61,18 @@ def long_texts(count: int, chars: int) -> list[str]:
 
 
 def still_serves(server: RunningServer) -> dict[str, object]:
+    """Encode a request right, then the server's status once it has let go of every request:
+    the reply can reach the client before its worker's DONE reaches the head, which is when the
+    head lets go of the request's bytes, so the status is read again until it has (a request
+    never let go of fails here, after 10 s)."""
     texts = sentences(50, seed=5)
     with BertClient(**server.client_kwargs, timeout=30_000) as client:
         np.testing.assert_allclose(client.encode(texts), expected(texts), atol=1e-6)
-        return client.server_status
+        return wait_for(
+            lambda: (status := client.server_status)["queued_bytes"] == 0 and status,
+            timeout=10,
+            what="the head letting go of the answered requests",
+        )
 
 
 @pytest.fixture(scope="module")
