@@ -116,3 +116,14 @@ def late_server() -> Iterator[Any]:
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def model_files(tmp_path: Path) -> Path:
+    """A model directory's files, as far as digests and manifests look: not a model that loads."""
+    root = tmp_path / "model"
+    (root / "1_Pooling").mkdir(parents=True)
+    (root / "config.json").write_text('{"hidden_size": 8}')
+    (root / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n")
+    (root / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    return root
