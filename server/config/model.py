@@ -24,6 +24,8 @@ class PoolingStrategy(str, enum.Enum):
     REDUCE_MEAN = "REDUCE_MEAN"
     REDUCE_MAX = "REDUCE_MAX"
     REDUCE_MEAN_MAX = "REDUCE_MEAN_MAX"
+    REDUCE_MEAN_SQRT_LEN = "REDUCE_MEAN_SQRT_LEN"  # the sum over the tokens / sqrt(their count)
+    WEIGHTED_MEAN = "WEIGHTED_MEAN"  # the mean weighted by position: the i-th token (from 1) counts i
     CLS_TOKEN = "CLS_TOKEN"
     SEP_TOKEN = "SEP_TOKEN"
     CLS_POOLED = "CLS_POOLED"
@@ -41,7 +43,12 @@ class PoolingStrategy(str, enum.Enum):
             raise ModelOptionError(f"unknown pooling_strategy {value!r}; choose one of {choices}") from None
 
 
-_POOLING_ALIASES = {"FIRST_TOKEN": "CLS_TOKEN", "LAST_TOKEN": "SEP_TOKEN"}
+_POOLING_ALIASES = {
+    "FIRST_TOKEN": "CLS_TOKEN",
+    "LAST_TOKEN": "SEP_TOKEN",
+    "MEAN_SQRT_LEN": "REDUCE_MEAN_SQRT_LEN",
+    "WEIGHTEDMEAN": "WEIGHTED_MEAN",
+}
 
 #: Accepted spellings of each dtype, mapped to the canonical short name. ``auto`` is resolved
 #: for the model's device by ``model.options.resolve`` (see ``model/hardware.py``).

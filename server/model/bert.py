@@ -1,6 +1,12 @@
-"""The BERT forward pass in plain TensorFlow ops, over weights prepared for it: Q, K and V
-fused into one matrix, the matrices stored in the compute dtype. :mod:`.graph` builds it into
-a frozen graph; embeddings sums, softmax, layer norm, residuals and pooling accumulate in fp32.
+"""The forward pass of the post-norm encoder families (BERT, RoBERTa and XLM-RoBERTa,
+DistilBERT, MPNet: see :mod:`.families`) in plain TensorFlow ops, over weights prepared for
+it: Q, K and V fused into one matrix, the matrices stored in the compute dtype. :mod:`.graph`
+builds it into a frozen graph; embeddings sums, softmax, layer norm, residuals and pooling
+accumulate in fp32.
+
+The families differ only at the edges of the layer stack: where positions start (after the
+padding index for RoBERTa's kind and MPNet), whether there are token types, and MPNet's
+relative position bias, one table of buckets shared by every layer's attention scores.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
+from .pooling import head, pool, pool_mask
 
 if TYPE_CHECKING:
-    from .model_dir import BertConfig
+    from .families import EncoderConfig
+    from .st_modules import DenseModule
 
 
 class ForwardSpec(Protocol):
@@ -34,15 +42,22 @@ class ForwardSpec(Protocol):
     def output_dtype(self) -> str: ...
 
 
-def prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
+def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
     """Fuse Q, K and V into one matrix (with the query pre-scaled) and store the matrices
     in the compute dtype."""
-    compute = _numpy_dtype(spec.dtype)
+    if config.family == "modernbert":
+        from .modernbert import prepare_weights as prepare_modernbert
+
+        return prepare_modernbert(weights, config, spec)
+    compute = numpy_dtype(spec.dtype)
     head_dim = config.hidden_size // config.num_attention_heads
     scale = 1.0 / math.sqrt(head_dim)
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray] = {name: value for name, value in weights.items() if name.startswith("head/")}
     for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-        out[f"embeddings/{name}"] = weights[f"bert/embeddings/{name}"].astype(compute)
+        if f"bert/embeddings/{name}" in weights:
+            out[f"embeddings/{name}"] = weights[f"bert/embeddings/{name}"].astype(compute)
+    if "bert/encoder/relative_attention_bias/table" in weights:
+        out["relative_bias"] = weights["bert/encoder/relative_attention_bias/table"]
     out["embeddings/ln_gamma"] = weights["bert/embeddings/LayerNorm/gamma"]
     out["embeddings/ln_beta"] = weights["bert/embeddings/LayerNorm/beta"]
     for n in range(config.num_hidden_layers):
@@ -70,7 +85,7 @@ def prepare_weights(weights: dict[str, np.ndarray], config: BertConfig, spec: Fo
     return out
 
 
-def _numpy_dtype(dtype: str) -> np.dtype:
+def numpy_dtype(dtype: str) -> np.dtype:
     if dtype == "bf16":
         import tensorflow as tf
 
@@ -78,20 +93,112 @@ def _numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype({"fp32": np.float32, "fp16": np.float16, "int8": np.float32}[dtype])
 
 
-def forward(w: dict, config: BertConfig, spec: ForwardSpec, input_ids, input_mask, segment_ids):
+def forward(
+    w: dict,
+    config: EncoderConfig,
+    spec: ForwardSpec,
+    dense: tuple[DenseModule, ...],
+    input_ids,
+    input_mask,
+    segment_ids,
+):
+    """The output of ``spec`` for a batch: ``input_ids``, ``input_mask`` and ``segment_ids``
+    are int32 [batch, length], right-padded."""
+    if config.family == "modernbert":
+        from .modernbert import forward as forward_modernbert
+
+        return forward_modernbert(w, config, spec, dense, input_ids, input_mask)
+    import tensorflow as tf
+
+    f32 = tf.float32
+    length = tf.shape(input_ids)[1]
+    lengths = tf.reduce_sum(input_mask, axis=1)
+    mask = tf.cast(input_mask, f32)
+    embeddings = _embeddings(w, config, input_ids, segment_ids, length)
+    x = _layer_norm(embeddings, w["embeddings/ln_gamma"], w["embeddings/ln_beta"], config.layer_norm_eps)
+    attention_bias = tf.reshape((1.0 - mask) * -1e9, [tf.shape(input_ids)[0], 1, 1, length])
+    if config.relative_attention_buckets:
+        attention_bias = attention_bias + relative_position_bias(w["relative_bias"], config, length)
+    layers = _encoder_layers(w, config, spec, x, attention_bias, tf.shape(input_ids)[0], length)
+
+    if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
+        compute = _compute_dtype(spec.dtype)
+        cls = tf.cast(layers[-1][:, 0], compute)
+        out = tf.tanh(tf.cast(tf.matmul(cls, w["pooler/kernel"]), f32) + w["pooler/bias"])
+    else:
+        keep = pool_mask(input_mask, lengths, spec.mask_cls_sep)
+        pooled = [pool(layers[i], spec.pooling_strategy, keep, lengths) for i in spec.pooling_layer]
+        out = pooled[0] if len(pooled) == 1 else tf.concat(pooled, axis=-1)
+    if spec.pooling_strategy is PoolingStrategy.NONE:
+        dense = ()
+    return head(w, out, dense, spec.normalize, spec.output_dtype)
+
+
+def _compute_dtype(dtype: str):
     import tensorflow as tf
 
     # int8's graph is fp32: its LiteRT form (see .int8) holds the int8 weights.
-    compute = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16, "int8": tf.float32}[spec.dtype]
+    return {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16, "int8": tf.float32}[dtype]
+
+
+def _layer_norm(x, gamma, beta, eps: float):
+    import tensorflow as tf
+
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    normed = (x - mean) * tf.math.rsqrt(variance + eps) * gamma
+    return normed if beta is None else normed + beta
+
+
+def _embeddings(w: dict, config: EncoderConfig, input_ids, segment_ids, length):
+    """Word, position and (where the family has them) token type embeddings, summed in fp32."""
+    import tensorflow as tf
+
     f32 = tf.float32
-    batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+    positions = w["embeddings/position_embeddings"][config.position_offset : config.position_offset + length]
+    embeddings = tf.cast(tf.gather(w["embeddings/word_embeddings"], input_ids), f32) + tf.cast(positions, f32)[None]
+    if config.type_vocab_size:
+        # A family with one token type gives every token type 0, as its tokenizer does.
+        types = tf.minimum(segment_ids, config.type_vocab_size - 1)
+        embeddings += tf.cast(tf.gather(w["embeddings/token_type_embeddings"], types), f32)
+    return embeddings
+
+
+# MPNet computes its buckets for 32, whatever the size of its table (always 32 in practice).
+_MPNET_BUCKETS = 32
+
+
+def relative_position_bias(table, config: EncoderConfig, length):
+    """MPNet's attention bias [1, heads, length, length]: the table's row for the bucket of
+    each key's position relative to the query's (T5's buckets: exact near, logarithmic far)."""
+    import tensorflow as tf
+
+    positions = tf.range(length)
+    relative = positions[None, :] - positions[:, None]  # key - query
+    half = _MPNET_BUCKETS // 2
+    n = -relative
+    bucket = tf.cast(n < 0, tf.int32) * half
+    n = tf.abs(n)
+    exact = half // 2
+    far = exact + tf.cast(
+        tf.math.log(tf.cast(tf.maximum(n, 1), tf.float32) / exact)
+        / math.log(config.relative_max_distance / exact)
+        * (half - exact),
+        tf.int32,
+    )
+    bucket += tf.where(n < exact, n, tf.minimum(far, half - 1))
+    values = tf.gather(table, bucket)  # [length, length, heads]
+    return tf.transpose(values, [2, 0, 1])[None]
+
+
+def _encoder_layers(w: dict, config: EncoderConfig, spec: ForwardSpec, x, attention_bias, batch, length) -> list:
+    """Every layer's output, [batch, length, hidden] in fp32."""
+    import tensorflow as tf
+
+    compute, f32 = _compute_dtype(spec.dtype), tf.float32
     hidden, heads = config.hidden_size, config.num_attention_heads
     head_dim = hidden // heads
     eps = config.layer_norm_eps
-
-    def layer_norm(x, gamma, beta):
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-        return (x - mean) * tf.math.rsqrt(variance + eps) * gamma + beta
+    x = tf.reshape(x, [-1, hidden])  # [batch * length, hidden], fp32 residual stream
 
     def dense(x, prefix):
         """x in the compute dtype, [tokens, in] -> [tokens, out] in the compute dtype."""
@@ -103,17 +210,6 @@ def forward(w: dict, config: BertConfig, spec: ForwardSpec, input_ids, input_mas
             return tf.nn.relu(x)
         return tf.nn.gelu(x, approximate=act != "gelu")
 
-    embeddings = (
-        tf.cast(tf.gather(w["embeddings/word_embeddings"], input_ids), f32)
-        + tf.cast(tf.gather(w["embeddings/token_type_embeddings"], segment_ids), f32)
-        + tf.cast(w["embeddings/position_embeddings"][:length], f32)[None]
-    )
-    x = layer_norm(embeddings, w["embeddings/ln_gamma"], w["embeddings/ln_beta"])
-    x = tf.reshape(x, [-1, hidden])  # [batch * length, hidden], fp32 residual stream
-
-    mask = tf.cast(input_mask, f32)
-    attention_bias = tf.reshape((1.0 - mask) * -1e9, [batch, 1, 1, length])
-
     def split_heads(t):
         return tf.transpose(tf.reshape(t, [batch, length, heads, head_dim]), [0, 2, 1, 3])
 
@@ -124,51 +220,14 @@ def forward(w: dict, config: BertConfig, spec: ForwardSpec, input_ids, input_mas
         probs = tf.cast(tf.nn.softmax(scores, axis=-1), compute)
         context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
         attn = tf.cast(dense(context, p + "attn_out"), f32)
-        x = layer_norm(attn + x, w[p + "attn_ln/gamma"], w[p + "attn_ln/beta"])
+        x = _layer_norm(attn + x, w[p + "attn_ln/gamma"], w[p + "attn_ln/beta"], eps)
         inner = activation(dense(tf.cast(x, compute), p + "ffn_in"))
         ffn = tf.cast(dense(inner, p + "ffn_out"), f32)
-        return layer_norm(ffn + x, w[p + "ffn_ln/gamma"], w[p + "ffn_ln/beta"])
+        return _layer_norm(ffn + x, w[p + "ffn_ln/gamma"], w[p + "ffn_ln/beta"], eps)
 
     layers = []
     for n in range(config.num_hidden_layers):
         with tf.name_scope(f"layer_{n}"):
             x = _encoder_layer(x, f"layer_{n}/")
         layers.append(tf.reshape(x, [batch, length, hidden]))
-
-    lengths = tf.reduce_sum(input_mask, axis=1)
-    pool_mask = mask
-    if spec.mask_cls_sep:
-        positions = tf.range(length)[None, :]
-        keep = (positions > 0) & (positions < (lengths - 1)[:, None])
-        pool_mask = mask * tf.cast(keep, f32)
-
-    if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
-        cls = tf.cast(layers[-1][:, 0], compute)
-        out = tf.tanh(tf.cast(tf.matmul(cls, w["pooler/kernel"]), f32) + w["pooler/bias"])
-    else:
-        pooled = [_pool(layers[i], spec.pooling_strategy, pool_mask, lengths) for i in spec.pooling_layer]
-        out = pooled[0] if len(pooled) == 1 else tf.concat(pooled, axis=-1)
-    if spec.normalize:
-        out = tf.math.l2_normalize(out, axis=-1, epsilon=1e-12)
-    return tf.cast(out, tf.float16 if spec.output_dtype == "float16" else f32)
-
-
-def _pool(h, strategy: PoolingStrategy, pool_mask, lengths):
-    """One layer's hidden states ``h`` [batch, length, hidden] pooled by ``strategy``."""
-    import tensorflow as tf
-
-    m = tf.expand_dims(pool_mask, -1)
-    count = tf.reduce_sum(m, axis=1)
-    if strategy is PoolingStrategy.NONE:
-        return h * m
-    if strategy is PoolingStrategy.CLS_TOKEN:
-        return h[:, 0]
-    if strategy is PoolingStrategy.SEP_TOKEN:
-        return tf.gather(h, lengths - 1, batch_dims=1)
-    mean = tf.reduce_sum(h * m, axis=1) / tf.maximum(count, 1.0)
-    maximum = tf.reduce_max(h - (1.0 - m) * 1e30, axis=1) * tf.cast(count > 0, tf.float32)
-    if strategy is PoolingStrategy.REDUCE_MEAN:
-        return mean
-    if strategy is PoolingStrategy.REDUCE_MAX:
-        return maximum
-    return tf.concat([mean, maximum], axis=-1)
+    return layers

@@ -1,4 +1,4 @@
-"""The BERT forward pass in plain TensorFlow ops, frozen, pruned, quantized and cached.
+"""The encoder's forward pass in plain TensorFlow ops, frozen, pruned, quantized and cached.
 
 ``build_graph`` builds the encoder as a graph with its weights as constants and prunes
 every node the requested output does not need (the layers above the deepest pooled
@@ -179,13 +179,15 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
     graph = tf.Graph()
     with graph.as_default():
         inputs = [tf.compat.v1.placeholder(tf.int32, [None, None], name=name) for name in INPUT_NAMES]
-        output = tf.identity(forward(constants, model.config, spec, *inputs), name=OUTPUT_NAME)
+        output = tf.identity(forward(constants, model.config, spec, model.defaults.dense, *inputs), name=OUTPUT_NAME)
     output_dim = int(output.shape[-1])
     del constants, output
     graph_def = graph.as_graph_def()
     del graph
     # Every layer was built, and the pooler if asked for; keep only what the output needs.
-    pruned = tf.compat.v1.graph_util.extract_sub_graph(graph_def, [OUTPUT_NAME])
+    # The inputs are kept even where unused (a family without token types), so every graph
+    # takes the same three.
+    pruned = tf.compat.v1.graph_util.extract_sub_graph(graph_def, [OUTPUT_NAME, *INPUT_NAMES])
     del graph_def
     graph_bytes = pruned.SerializeToString()
     meta = GraphMeta(

@@ -1,13 +1,14 @@
-"""Checking a BERT model directory: its layout, config, vocabulary, defaults and weight files.
+"""Checking a model directory: its layout, config, vocabulary, defaults and weight files.
 
-Two layouts are recognised:
+The config says the encoder's family (:mod:`.families`). Two layouts are recognised:
 
-* Google's checkpoint layout: ``bert_config.json``, ``vocab.txt`` and
+* Google's checkpoint layout (BERT only): ``bert_config.json``, ``vocab.txt`` and
   ``bert_model.ckpt.{index,data-*}`` with TF1 variable names, optionally overridden by a
   fine-tuned checkpoint in ``tuned_model_dir``.
 * The Hugging Face / sentence-transformers layout: ``config.json``, ``model.safetensors``
   (or a sharded ``model.safetensors.index.json``), ``vocab.txt`` and/or ``tokenizer.json``,
-  and the sentence-transformers files that give the model's own pooling defaults.
+  and the sentence-transformers files that give the model's own pooling, Dense and Normalize
+  modules (:mod:`.st_modules`).
 
 The weights themselves are read by :mod:`.weights`, only when a graph is built.
 """
@@ -18,70 +19,19 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ..config.model import ModelConfig, PoolingStrategy
-from ..errors import ModelError, ModelFileError, ModelShapeError
+from ..config.model import ModelConfig
+from ..errors import ModelFileError, ModelShapeError
 from .default import hub_name_hint
+from .families import EncoderConfig
+from .st_modules import ModelDefaults, pooling_config, sentence_transformers_defaults
+
+__all__ = ["EncoderConfig", "ModelDefaults", "ModelFiles", "inspect_model", "pooling_config", "read_json"]
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TOKENIZER_JSON = "tokenizer.json"
 VOCAB = "vocab.txt"
-
-
-@dataclass(frozen=True)
-class BertConfig:
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
-    type_vocab_size: int
-    hidden_act: str = "gelu"
-    layer_norm_eps: float = 1e-12
-
-    @classmethod
-    def from_json(cls, path: str) -> BertConfig:
-        raw = read_json(path)
-        required = (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-        )
-        missing = [key for key in required if not isinstance(raw.get(key), int)]
-        if missing:
-            raise ModelFileError(f"{path}: missing or non-integer {', '.join(missing)}")
-        if raw["hidden_size"] % raw["num_attention_heads"]:
-            raise ModelShapeError(
-                f"{path}: hidden_size {raw['hidden_size']} is not a multiple of "
-                f"num_attention_heads {raw['num_attention_heads']}"
-            )
-        act = raw.get("hidden_act", "gelu")
-        if act not in _ACTIVATIONS:
-            raise ModelError(f"{path}: hidden_act {act!r} is not supported ({', '.join(_ACTIVATIONS)})")
-        return cls(
-            **{key: raw[key] for key in required},
-            type_vocab_size=int(raw.get("type_vocab_size", 2)),
-            hidden_act=act,
-            layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-        )
-
-
-_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-
-
-@dataclass(frozen=True)
-class ModelDefaults:
-    """What the model directory asks for when the user does not say."""
-
-    pooling_strategy: PoolingStrategy = PoolingStrategy.REDUCE_MEAN
-    pooling_layer: tuple[int, ...] = (-2,)
-    max_seq_len: int = 25
-    normalize: bool = False
 
 
 @dataclass
@@ -92,7 +42,7 @@ class ModelFiles:
     """
 
     layout: str  # "google" or "huggingface"
-    config: BertConfig
+    config: EncoderConfig
     vocab_path: str | None
     tokenizer_json: str | None
     do_lower_case: bool
@@ -123,7 +73,7 @@ def detect_layout(model_dir: str, config_name: str = "bert_config.json") -> str:
     if HF_CONFIG in names:
         raise ModelFileError(f"{model_dir} has {HF_CONFIG} but no {SAFETENSORS}")
     raise ModelFileError(
-        f"{model_dir} is not a BERT model directory: expected {config_name} with a "
+        f"{model_dir} is not a model directory: expected {config_name} with a "
         f"checkpoint, or {HF_CONFIG} with {SAFETENSORS}"
     )
 
@@ -158,7 +108,7 @@ def _inspect_google(model_dir: str, config_name: str, ckpt_name: str, vocab_name
     config_path = _require(model_dir, config_name)
     vocab_path = _require(model_dir, vocab_name)
     prefix = _checkpoint_prefix(model_dir, ckpt_name)
-    config = BertConfig.from_json(config_path)
+    config = EncoderConfig.from_json(config_path)
     do_lower_case = _guess_lower_case(vocab_path)
     files = [config_path, vocab_path, *_checkpoint_files(prefix)]
     sources = [("checkpoint", prefix)]
@@ -176,7 +126,7 @@ def _inspect_google(model_dir: str, config_name: str, ckpt_name: str, vocab_name
 
 def _inspect_huggingface(model_dir: str) -> ModelFiles:
     config_path = _require(model_dir, HF_CONFIG)
-    config = BertConfig.from_json(config_path)
+    config = EncoderConfig.from_json(config_path)
     weight_files = _safetensors_files(model_dir)
     tokenizer_json = os.path.join(model_dir, TOKENIZER_JSON)
     vocab_path = os.path.join(model_dir, VOCAB)
@@ -194,7 +144,7 @@ def _inspect_huggingface(model_dir: str) -> ModelFiles:
     else:
         do_lower_case = True
     files += [p for p in (tokenizer_json, vocab_path, tokenizer_config) if os.path.isfile(p)]
-    defaults, st_files = _sentence_transformers_defaults(model_dir, config)
+    defaults, st_files = sentence_transformers_defaults(model_dir, config)
     return ModelFiles(
         layout="huggingface",
         config=config,
@@ -220,7 +170,7 @@ def _apply_tuned(model: ModelFiles, tuned_dir: str, options: ModelConfig) -> Non
         model.tuned_sources += [("safetensors", path) for path in weight_files]
         model.files += weight_files
     if os.path.isfile(config_path):
-        model.config = BertConfig.from_json(config_path)
+        model.config = EncoderConfig.from_json(config_path)
         model.files.append(config_path)
 
 
@@ -301,74 +251,6 @@ def _guess_lower_case(vocab_path: str) -> bool:
 def _count_vocab(vocab_path: str) -> int:
     with open(vocab_path, encoding="utf-8") as f:
         return sum(1 for _ in f)
-
-
-def _sentence_transformers_defaults(model_dir: str, config: BertConfig) -> tuple[ModelDefaults, list[str]]:
-    modules_path = os.path.join(model_dir, "modules.json")
-    if not os.path.isfile(modules_path):
-        return ModelDefaults(), []
-    files = [modules_path]
-    try:
-        with open(modules_path, encoding="utf-8") as f:
-            modules = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelFileError(f"cannot read {modules_path}: {exc}") from exc
-    strategy = PoolingStrategy.CLS_TOKEN
-    normalize = False
-    for module in modules if isinstance(modules, list) else []:
-        kind = str(module.get("type", ""))
-        if kind.endswith(".Normalize"):
-            normalize = True
-        elif kind.endswith(".Pooling"):
-            pooling_path = os.path.join(model_dir, module.get("path", ""), "config.json")
-            if os.path.isfile(pooling_path):
-                files.append(pooling_path)
-                strategy = _pooling_from_config(pooling_path, read_json(pooling_path))
-    max_seq_len = min(128, config.max_position_embeddings)
-    st_config = os.path.join(model_dir, "sentence_bert_config.json")
-    if os.path.isfile(st_config):
-        files.append(st_config)
-        length = read_json(st_config).get("max_seq_length")
-        if isinstance(length, int) and length > 0:
-            max_seq_len = min(length, config.max_position_embeddings)
-    return ModelDefaults(strategy, (-1,), max_seq_len, normalize), files
-
-
-def pooling_config(model_dir: str) -> tuple[str, dict] | None:
-    """The path and content of a sentence-transformers directory's Pooling config: the one
-    ``modules.json`` points at, else ``1_Pooling/config.json``; None when there is neither."""
-    modules_path = os.path.join(model_dir, "modules.json")
-    candidates = []
-    if os.path.isfile(modules_path):
-        try:
-            with open(modules_path, encoding="utf-8") as f:
-                modules = json.load(f)
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelFileError(f"cannot read {modules_path}: {exc}") from exc
-        for module in modules if isinstance(modules, list) else []:
-            if isinstance(module, dict) and str(module.get("type", "")).endswith(".Pooling"):
-                candidates.append(os.path.join(model_dir, str(module.get("path", "")), "config.json"))
-    candidates.append(os.path.join(model_dir, "1_Pooling", "config.json"))
-    for path in candidates:
-        if os.path.isfile(path):
-            return path, read_json(path)
-    return None
-
-
-def _pooling_from_config(path: str, raw: dict) -> PoolingStrategy:
-    mean = raw.get("pooling_mode_mean_tokens", False)
-    maximum = raw.get("pooling_mode_max_tokens", False)
-    if mean and maximum:
-        return PoolingStrategy.REDUCE_MEAN_MAX
-    if mean:
-        return PoolingStrategy.REDUCE_MEAN
-    if maximum:
-        return PoolingStrategy.REDUCE_MAX
-    if raw.get("pooling_mode_cls_token", False):
-        return PoolingStrategy.CLS_TOKEN
-    if raw.get("pooling_mode_lasttoken", False):
-        return PoolingStrategy.SEP_TOKEN
-    raise ModelError(f"{path}: this pooling mode is not supported; choose pooling_strategy explicitly")
 
 
 # -- checks ------------------------------------------------------------------------------

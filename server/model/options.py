@@ -17,6 +17,7 @@ from . import chunking, hardware
 from .chunking import check_chunkable
 from .graph import GraphSpec
 from .model_dir import ModelFiles, inspect_model
+from .pooling import pooled_width
 from .tokenization import WordPieceTokenizer
 
 
@@ -29,7 +30,7 @@ def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTo
 
 
 def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenizer:
-    limit = model.config.max_position_embeddings
+    limit = model.config.max_tokens
     max_len = limit if config.max_seq_len == DYNAMIC or config.max_seq_len is None else int(config.max_seq_len)
     tokenizer = WordPieceTokenizer(
         vocab_path=model.vocab_path,
@@ -67,6 +68,25 @@ def describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:
     }
 
 
+def _check_dense(model: ModelFiles, strategy: PoolingStrategy, layers: int, long_inputs: str) -> None:
+    """A model's Dense module takes the sentence vector of the width it was trained on."""
+    dense = model.defaults.dense
+    if not dense or strategy is PoolingStrategy.NONE:
+        return
+    width = pooled_width(model.config.hidden_size, strategy, layers)
+    if width != dense[0].in_features:
+        raise ModelError(
+            f"this model's Dense module ({dense[0].path}) takes {dense[0].in_features}-wide vectors, and "
+            f"{strategy.value} over {layers} layer(s) gives {width}: pool one layer with a strategy "
+            "that keeps the width (the model's own pooling does)"
+        )
+    if long_inputs == "chunk":
+        raise ModelError(
+            "long_inputs=chunk cannot be used with this model's Dense module: windows are merged before it, "
+            "and its activation does not commute with a mean"
+        )
+
+
 def resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:
     """Fill the options the user left out from the model's defaults, and check them."""
     defaults = model.defaults
@@ -85,12 +105,13 @@ def resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, Gra
             raise ModelError(f"pooling_layer {layer} is out of range: the model has {num_layers} layers")
         absolute.append(layer % num_layers)
     max_seq_len = requested.max_seq_len if requested.max_seq_len is not None else defaults.max_seq_len
-    limit = model.config.max_position_embeddings
+    limit = model.config.max_tokens
     if max_seq_len != DYNAMIC and int(max_seq_len) > limit:
-        raise ModelError(f"max_seq_len {max_seq_len} is above the model's max_position_embeddings {limit}")
+        raise ModelError(f"max_seq_len {max_seq_len} is above the {limit} tokens the model's positions allow")
     normalize = defaults.normalize if requested.normalize is None else requested.normalize
     if requested.long_inputs == "chunk":
         check_chunkable(strategy)
+    _check_dense(model, strategy, len(layers), requested.long_inputs)
     resolved = requested.replace(
         max_seq_len=max_seq_len,
         pooling_strategy=strategy,

@@ -1,43 +1,49 @@
 """Reading a model's weights, once its directory is checked (:mod:`.model_dir`): a Google
 checkpoint or safetensors files, with a fine-tuned checkpoint applied last.
 
-Weights come out under Google's names (``bert/encoder/layer_0/attention/self/query/kernel``)
-with dense kernels laid out ``[in, out]``, whatever the layout they came from, and are checked
-against the shapes the config implies.
+Weights come out under one name per role, whatever the family's own names
+(:func:`canonical_name`): Google's (``bert/encoder/layer_0/attention/self/query/kernel``) for
+the post-norm families, ``modernbert/layer_0/Wqkv/kernel`` and so on for ModernBERT, and
+``head/dense_0/kernel`` for a sentence-transformers Dense module. Dense kernels are laid out
+``[in, out]``, whatever the layout they came from, and every weight is checked against the
+shape the config implies.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from ..errors import ModelFileError, ModelShapeError
-from .model_dir import BertConfig, ModelFiles
+from .families import EncoderConfig
+from .model_dir import ModelFiles
 
 logger = logging.getLogger("bertserve.model")
 
 
 def read_weights(model: ModelFiles) -> dict[str, np.ndarray]:
     """Read every weight source in order (a fine-tuned checkpoint last) and check the shapes."""
-    weights = _read_sources(model.weight_sources)
+    family = model.config.family
+    weights = _read_sources(model.weight_sources, family)
     if model.tuned_sources:
-        tuned = _read_sources(model.tuned_sources)
+        tuned = _read_sources(model.tuned_sources, family)
         if not set(tuned) & set(weights):
             where = model.tuned_sources[0][1]
             raise ModelFileError(f"the fine-tuned checkpoint {where} has no BERT weights to apply")
         logger.info("%d tensors come from the fine-tuned checkpoint", len(tuned))
         weights.update(tuned)
     _check_shapes(model, weights)
+    weights.update(_read_dense(model))
     return weights
 
 
-def _read_sources(sources: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+def _read_sources(sources: list[tuple[str, str]], family: str) -> dict[str, np.ndarray]:
     weights: dict[str, np.ndarray] = {}
     for kind, path in sources:
-        weights.update(_read_checkpoint(path) if kind == "checkpoint" else _read_safetensors([path]))
+        weights.update(_read_checkpoint(path) if kind == "checkpoint" else _read_safetensors([path], family))
     return weights
 
 
@@ -56,58 +62,131 @@ def _read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
         raise ModelFileError(f"cannot read checkpoint {prefix}: {exc}") from exc
 
 
-def _read_safetensors(paths: Iterable[str]) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
+def _read_safetensors(paths: Iterable[str], family: str = "bert") -> dict[str, np.ndarray]:
     weights: dict[str, np.ndarray] = {}
-    for path in paths:
-        try:
-            raw = load_file(path)
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ModelFileError(f"cannot read {path}: {exc}") from exc
+    for _, raw in _safetensors_files(paths):
         for name, value in raw.items():
-            google = _hf_to_google(name)
-            if google is not None:
-                weights[google] = value.T if google.endswith("/kernel") else value
+            canonical = canonical_name(name, family)
+            if canonical is not None:
+                weights[canonical] = value.T if canonical.endswith("/kernel") else value
     return weights
 
 
-_PREFIX = r"^(?:bert\.)?"
-_LAYER = _PREFIX + r"encoder\.layer\.(\d+)\.(.+)"
-_HF_RENAMES = [
-    (_PREFIX + r"embeddings\.(\w+)_embeddings\.weight$", r"bert/embeddings/\1_embeddings"),
-    (_PREFIX + r"embeddings\.LayerNorm\.(weight|gamma)$", "bert/embeddings/LayerNorm/gamma"),
-    (_PREFIX + r"embeddings\.LayerNorm\.(bias|beta)$", "bert/embeddings/LayerNorm/beta"),
+def _safetensors_files(paths: Iterable[str]) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    for path in paths:
+        try:
+            yield path, load_file(path)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelFileError(f"cannot read {path}: {exc}") from exc
+
+
+def _read_dense(model: ModelFiles) -> dict[str, np.ndarray]:
+    """The sentence-transformers Dense layers' weights, as ``head/dense_{i}/kernel`` [in, out]."""
+    weights: dict[str, np.ndarray] = {}
+    for i, layer in enumerate(model.defaults.dense):
+        ((path, raw),) = _safetensors_files([layer.path])
+        kernel = raw.get("linear.weight")
+        if kernel is None or kernel.shape != (layer.out_features, layer.in_features):
+            shape = None if kernel is None else tuple(kernel.shape)
+            raise ModelShapeError(
+                f"{path}: linear.weight should have shape {(layer.out_features, layer.in_features)}, not {shape}"
+            )
+        weights[f"head/dense_{i}/kernel"] = kernel.T.astype(np.float32)
+        bias = raw.get("linear.bias")
+        if layer.bias:
+            if bias is None or bias.shape != (layer.out_features,):
+                raise ModelShapeError(f"{path}: linear.bias should have shape {(layer.out_features,)}")
+            weights[f"head/dense_{i}/bias"] = bias.astype(np.float32)
+    return weights
+
+
+#: The prefix a task model (``BertForMaskedLM``...) puts before the encoder's own names.
+_PREFIX = re.compile(r"^(?:bert|roberta|distilbert|mpnet|model|encoder_model)\.")
+
+#: DistilBERT's and MPNet's layer names, rewritten as BERT's.
+_AS_BERT = {
+    "distilbert": [
+        (r"^transformer\.layer\.(\d+)\.attention\.q_lin\.", r"encoder.layer.\1.attention.self.query."),
+        (r"^transformer\.layer\.(\d+)\.attention\.k_lin\.", r"encoder.layer.\1.attention.self.key."),
+        (r"^transformer\.layer\.(\d+)\.attention\.v_lin\.", r"encoder.layer.\1.attention.self.value."),
+        (r"^transformer\.layer\.(\d+)\.attention\.out_lin\.", r"encoder.layer.\1.attention.output.dense."),
+        (r"^transformer\.layer\.(\d+)\.sa_layer_norm\.", r"encoder.layer.\1.attention.output.LayerNorm."),
+        (r"^transformer\.layer\.(\d+)\.ffn\.lin1\.", r"encoder.layer.\1.intermediate.dense."),
+        (r"^transformer\.layer\.(\d+)\.ffn\.lin2\.", r"encoder.layer.\1.output.dense."),
+        (r"^transformer\.layer\.(\d+)\.output_layer_norm\.", r"encoder.layer.\1.output.LayerNorm."),
+    ],
+    "mpnet": [
+        (r"^(encoder\.layer\.\d+\.attention)\.attn\.q\.", r"\1.self.query."),
+        (r"^(encoder\.layer\.\d+\.attention)\.attn\.k\.", r"\1.self.key."),
+        (r"^(encoder\.layer\.\d+\.attention)\.attn\.v\.", r"\1.self.value."),
+        (r"^(encoder\.layer\.\d+\.attention)\.attn\.o\.", r"\1.output.dense."),
+        (r"^(encoder\.layer\.\d+\.attention)\.LayerNorm\.", r"\1.output.LayerNorm."),
+    ],
+}
+_LAYER = r"^encoder\.layer\.(\d+)\.(.+)"
+_BERT_RENAMES = [
+    (r"^embeddings\.(\w+)_embeddings\.weight$", r"bert/embeddings/\1_embeddings"),
+    (r"^embeddings\.LayerNorm\.(weight|gamma)$", "bert/embeddings/LayerNorm/gamma"),
+    (r"^embeddings\.LayerNorm\.(bias|beta)$", "bert/embeddings/LayerNorm/beta"),
     (_LAYER + r"\.LayerNorm\.(weight|gamma)$", r"bert/encoder/layer_\1/\2/LayerNorm/gamma"),
     (_LAYER + r"\.LayerNorm\.(bias|beta)$", r"bert/encoder/layer_\1/\2/LayerNorm/beta"),
     (_LAYER + r"\.weight$", r"bert/encoder/layer_\1/\2/kernel"),
     (_LAYER + r"\.bias$", r"bert/encoder/layer_\1/\2/bias"),
-    (_PREFIX + r"pooler\.dense\.weight$", "bert/pooler/dense/kernel"),
-    (_PREFIX + r"pooler\.dense\.bias$", "bert/pooler/dense/bias"),
+    (r"^pooler\.dense\.weight$", "bert/pooler/dense/kernel"),
+    (r"^pooler\.dense\.bias$", "bert/pooler/dense/bias"),
+    (r"^encoder\.relative_attention_bias\.weight$", "bert/encoder/relative_attention_bias/table"),
+]
+_MODERNBERT_RENAMES = [
+    (r"^embeddings\.tok_embeddings\.weight$", "modernbert/embeddings/word_embeddings"),
+    (r"^embeddings\.norm\.weight$", "modernbert/embeddings/norm/gamma"),
+    (r"^embeddings\.norm\.bias$", "modernbert/embeddings/norm/beta"),
+    (r"^layers\.(\d+)\.(attn_norm|mlp_norm)\.weight$", r"modernbert/layer_\1/\2/gamma"),
+    (r"^layers\.(\d+)\.(attn_norm|mlp_norm)\.bias$", r"modernbert/layer_\1/\2/beta"),
+    (r"^layers\.(\d+)\.attn\.(Wqkv|Wo)\.weight$", r"modernbert/layer_\1/\2/kernel"),
+    (r"^layers\.(\d+)\.attn\.(Wqkv|Wo)\.bias$", r"modernbert/layer_\1/\2/bias"),
+    (r"^layers\.(\d+)\.mlp\.(Wi|Wo)\.weight$", r"modernbert/layer_\1/mlp_\2/kernel"),
+    (r"^layers\.(\d+)\.mlp\.(Wi|Wo)\.bias$", r"modernbert/layer_\1/mlp_\2/bias"),
+    (r"^final_norm\.weight$", "modernbert/final_norm/gamma"),
+    (r"^final_norm\.bias$", "modernbert/final_norm/beta"),
 ]
 
 
-def _hf_to_google(name: str) -> str | None:
-    for pattern, replacement in _HF_RENAMES:
-        google, count = re.subn(pattern, replacement, name)
+def canonical_name(name: str, family: str = "bert") -> str | None:
+    """The name bertserve gives the tensor ``name`` of a Hugging Face checkpoint of ``family``
+    (Google's for the post-norm families), or None for a tensor the encoder does not use."""
+    name = _PREFIX.sub("", name, count=1)
+    for pattern, replacement in _AS_BERT.get(family, []):
+        name = re.sub(pattern, replacement, name)
+    for pattern, replacement in _MODERNBERT_RENAMES if family == "modernbert" else _BERT_RENAMES:
+        canonical, count = re.subn(pattern, replacement, name)
         if count:
-            return google.replace(".", "/")
+            return canonical.replace(".", "/")
     return None
 
 
 # -- checks ------------------------------------------------------------------------------
 
 
-def _expected_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
+    if config.family == "modernbert":
+        return _modernbert_shapes(config)
     h, i = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "bert/embeddings/word_embeddings": (config.vocab_size, h),
         "bert/embeddings/position_embeddings": (config.max_position_embeddings, h),
-        "bert/embeddings/token_type_embeddings": (config.type_vocab_size, h),
         "bert/embeddings/LayerNorm/gamma": (h,),
         "bert/embeddings/LayerNorm/beta": (h,),
     }
+    if config.type_vocab_size:
+        shapes["bert/embeddings/token_type_embeddings"] = (config.type_vocab_size, h)
+    if config.relative_attention_buckets:
+        shapes["bert/encoder/relative_attention_bias/table"] = (
+            config.relative_attention_buckets,
+            config.num_attention_heads,
+        )
     for n in range(config.num_hidden_layers):
         layer = f"bert/encoder/layer_{n}/"
         for name in ("query", "key", "value"):
@@ -125,9 +204,31 @@ def _expected_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _modernbert_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
+    h, i = config.hidden_size, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"modernbert/embeddings/word_embeddings": (config.vocab_size, h)}
+    norms = ["modernbert/embeddings/norm", "modernbert/final_norm"]
+    for n in range(config.num_hidden_layers):
+        layer = f"modernbert/layer_{n}/"
+        norms += [layer + "mlp_norm"] + ([layer + "attn_norm"] if n else [])
+        shapes[layer + "Wqkv/kernel"] = (h, 3 * h)
+        shapes[layer + "Wo/kernel"] = (h, h)
+        shapes[layer + "mlp_Wi/kernel"] = (h, 2 * i)
+        shapes[layer + "mlp_Wo/kernel"] = (i, h)
+        if config.attention_bias:
+            shapes[layer + "Wqkv/bias"], shapes[layer + "Wo/bias"] = (3 * h,), (h,)
+        if config.mlp_bias:
+            shapes[layer + "mlp_Wi/bias"], shapes[layer + "mlp_Wo/bias"] = (2 * i,), (h,)
+    for norm in norms:
+        shapes[norm + "/gamma"] = (h,)
+        if config.norm_bias:
+            shapes[norm + "/beta"] = (h,)
+    return shapes
+
+
 def _check_shapes(model: ModelFiles, weights: dict[str, np.ndarray]) -> None:
     expected = _expected_shapes(model.config)
-    if "bert/pooler/dense/kernel" in weights:
+    if "bert/pooler/dense/kernel" in weights and model.config.has_pooler:
         h = model.config.hidden_size
         expected["bert/pooler/dense/kernel"] = (h, h)
         expected["bert/pooler/dense/bias"] = (h,)
@@ -135,7 +236,7 @@ def _check_shapes(model: ModelFiles, weights: dict[str, np.ndarray]) -> None:
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise ModelShapeError(
-            f"the {model.layout} weights lack {', '.join(missing[:3])}{more} "
+            f"the {model.layout} weights of this {model.config.family} model lack {', '.join(missing[:3])}{more} "
             f"(config says {model.config.num_hidden_layers} layers)"
         )
     for name, shape in expected.items():

@@ -298,7 +298,7 @@ def test_empty_and_bad_inputs(tiny_google: str, session_graph_dir: str) -> None:
 
 
 def test_option_errors_name_the_problem(tiny_google: str, session_graph_dir: str) -> None:
-    with pytest.raises(ModelError, match="max_seq_len 65 is above the model's max_position_embeddings 64"):
+    with pytest.raises(ModelError, match="max_seq_len 65 is above the 64 tokens the model's positions allow"):
         Encoder(tiny_google, max_seq_len=65, graph_dir=session_graph_dir)
     with pytest.raises(ModelError, match="pooling_layer -4 is out of range"):
         Encoder(tiny_google, pooling_layer=-4, graph_dir=session_graph_dir)

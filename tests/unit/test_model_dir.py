@@ -30,7 +30,7 @@ def test_layouts_are_detected(tiny_google: str, tiny_hf: str) -> None:
 def test_missing_directory_and_files_are_named(tmp_path, tiny_google: str) -> None:
     with pytest.raises(ModelFileError, match="does not exist"):
         _inspect(str(tmp_path / "nope"))
-    with pytest.raises(ModelFileError, match="is not a BERT model directory"):
+    with pytest.raises(ModelFileError, match="is not a model directory"):
         _inspect(str(tmp_path))
     broken = shutil.copytree(tiny_google, tmp_path / "broken")
     os.remove(broken / "vocab.txt")

@@ -1,0 +1,237 @@
+"""The encoder families bertserve runs, told apart by a model's ``config.json``.
+
+``model_type`` names the family (``architectures`` when it is missing; a Google
+``bert_config.json`` has neither and is BERT). Each family's config keys are read into one
+:class:`EncoderConfig`, which the forward passes (:mod:`.bert` for the post-norm families,
+:mod:`.modernbert`) and the weight reader (:mod:`.weights`) take:
+
+============  =======================================================================
+family        what differs from BERT
+============  =======================================================================
+roberta       positions start after the padding index; one token type (XLM-RoBERTa,
+              CamemBERT are this family too)
+distilbert    no token types, no pooler; its own config keys and weight names
+mpnet         positions as RoBERTa's, no token types, and a bucketed relative position
+              bias added to every layer's attention scores
+modernbert    pre-norm, no biases by default, rotary positions, GeGLU, every few layers
+              global attention and the others a sliding window
+============  =======================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ModelError, ModelFileError, ModelShapeError
+
+#: ``model_type`` -> family. Sentence-transformers' models keep the base model's type.
+_MODEL_TYPES = {
+    "bert": "bert",
+    "roberta": "roberta",
+    "xlm-roberta": "roberta",
+    "camembert": "roberta",
+    "distilbert": "distilbert",
+    "mpnet": "mpnet",
+    "modernbert": "modernbert",
+}
+#: ``architectures`` prefixes, for a config without ``model_type``, longest first.
+_ARCHITECTURES = (
+    ("XLMRoberta", "roberta"),
+    ("Camembert", "roberta"),
+    ("Roberta", "roberta"),
+    ("DistilBert", "distilbert"),
+    ("ModernBert", "modernbert"),
+    ("MPNet", "mpnet"),
+    ("Bert", "bert"),
+)
+FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert")
+SUPPORTED = "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet and ModernBERT"
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """One encoder's shape, in every family's terms. Fields a family does not use keep
+    their defaults; all of it goes into the graph cache's key."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int = 2  # 0: the family has no token type embeddings
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    family: str = "bert"
+    position_offset: int = 0  # position of the first token: padding index + 1 for RoBERTa's kind
+    relative_attention_buckets: int = 0  # MPNet's relative position bias
+    relative_max_distance: int = 128
+    # ModernBERT: per layer, the sliding window's half-width (0: global attention)
+    layer_windows: tuple[int, ...] = field(default_factory=tuple)
+    rope_theta_global: float = 160_000.0
+    rope_theta_local: float = 10_000.0
+    norm_bias: bool = True
+    attention_bias: bool = True
+    mlp_bias: bool = True
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input the position table allows, special tokens included."""
+        if self.family == "modernbert":
+            return self.max_position_embeddings
+        return self.max_position_embeddings - self.position_offset
+
+    @property
+    def has_pooler(self) -> bool:
+        return self.family not in ("distilbert", "modernbert")
+
+    @classmethod
+    def from_json(cls, path: str) -> EncoderConfig:
+        from .model_dir import read_json
+
+        return read_config(path, read_json(path))
+
+
+def family_of(path: str, raw: dict[str, Any]) -> str:
+    """The family ``raw`` (the content of ``path``) belongs to, or a :class:`ModelError`
+    naming the families bertserve runs."""
+    model_type = raw.get("model_type")
+    if isinstance(model_type, str):
+        family = _MODEL_TYPES.get(model_type.lower().replace("_", "-"))
+        if family is None:
+            raise ModelError(
+                f"{path}: model_type {model_type!r} is not a family bertserve runs; it runs {SUPPORTED} encoders"
+            )
+        return family
+    architectures = raw.get("architectures")
+    if isinstance(architectures, list) and architectures:
+        name = str(architectures[0])
+        for prefix, family in _ARCHITECTURES:
+            if name.startswith(prefix):
+                return family
+        raise ModelError(f"{path}: architecture {name!r} is not one bertserve runs; it runs {SUPPORTED} encoders")
+    return "bert"
+
+
+def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
+    """``raw`` (the content of ``path``) as an :class:`EncoderConfig`, checked."""
+    family = family_of(path, raw)
+    if family == "distilbert":
+        raw = _distilbert_keys(raw)
+    required = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+    )
+    missing = [key for key in required if not isinstance(raw.get(key), int) or isinstance(raw.get(key), bool)]
+    if missing:
+        raise ModelFileError(f"{path}: missing or non-integer {', '.join(missing)}")
+    values: dict[str, Any] = {key: raw[key] for key in required}
+    if values["hidden_size"] % values["num_attention_heads"]:
+        raise ModelShapeError(
+            f"{path}: hidden_size {values['hidden_size']} is not a multiple of "
+            f"num_attention_heads {values['num_attention_heads']}"
+        )
+    act = raw.get("hidden_activation" if family == "modernbert" else "hidden_act", "gelu")
+    if act not in ACTIVATIONS:
+        raise ModelError(f"{path}: activation {act!r} is not supported ({', '.join(ACTIVATIONS)})")
+    values.update(family=family, hidden_act=act)
+    values.update(_FAMILY_KEYS[family](path, raw))
+    return EncoderConfig(**values)
+
+
+def _bert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type_vocab_size": _int(path, raw, "type_vocab_size", 2),
+        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-12),
+    }
+
+
+def _roberta_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type_vocab_size": _int(path, raw, "type_vocab_size", 1),
+        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-5),
+        "position_offset": _int(path, raw, "pad_token_id", 1) + 1,
+    }
+
+
+def _distilbert_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """DistilBERT's config under BERT's key names."""
+    renamed = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads"}
+    out = {renamed.get(key, key): value for key, value in raw.items()}
+    out["intermediate_size"] = raw.get("hidden_dim")
+    out["hidden_act"] = raw.get("activation", "gelu")
+    return out
+
+
+def _distilbert_family_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    return {"type_vocab_size": 0, "layer_norm_eps": 1e-12}
+
+
+def _mpnet_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    # MPNet's embeddings hard-code padding index 1, whatever pad_token_id says.
+    return {
+        "type_vocab_size": 0,
+        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-5),
+        "position_offset": 2,
+        "relative_attention_buckets": _int(path, raw, "relative_attention_num_buckets", 32),
+    }
+
+
+def _modernbert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    layers = int(raw["num_hidden_layers"])
+    half_window = _int(path, raw, "local_attention", 128) // 2
+    layer_types = raw.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == layers:
+        windows = tuple(half_window if kind == "sliding_attention" else 0 for kind in layer_types)
+    else:
+        every = max(_int(path, raw, "global_attn_every_n_layers", 3), 1)
+        windows = tuple(half_window if i % every else 0 for i in range(layers))
+    rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    theta_global = (rope.get("full_attention") or {}).get("rope_theta", raw.get("global_rope_theta", 160_000.0))
+    theta_local = (rope.get("sliding_attention") or {}).get("rope_theta", raw.get("local_rope_theta", 10_000.0))
+    for rope_layer in ("full_attention", "sliding_attention"):
+        kind = (rope.get(rope_layer) or {}).get("rope_type", "default")
+        if kind != "default":
+            raise ModelError(f"{path}: rope_type {kind!r} is not supported (only the default rotary positions)")
+    return {
+        "type_vocab_size": 0,
+        "layer_norm_eps": _float(path, raw, "norm_eps", 1e-5),
+        "layer_windows": windows,
+        "rope_theta_global": float(theta_global),
+        "rope_theta_local": float(theta_local),
+        "norm_bias": bool(raw.get("norm_bias", False)),
+        "attention_bias": bool(raw.get("attention_bias", False)),
+        "mlp_bias": bool(raw.get("mlp_bias", False)),
+    }
+
+
+_FAMILY_KEYS = {
+    "bert": _bert_keys,
+    "roberta": _roberta_keys,
+    "distilbert": _distilbert_family_keys,
+    "mpnet": _mpnet_keys,
+    "modernbert": _modernbert_keys,
+}
+
+
+def _int(path: str, raw: dict[str, Any], key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ModelFileError(f"{path}: {key} should be an integer, not {value!r}")
+    return value
+
+
+def _float(path: str, raw: dict[str, Any], key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ModelFileError(f"{path}: {key} should be a number, not {value!r}")
+    return float(value)

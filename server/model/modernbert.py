@@ -1,0 +1,144 @@
+"""ModernBERT's forward pass in plain TensorFlow ops: pre-norm layers without biases (unless
+the config asks for them), rotary positions, a GeGLU feed-forward, and attention that is
+global every few layers and a sliding window in the others (``EncoderConfig.layer_windows``:
+a token sees the tokens at most that far from it).
+
+As in :mod:`.bert`, the matrix products run in the compute dtype while the residual stream,
+layer norms, rotary positions and softmax stay in fp32. Layer -1 is the model's output, after
+its final norm; another pooled layer is that layer's raw output.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..config.model import PoolingStrategy
+from ..errors import ModelError
+from .pooling import head, pool, pool_mask
+
+if TYPE_CHECKING:
+    from .bert import ForwardSpec
+    from .families import EncoderConfig
+    from .st_modules import DenseModule
+
+
+def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
+    """The matrices in the compute dtype, the query's columns of Wqkv pre-scaled (rotation is
+    linear, so scaling before it is scaling after)."""
+    from .bert import numpy_dtype
+
+    if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
+        raise ModelError("CLS_POOLED needs a pooler, and ModernBERT has none; use CLS_TOKEN")
+    compute = numpy_dtype(spec.dtype)
+    hidden = config.hidden_size
+    scale = 1.0 / math.sqrt(hidden // config.num_attention_heads)
+    out: dict[str, np.ndarray] = {}
+    for name, value in weights.items():
+        # the products under the roles .int8 names for every family
+        key = name.removeprefix("modernbert/")
+        for role, ours in _ROLES.items():
+            key = key.replace(f"/{role}/", f"/{ours}/")
+        if name.endswith("/Wqkv/kernel"):
+            value = np.concatenate([value[:, :hidden] * scale, value[:, hidden:]], axis=1)
+        elif name.endswith("/Wqkv/bias"):
+            value = np.concatenate([value[:hidden] * scale, value[hidden:]])
+        matrix = name.endswith(("/kernel", "/bias")) and not name.startswith("head/")
+        if matrix or name == "modernbert/embeddings/word_embeddings":
+            value = value.astype(compute)
+        out[key] = value
+    return out
+
+
+_ROLES = {"Wqkv": "qkv", "Wo": "attn_out", "mlp_Wi": "ffn_in", "mlp_Wo": "ffn_out"}
+
+
+def forward(w: dict, config: EncoderConfig, spec: ForwardSpec, dense: tuple[DenseModule, ...], input_ids, input_mask):
+    import tensorflow as tf
+
+    f32 = tf.float32
+    compute = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16, "int8": tf.float32}[spec.dtype]
+    batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = hidden // heads
+    eps = config.layer_norm_eps
+    lengths = tf.reduce_sum(input_mask, axis=1)
+    mask = tf.cast(input_mask, f32)
+
+    def norm(x, prefix):
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        out = (x - mean) * tf.math.rsqrt(variance + eps) * w[prefix + "/gamma"]
+        return out + w[prefix + "/beta"] if config.norm_bias else out
+
+    def linear(x, prefix, bias: bool):
+        out = tf.matmul(tf.cast(x, compute), w[prefix + "/kernel"])
+        return tf.nn.bias_add(out, w[prefix + "/bias"]) if bias else out
+
+    def split_heads(t):
+        return tf.transpose(tf.reshape(t, [batch, length, heads, head_dim]), [0, 2, 1, 3])
+
+    padding = tf.reshape((1.0 - mask) * -1e9, [batch, 1, 1, length])
+    distance = tf.abs(tf.range(length)[None, :] - tf.range(length)[:, None])
+    rotations = {theta: _rotary(theta, head_dim, length) for theta in _thetas(config)}
+
+    def attention(x, p, window: int):
+        qkv = linear(x, p + "qkv", config.attention_bias)
+        q, k, v = (split_heads(t) for t in tf.split(qkv, 3, axis=-1))
+        cos, sin = rotations[config.rope_theta_local if window else config.rope_theta_global]
+        q, k = (tf.cast(_rotate(tf.cast(t, f32), cos, sin), compute) for t in (q, k))
+        bias = padding
+        if window:
+            bias = bias + tf.where(distance <= window, 0.0, -1e9)[None, None]
+        scores = tf.cast(tf.matmul(q, k, transpose_b=True), f32) + bias
+        probs = tf.cast(tf.nn.softmax(scores, axis=-1), compute)
+        context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
+        return tf.cast(linear(context, p + "attn_out", config.attention_bias), f32)
+
+    def feed_forward(x, p):
+        inner, gate = tf.split(linear(x, p + "ffn_in", config.mlp_bias), 2, axis=-1)
+        act = tf.nn.relu(inner) if config.hidden_act == "relu" else tf.nn.gelu(inner, config.hidden_act != "gelu")
+        return tf.cast(linear(act * gate, p + "ffn_out", config.mlp_bias), f32)
+
+    x = tf.cast(tf.gather(w["embeddings/word_embeddings"], input_ids), f32)
+    x = tf.reshape(norm(x, "embeddings/norm"), [-1, hidden])
+    layers = []
+    for n, window in enumerate(config.layer_windows):
+        p = f"layer_{n}/"
+        with tf.name_scope(f"layer_{n}"):
+            x = x + attention(norm(x, p + "attn_norm") if n else x, p, window)
+            x = x + feed_forward(norm(x, p + "mlp_norm"), p)
+        layers.append(tf.reshape(x, [batch, length, hidden]))
+    layers[-1] = tf.reshape(norm(x, "final_norm"), [batch, length, hidden])
+
+    keep = pool_mask(input_mask, lengths, spec.mask_cls_sep)
+    pooled = [pool(layers[i], spec.pooling_strategy, keep, lengths) for i in spec.pooling_layer]
+    out = pooled[0] if len(pooled) == 1 else tf.concat(pooled, axis=-1)
+    if spec.pooling_strategy is PoolingStrategy.NONE:
+        dense = ()
+    return head(w, out, dense, spec.normalize, spec.output_dtype)
+
+
+def _thetas(config: EncoderConfig) -> set[float]:
+    return {config.rope_theta_local if window else config.rope_theta_global for window in config.layer_windows}
+
+
+def _rotary(theta: float, head_dim: int, length):
+    """cos and sin [length, head_dim] of the rotary positions 0 .. length - 1."""
+    import tensorflow as tf
+
+    # in float32 throughout, as the reference computes it
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inverse = np.float32(1.0) / np.float32(theta) ** exponents
+    freqs = tf.cast(tf.range(length), tf.float32)[:, None] * tf.constant(inverse)[None, :]
+    angles = tf.concat([freqs, freqs], axis=-1)
+    return tf.cos(angles), tf.sin(angles)
+
+
+def _rotate(t, cos, sin):
+    """``t`` [batch, heads, length, head_dim] turned by the rotary angles."""
+    import tensorflow as tf
+
+    first, second = tf.split(t, 2, axis=-1)
+    return t * cos + tf.concat([-second, first], axis=-1) * sin

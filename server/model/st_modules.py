@@ -1,0 +1,221 @@
+"""The sentence-transformers modules a model directory declares, read as defaults.
+
+``modules.json`` lists the modules in order: the Transformer, a ``Pooling``, then optionally
+``Dense`` layers (distiluse-base-multilingual-cased projects 768 to 512 with tanh) and a
+``Normalize``. The Pooling config comes in two formats, read alike:
+
+* sentence-transformers 6: ``"pooling_mode": "cls"`` (or a list of modes);
+* before it: one boolean per mode, ``"pooling_mode_mean_tokens": true`` and so on.
+
+``sentence_bert_config.json`` gives ``max_seq_length``; sentence-transformers 6 may leave it
+out, and then the tokenizer's ``model_max_length`` (capped at the model's positions) is used,
+as sentence-transformers does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..config.model import PoolingStrategy
+from ..errors import ModelError, ModelFileError
+from .families import EncoderConfig
+
+ST_MAX_SEQ_LEN = 128  # a plain model directory with no length of its own
+
+
+@dataclass(frozen=True)
+class DenseModule:
+    """A sentence-transformers ``Dense`` layer: ``activation(W x + b)`` on the sentence vector."""
+
+    path: str  # its weight file (safetensors)
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # identity, tanh, relu, sigmoid
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What the model directory asks for when the user does not say."""
+
+    pooling_strategy: PoolingStrategy = PoolingStrategy.REDUCE_MEAN
+    pooling_layer: tuple[int, ...] = (-2,)
+    max_seq_len: int = 25
+    normalize: bool = False
+    dense: tuple[DenseModule, ...] = field(default_factory=tuple)
+
+
+#: sentence-transformers' mode names, old boolean keys and new ``pooling_mode`` values alike
+_MODES = {
+    "cls": PoolingStrategy.CLS_TOKEN,
+    "max": PoolingStrategy.REDUCE_MAX,
+    "mean": PoolingStrategy.REDUCE_MEAN,
+    "mean_sqrt_len_tokens": PoolingStrategy.REDUCE_MEAN_SQRT_LEN,
+    "weightedmean": PoolingStrategy.WEIGHTED_MEAN,
+    "lasttoken": PoolingStrategy.SEP_TOKEN,
+}
+_LEGACY_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+}
+
+
+def read_modules(model_dir: str) -> list[dict]:
+    """The entries of ``modules.json``; an empty list when there is none."""
+    path = os.path.join(model_dir, "modules.json")
+    if not os.path.isfile(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            modules = json.load(f)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ModelFileError(f"{path} should hold a list of module objects")
+    return modules
+
+
+def sentence_transformers_defaults(model_dir: str, config: EncoderConfig) -> tuple[ModelDefaults, list[str]]:
+    """The defaults a sentence-transformers directory declares, and the files they come from;
+    bert-as-service's defaults when it has no ``modules.json``."""
+    from .model_dir import read_json
+
+    modules = read_modules(model_dir)
+    if not modules:
+        return ModelDefaults(), []
+    files = [os.path.join(model_dir, "modules.json")]
+    strategy = PoolingStrategy.CLS_TOKEN
+    normalize = False
+    dense: list[DenseModule] = []
+    for module in modules:
+        kind = str(module.get("type", ""))
+        module_dir = os.path.join(model_dir, str(module.get("path", "")))
+        if kind.endswith(".Normalize"):
+            normalize = True
+        elif kind.endswith(".Pooling"):
+            pooling_path = os.path.join(module_dir, "config.json")
+            if os.path.isfile(pooling_path):
+                files.append(pooling_path)
+                strategy = pooling_from_config(pooling_path, read_json(pooling_path))
+        elif kind.endswith(".Dense"):
+            if normalize:
+                raise ModelError(f"{model_dir}: a Dense module after Normalize is not supported")
+            layer = _dense_module(module_dir)
+            dense.append(layer)
+            files += [os.path.join(module_dir, "config.json"), layer.path]
+    _check_dense_chain(model_dir, dense)
+    max_seq_len, length_files = _max_seq_len(model_dir, config)
+    defaults = ModelDefaults(strategy, (-1,), max_seq_len, normalize, tuple(dense))
+    return defaults, files + length_files
+
+
+def _max_seq_len(model_dir: str, config: EncoderConfig) -> tuple[int, list[str]]:
+    from .model_dir import read_json
+
+    st_config = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.isfile(st_config):
+        length = read_json(st_config).get("max_seq_length")
+        if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+            return min(length, config.max_tokens), [st_config]
+    tokenizer_config = os.path.join(model_dir, "tokenizer_config.json")
+    if os.path.isfile(tokenizer_config):
+        length = read_json(tokenizer_config).get("model_max_length")
+        if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+            return min(length, config.max_tokens), [tokenizer_config]
+    return min(ST_MAX_SEQ_LEN, config.max_tokens), []
+
+
+def pooling_config(model_dir: str) -> tuple[str, dict] | None:
+    """The path and content of a sentence-transformers directory's Pooling config: the one
+    ``modules.json`` points at, else ``1_Pooling/config.json``; None when there is neither."""
+    from .model_dir import read_json
+
+    candidates = [
+        os.path.join(model_dir, str(module.get("path", "")), "config.json")
+        for module in read_modules(model_dir)
+        if str(module.get("type", "")).endswith(".Pooling")
+    ]
+    candidates.append(os.path.join(model_dir, "1_Pooling", "config.json"))
+    for path in candidates:
+        if os.path.isfile(path):
+            return path, read_json(path)
+    return None
+
+
+def pooling_from_config(path: str, raw: dict) -> PoolingStrategy:
+    """The pooling a Pooling config asks for, in either format."""
+    declared = raw.get("pooling_mode")
+    if declared is None:
+        modes = [mode for key, mode in _LEGACY_KEYS.items() if raw.get(key) is True]
+    elif isinstance(declared, str):
+        modes = [declared]
+    elif isinstance(declared, list) and all(isinstance(m, str) for m in declared):
+        modes = list(declared)
+    else:
+        raise ModelFileError(f"{path}: pooling_mode should be a mode name or a list of them, not {declared!r}")
+    unknown = [mode for mode in modes if mode not in _MODES]
+    if unknown:
+        raise ModelError(f"{path}: pooling mode {unknown[0]!r} is not one of {', '.join(_MODES)}")
+    if len(modes) == 1:
+        return _MODES[modes[0]]
+    if modes == ["mean", "max"]:
+        return PoolingStrategy.REDUCE_MEAN_MAX
+    if not modes:
+        raise ModelError(f"{path} turns on no pooling mode; choose --pooling-strategy")
+    raise ModelError(
+        f"{path}: the pooling modes {' + '.join(modes)} together are not supported (only mean + max, in that "
+        "order); choose one with --pooling-strategy"
+    )
+
+
+def _dense_module(module_dir: str) -> DenseModule:
+    from .model_dir import read_json
+
+    config_path = os.path.join(module_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise ModelFileError(f"missing file {config_path} (the Dense module's config)")
+    raw = read_json(config_path)
+    in_features, out_features = raw.get("in_features"), raw.get("out_features")
+    if not isinstance(in_features, int) or not isinstance(out_features, int):
+        raise ModelFileError(f"{config_path}: in_features and out_features should be integers")
+    activation = _ACTIVATIONS.get(str(raw.get("activation_function", "torch.nn.modules.activation.Tanh")))
+    if activation is None:
+        raise ModelError(
+            f"{config_path}: activation_function {raw.get('activation_function')!r} is not supported "
+            f"({', '.join(_ACTIVATIONS)})"
+        )
+    source = raw.get("module_input_name", "sentence_embedding")
+    if source != "sentence_embedding":
+        raise ModelError(f"{config_path}: a Dense module on {source!r} is not supported (only sentence_embedding)")
+    weights = os.path.join(module_dir, "model.safetensors")
+    if not os.path.isfile(weights):
+        if os.path.isfile(os.path.join(module_dir, "pytorch_model.bin")):
+            raise ModelFileError(
+                f"{module_dir} has its weights only as pytorch_model.bin, which bertserve does not unpickle; "
+                "convert it once where PyTorch is installed (see docs/server.md, Models)"
+            )
+        raise ModelFileError(f"missing file {weights} (the Dense module's weights)")
+    return DenseModule(weights, in_features, out_features, bool(raw.get("bias", True)), activation)
+
+
+def _check_dense_chain(model_dir: str, dense: list[DenseModule]) -> None:
+    width = dense[0].in_features if dense else 0
+    for layer in dense:
+        if layer.in_features != width:
+            raise ModelError(
+                f"{model_dir}: a Dense module takes {layer.in_features} features where {width} come in "
+                f"(its weights are {layer.path})"
+            )
+        width = layer.out_features
