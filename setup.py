@@ -63,6 +63,7 @@ setup(
             "uvloop>=0.19; sys_platform != 'win32'",
             "httptools>=0.6",
             "orjson>=3.9",
+            "huggingface_hub>=2.4",  # --model-id: resolve_revision, the cached tree listings (server/model/hub.py)
         ],
         "test": [
             "pytest>=8",

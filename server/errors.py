@@ -7,6 +7,7 @@
     └── ModelError (ValueError)          the model directory or a model option cannot be used
         ├── ModelOptionError             a model option is malformed, whatever the directory
         ├── ModelFileError               a file is missing, unreadable or malformed
+        │   └── HubError                 ... or a model named by its Hub id cannot be had
         └── ModelShapeError              weights, config and vocabulary disagree
 
 Input errors in ``Encoder.encode`` (an empty string, a non-string element) are plain
@@ -33,6 +34,11 @@ class ModelError(BertServeError, ValueError):
 
 class ModelFileError(ModelError):
     """A model file is missing, unreadable or malformed."""
+
+
+class HubError(ModelFileError):
+    """A model named by its Hugging Face Hub id cannot be had: unknown, not allowed, not
+    reachable, not cached while offline, or without weights bertserve reads."""
 
 
 class ModelShapeError(ModelError):

@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config.model import LONG_INPUTS, ModelConfig, PoolingStrategy
-from ..config.served import default_model_name, with_default_model
+from ..config.served import default_model_name, fetch_hub_models, hub_fields, with_default_model
 from ..config.server import ServerConfig
 from ..errors import ConfigError, ModelOptionError
 from ..model.default import default_model_dir
+from ..model.hub import fetch_model
 from .flag_help import Flag, boolean, under
 from .http_flags import HTTP_FLAGS, SECURITY_FLAGS
 from .serving_flags import DEVICE_FLAGS, LIMIT_FLAGS, SERVING_FLAGS
@@ -48,6 +49,7 @@ _MODEL_DEFAULT = "the model's, or "  # what a plain BERT directory gets when the
 MODEL_FLAGS = under(
     "model",
     Flag("--model-dir", "BERT model directory", unset="all-MiniLM-L6-v2 if installed"),
+    Flag("--model-id", "ORG/NAME[@REV]: a Hugging Face Hub model, fetched once", unset="none", metavar="ID"),
     Flag(
         "--tuned-model-dir",
         "fine-tuned checkpoint directory whose weights override the model's",
@@ -235,9 +237,19 @@ WORKER_FLAGS = [
 
 
 def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
+    """The model's config; a model given by its Hub id (``--model-id``) is fetched now, into
+    the Hub cache, so that every process after this one reads its directory there."""
     options = {flag.dest: getattr(args, flag.dest) for flag in MODEL_FLAGS}
-    options["model_dir"] = args.model_dir or default_model_dir()
-    return ModelConfig(**options)
+    if args.model_id is None:
+        options["model_dir"] = args.model_dir or default_model_dir()
+        return ModelConfig(**options)
+    if args.model_dir is not None:
+        raise ConfigError(
+            f"--model-id and --model-dir cannot be given together: --model-id {args.model_id} serves a model of the "
+            f"Hub (from the Hub cache), --model-dir {args.model_dir} the one in a directory; give one of them"
+        )
+    ModelConfig(**{**options, "model_id": None, "model_dir": ""})  # the other options checked before a download
+    return ModelConfig(**{**options, **hub_fields(fetch_model(args.model_id))})
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -246,15 +258,22 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
     options = {flag.dest: getattr(args, flag.dest) for flag in SERVER_FLAGS}
     several = "--model" if options["models"] else "--models-dir" if options["models_dir"] is not None else None
     if several is None:
+        if args.model_id is not None:  # every option checked before the model is fetched
+            ServerConfig(model=ModelConfig(model_dir=""), **options)
         config = ServerConfig(model=model_config_from_args(args), **options)
         default_model_name(config)  # a --default-model that is not the model served: refused now, not at start
         return config
-    if args.model_dir is not None:
-        what = "names each model with its directory" if several == "--model" else "serves every model of a folder"
-        raise ConfigError(
-            f"--model-dir and {several} cannot be given together: --model-dir serves one model, {several} {what}"
+    one = next((flag for flag in ("--model-dir", "--model-id") if getattr(args, flag[2:].replace("-", "_"))), None)
+    if one is not None:
+        what = (
+            "names each model with its directory or Hub id"
+            if several == "--model"
+            else "serves every model of a folder"
         )
+        raise ConfigError(f"{one} and {several} cannot be given together: {one} serves one model, {several} {what}")
     flags = ModelConfig(**{**{flag.dest: getattr(args, flag.dest) for flag in MODEL_FLAGS}, "model_dir": ""})
+    ServerConfig(model=flags, **options)  # every option checked before a model is fetched
+    options["models"] = fetch_hub_models(options["models"])
     return with_default_model(ServerConfig(model=flags, **options))
 
 

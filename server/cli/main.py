@@ -80,7 +80,7 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
         f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
         f"results on port {config.port_out}, {sum(entry.config.num_worker for entry in served)} worker(s), "
         f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
-        f"dim {info.get('output_dim')}, {dtype_text(info)}, model {info.get('model_dir') or config.model.model_dir}"
+        f"dim {info.get('output_dim')}, {dtype_text(info)}, model {model_text(config, info)}"
     )
     if len(served) > 1:
         line += f" (the default of {len(served)} models: {', '.join(entry.name for entry in served)})"
@@ -91,6 +91,15 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
     if config.worker_port is not None:
         line += f", remote workers join on tcp://{config.bind}:{config.worker_port}"
     print(paint(line, "green", sys.stdout, bold=True), flush=True)
+
+
+def model_text(config: ServerConfig, info: dict[str, Any]) -> str:
+    """The ready line's model: its directory, or for a model of the Hub its id, the revision
+    asked for and the commit served (``BAAI/bge-small-en-v1.5@main (commit 5c38ec7...)``)."""
+    model = config.model
+    if model.model_id is None:
+        return str(info.get("model_dir") or model.model_dir)
+    return f"{model.model_id}@{model.model_revision} (commit {model.model_commit})"
 
 
 def dtype_text(info: dict[str, Any]) -> str:

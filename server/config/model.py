@@ -85,10 +85,16 @@ def default_graph_dir() -> str:
 class ModelConfig:
     """Everything that decides which model is loaded and which graph is built.
 
-    The field names are the ``bertserve start`` flags with ``-`` written ``_``.
+    The field names are the ``bertserve start`` flags with ``-`` written ``_``. A model given
+    by its Hub id (``--model-id ORG/NAME@REVISION``) is fetched once, by the CLI, before any
+    process starts: ``model_dir`` is then its directory in the Hub cache, and
+    :data:`HUB_FIELDS` say which model and commit it is.
     """
 
     model_dir: str
+    model_id: str | None = None  # ORG/NAME on the Hugging Face Hub, whose snapshot in the Hub cache model_dir is
+    model_revision: str | None = None  # the revision of model_id asked for: a branch, tag or commit
+    model_commit: str | None = None  # the commit model_revision resolved to: the version of the model served
     tuned_model_dir: str | None = None
     ckpt_name: str = "bert_model.ckpt"
     config_name: str = "bert_config.json"
@@ -142,6 +148,10 @@ class ModelConfig:
     def dynamic_length(self) -> bool:
         return self.max_seq_len == DYNAMIC
 
+
+HUB_FIELDS = ("model_id", "model_revision", "model_commit")
+"""The fields that say which model of the Hub ``model_dir`` holds: not options of a model, and
+not a remote worker's business (its files are checked by their sha256)."""
 
 LONG_INPUTS = ("truncate", "chunk")
 """What happens to an input longer than ``max_seq_len``: cut to fit, or encoded in windows."""

@@ -22,6 +22,11 @@ says (``normalize=``: what the model says).
 
 each subfolder served, in sorted order, as if ``--model NAME=models/NAME`` had been given
 (hidden folders and plain files are left out).
+
+A ``--model`` whose directory is a Hub id (``bge=BAAI/bge-small-en-v1.5@main``) is fetched by
+:func:`fetch_hub_models`, once, in the process that reads the command line: its spec is
+written again with the model's directory in the Hub cache and :data:`.model.HUB_FIELDS`, so
+every process after it reads a directory.
 """
 
 from __future__ import annotations
@@ -29,14 +34,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError, ModelFileError
 from ..model.default import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
+from ..model.hub import HubModel, fetch_model, is_model_id
 from ..model.model_dir import detect_layout
 from ..model.repository import is_repository, versions
-from .model import ModelConfig
+from .model import HUB_FIELDS, ModelConfig
 from .server import ServerConfig
 from .specs import ModelSpec, check_default, check_model_name, parse_model_spec
 
@@ -99,7 +106,10 @@ def with_default_model(config: ServerConfig) -> ServerConfig:
 def directory_name(config: ServerConfig) -> str:
     """The name the model of ``--model-dir`` goes by unless ``--served-model-name`` says:
     its directory's (a directory called ``model`` goes by its parent's), its repository's for
-    a version of one, and all-MiniLM-L6-v2 for the model installed as the default."""
+    a version of one, its Hub id (``BAAI/bge-small-en-v1.5``) for a model of the Hub, and
+    all-MiniLM-L6-v2 for the model installed as the default."""
+    if config.model.model_id is not None:
+        return config.model.model_id
     path = os.path.normpath(config.model.model_dir)
     version = os.path.basename(path)
     if version.isdigit() and int(version) == config.version_number:  # a version of a repository
@@ -108,6 +118,44 @@ def directory_name(config: ServerConfig) -> str:
     parent = os.path.basename(os.path.dirname(path))
     name = base if base != "model" or not parent else parent
     return DEFAULT_MODEL_NAME if name == DEFAULT_MODEL_PACKAGE else name
+
+
+def hub_fields(model: HubModel) -> dict[str, str]:
+    """The model config's fields of a model fetched from the Hub: its directory, id, revision and commit."""
+    return {
+        "model_dir": model.directory,
+        "model_id": model.repo_id,
+        "model_revision": model.revision,
+        "model_commit": model.commit,
+    }
+
+
+def fetch_hub_models(specs: Sequence[str]) -> tuple[str, ...]:
+    """The ``--model`` specs, each whose directory is a Hub id fetched into the Hub cache and
+    written again with its directory there and what it is (:data:`.model.HUB_FIELDS`); the
+    others as given. Raises :class:`..errors.HubError` naming the model that cannot be had."""
+    written = []
+    for text in specs:
+        spec = parse_model_spec(text)
+        if not is_model_id(spec.model_dir):
+            written.append(text)
+            continue
+        given = [key for key, _ in spec.options if key in HUB_FIELDS]
+        if given:
+            raise ConfigError(f"--model {spec.name}: {given[0]} is what the Hub says, not an option")
+        try:
+            fields = hub_fields(fetch_model(spec.model_dir))
+        except ModelFileError as exc:
+            taken = f"no directory {spec.model_dir} exists, so it was taken for a Hub id, and "
+            raise type(exc)(f"--model {spec.name}: {taken}{exc}") from exc
+        if "," in fields["model_dir"]:
+            raise ConfigError(
+                f"--model {spec.name}: the Hub cache {fields['model_dir']} has a comma in its path, which --model "
+                "cannot hold; set HF_HOME to a path without one"
+            )
+        options = (*((key, value) for key, value in fields.items() if key != "model_dir"), *spec.options)
+        written.append(ModelSpec(spec.name, fields["model_dir"], options).written())
+    return tuple(written)
 
 
 def share_cores(models: list[ServedModel]) -> list[ServedModel]:
@@ -125,19 +173,20 @@ def share_cores(models: list[ServedModel]) -> list[ServedModel]:
 def option_types() -> dict[str, Any]:
     """The keys a ``--model`` takes, each with the type of the field it sets."""
     server = get_type_hints(ServerConfig)
-    types = {key: kind for key, kind in get_type_hints(ModelConfig).items() if key != "model_dir"}
+    types = {key: kind for key, kind in get_type_hints(ModelConfig).items() if key not in ("model_dir", *HUB_FIELDS)}
     return {**types, **{key: server[key] for key in SERVER_OPTIONS}}
 
 
 def _served(config: ServerConfig, flags: ModelConfig, spec: ModelSpec) -> ServedModel:
     types = option_types()
-    unknown = [key for key, _ in spec.options if key not in types]
+    hub = {key: text for key, text in spec.options if key in HUB_FIELDS}  # written by fetch_hub_models
+    unknown = [key for key, _ in spec.options if key not in types and key not in hub]
     if unknown:
         raise ConfigError(f"--model {spec.name}: unknown option {unknown[0]!r}; a model takes {', '.join(types)}")
-    values = {key: _value(spec.name, key, text, types[key]) for key, text in spec.options}
+    values = {key: _value(spec.name, key, text, types[key]) for key, text in spec.options if key not in hub}
     own = {key: value for key, value in values.items() if key in SERVER_OPTIONS}
     try:
-        model = flags.replace(model_dir=spec.model_dir, **{k: v for k, v in values.items() if k not in own})
+        model = flags.replace(model_dir=spec.model_dir, **hub, **{k: v for k, v in values.items() if k not in own})
         served = dataclasses.replace(
             config,
             model=model,

@@ -1,5 +1,9 @@
 """The syntax of ``--model NAME=DIR[,key=value,...]`` and of model names.
 
+``DIR`` may also be a model's Hugging Face Hub id, ``ORG/NAME[@REVISION]``, when no such
+directory exists (:func:`..model.hub.is_model_id`): the CLI fetches it and writes the spec
+again with its directory in the Hub cache (:func:`.served.fetch_hub_models`).
+
 A name is what requests and the HTTP API use to pick a model, so it must be safe in a URL
 path and a log line: a letter or digit, then up to 127 letters, digits and ``._:/-``
 (``minilm``, ``bge-small-en:v1.5``, ``org/model``). Only the syntax is checked here, when
@@ -27,6 +31,10 @@ class ModelSpec:
     name: str
     model_dir: str
     options: tuple[tuple[str, str], ...] = ()
+
+    def written(self) -> str:
+        """The spec as ``--model`` takes it: ``NAME=DIR[,key=value,...]``."""
+        return ",".join([f"{self.name}={self.model_dir}", *(f"{key}={value}" for key, value in self.options)])
 
 
 def parse_model_spec(spec: str) -> ModelSpec:

@@ -147,6 +147,7 @@ class Catalog:
                 "max_seq_len": model.tokenizer.max_len,
                 "dtype": summary.get("dtype") or info.get("dtype"),
                 "model_version": summary.get("model_version"),
+                "model_commit": info.get("model_commit"),
                 "prompts": prompts(info),
                 "default_prompt_name": default_prompt_name(info),
             }

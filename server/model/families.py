@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelError, ModelFileError, ModelShapeError
+from .json_file import read_json
 
 #: ``model_type`` -> family. Sentence-transformers' models keep the base model's type.
 _MODEL_TYPES = {
@@ -90,8 +91,6 @@ class EncoderConfig:
 
     @classmethod
     def from_json(cls, path: str) -> EncoderConfig:
-        from .model_dir import read_json
-
         return read_config(path, read_json(path))
 
 
@@ -193,7 +192,8 @@ def _modernbert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     else:
         every = max(_int(path, raw, "global_attn_every_n_layers", 3), 1)
         windows = tuple(half_window if i % every else 0 for i in range(layers))
-    rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    declared = raw.get("rope_parameters")
+    rope: dict[str, Any] = declared if isinstance(declared, dict) else {}
     theta_global = (rope.get("full_attention") or {}).get("rope_theta", raw.get("global_rope_theta", 160_000.0))
     theta_local = (rope.get("sliding_attention") or {}).get("rope_theta", raw.get("local_rope_theta", 10_000.0))
     for rope_layer in ("full_attention", "sliding_attention"):

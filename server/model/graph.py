@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..config.model import PoolingStrategy
-from .bert import forward, prepare_weights
+from . import bert, modernbert
 from .model_dir import ModelFiles
 from .weights import read_weights
 
@@ -175,11 +175,14 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
     """
     import tensorflow as tf
 
-    constants = _Constants(prepare_weights(read_weights(model), model.config, spec))
+    family = modernbert if model.config.family == "modernbert" else bert
+    constants = _Constants(family.prepare_weights(read_weights(model), model.config, spec))
     graph = tf.Graph()
     with graph.as_default():
         inputs = [tf.compat.v1.placeholder(tf.int32, [None, None], name=name) for name in INPUT_NAMES]
-        output = tf.identity(forward(constants, model.config, spec, model.defaults.dense, *inputs), name=OUTPUT_NAME)
+        output = tf.identity(
+            family.forward(constants, model.config, spec, model.defaults.dense, *inputs), name=OUTPUT_NAME
+        )
     output_dim = int(output.shape[-1])
     del constants, output
     graph_def = graph.as_graph_def()

@@ -36,6 +36,7 @@ from .graph import INPUT_NAMES, GraphMeta
 KEEP_FLOAT: tuple[str, ...] = ("*/qkv",)
 
 _LAYER = re.compile(r"layer_(\d+)/MatMul")  # a fused name lists the ops folded in; the product comes last
+_PRODUCT = re.compile(r"layer_\d+/MatMul(?:_(\d+))?(?![\w])")  # a layer's products in order: MatMul, MatMul_1, ...
 #: The converter would fold the layer norm's scale into the next product's weight, giving
 #: each input channel its own range, which one scale per output channel then rounds badly:
 #: every product in int8 gave a min cosine of 0.989 folded and 0.993 not.
@@ -188,16 +189,20 @@ def _int8_products(model: Any) -> list[tuple[str, tuple[Any, Any]]]:
         output = output.decode() if isinstance(output, bytes) else str(output)
         layers = _LAYER.findall(name) or _LAYER.findall(output)
         out_features, in_features = tensor.shape
-        product = f"layer_{layers[-1] if layers else '?'}/{_role(name, out_features, in_features)}"
+        named = name if _LAYER.search(name) else output
+        product = f"layer_{layers[-1] if layers else '?'}/{_role(named, out_features, in_features)}"
         found.append((product, (tensor, model.buffers[tensor.buffer])))
     return found
 
 
 def _role(name: str, out_features: int, in_features: int) -> str:
-    """A BERT layer's product by its weight's shape."""
+    """A layer's product: the fused query, key and value product is the layer's first
+    (``layer_N/MatMul``), the others are told apart by their weight's shape. (By shape alone,
+    ModernBERT's GeGLU input, 2 x 1152 = 3 x 768 wide, would pass for the query, key and value.)"""
     if "pooler" in name:
         return "pooler"
-    if out_features == 3 * in_features:
+    numbers = _PRODUCT.findall(name)
+    if (numbers[-1] == "") if numbers else out_features == 3 * in_features:
         return "qkv"
     if out_features == in_features:
         return "attn_out"

@@ -15,7 +15,6 @@ The weights themselves are read by :mod:`.weights`, only when a graph is built.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from ..config.model import ModelConfig
 from ..errors import ModelFileError, ModelShapeError
 from .default import hub_name_hint
 from .families import EncoderConfig
+from .json_file import read_json
 from .st_modules import ModelDefaults, pooling_config, sentence_transformers_defaults
 
 __all__ = ["EncoderConfig", "ModelDefaults", "ModelFiles", "inspect_model", "pooling_config", "read_json"]
@@ -194,20 +194,6 @@ def _require(directory: str, name: str) -> str:
     if not os.access(path, os.R_OK):
         raise ModelFileError(f"cannot read {path}")
     return path
-
-
-def read_json(path: str) -> dict:
-    """A JSON object from ``path``; :class:`ModelFileError` naming the file if it is not one."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise ModelFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelFileError(f"{path} should hold a JSON object")
-    return data
 
 
 def _checkpoint_prefix(directory: str, ckpt_name: str) -> str:

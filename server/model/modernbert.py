@@ -18,6 +18,7 @@ import numpy as np
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
 from .pooling import head, pool, pool_mask
+from .precision import compute_dtype, numpy_dtype
 
 if TYPE_CHECKING:
     from .bert import ForwardSpec
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
     """The matrices in the compute dtype, the query's columns of Wqkv pre-scaled (rotation is
     linear, so scaling before it is scaling after)."""
-    from .bert import numpy_dtype
-
     if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
         raise ModelError("CLS_POOLED needs a pooler, and ModernBERT has none; use CLS_TOKEN")
     compute = numpy_dtype(spec.dtype)
@@ -55,11 +54,21 @@ def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec:
 _ROLES = {"Wqkv": "qkv", "Wo": "attn_out", "mlp_Wi": "ffn_in", "mlp_Wo": "ffn_out"}
 
 
-def forward(w: dict, config: EncoderConfig, spec: ForwardSpec, dense: tuple[DenseModule, ...], input_ids, input_mask):
+def forward(
+    w: dict,
+    config: EncoderConfig,
+    spec: ForwardSpec,
+    dense: tuple[DenseModule, ...],
+    input_ids,
+    input_mask,
+    segment_ids,
+):
+    """The output of ``spec`` for a batch (int32 [batch, length], right-padded); ModernBERT
+    has no token types, and ``segment_ids`` goes unread."""
     import tensorflow as tf
 
     f32 = tf.float32
-    compute = {"fp32": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16, "int8": tf.float32}[spec.dtype]
+    compute = compute_dtype(spec.dtype)
     batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
     hidden, heads = config.hidden_size, config.num_attention_heads
     head_dim = hidden // heads

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelFileError, ModelOptionError
-from .model_dir import read_json
+from .json_file import read_json
 from .st_modules import pooling_config
 
 ST_CONFIG = "config_sentence_transformers.json"

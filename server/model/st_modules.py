@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..config.model import PoolingStrategy
 from ..errors import ModelError, ModelFileError
 from .families import EncoderConfig
+from .json_file import read_json
 
 ST_MAX_SEQ_LEN = 128  # a plain model directory with no length of its own
 
@@ -90,8 +91,6 @@ def read_modules(model_dir: str) -> list[dict]:
 def sentence_transformers_defaults(model_dir: str, config: EncoderConfig) -> tuple[ModelDefaults, list[str]]:
     """The defaults a sentence-transformers directory declares, and the files they come from;
     bert-as-service's defaults when it has no ``modules.json``."""
-    from .model_dir import read_json
-
     modules = read_modules(model_dir)
     if not modules:
         return ModelDefaults(), []
@@ -122,8 +121,6 @@ def sentence_transformers_defaults(model_dir: str, config: EncoderConfig) -> tup
 
 
 def _max_seq_len(model_dir: str, config: EncoderConfig) -> tuple[int, list[str]]:
-    from .model_dir import read_json
-
     st_config = os.path.join(model_dir, "sentence_bert_config.json")
     if os.path.isfile(st_config):
         length = read_json(st_config).get("max_seq_length")
@@ -140,8 +137,6 @@ def _max_seq_len(model_dir: str, config: EncoderConfig) -> tuple[int, list[str]]
 def pooling_config(model_dir: str) -> tuple[str, dict] | None:
     """The path and content of a sentence-transformers directory's Pooling config: the one
     ``modules.json`` points at, else ``1_Pooling/config.json``; None when there is neither."""
-    from .model_dir import read_json
-
     candidates = [
         os.path.join(model_dir, str(module.get("path", "")), "config.json")
         for module in read_modules(model_dir)
@@ -181,8 +176,6 @@ def pooling_from_config(path: str, raw: dict) -> PoolingStrategy:
 
 
 def _dense_module(module_dir: str) -> DenseModule:
-    from .model_dir import read_json
-
     config_path = os.path.join(module_dir, "config.json")
     if not os.path.isfile(config_path):
         raise ModelFileError(f"missing file {config_path} (the Dense module's config)")

@@ -1,13 +1,15 @@
-"""WordPiece tokenization with the ``tokenizers`` library, exactly as the model was trained.
-
-A directory's ``tokenizer.json`` is used as it is; a bare ``vocab.txt`` gets BERT's own
-pipeline (clean text, CJK characters split, accents stripped when lower-casing,
-punctuation split, WordPiece with ``[UNK]``). Sentence pairs are written
+"""Tokenization with the ``tokenizers`` library, exactly as the model was trained: WordPiece
+(BERT, DistilBERT, MPNet), byte-level BPE (RoBERTa, ModernBERT) and SentencePiece Unigram
+(XLM-RoBERTa) alike, with the special tokens and token type ids of the model's own
+post-processor (:mod:`.tokenizer_files` reads them). Sentence pairs are written
 ``"first ||| second"``; pre-tokenized input is a list of tokens per sentence.
 
 An input too long for ``max_len`` is cut on its right (its start is kept) or, with
 ``truncation_direction="left"``, on its left (its end is kept), as Hugging Face's tokenizers
-do with ``truncation_side``: ``[CLS]`` and ``[SEP]`` are always kept.
+do with ``truncation_side``; a pair's sides are cut ``longest_first``, and the special tokens
+are always kept. That is the library's own truncation, as Hugging Face's fast tokenizers run
+it, for pre-tokenized input too: its tokens are turned into ids, which a twin of the model's
+tokenizer whose words are ids tokenizes, with the same post-processor and truncation.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from typing import Any
 import numpy as np
 from bertserve.client.protocol import PAIR_SEPARATOR, TRUNCATION_DIRECTIONS
 
-from ..errors import ModelFileError, ModelOptionError
+from ..errors import ModelOptionError
+from .tokenizer_files import id_twin, read_tokenizer, special_tokens, unk_id
 
 logger = logging.getLogger("bertserve.tokenizer")
 
-CLS, SEP, UNK = "[CLS]", "[SEP]", "[UNK]"
+Row = tuple[list[int], list[int], list[str], bool]  # ids, type ids, tokens, truncated
 
 
 @dataclass
@@ -33,7 +36,7 @@ class TokenizedBatch:
 
     input_ids: np.ndarray  # int32 [batch, length]
     segment_ids: np.ndarray  # int32 [batch, length]
-    lengths: np.ndarray  # int32 [batch]: real tokens, [CLS] and [SEP] included
+    lengths: np.ndarray  # int32 [batch]: real tokens, the special tokens included
     truncated: np.ndarray  # bool [batch]: the input did not fit in max_seq_len
     tokens: list[list[str]] | None = None
     # Chunked inputs: the input each row (a window) belongs to; None when a row is an input.
@@ -68,8 +71,14 @@ def tokens_per_input(batch: TokenizedBatch) -> list[list[str]] | None:
     return joined
 
 
-class WordPieceTokenizer:
-    """Turns strings (or token lists) into padded id arrays, truncating to ``max_len``."""
+class ModelTokenizer:
+    """Turns strings (or token lists) into padded id arrays, truncating to ``max_len``, with
+    the model's own tokenizer: any of WordPiece, BPE and Unigram. (``WordPieceTokenizer``
+    is the same class, by the name it had when BERT's was the only one.)
+
+    ``cls_id`` and ``sep_id`` are the first and last special tokens of a single input
+    (``[CLS]``/``[SEP]``, ``<s>``/``</s>``); ``unk_id`` is the unknown token's id, None for a
+    model that has none (byte-level BPE spells any text in its bytes)."""
 
     def __init__(
         self,
@@ -80,44 +89,39 @@ class WordPieceTokenizer:
         max_len: int,
         stride: int = 0,
     ) -> None:
-        from tokenizers import Tokenizer, normalizers
-
-        if tokenizer_json is not None:
-            try:
-                tokenizer = Tokenizer.from_file(tokenizer_json)
-            except Exception as exc:  # tokenizers raises a bare Exception on bad files
-                raise ModelFileError(f"cannot read {tokenizer_json}: {exc}") from exc
-            normalizer = tokenizer.normalizer
-            lowercase = getattr(normalizer, "lowercase", None)
-            if lowercase is not None and lowercase != do_lower_case:
-                tokenizer.normalizer = normalizers.BertNormalizer(
-                    clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=do_lower_case
-                )
-        elif vocab_path is not None:
-            tokenizer = _bert_tokenizer(vocab_path, do_lower_case)
-        else:
-            raise ModelFileError("the model directory has neither tokenizer.json nor vocab.txt")
+        tokenizer = read_tokenizer(vocab_path, tokenizer_json, do_lower_case)
+        self._specials = specials = special_tokens(tokenizer, tokenizer_json or vocab_path)
+        if max_len <= specials.pair:
+            raise ModelOptionError(
+                f"max_seq_len {max_len} leaves no room for text: the model adds {specials.pair} special "
+                "tokens to a pair; raise max_seq_len"
+            )
+        if not 0 <= stride < max_len - specials.single:
+            raise ModelOptionError(
+                f"chunk_stride must be below max_seq_len minus the model's {specials.single} special tokens "
+                f"= {max_len - specials.single}, not {stride}"
+            )
         tokenizer.no_padding()
-        if not 0 <= stride < max_len - 2:
-            raise ModelOptionError(f"chunk_stride must be below max_seq_len - 2 = {max_len - 2}, not {stride}")
         # stride: the tokens consecutive windows of a chunked input share
         tokenizer.enable_truncation(max_len, strategy="longest_first", stride=stride)
         self._tokenizer = tokenizer
-        # the same tokenizer cutting on the left ("left") or not at all (None), made when first asked for
-        self._variants: dict[str | None, Tokenizer] = {"right": tokenizer}
         self.max_len = max_len
         self.stride = stride
-        cls_id, sep_id, unk_id = (tokenizer.token_to_id(t) for t in (CLS, SEP, UNK))
-        if cls_id is None or sep_id is None or unk_id is None:
-            raise ModelFileError("the vocabulary lacks one of [CLS], [SEP], [UNK]")
-        self.cls_id: int = cls_id
-        self.sep_id: int = sep_id
-        self._unk_id: int = unk_id
+        # copies of the tokenizer cutting on the left ("left") or not at all (None), and its
+        # twins reading ids ("ids-right", "ids-left"), each made when first asked for
+        self._variants: dict[str | None, Any] = {"right": tokenizer}
+        self.cls_id: int = (specials.prefix or specials.suffix)[0]
+        self.sep_id: int = (specials.suffix or specials.prefix)[-1]
+        self.unk_id: int | None = unk_id(tokenizer)
         self._vocab_size = tokenizer.get_vocab_size()
 
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    def num_special_tokens(self, *, pair: bool = False) -> int:
+        """How many special tokens the model adds to a single input, or to a pair."""
+        return self._specials.pair if pair else self._specials.single
 
     def tokenize(
         self,
@@ -131,20 +135,23 @@ class WordPieceTokenizer:
         """Ids of ``texts``, each cut to ``max_len`` tokens on the side ``truncation_direction``
         names; with ``chunk``, an input longer than that (not a pair) becomes windows of
         ``max_len`` tokens, rows of their own, consecutive ones sharing ``stride`` tokens
-        (``.owners`` says whose each row is), whatever the side."""
+        (``.owners`` says whose each row is), whatever the side.
+
+        Pre-tokenized input (``is_tokenized``): vocabulary tokens are taken as they are, other
+        words are split into the model's tokens (an unknown token where that gives none); a
+        ``|||`` token separates a pair."""
         _check_direction(truncation_direction)
-        left = truncation_direction == "left"
-        windows: list[list[tuple[list[int], list[int], list[str], bool]]]
         if is_tokenized:
-            windows = [self._encode_tokens(list(tokens), chunk, left) for tokens in texts]
+            inputs: list = [self._id_words(list(tokens)) for tokens in texts]
         else:
             inputs = [split_pair(text) for text in texts]
-            windows = [
-                [(e.ids, e.type_ids, e.tokens, False) for e in (enc, *enc.overflowing)]
-                if chunk and enc.overflowing and isinstance(text, str)
-                else [(enc.ids, enc.type_ids, enc.tokens, bool(enc.overflowing))]
-                for text, enc in zip(inputs, self._encode_batch(inputs, truncation_direction, chunk), strict=True)
-            ]
+        encodings = self._encode_batch(inputs, truncation_direction, chunk, ids=is_tokenized)
+        windows: list[list[Row]] = []
+        for item, enc in zip(inputs, encodings, strict=True):
+            if chunk and enc.overflowing and not isinstance(item, tuple):
+                windows.append([self._row(e, False, is_tokenized, keep_tokens) for e in (enc, *enc.overflowing)])
+            else:
+                windows.append([self._row(enc, bool(enc.overflowing), is_tokenized, keep_tokens)])
         rows = [row for rows_of_input in windows for row in rows_of_input]
         owners = None
         if len(rows) > len(windows):
@@ -158,8 +165,14 @@ class WordPieceTokenizer:
             input_ids[i, : len(ids)] = ids
             segment_ids[i, : len(ids)] = type_ids
         truncated = np.fromiter((r[3] for r in rows), dtype=bool, count=n)
-        tokens = [list(r[2]) for r in rows] if keep_tokens else None
+        tokens = [r[2] for r in rows] if keep_tokens else None
         return TokenizedBatch(input_ids, segment_ids, lengths, truncated, tokens, owners)
+
+    def _row(self, enc: Any, truncated: bool, from_ids: bool, keep_tokens: bool) -> Row:
+        tokens: list[str] = []
+        if keep_tokens:  # the twin reading ids has the ids' digits for tokens
+            tokens = [self._tokenizer.id_to_token(i) for i in enc.ids] if from_ids else list(enc.tokens)
+        return enc.ids, enc.type_ids, tokens, truncated
 
     def explain(
         self,
@@ -172,12 +185,14 @@ class WordPieceTokenizer:
         """The tokens of each of ``texts``, to show them, in the shape of Text Embeddings
         Inference's ``/tokenize``: ``{"id", "text", "special", "start", "stop"}`` per token.
 
-        A special token ([CLS], [SEP]) has its own text and null ``start``/``stop``; any other
-        has the slice ``text[start:stop]`` of its input (``"café"`` for the token ``cafe``,
-        ``"ing"`` for ``##ing``). Offsets count code points, as Python indexes a string (TEI's
-        count UTF-8 bytes). They index the input as given, pairs too: a token of
-        ``"a ||| b"``'s second side points past the ``|||``. The ids are those
-        :meth:`tokenize` gives the model, cut as it cuts them when ``truncate``.
+        A special token ([CLS], ``</s>``) has its own text and null ``start``/``stop``; any
+        other has the slice ``text[start:stop]`` of its input (``"café"`` for the token
+        ``cafe``, ``"ing"`` for ``##ing``, ``"hello"`` for ``Ġhello`` and ``▁hello``: the
+        library trims a token's leading space where the model says so). Offsets count code
+        points, as Python indexes a string (TEI's count UTF-8 bytes); byte-level tokens that
+        each hold part of one character all point at that character. They index the input as
+        given, pairs too: a token of ``"a ||| b"``'s second side points past the ``|||``. The
+        ids are those :meth:`tokenize` gives the model, cut as it cuts them when ``truncate``.
         """
         _check_direction(truncation_direction)
         inputs = [split_pair(text) for text in texts]
@@ -185,47 +200,76 @@ class WordPieceTokenizer:
         encodings = tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
         return [_explained(text, enc) for text, enc in zip(texts, encodings, strict=True)]
 
-    def _encode_batch(self, inputs: list, direction: str, chunk: bool) -> list:  # list[tokenizers.Encoding]
-        if direction == "right":
-            return self._tokenizer.encode_batch(inputs)
-        if not chunk:
-            return self._variant(direction).encode_batch(inputs)
+    def _encode_batch(self, inputs: list, direction: str, chunk: bool, ids: bool = False) -> list:
+        """``tokenizers.Encoding`` of each of ``inputs`` (texts, or the words :meth:`_id_words` makes)."""
+        kind = "ids-" if ids else ""
+        if direction == "right" or not chunk:
+            return self._variant(kind + direction).encode_batch(inputs, is_pretokenized=ids)
         # Chunked, a single input's windows cover all of it from its start, whatever the side;
         # a pair is still cut, on the side asked for.
-        pairs = [i for i, x in enumerate(inputs) if not isinstance(x, str)]
-        singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
         encodings: list = [None] * len(inputs)
-        for indices, tokenizer in ((singles, self._tokenizer), (pairs, self._variant(direction))):
+        for pairs, variant in ((False, kind + "right"), (True, kind + direction)):
+            indices = [i for i, x in enumerate(inputs) if isinstance(x, tuple) == pairs]
             if indices:
-                for i, enc in zip(indices, tokenizer.encode_batch([inputs[i] for i in indices]), strict=True):
+                found = self._variant(variant).encode_batch([inputs[i] for i in indices], is_pretokenized=ids)
+                for i, enc in zip(indices, found, strict=True):
                     encodings[i] = enc
         return encodings
 
-    def _variant(self, direction: str | None):  # -> tokenizers.Tokenizer
-        found = self._variants.get(direction)
+    def _variant(self, name: str | None):  # -> tokenizers.Tokenizer
+        """The tokenizer cutting on the side ``name`` says (``right``, ``left``; None: not at
+        all); ``ids-right`` and ``ids-left``: its twins reading ids."""
+        found = self._variants.get(name)
         if found is None:
             from tokenizers import Tokenizer
 
-            found = Tokenizer.from_str(self._tokenizer.to_str())
+            if name is not None and name.startswith("ids-"):
+                found = id_twin(self._tokenizer, self._vocab_size)
+                name_of_side: str | None = name[len("ids-") :]
+            else:
+                found = Tokenizer.from_str(self._tokenizer.to_str())
+                found.model = self._tokenizer.model  # as read, not as written and read again
+                name_of_side = name
             found.no_padding()
-            if direction is None:
+            if name_of_side is None:
                 found.no_truncation()
             else:
-                found.enable_truncation(self.max_len, strategy="longest_first", stride=self.stride, direction=direction)
-            self._variants[direction] = found
+                found.enable_truncation(
+                    self.max_len, strategy="longest_first", stride=self.stride, direction=name_of_side
+                )
+            self._variants[name] = found
         return found
 
-    def same_vocabulary(self, other: WordPieceTokenizer) -> bool:
-        """Whether ``other`` maps every token to the same id."""
-        return bool(self._tokenizer.get_vocab() == other._tokenizer.get_vocab())
+    def _id_words(self, tokens: list[str]) -> list[str] | tuple[list[str], list[str]]:
+        """Pre-tokenized input as the words of the twin reading ids: each token's id, or
+        the ids of the model's tokens it is split into; a pair as a tuple of its two sides."""
+        whole = self._variant(None)
+        sides: list[list[str]] = []
+        for side in _split_tokens(tokens):
+            ids: list[int] = []
+            for token in side:
+                token_id = self._tokenizer.token_to_id(token)
+                if token_id is not None:
+                    ids.append(token_id)
+                    continue
+                pieces = whole.encode(token, add_special_tokens=False).ids
+                ids.extend(pieces if pieces or self.unk_id is None else [self.unk_id])
+            sides.append([str(i) for i in ids])
+        return (sides[0], sides[1]) if len(sides) == 2 else sides[0]
+
+    def same_vocabulary(self, other: ModelTokenizer) -> bool:
+        """Whether ``other`` maps every token to the same id and puts the same special tokens
+        around an input and a pair."""
+        return bool(self._specials == other._specials and self._tokenizer.get_vocab() == other._tokenizer.get_vocab())
 
     def count_tokens(self, texts: Sequence, *, is_tokenized: bool = False, chunk: bool = False) -> np.ndarray:
         """How many tokens each input becomes (after truncation; with ``chunk``, in all its
-        windows), to sort and cut work by its cost."""
+        windows), to sort and cut work by its cost (pre-tokenized input: about as many)."""
         if is_tokenized:
             if chunk:
                 return np.fromiter((self._window_tokens(len(t)) for t in texts), dtype=np.int32, count=len(texts))
-            return np.fromiter((min(len(t) + 2, self.max_len) for t in texts), dtype=np.int32, count=len(texts))
+            single = self._specials.single
+            return np.fromiter((min(len(t) + single, self.max_len) for t in texts), dtype=np.int32, count=len(texts))
         # Without character offsets (tokenizers >= 0.20): the same ids, a fifth less time.
         encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
         inputs = [split_pair(text) for text in texts]
@@ -239,15 +283,16 @@ class WordPieceTokenizer:
         return np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(texts))
 
     def _window_tokens(self, words: int) -> int:
-        """Tokens in all the windows of an input of about ``words`` word pieces."""
-        content, step = self.max_len - 2, self.max_len - 2 - self.stride
+        """Tokens in all the windows of an input of about ``words`` tokens."""
+        single = self._specials.single
+        content, step = self.max_len - single, self.max_len - single - self.stride
         windows = 1 if words <= content else 1 + -(-(words - content) // step)
-        return words + 2 * windows + self.stride * (windows - 1)
+        return words + single * windows + self.stride * (windows - 1)
 
     def count_whole(self, texts: Sequence[str]) -> list[int]:
-        """How many tokens each of ``texts`` (no pairs) becomes uncut, without [CLS] and [SEP]:
-        pieces of a long text can be counted one at a time this way, where a cut would keep
-        every window of the whole text."""
+        """How many tokens each of ``texts`` (no pairs) becomes uncut, without the special
+        tokens: pieces of a long text can be counted one at a time this way, where a cut would
+        keep every window of the whole text."""
         whole = self._variant(None)
         encode = getattr(whole, "encode_batch_fast", whole.encode_batch)
         return [len(e.ids) for e in encode(list(texts), add_special_tokens=False)]
@@ -258,13 +303,15 @@ class WordPieceTokenizer:
         return np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(texts))
 
     def tokens_of(self, ids: Sequence[int]) -> list[str]:
-        """The vocabulary tokens of token ids, for inputs given as ids; a leading [CLS] and a
-        trailing [SEP] are dropped, since encoding adds them again."""
+        """The vocabulary tokens of token ids, for inputs given as ids; the special tokens the
+        model puts before and after an input (``[CLS]``, ``[SEP]``; ``<s>``, ``</s>``) are
+        dropped where the ids start and end with them, since encoding adds them again."""
         ids = list(ids)
-        if ids and ids[0] == self.cls_id:
-            ids = ids[1:]
-        if ids and ids[-1] == self.sep_id:
-            ids = ids[:-1]
+        prefix, suffix = self._specials.prefix, self._specials.suffix
+        if prefix and tuple(ids[: len(prefix)]) == prefix:
+            ids = ids[len(prefix) :]
+        if suffix and tuple(ids[-len(suffix) :]) == suffix:
+            ids = ids[: -len(suffix)]
         tokens = []
         for i, token_id in enumerate(ids):
             token = self._tokenizer.id_to_token(token_id) if 0 <= token_id < self._vocab_size else None
@@ -272,64 +319,20 @@ class WordPieceTokenizer:
                 raise ValueError(f"token id {token_id} at [{i}] is not in the vocabulary (0 to {self._vocab_size - 1})")
             tokens.append(token)
         if not tokens:
-            raise ValueError("no token is left once [CLS] and [SEP] are dropped")
+            around = " and ".join(self._tokenizer.id_to_token(i) for i in prefix + suffix)
+            raise ValueError(f"no token is left once {around} are dropped")
         return tokens
 
-    def _encode_tokens(
-        self, tokens: list[str], chunk: bool = False, left: bool = False
-    ) -> list[tuple[list[int], list[int], list[str], bool]]:
-        """Pre-tokenized input: vocabulary tokens are taken as they are, other words are
-        split into word pieces; a ``|||`` token separates a pair. One row, cut on the left
-        when ``left``, or with ``chunk`` the windows of a single input that does not fit."""
-        if PAIR_SEPARATOR in tokens:
-            cut = tokens.index(PAIR_SEPARATOR)
-            sides = [tokens[:cut], tokens[cut + 1 :]]
-        else:
-            sides = [tokens]
-        pieces: list[list[tuple[int, str]]] = []
-        for side in sides:
-            ids: list[tuple[int, str]] = []
-            for token in side:
-                token_id = self._tokenizer.token_to_id(token)
-                if token_id is not None:
-                    ids.append((token_id, token))
-                    continue
-                enc = self._tokenizer.encode(token, add_special_tokens=False)
-                ids.extend(zip(enc.ids, enc.tokens, strict=True) if enc.ids else [(self._unk_id, UNK)])
-            pieces.append(ids)
-        budget = self.max_len - len(pieces) - 1
-        truncated = sum(map(len, pieces)) > budget
-        if chunk and truncated and len(pieces) == 1:
-            (part,) = pieces
-            step = budget - self.stride
-            starts = range(0, max(1, len(part) - self.stride), step)
-            return [self._with_specials([part[start : start + budget]], False) for start in starts]
-        keep = _longest_first([len(part) for part in pieces], budget)
-        pieces = [part[len(part) - k :] if left else part[:k] for part, k in zip(pieces, keep, strict=True)]
-        return [self._with_specials(pieces, truncated)]
 
-    def _with_specials(
-        self, pieces: list[list[tuple[int, str]]], truncated: bool
-    ) -> tuple[list[int], list[int], list[str], bool]:
-        out_ids, out_types, out_tokens = [self.cls_id], [0], [CLS]
-        for segment, part in enumerate(pieces):
-            out_ids += [token_id for token_id, _ in part] + [self.sep_id]
-            out_tokens += [token for _, token in part] + [SEP]
-            out_types += [segment] * (len(part) + 1)
-        return out_ids, out_types, out_tokens, truncated
+WordPieceTokenizer = ModelTokenizer
+"""The name :class:`ModelTokenizer` had when it knew only WordPiece."""
 
 
-def _longest_first(lengths: list[int], budget: int) -> list[int]:
-    """How many tokens of each side to keep, as the ``tokenizers`` library's ``longest_first``
-    keeps them: the shorter side whole if it takes at most half the budget, else half each,
-    the odd token to the longer side (to the second of equals)."""
-    if sum(lengths) <= budget:
-        return lengths
-    if len(lengths) == 1:
-        return [budget]
-    first, second = lengths
-    short = min(first, second, budget // 2)
-    return [budget - short, short] if first > second else [short, budget - short]
+def _split_tokens(tokens: list[str]) -> list[list[str]]:
+    if PAIR_SEPARATOR in tokens:
+        cut = tokens.index(PAIR_SEPARATOR)
+        return [tokens[:cut], tokens[cut + 1 :]]
+    return [tokens]
 
 
 def _check_direction(direction: str) -> None:
@@ -363,26 +366,3 @@ def split_pair(text: str) -> str | tuple[str, str]:
         first, second = text.split(PAIR_SEPARATOR, 1)
         return first.strip(), second.strip()
     return text
-
-
-def _bert_tokenizer(vocab_path: str, do_lower_case: bool):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-    try:
-        wordpiece = models.WordPiece.from_file(vocab_path, unk_token=UNK, max_input_chars_per_word=100)
-    except Exception as exc:
-        raise ModelFileError(f"cannot read vocabulary {vocab_path}: {exc}") from exc
-    tokenizer = Tokenizer(wordpiece)
-    tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=do_lower_case
-    )
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
-    if cls_id is None or sep_id is None:
-        raise ModelFileError(f"{vocab_path} lacks [CLS] or [SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{CLS} $A {SEP}",
-        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
-        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
-    )
-    return tokenizer

@@ -78,9 +78,23 @@ def _safetensors_files(paths: Iterable[str]) -> Iterator[tuple[str, dict[str, np
 
     for path in paths:
         try:
-            yield path, load_file(path)
+            try:
+                yield path, load_file(path)
+            except TypeError:  # bfloat16, which numpy has no type for: read through TensorFlow
+                yield path, _load_through_tensorflow(path)
         except (SafetensorError, OSError, ValueError) as exc:
             raise ModelFileError(f"cannot read {path}: {exc}") from exc
+
+
+def _load_through_tensorflow(path: str) -> dict[str, np.ndarray]:
+    """A safetensors file with bfloat16 tensors, every floating tensor as float32."""
+    import tensorflow as tf
+    from safetensors.tensorflow import load_file
+
+    return {
+        name: (tf.cast(tensor, tf.float32) if tensor.dtype.is_floating else tensor).numpy()
+        for name, tensor in load_file(path).items()
+    }
 
 
 def _read_dense(model: ModelFiles) -> dict[str, np.ndarray]:

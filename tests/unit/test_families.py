@@ -188,3 +188,25 @@ def test_the_model_defaults_come_from_its_own_files():
         meta = json.loads(str(reference(name)["meta"]))
         assert info["max_seq_len"] == meta["max_seq_length"], name
     assert os.path.isdir(DATA)
+
+
+def test_weights_stored_in_bfloat16_and_float16(tmp_path, graph_dir):
+    """Models published in half precision are read as float32 (numpy has no bfloat16: the
+    file is read through TensorFlow)."""
+    import tensorflow as tf
+    from safetensors.numpy import load_file
+    from safetensors.tensorflow import save_file
+
+    name = FAMILIES[0]
+    ref = reference(name)
+    sentences = [str(s) for s in ref["sentences"]]
+    for dtype in (tf.bfloat16, tf.float16):
+        model = tmp_path / dtype.name
+        shutil.copytree(DATA / name, model)
+        weights = load_file(str(model / "model.safetensors"))
+        save_file(
+            {k: tf.cast(v, dtype) if v.dtype.kind == "f" else tf.constant(v) for k, v in weights.items()},
+            str(model / "model.safetensors"),
+        )
+        vectors = Encoder(str(model), dtype="fp32", graph_dir=graph_dir).encode(sentences)
+        assert min_cosine(vectors, ref["st_default"]) >= 0.995, dtype.name

@@ -65,7 +65,8 @@ def test_start_help_shows_choices_and_both_forms_of_a_switch() -> None:
     for shown in (
         "--dtype {auto,fp32,bf16,fp16,int8}",
         "--long-inputs {truncate,chunk}",
-        "--pooling-strategy {NONE,REDUCE_MEAN,REDUCE_MAX,REDUCE_MEAN_MAX,CLS_TOKEN,SEP_TOKEN,CLS_POOLED}",
+        "--pooling-strategy {NONE,REDUCE_MEAN,REDUCE_MAX,REDUCE_MEAN_MAX,REDUCE_MEAN_SQRT_LEN,WEIGHTED_MEAN,"
+        "CLS_TOKEN,SEP_TOKEN,CLS_POOLED}",
         "--cpu, --no-cpu",
         "--merge-requests, --no-merge-requests",
         "--normalize, --no-normalize",

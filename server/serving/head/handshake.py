@@ -14,7 +14,7 @@ from typing import Any
 
 from bertserve.client import __version__
 
-from ...config.model import ModelConfig
+from ...config.model import HUB_FIELDS, ModelConfig
 from ...config.server import ServerConfig
 from ..protocol import link_bodies as bodies, wire
 from .models import HeadModel, Models
@@ -40,7 +40,7 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
     model = {
         key: value
         for key, value in config.public().items()
-        if key in _MODEL_FIELDS and key not in ("model_dir", "tuned_model_dir", "graph_dir", "device")
+        if key in _MODEL_FIELDS and key not in ("model_dir", "tuned_model_dir", "graph_dir", "device", *HUB_FIELDS)
     }
     return {
         "model": model,

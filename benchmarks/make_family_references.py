@@ -1,0 +1,575 @@
+"""Build ``tests/data/families/``: a tiny random model of each encoder family, made and saved
+by the reference stack (transformers + sentence-transformers 6), with what that stack computes
+for it, for the tests to compare bertserve with.
+
+Needs torch, transformers, sentence-transformers, tokenizers and sentencepiece (only for the
+normalization table XLM-R's tokenizer carries); no network, no downloaded weights::
+
+    python benchmarks/make_family_references.py                 # every family
+    python benchmarks/make_family_references.py --only roberta   # one family
+
+Each model is randomly initialized (seeded, ``initializer_range`` 0.2, every 1-d weight and
+bias moved off its 1/0 start) so that its vectors are far from trivial. Its tokenizer is trained
+with the ``tokenizers`` library on ``tests/data/sentences.json`` and laid out as the family's
+own: the model of that kind, its special tokens at their usual ids, its pre-tokenizer and
+post-processor. Each lands in ``families/<name>/`` as ``SentenceTransformer.save`` writes it
+(no model card), then:
+
+    distilbert   DistilBERT, WordPiece uncased; mean pooling, Dense 32 -> 24 (tanh), Normalize
+    roberta      RoBERTa, byte-level BPE (``<s> A </s></s> B </s>``); mean, Normalize
+    xlm_roberta  XLM-RoBERTa, SentencePiece Unigram (a small Precompiled normalizer, Metaspace);
+                 hidden 48, one token type; mean, Normalize
+    mpnet        MPNet, WordPiece with ``<s>``/``</s>``, 32 relative-position buckets; mean, Normalize
+    modernbert   ModernBERT, byte-level BPE with [CLS]/[SEP]; 4 layers (global, local, local,
+                 global), local window 8 (|i - j| <= 4), RoPE theta 160000 global / 100 local
+                 (the real 10000 barely turns over a window of 4);
+                 CLS pooling, Normalize
+    bert_st6     BERT, WordPiece uncased; weighted-mean pooling, as sentence-transformers 6 saves
+                 it: ``"pooling_mode"`` in 1_Pooling/config.json, no ``max_seq_length`` in
+                 sentence_bert_config.json (the limit is the tokenizer's ``model_max_length``, 40)
+
+All but bert_st6 are rewritten in the format of the models on the Hub (saved by
+sentence-transformers before 6 and transformers 4): ``"max_seq_length": 32`` in
+sentence_bert_config.json (the tokenizer's ``model_max_length`` says 128, so a reader of the
+wrong file truncates elsewhere), the ``pooling_mode_*`` booleans in 1_Pooling/config.json, and
+ModernBERT's ``global_rope_theta``/``local_rope_theta`` in config.json instead of transformers
+5's ``layer_types``/``rope_parameters``. Every vector below is computed by
+sentence-transformers 6.3 loading the final directory, on the CPU, in float32.
+
+The inputs: the N = 130 sentences of ``tests/data/sentences.json`` and P = 6 pairs of them
+(``PAIR_ROWS``; bertserve writes a pair as ``"first ||| second"``). Ids come from the model's own
+tokenizer (``AutoTokenizer`` on the directory, with its special tokens); padding is id 0 whatever
+the pad token's id, with ``lengths`` saying where it starts. The arrays of ``families/<name>.npz``
+(T = the longest truncated row, H = hidden size, D = output size):
+
+    sentences                  (N,) str      the sentences, in order
+    pairs_first, pairs_second  (P,) str      the pairs
+    ids, lengths               (N, T), (N,) int32   truncated at max_seq_length, keeping the start
+    ids_left, lengths_left     (N, T), (N,) int32   truncated keeping the end (truncation_side="left")
+    untruncated_lengths        (N,) int32    the token count, special tokens included, untruncated
+    pair_ids, pair_lengths     (P, Tp), (P,) int32  ``tokenizer(first, second)`` truncated
+                                             "longest_first" at max_seq_length, 0-padded
+    pair_type_ids              (P, Tp) int32 the post-processor's type ids for the pairs, 0-padded
+                                             (asked for explicitly: the model reads them only if
+                                             ``token_type_ids`` is in meta's model_input_names)
+    st_default                 (N, D) float32  ``model.encode(sentences)`` with all its modules
+    st_pairs                   (P, D) float32  ``model.encode([(first, second), ...])``
+    pool_<mode>                (N, H) float32  the Transformer module, then only
+                               ``Pooling(H, pooling_mode=<mode>)`` (no Dense, no Normalize), for
+                               mode in cls, mean, max, mean_sqrt_len_tokens, weightedmean, lasttoken
+    layer_minus2_mean          (N, H) float32  ``hidden_states[-2]`` of the transformers model
+                               (``output_hidden_states=True``; ``hidden_states[0]`` is the embedding
+                               output, ``[i]`` the output of layer i, so ``[-2]`` is the output of
+                               the second-to-last layer), averaged over the real tokens of ``ids``.
+                               For ModernBERT ``hidden_states[-1]`` equals ``last_hidden_state``
+                               (after ``final_norm``) but ``[-2]`` is a raw layer output: no
+                               final norm is applied to it
+    tokens_last                (8, T, H) float32  the last layer's (ModernBERT: after final_norm)
+                               vectors of the first 8 sentences, ``output_value="token_embeddings"``,
+                               zeros at padding
+    meta                       () str        JSON: versions, the CPU, config.json, max_seq_length,
+                                             the modules and pooling, the tokenizer's specials,
+                                             post-processor and model_input_names, the sensitivity
+                                             figures below
+
+``meta`` is also written beside the npz as ``families/<name>.json``.
+
+The references are sensitive. Each check computes ``st_default`` again with one detail wrong
+and prints the min cosine to it over the sentences; each must be below 0.999 (this run):
+
+    roberta      position ids from 0, not offset past the padding index       0.687
+    xlm_roberta  position ids from 0, not offset past the padding index       0.887
+    mpnet        position ids from 0, not offset past the padding index       0.857
+    mpnet        no relative position bias (its weights scaled 5x to matter)  0.957
+    modernbert   every layer global (no sliding window)                       0.909
+    modernbert   the local layers with the global RoPE theta                  0.987
+    distilbert   Dense without its tanh                                       0.989
+    bert_st6     mean pooling instead of weighted mean                        0.996
+    the others   truncated at 128 tokens instead of max_seq_length 32         0.934 to 0.985
+
+Two things to know. The trainers of ``tokenizers`` (WordPiece, Unigram) are not deterministic
+from run to run, so a new run writes other vocabularies and other figures, equally valid. And
+``tokenizers`` alone on an XLM-R tokenizer.json can break a tie between equal-score
+segmentations ("0" "00000" against "00000" "0") the other way from ``AutoTokenizer``, which
+rebuilds the Unigram model in Python: meta's ``raw_tokenizer_mismatches`` lists those rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentence_transformers
+import tokenizers
+import torch
+import transformers
+from lib.references import cpu, padded
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+ROOT = Path(__file__).resolve().parent.parent
+SENTENCES = ROOT / "tests" / "data" / "sentences.json"
+OUT_DIR = ROOT / "tests" / "data" / "families"
+
+MAX_SEQ_LENGTH = 32  # in sentence_bert_config.json, as the Hub's models have it
+TOKENIZER_MAX_LENGTH = 128  # what their tokenizer_config.json says instead
+ST6_MAX_LENGTH = 40  # bert_st6 has no max_seq_length: its tokenizer's model_max_length rules
+VOCAB_SIZE = 700
+POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+LEGACY_POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens")
+LEGACY_POOLING_KEYS += ("lasttoken",)  # the booleans before sentence-transformers 6, in its order
+PAIR_ROWS = ((73, 129), (22, 28), (120, 37), (21, 0), (0, 1), (100, 7))  # short pairs, then truncated ones
+TOKEN_ROWS = 8
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+ROBERTA_IDS = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2, max_position_embeddings=130)
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    config: dict[str, Any]
+    pooling: str = "mean"
+    dense: int | None = None
+    normalize: bool = True
+    st6: bool = False
+    scale: tuple[tuple[str, float], ...] = ()  # (weight, factor): to make a detail matter more
+
+
+FAMILIES = (
+    Family(
+        "distilbert",
+        dict(model_type="distilbert", dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128),
+        dense=24,
+    ),
+    Family("roberta", dict(model_type="roberta", **SMALL, **ROBERTA_IDS, type_vocab_size=1)),
+    Family(
+        "xlm_roberta", dict(model_type="xlm-roberta", **{**SMALL, "hidden_size": 48}, **ROBERTA_IDS, type_vocab_size=1)
+    ),
+    Family(
+        "mpnet",
+        dict(model_type="mpnet", **SMALL, **ROBERTA_IDS, relative_attention_num_buckets=32),
+        scale=(("encoder.relative_attention_bias.weight", 5.0),),
+    ),
+    Family(
+        "modernbert",
+        dict(
+            model_type="modernbert",
+            **{**SMALL, "num_hidden_layers": 4, "intermediate_size": 48},
+            max_position_embeddings=128,
+            global_attn_every_n_layers=3,
+            local_attention=8,
+            global_rope_theta=160000.0,
+            local_rope_theta=100.0,
+        ),
+        pooling="cls",
+    ),
+    Family(
+        "bert_st6",
+        dict(model_type="bert", **SMALL, max_position_embeddings=128, type_vocab_size=2),
+        pooling="weightedmean",
+        normalize=False,
+        st6=True,
+    ),
+)
+
+
+def _train(tokenizer: Tokenizer, trainer: Any, texts: list[str]) -> dict[str, Any]:
+    tokenizer.train_from_iterator(texts, trainer)
+    return json.loads(tokenizer.to_str())["model"]
+
+
+def _wordpiece_vocab(texts: list[str], specials: list[str], unk: str = "[UNK]", mask: bool = False) -> dict[str, int]:
+    tokenizer = Tokenizer(models.WordPiece(unk_token=unk))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    vocab = _train(tokenizer, trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials), texts)["vocab"]
+    return {**vocab, "<mask>": len(vocab)} if mask else vocab  # <mask> last, as RoBERTa and MPNet have it
+
+
+def _byte_bpe(tokenizer: Tokenizer, texts: list[str], specials: list[str], mask: bool = False) -> tuple[dict, list]:
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    model = _train(
+        tokenizer, trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials, initial_alphabet=alphabet), texts
+    )
+    vocab = {**model["vocab"], "<mask>": len(model["vocab"])} if mask else model["vocab"]
+    return vocab, [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+
+
+def _precompiled_charsmap(texts: list[str]) -> bytes:
+    """A normalization table compiled by SentencePiece, as XLM-R's tokenizer.json holds one: its
+    nmt_nfkc table alone is 320 KB, so this one has a few of its rules (full-width letters and
+    digits, the fi/fl ligatures, the no-break space, the ellipsis)."""
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2
+
+    rules = [(0xFF21 + i, 0x41 + i) for i in range(26)] + [(0xFF41 + i, 0x61 + i) for i in range(26)]
+    rules += [(0xFF10 + i, 0x30 + i) for i in range(10)] + [(0xA0, 0x20)]
+    lines = [f"{a:X}\t{b:X}" for a, b in rules] + ["FB01\t66 69", "FB02\t66 6C", "2026\t2E 2E 2E"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tsv = Path(tmp) / "rules.tsv"
+        tsv.write_text("\n".join(lines) + "\n")
+        out = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=out,
+            vocab_size=400,
+            normalization_rule_tsv=str(tsv),
+            hard_vocab_limit=False,
+            minloglevel=2,
+        )
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(out.getvalue())
+    return proto.normalizer_spec.precompiled_charsmap
+
+
+def _xlm_roberta_tokenizer(texts: list[str]) -> transformers.XLMRobertaTokenizer:
+    charsmap = _precompiled_charsmap(texts)
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.Precompiled(charsmap)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
+    trainer = trainers.UnigramTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>"
+    )
+    vocab = [tuple(piece) for piece in _train(tokenizer, trainer, texts)["vocab"]]
+    return transformers.XLMRobertaTokenizer(vocab=[*vocab, ("<mask>", 0.0)], _spm_precompiled_charsmap=charsmap)
+
+
+def _modernbert_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
+    """OLMo's byte-level BPE as ModernBERT has it: NFC, <|endoftext|> and <|padding|> first, the
+    BERT specials at the end of the vocabulary, [CLS] A [SEP] (B [SEP]) added by a template."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer, tokenizer.decoder = normalizers.NFC(), decoders.ByteLevel()
+    _byte_bpe(tokenizer, texts, ["<|endoftext|>", "<|padding|>"])
+    tokenizer.add_special_tokens([AddedToken(t, normalized=False) for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]")])
+    tokenizer.add_special_tokens([AddedToken("[MASK]", lstrip=True, normalized=False)])
+    ids = [("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))]
+    template = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1", special_tokens=ids
+    )
+    tokenizer.post_processor = template
+    specials = dict(unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_input_names=["input_ids", "attention_mask"], **specials
+    )
+
+
+TOKENIZERS: dict[str, Callable[[list[str]], Any]] = {
+    "distilbert": lambda texts: transformers.DistilBertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS)),
+    "bert_st6": lambda texts: transformers.BertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS)),
+    # BERT's WordPiece with <s> <pad> </s> <unk> first; its unknown token stays [UNK]
+    "mpnet": lambda texts: transformers.MPNetTokenizer(
+        vocab=_wordpiece_vocab(texts, ["<s>", "<pad>", "</s>", "<unk>", "[UNK]"], mask=True)
+    ),
+    "roberta": lambda texts: transformers.RobertaTokenizer(
+        *_byte_bpe(Tokenizer(models.BPE()), texts, ["<s>", "<pad>", "</s>", "<unk>"], True)
+    ),
+    "xlm_roberta": _xlm_roberta_tokenizer,
+    "modernbert": _modernbert_tokenizer,
+}
+
+
+def build(family: Family, texts: list[str], out: Path) -> None:
+    """Make the family's tiny random model and save it with sentence-transformers into ``out``."""
+    torch.manual_seed(sum(map(ord, family.name)))
+    tokenizer = TOKENIZERS[family.name](texts)
+    tokenizer.model_max_length = ST6_MAX_LENGTH if family.st6 else MAX_SEQ_LENGTH
+    ids = {}
+    if family.name == "modernbert":
+        cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+        ids = dict(
+            pad_token_id=tokenizer.pad_token_id, cls_token_id=cls, sep_token_id=sep, bos_token_id=cls, eos_token_id=sep
+        )
+    config = transformers.AutoConfig.for_model(**family.config, **ids, vocab_size=len(tokenizer), initializer_range=0.2)
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager")
+    with torch.no_grad():  # LayerNorm weights off 1, biases off 0: a reader that drops one is seen
+        for parameter in model.parameters():
+            if parameter.ndim == 1:
+                parameter.add_(0.1 * torch.randn_like(parameter))
+        for name, factor in family.scale:
+            model.get_parameter(name).mul_(factor)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        transformer = Transformer(tmp)
+        hidden = transformer.get_embedding_dimension()
+        modules: list[torch.nn.Module] = [transformer, Pooling(hidden, pooling_mode=family.pooling)]
+        modules += [Dense(hidden, family.dense, activation_function=torch.nn.Tanh())] if family.dense else []
+        modules += [Normalize()] if family.normalize else []
+        shutil.rmtree(out, ignore_errors=True)
+        SentenceTransformer(modules=modules, device="cpu").save(str(out), create_model_card=False)
+    if not family.st6:
+        _rewrite_as_on_the_hub(out)
+
+
+def _rewrite_json(path: Path, change: Callable[[dict], dict]) -> None:
+    path.write_text(json.dumps(change(json.loads(path.read_text())), indent=2, ensure_ascii=False) + "\n")
+
+
+def _legacy_pooling(pooling: dict) -> dict:
+    legacy = {"word_embedding_dimension": pooling["embedding_dimension"]}
+    legacy.update(
+        {
+            f"pooling_mode_{key}": mode == pooling["pooling_mode"]
+            for mode, key in zip(POOLING_MODES, LEGACY_POOLING_KEYS, strict=True)
+        }
+    )
+    return {**legacy, "include_prompt": pooling["include_prompt"]}
+
+
+def _rewrite_as_on_the_hub(out: Path) -> None:
+    """The files as sentence-transformers before 6 and transformers 4 wrote them."""
+    _rewrite_json(
+        out / "sentence_bert_config.json", lambda _: {"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False}
+    )
+    _rewrite_json(out / "1_Pooling" / "config.json", _legacy_pooling)
+    _rewrite_json(out / "tokenizer_config.json", lambda config: {**config, "model_max_length": TOKENIZER_MAX_LENGTH})
+
+    def transformers_4_keys(config: dict) -> dict:
+        if config["model_type"] == "modernbert":
+            rope = config.pop("rope_parameters")
+            del config["layer_types"]
+            config["global_rope_theta"] = rope["full_attention"]["rope_theta"]
+            config["local_rope_theta"] = rope["sliding_attention"]["rope_theta"]
+        return dict(sorted(config.items()))
+
+    _rewrite_json(out / "config.json", transformers_4_keys)
+
+
+def _encode(model: SentenceTransformer, texts: list, **kwargs: Any) -> Any:
+    with torch.inference_mode():
+        return model.encode(texts, batch_size=32, convert_to_numpy=True, **kwargs)
+
+
+def _encode_by_hand(model: SentenceTransformer, texts: list[str], **forward: Callable) -> np.ndarray:
+    """``model.encode`` spelled out, with ``forward``'s arguments (made from the features) given
+    to the transformers model."""
+    with torch.inference_mode():
+        features = model[0].preprocess(texts)
+        features = model[0](features, **{key: make(features) for key, make in forward.items()})
+        for module in list(model)[1:]:
+            features = module(features)
+    return features["sentence_embedding"].numpy()
+
+
+def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    cos = (a64 * b64).sum(1) / np.linalg.norm(a64, axis=1) / np.linalg.norm(b64, axis=1)
+    return float(cos.min())
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, attr: str, value: Any) -> Iterator[None]:
+    old = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        yield
+    finally:
+        setattr(obj, attr, old)
+
+
+@contextlib.contextmanager
+def _overwritten(tensor: torch.Tensor, value: torch.Tensor | float) -> Iterator[None]:
+    old = tensor.detach().clone()
+    with torch.no_grad():
+        tensor.copy_(value if isinstance(value, torch.Tensor) else torch.full_like(tensor, value))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            tensor.copy_(old)
+
+
+def _checks(name: str, model: SentenceTransformer) -> list[tuple[str, Any, dict[str, Callable]]]:
+    """(what is wrong, a context that makes it so, arguments for the transformers model)."""
+    auto = model[0].auto_model
+    from_zero = {"position_ids": lambda f: torch.arange(f["input_ids"].shape[1]).expand_as(f["input_ids"])}
+    checks: list[tuple[str, Any, dict[str, Callable]]] = []
+    if name in ("roberta", "xlm_roberta", "mpnet"):
+        checks.append(("position ids from 0, not offset past the padding index", contextlib.nullcontext(), from_zero))
+    if name == "mpnet":
+        checks.append(("no relative position bias", _overwritten(auto.encoder.relative_attention_bias.weight, 0.0), {}))
+    if name == "modernbert":
+        checks.append(("every layer global (no sliding window)", _patched(auto.config, "local_attention", 4096), {}))
+        rotary = auto.rotary_emb
+        wrong_theta = _overwritten(rotary.sliding_attention_inv_freq, rotary.full_attention_inv_freq)
+        checks.append(("the local layers with the global RoPE theta", wrong_theta, {}))
+    if name == "distilbert":
+        checks.append(("Dense without its tanh", _patched(model[2], "activation_function", torch.nn.Identity()), {}))
+    if name == "bert_st6":
+        checks.append(("mean pooling instead of weighted mean", _patched(model[1], "pooling_mode", "mean"), {}))
+    if model.max_seq_length == MAX_SEQ_LENGTH:
+        label = f"truncated at {TOKENIZER_MAX_LENGTH} tokens instead of max_seq_length {MAX_SEQ_LENGTH}"
+        checks.append((label, _patched(model[0], "max_seq_length", TOKENIZER_MAX_LENGTH), {}))
+    return checks
+
+
+def sensitivity(name: str, model: SentenceTransformer, texts: list[str], reference: np.ndarray) -> dict[str, float]:
+    same = _min_cosine(_encode_by_hand(model, texts), reference)
+    assert same > 0.999999, f"{name}: encoding by hand gives min cosine {same} to model.encode"
+    figures = {}
+    for label, context, forward in _checks(name, model):
+        with context:
+            figures[label] = round(_min_cosine(_encode_by_hand(model, texts, **forward), reference), 6)
+        print(f"  {name:12s} {label:70s} min cosine {figures[label]:.4f}")
+        assert figures[label] < 0.999, f"{name}: the references do not see {label!r}"
+    return figures
+
+
+def _tokenized(tokenizer: Any, texts: list[str], max_length: int, side: str) -> tuple[np.ndarray, np.ndarray]:
+    tokenizer.truncation_side = side
+    rows = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+    tokenizer.truncation_side = "right"
+    return padded(rows)
+
+
+def _raw_tokenizer_mismatches(out: Path, texts: list[str], max_length: int, arrays: dict) -> dict[str, list[int]]:
+    """The rows where the ``tokenizers`` library alone, on tokenizer.json, gives other ids than
+    ``AutoTokenizer`` (transformers 5 rebuilds a Unigram model from its vocabulary, which breaks
+    ties between equal-score segmentations, such as "0" "00000" and "00000" "0", the other way)."""
+    raw = Tokenizer.from_file(str(out / "tokenizer.json"))
+    mismatches = {}
+    for side, key in (("right", "ids"), ("left", "ids_left")):
+        raw.enable_truncation(max_length, direction=side)
+        rows = padded([e.ids for e in raw.encode_batch(texts)], arrays[key].shape[1])[0]
+        mismatches[key] = np.flatnonzero((rows != arrays[key]).any(1)).tolist()
+    raw.enable_truncation(max_length, direction="right")
+    pairs = raw.encode_batch(list(zip(arrays["pairs_first"].tolist(), arrays["pairs_second"].tolist(), strict=True)))
+    width = arrays["pair_ids"].shape[1]
+    ids, type_ids = padded([e.ids for e in pairs], width)[0], padded([e.type_ids for e in pairs], width)[0]
+    different = (ids != arrays["pair_ids"]) | (type_ids != arrays["pair_type_ids"])
+    mismatches["pair_ids"] = np.flatnonzero(different.any(1)).tolist()
+    if any(mismatches.values()):
+        print(f"  {out.name:12s} tokenizers on tokenizer.json differs from AutoTokenizer in rows {mismatches}")
+    return mismatches
+
+
+def _token_arrays(model: SentenceTransformer, tokenizer: Any, texts: list[str], arrays: dict) -> dict[str, Any]:
+    max_length = model.max_seq_length
+    batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+    np.testing.assert_array_equal(batch["input_ids"].numpy() * batch["attention_mask"].numpy(), arrays["ids"])
+    with torch.inference_mode():
+        output = model[0].auto_model(**batch, output_hidden_states=True)
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    hidden = output.hidden_states[-2]
+    arrays["layer_minus2_mean"] = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    tokens = np.zeros((TOKEN_ROWS, arrays["ids"].shape[1], hidden.shape[-1]), np.float32)
+    for i, vectors in enumerate(_encode(model, texts[:TOKEN_ROWS], output_value="token_embeddings")):
+        assert len(vectors) == arrays["lengths"][i], "token_embeddings are not trimmed to the real tokens"
+        tokens[i, : len(vectors)] = np.asarray(vectors)
+    np.testing.assert_allclose(
+        tokens, output.last_hidden_state[:TOKEN_ROWS].numpy() * mask[:TOKEN_ROWS].numpy(), atol=1e-5
+    )
+    arrays["tokens_last"] = tokens
+    last_is_final = bool(torch.equal(output.hidden_states[-1], output.last_hidden_state))
+    return {"hidden_states_count": len(output.hidden_states), "hidden_states_last_is_last_hidden_state": last_is_final}
+
+
+def _tokenizer_meta(out: Path, tokenizer: Any) -> dict[str, Any]:
+    saved = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    names = ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token", "bos_token", "eos_token")
+    specials = {n: [str(getattr(tokenizer, n)), getattr(tokenizer, f"{n}_id")] for n in names if getattr(tokenizer, n)}
+    parts = {part: (saved[part] or {}).get("type") for part in ("normalizer", "pre_tokenizer")}
+    return {
+        "class": type(tokenizer).__name__,
+        "model": saved["model"]["type"],
+        **parts,
+        "post_processor": saved["post_processor"],
+        "special_tokens": specials,
+        "model_input_names": list(tokenizer.model_input_names),
+        "vocab_size": len(tokenizer),
+        "model_max_length": tokenizer.model_max_length,
+    }
+
+
+def references(family: Family, out: Path, sentences: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    model = SentenceTransformer(str(out), device="cpu")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    max_length = model.max_seq_length
+    assert max_length == (ST6_MAX_LENGTH if family.st6 else MAX_SEQ_LENGTH), max_length
+    first = [sentences[a] for a, _ in PAIR_ROWS]
+    second = [sentences[b] for _, b in PAIR_ROWS]
+    arrays: dict[str, np.ndarray] = {
+        "sentences": np.asarray(sentences, dtype=np.str_),
+        "pairs_first": np.asarray(first, dtype=np.str_),
+        "pairs_second": np.asarray(second, dtype=np.str_),
+    }
+    arrays["ids"], arrays["lengths"] = _tokenized(tokenizer, sentences, max_length, "right")
+    arrays["ids_left"], arrays["lengths_left"] = _tokenized(tokenizer, sentences, max_length, "left")
+    arrays["untruncated_lengths"] = np.asarray([len(tokenizer(s)["input_ids"]) for s in sentences], np.int32)
+    pairs = [
+        tokenizer(a, b, truncation="longest_first", max_length=max_length, return_token_type_ids=True)
+        for a, b in zip(first, second, strict=True)
+    ]
+    arrays["pair_ids"], arrays["pair_lengths"] = padded([p["input_ids"] for p in pairs])
+    arrays["pair_type_ids"] = padded([p["token_type_ids"] for p in pairs])[0]
+    raw_mismatches = _raw_tokenizer_mismatches(out, sentences, max_length, arrays)
+
+    arrays["st_default"] = _encode(model, sentences)
+    pair_features = model[0].preprocess(list(zip(first, second, strict=True)))
+    np.testing.assert_array_equal(
+        pair_features["input_ids"].numpy() * pair_features["attention_mask"].numpy(), arrays["pair_ids"]
+    )
+    arrays["st_pairs"] = _encode(model, list(zip(first, second, strict=True)))
+    hidden = model[0].get_embedding_dimension()
+    for mode in POOLING_MODES:
+        pooled = SentenceTransformer(modules=[model[0], Pooling(hidden, pooling_mode=mode)], device="cpu")
+        arrays[f"pool_{mode}"] = _encode(pooled, sentences)
+    hidden_meta = _token_arrays(model, tokenizer, sentences, arrays)
+    modules = json.loads((out / "modules.json").read_text())
+    meta = {
+        "family": family.name,
+        "config": json.loads((out / "config.json").read_text()),
+        "max_seq_length": max_length,
+        "max_seq_length_from": "tokenizer_config.json model_max_length" if family.st6 else "sentence_bert_config.json",
+        "modules": modules,
+        "pooling_config": json.loads((out / "1_Pooling" / "config.json").read_text()),
+        "pooling": family.pooling,
+        "tokenizer": _tokenizer_meta(out, tokenizer),
+        "pair_rows": PAIR_ROWS,
+        "raw_tokenizer_mismatches": raw_mismatches,
+        "tokens_rows": TOKEN_ROWS,
+        **hidden_meta,
+        "sensitivity": sensitivity(family.name, model, sentences, arrays["st_default"]),
+    }
+    return arrays, meta
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--only", choices=[f.name for f in FAMILIES], action="append")
+    args = parser.parse_args()
+    sentences = json.loads(SENTENCES.read_text(encoding="utf-8"))
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    for family in FAMILIES:
+        if args.only and family.name not in args.only:
+            continue
+        out = args.out_dir / family.name
+        build(family, sentences, out)
+        arrays, meta = references(family, out, sentences)
+        versions = {lib.__name__: lib.__version__ for lib in (sentence_transformers, transformers, torch, tokenizers)}
+        meta.update(versions, cpu=cpu()[0], cpu_flags=cpu()[1], torch_threads=torch.get_num_threads())
+        arrays["meta"] = np.asarray(json.dumps(meta, ensure_ascii=False))
+        for key, value in arrays.items():
+            assert value.dtype not in (np.float64, np.int64), key
+        np.savez_compressed(args.out_dir / f"{family.name}.npz", **arrays)
+        (args.out_dir / f"{family.name}.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in arrays.items() if k != "meta")
+        print(f"wrote {out} and {family.name}.npz: {shapes}")
+
+
+if __name__ == "__main__":
+    main()
