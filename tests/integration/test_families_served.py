@@ -1,0 +1,116 @@
+"""Every encoder family served end to end: one real server with a model of each family
+(``tests/data/families``: tiny random models saved by sentence-transformers), spoken to by
+the ZeroMQ client, the official ``openai`` package and ``httpx``. Each answers with what
+sentence-transformers computes for it (min cosine 0.99999, fp32), pairs included; its
+``/tokenize`` gives the model's own ids, cut on either side; ``dimensions`` keeps the first
+ones (at unit length again where the model normalizes); ``/v1/models`` lists each with its own width."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from bertserve.client import BertClient
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
+
+pytestmark = pytest.mark.timeout(600)
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "families"
+FAMILIES = sorted(p.stem for p in DATA.glob("*.npz")) if DATA.is_dir() else []
+KEY = "families-key-0123456789"
+
+
+def reference(name: str) -> dict[str, np.ndarray]:
+    with np.load(DATA / f"{name}.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = a / np.linalg.norm(a, axis=-1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=-1, keepdims=True)
+    return float((a * b).sum(-1).min())
+
+
+class Served:
+    def __init__(self, running: RunningServer, http_port: int) -> None:
+        self.running = running
+        self.url = f"http://127.0.0.1:{http_port}"
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+    def client(self, model: str) -> BertClient:
+        return BertClient(port=self.running.port, port_out=self.running.port_out, model=model, timeout=120_000)
+
+
+@pytest.fixture(scope="module")
+def served(session_graph_dir: str) -> Iterator[Served]:
+    if not FAMILIES:
+        pytest.skip("tests/data/families holds no reference models")
+    port = free_port()
+    models = [arg for name in FAMILIES for arg in ("--model", f"{name}={DATA / name},dtype=fp32")]
+    running = start_server(
+        "--http-port", str(port), "--api-key", KEY, "--graph-dir", session_graph_dir, "--max-latency-ms", "2", *models
+    )
+    yield Served(running, port)
+    running.stop()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_zeromq_answers_each_family_as_sentence_transformers_does(served: Served, name: str) -> None:
+    ref = reference(name)
+    pairs = [f"{a} ||| {b}" for a, b in zip(ref["pairs_first"], ref["pairs_second"], strict=True)]
+    with served.client(name) as client:
+        vectors = client.encode([str(s) for s in ref["sentences"]])
+        paired = client.encode(pairs)
+    assert vectors.shape == ref["st_default"].shape
+    assert min_cosine(vectors, ref["st_default"]) >= 0.99999
+    assert min_cosine(paired, ref["st_pairs"]) >= 0.99999
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_http_answers_each_family_as_sentence_transformers_does(served: Served, name: str) -> None:
+    ref = reference(name)
+    sentences = [str(s) for s in ref["sentences"]]
+    api = openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0)
+    answer = api.embeddings.create(model=name, input=sentences[:40])
+    vectors = np.array([row.embedding for row in answer.data], dtype=np.float32)
+    assert min_cosine(vectors, ref["st_default"][:40]) >= 0.99999
+    short = api.embeddings.create(model=name, input=sentences[:8], dimensions=16)
+    cut = np.array([row.embedding for row in short.data], dtype=np.float32)
+    expected = ref["st_default"][:8, :16]
+    if np.allclose(np.linalg.norm(ref["st_default"], axis=1), 1.0, atol=1e-5):  # a model that normalizes
+        expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tokenize_gives_the_models_own_ids_cut_on_either_side(served: Served, name: str) -> None:
+    ref = reference(name)
+    rows = [int(i) for i in np.argsort(-ref["untruncated_lengths"])[:3]] + [0, 1]
+    texts = [str(ref["sentences"][i]) for i in rows]
+    with served.http() as http:
+        for direction, ids, lengths in (("right", "ids", "lengths"), ("left", "ids_left", "lengths_left")):
+            body = {"inputs": texts, "model": name, "truncate": True, "truncation_direction": direction}
+            answer = http.post("/tokenize", json=body)
+            assert answer.status_code == 200, answer.text
+            for row, tokens in zip(rows, answer.json(), strict=True):
+                assert [t["id"] for t in tokens] == ref[ids][row, : ref[lengths][row]].tolist(), (direction, row)
+                text = str(ref["sentences"][row])
+                for token in tokens:
+                    if not token["special"]:
+                        assert text[token["start"] : token["stop"]] == token["text"]
+
+
+def test_v1_models_lists_each_family_with_its_width(served: Served) -> None:
+    with served.http() as http:
+        listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+    for name in FAMILIES:
+        meta = json.loads((DATA / f"{name}.json").read_text())
+        assert listed[name]["output_dim"] == reference(name)["st_default"].shape[1]
+        assert listed[name]["max_seq_len"] == meta["max_seq_length"]
