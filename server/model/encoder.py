@@ -76,6 +76,7 @@ class Encoder:
             requested = ModelConfig(model_dir=_model_dir(model_dir), **options)
         started = time.perf_counter()
         model = inspect_model(requested)
+        self.family: str = model.config.family
         self.config, spec = resolve(requested, model)
         self.spec: GraphSpec = spec
         self._tokenizer = build_tokenizer(model, self.config)
@@ -118,6 +119,7 @@ class Encoder:
         """The resolved options and the graph's shape, as plain JSON values."""
         return {
             **describe(self.config, self.spec),
+            "family": self.family,
             "output_dim": self.output_dim,
             "token_level": self.token_level,
             "layers_run": self.meta.layers_run,

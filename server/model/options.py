@@ -26,7 +26,7 @@ def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTo
     the resolved options and the model's tokenizer."""
     model = inspect_model(requested)
     config, spec = resolve(requested, model)
-    return describe(config, spec), build_tokenizer(model, config)
+    return {**describe(config, spec), "family": model.config.family}, build_tokenizer(model, config)
 
 
 def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenizer:

@@ -210,3 +210,23 @@ def test_weights_stored_in_bfloat16_and_float16(tmp_path, graph_dir):
         )
         vectors = Encoder(str(model), dtype="fp32", graph_dir=graph_dir).encode(sentences)
         assert min_cosine(vectors, ref["st_default"]) >= 0.995, dtype.name
+
+
+@pytest.mark.parametrize("name", [n for n in ("roberta", "mpnet", "modernbert") if n in FAMILIES])
+def test_chunked_long_inputs_are_the_weighted_mean_of_their_windows(name, bare_models, graph_dir):
+    """Windows carry the family's own special tokens, and a chunked input's vector is the mean
+    of its windows' vectors, each weighted by its tokens."""
+    ref = reference(name)
+    longest = str(ref["sentences"][int(np.argmax(ref["untruncated_lengths"]))])
+    options = {"pooling_strategy": "REDUCE_MEAN", "normalize": False, "dtype": "fp32", "graph_dir": graph_dir}
+    chunked = Encoder(bare_models[name], long_inputs="chunk", chunk_stride=4, **options)
+    plain = Encoder(bare_models[name], **options)
+    _, tokenizer = resolve_options(ModelConfig(model_dir=bare_models[name], chunk_stride=4))
+    batch = tokenizer.tokenize([longest], chunk=True)
+    assert len(batch) > 1
+    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    windows = [batch.input_ids[i, : batch.lengths[i]] for i in range(len(batch))]
+    assert all(w[0] == cls_id and w[-1] == sep_id for w in windows)
+    vectors = plain.encode([tokenizer.tokens_of(w.tolist()) for w in windows], is_tokenized=True)
+    expected = (vectors * batch.lengths[:, None]).sum(0) / batch.lengths.sum()
+    np.testing.assert_allclose(chunked.encode([longest])[0], expected, rtol=1e-4, atol=1e-5)

@@ -122,6 +122,7 @@ class ModelInfo(_Schema):
     runtime: Text64 | None = None
     model_dir: Text4096 | None = None
     model_class: Text255 | None = None
+    family: Label | None = None  # the encoder's family: bert, roberta, distilbert, mpnet, modernbert
 
     @classmethod
     def declared(cls, description: dict[str, Any]) -> dict[str, Any]:
