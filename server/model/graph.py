@@ -36,7 +36,7 @@ logger = logging.getLogger("bertserve.graph")
 INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
 OUTPUT_NAME = "output"
 _MAGIC = b"BERTSERVE-GRAPH\x00"
-_FORMAT = 6  # bump when the graph (or its LiteRT form) built for the same options changes
+_FORMAT = 7  # bump when the graph (or its LiteRT form) built for the same options changes
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class GraphMeta:
     layers_run: int  # encoder layers left in the graph after pruning
     output_node: str
     digest: str  # sha256 of the serialized GraphDef
+    family: str = "bert"  # the encoder's family (.families), which sets the products int8 keeps in fp32
 
 
 def cache_key(model: ModelFiles, spec: GraphSpec) -> str:
@@ -200,6 +201,7 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
         layers_run=len(encoder_layers_in(pruned)),
         output_node=OUTPUT_NAME,
         digest=hashlib.sha256(graph_bytes).hexdigest(),
+        family=model.config.family,
     )
     return graph_bytes, meta
 

@@ -1,7 +1,7 @@
 """Real weights of each family that the package index ships, against what sentence-transformers
 computes for them (``tests/data/real/<name>.npz``, made by ``benchmarks/make_real_references.py``
-with ``max_seq_length`` 128): the tokenizer's very ids, and min cosine 0.99999 in fp32 and
-0.999 in bf16 over the 130 sentences of ``tests/data/sentences.json``.
+with ``max_seq_length`` 128): the tokenizer's very ids, and min cosine 0.99999 in fp32, 0.999
+in bf16 and 0.99 in int8 (mean 0.998) over the 130 sentences of ``tests/data/sentences.json``.
 
 A model whose packages are not installed is skipped with the pip line that installs it.
 """
@@ -25,6 +25,12 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     a = a / np.linalg.norm(a, axis=-1, keepdims=True)
     b = b / np.linalg.norm(b, axis=-1, keepdims=True)
     return float((a * b).sum(-1).min())
+
+
+def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = a / np.linalg.norm(a, axis=-1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=-1, keepdims=True)
+    return float((a * b).sum(-1).mean())
 
 
 def reference(model: RealModel) -> dict[str, np.ndarray]:
@@ -60,8 +66,10 @@ def test_the_token_ids_are_the_models_own(real_model):
     )
 
 
-@pytest.mark.parametrize(("dtype", "bound"), [("fp32", 0.99999), ("bf16", 0.999)])
-def test_the_vectors_are_sentence_transformers(real_model, dtype, bound, tmp_path_factory):
+@pytest.mark.parametrize(
+    ("dtype", "bound", "mean_bound"), [("fp32", 0.99999, 0.99999), ("bf16", 0.999, 0.9999), ("int8", 0.99, 0.998)]
+)
+def test_the_vectors_are_sentence_transformers(real_model, dtype, bound, mean_bound, tmp_path_factory):
     model, directory = real_model
     ref = reference(model)
     graphs = tmp_path_factory.mktemp(f"graphs-{model.name}")
@@ -69,3 +77,4 @@ def test_the_vectors_are_sentence_transformers(real_model, dtype, bound, tmp_pat
     vectors = encoder.encode(sentences())
     assert vectors.shape == ref["st_plain"].shape
     assert min_cosine(vectors, ref["st_plain"]) >= bound, model.family
+    assert mean_cosine(vectors, ref["st_plain"]) >= mean_bound, model.family
