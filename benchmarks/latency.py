@@ -20,7 +20,8 @@ In one run, on the same corpus and model (all-MiniLM-L6-v2 by default):
    request next to the RSS of a process that only imported TensorFlow.
 
 Every latency is a median (p50) with p90 and p99 over ``--sentences`` different sentences,
-after ``--warmup`` sentences of warm-up.
+after ``--warmup`` sentences of warm-up. ``--idle-only`` keeps to 1 and 2: for a large model,
+where the bulk requests of 3 to 5 take minutes.
 """
 
 from __future__ import annotations
@@ -123,8 +124,9 @@ def through_servers(args: argparse.Namespace, model_dir: Path, texts: list[str])
         try:
             log(f"servers fp32 and bf16: {len(texts)} sentences each")
             result = take_turns({f"server {d}": c.encode for d, c in clients.items()}, texts, args.warmup)
-            result["under bulk load"] = under_bulk(clients["fp32"], servers["fp32"], texts, args)
-            result["many clients"] = many_clients(servers["fp32"], texts)
+            if not args.idle_only:
+                result["under bulk load"] = under_bulk(clients["fp32"], servers["fp32"], texts, args)
+                result["many clients"] = many_clients(servers["fp32"], texts)
         finally:
             for client in clients.values():
                 client.close()
@@ -240,8 +242,17 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["| path | p50 ms | p90 ms | p99 ms |", "| --- | ---: | ---: | ---: |"]
     for name, row in report["latency"].items():
         lines.append(f"| {name} | {row['p50_ms']:.1f} | {row['p90_ms']:.1f} | {row['p99_ms']:.1f} |")
+    lines += [] if report["start"] is None else _loaded_lines(report)
+    lines += ["", "| ratio | measured |", "| --- | ---: |"]
+    for name, value in report["ratios"].items():
+        lines.append(f"| {name} | {value:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _loaded_lines(report: dict[str, Any]) -> list[str]:
+    """The paragraphs on bulk load, many clients, start and memory (not with ``--idle-only``)."""
     loaded, many, start = report["under_bulk_load"], report["many_clients"], report["start"]
-    lines += [
+    return [
         "",
         f"Under a saturating bulk client (fp32 server): p50 {loaded['p50_ms']:.0f} ms, p99 {loaded['p99_ms']:.0f} ms; "
         f"the server's median bulk mini-job took {loaded['bulk_job_median_ms']:.0f} ms.",
@@ -254,13 +265,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"(steady p50 {start['steady_p50_ms']:.0f} ms). Worker RSS after a 3,000-sentence bulk request "
         f"{start['worker_rss_mib']:.0f} MiB; a process that only imported TensorFlow "
         f"{start['import_tensorflow_rss_mib']:.0f} MiB.",
-        "",
-        "| ratio | measured |",
-        "| --- | ---: |",
     ]
-    for name, value in report["ratios"].items():
-        lines.append(f"| {name} | {value:.2f} |")
-    return "\n".join(lines) + "\n"
 
 
 def ratios(report: dict[str, Any]) -> dict[str, float]:
@@ -270,6 +275,8 @@ def ratios(report: dict[str, Any]) -> dict[str, float]:
     if st:
         for name in ("server fp32", "server bf16", "Encoder fp32", NO_LITE, "Encoder bf16"):
             out[f"{name} p50 / sentence-transformers p50"] = lat[name]["p50_ms"] / st["p50_ms"]
+    if report["start"] is None:  # --idle-only
+        return out
     loaded = report["under_bulk_load"]
     bound = lat["server fp32"]["p50_ms"] + 1.5 * loaded["bulk_job_median_ms"]
     out["loaded p99 / (idle p50 + 1.5 x bulk mini-job)"] = loaded["p99_ms"] / bound
@@ -306,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, default=300, help="timed sentences per contender")
     parser.add_argument("--warmup", type=int, default=60)
     parser.add_argument("--loaded-sentences", type=int, default=100)
+    parser.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="only the idle one-sentence latencies: no bulk load, many clients, start or memory",
+    )
     parser.add_argument("--no-sentence-transformers", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
@@ -326,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/latency.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "environment": environment(),
         "latency": {**latency, "server fp32": served["server fp32"], "server bf16": served["server bf16"]},
-        "under_bulk_load": served["under bulk load"],
-        "many_clients": served["many clients"],
-        "start": start_and_memory(args, model_dir, corpus),
+        "under_bulk_load": served.get("under bulk load"),
+        "many_clients": served.get("many clients"),
+        "start": None if args.idle_only else start_and_memory(args, model_dir, corpus),
     }
     load = psutil.getloadavg()
     report["setup"] = (
