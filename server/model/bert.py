@@ -12,35 +12,18 @@ relative position bias, one table of buckets shared by every layer's attention s
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
-from .pooling import head, pool, pool_mask
+from .pooling import ForwardSpec, pooled_output
 from .precision import compute_dtype, numpy_dtype
 
 if TYPE_CHECKING:
     from .families import EncoderConfig
     from .st_modules import DenseModule
-
-
-class ForwardSpec(Protocol):
-    """What the forward pass computes (:class:`.graph.GraphSpec` is one)."""
-
-    @property
-    def pooling_strategy(self) -> PoolingStrategy: ...
-    @property
-    def pooling_layer(self) -> tuple[int, ...]: ...
-    @property
-    def mask_cls_sep(self) -> bool: ...
-    @property
-    def normalize(self) -> bool: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def output_dtype(self) -> str: ...
 
 
 def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
@@ -106,17 +89,11 @@ def forward(
         attention_bias = attention_bias + relative_position_bias(w["relative_bias"], config, length)
     layers = _encoder_layers(w, config, spec, x, attention_bias, tf.shape(input_ids)[0], length)
 
+    pooler = None
     if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
-        compute = compute_dtype(spec.dtype)
-        cls = tf.cast(layers[-1][:, 0], compute)
-        out = tf.tanh(tf.cast(tf.matmul(cls, w["pooler/kernel"]), f32) + w["pooler/bias"])
-    else:
-        keep = pool_mask(input_mask, lengths, spec.mask_cls_sep)
-        pooled = [pool(layers[i], spec.pooling_strategy, keep, lengths) for i in spec.pooling_layer]
-        out = pooled[0] if len(pooled) == 1 else tf.concat(pooled, axis=-1)
-    if spec.pooling_strategy is PoolingStrategy.NONE:
-        dense = ()
-    return head(w, out, dense, spec.normalize, spec.output_dtype)
+        cls = tf.cast(layers[-1][:, 0], compute_dtype(spec.dtype))
+        pooler = tf.tanh(tf.cast(tf.matmul(cls, w["pooler/kernel"]), f32) + w["pooler/bias"])
+    return pooled_output(w, spec, dense, layers, input_mask, lengths, pooler)
 
 
 def _layer_norm(x, gamma, beta, eps: float):

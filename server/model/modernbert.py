@@ -17,11 +17,10 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
-from .pooling import head, pool, pool_mask
+from .pooling import ForwardSpec, pooled_output
 from .precision import compute_dtype, numpy_dtype
 
 if TYPE_CHECKING:
-    from .bert import ForwardSpec
     from .families import EncoderConfig
     from .st_modules import DenseModule
 
@@ -121,12 +120,7 @@ def forward(
         layers.append(tf.reshape(x, [batch, length, hidden]))
     layers[-1] = tf.reshape(norm(x, "final_norm"), [batch, length, hidden])
 
-    keep = pool_mask(input_mask, lengths, spec.mask_cls_sep)
-    pooled = [pool(layers[i], spec.pooling_strategy, keep, lengths) for i in spec.pooling_layer]
-    out = pooled[0] if len(pooled) == 1 else tf.concat(pooled, axis=-1)
-    if spec.pooling_strategy is PoolingStrategy.NONE:
-        dense = ()
-    return head(w, out, dense, spec.normalize, spec.output_dtype)
+    return pooled_output(w, spec, dense, layers, input_mask, lengths)
 
 
 def _thetas(config: EncoderConfig) -> set[float]:

@@ -21,12 +21,54 @@ NONE                                        every token's, zeros at padding
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config.model import PoolingStrategy
 
 if TYPE_CHECKING:
     from .st_modules import DenseModule
+
+
+class ForwardSpec(Protocol):
+    """What the forward pass computes (:class:`.graph.GraphSpec` is one)."""
+
+    @property
+    def pooling_strategy(self) -> PoolingStrategy: ...
+    @property
+    def pooling_layer(self) -> tuple[int, ...]: ...
+    @property
+    def mask_cls_sep(self) -> bool: ...
+    @property
+    def normalize(self) -> bool: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def output_dtype(self) -> str: ...
+
+
+def pooled_output(
+    w: Any,
+    spec: ForwardSpec,
+    dense: Sequence[DenseModule],
+    layers: Sequence[Any],
+    input_mask: Any,
+    lengths: Any,
+    pooler: Any = None,
+) -> Any:
+    """What ``spec`` asks for of the encoder's ``layers`` (each fp32 [batch, length, hidden]):
+    their pooling (or the ``pooler``'s output, for CLS_POOLED) through the model's Dense layers
+    (sentence vectors only), normalized if asked, in the output dtype."""
+    import tensorflow as tf
+
+    if pooler is not None:
+        vectors = pooler
+    else:
+        keep = pool_mask(input_mask, lengths, spec.mask_cls_sep)
+        pooled = [pool(layers[i], spec.pooling_strategy, keep, lengths) for i in spec.pooling_layer]
+        vectors = pooled[0] if len(pooled) == 1 else tf.concat(pooled, axis=-1)
+    if spec.pooling_strategy is PoolingStrategy.NONE:
+        dense = ()
+    return head(w, vectors, dense, spec.normalize, spec.output_dtype)
 
 
 def pool_mask(input_mask: Any, lengths: Any, mask_cls_sep: bool) -> Any:
