@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 import zmq
 from bertserve.client import protocol as p
-from bertserve.client.security import ROUTE_ID_BYTES, announce, keygen, load_public_key
+from bertserve.client.security import CURVE_KEY_LENGTH, ROUTE_ID_BYTES, announce, keygen, load_public_key
 from bertserve.server.security import MAX_TOPIC_BYTES
 from bertserve.server.serving.sink.replies import MAX_INBOUND_BYTES
 from bertserve.server.testing.launcher import RunningServer, start_server
@@ -100,7 +100,10 @@ class Attack:
         self.server, self.keys, self.stop = server, keys, stop
         self.rng = random.Random(SEED)
         self.victim_id = victim_id
-        self.victim_key = victim_id[: victim_id.index(b":")]
+        # A client id is <key>:<suffix>, and a z85 key may hold a ':' of its own: the key is
+        # the first CURVE_KEY_LENGTH bytes (cut at the first ':', it was a short prefix, which
+        # a reply's binary vectors held by chance, counted as the victim's).
+        self.victim_key = victim_id[:CURVE_KEY_LENGTH]
         self.key = load_public_key(str(keys.root / "clients" / "mallory.key"))
         self.own_id = b""  # the attacker's BertClient's id, once it is connected
         self.own_ready = threading.Event()
