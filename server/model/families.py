@@ -49,6 +49,18 @@ _ARCHITECTURES = (
 FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert")
 SUPPORTED = "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet and ModernBERT"
 
+#: Bounds on a config's sizes, far above any encoder's (XLM-RoBERTa's vocabulary is 250,002,
+#: ModernBERT's positions 8,192), so that a damaged or hostile config.json is refused before
+#: anything is allocated for it.
+_LIMITS = {
+    "vocab_size": 4_000_000,
+    "hidden_size": 65_536,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "intermediate_size": 262_144,
+    "max_position_embeddings": 1 << 20,
+}
+
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 
 
@@ -98,6 +110,8 @@ def family_of(path: str, raw: dict[str, Any]) -> str:
     """The family ``raw`` (the content of ``path``) belongs to, or a :class:`ModelError`
     naming the families bertserve runs."""
     model_type = raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelFileError(f"{path}: model_type should be a string, not {model_type!r}")
     if isinstance(model_type, str):
         family = _MODEL_TYPES.get(model_type.lower().replace("_", "-"))
         if family is None:
@@ -131,6 +145,9 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
     missing = [key for key in required if not isinstance(raw.get(key), int) or isinstance(raw.get(key), bool)]
     if missing:
         raise ModelFileError(f"{path}: missing or non-integer {', '.join(missing)}")
+    for key in required:
+        if not 1 <= raw[key] <= _LIMITS[key]:
+            raise ModelShapeError(f"{path}: {key} {raw[key]} is outside 1 to {_LIMITS[key]:,}")
     values: dict[str, Any] = {key: raw[key] for key in required}
     if values["hidden_size"] % values["num_attention_heads"]:
         raise ModelShapeError(
@@ -142,6 +159,8 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
         raise ModelError(f"{path}: activation {act!r} is not supported ({', '.join(ACTIVATIONS)})")
     values.update(family=family, hidden_act=act)
     values.update(_FAMILY_KEYS[family](path, raw))
+    if not 0.0 <= values["layer_norm_eps"] < 1.0:
+        raise ModelFileError(f"{path}: the layer norm's epsilon {values['layer_norm_eps']} is outside 0 to 1")
     return EncoderConfig(**values)
 
 
@@ -156,8 +175,18 @@ def _roberta_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     return {
         "type_vocab_size": _int(path, raw, "type_vocab_size", 1),
         "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-5),
-        "position_offset": _int(path, raw, "pad_token_id", 1) + 1,
+        "position_offset": _offset(path, raw),
     }
+
+
+def _offset(path: str, raw: dict[str, Any]) -> int:
+    """Where RoBERTa's positions start: past the padding index, inside the position table."""
+    pad = _int(path, raw, "pad_token_id", 1)
+    if not 0 <= pad < raw["max_position_embeddings"] - 1:
+        raise ModelShapeError(
+            f"{path}: pad_token_id {pad} leaves no position in the {raw['max_position_embeddings']} the model has"
+        )
+    return pad + 1
 
 
 def _distilbert_keys(raw: dict[str, Any]) -> dict[str, Any]:
@@ -179,13 +208,24 @@ def _mpnet_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
         "type_vocab_size": 0,
         "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-5),
         "position_offset": 2,
-        "relative_attention_buckets": _int(path, raw, "relative_attention_num_buckets", 32),
+        "relative_attention_buckets": _buckets(path, raw),
     }
+
+
+def _buckets(path: str, raw: dict[str, Any]) -> int:
+    """MPNet's relative position table: it computes buckets 0 to 31 whatever the config says."""
+    buckets = _int(path, raw, "relative_attention_num_buckets", 32)
+    if not 32 <= buckets <= 4096:
+        raise ModelShapeError(f"{path}: relative_attention_num_buckets {buckets} is outside 32 to 4096")
+    return buckets
 
 
 def _modernbert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     layers = int(raw["num_hidden_layers"])
-    half_window = _int(path, raw, "local_attention", 128) // 2
+    local = _int(path, raw, "local_attention", 128)
+    if not 2 <= local <= 1 << 21:
+        raise ModelShapeError(f"{path}: local_attention {local} is outside 2 to {1 << 21:,}")
+    half_window = local // 2
     layer_types = raw.get("layer_types")
     if isinstance(layer_types, list) and len(layer_types) == layers:
         windows = tuple(half_window if kind == "sliding_attention" else 0 for kind in layer_types)
@@ -194,22 +234,32 @@ def _modernbert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
         windows = tuple(half_window if i % every else 0 for i in range(layers))
     declared = raw.get("rope_parameters")
     rope: dict[str, Any] = declared if isinstance(declared, dict) else {}
-    theta_global = (rope.get("full_attention") or {}).get("rope_theta", raw.get("global_rope_theta", 160_000.0))
-    theta_local = (rope.get("sliding_attention") or {}).get("rope_theta", raw.get("local_rope_theta", 10_000.0))
+    theta_global = _theta(path, rope, "full_attention", raw.get("global_rope_theta", 160_000.0))
+    theta_local = _theta(path, rope, "sliding_attention", raw.get("local_rope_theta", 10_000.0))
     for rope_layer in ("full_attention", "sliding_attention"):
-        kind = (rope.get(rope_layer) or {}).get("rope_type", "default")
+        section = rope.get(rope_layer)
+        kind = section.get("rope_type", "default") if isinstance(section, dict) else "default"
         if kind != "default":
             raise ModelError(f"{path}: rope_type {kind!r} is not supported (only the default rotary positions)")
     return {
         "type_vocab_size": 0,
         "layer_norm_eps": _float(path, raw, "norm_eps", 1e-5),
         "layer_windows": windows,
-        "rope_theta_global": float(theta_global),
-        "rope_theta_local": float(theta_local),
+        "rope_theta_global": theta_global,
+        "rope_theta_local": theta_local,
         "norm_bias": bool(raw.get("norm_bias", False)),
         "attention_bias": bool(raw.get("attention_bias", False)),
         "mlp_bias": bool(raw.get("mlp_bias", False)),
     }
+
+
+def _theta(path: str, rope: dict[str, Any], layer: str, default: Any) -> float:
+    """A rotary base: from ``rope_parameters`` (transformers 5's format) or the older key."""
+    section = rope.get(layer)
+    value = section.get("rope_theta", default) if isinstance(section, dict) else default
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 1.0 < value < 1e12:
+        raise ModelFileError(f"{path}: the rotary base of the {layer} layers should be a number above 1, not {value!r}")
+    return float(value)
 
 
 _FAMILY_KEYS = {

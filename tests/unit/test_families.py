@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -246,3 +247,30 @@ def test_int8_keeps_the_products_its_family_needs_in_fp32(name, graph_dir):
     assert roles == ({"attn_out", "ffn_in"} if name == "mpnet" else {"attn_out", "ffn_in", "ffn_out"})
     layers = json.loads((DATA / name / "config.json").read_text()).get("num_hidden_layers", 2)
     assert len(int8.products(bytes(cached[0]))) == len(roles) * layers
+
+
+HOSTILE = [
+    ("roberta", {"num_hidden_layers": 10**9}, "num_hidden_layers 1000000000 is outside 1 to 1,024"),
+    ("roberta", {"hidden_size": "32"}, "missing or non-integer hidden_size"),
+    ("roberta", {"pad_token_id": 10**6}, "pad_token_id 1000000 leaves no position"),
+    ("roberta", {"model_type": 12}, "model_type should be a string"),
+    ("roberta", {"layer_norm_eps": -1.0}, "epsilon -1.0 is outside 0 to 1"),
+    ("mpnet", {"relative_attention_num_buckets": 8}, "relative_attention_num_buckets 8 is outside 32 to 4096"),
+    ("modernbert", {"local_attention": -4}, "local_attention -4 is outside 2"),
+    ("modernbert", {"global_rope_theta": "big"}, "rotary base of the full_attention layers should be a number"),
+    ("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "yarn"}}}, "rope_type 'yarn' is not supported"),
+    ("distilbert", {"activation": "swish"}, "activation 'swish' is not supported"),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "message"), HOSTILE, ids=[m for _, _, m in HOSTILE])
+def test_a_damaged_or_hostile_config_is_refused_naming_the_key(name, change, message, tmp_path):
+    if name not in FAMILIES:
+        pytest.skip(f"no {name} reference model")
+    model = tmp_path / name
+    shutil.copytree(DATA / name, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(change)
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=re.escape(message)):
+        resolve_options(ModelConfig(model_dir=str(model)))
