@@ -202,6 +202,12 @@ WORKER_FLAGS = [
             "this machine's copy of the head's model directory (checked by sha256)",
             unset="all-MiniLM-L6-v2 if installed",
         ),
+        Flag(
+            "--model-id",
+            "the head's model by its Hub id, ORG/NAME[@REVISION]: fetched into this machine's Hub cache "
+            "(checked by sha256 like a directory)",
+            unset="--model-dir",
+        ),
     ),
     server_flag("--tuned-model-dir"),
     server_flag("--graph-dir"),
@@ -280,5 +286,13 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
 def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of a worker host's config (``bertserve worker``)."""
     options = {flag.dest: getattr(args, flag.dest) for flag in WORKER_FLAGS}
-    options["model_dir"] = args.model_dir or default_model_dir()
+    model_id = options.pop("model_id")
+    if model_id is None:
+        options["model_dir"] = args.model_dir or default_model_dir()
+    elif args.model_dir is not None:
+        raise ConfigError(
+            f"--model-id and --model-dir cannot be given together: give --model-id {model_id} or a directory"
+        )
+    else:
+        options["model_dir"] = fetch_model(model_id).directory  # the head checks its files' sha256
     return options

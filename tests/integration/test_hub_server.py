@@ -1,6 +1,8 @@
 """``bertserve start --model-id``: a real server fetching the tiny BERT from a stand-in for the
 Hub on loopback (tests/hub_standin.py) into a Hugging Face cache of the test's own, then
-starting again from that cache with ``HF_HUB_OFFLINE=1`` without a single request."""
+starting again from that cache with ``HF_HUB_OFFLINE=1`` without a single request; and a
+``bertserve worker --model-id`` host, with a Hub cache of its own (another machine's), that
+fetches the head's model and serves it."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from bertserve.client import BertClient
 from bertserve.server import Encoder
 from bertserve.server.testing import tiny_bert
-from bertserve.server.testing.launcher import free_port, start_server
+from bertserve.server.testing.launcher import free_port, start_server, start_worker_host
 from hub_standin import HubStandIn, read_directory
 
 TEXTS = ["hello world", "the quick brown fox"]
@@ -63,3 +65,38 @@ def test_a_model_id_goes_alone(argv: list[str], bertserve_main, tmp_path: Path) 
     assert run.returncode == 2
     flag = argv[0]
     assert f"bertserve: error: --model-id and {flag} cannot be given together" in run.stderr
+
+
+def test_a_worker_host_fetches_the_heads_model_by_its_id(tmp_path: Path, session_graph_dir: str) -> None:
+    model_dir = tiny_bert.write_tiny_bert(str(tmp_path / "tiny"), "huggingface", seed=2, sentence_transformers=True)
+    expected = Encoder(model_dir, graph_dir=session_graph_dir, max_seq_len=32).encode(TEXTS)
+    with HubStandIn() as hub:
+        hub.add("org/tiny", read_directory(model_dir))
+        head_env = {"HF_HOME": str(tmp_path / "head-hf"), "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+        worker_port = free_port()
+        head = start_server(
+            "--model-id",
+            "org/tiny",
+            "--max-seq-len",
+            "32",
+            "--num-worker",
+            "0",
+            "--worker-port",
+            str(worker_port),
+            "--graph-dir",
+            session_graph_dir,
+            env=head_env,
+        )
+        try:
+            host_env = {**head_env, "HF_HOME": str(tmp_path / "host-hf")}
+            host = start_worker_host(
+                worker_port, "--model-id", "org/tiny", "--graph-dir", session_graph_dir, env=host_env
+            )
+            try:
+                with BertClient(**head.client_kwargs, timeout=60_000) as client:
+                    np.testing.assert_allclose(client.encode(TEXTS), expected, rtol=1e-5, atol=1e-6)
+            finally:
+                host.stop()
+        finally:
+            head.stop()
+    assert list((tmp_path / "host-hf").rglob("model.safetensors"))  # its own copy, in its own cache
