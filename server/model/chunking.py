@@ -37,6 +37,12 @@ def chunk_refusal(strategy: PoolingStrategy | str | None) -> str | None:
         return None
     if strategy is PoolingStrategy.NONE:
         what = "NONE pooling returns a vector per token, which windows cannot be merged into"
+    elif strategy in (PoolingStrategy.REDUCE_MEAN_SQRT_LEN, PoolingStrategy.WEIGHTED_MEAN):
+        what = (
+            f"{strategy.value} reads every token, but its windows' vectors cannot be merged into the whole "
+            "input's: the square root of each window's count, or each token's weight by its place in the "
+            "window, is not what it is in the whole input"
+        )
     else:
         what = f"{strategy.value} takes one token of one window, which says nothing of the other windows"
     return f"long_inputs=chunk needs REDUCE_MEAN, REDUCE_MAX or REDUCE_MEAN_MAX pooling: {what}"

@@ -144,7 +144,8 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
     )
     missing = [key for key in required if not isinstance(raw.get(key), int) or isinstance(raw.get(key), bool)]
     if missing:
-        raise ModelFileError(f"{path}: missing or non-integer {', '.join(missing)}")
+        named = [_DISTILBERT_NAMES.get(key, key) if family == "distilbert" else key for key in missing]
+        raise ModelFileError(f"{path}: missing or non-integer {', '.join(named)}")
     for key in required:
         if not 1 <= raw[key] <= _LIMITS[key]:
             raise ModelShapeError(f"{path}: {key} {raw[key]} is outside 1 to {_LIMITS[key]:,}")
@@ -172,9 +173,10 @@ def _bert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _roberta_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    # transformers' defaults for a key left out (its published configs say 1 and 1e-5)
     return {
-        "type_vocab_size": _int(path, raw, "type_vocab_size", 1),
-        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-5),
+        "type_vocab_size": _int(path, raw, "type_vocab_size", 2),
+        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-12),
         "position_offset": _offset(path, raw),
     }
 
@@ -189,9 +191,17 @@ def _offset(path: str, raw: dict[str, Any]) -> int:
     return pad + 1
 
 
+_DISTILBERT_NAMES = {
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "intermediate_size": "hidden_dim",
+}
+
+
 def _distilbert_keys(raw: dict[str, Any]) -> dict[str, Any]:
     """DistilBERT's config under BERT's key names."""
-    renamed = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads"}
+    renamed = {theirs: ours for ours, theirs in _DISTILBERT_NAMES.items()}
     out = {renamed.get(key, key): value for key, value in raw.items()}
     out["intermediate_size"] = raw.get("hidden_dim")
     out["hidden_act"] = raw.get("activation", "gelu")
@@ -206,7 +216,7 @@ def _mpnet_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     # MPNet's embeddings hard-code padding index 1, whatever pad_token_id says.
     return {
         "type_vocab_size": 0,
-        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-5),
+        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-12),
         "position_offset": 2,
         "relative_attention_buckets": _buckets(path, raw),
     }
@@ -227,7 +237,10 @@ def _modernbert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
         raise ModelShapeError(f"{path}: local_attention {local} is outside 2 to {1 << 21:,}")
     half_window = local // 2
     layer_types = raw.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == layers:
+    if layer_types is not None:
+        kinds = ("sliding_attention", "full_attention")
+        if not isinstance(layer_types, list) or len(layer_types) != layers or not set(layer_types) <= set(kinds):
+            raise ModelFileError(f"{path}: layer_types should list {layers} of {' or '.join(kinds)}")
         windows = tuple(half_window if kind == "sliding_attention" else 0 for kind in layer_types)
     else:
         every = max(_int(path, raw, "global_attn_every_n_layers", 3), 1)

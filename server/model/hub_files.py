@@ -75,7 +75,7 @@ def needed_files(listing: Collection[str], directory: str, name: str) -> list[st
                 f"{name} has neither {TOKENIZER_JSON} nor vocab.txt: bertserve needs the model's tokenizer "
                 "in one of them; pick a revision that has it, or add it to a local copy served with --model-dir"
             )
-    chosen += _module_files(files, directory)
+    chosen += _module_files(files, directory, name)
     return list(dict.fromkeys(chosen))
 
 
@@ -130,9 +130,10 @@ def _no_weights(files: set[str], name: str) -> HubError:
     )
 
 
-def _module_files(files: set[str], directory: str) -> list[str]:
+def _module_files(files: set[str], directory: str, name: str) -> list[str]:
     """The files of each sentence-transformers module folder ``modules.json`` names (or
-    ``1_Pooling`` without it), pickles left out."""
+    ``1_Pooling`` without it), pickles left out: a module whose weights are only a pickle
+    (an older ``2_Dense/pytorch_model.bin``) is refused, with how to convert it."""
     folders = ["1_Pooling"]
     path = os.path.join(directory, MODULES)
     if os.path.isfile(path):
@@ -145,5 +146,12 @@ def _module_files(files: set[str], directory: str) -> list[str]:
     chosen = []
     for folder in filter(None, folders):
         inside = sorted(p for p in files if p.startswith(folder + "/") and not p.endswith(_PICKLES))
+        pickled = f"{folder}/pytorch_model.bin"
+        if pickled in files and f"{folder}/{SAFETENSORS}" not in files:
+            raise HubError(
+                f"{name}: its {folder} module has its weights only as pytorch_model.bin, and bertserve does not "
+                f"unpickle files from the network. Convert it once where PyTorch is installed: `hf download {name} "
+                f"--local-dir DIR`, then in DIR/{folder} {CONVERT_COMMAND}, and serve DIR with --model-dir"
+            )
         chosen += inside
     return chosen

@@ -137,8 +137,11 @@ def _inspect_huggingface(model_dir: str) -> ModelFiles:
     files = [config_path, *weight_files]
     tokenizer_config = os.path.join(model_dir, "tokenizer_config.json")
     declared = read_json(tokenizer_config).get("do_lower_case") if os.path.isfile(tokenizer_config) else None
+    own = _normalizer_lowercases(tokenizer_json) if has_tokenizer else None
     if isinstance(declared, bool):
         do_lower_case = declared
+    elif own is not None:  # the tokenizer's own normalizer, as a copy with only tokenizer.json has it
+        do_lower_case = own
     elif has_vocab:
         do_lower_case = _guess_lower_case(vocab_path)
     else:
@@ -218,6 +221,19 @@ def _safetensors_files(directory: str) -> list[str]:
         weight_map = read_json(index).get("weight_map", {})
         return [_require(directory, name) for name in sorted(set(weight_map.values()))]
     return [_require(directory, SAFETENSORS)]
+
+
+def _normalizer_lowercases(tokenizer_json: str) -> bool | None:
+    """Whether ``tokenizer_json``'s own BERT normalizer lowercases; None for another normalizer
+    (which ``do_lower_case`` does not change) or a file that cannot say."""
+    try:
+        normalizer = read_json(tokenizer_json).get("normalizer")
+    except ModelFileError:
+        return None  # the tokenizer reports its own file's faults
+    if isinstance(normalizer, dict) and normalizer.get("type") == "BertNormalizer":
+        lowercase = normalizer.get("lowercase")
+        return lowercase if isinstance(lowercase, bool) else None
+    return None
 
 
 def _guess_lower_case(vocab_path: str) -> bool:

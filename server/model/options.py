@@ -39,10 +39,11 @@ def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenize
         max_len=max_len,
         stride=config.chunk_stride,
     )
-    if tokenizer.vocab_size > model.config.vocab_size:
+    largest, token = tokenizer.largest_id()
+    if tokenizer.vocab_size > model.config.vocab_size or largest >= model.config.vocab_size:
         raise ModelError(
-            f"the tokenizer knows {tokenizer.vocab_size} tokens but the model embeds "
-            f"only vocab_size={model.config.vocab_size}"
+            f"the tokenizer knows {tokenizer.vocab_size} tokens, up to id {largest} ({token!r}), but the model "
+            f"embeds only vocab_size={model.config.vocab_size} (ids 0 to {model.config.vocab_size - 1})"
         )
     return tokenizer
 

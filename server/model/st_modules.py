@@ -23,8 +23,6 @@ from ..errors import ModelError, ModelFileError
 from .families import EncoderConfig
 from .json_file import read_json
 
-ST_MAX_SEQ_LEN = 128  # a plain model directory with no length of its own
-
 
 @dataclass(frozen=True)
 class DenseModule:
@@ -131,7 +129,7 @@ def _max_seq_len(model_dir: str, config: EncoderConfig) -> tuple[int, list[str]]
         length = read_json(tokenizer_config).get("model_max_length")
         if isinstance(length, int) and not isinstance(length, bool) and length > 0:
             return min(length, config.max_tokens), [tokenizer_config]
-    return min(ST_MAX_SEQ_LEN, config.max_tokens), []
+    return config.max_tokens, []  # sentence-transformers: the tokenizer's limit, else the positions
 
 
 def pooling_config(model_dir: str) -> tuple[str, dict] | None:
@@ -170,8 +168,9 @@ def pooling_from_config(path: str, raw: dict) -> PoolingStrategy:
     if not modes:
         raise ModelError(f"{path} turns on no pooling mode; choose --pooling-strategy")
     raise ModelError(
-        f"{path}: the pooling modes {' + '.join(modes)} together are not supported (only mean + max, in that "
-        "order); choose one with --pooling-strategy"
+        f"{path}: the pooling modes {' + '.join(modes)} together are not supported: sentence-transformers "
+        "concatenates them in this order, and bertserve concatenates only the mean then the max "
+        "(REDUCE_MEAN_MAX); choose one mode with --pooling-strategy"
     )
 
 
@@ -195,9 +194,11 @@ def _dense_module(module_dir: str) -> DenseModule:
     weights = os.path.join(module_dir, "model.safetensors")
     if not os.path.isfile(weights):
         if os.path.isfile(os.path.join(module_dir, "pytorch_model.bin")):
+            from .hub_files import CONVERT_COMMAND
+
             raise ModelFileError(
                 f"{module_dir} has its weights only as pytorch_model.bin, which bertserve does not unpickle; "
-                "convert it once where PyTorch is installed (see docs/server.md, Models)"
+                f"convert it once where PyTorch is installed: in {module_dir}, {CONVERT_COMMAND}"
             )
         raise ModelFileError(f"missing file {weights} (the Dense module's weights)")
     return DenseModule(weights, in_features, out_features, bool(raw.get("bias", True)), activation)

@@ -119,6 +119,16 @@ class ModelTokenizer:
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    def largest_id(self) -> tuple[int, str]:
+        """The largest id the tokenizer can give, and its token: of the vocabulary (which may
+        have gaps), its added tokens and the special tokens its post-processor writes."""
+        vocab = self._tokenizer.get_vocab(with_added_tokens=True)
+        token, largest = max(vocab.items(), key=lambda item: item[1], default=("", -1))
+        for special in (*self._specials.prefix, *self._specials.suffix):
+            if special > largest:
+                token, largest = f"the special token {special} its post-processor writes", special
+        return largest, token
+
     def num_special_tokens(self, *, pair: bool = False) -> int:
         """How many special tokens the model adds to a single input, or to a pair."""
         return self._specials.pair if pair else self._specials.single

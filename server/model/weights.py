@@ -64,37 +64,31 @@ def _read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
 
 def _read_safetensors(paths: Iterable[str], family: str = "bert") -> dict[str, np.ndarray]:
     weights: dict[str, np.ndarray] = {}
-    for _, raw in _safetensors_files(paths):
+    for path, raw in _safetensors_files(paths):
+        found = 0
         for name, value in raw.items():
             canonical = canonical_name(name, family)
             if canonical is not None:
                 weights[canonical] = value.T if canonical.endswith("/kernel") else value
+                found += 1
+        if raw and not found:
+            names = ", ".join(sorted(raw)[:3])
+            raise ModelFileError(
+                f"{path} holds no weight of a {family} encoder under a name bertserve knows (it holds {names}, ...)"
+            )
     return weights
 
 
 def _safetensors_files(paths: Iterable[str]) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    import ml_dtypes  # noqa: F401  (TensorFlow's own dependency: gives numpy the bfloat16 some models are stored in)
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     for path in paths:
         try:
-            try:
-                yield path, load_file(path)
-            except TypeError:  # bfloat16, which numpy has no type for: read through TensorFlow
-                yield path, _load_through_tensorflow(path)
-        except (SafetensorError, OSError, ValueError) as exc:
+            yield path, load_file(path)
+        except (SafetensorError, OSError, ValueError, TypeError) as exc:
             raise ModelFileError(f"cannot read {path}: {exc}") from exc
-
-
-def _load_through_tensorflow(path: str) -> dict[str, np.ndarray]:
-    """A safetensors file with bfloat16 tensors, every floating tensor as float32."""
-    import tensorflow as tf
-    from safetensors.tensorflow import load_file
-
-    return {
-        name: (tf.cast(tensor, tf.float32) if tensor.dtype.is_floating else tensor).numpy()
-        for name, tensor in load_file(path).items()
-    }
 
 
 def _read_dense(model: ModelFiles) -> dict[str, np.ndarray]:

@@ -192,8 +192,8 @@ def test_the_model_defaults_come_from_its_own_files():
 
 
 def test_weights_stored_in_bfloat16_and_float16(tmp_path, graph_dir):
-    """Models published in half precision are read as float32 (numpy has no bfloat16: the
-    file is read through TensorFlow)."""
+    """Models published in half precision are read as float32 (numpy's bfloat16 is
+    ml_dtypes', which the reader imports itself)."""
     import tensorflow as tf
     from safetensors.numpy import load_file
     from safetensors.tensorflow import save_file
@@ -274,3 +274,43 @@ def test_a_damaged_or_hostile_config_is_refused_naming_the_key(name, change, mes
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelError, match=re.escape(message)):
         resolve_options(ModelConfig(model_dir=str(model)))
+
+
+def test_an_id_past_the_embeddings_is_refused_before_the_model_runs(tmp_path):
+    """A vocabulary with gaps, or a special token the post-processor writes, whose id the
+    embedding table does not have: a clear error, not a failed gather in a worker."""
+    if "roberta" not in FAMILIES:
+        pytest.skip("no RoBERTa reference model")
+    model = tmp_path / "roberta"
+    shutil.copytree(DATA / "roberta", model)
+    vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    tokenizer["post_processor"]["cls"] = ["<s>", vocab_size + 7]
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(ModelError, match=rf"up to id {vocab_size + 7} \(.*\), but the model embeds only vocab_size"):
+        resolve_options(ModelConfig(model_dir=str(model)))
+
+
+def test_a_cased_tokenizer_json_is_not_lowercased_without_a_vocab_txt(tmp_path):
+    """A copy with only tokenizer.json (as fetched from the Hub) keeps the case its own
+    normalizer keeps, as a full copy does."""
+    if "bert_st6" not in FAMILIES:
+        pytest.skip("no BERT reference model")
+    model = tmp_path / "cased"
+    shutil.copytree(DATA / "bert_st6", model)
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    tokenizer["normalizer"]["lowercase"] = False
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("do_lower_case", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not (model / "vocab.txt").exists()
+    info, tokenizer_ = resolve_options(ModelConfig(model_dir=str(model)))
+    assert info["do_lower_case"] is False
+    assert tokenizer_.tokenize(["Hello"]).input_ids.tolist() != tokenizer_.tokenize(["hello"]).input_ids.tolist()
+
+
+@pytest.mark.parametrize("strategy", ["REDUCE_MEAN_SQRT_LEN", "WEIGHTED_MEAN"])
+def test_the_new_poolings_are_not_chunked_and_say_why(strategy):
+    with pytest.raises(ModelError, match=f"{strategy} reads every token, but its windows' vectors cannot be merged"):
+        resolve_options(ModelConfig(model_dir=str(DATA / FAMILIES[0]), pooling_strategy=strategy, long_inputs="chunk"))

@@ -272,6 +272,9 @@ def test_shards_and_module_folders_are_chosen_from_what_the_model_names(tmp_path
     ]
     with pytest.raises(HubError, match=r"names model-00002-of-00002\.safetensors, which the repository does not have"):
         needed_files([p for p in listing if p != "model-00002-of-00002.safetensors"], str(tmp_path), "org/big")
+    only_pickled = [p for p in listing if p != "2_Dense/model.safetensors"]
+    with pytest.raises(HubError, match=r"its 2_Dense module has its weights only as pytorch_model\.bin.*DIR/2_Dense"):
+        needed_files(only_pickled, str(tmp_path), "org/big")
 
 
 def test_model_ids_and_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
