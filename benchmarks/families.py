@@ -6,7 +6,7 @@ The models: the tiny random model of each family in ``tests/data/families/`` (ma
 (``tests/real_models.py``: all-MiniLM-L6-v2, all-mpnet-base-v2, ...), each against its
 reference in ``tests/data/``. Needs no PyTorch::
 
-    python benchmarks/families.py --markdown report/families.md --json report/families.json
+    python benchmarks/families.py --markdown benchmarks/report/families.md --json benchmarks/report/families.json
     python benchmarks/families.py --no-real          # the tiny models only: seconds
 """
 
@@ -107,7 +107,7 @@ def markdown(rows: list[dict]) -> str:
         "`tests/data/sentences.json` (the real models at `max_seq_length` 128), and whether every token id is "
         "the model's tokenizer's. Targets: fp32 min >= 0.99999, bf16 min >= 0.999.",
         "",
-        "Command: `python benchmarks/families.py --markdown report/families.md --json report/families.json`.",
+        "Command: `python benchmarks/families.py --markdown benchmarks/report/families.md --json benchmarks/report/families.json`.",
         "",
         "| model | family | fp32 min / mean | bf16 min / mean | int8 min / mean | token ids |",
         "| --- | --- | --- | --- | --- | --- |",
