@@ -107,7 +107,8 @@ def markdown(rows: list[dict]) -> str:
         "`tests/data/sentences.json` (the real models at `max_seq_length` 128), and whether every token id is "
         "the model's tokenizer's. Targets: fp32 min >= 0.99999, bf16 min >= 0.999.",
         "",
-        "Command: `python benchmarks/families.py --markdown benchmarks/report/families.md --json benchmarks/report/families.json`.",
+        "Command: `python benchmarks/families.py --markdown benchmarks/report/families.md "
+        "--json benchmarks/report/families.json`.",
         "",
         "| model | family | fp32 min / mean | bf16 min / mean | int8 min / mean | token ids |",
         "| --- | --- | --- | --- | --- | --- |",
