@@ -3,7 +3,8 @@
 the ZeroMQ client, the official ``openai`` package and ``httpx``. Each answers with what
 sentence-transformers computes for it (min cosine 0.99999, fp32), pairs included; its
 ``/tokenize`` gives the model's own ids, cut on either side; ``dimensions`` keeps the first
-ones (at unit length again where the model normalizes); ``/v1/models`` lists each with its own width."""
+ones (at unit length again where the model normalizes); a prompt is the text put before the
+input, with each family's tokenizer; ``/v1/models`` lists each with its own width."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.timeout(600)
 DATA = Path(__file__).resolve().parent.parent / "data" / "families"
 FAMILIES = sorted(p.stem for p in DATA.glob("*.npz")) if DATA.is_dir() else []
 KEY = "families-key-0123456789"
+PROMPT = "query: "
 
 
 def reference(name: str) -> dict[str, np.ndarray]:
@@ -55,7 +57,17 @@ def served(session_graph_dir: str) -> Iterator[Served]:
     port = free_port()
     models = [arg for name in FAMILIES for arg in ("--model", f"{name}={DATA / name},dtype=fp32")]
     running = start_server(
-        "--http-port", str(port), "--api-key", KEY, "--graph-dir", session_graph_dir, "--max-latency-ms", "2", *models
+        "--http-port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--graph-dir",
+        session_graph_dir,
+        "--max-latency-ms",
+        "2",
+        "--prompt",
+        f"query={PROMPT}",
+        *models,
     )
     yield Served(running, port)
     running.stop()
@@ -114,3 +126,16 @@ def test_v1_models_lists_each_family_with_its_width(served: Served) -> None:
         meta = json.loads((DATA / f"{name}.json").read_text())
         assert listed[name]["output_dim"] == reference(name)["st_default"].shape[1]
         assert listed[name]["max_seq_len"] == meta["max_seq_length"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_prompt_is_its_text_before_the_input(served: Served, name: str) -> None:
+    sentences = [str(s) for s in reference(name)["sentences"][:6]]
+    api = openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0)
+    named = api.embeddings.create(model=name, input=sentences, extra_body={"prompt_name": "query"})
+    written = api.embeddings.create(model=name, input=[PROMPT + s for s in sentences])
+    got = np.array([row.embedding for row in named.data], dtype=np.float32)
+    want = np.array([row.embedding for row in written.data], dtype=np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    plain = api.embeddings.create(model=name, input=sentences)
+    assert min_cosine(got, np.array([row.embedding for row in plain.data], dtype=np.float32)) < 0.99999
