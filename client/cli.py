@@ -1,4 +1,4 @@
-"""The client's ``bertserve`` sub-commands and their flags: ``encode``, ``status``, ``stop``,
+"""The client's ``bertserve`` sub-commands and their flags: ``encode``, ``rerank``, ``status``, ``stop``,
 ``reload`` and ``keygen``.
 
 They never import TensorFlow. ``encode``, ``status`` and ``stop`` talk to a running server;
@@ -102,6 +102,27 @@ def add_client_commands(subparsers: Any) -> None:
         help=unset_help("the served model to encode with, on a server of several", None, "the server's default model"),
     )
     encode.set_defaults(run=commands.encode)
+
+    rerank = subparsers.add_parser(
+        "rerank",
+        help="rank documents, one a line, by their relevance to a query, with a reranker on a running server",
+        description="Rank the documents of a UTF-8 text, one a line (blank lines left out), by their relevance to "
+        "QUERY, with a reranker (a cross-encoder) the server serves. Prints one line a document, best first: its "
+        "score, its line number and its text, tab-separated; or JSON with --json.",
+        formatter_class=HelpFormatter,
+    )
+    rerank.add_argument("query", help="the query the documents are ranked for")
+    rerank.add_argument("input", nargs="?", default="-", help="text file, one document a line (default: stdin)")
+    _add_connection_arguments(rerank, DEFAULT_TIMEOUT_MS)
+    rerank.add_argument("--top-n", type=_positive_int, help=unset_help("print the n best", None, "every document"))
+    rerank.add_argument("--raw-scores", action="store_true", help="print the model's logits, not its scores")
+    rerank.add_argument("--json", action="store_true", help="print a JSON list of {index, line, score, text}")
+    rerank.add_argument(
+        "--model",
+        metavar="NAME",
+        help=unset_help("the served reranker, on a server of several", None, "the server's default model"),
+    )
+    rerank.set_defaults(run=commands.rerank)
 
     status = subparsers.add_parser(
         "status", help="print a running server's status as JSON", formatter_class=HelpFormatter

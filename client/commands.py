@@ -172,6 +172,38 @@ def _check_server(
         print_status("warning", message)
 
 
+def rerank(args: argparse.Namespace) -> int:
+    """Rank the input's non-blank lines by their relevance to the query; print them best first."""
+    try:
+        text = sys.stdin.read() if args.input == "-" else open(args.input, encoding="utf-8").read()  # noqa: SIM115
+    except (OSError, UnicodeDecodeError) as exc:
+        return _fail(BertClientError(f"cannot read {source_name(args.input)}: {exc}"))
+    numbered_lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not numbered_lines:
+        return _fail(BertClientError(f"{source_name(args.input)} holds no document: give one a line"))
+    try:
+        with _connect(args) as client, _said_if_slow(f"waiting for the server at {args.host}:{args.port} ..."):
+            ranked = client.rerank(
+                args.query,
+                [line for _, line in numbered_lines],
+                args.top_n,
+                raw_scores=args.raw_scores,
+                model=args.model,
+            )
+    except (BertClientError, ValueError) as exc:
+        return _fail(exc)
+    rows = [
+        {"index": r.index, "line": numbered_lines[r.index][0], "score": r.score, "text": numbered_lines[r.index][1]}
+        for r in ranked
+    ]
+    if args.json:
+        print(json.dumps(rows, ensure_ascii=False))
+    else:
+        for row in rows:
+            print(f"{row['score']:.6f}\t{row['line']}\t{row['text']}")
+    return 0
+
+
 def status(args: argparse.Namespace) -> int:
     try:
         with _connect(args, check_version=False) as client:

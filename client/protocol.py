@@ -36,7 +36,8 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
 Error replies carry a ``kind``: ``input`` (bad texts), ``limit`` (over a size limit),
 ``busy`` (the server's queues are full: retry later), ``protocol``, ``forbidden``,
 ``duplicate`` (a request id already pending), ``model`` (the server serves no model of that
-name; the message lists those it serves), ``expired`` (its deadline passed before it
+name; the message lists those it serves), ``task`` (the model does another task than the
+request asks: the message names the model's), ``expired`` (its deadline passed before it
 completed: the client's ``timeout_ms``, or the server's request timeout), ``cancelled`` (the
 client withdrew it), ``worker`` (the model failed on the request, or it crashed its worker
 twice), ``internal`` and ``shutdown``.
@@ -70,9 +71,15 @@ ENCODE_OPTIONS = {
     "dimensions": "an int from 1 to the model's dimension: keep the first k (renormalized if the output is)",
     "prompt_name": "the name of one of the server's prompts, put before every input",
     "truncation_direction": "'right' (the default) or 'left': which end of an over-long input is cut",
+    "task": "'embed' (the default), 'rerank', 'classify' or 'sparse': what the request asks of the model; "
+    "a model of another task refuses it (kind 'task')",
 }
 """The optional fields of an ENCODE header, each checked by the server at the edge."""
 TRUNCATION_DIRECTIONS = ("right", "left")
+TASKS = ("embed", "rerank", "classify", "sparse")
+"""What a request asks of a model: vectors, a cross-encoder's scores of sentence pairs, a
+classifier's label scores, or SPLADE's sparse weights. Each row of the answer is the input's:
+``(N, D)`` vectors, ``(N, 1)`` or ``(N, labels)`` logits, ``(N, vocabulary)`` weights."""
 MODEL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}"
 """What a served model's name may be: letters, digits and ``._:/-``, at most 128 characters."""
 
@@ -86,6 +93,7 @@ EXPIRED = "expired"
 CANCELLED = "cancelled"
 DROPPED = "dropped"  # the reply could not be queued for its client (it did not read): this says so instead
 UNKNOWN_MODEL = "model"
+WRONG_TASK = "task"  # the model does another task than the request asks of it
 
 PAIR_SEPARATOR = "|||"
 """Writes a sentence pair as one input: ``"first ||| second"``; a ``"|||"`` token does for

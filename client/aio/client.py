@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .. import tasks as t
 from ..core.base import ClientCore
 from ..core.chunking import ASYNC_WINDOW, Gathered, chunks
 from ..core.options import (
@@ -37,8 +38,9 @@ from ..core.options import (
 from ..core.requests import plan_encode
 from ..core.results import Embedding, EncodeResult, answer, encode_result, in_format, shaped
 from ..errors import ServerError
-from ..protocol import ENCODE, RELOAD, STATUS, TERMINATE
+from ..protocol import ENCODE, RELOAD, STATUS, TERMINATE, check_texts
 from ..security import KeySource
+from ..tasks import Prediction, Ranked, SparseVector
 from ..terminal import progress_bar
 from .connection import AsyncConnection
 
@@ -241,6 +243,76 @@ class AsyncBertClient:
             return shaped(in_format(vectors, self.output_fmt), tokens, show_tokens)
         result = await self._encode(texts, options, self.output_fmt)
         return shaped(result.embedding, result.tokens, show_tokens)
+
+    # -- tasks beside embedding ------------------------------------------------------------
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        *,
+        raw_scores: bool = False,
+        return_documents: bool = False,
+        truncation_direction: str | None = None,
+        model: str | None = None,
+    ) -> list[Ranked]:
+        """``BertClient.rerank``, awaited: ``documents`` ranked by their relevance to ``query``."""
+        pairs = t.rerank_pairs(query, documents)
+        top_n = t.check_top(top_n, "top_n")
+        rows, config = await self._task_rows(pairs, "rerank", model, truncation_direction)
+        logits = rows.reshape(len(pairs), -1)[:, 0]
+        scores = logits if raw_scores else t.activate(logits, str(config.get("activation", "identity")))
+        return t.ranked(scores, list(documents) if return_documents else None, top_n)
+
+    async def predict(
+        self,
+        inputs: Sequence[str | tuple[str, str]],
+        *,
+        raw_scores: bool = False,
+        truncation_direction: str | None = None,
+        model: str | None = None,
+    ) -> list[list[Prediction]]:
+        """``BertClient.predict``, awaited: each input's labels, best first, with their scores."""
+        texts = t.predict_inputs(inputs)
+        rows, config = await self._task_rows(texts, "classify", model, truncation_direction)
+        return t.predictions(rows, config.get("labels") or (), raw_scores=raw_scores)
+
+    async def encode_sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        top_k: int | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: str | None = None,
+        model: str | None = None,
+    ) -> list[SparseVector]:
+        """``BertClient.encode_sparse``, awaited: each text's non-zero SPLADE weights."""
+        top_k = t.check_top(top_k, "top_k")
+        checked = check_texts(texts, pairs=False)
+        rows, _ = await self._task_rows(checked, "sparse", model, truncation_direction, prompt_name)
+        return t.sparse_rows(rows, top_k)
+
+    async def _task_rows(
+        self,
+        texts: list[str],
+        task: str,
+        model: str | None,
+        truncation_direction: str | None,
+        prompt_name: str | None = None,
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        options = EncodeOptions(
+            task=task,
+            model=check_model(model) or self.model,
+            truncation_direction=truncation_direction,
+            prompt_name=prompt_name,
+        )
+        await self._connection.open()
+        config = await self._connection.config_of(options.model)
+        options.check_server(config)
+        t.check_task(config, task, options.model)
+        result = await self._encode(texts, options, "ndarray")
+        return np.asarray(result.embedding), config
 
     # -- internals ---------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
-from ..protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TRUNCATION_DIRECTIONS, check_texts
+from ..protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TASKS, TRUNCATION_DIRECTIONS, check_texts
 from ..security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
 
 DEFAULT_HOST = "localhost"
@@ -245,6 +245,8 @@ class EncodeOptions:
       over-long input that is cut;
     - ``model``: the served model that encodes the texts (the client has already put its own
       in place of ``None``, which leaves it to the server's default);
+    - ``task``: what the model is asked for (:data:`~bertserve.client.protocol.TASKS`); sent
+      by ``rerank``, ``predict`` and ``encode_sparse``, and left out by ``encode`` (vectors);
     - ``pairs``: whether an input holding ``|||`` is a sentence pair (the default) or one
       sentence. Never sent: without it :meth:`check_texts` writes each input so that the
       server sees one sentence (:func:`~bertserve.client.protocol.one_sentence`).
@@ -262,6 +264,7 @@ class EncodeOptions:
     truncation_direction: str | None = None
     model: str | None = None
     pairs: bool = True
+    task: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("is_tokenized", "show_tokens", "pairs"):
@@ -273,6 +276,8 @@ class EncodeOptions:
         _check_prompt_name(self.prompt_name, self.is_tokenized)
         _check_truncation_direction(self.truncation_direction)
         check_model(self.model)
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
 
     def check_texts(self, texts: object) -> list[Any]:
         """``texts`` as a list, checked (:func:`~bertserve.client.protocol.check_texts`), each

@@ -32,8 +32,10 @@ from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+import numpy as np
 import zmq
 
+from .. import tasks as t
 from ..core.base import ClientCore
 from ..core.chunking import checked, chunks, concatenated, gather, in_order
 from ..core.options import (
@@ -49,8 +51,9 @@ from ..core.options import (
 from ..core.requests import length_warning, plan_encode
 from ..core.results import Embedding, EncodeResult, in_format, shaped
 from ..errors import ClientClosedError, ConcurrentUseError, ProtocolVersionError
-from ..protocol import RELOAD, STATUS, TERMINATE, ProtocolError
+from ..protocol import RELOAD, STATUS, TERMINATE, ProtocolError, check_texts
 from ..security import KeySource
+from ..tasks import Prediction, Ranked, SparseVector
 from .connection import Connection
 
 if TYPE_CHECKING:
@@ -371,6 +374,89 @@ class BertClient:
                 return request_id
             result = self._collect({request_id}, deadline, f"request {request_id}")
         return shaped(result.embedding, result.tokens, show_tokens)
+
+    # -- tasks beside embedding ------------------------------------------------------------
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        *,
+        raw_scores: bool = False,
+        return_documents: bool = False,
+        truncation_direction: str | None = None,
+        model: str | None = None,
+    ) -> list[Ranked]:
+        """Rank ``documents`` by their relevance to ``query`` with a reranker (a cross-encoder
+        the server serves): the documents best first, the first ``top_n`` (by default all),
+        each with its index in ``documents`` and its score (the model's logit through its
+        activation, as sentence-transformers' ``CrossEncoder.predict`` gives it; the logit
+        with ``raw_scores``), and its text with ``return_documents``. One request, whose rows
+        are the ``len(documents)`` pairs; a pair longer than the model takes is cut, the longer
+        side first."""
+        pairs = t.rerank_pairs(query, documents)
+        top_n = t.check_top(top_n, "top_n")
+        rows, config = self._task_rows(pairs, "rerank", model, truncation_direction)
+        logits = rows.reshape(len(pairs), -1)[:, 0]
+        scores = logits if raw_scores else t.activate(logits, str(config.get("activation", "identity")))
+        return t.ranked(scores, list(documents) if return_documents else None, top_n)
+
+    def predict(
+        self,
+        inputs: Sequence[str | tuple[str, str]],
+        *,
+        raw_scores: bool = False,
+        truncation_direction: str | None = None,
+        model: str | None = None,
+    ) -> list[list[Prediction]]:
+        """Classify each of ``inputs`` (a text, or a ``(first, second)`` pair) with a classifier
+        the server serves: each input's labels, best first, with their probabilities (a
+        softmax over the labels; a sigmoid for a model of one label), or their logits with
+        ``raw_scores``."""
+        texts = t.predict_inputs(inputs)
+        rows, config = self._task_rows(texts, "classify", model, truncation_direction)
+        return t.predictions(rows, config.get("labels") or (), raw_scores=raw_scores)
+
+    def encode_sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        top_k: int | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: str | None = None,
+        model: str | None = None,
+    ) -> list[SparseVector]:
+        """Each of ``texts`` as a sparse vector of a SPLADE model the server serves: its
+        non-zero vocabulary weights (ids ascending), only the ``top_k`` largest if given."""
+        top_k = t.check_top(top_k, "top_k")
+        checked = check_texts(texts, pairs=False)
+        rows, _ = self._task_rows(checked, "sparse", model, truncation_direction, prompt_name)
+        return t.sparse_rows(rows, top_k)
+
+    def _task_rows(
+        self,
+        texts: list[str],
+        task: str,
+        model: str | None,
+        truncation_direction: str | None,
+        prompt_name: str | None = None,
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """The rows a model of ``task`` answers for ``texts`` (one request), and its configuration."""
+        options = EncodeOptions(
+            task=task,
+            model=check_model(model) or self.model,
+            truncation_direction=truncation_direction,
+            prompt_name=prompt_name,
+        )
+        with self._using():
+            config = self._connection.config_of(options.model)
+            options.check_server(config)
+            t.check_task(config, task, options.model)
+            deadline = self._connection.deadline()
+            request_id = self._connection.send_encode(texts, deadline, options, fetchable=False)
+            result = self._collect({request_id}, deadline, f"request {request_id}", "ndarray")
+        return np.asarray(result.embedding), config
 
     def fetch(self) -> Iterator[EncodeResult]:
         """Yield the answers to the outstanding ``blocking=False`` requests as they arrive.

@@ -114,6 +114,7 @@ class ModelConfig:
     device: str | None = None
     long_inputs: str = "truncate"
     chunk_stride: int = 0
+    task: str | None = None  # embed, rerank, classify, sparse; None (auto): what the model is
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -138,6 +139,7 @@ class ModelConfig:
         if not isinstance(self.lite_max_tokens, int) or self.lite_max_tokens < 0:
             raise ModelOptionError(f"lite_max_tokens must be 0 or more, not {self.lite_max_tokens!r}")
         set_(self, "long_inputs", parse_long_inputs(self.long_inputs))
+        set_(self, "task", parse_task(self.task))
         if isinstance(self.chunk_stride, bool) or not isinstance(self.chunk_stride, int) or self.chunk_stride < 0:
             raise ModelOptionError(f"chunk_stride must be 0 or more tokens, not {self.chunk_stride!r}")
 
@@ -152,6 +154,23 @@ class ModelConfig:
 HUB_FIELDS = ("model_id", "model_revision", "model_commit")
 """The fields that say which model of the Hub ``model_dir`` holds: not options of a model, and
 not a remote worker's business (its files are checked by their sha256)."""
+
+TASKS = ("embed", "rerank", "classify", "sparse")
+"""What a model computes (see :mod:`..model.tasks`): sentence vectors, a cross-encoder's
+relevance scores, a classifier's label scores, or SPLADE's sparse vectors."""
+
+
+def parse_task(value: object) -> str | None:
+    """A task named by the user, checked; None (or ``auto``) leaves it to the model."""
+    if value is None:
+        return None
+    lowered = str(value).strip().lower()
+    if lowered in ("", "auto"):
+        return None
+    if lowered not in TASKS:
+        raise ModelOptionError(f"task must be one of {', '.join(TASKS)} (or auto: what the model is), not {value!r}")
+    return lowered
+
 
 LONG_INPUTS = ("truncate", "chunk")
 """What happens to an input longer than ``max_seq_len``: cut to fit, or encoded in windows."""

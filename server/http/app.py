@@ -57,6 +57,7 @@ from .schemas import (
     json_response,
     openai_input,
 )
+from .tasks import TaskEndpoints
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ DOCS_ASSETS = "/docs/assets"
 
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
     api = Endpoints(settings)
+    tasks = TaskEndpoints(api)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -126,6 +128,12 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             "Text Embeddings Inference-compatible tokenization, with the model's tokenizer",
         ),
         ("POST", "/encode", api.encode_legacy, "bert-as-service-compatible encoding"),
+        ("POST", "/rerank", tasks.tei_rerank, "Text Embeddings Inference-compatible rerank, with a cross-encoder"),
+        ("POST", "/v1/rerank", tasks.cohere_rerank, "Cohere- and Jina-compatible rerank, with a cross-encoder"),
+        ("POST", "/v2/rerank", tasks.cohere_rerank, "Cohere-compatible rerank (API v2), with a cross-encoder"),
+        ("POST", "/predict", tasks.predict, "Text Embeddings Inference-compatible sequence classification"),
+        ("POST", "/embed_sparse", tasks.embed_sparse, "Text Embeddings Inference-compatible sparse (SPLADE) vectors"),
+        ("POST", "/embed_all", tasks.embed_all, "Text Embeddings Inference-compatible token vectors (pooling NONE)"),
         ("GET", "/health", api.health, "Liveness: 200 while this process serves"),
         ("GET", "/ready", api.ready, "Readiness: 200 while every served model has a worker with it loaded, else 503"),
         ("GET", "/status", api.status, "The server's status, as `bertserve status` shows it"),

@@ -146,6 +146,7 @@ class Catalog:
                 "output_dim": summary.get("output_dim") or info.get("output_dim"),
                 "max_seq_len": model.tokenizer.max_len,
                 "dtype": summary.get("dtype") or info.get("dtype"),
+                "task": summary.get("task") or info.get("task") or "embed",
                 "model_version": summary.get("model_version"),
                 "model_commit": info.get("model_commit"),
                 "prompts": prompts(info),

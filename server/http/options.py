@@ -25,6 +25,7 @@ class Asked:
     dimensions: int | None = None
     prompt_name: str | None = None
     truncation_direction: str | None = None
+    task: str | None = None  # what the request asks of the model; None: vectors
 
     def header(self, timeout_s: float) -> dict[str, Any]:
         """The ENCODE header fields: these options, and the request's deadline."""
@@ -33,6 +34,7 @@ class Asked:
             "dimensions": self.dimensions,
             "prompt_name": self.prompt_name,
             "truncation_direction": self.truncation_direction,
+            "task": self.task,
         }
         return {"timeout_ms": max(1, round(timeout_s * 1000)), **{k: v for k, v in fields.items() if v is not None}}
 

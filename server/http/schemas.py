@@ -31,9 +31,11 @@ STATUS_OF_KIND = {
     "internal": 500,
     "cancelled": CLIENT_CLOSED,
     p.UNKNOWN_MODEL: 404,
+    p.WRONG_TASK: 400,
     p.DROPPED: 503,
 }
-_TEI_PATHS = ("/embed", "/tokenize")
+_TEI_PATHS = ("/embed", "/tokenize", "/rerank", "/predict", "/embed_sparse", "/embed_all")
+_COHERE_PATHS = ("/v1/rerank", "/v2/rerank")
 _OPENAI_TYPES = {
     401: "authentication_error",
     404: "invalid_request_error",
@@ -244,6 +246,8 @@ def error_response(path: str, error: HTTPError) -> Response:
         body: Any = {"error": error.message, "error_type": error.code or "Validation"}
     elif path == "/encode":
         body = {"error": error.message, "kind": error.code}
+    elif path in _COHERE_PATHS:  # Cohere's shape, with OpenAI's error object beside it for clients that read that
+        body = {"message": error.message, "error": {"message": error.message, "param": error.param, "code": error.code}}
     else:
         body = {
             "error": {

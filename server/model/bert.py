@@ -20,10 +20,12 @@ from ..config.model import PoolingStrategy
 from ..errors import ModelError
 from .pooling import ForwardSpec, pooled_output
 from .precision import compute_dtype, numpy_dtype
+from .task_heads import task_output
 
 if TYPE_CHECKING:
     from .families import EncoderConfig
     from .st_modules import DenseModule
+    from .tasks import TaskHead
 
 
 def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
@@ -73,6 +75,7 @@ def forward(
     input_ids,
     input_mask,
     segment_ids,
+    head: TaskHead | None = None,
 ):
     """The output of ``spec`` for a batch: ``input_ids``, ``input_mask`` and ``segment_ids``
     are int32 [batch, length], right-padded."""
@@ -93,6 +96,8 @@ def forward(
     if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
         cls = tf.cast(layers[-1][:, 0], compute_dtype(spec.dtype))
         pooler = tf.tanh(tf.cast(tf.matmul(cls, w["pooler/kernel"]), f32) + w["pooler/bias"])
+    if head is not None:  # a task's head on the last layer (.task_heads), in place of pooling
+        return task_output(w, config, head, layers[-1], input_mask)
     return pooled_output(w, spec, dense, layers, input_mask, lengths, pooler)
 
 

@@ -77,6 +77,7 @@ class Encoder:
         started = time.perf_counter()
         model = inspect_model(requested)
         self.family: str = model.config.family
+        self.head = model.head  # the task (.tasks): embed, rerank, classify or sparse
         self.config, spec = resolve(requested, model)
         self.spec: GraphSpec = spec
         self._tokenizer = build_tokenizer(model, self.config)
@@ -119,6 +120,7 @@ class Encoder:
         """The resolved options and the graph's shape, as plain JSON values."""
         return {
             **describe(self.config, self.spec),
+            **self.head.describe(),
             "family": self.family,
             "output_dim": self.output_dim,
             "token_level": self.token_level,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..config.model import PoolingStrategy
-from . import bert, modernbert
+from . import bert, modernbert, task_heads
 from .model_dir import ModelFiles
 from .weights import read_weights
 
@@ -36,7 +36,7 @@ logger = logging.getLogger("bertserve.graph")
 INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
 OUTPUT_NAME = "output"
 _MAGIC = b"BERTSERVE-GRAPH\x00"
-_FORMAT = 7  # bump when the graph (or its LiteRT form) built for the same options changes
+_FORMAT = 8  # bump when the graph (or its LiteRT form) built for the same options changes
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class GraphSpec:
     normalize: bool
     dtype: str  # fp32, fp16, bf16, int8 (an fp32 graph whose LiteRT form has int8 weights)
     output_dtype: str  # float32, float16
+    task: str = "embed"  # the head on the last layer in place of pooling (.tasks): rerank, classify, sparse
 
 
 @dataclass(frozen=True)
@@ -177,12 +178,18 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
     import tensorflow as tf
 
     family = modernbert if model.config.family == "modernbert" else bert
-    constants = _Constants(family.prepare_weights(read_weights(model), model.config, spec))
+    weights = read_weights(model)
+    prepared = family.prepare_weights(weights, model.config, spec)
+    if spec.task != "embed":
+        prepared.update(task_heads.prepare(weights, model.config, model.head))
+    del weights
+    constants = _Constants(prepared)
     graph = tf.Graph()
     with graph.as_default():
         inputs = [tf.compat.v1.placeholder(tf.int32, [None, None], name=name) for name in INPUT_NAMES]
+        head = model.head if spec.task != "embed" else None
         output = tf.identity(
-            family.forward(constants, model.config, spec, model.defaults.dense, *inputs), name=OUTPUT_NAME
+            family.forward(constants, model.config, spec, model.defaults.dense, *inputs, head=head), name=OUTPUT_NAME
         )
     output_dim = int(output.shape[-1])
     del constants, output

@@ -15,6 +15,7 @@ The weights themselves are read by :mod:`.weights`, only when a graph is built.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -23,7 +24,14 @@ from ..errors import ModelFileError, ModelShapeError
 from .default import hub_name_hint
 from .families import EncoderConfig
 from .json_file import read_json
-from .st_modules import ModelDefaults, pooling_config, sentence_transformers_defaults
+from .st_modules import (
+    ModelDefaults,
+    max_seq_length,
+    pooling_config,
+    read_modules,
+    sentence_transformers_defaults,
+)
+from .tasks import TaskHead, read_task
 
 __all__ = ["EncoderConfig", "ModelDefaults", "ModelFiles", "inspect_model", "pooling_config", "read_json"]
 
@@ -50,6 +58,7 @@ class ModelFiles:
     weight_sources: list[tuple[str, str]]  # ("checkpoint", prefix) or ("safetensors", path)
     tuned_sources: list[tuple[str, str]] = field(default_factory=list)  # override weight_sources
     files: list[str] = field(default_factory=list)  # every file whose content shapes the graph
+    head: TaskHead = field(default_factory=TaskHead)  # the model's task (.tasks): embed, rerank, classify, sparse
 
 
 def detect_layout(model_dir: str, config_name: str = "bert_config.json") -> str:
@@ -91,6 +100,16 @@ def inspect_model(options: ModelConfig) -> ModelFiles:
         model = _inspect_google(options.model_dir, config_name, ckpt_name, options.vocab_name or VOCAB)
     else:
         model = _inspect_huggingface(options.model_dir)
+        model.head = read_task(options.model_dir, model.config.family, options.task)
+        if model.head.task != "embed" and not read_modules(options.model_dir):  # a cross-encoder's own length
+            length, length_files = max_seq_length(options.model_dir, model.config)
+            model.defaults = dataclasses.replace(model.defaults, max_seq_len=length)
+            model.files += length_files
+    if layout == "google" and options.task not in (None, "embed"):
+        raise ModelFileError(
+            f"task={options.task} needs a Hugging Face model directory (config.json with its architecture); "
+            f"{options.model_dir} is a Google BERT checkpoint, an encoder only"
+        )
     if options.vocab_name is not None and layout == "huggingface":
         # A vocabulary named by the user wins over the directory's tokenizer.json.
         model.vocab_path = _require(options.model_dir, options.vocab_name)

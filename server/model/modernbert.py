@@ -19,10 +19,12 @@ from ..config.model import PoolingStrategy
 from ..errors import ModelError
 from .pooling import ForwardSpec, pooled_output
 from .precision import compute_dtype, numpy_dtype
+from .task_heads import task_output
 
 if TYPE_CHECKING:
     from .families import EncoderConfig
     from .st_modules import DenseModule
+    from .tasks import TaskHead
 
 
 def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec: ForwardSpec) -> dict[str, np.ndarray]:
@@ -61,6 +63,7 @@ def forward(
     input_ids,
     input_mask,
     segment_ids,
+    head: TaskHead | None = None,
 ):
     """The output of ``spec`` for a batch (int32 [batch, length], right-padded); ModernBERT
     has no token types, and ``segment_ids`` goes unread."""
@@ -120,6 +123,8 @@ def forward(
         layers.append(tf.reshape(x, [batch, length, hidden]))
     layers[-1] = tf.reshape(norm(x, "final_norm"), [batch, length, hidden])
 
+    if head is not None:  # a task's head on the last layer (.task_heads), in place of pooling
+        return task_output(w, config, head, layers[-1], input_mask)
     return pooled_output(w, spec, dense, layers, input_mask, lengths)
 
 

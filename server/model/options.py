@@ -26,7 +26,9 @@ def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTo
     the resolved options and the model's tokenizer."""
     model = inspect_model(requested)
     config, spec = resolve(requested, model)
-    return {**describe(config, spec), "family": model.config.family}, build_tokenizer(model, config)
+    return {**describe(config, spec), **model.head.describe(), "family": model.config.family}, build_tokenizer(
+        model, config
+    )
 
 
 def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenizer:
@@ -65,7 +67,8 @@ def describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:
         "do_lower_case": config.do_lower_case,
         "long_inputs": config.long_inputs,
         "chunk_stride": config.chunk_stride,
-        "chunking": chunking.chunk_refusal(spec.pooling_strategy) is None,
+        "chunking": spec.task == "embed" and chunking.chunk_refusal(spec.pooling_strategy) is None,
+        "task": spec.task,
     }
 
 
@@ -90,6 +93,8 @@ def _check_dense(model: ModelFiles, strategy: PoolingStrategy, layers: int, long
 
 def resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:
     """Fill the options the user left out from the model's defaults, and check them."""
+    if model.head.task != "embed":
+        return _resolve_task(requested, model)
     defaults = model.defaults
     num_layers = model.config.num_hidden_layers
     strategy = requested.pooling_strategy or defaults.pooling_strategy
@@ -127,5 +132,55 @@ def resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, Gra
         normalize=normalize,
         dtype=hardware.resolve_dtype(requested.dtype, requested.device)[0],
         output_dtype=requested.output_dtype,
+    )
+    return resolved, spec
+
+
+#: What the activations of one SPLADE run may take: a run of rows x length tokens holds a logit
+#: per vocabulary entry for each token, so its rows are capped to keep a run within this.
+SPARSE_RUN_BYTES = 256 << 20
+
+
+def _resolve_task(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:
+    """The options of a model whose head is a task's (rerank, classify, sparse): no pooling,
+    no normalization, no windows; its length is the tokenizer's, as sentence-transformers'
+    CrossEncoder and SparseEncoder take it, unless ``max_seq_len`` says."""
+    task = model.head.task
+    for name, value in (
+        ("pooling_strategy", requested.pooling_strategy),
+        ("pooling_layer", requested.pooling_layer),
+        ("normalize", requested.normalize),
+    ):
+        if value is not None:
+            raise ModelError(f"{name} does not apply to a {task} model: its head reads the last layer")
+    if requested.long_inputs == "chunk":
+        raise ModelError(f"long_inputs=chunk does not apply to a {task} model: a long input is truncated")
+    if requested.mask_cls_sep:
+        raise ModelError(f"mask_cls_sep does not apply to a {task} model")
+    limit = model.config.max_tokens
+    max_seq_len = requested.max_seq_len if requested.max_seq_len is not None else model.defaults.max_seq_len
+    if max_seq_len != DYNAMIC and int(max_seq_len) > limit:
+        raise ModelError(f"max_seq_len {max_seq_len} is above the {limit} tokens the model's positions allow")
+    batch_size = requested.batch_size
+    if task == "sparse":
+        length = limit if max_seq_len == DYNAMIC else int(max_seq_len)
+        batch_size = max(1, min(batch_size, SPARSE_RUN_BYTES // (4 * length * model.config.vocab_size)))
+    resolved = requested.replace(
+        max_seq_len=max_seq_len,
+        pooling_strategy=PoolingStrategy.CLS_TOKEN,
+        pooling_layer=(-1,),
+        normalize=False,
+        do_lower_case=model.do_lower_case,
+        batch_size=batch_size,
+        task=task,
+    )
+    spec = GraphSpec(
+        pooling_strategy=PoolingStrategy.CLS_TOKEN,
+        pooling_layer=(model.config.num_hidden_layers - 1,),
+        mask_cls_sep=False,
+        normalize=False,
+        dtype=hardware.resolve_dtype(requested.dtype, requested.device)[0],
+        output_dtype=requested.output_dtype,
+        task=task,
     )
     return resolved, spec

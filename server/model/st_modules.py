@@ -113,12 +113,13 @@ def sentence_transformers_defaults(model_dir: str, config: EncoderConfig) -> tup
             dense.append(layer)
             files += [os.path.join(module_dir, "config.json"), layer.path]
     _check_dense_chain(model_dir, dense)
-    max_seq_len, length_files = _max_seq_len(model_dir, config)
+    max_seq_len, length_files = max_seq_length(model_dir, config)
     defaults = ModelDefaults(strategy, (-1,), max_seq_len, normalize, tuple(dense))
     return defaults, files + length_files
 
 
-def _max_seq_len(model_dir: str, config: EncoderConfig) -> tuple[int, list[str]]:
+def max_seq_length(model_dir: str, config: EncoderConfig) -> tuple[int, list[str]]:
+    """The longest input sentence-transformers gives the model, and the file that says it."""
     st_config = os.path.join(model_dir, "sentence_bert_config.json")
     if os.path.isfile(st_config):
         length = read_json(st_config).get("max_seq_length")

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ModelFileError, ModelShapeError
 from .families import EncoderConfig
 from .model_dir import ModelFiles
+from .task_heads import expected_shapes, head_name
 
 logger = logging.getLogger("bertserve.model")
 
@@ -67,7 +68,7 @@ def _read_safetensors(paths: Iterable[str], family: str = "bert") -> dict[str, n
     for path, raw in _safetensors_files(paths):
         found = 0
         for name, value in raw.items():
-            canonical = canonical_name(name, family)
+            canonical = head_name(name, family) or canonical_name(name, family)
             if canonical is not None:
                 weights[canonical] = value.T if canonical.endswith("/kernel") else value
                 found += 1
@@ -236,6 +237,7 @@ def _modernbert_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
 
 def _check_shapes(model: ModelFiles, weights: dict[str, np.ndarray]) -> None:
     expected = _expected_shapes(model.config)
+    expected.update(expected_shapes(model.config, model.head, set(weights)))
     if "bert/pooler/dense/kernel" in weights and model.config.has_pooler:
         h = model.config.hidden_size
         expected["bert/pooler/dense/kernel"] = (h, h)

@@ -148,7 +148,7 @@ class Clients:
 
     def _encode(self, request: p.Request, fmt: ReplyFormat, who: bytes, model: HeadModel) -> None:
         info = self.registry.model_info(model.name, model.version)
-        options = read_options(request.header, model.config, info, model.prompts)
+        options = read_options(request.header, model.config, info, model.prompts, model.name)
         refusal = options if isinstance(options, Refusal) else self._check_unread(request, model, who)
         if refusal is not None:
             return self._refuse(request, fmt, refusal, model.name)

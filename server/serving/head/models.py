@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from ...config.server import ServerConfig
 from ...model.prompts import Prompts
+from ...model.tasks import model_task
 from ..policy.scheduler import Scheduler
 from .control import Control
 from .registry import Registry
@@ -175,6 +176,7 @@ def model_summary(model: HeadModel, registry: Registry) -> dict[str, Any]:
         "max_seq_len": info.get("max_seq_len"),
         "dtype": info.get("dtype"),
         "pooling_strategy": info.get("pooling_strategy"),
+        "task": info.get("task") or model_task(model.config.model.model_dir, model.config.model.task),
         "model_version": model.version,
         "workers": registry.serving_count(model.name),
         "prompts": sorted(model.prompts.texts),

@@ -16,6 +16,7 @@ from bertserve.client import protocol as p
 
 from ...config.server import ServerConfig
 from ...model.prompts import Prompts, UnknownPrompt
+from ...model.tasks import model_task, wrong_task
 from ..policy.admission import Refusal, chunking
 
 
@@ -28,13 +29,18 @@ class EncodeOptions:
     prompt: str  # put before every text ("" for none)
     truncation: str  # "right" or "left"
     dimensions: int | None  # keep the first k dimensions of each vector
+    task: str = "embed"  # what the request asks of the model (its own task: checked)
 
 
 def read_options(
-    header: dict[str, Any], config: ServerConfig, model: dict[str, Any], prompts: Prompts
+    header: dict[str, Any], config: ServerConfig, model: dict[str, Any], prompts: Prompts, name: str = ""
 ) -> EncodeOptions | Refusal:
     """The options ``header`` asks for, or the :class:`Refusal` of the first one at fault.
-    ``model`` is what the workers reported (empty before the first is ready)."""
+    ``model`` is what the workers reported (empty before the first is ready); ``name`` the
+    model's name, for the refusal of a request of another task than the model's."""
+    task = _task(header, config, model, name)
+    if isinstance(task, Refusal):
+        return task
     is_tokenized, show_tokens = header.get("is_tokenized", False), header.get("show_tokens", False)
     for name, value in (("is_tokenized", is_tokenized), ("show_tokens", show_tokens)):
         if not isinstance(value, bool):
@@ -55,17 +61,36 @@ def read_options(
     truncation = header.get("truncation_direction", "right")
     if truncation not in p.TRUNCATION_DIRECTIONS:
         return Refusal(f"truncation_direction must be 'right' or 'left', not {truncation!r}")
-    dimensions = header.get("dimensions")
-    if dimensions is not None:
-        dim = model.get("output_dim")
-        most = dim if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0 else None
-        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
-            return Refusal(
-                f"dimensions must be an integer from 1 to {most or 'the model dimension'}, not {dimensions!r}"
-            )
-        if most is not None and dimensions > most:
-            return Refusal(f"dimensions={dimensions} is more than this model's {most} dimensions: ask for 1 to {most}")
-    return EncodeOptions(is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions)
+    dimensions = _dimensions(header.get("dimensions"), model, task)
+    if isinstance(dimensions, Refusal):
+        return dimensions
+    return EncodeOptions(is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions, task)
+
+
+def _dimensions(dimensions: Any, model: dict[str, Any], task: str) -> int | Refusal | None:
+    """The dimensions the request keeps, checked against the model's (``model``: what the workers reported)."""
+    if dimensions is None:
+        return None
+    if task != "embed":
+        return Refusal(f"dimensions applies to sentence vectors, not to a {task} model's scores")
+    dim = model.get("output_dim")
+    most = dim if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0 else None
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
+        return Refusal(f"dimensions must be an integer from 1 to {most or 'the model dimension'}, not {dimensions!r}")
+    if most is not None and dimensions > most:
+        return Refusal(f"dimensions={dimensions} is more than this model's {most} dimensions: ask for 1 to {most}")
+    return dimensions
+
+
+def _task(header: dict[str, Any], config: ServerConfig, model: dict[str, Any], name: str) -> str | Refusal:
+    """The task the request asks for (vectors unless it says), if it is the model's."""
+    task = header.get("task", "embed")
+    if task not in p.TASKS:
+        return Refusal(f"task must be one of {', '.join(p.TASKS)}, not {task!r}")
+    own = model.get("task") or model_task(config.model.model_dir, config.model.task)
+    if task != own:
+        return Refusal(wrong_task(name or config.served_model_name or "", own, task), p.WRONG_TASK)
+    return str(task)
 
 
 def _prompt(name: Any, is_tokenized: bool, prompts: Prompts) -> str | Refusal:

@@ -19,6 +19,7 @@ from bertserve.client.protocol import MODEL_NAME_PATTERN
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 MAX_HOST_WORKERS = 256
+MAX_LABELS = 4096  # a classifier's labels a worker may report
 """Most workers one host may say it runs (HELLO's ``workers``)."""
 
 ERROR_KINDS = frozenset({"worker", "input", "timeout", "expired"})
@@ -123,6 +124,9 @@ class ModelInfo(_Schema):
     model_dir: Text4096 | None = None
     model_class: Text255 | None = None
     family: Label | None = None  # the encoder's family: bert, roberta, distilbert, mpnet, modernbert
+    task: Literal["embed", "rerank", "classify", "sparse"] | None = None  # what the model computes
+    labels: list[Text255] | None = Field(default=None, max_length=MAX_LABELS)  # a classifier's, in id order
+    activation: Literal["identity", "sigmoid", "tanh"] | None = None  # a reranker's, on its logits
 
     @classmethod
     def declared(cls, description: dict[str, Any]) -> dict[str, Any]:

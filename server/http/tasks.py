@@ -1,0 +1,263 @@
+"""The task endpoints: rerank (TEI's ``/rerank``; Cohere's and Jina's ``/v1/rerank`` and
+``/v2/rerank``), classification (``/predict``), sparse vectors (``/embed_sparse``) and token
+vectors (``/embed_all``).
+
+Each is an ENCODE request like any other, with the task it asks for in its header, so it
+shares the server's batching, fairness, deadlines and bounds: a rerank of one query and N
+documents is one request of N sentence pairs (:func:`bertserve.client.tasks.rerank_pairs`),
+merged with other requests' pairs. The head refuses a request whose task is not its model's;
+this process refuses it first, with a 400 that names the model's task. A pair longer than the
+model takes is cut the longer side first, as sentence-transformers' CrossEncoder cuts it (the
+document, for a query shorter than half the length), and the result says ``truncated``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from bertserve.client import tasks as t
+from bertserve.client.protocol import PAIR_SEPARATOR, one_sentence
+from fastapi import Request
+from fastapi.responses import Response
+
+from ..model.prompts import apply_prompt
+from ..model.tasks import wrong_task
+from .catalog import ModelSettings
+from .options import Asked, checked_prompt_name, direction, prompt_text
+from .schemas import HTTPError, json_response
+from .task_bodies import CohereRerankRequest, EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
+
+if TYPE_CHECKING:
+    from .app import Endpoints
+
+
+class TaskEndpoints:
+    """The task endpoints, over the embedding API's gateway, catalog and checks."""
+
+    def __init__(self, api: Endpoints) -> None:
+        self.api = api
+
+    async def _model(self, name: str | None, task: str) -> tuple[ModelSettings, dict[str, Any]]:
+        """The model ``name`` picks and its ``CONFIG`` answer, once ready; 400 unless its task is ``task``."""
+        model = self.api.catalog.pick(name)
+        await self.api.ready_or_503()
+        info = await self.api.catalog.info(model)
+        own = info.get("task", "embed")
+        if own != task:
+            raise HTTPError(400, wrong_task(model.name, str(own), task), param="model", code="task")
+        return model, info
+
+    async def _truncated(self, model: ModelSettings, texts: list[str], name: str, *, refuse: bool) -> np.ndarray:
+        """Which of ``texts`` the model cuts; with ``refuse`` a 413 for the first."""
+        truncated = await self.api.tokenizing.run(model.tokenizer.truncated, texts)
+        if refuse and truncated.any():
+            first = int(np.argmax(truncated))
+            raise HTTPError(
+                413,
+                f"{name}[{first}] is longer than the {model.tokenizer.max_len} tokens the model {model.name!r} "
+                "takes; pass truncate=true to cut it",
+                param=name,
+            )
+        return truncated
+
+    async def _rerank(
+        self,
+        request: Request,
+        name: str | None,
+        query: Any,
+        documents: Any,
+        field: str,
+        *,
+        direction_: str | None,
+        refuse_long: bool = False,
+    ) -> tuple[ModelSettings, dict[str, Any], np.ndarray, np.ndarray, int]:
+        """The logits of ``documents`` against ``query``, which documents were cut, and the tokens."""
+        try:
+            pairs = t.rerank_pairs(query, documents)
+        except ValueError as exc:
+            raise HTTPError(422, str(exc).replace("documents", field), param=field) from None
+        self.api.within_limits(pairs, field)
+        model, info = await self._model(name, "rerank")
+        truncated = await self._truncated(model, pairs, field, refuse=refuse_long)
+        reply = await self.api.encode(request, model, pairs, Asked(truncation_direction=direction_, task="rerank"))
+        logits = reply.array().astype(np.float32, copy=False).reshape(len(pairs), -1)[:, 0]
+        return model, info, logits, truncated, int(reply.header.get("token_count", 0))
+
+    async def tei_rerank(self, body: TEIRerankRequest, request: Request) -> Response:
+        top_n = _top(body.top_n, "top_n")
+        _, info, logits, truncated, _ = await self._rerank(
+            request,
+            body.model,
+            body.query,
+            body.texts,
+            "texts",
+            direction_=direction(body.truncation_direction),
+            refuse_long=body.truncate is False,
+        )
+        scores = logits if body.raw_scores else t.activate(logits, str(info.get("activation", "identity")))
+        results = []
+        for index in t.ranking(scores, top_n):
+            item: dict[str, Any] = {"index": index, "score": float(scores[index])}
+            if body.return_text:
+                item["text"] = body.texts[index]
+            item["truncated"] = bool(truncated[index])
+            results.append(item)
+        return json_response(results)
+
+    async def cohere_rerank(self, body: CohereRerankRequest, request: Request) -> Response:
+        top_n = _top(body.top_n, "top_n")
+        texts = _document_texts(body.documents)
+        model, info, logits, truncated, tokens = await self._rerank(
+            request, body.model, body.query, texts, "documents", direction_=None
+        )
+        scores = t.activate(logits, str(info.get("activation", "identity")))
+        results = []
+        for index in t.ranking(scores, top_n):
+            item: dict[str, Any] = {"index": index, "relevance_score": float(scores[index])}
+            if body.return_documents:
+                item["document"] = {"text": texts[index]}
+            item["truncated"] = bool(truncated[index])
+            results.append(item)
+        return json_response(
+            {
+                "id": str(uuid.uuid4()),
+                "model": body.model or model.name,
+                "results": results,
+                "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+                "usage": {"total_tokens": tokens},
+                "created": int(time.time()),
+            }
+        )
+
+    async def predict(self, body: PredictRequest, request: Request) -> Response:
+        texts, single = _predict_inputs(body.inputs)
+        self.api.within_limits(texts, "inputs")
+        model, info = await self._model(body.model, "classify")
+        await self._truncated(model, texts, "inputs", refuse=not body.truncate)
+        options = Asked(truncation_direction=direction(body.truncation_direction), task="classify")
+        reply = await self.api.encode(request, model, texts, options)
+        logits = reply.array().astype(np.float32, copy=False).reshape(len(texts), -1)
+        scores = logits if body.raw_scores else t.label_probabilities(logits)
+        labels = [str(label) for label in info.get("labels") or ()] or [f"LABEL_{i}" for i in range(logits.shape[1])]
+        answers = [[{"label": labels[j], "score": float(row[j])} for j in t.ranking(row)] for row in scores]
+        return json_response(answers[0] if single else answers)
+
+    async def embed_sparse(self, body: SparseRequest, request: Request) -> Response:
+        top_k = _top(body.top_k, "top_k")
+        texts = self._texts(body.inputs)
+        model, info = await self._model(body.model, "sparse")
+        options = await self._prompted_options(model, info, texts, body, "sparse")
+        reply = await self.api.encode(request, model, texts, options)
+        rows = t.sparse_rows(reply.array(), top_k)
+        return json_response(
+            [
+                [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
+                for row in rows
+            ]
+        )
+
+    async def embed_all(self, body: EmbedAllRequest, request: Request) -> Response:
+        texts = self._texts(body.inputs)
+        model, info = await self._model(body.model, "embed")
+        if not info.get("token_level"):
+            raise HTTPError(
+                422,
+                f"the model {model.name!r} pools its tokens into one vector: /embed_all answers a model served "
+                "with pooling_strategy=NONE (serve the same directory again: --model NAME=DIR,pooling_strategy=NONE)",
+                param="model",
+            )
+        options = await self._prompted_options(model, info, texts, body, "embed")
+        prompt = prompt_text(options.prompt_name, info)
+        counts = await self.api.tokenizing.run(
+            model.tokenizer.count_tokens, apply_prompt(texts, prompt) if prompt else texts
+        )
+        reply = await self.api.encode(request, model, texts, options)
+        vectors = reply.array().astype(np.float32, copy=False)
+        return json_response([vectors[i, : int(n)] for i, n in enumerate(counts)])
+
+    def _texts(self, inputs: Any) -> list[str]:
+        """TEI's ``inputs``: a text or a non-empty list of texts, each one sentence."""
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(texts, list) or not texts:
+            raise HTTPError(422, "inputs must be a text or a non-empty list of texts", param="inputs")
+        self.api.within_limits(texts if all(isinstance(x, str) for x in texts) else [], "inputs")
+        return [_text(item, f"inputs[{i}]") for i, item in enumerate(texts)]
+
+    async def _prompted_options(
+        self, model: ModelSettings, info: dict[str, Any], texts: list[str], body: Any, task: str
+    ) -> Asked:
+        options = Asked(
+            prompt_name=checked_prompt_name(body.prompt_name, info),
+            truncation_direction=direction(body.truncation_direction),
+            task=task,
+        )
+        if not body.truncate:
+            await self.api.refuse_over_long(model, info, texts, options)
+        return options
+
+
+def _terms(row: t.SparseVector) -> list[dict[str, Any]]:
+    return [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
+
+
+def _top(value: Any, name: str) -> int | None:
+    try:
+        return t.check_top(value, name)
+    except ValueError as exc:
+        raise HTTPError(422, str(exc), param=name) from None
+
+
+def _document_texts(documents: Any) -> list[Any]:
+    """Cohere's documents, strings or objects with a ``text``, as strings (a bad one as it
+    is, for :func:`~bertserve.client.tasks.rerank_pairs` to name)."""
+    if not isinstance(documents, list):
+        return documents
+    return [doc["text"] if isinstance(doc, dict) and isinstance(doc.get("text"), str) else doc for doc in documents]
+
+
+def _predict_inputs(inputs: Any) -> tuple[list[str], bool]:
+    """TEI's ``/predict`` inputs as texts (a pair written ``first ||| second``), and whether
+    there was one input: a text, or a list of two texts (one pair)."""
+    if isinstance(inputs, str):
+        return [_text(inputs, "inputs")], True
+    if _is_pair(inputs):
+        return [_pair(inputs, "inputs")], True
+    if not isinstance(inputs, list) or not inputs:
+        raise HTTPError(
+            422, "inputs must be a text, a pair [first, second], or a non-empty list of those", param="inputs"
+        )
+    texts = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, list):
+            if not _is_pair(item):
+                raise HTTPError(422, f"inputs[{i}] must be a text or a pair of two texts", param="inputs")
+            texts.append(_pair(item, f"inputs[{i}]"))
+        else:
+            texts.append(_text(item, f"inputs[{i}]"))
+    return texts, False
+
+
+def _text(item: Any, name: str) -> str:
+    """One text input, as one sentence whatever ``|||`` it holds."""
+    if not isinstance(item, str):
+        raise HTTPError(422, f"{name} must be a string, not {type(item).__name__}", param="inputs")
+    if not item.strip():
+        raise HTTPError(422, f"{name} is empty", param="inputs")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in item):
+        raise HTTPError(422, f"{name} holds a lone surrogate, which is not valid Unicode text", param="inputs")
+    return one_sentence(item)
+
+
+def _is_pair(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(side, str) for side in value)
+
+
+def _pair(sides: Sequence[str], name: str) -> str:
+    first, second = sides
+    for side, text in (("first", first), ("second", second)):
+        _text(text, f"{name} ({side} text)")
+    return f"{one_sentence(first)} {PAIR_SEPARATOR} {second}"
