@@ -196,6 +196,7 @@ class AsyncBertClient:
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
         model: str | None = None,
+        output: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
         """Encode ``texts`` into one vector each, as ``BertClient.encode`` does (``blocking``
         aside: the caller awaits the answer, and other tasks run meanwhile).
@@ -206,13 +207,34 @@ class AsyncBertClient:
         flight, counted on a tqdm bar. ``pairs``, ``long_inputs``, ``dimensions``, ``prompt_name`` and
         ``truncation_direction`` are the request's options
         (:class:`~bertserve.client.options.EncodeOptions`), sent with every chunk; ``model``
-        sends the call to another of the server's models than the client's.
+        sends the call to another of the server's models than the client's; ``output`` answers
+        the vectors in a compact form (``BertClient.encode``'s).
 
         Raises :class:`ServerTimeoutError` when no answer comes within ``timeout`` ms (each
         chunk's answer), :class:`ServerError` (:class:`ServerBusyError` for a refusal of kind
         busy) when the server answers with an error, and :class:`ClientClosedError` if the
         client is closed meanwhile. Cancelling the call withdraws its request from the server.
         """
+        if output is not None and output != "float":
+            (kind,) = t.check_embedding_types(output, "output") if isinstance(output, str) else ("",)
+            answer = await self.encode(
+                texts,
+                is_tokenized=is_tokenized,
+                pairs=pairs,
+                show_tokens=show_tokens,
+                show_progress=show_progress,
+                long_inputs=long_inputs,
+                dimensions=dimensions,
+                prompt_name=prompt_name,
+                truncation_direction=truncation_direction,
+                model=model,
+            )
+            vectors, tokens = answer if show_tokens else (answer, None)
+            floats = np.asarray(vectors, dtype=np.float32)
+            config = await self._connection.config_of(check_model(model) or self.model)
+            ranges = t.calibration_ranges(config)
+            compacted = t.quantize(floats, kind, None if ranges is None else ranges[:, : floats.shape[1]])
+            return shaped(compacted.tolist() if self.output_fmt == "list" else compacted, tokens or [], show_tokens)
         options = EncodeOptions(
             is_tokenized=is_tokenized,
             show_tokens=show_tokens,

@@ -309,6 +309,7 @@ class BertClient:
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
         model: str | None = None,
+        output: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
         """Encode ``texts`` into one vector each (or one per token, if the server pools none).
 
@@ -333,11 +334,31 @@ class BertClient:
         reply's ``token_count`` and ``chunked`` (how many inputs were encoded in windows).
         ``model`` sends this call to another of the server's models than the client's.
 
+        ``output`` answers the vectors in a compact form, as sentence-transformers'
+        ``quantize_embeddings`` makes it: ``"binary"`` or ``"ubinary"`` (sign bits, 8 to a byte,
+        as int8 offset by -128 or as uint8), ``"int8"`` or ``"uint8"`` (256 steps of each
+        dimension's range over the model's calibration set; ``bertserve calibrate`` makes one).
+
         Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
         :class:`ServerError` when the server answers with an error.
         """
         if show_progress and not blocking:
             raise ValueError("show_progress needs blocking=True: fetch() collects a non-blocking request")
+        if output is not None and output != "float":
+            return self._encode_compact(
+                texts,
+                output,
+                blocking=blocking,
+                is_tokenized=is_tokenized,
+                pairs=pairs,
+                show_tokens=show_tokens,
+                show_progress=show_progress,
+                long_inputs=long_inputs,
+                dimensions=dimensions,
+                prompt_name=prompt_name,
+                truncation_direction=truncation_direction,
+                model=model,
+            )
         options = EncodeOptions(
             is_tokenized=is_tokenized,
             show_tokens=show_tokens,
@@ -374,6 +395,19 @@ class BertClient:
                 return request_id
             result = self._collect({request_id}, deadline, f"request {request_id}")
         return shaped(result.embedding, result.tokens, show_tokens)
+
+    def _encode_compact(self, texts: Sequence[Any], output: str, *, blocking: bool, **options: Any) -> Any:
+        """``encode`` in a compact form (``output``: int8, uint8, binary or ubinary)."""
+        (kind,) = t.check_embedding_types(output, "output") if isinstance(output, str) else ("",)
+        if not blocking:
+            raise ValueError("output needs blocking=True: fetch() collects the float vectors")
+        answer = self.encode(texts, **options)
+        vectors, tokens = answer if options.get("show_tokens") else (answer, None)
+        config = self._connection.config_of(check_model(options.get("model")) or self.model)
+        ranges = t.calibration_ranges(config)
+        compacted = t.quantize(np.asarray(vectors), kind, None if ranges is None else ranges[:, : np.shape(vectors)[1]])
+        formatted = compacted.tolist() if self.output_fmt == "list" else compacted
+        return (formatted, tokens) if tokens is not None else formatted
 
     # -- tasks beside embedding ------------------------------------------------------------
 

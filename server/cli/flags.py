@@ -112,6 +112,20 @@ MODEL_FLAGS = under(
         choices=LONG_INPUTS,
     ),
     Flag("--chunk-stride", "tokens that consecutive windows of a chunked input share", int, 0, rare=True),
+    Flag(
+        "--task",
+        "what the model computes: embed, rerank, classify or sparse",
+        unset="what its config.json says",
+        choices=("embed", "rerank", "classify", "sparse"),
+        rare=True,
+    ),
+    Flag(
+        "--calibration",
+        "the int8/uint8 embedding types' ranges: a file `bertserve calibrate` wrote",
+        unset="the model directory's calibration.json, if any",
+        metavar="FILE",
+        rare=True,
+    ),
 )
 
 SERVER_FLAGS = [

@@ -42,7 +42,7 @@ from .flags import (
 
 logger = logging.getLogger("bertserve.cli")
 
-SERVER_COMMANDS = frozenset({"start", "worker", "embed", "export"})  # they need the `server` extra
+SERVER_COMMANDS = frozenset({"start", "worker", "embed", "calibrate", "export"})  # they need the `server` extra
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -181,6 +181,25 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    """Encode the input's lines in this process and write each dimension's range, which the
+    int8 and uint8 embedding types cut into 256 steps."""
+    from ..model.calibration import CALIBRATION_FILE, write_calibration
+    from ..model.encoder import Encoder
+
+    source = source_name(args.input)
+    lines = numbered(read_lines(args.input, keep_blank=True), source, skip_blank=True)
+    config = model_config_from_args(args)
+    encoder = Encoder(config)
+    if encoder.head.task != "embed" or encoder.token_level:
+        raise BertServeError("calibration ranges are for sentence vectors: this model answers scores or token vectors")
+    vectors = encoder.encode([one_sentence(text) for text in lines.texts])
+    out = args.out or os.path.join(config.model_dir, CALIBRATION_FILE)
+    write_calibration(out, vectors)
+    print(f"wrote {out}: the ranges of {vectors.shape[1]} dimensions over {len(vectors)} sentences", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertserve", description="BERT sentence embeddings, served.", formatter_class=HelpFormatter
@@ -236,6 +255,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verbose(embed)
     add_flags(embed, MODEL_FLAGS, docs="docs/server.md")
     embed.set_defaults(run=_cmd_embed)
+
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="write the ranges the int8 and uint8 embedding types need, from a file of sentences",
+        usage="%(prog)s [options] [input]",
+        description="Encode the sentences of a text file (one a line; a few thousand like the ones the server "
+        "will see) and write each dimension's minimum and maximum to MODEL_DIR/calibration.json, where the "
+        "server finds them, or to --out.",
+        formatter_class=HelpFormatter,
+    )
+    calibrate.add_argument("input", nargs="?", default="-", help="text file, one sentence a line (default: stdin)")
+    calibrate.add_argument(
+        "--out", metavar="FILE", help="where to write the ranges (default: calibration.json in the model directory)"
+    )
+    _add_verbose(calibrate)
+    add_flags(calibrate, MODEL_FLAGS, docs="docs/server.md")
+    calibrate.set_defaults(run=_cmd_calibrate)
 
     export = commands.add_parser(
         "export",

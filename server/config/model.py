@@ -115,6 +115,7 @@ class ModelConfig:
     long_inputs: str = "truncate"
     chunk_stride: int = 0
     task: str | None = None  # embed, rerank, classify, sparse; None (auto): what the model is
+    calibration: str | None = None  # int8/uint8 embedding ranges (.calibration); None: the model dir's own
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__

@@ -19,7 +19,6 @@ they work on a machine without internet access.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from fastapi_offline import FastAPIOffline
 from .. import metrics
 from ..config.http import HTTP_HEADERS
 from ..model.prompts import apply_prompt
+from . import compact
 from .bodies import BodyBudget, BodyPace
 from .catalog import Catalog, ModelSettings
 from .disconnects import ClientGone, unless_disconnected
@@ -253,13 +253,16 @@ class Endpoints:
         reply = await self.encode(request, model, texts, asked(body, info), is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
-        if body.encoding_format == "base64":
-            data = [
-                {"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()}
-                for i, row in enumerate(vectors)
-            ]
-        else:
-            data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)]
+        data: list[dict[str, Any]] = [{"object": "embedding", "index": i} for i in range(len(vectors))]
+        types = compact.requested(body.embedding_types) or ("float",)
+        answered = {
+            kind: compact.encoded(array, body.encoding_format)
+            for kind, array in compact.forms(vectors, types, info).items()
+        }
+        for i, item in enumerate(data):
+            item["embedding"] = answered[types[0]][i]
+            if body.embedding_types is not None:
+                item["embeddings"] = {kind: rows[i] for kind, rows in answered.items()}
         computed = reply.header.get("model")  # the head names the model that ran it
         if not isinstance(computed, str):
             computed = model.name
@@ -299,7 +302,11 @@ class Endpoints:
         vectors = reply.array().astype(np.float32, copy=False)
         if body.normalize and not info.get("normalize"):  # after the server kept the first `dimensions`
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return json_response(vectors, reply)
+        types = compact.requested(body.embedding_types)
+        if types is None:
+            return json_response(vectors, reply)
+        answered = compact.forms(vectors, types, info)
+        return json_response(answered[types[0]] if isinstance(body.embedding_types, str) else answered, reply)
 
     async def refuse_over_long(
         self, model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked

@@ -89,6 +89,10 @@ _PROMPT_NAME = (
     "default prompt, if it has one"
 )
 _TRUNCATION = "which end of an over-long input is cut: right (the default) or left"
+_EMBEDDING_TYPES = (
+    "Cohere's: the forms to answer each vector in, of float, int8, uint8 (these two need the model's calibration "
+    "ranges), binary and ubinary (sign bits, 8 to a byte)"
+)
 _MODEL = "the name of one of the served models (GET /v1/models lists them); by default the server's default model"
 
 LongInputs = Literal["truncate", "chunk"]
@@ -116,6 +120,7 @@ class EmbeddingRequest(BaseModel):
     long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
+    embedding_types: SkipValidation[Any] = Field(None, description=_EMBEDDING_TYPES)
 
 
 class EmbedRequest(BaseModel):
@@ -130,6 +135,7 @@ class EmbedRequest(BaseModel):
     dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
     long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
     model: str | None = Field(None, description=_MODEL)
+    embedding_types: SkipValidation[Any] = Field(None, description=_EMBEDDING_TYPES)
 
 
 class TokenizeRequest(BaseModel):

@@ -25,6 +25,7 @@ from ..errors import BertServeError, ModelError
 from ..logs import held_native_output, quiet_tensorflow
 from ..memory import trim_heap
 from . import chunking, lite
+from .calibration import calibration_path, read_calibration
 from .chunking import check_chunkable
 from .default import DEFAULT_MODEL_NAME, default_model_dir
 from .graph import GraphSpec, load_function, load_or_build
@@ -106,6 +107,8 @@ class Encoder:
         if self._lite is not None:
             self._warmup()
             trim_heap()
+        path = calibration_path(self.config) if self.head.task == "embed" and not self.token_level else None
+        self.calibration = read_calibration(path, self.output_dim) if path else None  # int8/uint8 ranges
         logger.info(
             "encoder ready in %.1fs: %s layers of %d run, %s pooling, %s, output dim %d",
             time.perf_counter() - started,
@@ -121,6 +124,7 @@ class Encoder:
         return {
             **describe(self.config, self.spec),
             **self.head.describe(),
+            **({"calibration_ranges": self.calibration.tolist()} if self.calibration is not None else {}),
             "family": self.family,
             "output_dim": self.output_dim,
             "token_level": self.token_level,

@@ -127,6 +127,17 @@ class ModelInfo(_Schema):
     task: Literal["embed", "rerank", "classify", "sparse"] | None = None  # what the model computes
     labels: list[Text255] | None = Field(default=None, max_length=MAX_LABELS)  # a classifier's, in id order
     activation: Literal["identity", "sigmoid", "tanh"] | None = None  # a reranker's, on its logits
+    # the int8/uint8 embedding types' ranges (.model.calibration): [min, max], one value a dimension
+    calibration_ranges: list[list[float]] | None = Field(default=None, min_length=2, max_length=2)
+
+    @model_validator(mode="after")
+    def _ranges_fit(self) -> ModelInfo:
+        ranges = self.calibration_ranges
+        if ranges is not None and not all(len(row) == self.output_dim for row in ranges):
+            raise ValueError("calibration_ranges should hold two rows of output_dim values")
+        if ranges is not None and not all(math.isfinite(v) for row in ranges for v in row):
+            raise ValueError("calibration_ranges should hold finite numbers")
+        return self
 
     @classmethod
     def declared(cls, description: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,46 @@
+"""Compact embeddings over HTTP: Cohere's ``embedding_types`` (``float``, ``int8``, ``uint8``,
+``binary``, ``ubinary``) on ``/v1/embeddings`` and ``/embed``, made from the float vectors as
+sentence-transformers' ``quantize_embeddings`` makes them (:func:`bertserve.client.tasks.quantize`).
+int8 and uint8 need the model's calibration ranges (its ``CONFIG`` answer's ``calibration_ranges``)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from bertserve.client import tasks as t
+
+from .schemas import HTTPError
+
+
+def requested(value: Any) -> tuple[str, ...] | None:
+    """The types ``embedding_types`` asks for, checked; None when it is left out."""
+    if value is None:
+        return None
+    try:
+        return t.check_embedding_types(value)
+    except ValueError as exc:
+        raise HTTPError(422, str(exc), param="embedding_types") from None
+
+
+def forms(vectors: np.ndarray, types: tuple[str, ...], info: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``vectors`` in each of ``types``; a 422 that says how to calibrate for int8 and uint8
+    without ranges. The ranges of the first dimensions serve vectors cut to ``dimensions``."""
+    ranges = t.calibration_ranges(info)
+    if ranges is not None:
+        ranges = ranges[:, : vectors.shape[1]]
+    out = {}
+    for kind in types:
+        if kind in ("int8", "uint8") and ranges is None:
+            raise HTTPError(422, f"embedding_types {kind}: {t.CALIBRATION_ADVICE}", param="embedding_types")
+        out[kind] = t.quantize(vectors, kind, ranges)
+    return out
+
+
+def encoded(array: np.ndarray, encoding_format: str) -> Any:
+    """Each row of ``array`` as JSON numbers, or with ``base64`` its bytes (little-endian)."""
+    if encoding_format != "base64":
+        return array
+    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    return [base64.b64encode(row.tobytes()).decode() for row in little]
