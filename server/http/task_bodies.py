@@ -17,10 +17,14 @@ _RETURN_TEXT = "give each result its document's text"
 
 
 class TEIRerankRequest(BaseModel):
-    """TEI's ``/rerank``: the documents' scores for the query, best first."""
+    """TEI's ``/rerank``: the texts' scores for the query, best first. Infinity's shape of it
+    (``documents`` instead of ``texts``, as LangChain's ``InfinityRerank`` sends) is answered
+    in Infinity's shape."""
 
     query: SkipValidation[Any]
-    texts: SkipValidation[Any]
+    texts: SkipValidation[Any] = Field(None, description="the documents (TEI)")
+    documents: SkipValidation[Any] = Field(None, description="the documents (Infinity), instead of texts")
+    return_documents: bool | None = Field(None, description="with documents: give each result its text")
     raw_scores: bool = Field(False, description="the model's logits, without its activation (a sigmoid, for most)")
     return_text: bool = Field(False, description=_RETURN_TEXT)
     truncate: bool | None = Field(

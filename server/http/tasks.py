@@ -89,15 +89,41 @@ class TaskEndpoints:
 
     async def tei_rerank(self, body: TEIRerankRequest, request: Request) -> Response:
         top_n = _top(body.top_n, "top_n")
-        _, info, logits, truncated, _ = await self._rerank(
+        if (body.texts is None) == (body.documents is None):
+            raise HTTPError(
+                422, "give the documents as texts (TEI's shape) or as documents (Infinity's)", param="texts"
+            )
+        field = "texts" if body.texts is not None else "documents"
+        texts = body.texts if body.texts is not None else body.documents
+        model, info, logits, truncated, tokens = await self._rerank(
             request,
             body.model,
             body.query,
-            body.texts,
-            "texts",
+            texts,
+            field,
             direction_=direction(body.truncation_direction),
             refuse_long=body.truncate is False,
         )
+        if body.documents is not None:
+            scores = logits if body.raw_scores else t.activate(logits, str(info.get("activation", "identity")))
+            return json_response(
+                {
+                    "object": "rerank",
+                    "id": str(uuid.uuid4()),
+                    "created": int(time.time()),
+                    "model": body.model or model.name,
+                    "results": [
+                        {
+                            "index": index,
+                            "relevance_score": float(scores[index]),
+                            "document": texts[index] if body.return_documents else None,
+                            "truncated": bool(truncated[index]),
+                        }
+                        for index in t.ranking(scores, top_n)
+                    ],
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                }
+            )
         scores = logits if body.raw_scores else t.activate(logits, str(info.get("activation", "identity")))
         results = []
         for index in t.ranking(scores, top_n):
@@ -221,11 +247,12 @@ def _document_texts(documents: Any) -> list[Any]:
 
 def _predict_inputs(inputs: Any) -> tuple[list[str], bool]:
     """TEI's ``/predict`` inputs as texts (a pair written ``first ||| second``), and whether
-    there was one input: a text, or a list of two texts (one pair)."""
+    there was one input: a text, a list of one text, or a list of two texts (a pair). A batch
+    is a list of texts or of such lists: ``[["a"], ["b", "c"]]``."""
     if isinstance(inputs, str):
         return [_text(inputs, "inputs")], True
-    if _is_pair(inputs):
-        return [_pair(inputs, "inputs")], True
+    if isinstance(inputs, list) and 1 <= len(inputs) <= 2 and all(isinstance(side, str) for side in inputs):
+        return [_sequence(inputs, "inputs")], True
     if not isinstance(inputs, list) or not inputs:
         raise HTTPError(
             422, "inputs must be a text, a pair [first, second], or a non-empty list of those", param="inputs"
@@ -233,12 +260,20 @@ def _predict_inputs(inputs: Any) -> tuple[list[str], bool]:
     texts = []
     for i, item in enumerate(inputs):
         if isinstance(item, list):
-            if not _is_pair(item):
-                raise HTTPError(422, f"inputs[{i}] must be a text or a pair of two texts", param="inputs")
-            texts.append(_pair(item, f"inputs[{i}]"))
+            if not 1 <= len(item) <= 2:
+                raise HTTPError(422, f"inputs[{i}] must be [text] or a pair [first, second]", param="inputs")
+            texts.append(_sequence(item, f"inputs[{i}]"))
         else:
             texts.append(_text(item, f"inputs[{i}]"))
     return texts, False
+
+
+def _sequence(sides: Sequence[Any], name: str) -> str:
+    """``[text]`` or ``[first, second]`` as one input."""
+    if len(sides) == 1:
+        return _text(sides[0], f"{name}[0]")
+    first, second = (_text(side, f"{name}[{j}]") for j, side in enumerate(sides))
+    return f"{first} {PAIR_SEPARATOR} {second}"
 
 
 def _text(item: Any, name: str) -> str:
@@ -250,14 +285,3 @@ def _text(item: Any, name: str) -> str:
     if any(0xD800 <= ord(c) <= 0xDFFF for c in item):
         raise HTTPError(422, f"{name} holds a lone surrogate, which is not valid Unicode text", param="inputs")
     return one_sentence(item)
-
-
-def _is_pair(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(isinstance(side, str) for side in value)
-
-
-def _pair(sides: Sequence[str], name: str) -> str:
-    first, second = sides
-    for side, text in (("first", first), ("second", second)):
-        _text(text, f"{name} ({side} text)")
-    return f"{one_sentence(first)} {PAIR_SEPARATOR} {second}"
