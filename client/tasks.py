@@ -175,11 +175,10 @@ def quantize(vectors: np.ndarray, kind: str, ranges: Any = None) -> np.ndarray:
     if ranges.shape != (2, vectors.shape[1]):
         raise ValueError(f"calibration ranges of shape {ranges.shape} do not fit {vectors.shape[1]}-wide vectors")
     starts = ranges[0]
-    steps = (ranges[1] - ranges[0]) / np.float32(255)
-    steps = np.where(steps > 0, steps, np.float32(1))  # a dimension constant over the calibration set
-    # sentence-transformers' steps, clipped: a value outside the calibration range takes the
-    # nearest end, where a plain cast would wrap around
-    levels = np.clip((vectors - starts) / steps, 0, 255)
+    steps = (ranges[1] - starts) / 255
+    steps = np.where(steps == 0, 1, steps)  # a dimension constant over the calibration set
+    # a value outside the calibration range takes the nearest end
+    levels = np.clip(np.floor((vectors - starts) / steps), 0, 255)
     if kind == "uint8":
         return levels.astype(np.uint8)
     return (levels - 128).astype(np.int8)

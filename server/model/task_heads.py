@@ -148,7 +148,7 @@ def _classifier(w: Any, config: EncoderConfig, head: TaskHead, last: Any, input_
 
     family = config.family
     if family == "modernbert" and head.pooling == "mean":
-        mask = tf.cast(input_mask, tf.float32)[:, :, None]
+        mask = tf.expand_dims(tf.cast(input_mask, tf.float32), -1)
         x = tf.reduce_sum(last * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
     else:
         x = last[:, 0]
@@ -174,9 +174,18 @@ def _splade(w: Any, config: EncoderConfig, last: Any, input_mask: Any) -> Any:
     x = _activation(_dense(w, x, "transform"), "gelu" if config.hidden_act == "gelu" else config.hidden_act)
     x = _norm(x, w["task/transform_ln/gamma"], w["task/transform_ln/beta"], _mlm_eps(config))
     logits = tf.nn.bias_add(tf.matmul(x, w["task/decoder/kernel"]), w["task/decoder/bias"])
-    weights = tf.math.log1p(tf.nn.relu(tf.reshape(logits, [batch, length, config.vocab_size])))
-    weights *= tf.cast(input_mask, tf.float32)[:, :, None]  # padding weighs 0, below every real token's max
+    weights = _log1p(tf.nn.relu(tf.reshape(logits, [batch, length, config.vocab_size])))
+    weights *= tf.expand_dims(tf.cast(input_mask, tf.float32), -1)  # padding weighs 0, below every real token's max
     return tf.reduce_max(weights, axis=1)
+
+
+def _log1p(x: Any) -> Any:
+    """log(1 + x) to an ulp or so for small ``x`` too, in ops LiteRT has (it turns ``log1p``
+    into ``log(1 + x)``, which loses ``x``'s low bits): Goldberg's ``log(u) * x / (u - 1)``."""
+    import tensorflow as tf
+
+    u = 1.0 + x
+    return tf.where(tf.equal(u, 1.0), x, tf.math.log(u) * x / tf.maximum(u - 1.0, 1e-30))
 
 
 def _mlm_eps(config: EncoderConfig) -> float:

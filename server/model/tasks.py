@@ -109,7 +109,8 @@ def read_task(model_dir: str, family: str, requested: str | None) -> TaskHead:
                 f"task=rerank needs a model with one output (a relevance score); {model_dir} has {len(labels)} "
                 f"labels ({', '.join(labels[:5])}): serve it with task=classify"
             )
-        return TaskHead(task, labels, _activation(path, raw, len(labels)), *_modernbert_head(path, raw))
+        activation = _activation(model_dir, path, raw, len(labels))
+        return TaskHead(task, labels, activation, *_modernbert_head(path, raw))
     if kind != "masked_lm":
         raise ModelError(f"task=sparse needs a masked language model (*ForMaskedLM); {model_dir} is {_what(raw)}")
     if family not in SPARSE_FAMILIES:
@@ -182,11 +183,21 @@ def _labels(path: str, raw: dict[str, Any]) -> tuple[str, ...]:
     return tuple(f"LABEL_{i}" for i in range(count))
 
 
-def _activation(path: str, raw: dict[str, Any], labels: int) -> str:
-    """The activation sentence-transformers' ``CrossEncoder.predict`` applies: the model's own,
-    else a sigmoid for one label and none for several."""
-    section = raw.get("sentence_transformers")
-    declared = section.get("activation_fn") if isinstance(section, dict) else None
+def _activation(model_dir: str, path: str, raw: dict[str, Any], labels: int) -> str:
+    """The activation sentence-transformers' ``CrossEncoder.predict`` applies: the model's own
+    (``config_sentence_transformers.json`` as version 6 saves it, else config.json's
+    ``sentence_transformers`` section as versions 4 and 5 did, else the key before them), else a
+    sigmoid for one label and none for several."""
+    own = os.path.join(model_dir, "config_sentence_transformers.json")
+    if os.path.isfile(own):
+        path = own
+        declared = read_json(own).get("activation_fn")
+    else:
+        declared = None
+    if declared is None:
+        section = raw.get("sentence_transformers")
+        declared = section.get("activation_fn") if isinstance(section, dict) else None
+        path = os.path.join(model_dir, "config.json")
     if declared is None:
         declared = raw.get("sbert_ce_default_activation_function")
     if declared is None:
