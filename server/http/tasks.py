@@ -222,7 +222,7 @@ class TaskEndpoints:
             task=task,
         )
         if not body.truncate:
-            await self.api.refuse_over_long(model, info, texts, options)
+            await self.api.refuse_over_long(model, info, texts, options, chunkable=task == "embed")
         return options
 
 

@@ -1,0 +1,357 @@
+"""One server of a reranker, a classifier, a SPLADE model and an embedding model (tiny models
+of tests/data/tasks and tests/data/families, fp32), asked through every shape the clients send:
+TEI's /rerank, /predict and /embed_sparse (httpx and Haystack's HuggingFaceTEIRanker), Cohere's
+/v1/rerank and /v2/rerank (the cohere SDK and LangChain's CohereRerank), Infinity's /rerank, the
+ZeroMQ clients and ``bertserve rerank``. Each answer is what sentence-transformers computes (the
+references of tests/data/tasks), a request to a model of another task is a 400 that names the
+model's task, bad input is a 4xx that names the field, and pairs of concurrent requests merged
+into one model run never cross."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from bertserve.client import AsyncBertClient, BertClient, tasks as t
+from bertserve.client.errors import ServerError
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
+
+pytestmark = pytest.mark.timeout(600)
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+KEY = "tasks-key-0123456789"
+RERANKER, CLASSIFIER, SPLADE, EMBEDDER = "rerank_bert", "classify_bert", "splade_bert", "roberta"
+
+
+def reference(name: str) -> dict[str, np.ndarray]:
+    folder = "families" if name == EMBEDDER else "tasks"
+    with np.load(DATA / folder / f"{name}.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+class Served:
+    def __init__(self, running: RunningServer, http_port: int) -> None:
+        self.running = running
+        self.url = f"http://127.0.0.1:{http_port}"
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+    def client(self, model: str) -> BertClient:
+        return BertClient(port=self.running.port, port_out=self.running.port_out, model=model, timeout=120_000)
+
+
+@pytest.fixture(scope="module")
+def served(session_graph_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    calibration = tmp_path_factory.mktemp("calibration") / "calibration.json"
+    ranges = reference("quantize")["ranges"]
+    calibration.write_text(json.dumps({"format": 1, "min": ranges[0].tolist(), "max": ranges[1].tolist()}))
+    models = {
+        RERANKER: DATA / "tasks" / RERANKER,
+        CLASSIFIER: DATA / "tasks" / CLASSIFIER,
+        SPLADE: DATA / "tasks" / SPLADE,
+        EMBEDDER: f"{DATA / 'families' / EMBEDDER},calibration={calibration}",
+        "plain": DATA / "families" / "mpnet",
+    }
+    port = free_port()
+    flags = [arg for name, where in models.items() for arg in ("--model", f"{name}={where},dtype=fp32")]
+    running = start_server(
+        "--http-port", str(port), "--api-key", KEY, "--graph-dir", session_graph_dir, "--max-latency-ms", "2", *flags
+    )
+    yield Served(running, port)
+    running.stop()
+
+
+def documents(ref: dict[str, np.ndarray]) -> list[str]:
+    return [str(d) for d in ref["documents"]]
+
+
+# -- rerank -----------------------------------------------------------------------------
+
+
+def test_tei_rerank_ranks_as_cross_encoder(served: Served) -> None:
+    ref = reference(RERANKER)
+    with served.http() as http:
+        for q, query in enumerate(ref["queries"]):
+            body = {"model": RERANKER, "query": str(query), "texts": documents(ref), "return_text": True}
+            answer = http.post("/rerank", json=body)
+            assert answer.status_code == 200, answer.text
+            results = answer.json()
+            assert [r["index"] for r in results] == ref["rank"][q].tolist()
+            np.testing.assert_allclose([r["score"] for r in results], ref["scores"][q][ref["rank"][q]], atol=1e-4)
+            assert [r["text"] for r in results] == [documents(ref)[i] for i in ref["rank"][q]]
+            assert [r["truncated"] for r in results] == [bool(ref["truncated"][q][i]) for i in ref["rank"][q]]
+        raw = http.post("/rerank", json={**body, "raw_scores": True, "top_n": 3}).json()
+        assert [r["index"] for r in raw] == ref["rank"][-1][:3].tolist()
+        np.testing.assert_allclose([r["score"] for r in raw], ref["logits"][-1][ref["rank"][-1][:3]], atol=1e-4)
+
+
+def test_cohere_sdk_v1_and_v2_rank_as_cross_encoder(served: Served) -> None:
+    cohere = pytest.importorskip("cohere")
+    ref = reference(RERANKER)
+    query, docs = str(ref["queries"][1]), documents(ref)
+    v2 = cohere.ClientV2(api_key=KEY, base_url=served.url).rerank(model=RERANKER, query=query, documents=docs, top_n=5)
+    assert [r.index for r in v2.results] == ref["rank"][1][:5].tolist()
+    np.testing.assert_allclose([r.relevance_score for r in v2.results], ref["scores"][1][ref["rank"][1][:5]], atol=1e-4)
+    v1 = cohere.Client(api_key=KEY, base_url=served.url).rerank(
+        model=RERANKER, query=query, documents=docs, return_documents=True
+    )
+    assert [r.index for r in v1.results] == ref["rank"][1].tolist()
+    assert v1.results[0].document.text == docs[ref["rank"][1][0]]
+
+
+def test_langchain_cohere_rerank_ranks_as_cross_encoder(served: Served) -> None:
+    langchain_cohere = pytest.importorskip("langchain_cohere")
+    from langchain_core.documents import Document
+
+    ref = reference(RERANKER)
+    reranker = langchain_cohere.CohereRerank(model=RERANKER, base_url=served.url, cohere_api_key=KEY, top_n=4)
+    kept = reranker.compress_documents([Document(page_content=d) for d in documents(ref)], str(ref["queries"][2]))
+    assert [d.page_content for d in kept] == [documents(ref)[i] for i in ref["rank"][2][:4]]
+    np.testing.assert_allclose(
+        [d.metadata["relevance_score"] for d in kept], ref["scores"][2][ref["rank"][2][:4]], atol=1e-4
+    )
+
+
+def test_haystack_tei_ranker_ranks_as_cross_encoder(served: Served) -> None:
+    rankers = pytest.importorskip("haystack_integrations.components.rankers.huggingface_api")
+    from haystack import Document
+    from haystack.utils import Secret
+
+    ref = reference(RERANKER)
+    ranker = rankers.HuggingFaceTEIRanker(url=served.url, top_k=3, token=Secret.from_token(KEY))
+    # a TEI server serves one model: the ranker names none, and gets the default one, the first --model
+    out = ranker.run(query=str(ref["queries"][3]), documents=[Document(content=d) for d in documents(ref)])
+    assert [d.content for d in out["documents"]] == [documents(ref)[i] for i in ref["rank"][3][:3]]
+
+
+def test_infinity_shape_of_rerank(served: Served) -> None:
+    ref = reference(RERANKER)
+    body = {"model": RERANKER, "query": str(ref["queries"][0]), "documents": documents(ref), "return_documents": True}
+    with served.http() as http:
+        answer = http.post("/rerank", json=body).json()
+    assert [r["index"] for r in answer["results"]] == ref["rank"][0].tolist()
+    assert answer["results"][0]["document"] == documents(ref)[ref["rank"][0][0]]
+    assert answer["usage"]["total_tokens"] > 0 and answer["model"] == RERANKER
+
+
+def test_zeromq_clients_rerank_as_cross_encoder(served: Served) -> None:
+    ref = reference(RERANKER)
+    with served.client(RERANKER) as client:
+        ranked = client.rerank(str(ref["queries"][4]), documents(ref), return_documents=True)
+    assert [r.index for r in ranked] == ref["rank"][4].tolist()
+    np.testing.assert_allclose([r.score for r in ranked], ref["scores"][4][ref["rank"][4]], atol=1e-4)
+
+    async def asked() -> list[t.Ranked]:
+        async with AsyncBertClient(
+            port=served.running.port, port_out=served.running.port_out, model=RERANKER, timeout=120_000
+        ) as client:
+            return await client.rerank(str(ref["queries"][4]), documents(ref), top_n=2, raw_scores=True)
+
+    top = asyncio.run(asked())
+    assert [r.index for r in top] == ref["rank"][4][:2].tolist()
+    np.testing.assert_allclose([r.score for r in top], ref["logits"][4][ref["rank"][4][:2]], atol=1e-4)
+
+
+def test_concurrent_reranks_merged_in_one_run_never_cross(served: Served) -> None:
+    """Requests of many queries at once are batched together; each still gets its own ranking."""
+    ref = reference(RERANKER)
+
+    def rank(q: int) -> list[int]:
+        with served.client(RERANKER) as client:
+            return [r.index for r in client.rerank(str(ref["queries"][q % 5]), documents(ref))]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(rank, range(40)))
+    for q, answer in enumerate(answers):
+        assert answer == ref["rank"][q % 5].tolist(), q
+
+
+def test_bertserve_rerank_prints_the_ranking(served: Served, tmp_path: Path) -> None:
+    ref = reference(RERANKER)
+    lines = tmp_path / "docs.txt"
+    lines.write_text("\n".join(documents(ref)[:6]) + "\n\n", encoding="utf-8")
+    cli = [sys.executable, "-m", "bertserve.server.cli", "rerank", str(ref["queries"][0]), str(lines)]
+    port_flags = ["--port", str(served.running.port), "--port-out", str(served.running.port_out)]
+    done = subprocess.run(
+        [*cli, *port_flags, "--model", RERANKER, "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    want = t.ranking(ref["scores"][0][:6])
+    assert [row["index"] for row in rows] == want
+    assert [row["line"] for row in rows] == [i + 1 for i in want]
+
+
+# -- predict and sparse -----------------------------------------------------------------
+
+
+def test_predict_gives_cross_encoders_probabilities_and_labels(served: Served) -> None:
+    ref = reference(CLASSIFIER)
+    texts = [str(x) for x in ref["texts"]]
+    asked = {"model": CLASSIFIER, "truncate": True}  # as CrossEncoder cuts them (TEI's default refuses)
+    with served.http() as http:
+        batch = http.post("/predict", json={**asked, "inputs": [[x] for x in texts]})
+        one = http.post("/predict", json={**asked, "inputs": texts[0]}).json()
+        pair = [str(ref["pairs_first"][0]), str(ref["pairs_second"][0])]
+        paired = http.post("/predict", json={**asked, "inputs": pair}).json()
+        raw = http.post("/predict", json={**asked, "inputs": [[texts[0]], [texts[1]]], "raw_scores": True}).json()
+        refused = http.post("/predict", json={"model": CLASSIFIER, "inputs": [[x] for x in texts]})
+    assert refused.status_code == 413 and "truncate=true" in refused.text
+    assert batch.status_code == 200, batch.text
+    labels = ["negative", "neutral", "positive"]
+    for row, probs, label in zip(batch.json(), ref["probs"], ref["labels"], strict=True):
+        assert row[0]["label"] == str(label)
+        got = {item["label"]: item["score"] for item in row}
+        np.testing.assert_allclose([got[name] for name in labels], probs, atol=1e-5)
+    assert [i["label"] for i in one] == [i["label"] for i in batch.json()[0]]
+    np.testing.assert_allclose([i["score"] for i in one], [i["score"] for i in batch.json()[0]], atol=1e-5)
+    assert {item["label"]: item["score"] for item in paired} == pytest.approx(
+        dict(zip(labels, ref["pair_probs"][0].tolist(), strict=True)), abs=1e-5
+    )
+    assert len(raw) == 2 and {i["label"]: i["score"] for i in raw[0]} == pytest.approx(
+        dict(zip(labels, ref["logits"][0].tolist(), strict=True)), abs=1e-4
+    )
+    with served.client(CLASSIFIER) as client:
+        predicted = client.predict(texts[:5])
+    assert [row[0].label for row in predicted] == [str(x) for x in ref["labels"][:5]]
+
+
+def test_embed_sparse_gives_the_terms_of_sparse_encoder(served: Served) -> None:
+    ref = reference(SPLADE)
+    texts = [str(x) for x in ref["texts"]]
+    with served.http() as http:
+        answer = http.post("/embed_sparse", json={"model": SPLADE, "inputs": texts, "truncate": True})
+        top = http.post("/embed_sparse", json={"model": SPLADE, "inputs": texts[:3], "top_k": 5, "truncate": True})
+        refused = http.post("/embed_sparse", json={"model": SPLADE, "inputs": texts})
+    assert refused.status_code == 413 and "chunk" not in refused.text
+    assert answer.status_code == 200, answer.text
+    for row, want in zip(answer.json(), t.sparse_rows(ref["dense"]), strict=True):
+        assert [term["index"] for term in row] == want.indices.tolist()
+        np.testing.assert_allclose([term["value"] for term in row], want.values, rtol=1e-4, atol=5e-6)
+    for row, want in zip(top.json(), t.sparse_rows(ref["dense"][:3], top_k=5), strict=True):
+        assert [term["index"] for term in row] == want.indices.tolist()
+    with served.client(SPLADE) as client:
+        vectors = client.encode_sparse(texts[:3])
+    assert [v.indices.tolist() for v in vectors] == [w.indices.tolist() for w in t.sparse_rows(ref["dense"][:3])]
+
+
+# -- compact embeddings -------------------------------------------------------------------
+
+
+def test_embedding_types_are_sentence_transformers_quantize(served: Served) -> None:
+    ref = reference("quantize")
+    texts = [str(x) for x in reference(EMBEDDER)["sentences"]]
+    inside = ((ref["float"] >= ref["ranges"][0]) & (ref["float"] <= ref["ranges"][1])).all(axis=1)
+    with served.http() as http:
+        asked = {"model": EMBEDDER, "inputs": texts, "truncate": True}
+        binary = http.post("/embed", json={**asked, "embedding_types": "ubinary"}).json()
+        several = http.post("/embed", json={**asked, "embedding_types": ["binary", "int8", "uint8", "float"]}).json()
+        openai_shape = http.post(
+            "/v1/embeddings", json={"model": EMBEDDER, "input": texts[:4], "embedding_types": ["int8", "float"]}
+        ).json()
+    np.testing.assert_array_equal(np.array(binary, np.uint8), ref["ubinary"])
+    np.testing.assert_array_equal(np.array(several["binary"], np.int8), ref["binary"])
+    floats = np.array(several["float"], np.float32)
+    for kind in ("int8", "uint8"):
+        got = np.array(several[kind])
+        np.testing.assert_array_equal(
+            got, t.quantize(floats, kind, ref["ranges"]).astype(int)
+        )  # quantize_embeddings' steps
+        # and within a step of sentence-transformers' own (a float a hair off a step's edge lands on its other side)
+        assert np.abs(got[inside] - ref[kind][inside].astype(int)).max() <= 1
+    first = openai_shape["data"][0]
+    assert first["embedding"] == first["embeddings"]["int8"] == several["int8"][0]
+    with served.client(EMBEDDER) as client:
+        np.testing.assert_array_equal(client.encode(texts, output="binary"), ref["binary"])
+
+
+def test_int8_without_calibration_says_how_to_make_one(served: Served) -> None:
+    with served.http() as http:
+        answer = http.post("/embed", json={"model": "plain", "inputs": ["a"], "embedding_types": ["int8"]})
+    assert answer.status_code == 422 and "bertserve calibrate" in answer.json()["error"]
+    with served.client("plain") as client, pytest.raises(ValueError, match="bertserve calibrate"):
+        client.encode(["a"], output="uint8")
+
+
+# -- tasks kept apart, and bad input -------------------------------------------------------
+
+
+def test_a_request_to_a_model_of_another_task_names_its_task(served: Served) -> None:
+    with served.http() as http:
+        embed = http.post("/v1/embeddings", json={"model": RERANKER, "input": ["a"]})
+        rerank = http.post("/rerank", json={"model": EMBEDDER, "query": "a", "texts": ["b"]})
+        predict = http.post("/predict", json={"model": RERANKER, "inputs": "a"})
+        sparse = http.post("/v2/rerank", json={"model": SPLADE, "query": "a", "documents": ["b"]})
+        listed = {m["id"]: m["task"] for m in http.get("/v1/models").json()["data"]}
+    assert embed.status_code == 400 and "task rerank" in embed.json()["error"]["message"]
+    assert rerank.status_code == 400 and "task embed" in rerank.json()["error"]
+    assert predict.status_code == 400 and "task rerank" in predict.json()["error"]
+    assert sparse.status_code == 400 and "task sparse" in sparse.json()["message"]
+    assert listed == {RERANKER: "rerank", CLASSIFIER: "classify", SPLADE: "sparse", EMBEDDER: "embed", "plain": "embed"}
+    with served.client(RERANKER) as client, pytest.raises(ServerError, match="task rerank") as caught:
+        client.encode(["a"])
+    assert caught.value.kind == "task"
+    with served.client(EMBEDDER) as client, pytest.raises(ValueError, match="does the task embed"):
+        client.rerank("a", ["b"])
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "names"),
+    [
+        ("/rerank", {"query": "", "texts": ["a"]}, 422, "query is empty"),
+        ("/rerank", {"query": "q", "texts": []}, 422, "texts is empty"),
+        ("/rerank", {"query": "q", "texts": ["a", 3]}, 422, "texts[1] must be a string"),
+        ("/rerank", {"query": "q", "texts": "a"}, 422, "texts must be a list"),
+        ("/rerank", {"query": "q", "texts": ["a"], "top_n": 0}, 422, "top_n"),
+        ("/rerank", {"query": "q"}, 422, "texts"),
+        ("/v2/rerank", {"query": "q", "documents": []}, 422, "documents is empty"),
+        ("/v2/rerank", {"query": ["q"], "documents": ["a"]}, 422, "query must be a string"),
+        ("/v1/rerank", {"query": "q", "documents": [{"title": "a"}]}, 422, "documents[0] must be a string"),
+        ("/predict", {"inputs": []}, 422, "inputs"),
+        ("/predict", {"inputs": [["a", "b", "c"]]}, 422, "inputs[0]"),
+        ("/embed_sparse", {"inputs": ["a"], "top_k": -1}, 422, "top_k"),
+        ("/embed", {"inputs": ["a"], "embedding_types": ["int4"]}, 422, "int4"),
+        ("/v1/embeddings", {"input": ["a"], "embedding_types": "float16"}, 422, "float16"),
+    ],
+)
+def test_bad_input_is_a_4xx_that_names_it(served: Served, path: str, body: dict, status: int, names: str) -> None:
+    model = {"/predict": CLASSIFIER, "/embed_sparse": SPLADE, "/embed": EMBEDDER, "/v1/embeddings": EMBEDDER}
+    with served.http() as http:
+        answer = http.post(path, json={"model": model.get(path, RERANKER), **body})
+    assert answer.status_code == status, answer.text
+    assert names in answer.text
+
+
+def test_pairs_over_the_length_are_cut_or_refused(served: Served) -> None:
+    ref = reference(RERANKER)
+    long = next(i for i in range(len(ref["documents"])) if ref["truncated"][0][i])
+    body = {"model": RERANKER, "query": str(ref["queries"][0]), "texts": [documents(ref)[long]]}
+    with served.http() as http:
+        refused = http.post("/rerank", json={**body, "truncate": False})
+        cut = http.post("/rerank", json=body).json()
+        cohere = http.post("/v2/rerank", json={"model": RERANKER, "query": body["query"], "documents": body["texts"]})
+    assert refused.status_code == 413 and "texts[0]" in refused.json()["error"]
+    assert cut[0]["truncated"] is True
+    np.testing.assert_allclose(cut[0]["score"], ref["scores"][0][long], atol=1e-4)
+    assert cohere.json()["results"][0]["truncated"] is True
+
+
+def test_ten_thousand_documents_are_one_request(served: Served) -> None:
+    ref = reference(RERANKER)
+    many = [documents(ref)[i % 24] for i in range(10_000)]
+    with served.http() as http:
+        answer = http.post("/v2/rerank", json={"model": RERANKER, "query": str(ref["queries"][0]), "documents": many})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert len(results) == 10_000 and sorted(r["index"] for r in results) == list(range(10_000))
+    scores = {r["index"]: r["relevance_score"] for r in results}
+    np.testing.assert_allclose([scores[i] for i in range(24)], ref["scores"][0], atol=1e-4)
