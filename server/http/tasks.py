@@ -16,29 +16,44 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from bertserve.client import tasks as t
-from bertserve.client.protocol import PAIR_SEPARATOR, one_sentence
+from bertserve.client.protocol import PAIR_SEPARATOR, Reply, one_sentence
 from fastapi import Request
 from fastapi.responses import Response
 
 from ..model.prompts import apply_prompt
 from ..model.tasks import wrong_task
-from .catalog import ModelSettings
+from .catalog import Catalog, ModelSettings
+from .lengths import Tokenizing
 from .options import Asked, checked_prompt_name, direction, prompt_text
 from .schemas import HTTPError, json_response
 from .task_bodies import CohereRerankRequest, EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
 
-if TYPE_CHECKING:
-    from .app import Endpoints
+
+class API(Protocol):
+    """What the task endpoints use of the embedding API (:class:`.app.Endpoints`)."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def tokenizing(self) -> Tokenizing: ...
+    def within_limits(self, texts: list[Any], name: str) -> list[Any]: ...
+    async def ready_or_503(self) -> None: ...
+    async def encode(
+        self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
+    ) -> Reply: ...
+    async def refuse_over_long(
+        self, model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked, *, chunkable: bool = True
+    ) -> None: ...
 
 
 class TaskEndpoints:
     """The task endpoints, over the embedding API's gateway, catalog and checks."""
 
-    def __init__(self, api: Endpoints) -> None:
+    def __init__(self, api: API) -> None:
         self.api = api
 
     async def _model(self, name: str | None, task: str) -> tuple[ModelSettings, dict[str, Any]]:
