@@ -102,8 +102,7 @@ import io
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,14 +111,21 @@ import sentence_transformers
 import tokenizers
 import torch
 import transformers
+from lib.reference_stack import (
+    FAMILIES,
+    FAMILIES_DIR,
+    PAIR_ROWS,
+    SENTENCES,
+    Family,
+    overwritten,
+    patched,
+    rewrite_json,
+    tokenizer_meta,
+)
 from lib.references import cpu, padded
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
-ROOT = Path(__file__).resolve().parent.parent
-SENTENCES = ROOT / "tests" / "data" / "sentences.json"
-OUT_DIR = ROOT / "tests" / "data" / "families"
 
 MAX_SEQ_LENGTH = 32  # in sentence_bert_config.json, as the Hub's models have it
 TOKENIZER_MAX_LENGTH = 128  # what their tokenizer_config.json says instead
@@ -128,60 +134,8 @@ VOCAB_SIZE = 700
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 LEGACY_POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens")
 LEGACY_POOLING_KEYS += ("lasttoken",)  # the booleans before sentence-transformers 6, in its order
-PAIR_ROWS = ((73, 129), (22, 28), (120, 37), (21, 0), (0, 1), (100, 7))  # short pairs, then truncated ones
 TOKEN_ROWS = 8
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-ROBERTA_IDS = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2, max_position_embeddings=130)
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    config: dict[str, Any]
-    pooling: str = "mean"
-    dense: int | None = None
-    normalize: bool = True
-    st6: bool = False
-    scale: tuple[tuple[str, float], ...] = ()  # (weight, factor): to make a detail matter more
-
-
-FAMILIES = (
-    Family(
-        "distilbert",
-        dict(model_type="distilbert", dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128),
-        dense=24,
-    ),
-    Family("roberta", dict(model_type="roberta", **SMALL, **ROBERTA_IDS, type_vocab_size=1)),
-    Family(
-        "xlm_roberta", dict(model_type="xlm-roberta", **{**SMALL, "hidden_size": 48}, **ROBERTA_IDS, type_vocab_size=1)
-    ),
-    Family(
-        "mpnet",
-        dict(model_type="mpnet", **SMALL, **ROBERTA_IDS, relative_attention_num_buckets=32),
-        scale=(("encoder.relative_attention_bias.weight", 5.0),),
-    ),
-    Family(
-        "modernbert",
-        dict(
-            model_type="modernbert",
-            **{**SMALL, "num_hidden_layers": 4, "intermediate_size": 48},
-            max_position_embeddings=128,
-            global_attn_every_n_layers=3,
-            local_attention=8,
-            global_rope_theta=160000.0,
-            local_rope_theta=100.0,
-        ),
-        pooling="cls",
-    ),
-    Family(
-        "bert_st6",
-        dict(model_type="bert", **SMALL, max_position_embeddings=128, type_vocab_size=2),
-        pooling="weightedmean",
-        normalize=False,
-        st6=True,
-    ),
-)
 
 
 def _train(tokenizer: Tokenizer, trainer: Any, texts: list[str]) -> dict[str, Any]:
@@ -313,10 +267,6 @@ def build(family: Family, texts: list[str], out: Path) -> None:
         _rewrite_as_on_the_hub(out)
 
 
-def _rewrite_json(path: Path, change: Callable[[dict], dict]) -> None:
-    path.write_text(json.dumps(change(json.loads(path.read_text())), indent=2, ensure_ascii=False) + "\n")
-
-
 def _legacy_pooling(pooling: dict) -> dict:
     legacy = {"word_embedding_dimension": pooling["embedding_dimension"]}
     legacy.update(
@@ -330,11 +280,11 @@ def _legacy_pooling(pooling: dict) -> dict:
 
 def _rewrite_as_on_the_hub(out: Path) -> None:
     """The files as sentence-transformers before 6 and transformers 4 wrote them."""
-    _rewrite_json(
+    rewrite_json(
         out / "sentence_bert_config.json", lambda _: {"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False}
     )
-    _rewrite_json(out / "1_Pooling" / "config.json", _legacy_pooling)
-    _rewrite_json(out / "tokenizer_config.json", lambda config: {**config, "model_max_length": TOKENIZER_MAX_LENGTH})
+    rewrite_json(out / "1_Pooling" / "config.json", _legacy_pooling)
+    rewrite_json(out / "tokenizer_config.json", lambda config: {**config, "model_max_length": TOKENIZER_MAX_LENGTH})
 
     def transformers_4_keys(config: dict) -> dict:
         if config["model_type"] == "modernbert":
@@ -344,7 +294,7 @@ def _rewrite_as_on_the_hub(out: Path) -> None:
             config["local_rope_theta"] = rope["sliding_attention"]["rope_theta"]
         return dict(sorted(config.items()))
 
-    _rewrite_json(out / "config.json", transformers_4_keys)
+    rewrite_json(out / "config.json", transformers_4_keys)
 
 
 def _encode(model: SentenceTransformer, texts: list, **kwargs: Any) -> Any:
@@ -369,28 +319,6 @@ def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(cos.min())
 
 
-@contextlib.contextmanager
-def _patched(obj: Any, attr: str, value: Any) -> Iterator[None]:
-    old = getattr(obj, attr)
-    setattr(obj, attr, value)
-    try:
-        yield
-    finally:
-        setattr(obj, attr, old)
-
-
-@contextlib.contextmanager
-def _overwritten(tensor: torch.Tensor, value: torch.Tensor | float) -> Iterator[None]:
-    old = tensor.detach().clone()
-    with torch.no_grad():
-        tensor.copy_(value if isinstance(value, torch.Tensor) else torch.full_like(tensor, value))
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            tensor.copy_(old)
-
-
 def _checks(name: str, model: SentenceTransformer) -> list[tuple[str, Any, dict[str, Callable]]]:
     """(what is wrong, a context that makes it so, arguments for the transformers model)."""
     auto = model[0].auto_model
@@ -399,19 +327,19 @@ def _checks(name: str, model: SentenceTransformer) -> list[tuple[str, Any, dict[
     if name in ("roberta", "xlm_roberta", "mpnet"):
         checks.append(("position ids from 0, not offset past the padding index", contextlib.nullcontext(), from_zero))
     if name == "mpnet":
-        checks.append(("no relative position bias", _overwritten(auto.encoder.relative_attention_bias.weight, 0.0), {}))
+        checks.append(("no relative position bias", overwritten(auto.encoder.relative_attention_bias.weight, 0.0), {}))
     if name == "modernbert":
-        checks.append(("every layer global (no sliding window)", _patched(auto.config, "local_attention", 4096), {}))
+        checks.append(("every layer global (no sliding window)", patched(auto.config, "local_attention", 4096), {}))
         rotary = auto.rotary_emb
-        wrong_theta = _overwritten(rotary.sliding_attention_inv_freq, rotary.full_attention_inv_freq)
+        wrong_theta = overwritten(rotary.sliding_attention_inv_freq, rotary.full_attention_inv_freq)
         checks.append(("the local layers with the global RoPE theta", wrong_theta, {}))
     if name == "distilbert":
-        checks.append(("Dense without its tanh", _patched(model[2], "activation_function", torch.nn.Identity()), {}))
+        checks.append(("Dense without its tanh", patched(model[2], "activation_function", torch.nn.Identity()), {}))
     if name == "bert_st6":
-        checks.append(("mean pooling instead of weighted mean", _patched(model[1], "pooling_mode", "mean"), {}))
+        checks.append(("mean pooling instead of weighted mean", patched(model[1], "pooling_mode", "mean"), {}))
     if model.max_seq_length == MAX_SEQ_LENGTH:
         label = f"truncated at {TOKENIZER_MAX_LENGTH} tokens instead of max_seq_length {MAX_SEQ_LENGTH}"
-        checks.append((label, _patched(model[0], "max_seq_length", TOKENIZER_MAX_LENGTH), {}))
+        checks.append((label, patched(model[0], "max_seq_length", TOKENIZER_MAX_LENGTH), {}))
     return checks
 
 
@@ -476,23 +404,6 @@ def _token_arrays(model: SentenceTransformer, tokenizer: Any, texts: list[str], 
     return {"hidden_states_count": len(output.hidden_states), "hidden_states_last_is_last_hidden_state": last_is_final}
 
 
-def _tokenizer_meta(out: Path, tokenizer: Any) -> dict[str, Any]:
-    saved = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
-    names = ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token", "bos_token", "eos_token")
-    specials = {n: [str(getattr(tokenizer, n)), getattr(tokenizer, f"{n}_id")] for n in names if getattr(tokenizer, n)}
-    parts = {part: (saved[part] or {}).get("type") for part in ("normalizer", "pre_tokenizer")}
-    return {
-        "class": type(tokenizer).__name__,
-        "model": saved["model"]["type"],
-        **parts,
-        "post_processor": saved["post_processor"],
-        "special_tokens": specials,
-        "model_input_names": list(tokenizer.model_input_names),
-        "vocab_size": len(tokenizer),
-        "model_max_length": tokenizer.model_max_length,
-    }
-
-
 def references(family: Family, out: Path, sentences: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     model = SentenceTransformer(str(out), device="cpu")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
@@ -536,7 +447,7 @@ def references(family: Family, out: Path, sentences: list[str]) -> tuple[dict[st
         "modules": modules,
         "pooling_config": json.loads((out / "1_Pooling" / "config.json").read_text()),
         "pooling": family.pooling,
-        "tokenizer": _tokenizer_meta(out, tokenizer),
+        "tokenizer": tokenizer_meta(out, tokenizer),
         "pair_rows": PAIR_ROWS,
         "raw_tokenizer_mismatches": raw_mismatches,
         "tokens_rows": TOKEN_ROWS,
@@ -548,7 +459,7 @@ def references(family: Family, out: Path, sentences: list[str]) -> tuple[dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--out-dir", type=Path, default=FAMILIES_DIR)
     parser.add_argument("--only", choices=[f.name for f in FAMILIES], action="append")
     args = parser.parse_args()
     sentences = json.loads(SENTENCES.read_text(encoding="utf-8"))

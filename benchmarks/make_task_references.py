@@ -161,24 +161,24 @@ import sentence_transformers
 import tokenizers
 import torch
 import transformers
-from lib.references import cpu, padded
-from make_family_references import (
+from lib.reference_stack import (
     FAMILIES,
+    FAMILIES_DIR,
     PAIR_ROWS,
     SENTENCES,
     SMALL,
-    _overwritten,
-    _patched,
-    _rewrite_json,
-    _tokenizer_meta,
+    overwritten,
+    patched,
+    rewrite_json,
+    tokenizer_meta,
 )
+from lib.references import cpu, padded
 from safetensors import safe_open
 from sentence_transformers import CrossEncoder, SparseEncoder, quantize_embeddings
 from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 from sentence_transformers.util import fullname, import_from_string, quantization
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES_DIR = ROOT / "tests" / "data" / "families"
 OUT_DIR = ROOT / "tests" / "data" / "tasks"
 
 MAX_LENGTH = 32
@@ -315,7 +315,7 @@ def _st5_cross_encoder(task: Task, out: Path) -> None:
     activation = json.loads((out / "config_sentence_transformers.json").read_text())["activation_fn"]
     _transformers_only(task, out)
     section = ("sentence_transformers", {"activation_fn": activation, "version": ST5_VERSION})
-    _rewrite_json(out / "config.json", lambda config: dict(sorted([*config.items(), section])))
+    rewrite_json(out / "config.json", lambda config: dict(sorted([*config.items(), section])))
 
 
 def _st5_sparse_encoder(task: Task, out: Path) -> None:
@@ -325,13 +325,13 @@ def _st5_sparse_encoder(task: Task, out: Path) -> None:
     def old_types(modules: list[dict]) -> list[dict]:
         return [{**m, "type": ST5_SPARSE_TYPES[m["type"].rsplit(".", 1)[1]]} for m in modules]
 
-    _rewrite_json(out / "modules.json", old_types)
-    _rewrite_json(out / "sentence_bert_config.json", lambda _: {"max_seq_length": MAX_LENGTH, "do_lower_case": False})
-    _rewrite_json(out / "tokenizer_config.json", lambda config: {**config, "model_max_length": LONG_LENGTH})
+    rewrite_json(out / "modules.json", old_types)
+    rewrite_json(out / "sentence_bert_config.json", lambda _: {"max_seq_length": MAX_LENGTH, "do_lower_case": False})
+    rewrite_json(out / "tokenizer_config.json", lambda config: {**config, "model_max_length": LONG_LENGTH})
     keys = ("pooling_strategy", "activation_function")
     pooling = out / "1_SpladePooling" / "config.json"
-    _rewrite_json(pooling, lambda c: {**{k: c[k] for k in keys}, "word_embedding_dimension": vocab})
-    _rewrite_json(out / "config_sentence_transformers.json", lambda c: {**c, "similarity_fn_name": "dot"})
+    rewrite_json(pooling, lambda c: {**{k: c[k] for k in keys}, "word_embedding_dimension": vocab})
+    rewrite_json(out / "config_sentence_transformers.json", lambda c: {**c, "similarity_fn_name": "dot"})
 
 
 def _transformers_only(task: Task, out: Path) -> None:
@@ -365,7 +365,7 @@ def _checks(task: Task, model: Any, pairs: bool) -> list[tuple[str, Any, dict[st
     auto = model[0].auto_model
     label = f"truncated at {LONG_LENGTH} tokens instead of max_length {MAX_LENGTH}"
     checks: list[tuple[str, Any, dict[str, Callable]]] = []
-    checks.append((label, _patched(model[0], "max_seq_length", LONG_LENGTH), {}))
+    checks.append((label, patched(model[0], "max_seq_length", LONG_LENGTH), {}))
     if pairs and "token_type_ids" in model[0].tokenizer.model_input_names:
         zeros = {"token_type_ids": lambda f: torch.zeros_like(f["token_type_ids"])}
         checks.append(("token type ids all 0", contextlib.nullcontext(), zeros))
@@ -374,20 +374,20 @@ def _checks(task: Task, model: Any, pairs: bool) -> list[tuple[str, Any, dict[st
         checks.append(("position ids from 0, not offset past the padding index", contextlib.nullcontext(), from_zero))
     if task.family == "modernbert":
         config = auto.config
-        checks.append(("every layer global (no sliding window)", _patched(config, "local_attention", 4096), {}))
-        checks.append(("classifier_pooling mean instead of cls", _patched(config, "classifier_pooling", "mean"), {}))
+        checks.append(("every layer global (no sliding window)", patched(config, "local_attention", 4096), {}))
+        checks.append(("classifier_pooling mean instead of cls", patched(config, "classifier_pooling", "mean"), {}))
     if task.family == "bert" and task.kind != "splade":
         pooler = auto.bert.pooler.dense
         checks.append(("no pooler (dense + tanh) before the classifier", _identity_pooler(auto, pooler), {}))
     if task.kind == "splade":
         pooling = model[1]
-        checks.append(("sum pooling instead of max", _patched(pooling, "pooling_strategy", "sum"), {}))
+        checks.append(("sum pooling instead of max", patched(pooling, "pooling_strategy", "sum"), {}))
 
         def unmasked(features: dict) -> dict:
             ones = torch.ones_like(features["attention_mask"])
             return SpladePooling.forward(pooling, {**features, "attention_mask": ones})
 
-        checks.append(("padding positions not masked out", _patched(pooling, "forward", unmasked), {}))
+        checks.append(("padding positions not masked out", patched(pooling, "forward", unmasked), {}))
     return checks
 
 
@@ -395,9 +395,9 @@ def _checks(task: Task, model: Any, pairs: bool) -> list[tuple[str, Any, dict[st
 def _identity_pooler(auto: Any, dense: torch.nn.Linear) -> Any:
     """BERT's pooler as if it were not there: the [CLS] vector straight to the classifier."""
     with (
-        _overwritten(dense.weight, torch.eye(dense.weight.shape[0])),
-        _overwritten(dense.bias, 0.0),
-        _patched(auto.bert.pooler, "activation", torch.nn.Identity()),
+        overwritten(dense.weight, torch.eye(dense.weight.shape[0])),
+        overwritten(dense.bias, 0.0),
+        patched(auto.bert.pooler, "activation", torch.nn.Identity()),
     ):
         yield
 
@@ -582,7 +582,7 @@ REFERENCES = {"rerank": rerank_references, "classify": classify_references, "spl
 def references(task: Task, out: Path, sentences: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     model: Any = (SparseEncoder if task.kind == "splade" else CrossEncoder)(str(out), device="cpu")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
-    tokenizer_meta = _tokenizer_meta(out, tokenizer)  # its model_max_length as saved
+    saved_tokenizer = tokenizer_meta(out, tokenizer)  # its model_max_length as saved
     tokenizer.model_max_length = model.max_seq_length
     arrays, meta = REFERENCES[task.kind](task, model, tokenizer, sentences)
     head = {
@@ -594,7 +594,7 @@ def references(task: Task, out: Path, sentences: list[str]) -> tuple[dict[str, n
         "config": json.loads((out / "config.json").read_text()),
         **_configs(out),
         "max_length": model.max_seq_length,
-        "tokenizer": tokenizer_meta,
+        "tokenizer": saved_tokenizer,
         **_tensors(out, model),
     }
     if task.kind != "splade":

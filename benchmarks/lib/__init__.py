@@ -8,7 +8,10 @@
 - ``report``: progress lines, the run's environment (the CPU and its flags among it), and
   writing reports and plots;
 - ``instant_model``: a model that costs nothing, for a server's worker processes
-  (``--model-class lib.instant_model:InstantModel`` with ``benchmarks/`` on ``PYTHONPATH``).
+  (``--model-class lib.instant_model:InstantModel`` with ``benchmarks/`` on ``PYTHONPATH``);
+- ``reference_stack``: the tiny families and helpers of the scripts that make the tests'
+  reference models with transformers and sentence-transformers (it imports PyTorch: only
+  ``make_family_references.py`` and ``make_task_references.py`` import it).
 
 Servers are started by the one launcher the tests use, ``bertserve.server.testing.launcher``.
 The scripts run as ``python benchmarks/NAME.py``, so ``benchmarks/`` is on ``sys.path`` and

@@ -71,6 +71,21 @@ def _serve(config: ServerConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _output_text(info: dict[str, Any]) -> str:
+    """What the model answers: its pooling and width, or its task's head."""
+    task = info.get("task") or "embed"
+    if task == "embed":
+        return f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, dim {info.get('output_dim')}"
+    if task == "sparse":
+        return f"task sparse (SPLADE), {info.get('output_dim')} vocabulary weights"
+    labels = info.get("labels") or []
+    if task == "rerank":
+        return f"task rerank (a cross-encoder; scores through {info.get('activation')})"
+    return (
+        f"task classify, {len(labels)} labels ({', '.join(map(str, labels[:4]))}{', ...' if len(labels) > 4 else ''})"
+    )
+
+
 def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
     """The one line on stdout that says the server serves (bold green on a terminal, to stand
     out among the log's green lines); scripts and tests wait for it. With several models,
@@ -79,8 +94,7 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
     line = (
         f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
         f"results on port {config.port_out}, {sum(entry.config.num_worker for entry in served)} worker(s), "
-        f"{info.get('pooling_strategy')} of layer(s) {info.get('pooling_layer')}, "
-        f"dim {info.get('output_dim')}, {dtype_text(info)}, model {model_text(config, info)}"
+        f"{_output_text(info)}, {dtype_text(info)}, model {model_text(config, info)}"
     )
     if len(served) > 1:
         line += f" (the default of {len(served)} models: {', '.join(entry.name for entry in served)})"

@@ -110,11 +110,11 @@ class Encoder:
         path = calibration_path(self.config) if self.head.task == "embed" and not self.token_level else None
         self.calibration = read_calibration(path, self.output_dim) if path else None  # int8/uint8 ranges
         logger.info(
-            "encoder ready in %.1fs: %s layers of %d run, %s pooling, %s, output dim %d",
+            "encoder ready in %.1fs: %s layers of %d run, %s, %s, output dim %d",
             time.perf_counter() - started,
             self.meta.layers_run,
             model.config.num_hidden_layers,
-            spec.pooling_strategy.value,
+            f"{spec.pooling_strategy.value} pooling" if self.head.task == "embed" else f"a {self.head.task} head",
             spec.dtype,
             self.output_dim,
         )

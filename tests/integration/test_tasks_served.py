@@ -60,6 +60,7 @@ def served(session_graph_dir: str, tmp_path_factory: pytest.TempPathFactory) -> 
         SPLADE: DATA / "tasks" / SPLADE,
         EMBEDDER: f"{DATA / 'families' / EMBEDDER},calibration={calibration}",
         "plain": DATA / "families" / "mpnet",
+        "tokens": f"{DATA / 'families' / EMBEDDER},pooling_strategy=NONE",
     }
     port = free_port()
     flags = [arg for name, where in models.items() for arg in ("--model", f"{name}={where},dtype=fp32")]
@@ -244,6 +245,38 @@ def test_embed_sparse_gives_the_terms_of_sparse_encoder(served: Served) -> None:
     assert [v.indices.tolist() for v in vectors] == [w.indices.tolist() for w in t.sparse_rows(ref["dense"][:3])]
 
 
+def test_embed_all_answers_each_inputs_token_vectors(served: Served) -> None:
+    ref = reference(EMBEDDER)  # tokens_last: the last layer's token vectors of the first 8 sentences
+    texts = [str(x) for x in ref["sentences"][: len(ref["tokens_last"])]]
+    with served.http() as http:
+        answer = http.post("/embed_all", json={"model": "tokens", "inputs": texts, "truncate": True})
+        tokens = http.post("/tokenize", json={"model": "tokens", "inputs": texts, "truncate": True}).json()
+        pooled = http.post("/embed_all", json={"model": EMBEDDER, "inputs": texts})
+    assert answer.status_code == 200, answer.text
+    for i, rows in enumerate(answer.json()):
+        assert len(rows) == len(tokens[i]) == ref["lengths"][i]
+        want = ref["tokens_last"][i][: len(rows)]  # normalized per token, as the model's Normalize module does
+        want = want / np.linalg.norm(want, axis=1, keepdims=True)
+        np.testing.assert_allclose(rows, want, atol=1e-5)
+    assert pooled.status_code == 422 and "pooling_strategy=NONE" in pooled.text
+
+
+def test_async_client_predicts_and_encodes_sparse(served: Served) -> None:
+    classes, splade = reference(CLASSIFIER), reference(SPLADE)
+
+    async def asked() -> tuple[list, list]:
+        async with AsyncBertClient(
+            port=served.running.port, port_out=served.running.port_out, timeout=120_000
+        ) as client:
+            labels = await client.predict([str(x) for x in classes["texts"][:4]], model=CLASSIFIER)
+            terms = await client.encode_sparse([str(x) for x in splade["texts"][:4]], model=SPLADE, top_k=3)
+            return labels, terms
+
+    labels, terms = asyncio.run(asked())
+    assert [row[0].label for row in labels] == [str(x) for x in classes["labels"][:4]]
+    assert [v.indices.tolist() for v in terms] == [w.indices.tolist() for w in t.sparse_rows(splade["dense"][:4], 3)]
+
+
 # -- compact embeddings -------------------------------------------------------------------
 
 
@@ -296,7 +329,14 @@ def test_a_request_to_a_model_of_another_task_names_its_task(served: Served) -> 
     assert rerank.status_code == 400 and "task embed" in rerank.json()["error"]
     assert predict.status_code == 400 and "task rerank" in predict.json()["error"]
     assert sparse.status_code == 400 and "task sparse" in sparse.json()["message"]
-    assert listed == {RERANKER: "rerank", CLASSIFIER: "classify", SPLADE: "sparse", EMBEDDER: "embed", "plain": "embed"}
+    assert listed == {
+        RERANKER: "rerank",
+        CLASSIFIER: "classify",
+        SPLADE: "sparse",
+        EMBEDDER: "embed",
+        "plain": "embed",
+        "tokens": "embed",
+    }
     with served.client(RERANKER) as client, pytest.raises(ServerError, match="task rerank") as caught:
         client.encode(["a"])
     assert caught.value.kind == "task"

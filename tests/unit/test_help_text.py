@@ -116,7 +116,20 @@ def test_the_command_list_starts_with_start() -> None:
     listed = re.findall(r"(?m)^ {4}(\w+) ", text)
     assert listed[:3] == ["start", "worker", "encode"]
     assert sorted(listed) == sorted(
-        ["start", "worker", "encode", "status", "stop", "reload", "keygen", "embed", "export", "manifest"]
+        [
+            "start",
+            "worker",
+            "encode",
+            "rerank",
+            "status",
+            "stop",
+            "reload",
+            "keygen",
+            "embed",
+            "calibrate",
+            "export",
+            "manifest",
+        ]
     )
 
 

@@ -49,7 +49,7 @@ def test_a_model_description_with_an_undeclared_key_is_refused(key: str) -> None
 
 
 def test_a_worker_of_this_machine_has_its_undeclared_fields_left_out() -> None:
-    body = raw({**READY, "model": {"output_dim": 4, "labels": ["a", "b"], "protocol": 9}})
+    body = raw({**READY, "model": {"output_dim": 4, "colours": ["a", "b"], "protocol": 9}})
     ready = schema.local_ready([wire.READY, body])
     assert ready.model is not None and ready.model.public() == {"output_dim": 4}
     passed_on = schema.declared_ready(body)
@@ -302,3 +302,20 @@ def test_printable_escapes_control_characters_and_cuts() -> None:
     assert bodies.printable("plain") == "plain"
     assert bodies.printable("a\nb\x1b", 10) == "a\\nb\\x1b"
     assert bodies.printable("x" * 500, 20) == "x" * 20
+
+
+def test_a_models_labels_and_calibration_ranges_are_bounded() -> None:
+    fine = bodies.ModelInfo(output_dim=2, task="classify", labels=["neg", "pos"], calibration_ranges=[[0, 0], [1, 1]])
+    assert fine.public()["labels"] == ["neg", "pos"]
+    bad = [
+        {"output_dim": 2, "task": "translate"},
+        {"output_dim": 2, "labels": ["x" * 256]},
+        {"output_dim": 2, "labels": ["a"] * (bodies.MAX_LABELS + 1)},
+        {"output_dim": 2, "activation": "softplus"},
+        {"output_dim": 2, "calibration_ranges": [[0, 0], [1]]},
+        {"output_dim": 2, "calibration_ranges": [[0, 0], [1, 1], [2, 2]]},
+        {"output_dim": 2, "calibration_ranges": [[0, math.nan], [1, 1]]},
+    ]
+    for fields in bad:
+        with pytest.raises(ValueError):
+            bodies.ModelInfo(**fields)

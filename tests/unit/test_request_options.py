@@ -77,3 +77,18 @@ def test_the_truncation_side_and_the_flags_are_checked() -> None:
     assert refusal({"is_tokenized": "yes"}).kind == "protocol"
     assert refusal({"show_tokens": 1}).kind == "protocol"
     assert "long_inputs must be truncate or chunk" in refusal({"long_inputs": "window"}).message
+
+
+def test_a_request_asks_for_its_models_task_or_is_refused_naming_it() -> None:
+    assert read({}).task == "embed"
+    assert read({"task": "rerank"}, model={**MODEL, "task": "rerank"}).task == "rerank"
+    wrong = refusal({"task": "rerank"})
+    assert wrong.kind == "task" and "task embed" in wrong.message and "/v1/embeddings" in wrong.message
+    vectors = refusal({}, model={**MODEL, "task": "sparse"})
+    assert vectors.kind == "task" and "/embed_sparse" in vectors.message
+    for bad in ("Rerank", "", 3, None, ["rerank"]):
+        assert "task must be one of embed, rerank, classify, sparse" in refusal({"task": bad}).message
+    assert (
+        "dimensions applies to sentence vectors"
+        in refusal({"task": "classify", "dimensions": 2}, model={**MODEL, "task": "classify"}).message
+    )
