@@ -77,6 +77,7 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
         dimensions=8,
         prompt_name="query",
         truncation_direction="left",
+        task="embed",
     ).header(60_000)
     assert full == {
         "is_tokenized": False,
@@ -86,6 +87,7 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
         "dimensions": 8,
         "prompt_name": "query",
         "truncation_direction": "left",
+        "task": "embed",
     }
     assert set(full) - {"is_tokenized", "show_tokens"} == set(p.ENCODE_OPTIONS)  # the protocol's names
 

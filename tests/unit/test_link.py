@@ -283,3 +283,19 @@ def test_a_job_error_fails_the_jobs_own_requests_with_a_known_kind(head: Head) -
     assert message[:2] == [wire.JOB_ERROR, job_id] and sent["parts"] == p.loads(header)["parts"]
     assert sent["kind"] == "worker" and len(sent["error"]) <= 503
     assert head.ventilator.registry.workers  # an error is an answer: the worker stays
+
+
+def test_welcome_carries_the_task_and_leaves_the_calibration_file_to_the_host() -> None:
+    from bertserve.server.config.model import ModelConfig
+    from bertserve.server.config.server import ServerConfig
+    from bertserve.server.serving.head.handshake import welcome_options
+
+    model = ModelConfig(model_dir="/head/model", task="rerank", calibration="/head/ranges.json")
+    options = welcome_options(ServerConfig(model=model))
+    assert options["model"]["task"] == "rerank" and "calibration" not in options["model"]
+    welcome = bodies.Welcome(**options)
+    host = HostConfig(server="head", worker_port=1, model_dir="/here/model", graph_dir="/here/cache")
+    config = host.server_config(welcome)
+    assert (config.model.task, config.model.calibration) == ("rerank", None)
+    with pytest.raises(ValueError):
+        bodies.WelcomeModel(task="translate")

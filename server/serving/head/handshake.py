@@ -40,7 +40,7 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
     model = {
         key: value
         for key, value in config.public().items()
-        if key in _MODEL_FIELDS and key not in ("model_dir", "tuned_model_dir", "graph_dir", "device", *HUB_FIELDS)
+        if key in _MODEL_FIELDS and key not in _HOSTS_OWN
     }
     return {
         "model": model,
@@ -51,6 +51,8 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
 
 
 _MODEL_FIELDS = frozenset(field.name for field in dataclasses.fields(ModelConfig))
+_HOSTS_OWN = frozenset({"model_dir", "tuned_model_dir", "graph_dir", "device", "calibration", *HUB_FIELDS})
+"""The model fields that name something of the machine a process runs on: a host has its own."""
 
 
 def as_served(ready: bodies.Ready, served: HeadModel, hostname: str) -> bodies.Ready:

@@ -233,7 +233,9 @@ class JobError(_Schema):
 
 class WelcomeModel(_Schema):
     """The model options a head gives its hosts: those of :class:`~...config.ModelConfig` but
-    the directories and device, which are each host's own. Absent or ``null``: the default."""
+    the directories, the device and the calibration file, which are each host's own (a host
+    reads the ``calibration.json`` of its model directory, whose files are the head's). Absent
+    or ``null``: the default."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -253,6 +255,7 @@ class WelcomeModel(_Schema):
     lite_max_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
     long_inputs: Label | None = None
     chunk_stride: int | None = Field(default=None, ge=0, le=1 << 20)
+    task: Literal["embed", "rerank", "classify", "sparse"] | None = None
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments for ``ModelConfig`` (a ``null`` option is left at its default)."""
