@@ -37,11 +37,7 @@ class Host:
 def welcome_options(config: ServerConfig) -> dict[str, Any]:
     """What a host needs from the head to run the head's model: its model options (the
     model directory and graph cache are the host's own) and model class."""
-    model = {
-        key: value
-        for key, value in config.public().items()
-        if key in _MODEL_FIELDS and key not in _HOSTS_OWN
-    }
+    model = {key: value for key, value in config.public().items() if key in _MODEL_FIELDS and key not in _HOSTS_OWN}
     return {
         "model": model,
         "model_class": config.model_class,
