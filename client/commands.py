@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,7 +176,7 @@ def _check_server(
 def rerank(args: argparse.Namespace) -> int:
     """Rank the input's non-blank lines by their relevance to the query; print them best first."""
     try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input, encoding="utf-8").read()  # noqa: SIM115
+        text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return _fail(BertClientError(f"cannot read {source_name(args.input)}: {exc}"))
     numbered_lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
