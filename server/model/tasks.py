@@ -127,7 +127,7 @@ def model_task(model_dir: str, requested: str | None) -> str:
         return requested
     try:
         return read_task(model_dir, "bert", None).task
-    except (ModelError, OSError):
+    except (ValueError, TypeError, OSError):  # ModelError too: the head must not fail on a model's files
         return "embed"
 
 
