@@ -56,13 +56,20 @@ def free_ports(count: int) -> list[int]:
 
     The kernel may hand out a port again as soon as its probe is closed, so each probe stays
     bound until all are chosen, and no port is handed out twice in one test process: a port
-    chosen for one role and not bound yet is never chosen again for another.
+    chosen for one role and not bound yet is never chosen again for another. Under
+    pytest-xdist each worker process takes its ports from a range of its own, below the
+    kernel's ephemeral ports (:func:`_own_range`): two test processes never choose the same
+    port, and no connection's source port takes one between its choice and its bind.
     """
+    own = _own_range()
     with contextlib.ExitStack() as stack:
         chosen: list[int] = []
-        for _ in range(count + 200):  # bounded: each probe holds a descriptor
+        for port in _candidates(own, count + 200):  # bounded: each probe holds a descriptor
             probe = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            probe.bind(("127.0.0.1", 0))
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
             port = int(probe.getsockname()[1])
             if port not in _handed_out:
                 _handed_out.add(port)
@@ -70,6 +77,38 @@ def free_ports(count: int) -> list[int]:
                 if len(chosen) == count:
                     return chosen
     raise RuntimeError(f"found no {count} free ports not handed out before")
+
+
+_RANGE_BASE, _RANGE_SIZE = 10_000, 3_000  # gw0: 10000-12999, gw1: 13000-15999, ... below 32768
+_next_in_range = 0
+
+
+def _own_range() -> range | None:
+    """This pytest-xdist worker's ports (``gwN``), or None outside xdist (the kernel chooses)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    start = _RANGE_BASE + (int(worker[2:]) % 7) * _RANGE_SIZE
+    return range(start, start + _RANGE_SIZE)
+
+
+def _candidates(own: range | None, tries: int) -> list[int]:
+    """Ports to probe: the kernel's choice (port 0) outside xdist, else the next ones of this
+    worker's range that it has not handed out, round the range again once all have been."""
+    global _next_in_range
+    if own is None:
+        return [0] * tries
+    if all(port in _handed_out for port in own):
+        _handed_out.difference_update(own)  # long since bound, used and let go by their servers
+    picked = []
+    for step in range(len(own)):
+        port = own[(_next_in_range + step) % len(own)]
+        if port not in _handed_out:
+            picked.append(port)
+            if len(picked) == tries:
+                break
+    _next_in_range = (own.index(picked[-1]) + 1) % len(own) if picked else _next_in_range
+    return picked
 
 
 def free_port_pair() -> int:
