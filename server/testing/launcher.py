@@ -27,14 +27,15 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
 START_TIMEOUT = 180.0
+_ERROR_PREFIX = "bertserve: error:"  # how the command line says why it stops
 STOP_TIMEOUT = 60.0
 OUTPUT_LINES = 5000  # kept in memory; ``log_path`` keeps everything
 
@@ -92,23 +93,24 @@ def _own_range() -> range | None:
     return range(start, start + _RANGE_SIZE)
 
 
-def _candidates(own: range | None, tries: int) -> list[int]:
+def _candidates(own: range | None, tries: int) -> Iterator[int]:
     """Ports to probe: the kernel's choice (port 0) outside xdist, else the next ones of this
     worker's range that it has not handed out, round the range again once all have been."""
     global _next_in_range
     if own is None:
-        return [0] * tries
+        yield from [0] * tries
+        return
     if all(port in _handed_out for port in own):
         _handed_out.difference_update(own)  # long since bound, used and let go by their servers
-    picked = []
-    for step in range(len(own)):
-        port = own[(_next_in_range + step) % len(own)]
-        if port not in _handed_out:
-            picked.append(port)
-            if len(picked) == tries:
+    for _ in range(min(tries, len(own))):
+        for step in range(len(own)):
+            port = own[(_next_in_range + step) % len(own)]
+            if port not in _handed_out:
+                _next_in_range = (own.index(port) + 1) % len(own)
                 break
-    _next_in_range = (own.index(picked[-1]) + 1) % len(own) if picked else _next_in_range
-    return picked
+        else:
+            return
+        yield port
 
 
 def free_port_pair() -> int:
@@ -143,6 +145,7 @@ class RunningServer:
     ready: threading.Event = field(default_factory=threading.Event)  # set on the ready line
     launched_at: float = field(default_factory=time.perf_counter)
     is_ready_line: Callable[[str], bool] = field(default=lambda line: _is_ready_line(line))
+    start_error: str | None = None  # the "bertserve: error: ..." line it printed before its ready line
     _output_done: threading.Event = field(default_factory=threading.Event)
     _family_at_stop: list[psutil.Process] = field(default_factory=list)
 
@@ -179,6 +182,8 @@ class RunningServer:
         server exits first or the line does not come within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while not self.ready.wait(0.2):
+            if self.start_error is not None:  # a server that said why it cannot start need not be waited for
+                raise ServerStartError(f"the server could not start:\n{self.tail(200)}")
             exited = self.process.poll() is not None
             if exited or time.monotonic() > deadline:
                 self._output_done.wait(5)
@@ -236,6 +241,8 @@ def _pump(stream: IO[str], server: RunningServer, echo: bool, log_path: Path | N
                 server.ready_seconds = time.perf_counter() - server.launched_at
                 server.ready_line = line
                 server.ready.set()
+            elif not server.ready.is_set() and line.startswith(_ERROR_PREFIX):
+                server.start_error = line.strip()
     finally:
         if log is not None:
             log.close()
@@ -297,6 +304,19 @@ def _launch(
     pump = threading.Thread(target=_pump, args=(process.stdout, server, echo, log_path), daemon=True)
     pump.start()
     return server
+
+
+def start_head(*args: str, attempts: int = 3, **options: Any) -> tuple[RunningServer, int]:
+    """:func:`start_server` with ``--worker-port`` on a free port, and that port: a port free
+    when chosen may be taken before the head binds it, and then another is tried."""
+    for attempt in range(attempts):
+        worker_port = free_port()
+        try:
+            return start_server(*args, "--worker-port", str(worker_port), **options), worker_port
+        except ServerStartError as exc:
+            if "the port is in use" not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _wait_or_stop(server: RunningServer, timeout: float) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from bertserve.client import BertClient
 from bertserve.server.config.model import ModelConfig
-from bertserve.server.testing.launcher import RunningServer, free_port, start_server, start_worker_host
+from bertserve.server.testing.launcher import RunningServer, start_head, start_server, start_worker_host
 from faulty_model import expected, pythonpath_env, sentences, wait_for
 
 PACED = "faulty_model:PacedModel"
@@ -58,16 +58,8 @@ class Hosts:
 
 @pytest.fixture
 def paced_head(tiny_google: str) -> Iterator[tuple[RunningServer, Hosts]]:
-    worker_port = free_port()
-    head = start_server(
-        "--model-dir",
-        tiny_google,
-        "--model-class",
-        PACED,
-        "--worker-port",
-        str(worker_port),
-        *HEAD_FLAGS,
-        env=pythonpath_env(),
+    head, worker_port = start_head(
+        "--model-dir", tiny_google, "--model-class", PACED, *HEAD_FLAGS, env=pythonpath_env()
     )
     hosts = Hosts(worker_port, "--model-dir", tiny_google, "--model-class", PACED)
     try:
@@ -80,9 +72,8 @@ def paced_head(tiny_google: str) -> Iterator[tuple[RunningServer, Hosts]]:
 def test_remote_workers_give_the_encoders_vectors_and_share_the_work(tiny_google: str, session_graph_dir: str) -> None:
     from bertserve.server.model.encoder import Encoder
 
-    worker_port = free_port()
     model_flags = ("--model-dir", tiny_google, "--graph-dir", session_graph_dir)
-    head = start_server(*model_flags, "--worker-port", str(worker_port), "--num-worker", "0", "--max-batch-size", "32")
+    head, worker_port = start_head(*model_flags, "--num-worker", "0", "--max-batch-size", "32")
     hosts = Hosts(worker_port, *model_flags)
     try:
         hosts.start()
@@ -175,9 +166,10 @@ def _jobs_done(client: BertClient, pid: int) -> int:
 
 
 def test_hosts_join_a_restarted_head_by_themselves(tiny_google: str) -> None:
-    worker_port = free_port()
+    head, worker_port = start_head(
+        "--model-dir", tiny_google, "--model-class", PACED, *HEAD_FLAGS, env=pythonpath_env()
+    )
     flags = ("--model-dir", tiny_google, "--model-class", PACED, "--worker-port", str(worker_port), *HEAD_FLAGS)
-    head = start_server(*flags, env=pythonpath_env())
     hosts = Hosts(worker_port, "--model-dir", tiny_google, "--model-class", PACED)
     try:
         host = hosts.start()
@@ -235,18 +227,8 @@ def test_under_curve_only_listed_worker_keys_join(tiny_google: str, tmp_path: Pa
     _, bad_secret = keygen(tmp_path / "keys", "bad")  # its public key is not in workers/
     (curve / "workers").mkdir()
     shutil.copy(good_public, curve / "workers")
-    worker_port = free_port()
-    head = start_server(
-        "--model-dir",
-        tiny_google,
-        "--model-class",
-        PACED,
-        "--worker-port",
-        str(worker_port),
-        *HEAD_FLAGS,
-        "--curve-dir",
-        str(curve),
-        env=pythonpath_env(),
+    head, worker_port = start_head(
+        "--model-dir", tiny_google, "--model-class", PACED, *HEAD_FLAGS, "--curve-dir", str(curve), env=pythonpath_env()
     )
     server_key = str(curve / "server.key")
     hosts = Hosts(worker_port, "--model-dir", tiny_google, "--model-class", PACED, "--server-key", server_key)

@@ -120,16 +120,19 @@ def warn_if_http_exposed(config: ServerConfig) -> None:
         )
 
 
-def check_ports(context: zmq.Context, frontend: zmq.Socket, config: ServerConfig) -> None:
+def check_ports(frontend: zmq.Socket, config: ServerConfig) -> None:
     """Bind ``frontend`` to the request port, and check that the other ports are free (their
     processes bind them later): the results port, the HTTP port and the workers' port."""
     bind(frontend, config.bind, config.port, "--port")
     assert config.port_out is not None  # ServerConfig made it port + 1
-    check_port_free(context, config.bind, config.port_out, "--port-out")
+    # Plain sockets, bound and closed at once: a ZeroMQ probe would take the connections of the
+    # peers that keep dialling these ports (a results subscriber, a remote worker host) and let
+    # its port go later, on its I/O thread, so the process's own bind could find it still held.
+    check_tcp_port_free(config.bind, config.port_out, "--port-out")
     if config.http_port is not None:
         check_tcp_port_free(config.http_bind or config.bind, config.http_port, "--http-port")
     if config.worker_port is not None:
-        check_port_free(context, config.bind, config.worker_port, "--worker-port")
+        check_tcp_port_free(config.bind, config.worker_port, "--worker-port")
 
 
 def cannot_listen(host: str, port: int, flag: str, exc: OSError | zmq.ZMQError) -> StartupError:
@@ -164,15 +167,6 @@ def bind(sock: zmq.Socket, host: str, port: int, flag: str = "--port") -> None:
         sock.bind(f"tcp://{host}:{port}")
     except zmq.ZMQError as exc:
         raise cannot_listen(host, port, flag, exc) from None
-
-
-def check_port_free(context: zmq.Context, host: str, port: int, flag: str) -> None:
-    probe = context.socket(zmq.PUB)
-    probe.linger = 0
-    try:
-        bind(probe, host, port, flag)
-    finally:
-        probe.close()
 
 
 def check_tcp_port_free(host: str, port: int, flag: str) -> None:

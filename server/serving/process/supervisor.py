@@ -99,7 +99,7 @@ class BertServer(ExitFlags):
         try:
             authenticator, keys = self._secure(context, frontend)
             preflight.warn_if_http_exposed(self.config)
-            preflight.check_ports(context, frontend, self.config)
+            preflight.check_ports(frontend, self.config)
             if self.config.metrics_port is not None:
                 preflight.serve_metrics(self.config)
             self._start_sink(addresses)
