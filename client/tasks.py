@@ -11,7 +11,7 @@ logit per label: a softmax makes them probabilities (a sigmoid, for one label), 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,23 @@ def ranked(scores: np.ndarray, documents: Sequence[str] | None = None, top_n: in
     each with its text when ``documents`` is given."""
     flat = np.asarray(scores, dtype=np.float32).reshape(-1)
     return [Ranked(i, float(flat[i]), None if documents is None else documents[i]) for i in ranking(flat, top_n)]
+
+
+def rerank_answer(
+    rows: np.ndarray,
+    config: dict[str, Any],
+    documents: Sequence[str],
+    top_n: int | None,
+    *,
+    raw_scores: bool,
+    return_documents: bool,
+) -> list[Ranked]:
+    """A rerank's answer from the model's rows (one logit a document) and its configuration
+    (its activation): the documents ranked, their scores the logits through the activation
+    unless ``raw_scores``."""
+    logits = np.asarray(rows, dtype=np.float32).reshape(len(documents), -1)[:, 0]
+    scores = logits if raw_scores else activate(logits, str(config.get("activation", "identity")))
+    return ranked(scores, list(documents) if return_documents else None, top_n)
 
 
 @dataclass(frozen=True)
@@ -225,6 +242,14 @@ def predictions(logits: np.ndarray, labels: Sequence[str], *, raw_scores: bool =
     return [[Prediction(names[j], float(row[j])) for j in ranking(row)] for row in scores]
 
 
+def compact(vectors: Any, kind: str, config: dict[str, Any]) -> np.ndarray:
+    """``vectors`` in the form ``kind``, with the calibration ranges ``config`` (a model's
+    configuration) carries, of the first dimensions when the vectors were cut to fewer."""
+    floats = np.asarray(vectors, dtype=np.float32)
+    ranges = calibration_ranges(config)
+    return quantize(floats, kind, None if ranges is None else ranges[:, : floats.shape[1]])
+
+
 def calibration_ranges(config: dict[str, Any]) -> np.ndarray | None:
     """The calibration ranges ``(2, D)`` a model's configuration carries, if it does."""
     ranges = config.get("calibration_ranges")
@@ -242,7 +267,7 @@ _CALLS = {
 }
 
 
-def check_task(config: dict[str, Any], task: str, model: str | None) -> None:
+def check_task(config: Mapping[str, Any], task: str, model: str | None) -> None:
     """``ValueError`` if ``config`` (the server's configuration of ``model``) says the model does
     another task than ``task``; a server that does not say answers for itself."""
     own = config.get("task")

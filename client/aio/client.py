@@ -230,10 +230,7 @@ class AsyncBertClient:
                 model=model,
             )
             vectors, tokens = answer if show_tokens else (answer, None)
-            floats = np.asarray(vectors, dtype=np.float32)
-            config = await self._connection.config_of(check_model(model) or self.model)
-            ranges = t.calibration_ranges(config)
-            compacted = t.quantize(floats, kind, None if ranges is None else ranges[:, : floats.shape[1]])
+            compacted = t.compact(vectors, kind, await self._connection.config_of(check_model(model) or self.model))
             return shaped(compacted.tolist() if self.output_fmt == "list" else compacted, tokens or [], show_tokens)
         options = EncodeOptions(
             is_tokenized=is_tokenized,
@@ -283,9 +280,7 @@ class AsyncBertClient:
         pairs = t.rerank_pairs(query, documents)
         top_n = t.check_top(top_n, "top_n")
         rows, config = await self._task_rows(pairs, "rerank", model, truncation_direction)
-        logits = rows.reshape(len(pairs), -1)[:, 0]
-        scores = logits if raw_scores else t.activate(logits, str(config.get("activation", "identity")))
-        return t.ranked(scores, list(documents) if return_documents else None, top_n)
+        return t.rerank_answer(rows, config, documents, top_n, raw_scores=raw_scores, return_documents=return_documents)
 
     async def predict(
         self,
@@ -332,7 +327,6 @@ class AsyncBertClient:
         await self._connection.open()
         config = await self._connection.config_of(options.model)
         options.check_server(config)
-        t.check_task(config, task, options.model)
         result = await self._encode(texts, options, "ndarray")
         return np.asarray(result.embedding), config
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypedDict
 
 from ..protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TASKS, TRUNCATION_DIRECTIONS, check_texts
 from ..security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
+from ..tasks import check_task
 
 DEFAULT_HOST = "localhost"
 DEFAULT_PORT = 5555
@@ -288,6 +289,8 @@ class EncodeOptions:
         """Raise ``ValueError`` if ``config``, the server's configuration of the model these
         options go to, says it cannot do what they ask: more dimensions than the model has, or
         a prompt it does not have. A server that does not say is left to answer for itself."""
+        if self.task is not None:
+            check_task(config, self.task, self.model)
         dim = config.get("output_dim")
         if (
             self.dimensions is not None

@@ -403,9 +403,9 @@ class BertClient:
             raise ValueError("output needs blocking=True: fetch() collects the float vectors")
         answer = self.encode(texts, **options)
         vectors, tokens = answer if options.get("show_tokens") else (answer, None)
-        config = self._connection.config_of(check_model(options.get("model")) or self.model)
-        ranges = t.calibration_ranges(config)
-        compacted = t.quantize(np.asarray(vectors), kind, None if ranges is None else ranges[:, : np.shape(vectors)[1]])
+        compacted = t.compact(
+            vectors, kind, self._connection.config_of(check_model(options.get("model")) or self.model)
+        )
         formatted = compacted.tolist() if self.output_fmt == "list" else compacted
         return (formatted, tokens) if tokens is not None else formatted
 
@@ -432,9 +432,7 @@ class BertClient:
         pairs = t.rerank_pairs(query, documents)
         top_n = t.check_top(top_n, "top_n")
         rows, config = self._task_rows(pairs, "rerank", model, truncation_direction)
-        logits = rows.reshape(len(pairs), -1)[:, 0]
-        scores = logits if raw_scores else t.activate(logits, str(config.get("activation", "identity")))
-        return t.ranked(scores, list(documents) if return_documents else None, top_n)
+        return t.rerank_answer(rows, config, documents, top_n, raw_scores=raw_scores, return_documents=return_documents)
 
     def predict(
         self,
@@ -486,7 +484,6 @@ class BertClient:
         with self._using():
             config = self._connection.config_of(options.model)
             options.check_server(config)
-            t.check_task(config, task, options.model)
             deadline = self._connection.deadline()
             request_id = self._connection.send_encode(texts, deadline, options, fetchable=False)
             result = self._collect({request_id}, deadline, f"request {request_id}", "ndarray")

@@ -27,14 +27,12 @@ def requested(value: Any) -> tuple[str, ...] | None:
 def forms(vectors: np.ndarray, types: tuple[str, ...], info: dict[str, Any]) -> dict[str, np.ndarray]:
     """``vectors`` in each of ``types``; a 422 that says how to calibrate for int8 and uint8
     without ranges. The ranges of the first dimensions serve vectors cut to ``dimensions``."""
-    ranges = t.calibration_ranges(info)
-    if ranges is not None:
-        ranges = ranges[:, : vectors.shape[1]]
+    calibrated = t.calibration_ranges(info) is not None
     out = {}
     for kind in types:
-        if kind in ("int8", "uint8") and ranges is None:
+        if kind in ("int8", "uint8") and not calibrated:
             raise HTTPError(422, f"embedding_types {kind}: {t.CALIBRATION_ADVICE}", param="embedding_types")
-        out[kind] = t.quantize(vectors, kind, ranges)
+        out[kind] = t.compact(vectors, kind, info)
     return out
 
 

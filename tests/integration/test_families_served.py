@@ -12,12 +12,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import openai
 import pytest
-from bertserve.client import BertClient
-from bertserve.server.testing.launcher import RunningServer, free_port, start_server
+from bertserve.server.testing.launcher import free_port, start_server
+from served import Served
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -36,18 +35,6 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     a = a / np.linalg.norm(a, axis=-1, keepdims=True)
     b = b / np.linalg.norm(b, axis=-1, keepdims=True)
     return float((a * b).sum(-1).min())
-
-
-class Served:
-    def __init__(self, running: RunningServer, http_port: int) -> None:
-        self.running = running
-        self.url = f"http://127.0.0.1:{http_port}"
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
-
-    def client(self, model: str) -> BertClient:
-        return BertClient(port=self.running.port, port_out=self.running.port_out, model=model, timeout=120_000)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +56,7 @@ def served(session_graph_dir: str) -> Iterator[Served]:
         f"query={PROMPT}",
         *models,
     )
-    yield Served(running, port)
+    yield Served(running, port, KEY)
     running.stop()
 
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import numpy as np
 import openai
 import pytest
 from bertserve.client import BertClient
 from bertserve.server import Encoder
-from bertserve.server.testing.launcher import RunningServer, free_port, start_server
+from bertserve.server.testing.launcher import free_port, start_server
 from faulty_model import sentences
+from served import Served
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,20 +26,8 @@ TEXTS = sentences(12, seed=21)
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 5)  # 45 words: longer than either model takes
 
 
-class HTTPServer:
-    def __init__(self, running: RunningServer, http_port: int) -> None:
-        self.running = running
-        self.url = f"http://127.0.0.1:{http_port}"
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
-
-    def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=KEY, max_retries=0)
-
-
 @pytest.fixture(scope="module")
-def server(tiny_google: str, session_graph_dir: str) -> Iterator[HTTPServer]:
+def server(tiny_google: str, session_graph_dir: str) -> Iterator[Served]:
     port = free_port()
     running = start_server(
         "--http-port",
@@ -57,7 +45,7 @@ def server(tiny_google: str, session_graph_dir: str) -> Iterator[HTTPServer]:
         "--model",
         f"b={tiny_google},pooling_strategy=CLS_TOKEN,max_seq_len={MAX_LEN['b']}",
     )
-    yield HTTPServer(running, port)
+    yield Served(running, port, KEY)
     running.stop()
 
 
@@ -76,7 +64,7 @@ def assert_same(got: object, want: np.ndarray) -> None:
     assert cosine.min() >= 0.99999, cosine.min()
 
 
-def test_each_model_answers_with_its_own_vectors(server: HTTPServer, expected: dict[str, np.ndarray]) -> None:
+def test_each_model_answers_with_its_own_vectors(server: Served, expected: dict[str, np.ndarray]) -> None:
     assert not np.allclose(expected["a"], expected["b"], atol=1e-3)  # the two models tell apart
     with server.openai() as client:
         for name in ("a", "b"):
@@ -100,7 +88,7 @@ def test_each_model_answers_with_its_own_vectors(server: HTTPServer, expected: d
         assert_same(zmq_client.encode(TEXTS), expected["a"])
 
 
-def test_each_model_checks_its_own_limits(server: HTTPServer) -> None:
+def test_each_model_checks_its_own_limits(server: Served) -> None:
     with server.http() as http:
         assert http.post("/embed", json={"inputs": " ".join(["dog"] * 20), "model": "a"}).status_code == 200
         over = http.post("/embed", json={"inputs": " ".join(["dog"] * 20), "model": "b"})
@@ -109,7 +97,7 @@ def test_each_model_checks_its_own_limits(server: HTTPServer) -> None:
         assert cut.status_code == 200 and len(cut.json()["data"][0]["embedding"]) == 8, cut.text
 
 
-def test_an_unknown_model_is_404_naming_the_served_ones(server: HTTPServer) -> None:
+def test_an_unknown_model_is_404_naming_the_served_ones(server: Served) -> None:
     with server.openai() as client, pytest.raises(openai.NotFoundError) as raised:
         client.embeddings.create(model="gpt-4", input="hello")
     error = raised.value.body
@@ -126,7 +114,7 @@ def test_an_unknown_model_is_404_naming_the_served_ones(server: HTTPServer) -> N
             assert answer.status_code == 404 and "'a', 'b'" in answer.json()["error"], answer.text
 
 
-def test_v1_models_lists_both_with_their_dimensions(server: HTTPServer) -> None:
+def test_v1_models_lists_both_with_their_dimensions(server: Served) -> None:
     with server.openai() as client:
         listed = client.models.list()
     assert [model.id for model in listed.data] == ["a", "b"]  # the default first
@@ -138,7 +126,7 @@ def test_v1_models_lists_both_with_their_dimensions(server: HTTPServer) -> None:
         assert isinstance(entry["dtype"], str) and entry["dtype"], entry
 
 
-def test_tokenize_runs_each_models_tokenizer(server: HTTPServer) -> None:
+def test_tokenize_runs_each_models_tokenizer(server: Served) -> None:
     with server.http() as http:
         whole, cut = {}, {}
         for name in ("a", "b"):

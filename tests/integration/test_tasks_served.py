@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
-from bertserve.client import AsyncBertClient, BertClient, tasks as t
+from bertserve.client import AsyncBertClient, tasks as t
 from bertserve.client.errors import ServerError
-from bertserve.server.testing.launcher import RunningServer, free_port, start_server
+from bertserve.server.testing.launcher import free_port, start_server
+from served import Served
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -35,18 +35,6 @@ def reference(name: str) -> dict[str, np.ndarray]:
     folder = "families" if name == EMBEDDER else "tasks"
     with np.load(DATA / folder / f"{name}.npz") as data:
         return {key: data[key] for key in data.files}
-
-
-class Served:
-    def __init__(self, running: RunningServer, http_port: int) -> None:
-        self.running = running
-        self.url = f"http://127.0.0.1:{http_port}"
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
-
-    def client(self, model: str) -> BertClient:
-        return BertClient(port=self.running.port, port_out=self.running.port_out, model=model, timeout=120_000)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +55,7 @@ def served(session_graph_dir: str, tmp_path_factory: pytest.TempPathFactory) -> 
     running = start_server(
         "--http-port", str(port), "--api-key", KEY, "--graph-dir", session_graph_dir, "--max-latency-ms", "2", *flags
     )
-    yield Served(running, port)
+    yield Served(running, port, KEY)
     running.stop()
 
 
