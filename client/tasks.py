@@ -169,7 +169,7 @@ def check_embedding_types(value: object, name: str = "embedding_types") -> tuple
 
 CALIBRATION_ADVICE = (
     "int8 and uint8 cut each dimension by its range over a calibration set, and this model has none: make one "
-    "with `bertserve calibrate --model-dir DIR --input SENTENCES.txt` (it writes DIR/calibration.json, which the "
+    "with `bertserve calibrate SENTENCES.txt --model-dir DIR` (it writes DIR/calibration.json, which the "
     "server reads at start), or start the server with --calibration FILE"
 )
 

@@ -37,6 +37,7 @@ STATUS_OF_KIND = {
 _TEI_PATHS = ("/embed", "/tokenize", "/rerank", "/predict", "/embed_sparse", "/embed_all")
 _COHERE_PATHS = ("/v1/rerank", "/v2/rerank")
 _OPENAI_TYPES = {
+    400: "invalid_request_error",
     401: "authentication_error",
     404: "invalid_request_error",
     413: "invalid_request_error",
