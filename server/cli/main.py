@@ -121,9 +121,12 @@ def dtype_text(info: dict[str, Any]) -> str:
     dtype, reason = info.get("dtype"), info.get("dtype_reason")
     if dtype == "auto":  # no worker has told yet: remote ones each decide on their own machine
         return "auto (each worker decides for its own device)"
+    small = ""
+    if info.get("small_run_dtype"):
+        small = f"runs of up to {info.get('lite_max_tokens')} tokens in {info['small_run_dtype']} on LiteRT"
     if info.get("dtype_requested") != "auto" or not reason:
-        return str(dtype)
-    return f"{dtype} (auto: {short_reason(str(reason))})"
+        return f"{dtype} ({small})" if small else str(dtype)
+    return f"{dtype} (auto: {short_reason(str(reason))}{'; ' + small if small else ''})"
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
+from .norm import layer_norm
 from .pooling import ForwardSpec, pooled_output
 from .precision import compute_dtype, numpy_dtype
 from .task_heads import task_output
@@ -86,7 +87,7 @@ def forward(
     lengths = tf.reduce_sum(input_mask, axis=1)
     mask = tf.cast(input_mask, f32)
     embeddings = _embeddings(w, config, input_ids, segment_ids, length)
-    x = _layer_norm(embeddings, w["embeddings/ln_gamma"], w["embeddings/ln_beta"], config.layer_norm_eps)
+    x = layer_norm(embeddings, w["embeddings/ln_gamma"], w["embeddings/ln_beta"], config.layer_norm_eps)
     attention_bias = tf.reshape((1.0 - mask) * -1e9, [tf.shape(input_ids)[0], 1, 1, length])
     if config.relative_attention_buckets:
         attention_bias = attention_bias + relative_position_bias(w["relative_bias"], config, length)
@@ -99,14 +100,6 @@ def forward(
     if head is not None:  # a task's head on the last layer (.task_heads), in place of pooling
         return task_output(w, config, head, layers[-1], input_mask)
     return pooled_output(w, spec, dense, layers, input_mask, lengths, pooler)
-
-
-def _layer_norm(x, gamma, beta, eps: float):
-    import tensorflow as tf
-
-    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-    normed = (x - mean) * tf.math.rsqrt(variance + eps) * gamma
-    return normed if beta is None else normed + beta
 
 
 def _embeddings(w: dict, config: EncoderConfig, input_ids, segment_ids, length):
@@ -170,20 +163,25 @@ def _encoder_layers(w: dict, config: EncoderConfig, spec: ForwardSpec, x, attent
             return tf.nn.relu(x)
         return tf.nn.gelu(x, approximate=act != "gelu")
 
-    def split_heads(t):
-        return tf.transpose(tf.reshape(t, [batch, length, heads, head_dim]), [0, 2, 1, 3])
+    # bf16 scores and probabilities: the product rounds the scores to bf16 and the next one
+    # takes the probabilities in bf16 whatever softmax runs in (oneDNN's accumulates in fp32),
+    # so casting around them cost two passes over every score for nothing. fp16 (a GPU)
+    # keeps softmax in fp32, its range too narrow for the mask.
+    scores_dtype = compute if spec.dtype == "bf16" else f32
+    attention_bias = tf.cast(attention_bias, scores_dtype)
 
     def _encoder_layer(x, p):
         qkv = dense(tf.cast(x, compute), p + "qkv")
-        q, k, v = (split_heads(t) for t in tf.split(qkv, 3, axis=-1))
-        scores = tf.cast(tf.matmul(q, k, transpose_b=True), f32) + attention_bias
+        # One transpose for query, key and value: [3, batch, heads, length, head_dim].
+        q, k, v = tf.unstack(tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, head_dim]), [2, 0, 3, 1, 4]))
+        scores = tf.cast(tf.matmul(q, k, transpose_b=True), scores_dtype) + attention_bias
         probs = tf.cast(tf.nn.softmax(scores, axis=-1), compute)
         context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
         attn = tf.cast(dense(context, p + "attn_out"), f32)
-        x = _layer_norm(attn + x, w[p + "attn_ln/gamma"], w[p + "attn_ln/beta"], eps)
+        x = layer_norm(attn + x, w[p + "attn_ln/gamma"], w[p + "attn_ln/beta"], eps)
         inner = activation(dense(tf.cast(x, compute), p + "ffn_in"))
         ffn = tf.cast(dense(inner, p + "ffn_out"), f32)
-        return _layer_norm(ffn + x, w[p + "ffn_ln/gamma"], w[p + "ffn_ln/beta"], eps)
+        return layer_norm(ffn + x, w[p + "ffn_ln/gamma"], w[p + "ffn_ln/beta"], eps)
 
     layers = []
     for n in range(config.num_hidden_layers):

@@ -29,9 +29,9 @@ from .calibration import calibration_path, read_calibration
 from .chunking import check_chunkable
 from .default import DEFAULT_MODEL_NAME, default_model_dir
 from .graph import GraphSpec, load_function, load_or_build
-from .model_dir import inspect_model
+from .model_dir import ModelFiles, inspect_model
 from .options import build_tokenizer, describe, resolve
-from .prepare import wants_lite
+from .prepare import small_run_spec
 from .tokenization import TokenizedBatch, tokens_per_input
 
 logger = logging.getLogger("bertserve.encoder")
@@ -97,13 +97,13 @@ class Encoder:
         if self._quantized:  # every run on LiteRT's int8 model: the fp32 graph is not loaded
             del graph_bytes
             self._fn: Callable | None = None
-            self._lite = self._int8_runner(graph_dir)
+            self._lite = self._int8_runner(model, graph_dir)
         else:
             self._fn = load_function(graph_bytes, self.meta, xla=self.config.xla)
             del graph_bytes  # before the first run optimizes the graph: a worker's peak is while it loads
             self._warmup()  # TensorFlow optimizes the graph at its first run, with ~300 MiB it then frees,
             trim_heap()  # given back before LiteRT loads, so the two do not add up to the worker's peak
-            self._lite = self._small_runner(graph_dir)
+            self._lite = self._small_runner(model, graph_dir)
         if self._lite is not None:
             self._warmup()
             trim_heap()
@@ -130,7 +130,8 @@ class Encoder:
             "token_level": self.token_level,
             "layers_run": self.meta.layers_run,
             "graph_key": self.meta.key,
-            "lite_max_tokens": self.config.lite_max_tokens if self._lite is not None and not self._quantized else 0,
+            "lite_max_tokens": self.config.lite_max_tokens if self._small_runs else 0,
+            **({"small_run_dtype": "fp32"} if self._small_runs and self.spec.dtype != "fp32" else {}),
             "runtime": "LiteRT"
             if self._quantized
             else "TensorFlow" + (" and LiteRT" if self._lite is not None else ""),
@@ -258,19 +259,25 @@ class Encoder:
         return sum(len(index) * int(batch.lengths[index].max()) for index in self.plan(batch))
 
     @property
+    def _small_runs(self) -> bool:
+        """True when small runs go to LiteRT and bigger ones to TensorFlow."""
+        return self._lite is not None and not self._quantized
+
+    @property
     def uses_lite(self) -> bool:
         """True when small runs go to LiteRT (see :mod:`bertserve.server.model.lite`)."""
         return self._lite is not None
 
-    def _small_runner(self, graph_dir: str) -> lite.LiteRunner | None:
-        if not wants_lite(self.config, self.spec):
+    def _small_runner(self, model: ModelFiles, graph_dir: str) -> lite.LiteRunner | None:
+        small = small_run_spec(self.config, self.spec)
+        if small is None:
             return None
         if "CPU" not in self._device.upper():
             return None
         if not lite.available():
             logger.info("ai-edge-litert is not installed: small runs stay on TensorFlow")
             return None
-        flatbuffer = lite.load_or_convert(None, self.meta, graph_dir)  # from the cached graph
+        flatbuffer = lite.load_or_convert(model, small, graph_dir)
         if flatbuffer is None:
             return None
         return lite.LiteRunner(flatbuffer, self._threads())
@@ -284,9 +291,9 @@ class Encoder:
         if not lite.available():
             raise ModelError("dtype int8 runs on LiteRT, which is not installed: pip install ai-edge-litert")
 
-    def _int8_runner(self, graph_dir: str) -> lite.LiteRunner:
+    def _int8_runner(self, model: ModelFiles, graph_dir: str) -> lite.LiteRunner:
         """LiteRT over the int8 model; a clear error where it cannot run."""
-        flatbuffer = lite.load_or_convert(None, self.meta, graph_dir, quantized=True)
+        flatbuffer = lite.load_or_convert(model, self.spec, graph_dir)
         if flatbuffer is None:
             raise ModelError(
                 "dtype int8: this model's graph does not convert to LiteRT's int8 form (see the warning above)"

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..config.model import PoolingStrategy
-from . import bert, modernbert, task_heads
+from . import bert, modernbert, norm, task_heads
 from .model_dir import ModelFiles
 from .weights import read_weights
 
@@ -36,7 +36,7 @@ logger = logging.getLogger("bertserve.graph")
 INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
 OUTPUT_NAME = "output"
 _MAGIC = b"BERTSERVE-GRAPH\x00"
-_FORMAT = 8  # bump when the graph (or its LiteRT form) built for the same options changes
+_FORMAT = 9  # bump when the graph (or its LiteRT form) built for the same options changes
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def load_or_build(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> tuple[b
     if cached is not None:
         logger.info("loaded the optimized graph from %s", path)
         return cached[0], cached[1], False
-    graph_bytes, meta = build_graph(model, spec, key)
+    graph_bytes, meta = build_graph(model, spec, key, for_lite=spec.dtype == "int8")  # int8 runs on LiteRT only
     try:
         write_cache(path, graph_bytes, meta)
         logger.info("cached the optimized graph at %s", path)
@@ -164,9 +164,12 @@ def tensorflow_version() -> str:
 # -- building ----------------------------------------------------------------------------
 
 
-def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[bytes, GraphMeta]:
+def build_graph(
+    model: ModelFiles, spec: GraphSpec, key: str = "", *, for_lite: bool = False
+) -> tuple[bytes, GraphMeta]:
     """Build the encoder as a graph whose weights are constants, prune it; return the
-    serialized GraphDef and its meta.
+    serialized GraphDef and its meta. ``for_lite``: the graph is to be converted to LiteRT,
+    and spells its layer norms as LiteRT's converter takes them (see :mod:`.norm`).
 
     The graph is built directly, not traced with variables and frozen: freezing copies every
     weight through several forms of the function, so a build peaked at ~1,100 MiB above
@@ -185,7 +188,7 @@ def build_graph(model: ModelFiles, spec: GraphSpec, key: str = "") -> tuple[byte
     del weights
     constants = _Constants(prepared)
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), norm.building_for_lite(for_lite):
         inputs = [tf.compat.v1.placeholder(tf.int32, [None, None], name=name) for name in INPUT_NAMES]
         head = model.head if spec.task != "embed" else None
         output = tf.identity(

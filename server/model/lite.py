@@ -25,7 +25,8 @@ import numpy as np
 
 from ..logs import held_native_output
 from . import int8
-from .graph import INPUT_NAMES, GraphMeta, read_cache, write_cache
+from .graph import INPUT_NAMES, GraphMeta, GraphSpec, build_graph, cache_key, read_cache, write_cache
+from .model_dir import ModelFiles
 
 logger = logging.getLogger("bertserve.lite")
 
@@ -40,22 +41,19 @@ def available() -> bool:
     return True
 
 
-def load_or_convert(graph: Any, meta: GraphMeta, graph_dir: str, *, quantized: bool = False) -> bytes | None:
-    """The LiteRT flatbuffer of ``graph`` (a GraphDef, or None for the cached graph of
-    ``meta.key``), with int8 weights when ``quantized``: from the cache when sound, else
-    converted (and cached). None, with a warning, when the graph does not convert."""
-    path = os.path.join(graph_dir, f"{meta.key}.lite")
-    cached = read_cache(path, meta.key)
+def load_or_convert(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> bytes | None:
+    """The LiteRT flatbuffer of the graph of ``spec``, with int8 weights for int8: from the
+    cache when sound, else converted (and cached) under its TensorFlow graph's key. None,
+    with a warning, when the graph does not convert."""
+    quantized = spec.dtype == "int8"
+    key = cache_key(model, spec)
+    path = os.path.join(graph_dir, f"{key}.lite")
+    cached = read_cache(path, key)
     if cached is not None:
         return bytes(cached[0])
     outcome = "int8 cannot run" if quantized else "small runs stay on TensorFlow"
-    if graph is None:
-        found = read_graph_def(graph_dir, meta.key)
-        if found is None:
-            logger.warning("%s: the graph to convert to LiteRT is not in %s", outcome, graph_dir)
-            return None
-        graph = found[0]
     try:
+        graph, meta = _graph_to_convert(model, spec, key, graph_dir)
         flatbuffer = int8.convert(graph, meta) if quantized else convert(graph, meta)
     except Exception as exc:  # the converter raises its own error types, and plain ones
         logger.warning("%s: the graph does not convert to LiteRT (%s)", outcome, exc)
@@ -65,6 +63,22 @@ def load_or_convert(graph: Any, meta: GraphMeta, graph_dir: str, *, quantized: b
     except OSError as exc:
         logger.warning("could not cache the LiteRT model in %s: %s", graph_dir, exc)
     return flatbuffer
+
+
+def _graph_to_convert(model: ModelFiles, spec: GraphSpec, key: str, graph_dir: str) -> tuple[Any, GraphMeta]:
+    """The graph of ``spec`` in the form LiteRT's converter takes (see :mod:`.norm`), and its
+    meta: int8's cached graph, built in that form since only LiteRT runs it; any other built
+    again, as a TensorFlow graph has fused layer norms."""
+    import tensorflow as tf
+
+    if spec.dtype == "int8":
+        found = read_graph_def(graph_dir, key)
+        if found is not None:
+            return found
+    graph_bytes, meta = build_graph(model, spec, key, for_lite=True)
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(graph_bytes)
+    return graph_def, meta
 
 
 def read_graph_def(graph_dir: str, key: str) -> tuple[Any, GraphMeta] | None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
+from .norm import layer_norm
 from .pooling import ForwardSpec, pooled_output
 from .precision import compute_dtype, numpy_dtype
 from .task_heads import task_output
@@ -79,9 +80,7 @@ def forward(
     mask = tf.cast(input_mask, f32)
 
     def norm(x, prefix):
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-        out = (x - mean) * tf.math.rsqrt(variance + eps) * w[prefix + "/gamma"]
-        return out + w[prefix + "/beta"] if config.norm_bias else out
+        return layer_norm(x, w[prefix + "/gamma"], w[prefix + "/beta"] if config.norm_bias else None, eps)
 
     def linear(x, prefix, bias: bool):
         out = tf.matmul(tf.cast(x, compute), w[prefix + "/kernel"])

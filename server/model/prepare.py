@@ -16,6 +16,7 @@ the cache. An ``Encoder`` made in process still makes whatever is missing itself
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import multiprocessing
@@ -38,12 +39,22 @@ BACKGROUND_NICE = 19
 another): the lowest, so the serving workers keep the CPU and the build takes what they leave."""
 
 
-def wants_lite(config: ModelConfig, spec: GraphSpec) -> bool:
-    """Whether runs of this model go to LiteRT on a CPU: small ones in fp32 (see
-    :mod:`.lite`), every one in int8 (see :mod:`.int8`)."""
+def small_run_spec(config: ModelConfig, spec: GraphSpec) -> GraphSpec | None:
+    """The graph whose LiteRT form takes this model's runs on a CPU, or None: every run in
+    int8 (see :mod:`.int8`); the small ones (see :mod:`.lite`) in fp32, and in the bf16 that
+    ``auto`` picks, where they run in fp32 on LiteRT: LiteRT has no bf16 products, and a lone
+    sentence runs faster there in fp32 than in bf16 on TensorFlow, whose per-op cost a small
+    run cannot spread (fp32 is more accurate than the bf16 ``auto`` names). A bf16 the user
+    asked for keeps every run in bf16."""
     if spec.dtype == "int8":
-        return True
-    return bool(config.lite_max_tokens) and spec.dtype == "fp32" and not config.xla
+        return spec
+    if not config.lite_max_tokens or config.xla:
+        return None
+    if spec.dtype == "fp32":
+        return spec
+    if spec.dtype == "bf16" and config.dtype == "auto":
+        return dataclasses.replace(spec, dtype="fp32")
+    return None
 
 
 def missing_steps(requested: ModelConfig) -> list[str]:
@@ -58,8 +69,11 @@ def missing_steps(requested: ModelConfig) -> list[str]:
     if not os.path.exists(os.path.join(graph_dir, f"{key}.graph")):
         steps.append("graph")
     lite_installed = importlib.util.find_spec("ai_edge_litert") is not None
-    if wants_lite(config, spec) and lite_installed and not os.path.exists(os.path.join(graph_dir, f"{key}.lite")):
-        steps.append("lite")
+    small = small_run_spec(config, spec)
+    if small is not None and lite_installed:
+        small_key = cache_key(model, small) if small != spec else key
+        if not os.path.exists(os.path.join(graph_dir, f"{small_key}.lite")):
+            steps.append("lite")
     return steps
 
 
@@ -88,17 +102,14 @@ def run_steps(
         model = inspect_model(requested)
         config, spec = resolve(requested, model)
         graph_dir = config.graph_dir or default_graph_dir()
-        built = None  # the meta of the graph built here, whose key names its LiteRT model too
         for step in steps:
             if step == "graph":
-                built = load_or_build(model, spec, graph_dir)[1]
+                load_or_build(model, spec, graph_dir)
                 trim_heap()  # a build's copies of the weights, given back before the conversion needs its own
             elif step == "lite" and not gpus:  # GPU workers take no LiteRT path
-                key = built.key if built is not None else cache_key(model, spec)
-                found = lite.read_graph_def(graph_dir, key)
-                trim_heap()  # the file's bytes, read and parsed
-                if found is not None:  # else the graph could not be cached, and each worker converts its own
-                    lite.load_or_convert(*found, graph_dir, quantized=spec.dtype == "int8")
+                small = small_run_spec(config, spec)
+                if small is not None:
+                    lite.load_or_convert(model, small, graph_dir)
     except Exception as exc:
         logger.error("could not build the %s of %s: %s", STEP_NAMES.get(step, step), requested.model_dir, exc)
         raise SystemExit(FAILED_EXIT_CODE) from None

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .norm import layer_norm
+
 if TYPE_CHECKING:
     from .families import EncoderConfig
     from .tasks import TaskHead
@@ -123,14 +125,6 @@ def _dense(w: Any, x: Any, name: str, bias: bool = True) -> Any:
     return tf.nn.bias_add(out, w[f"task/{name}/bias"]) if bias else out
 
 
-def _norm(x: Any, gamma: Any, beta: Any, eps: float) -> Any:
-    import tensorflow as tf
-
-    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-    out = (x - mean) * tf.math.rsqrt(variance + eps) * gamma
-    return out if beta is None else out + beta
-
-
 def _activation(x: Any, name: str) -> Any:
     import tensorflow as tf
 
@@ -159,7 +153,7 @@ def _classifier(w: Any, config: EncoderConfig, head: TaskHead, last: Any, input_
     elif family == "modernbert":
         x = _activation(_dense(w, x, "dense", head.head_bias), head.head_act)
         beta = w["task/dense_ln/beta"] if config.norm_bias else None
-        x = _norm(x, w["task/dense_ln/gamma"], beta, config.layer_norm_eps)
+        x = layer_norm(x, w["task/dense_ln/gamma"], beta, config.layer_norm_eps)
     else:  # roberta, mpnet
         x = tf.tanh(_dense(w, x, "dense"))
     return _dense(w, x, "classifier")
@@ -172,7 +166,7 @@ def _splade(w: Any, config: EncoderConfig, last: Any, input_mask: Any) -> Any:
     batch, length = tf.shape(last)[0], tf.shape(last)[1]
     x = tf.reshape(last, [-1, hidden])
     x = _activation(_dense(w, x, "transform"), "gelu" if config.hidden_act == "gelu" else config.hidden_act)
-    x = _norm(x, w["task/transform_ln/gamma"], w["task/transform_ln/beta"], _mlm_eps(config))
+    x = layer_norm(x, w["task/transform_ln/gamma"], w["task/transform_ln/beta"], _mlm_eps(config))
     logits = tf.nn.bias_add(tf.matmul(x, w["task/decoder/kernel"]), w["task/decoder/bias"])
     weights = _log1p(tf.nn.relu(tf.reshape(logits, [batch, length, config.vocab_size])))
     weights *= tf.expand_dims(tf.cast(input_mask, tf.float32), -1)  # padding weighs 0, below every real token's max

@@ -357,6 +357,29 @@ def test_litert_takes_only_small_fp32_cpu_runs(tiny_google: str, session_graph_d
     assert calls == [(1, 8)]
 
 
+def test_auto_bf16_gives_small_runs_to_litert_in_fp32(tiny_google: str, tmp_path, monkeypatch) -> None:
+    """Where auto picks bf16, a lone sentence runs in fp32 on LiteRT (faster there, and more
+    accurate than bf16) and a bulk run in bf16 on TensorFlow; a bf16 the user names stays bf16."""
+    monkeypatch.setenv("BERTSERVE_CPU_FLAGS", "avx512f amx_bf16")
+    graph_dir = str(tmp_path)
+    auto = Encoder(tiny_google, graph_dir=graph_dir, max_seq_len=32)
+    fp32 = Encoder(tiny_google, graph_dir=graph_dir, max_seq_len=32, dtype="fp32", lite_max_tokens=0)
+    bf16 = Encoder(tiny_google, graph_dir=graph_dir, max_seq_len=32, dtype="bf16")
+    described = auto.describe()
+    assert (described["dtype"], described["dtype_requested"]) == ("bf16", "auto")
+    assert (described["small_run_dtype"], described["lite_max_tokens"]) == ("fp32", 64)
+    assert described["runtime"] == "TensorFlow and LiteRT"
+    assert not bf16.uses_lite and "small_run_dtype" not in bf16.describe()
+    # The fp32 graph's LiteRT form sits beside the bf16 graph, under the fp32 graph's key.
+    assert f"{fp32.meta.key}.lite" in os.listdir(graph_dir)
+    for text in TEXTS:  # one sentence: fp32's vectors
+        np.testing.assert_allclose(auto.encode([text]), fp32.encode([text]), atol=2e-5)
+    batch = TEXTS * 8  # past 64 tokens: bf16's vectors
+    np.testing.assert_array_equal(auto.encode(batch), bf16.encode(batch))
+    monkeypatch.setenv("BERTSERVE_CPU_FLAGS", "avx2 fma")
+    assert "small_run_dtype" not in Encoder(tiny_google, graph_dir=graph_dir).describe()  # auto is fp32 there
+
+
 def test_a_damaged_litert_cache_is_converted_again(tiny_google: str, tmp_path) -> None:
     graph_dir = str(tmp_path / "graphs")
     first = Encoder(tiny_google, graph_dir=graph_dir)

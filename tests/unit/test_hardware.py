@@ -172,3 +172,15 @@ def test_the_ready_line_says_what_auto_chose_and_why() -> None:
     assert cli.dtype_text({"dtype": "bf16", "dtype_requested": "bf16", "dtype_reason": hardware.ASKED}) == "bf16"
     assert cli.dtype_text({"dtype": "fp16"}) == "fp16"  # a model class that says no more
     assert cli.dtype_text({"dtype": "auto"}).startswith("auto (each worker decides")
+
+
+def test_the_ready_line_says_which_runs_auto_gives_to_litert() -> None:
+    _, reason = hardware.choose_dtype({"amx_bf16", "avx512f"}, on_gpu=False)
+    info = {
+        "dtype": "bf16",
+        "dtype_requested": "auto",
+        "dtype_reason": reason,
+        "lite_max_tokens": 64,
+        "small_run_dtype": "fp32",
+    }
+    assert cli.dtype_text(info) == "bf16 (auto: this CPU has AMX (amx_bf16); runs of up to 64 tokens in fp32 on LiteRT)"

@@ -118,6 +118,7 @@ class ModelInfo(_Schema):
     long_inputs: Label | None = None
     chunk_stride: int | None = Field(default=None, ge=0, le=1 << 20)
     lite_max_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
+    small_run_dtype: Label | None = None  # the dtype of the runs LiteRT takes, where it differs from dtype's
     layers_run: int | None = Field(default=None, ge=0, le=1024)
     graph_key: Text255 | None = None
     runtime: Text64 | None = None
