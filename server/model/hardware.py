@@ -34,6 +34,9 @@ BF16_FLAGS = {"amx_bf16": "AMX", "avx512_bf16": "AVX-512 bf16"}
 ASKED = "asked for with --dtype"
 """The reason of a dtype the user named."""
 
+#: CPU flags of int8 matrix instructions, which LiteRT's XNNPACK int8 kernels use, with their names.
+INT8_FLAGS = {"amx_int8": "AMX-int8", "avx512_vnni": "AVX-512 VNNI", "avx_vnni": "AVX-VNNI"}
+
 
 @dataclass(frozen=True)
 class CpuInfo:
@@ -103,8 +106,25 @@ def choose_dtype(cpu_flags: Collection[str] | None, on_gpu: bool) -> tuple[str, 
     )
 
 
+def int8_note(cpu_flags: Collection[str] | None) -> str:
+    """What int8 (on LiteRT) makes of a CPU with ``cpu_flags``."""
+    if cpu_flags is None:
+        return "this CPU's flags are unknown: int8 may run no faster than fp32"
+    units = [name for flag, name in INT8_FLAGS.items() if flag in cpu_flags]
+    if not units:
+        return (
+            "this CPU has no int8 matrix instructions (VNNI, AMX-int8): LiteRT's int8 kernels run no faster "
+            "than fp32 here, and fp32 is exact"
+        )
+    bf16 = [name for flag, name in BF16_FLAGS.items() if flag in cpu_flags]
+    also = f"; it has {bf16[0]} too, which bf16 runs on: compare the two with benchmarks/suite.py compare" if bf16 else ""
+    return f"this CPU has {' and '.join(units)}, which LiteRT's int8 kernels use{also}"
+
+
 def resolve_dtype(requested: str, device: str | None) -> tuple[str, str]:
     """The dtype a model asked for with ``requested`` runs on ``device``, and why."""
+    if requested == "int8" and not on_gpu(device):
+        return requested, f"{ASKED}; {int8_note(cpu().flags)}"
     if requested != "auto":
         return requested, ASKED
     return choose_dtype(None if on_gpu(device) else cpu().flags, on_gpu(device))

@@ -29,16 +29,31 @@ from .graph import INPUT_NAMES, GraphMeta
 #: ffn_out, pooler). Measured on all-MiniLM-L6-v2 (``benchmarks/int8_layers.py``, 1,130
 #: sentences, min / mean cosine to the fp32 graph): every product in int8 0.9935 / 0.99902;
 #: one kind in int8 and the rest fp32: qkv 0.9971, ffn_out 0.9973, ffn_in 0.9988, attn_out
-#: 0.9999; one layer in int8: 0.9980 (layer 4) to 0.9996. The fused query, key and value
-#: product loses the most: its rows' scales are set by the layer norm's few outlier channels,
-#: and its error is then magnified by the attention scores. Kept fp32 it lifts int8 to
-#: 0.9964 / 0.99948, a margin above the 0.99 / 0.998 bar, for a quarter of the int8 work.
-KEEP_FLOAT: tuple[str, ...] = ("*/qkv",)
+#: 0.9999. The fused query, key and value product loses the most (its rows' scales are set by
+#: the layer norm's few outlier channels), but kept in fp32 it is a quarter of the products'
+#: work on fp32 kernels, which on a CPU with int8 matrix units (VNNI, AMX-int8) then take most
+#: of the run: on a 2-core Xeon with AMX, the benchmark corpus (2,500 sentences), every product
+#: int8 ran 2,200 sentences/s at 0.9947 / 0.99897, qkv kept 1,220 at 0.9977 / 0.99945 (bf16:
+#: 1,790), and one layer's qkv kept about 1,900. So every product is int8, within the
+#: 0.99 / 0.998 bound int8 is held to.
+KEEP_FLOAT: tuple[str, ...] = ()
 #: Families whose int8 needs more kept in fp32. all-mpnet-base-v2 (the same 130 sentences, max_seq_len
 #: 128, min / mean cosine to sentence-transformers): the query, key and value product kept, 0.9608 /
 #: 0.99854, its worst a word repeated 300 times; the first and last two layers' ffn_out kept too, 0.9633;
 #: every ffn_out kept too, 0.9963 / 0.99962.
 KEEP_FLOAT_BY_FAMILY: dict[str, tuple[str, ...]] = {"mpnet": ("*/qkv", "*/ffn_out")}
+#: What a task's head (rerank, classify, sparse) keeps in fp32, unless its family keeps more: a
+#: score or a logit has no normalization to absorb the query, key and value product's error
+#: (a tiny XLM-RoBERTa reranker's scores moved by 0.22 of their spread with it in int8).
+KEEP_FLOAT_FOR_TASKS: tuple[str, ...] = ("*/qkv",)
+
+
+def kept_float(family: str, task: str) -> tuple[str, ...]:
+    """The products a model of ``family`` computing ``task`` keeps in fp32 by default."""
+    if family in KEEP_FLOAT_BY_FAMILY:
+        return KEEP_FLOAT_BY_FAMILY[family]
+    return KEEP_FLOAT if task == "embed" else KEEP_FLOAT_FOR_TASKS
+
 
 _LAYER = re.compile(r"layer_(\d+)/MatMul")  # a fused name lists the ops folded in; the product comes last
 _PRODUCT = re.compile(r"layer_\d+/MatMul(?:_(\d+))?(?![\w])")  # a layer's products in order: MatMul, MatMul_1, ...
@@ -50,14 +65,14 @@ _FLOAT32, _INT8 = 0, 9  # TensorType values in LiteRT's schema
 _KERNEL = re.compile(r"(?:.*/)?layer_(\d+)__(qkv|attn_out|ffn_in|ffn_out)__kernel")  # the graph's constants
 
 
-def convert(graph_def: Any, meta: GraphMeta, keep_float: Iterable[str] | None = None) -> bytes:
+def convert(graph_def: Any, meta: GraphMeta, keep_float: Iterable[str] | None = None, task: str = "embed") -> bytes:
     """The frozen fp32 ``graph_def`` as a LiteRT model with int8 matrix weights, the
     products named in ``keep_float`` (``"layer_3/ffn_out"``, ``"*/ffn_out"``, ``"layer_5/*"``)
-    left in fp32: by default those the model's family needs."""
+    left in fp32: by default those the model's family and ``task`` need (:func:`kept_float`)."""
     import tensorflow as tf
 
     if keep_float is None:
-        keep_float = KEEP_FLOAT_BY_FAMILY.get(meta.family, KEEP_FLOAT)
+        keep_float = kept_float(meta.family, task)
 
     converter = tf.compat.v1.lite.TFLiteConverter(
         graph_def,

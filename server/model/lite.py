@@ -54,7 +54,7 @@ def load_or_convert(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> bytes
     outcome = "int8 cannot run" if quantized else "small runs stay on TensorFlow"
     try:
         graph, meta = _graph_to_convert(model, spec, key, graph_dir)
-        flatbuffer = int8.convert(graph, meta) if quantized else convert(graph, meta)
+        flatbuffer = int8.convert(graph, meta, task=spec.task) if quantized else convert(graph, meta)
     except Exception as exc:  # the converter raises its own error types, and plain ones
         logger.warning("%s: the graph does not convert to LiteRT (%s)", outcome, exc)
         return None

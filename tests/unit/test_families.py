@@ -236,7 +236,7 @@ def test_chunked_long_inputs_are_the_weighted_mean_of_their_windows(name, bare_m
 @pytest.mark.parametrize("name", [n for n in ("mpnet", "modernbert", "distilbert") if n in FAMILIES])
 def test_int8_keeps_the_products_its_family_needs_in_fp32(name, graph_dir):
     """ModernBERT's GeGLU input is as wide as a fused query, key and value (2 x 1152 = 3 x 768):
-    each product is still told apart, and MPNet keeps its ffn_out in fp32 too."""
+    each product is still told apart; MPNet keeps its query, key and value and its ffn_out in fp32."""
     from bertserve.server.model import int8
     from bertserve.server.model.graph import read_cache
 
@@ -244,7 +244,7 @@ def test_int8_keeps_the_products_its_family_needs_in_fp32(name, graph_dir):
     cached = read_cache(os.path.join(graph_dir, f"{encoder.meta.key}.lite"), encoder.meta.key)
     assert cached is not None
     roles = {product.split("/")[1] for product in int8.products(bytes(cached[0]))}
-    assert roles == ({"attn_out", "ffn_in"} if name == "mpnet" else {"attn_out", "ffn_in", "ffn_out"})
+    assert roles == ({"attn_out", "ffn_in"} if name == "mpnet" else {"qkv", "attn_out", "ffn_in", "ffn_out"})
     layers = json.loads((DATA / name / "config.json").read_text()).get("num_hidden_layers", 2)
     assert len(int8.products(bytes(cached[0]))) == len(roles) * layers
 

@@ -184,3 +184,14 @@ def test_the_ready_line_says_which_runs_auto_gives_to_litert() -> None:
         "small_run_dtype": "fp32",
     }
     assert cli.dtype_text(info) == "bf16 (auto: this CPU has AMX (amx_bf16); runs of up to 64 tokens in fp32 on LiteRT)"
+
+
+def test_int8_says_what_the_cpu_makes_of_it(monkeypatch) -> None:
+    monkeypatch.setenv("BERTSERVE_CPU_FLAGS", "avx2 fma")
+    dtype, reason = hardware.resolve_dtype("int8", None)
+    assert dtype == "int8" and reason.startswith(hardware.ASKED)
+    assert "no int8 matrix instructions" in reason and "no faster than fp32" in reason
+    monkeypatch.setenv("BERTSERVE_CPU_FLAGS", "avx512f avx512_vnni amx_int8 amx_bf16")
+    reason = hardware.resolve_dtype("int8", None)[1]
+    assert "AMX-int8 and AVX-512 VNNI, which LiteRT's int8 kernels use" in reason and "AMX (amx_bf16)" not in reason
+    assert "it has AMX too" in reason

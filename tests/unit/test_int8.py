@@ -68,14 +68,19 @@ def test_the_int8_model_is_cached_under_its_own_key(tiny_google: str, tmp_path) 
     np.testing.assert_array_equal(first.encode(TEXTS), second.encode(TEXTS))
 
 
-def test_the_kept_products_stay_fp32(tiny_google: str, tmp_path) -> None:
+def test_tasks_and_mpnet_keep_the_query_key_and_value_product_in_fp32() -> None:
+    assert int8.kept_float("bert", "embed") == ()
+    assert int8.kept_float("roberta", "rerank") == int8.kept_float("bert", "classify") == ("*/qkv",)
+    assert int8.kept_float("mpnet", "embed") == int8.kept_float("mpnet", "sparse") == ("*/qkv", "*/ffn_out")
+
+
+def test_every_product_is_int8(tiny_google: str, tmp_path) -> None:
     encoder = Encoder(tiny_google, dtype="int8", graph_dir=str(tmp_path))
     cached = read_cache(str(tmp_path / f"{encoder.meta.key}.lite"), encoder.meta.key)
     assert cached is not None
     quantized = int8.products(bytes(cached[0]))
-    assert quantized, "no product is int8"
-    assert not any(name.endswith("/qkv") for name in quantized)  # KEEP_FLOAT
-    assert {name.split("/")[1] for name in quantized} == {"attn_out", "ffn_in", "ffn_out"}
+    assert {name.split("/")[1] for name in quantized} == {"qkv", "attn_out", "ffn_in", "ffn_out"}  # KEEP_FLOAT
+    assert len(quantized) == 4 * encoder.meta.layers_run
 
 
 def test_the_embedding_tables_stay_exact(tiny_google: str, tmp_path) -> None:
