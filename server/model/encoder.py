@@ -36,12 +36,14 @@ from .tokenization import TokenizedBatch, tokens_per_input
 
 logger = logging.getLogger("bertserve.encoder")
 
-_XLA_LENGTH_BUCKET = 16
+_XLA_LENGTH_BUCKET = 16  # XLA compiles once per shape: round lengths up to limit recompiles
 # What one more model run costs beyond its tokens, in padded token positions: plan() pads a
-# run rather than start another only while the padding is cheaper than this. Measured on a
-# 2-core CPU with all-MiniLM-L6-v2, merged jobs of 30 random sentences: 80 sentences/s with
-# no cut, 125 at 128, 150 at 32-64; bulk throughput unchanged, its padding 5% -> 1.5%.
-_RUN_COST_TOKENS = 32  # XLA compiles once per shape: round lengths up to limit recompiles
+# run rather than start another only while the padding is cheaper than this. A TensorFlow run
+# costs about 6 ms (bf16) to 10 ms (fp32) before its first token on a 2-core Xeon with AMX
+# (its ops' fixed cost), the time of 120 to 200 tokens at bulk speed. At 160 the benchmark
+# corpus pads 4.3% in bulk (1.5% at 32) in 41 runs (46), and a merged job of 17 random
+# sentences takes 1.4 runs (2.4), each a shape oneDNN may not have met yet.
+_RUN_COST_TOKENS = 160
 
 
 class Encoder:
