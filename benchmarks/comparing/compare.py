@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from lib.contenders import NO_ST_HINT, Contender, encoder_contender, st_contender
 from lib.inputs import describe_corpus, mean_tokens, read_corpus
-from lib.report import Progress, cpu_flags, describe_cpu, environment, native_bf16
+from lib.report import Progress, cpu_flags, describe_cpu, environment, int8_units, native_bf16
 from lib.stats import clean, cosine_rows, fmt, median, percentile_ms, ratio
 
 from comparing.latency import (
@@ -397,6 +397,8 @@ def run_compare(args: argparse.Namespace, model_dir: Path, progress: Progress) -
         single_p50_ms=single_p50,
         fp32_ceiling=None if roof is None else roof.ceiling("fp32"),
         native_bf16=settings.native_bf16,
+        bf16_ceiling=None if roof is None else roof.ceiling("bf16"),
+        int8_units=int8_units(cpu_flags()),
     )
     return CompareReport(
         kind="compare",

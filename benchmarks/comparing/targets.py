@@ -46,6 +46,8 @@ class TargetInputs:
     single_p50_ms: dict[str, float]  # server -> one-sentence p50, the servers taking turns
     fp32_ceiling: float | None  # sentences/s
     native_bf16: bool
+    bf16_ceiling: float | None = None  # sentences/s
+    int8_units: bool = False  # the CPU has VNNI or AMX-int8
 
 
 def target(name: str, measured: float, op: str, bound: float, detail: str) -> Target:
@@ -111,11 +113,23 @@ def int8_targets(inputs: TargetInputs) -> list[Target]:
     ]
 
 
-def roofline_target(inputs: TargetInputs) -> Target:
-    ceiling = math.nan if inputs.fp32_ceiling is None else inputs.fp32_ceiling
-    rate = inputs.rates.get(SERVER_FP32, math.nan)
+def roofline_target(inputs: TargetInputs, row: str = SERVER_FP32, dtype: str = "fp32") -> Target:
+    ceilings = {"fp32": inputs.fp32_ceiling, "bf16": inputs.bf16_ceiling}
+    ceiling = math.nan if ceilings[dtype] is None else ceilings[dtype]
+    rate = inputs.rates.get(row, math.nan)
     detail = f"{rate:.0f} of {ceiling:.0f} sentences/s" if not math.isnan(ceiling) else "matmul rate not measured"
-    return target("server fp32 / fp32 matmul ceiling", ratio(rate, ceiling), ">=", 0.70, detail)
+    return target(f"{row} / {dtype} matmul ceiling", ratio(rate, ceiling), ">=", 0.70, detail)
+
+
+def native_targets(inputs: TargetInputs) -> list[Target]:
+    """Where the CPU has bf16 and int8 matrix units: the default dtype near the bf16 ceiling,
+    and int8 ahead of bf16 (not measurable on a CPU without them: left out)."""
+    found = []
+    if inputs.native_bf16:
+        found.append(roofline_target(inputs, SERVER_AUTO, "bf16"))
+    if inputs.int8_units:
+        found.append(throughput_target(inputs, "server int8 / server bf16 (int8 units)", SERVER_INT8, SERVER_BF16, 1.3))
+    return found
 
 
 def bf16_targets(inputs: TargetInputs) -> list[Target]:
@@ -137,7 +151,13 @@ def bf16_targets(inputs: TargetInputs) -> list[Target]:
 
 
 def compute_targets(inputs: TargetInputs) -> list[Target]:
-    return [*base_targets(inputs), *int8_targets(inputs), roofline_target(inputs), *bf16_targets(inputs)]
+    return [
+        *base_targets(inputs),
+        *int8_targets(inputs),
+        roofline_target(inputs),
+        *bf16_targets(inputs),
+        *native_targets(inputs),
+    ]
 
 
 def targets_markdown(targets: Sequence[Target]) -> str:

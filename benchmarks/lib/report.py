@@ -52,6 +52,7 @@ def cpu_model() -> str:
 
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 
 def cpu_flags() -> list[str]:
@@ -69,6 +70,11 @@ def cpu_flags() -> list[str]:
 def native_bf16(flags: Sequence[str]) -> bool:
     """Whether the CPU multiplies bf16 natively (``--dtype auto`` then picks bf16)."""
     return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def int8_units(flags: Sequence[str]) -> bool:
+    """Whether the CPU has int8 matrix instructions (VNNI, AMX-int8), which LiteRT's int8 kernels use."""
+    return any(flag in flags for flag in INT8_FLAGS)
 
 
 def package_version(name: str) -> str | None:
