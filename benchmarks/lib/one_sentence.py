@@ -1,5 +1,7 @@
-"""Where one sentence's time goes through a server: each hop of a one-sentence request timed
-on its own, and the server's p50 split into the model and what serving adds.
+"""One-sentence requests through a server: where their time goes, and how they fare under
+bulk load and many at once (``latency.py``'s server parts).
+
+Where the time goes, each hop of a one-sentence request timed on its own:
 
 - **client <-> head**: a control round trip, ``BertClient.server_status`` on an idle server
   (client -> head -> client: no worker, no sink), :func:`control_round_trip`;
@@ -14,19 +16,25 @@ on its own, and the server's p50 split into the model and what serving adds.
 
 :func:`summary` puts them together and splits the server's p50 into the model in process and
 what serving adds, and that into the plumbing floor and the rest; :func:`hops_markdown`
-prints both tables.
+prints both tables. Then :func:`under_bulk`, one-sentence latency while another client keeps
+the server busy in bulk, and :func:`many_clients`, many one-sentence clients against one
+bulk client.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import statistics
+import threading
+import time
+from functools import partial
 from typing import Any
 
 from bertserve.client import BertClient
 from bertserve.server.testing.launcher import RunningServer, start_server
 
-from lib.inputs import BENCHMARKS_DIR
+from lib.inputs import BENCHMARKS_DIR, cycle_take
 from lib.load import timed
 from lib.stats import latency_row, ratio
 
@@ -85,19 +93,17 @@ def floor_markdown(floor: dict[str, Any] | None) -> list[str]:
 
 
 def summary(
-    *,
-    control: dict[str, float],
-    plumbing: dict[str, float] | None,
-    job: dict[str, float],
-    model: dict[str, float] | None,
-    server: dict[str, float],
-    model_name: str,
-    server_name: str,
+    measured: dict[str, Any], model: tuple[str, dict[str, float] | None], server: tuple[str, dict[str, float]]
 ) -> dict[str, Any]:
-    """Every hop, and the split of ``server``'s p50: the model in process (``model``'s p50),
-    what serving adds (the rest of it), and of that the plumbing floor and the rest."""
-    plumbing, model = plumbing or NAN_ROW, model or NAN_ROW
-    server_ms, model_ms, floor_ms = server["p50_ms"], model["p50_ms"], plumbing["p50_ms"]
+    """Every hop, and the split of the server's p50. ``measured``: the hops timed through the
+    server, ``control`` (:func:`control_round_trip`), ``plumbing`` (the plumbing floor's row,
+    None if it did not run) and ``job`` (:func:`worker_job`); ``model`` and ``server``: the
+    name and latency row of the model in process and of the server. The split: the model in
+    process (its p50), what serving adds (the rest), and of that the plumbing floor and the rest."""
+    (model_name, model_row), (server_name, server_row) = model, server
+    control, job = measured["control"], measured["job"]
+    plumbing, model_row = measured["plumbing"] or NAN_ROW, model_row or NAN_ROW
+    server_ms, model_ms, floor_ms = server_row["p50_ms"], model_row["p50_ms"], plumbing["p50_ms"]
     adds = server_ms - model_ms
     parts = {
         f"the model in process ({model_name} p50)": model_ms,
@@ -110,8 +116,8 @@ def summary(
         "control_round_trip": control,
         "plumbing_floor": plumbing,
         "worker_job": job,
-        "model": {"name": model_name, **model},
-        "server": {"name": server_name, **server},
+        "model": {"name": model_name, **model_row},
+        "server": {"name": server_name, **server_row},
         "split": {name: {"ms": ms, "share": ratio(ms, server_ms)} for name, ms in parts.items()},
     }
 
@@ -145,3 +151,58 @@ def hops_markdown(hops: dict[str, Any]) -> list[str]:
         share = "n/a" if math.isnan(part["share"]) else f"{part['share']:.0%}"
         lines.append(f"| {name} | {_ms(part['ms'])} | {share} |")
     return lines
+
+
+def under_bulk(client: BertClient, running: RunningServer, texts: list[str], sentences: int) -> dict[str, float]:
+    """One-sentence latency (``sentences`` of ``texts``, through ``client``) while another
+    client keeps the server busy with bulk requests, and the server's median bulk mini-job."""
+    stop = threading.Event()
+    bulk = cycle_take(texts, 0, 1000)
+
+    def flood() -> None:
+        with BertClient(**running.client_kwargs, timeout=120_000) as bulk_client:
+            while not stop.is_set():
+                bulk_client.encode(bulk)
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    time.sleep(2.0)  # the bulk client's first jobs are running
+    times = []
+    try:
+        for text in texts[:sentences]:
+            times.append(timed(partial(client.encode, [text]))[0])
+            time.sleep(0.05)  # arrive at random points of the bulk jobs
+        status = client.server_status
+    finally:
+        stop.set()
+        thread.join(120)
+    return {**latency_row(times), "bulk_job_median_ms": 1000 * float(status["recent_jobs"]["bulk_median_seconds"])}
+
+
+def many_clients(running: RunningServer, texts: list[str], clients: int = 32, seconds: float = 15.0) -> dict:
+    """Sentences per second of ``clients`` threads sending one sentence at a time, and of one
+    client sending the same number of sentences in one request."""
+    counts = [0] * clients
+    stop = threading.Event()
+
+    def one(i: int) -> None:
+        with BertClient(**running.client_kwargs, timeout=60_000) as bc:
+            while not stop.is_set():
+                bc.encode([texts[(i * 7919 + counts[i]) % len(texts)]])
+                counts[i] += 1
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)
+    before, started = sum(counts), time.perf_counter()
+    time.sleep(seconds)
+    small_rate = (sum(counts) - before) / (time.perf_counter() - started)
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    bulk = cycle_take(texts, 0, 2000)
+    with BertClient(**running.client_kwargs, timeout=120_000) as bc:
+        bc.encode(bulk[:500])
+        bulk_rate = statistics.median(len(bulk) / timed(partial(bc.encode, bulk))[0] for _ in range(3))
+    return {"clients": clients, "small_per_s": small_rate, "bulk_per_s": bulk_rate, "ratio": small_rate / bulk_rate}
