@@ -36,7 +36,7 @@ logger = logging.getLogger("bertserve.graph")
 INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
 OUTPUT_NAME = "output"
 _MAGIC = b"BERTSERVE-GRAPH\x00"
-_FORMAT = 9  # bump when the graph (or its LiteRT form) built for the same options changes
+_FORMAT = 10  # bump when the graph (or its LiteRT form) built for the same options changes
 
 
 @dataclass(frozen=True)

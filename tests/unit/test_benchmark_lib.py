@@ -109,3 +109,11 @@ def test_no_command_imports_another_and_no_package_is_named_like_one() -> None:
         for path in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("*/*.py")]
     }
     assert {path: names for path, names in importing.items() if names} == {}
+
+
+def test_no_command_hides_a_standard_library_module() -> None:
+    """``benchmarks/`` is first on ``sys.path`` when a command runs: a command named like a
+    standard module (``profile.py``) would be imported in its place, by PyTorch for one."""
+    hiding = sorted(p.stem for p in BENCHMARKS.glob("*.py") if p.stem in sys.stdlib_module_names)
+    hiding += sorted(p.name for p in BENCHMARKS.iterdir() if p.is_dir() and p.name in sys.stdlib_module_names)
+    assert hiding == []

@@ -1,8 +1,8 @@
 """Where a model run's time goes: TensorFlow's profiler per op, in each dtype, in bulk and
 for one sentence at a time, beside the time the matrix products alone would take.
 
-    python benchmarks/profile.py --json benchmarks/report/profile.json \\
-        --markdown benchmarks/report/profile.md
+    python benchmarks/op_times.py --json benchmarks/report/op_times.json \\
+        --markdown benchmarks/report/op_times.md
 
 For each TensorFlow dtype (fp32 and bf16; ``--dtypes``), in a process of its own, the
 in-process ``Encoder`` with every run on TensorFlow (``lite_max_tokens=0``) encodes
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             if rate and shapes is not None:
                 result["products_share"] = result["tokens"] * shapes.flops_per_token() / (rate * 1e9) / result["wall_s"]
     report = {
-        "command": "python benchmarks/profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python benchmarks/op_times.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "environment": environment(),
         "model_dir": str(model_dir),
         "bulk": args.bulk,
