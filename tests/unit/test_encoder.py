@@ -273,6 +273,10 @@ def test_batching_does_not_change_results(tiny_google: str, session_graph_dir: s
     )
     np.testing.assert_allclose(small, whole, atol=1e-5)
     np.testing.assert_allclose(one_by_one, whole[:5], atol=1e-5)
+    # Seventeen runs, two at a time on TensorFlow (Encoder._runner): each row written by its own run.
+    side_by_side = Encoder(tiny_google, batch_size=3, lite_max_tokens=0, graph_dir=session_graph_dir)
+    assert len(side_by_side.plan(side_by_side.tokenize(texts))) >= 17
+    np.testing.assert_allclose(side_by_side.encode(texts), whole, atol=1e-5)
 
 
 def test_empty_and_bad_inputs(tiny_google: str, session_graph_dir: str) -> None:

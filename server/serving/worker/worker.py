@@ -224,10 +224,11 @@ class Worker:
     def _run_model(self, batch: TokenizedBatch, expires_at: float) -> tuple[np.ndarray, int, float]:
         """The model's vectors for ``batch``, the token slots they took, and the seconds lent
         to short jobs. A long job (several model runs: a bulk job, or a large merged one) runs
-        one model run at a time, and short jobs (one model run at most) that arrived meanwhile
-        run between two runs. While short jobs are about, each run is cut to take about
-        ``bulk_run_ms`` at the speed measured so far, so a short job waits about that long for
-        the worker. Once ``expires_at`` has passed (every request of the job is past its
+        two model runs at a time (side by side in the model, :meth:`Encoder.run`), or, once a
+        short job (one model run at most) has come in the last few seconds, one at a time, and
+        short jobs that arrived meanwhile run between two runs. While short jobs are about, each
+        run is cut to take about ``bulk_run_ms`` at the speed measured so far, so a short job
+        waits about that long for the worker. Once ``expires_at`` has passed (every request of the job is past its
         deadline) the runs left are skipped (:class:`Expired`)."""
         feed = self.feed
         runs: deque[np.ndarray] = deque()
@@ -252,6 +253,8 @@ class Worker:
                 if rows < len(index):  # the rest of this run waits for the next turn
                     index, rest = index[:rows], index[rows:]
                     runs.appendleft(rest)
+                elif runs and not feed.short_recently():  # no short job about: two runs side by side
+                    index = np.concatenate([index, runs.popleft()])
                 part = batch.take(index)
                 vectors = self._run(part, timed=True)
                 if out is None:
