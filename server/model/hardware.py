@@ -118,7 +118,10 @@ def int8_note(cpu_flags: Collection[str] | None) -> str:
         )
     bf16 = [name for flag, name in BF16_FLAGS.items() if flag in cpu_flags]
     also = (
-        f"; it has {bf16[0]} too, which bf16 runs on: compare the two with benchmarks/suite.py compare" if bf16 else ""
+        f"; it has {bf16[0]} too, on which bf16 ran bulk faster than int8 on a Xeon with AMX: compare the two "
+        "with benchmarks/suite.py compare"
+        if bf16
+        else ""
     )
     return f"this CPU has {' and '.join(units)}, which LiteRT's int8 kernels use{also}"
 
