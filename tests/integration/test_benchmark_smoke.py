@@ -100,6 +100,7 @@ BASE_ROWS = {
 INT8_ROWS = {"server int8", "Encoder int8"}  # where this bertserve serves int8
 NOT_MEASURED_HERE = ("sentence-transformers", "int8", "auto")  # left out of the smoke run, or not yet served
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # as benchmarks/lib/report.py reads them
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 
 @pytest.mark.timeout(300)
@@ -134,12 +135,16 @@ def test_compare_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path)
     assert report["environment"]["cpu"] and isinstance(report["environment"]["cpu_flags"], list)
 
     # The bf16 targets depend on the CPU, as the report says it: with native bf16 the benchmark
-    # checks bf16's speed and accuracy (2 targets, both measured), without it that --dtype auto
-    # costs nothing (1 target, about auto, which the smoke run leaves out).
+    # checks bf16's speed and accuracy (2 targets, both measured) and the default dtype against
+    # the bf16 ceiling (about auto, which the smoke run leaves out), without it that --dtype auto
+    # costs nothing (1 target, about auto); with int8 units, int8 against bf16 (not measured here).
     native_bf16 = any(flag in report["environment"]["cpu_flags"] for flag in NATIVE_BF16_FLAGS)
+    int8_units = any(flag in report["environment"]["cpu_flags"] for flag in INT8_FLAGS)
     targets = {t["name"]: t for t in report["targets"]}
-    assert len(targets) == (16 if native_bf16 else 15), sorted(targets)
+    assert len(targets) == 15 + 2 * native_bf16 + int8_units, sorted(targets)
     assert ("server bf16 / server fp32 (native bf16)" in targets) == native_bf16
+    assert ("server auto / bf16 matmul ceiling" in targets) == native_bf16
+    assert ("server int8 / server bf16 (int8 units)" in targets) == int8_units
     assert targets["server fp32 / sentence-transformers"]["passed"] is None  # skipped, so not measured
     measured = [t for t in targets.values() if not any(word in t["name"] for word in NOT_MEASURED_HERE)]
     assert len(measured) == (9 if native_bf16 else 7), [t["name"] for t in measured]
