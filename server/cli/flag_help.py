@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -201,3 +202,50 @@ def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag], docs: str)
         return
     parser.epilog = f"{len(hidden)} more flags: {parser.prog} --help-all. {every}"
     parser.add_argument("--help-all", action=_HelpAll, hidden=hidden, epilog=every, help="show every flag")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but a flag no command takes is reported by the command it
+    was given to, with its usage line and the flag it most likely meant
+    (``bertserve start: error: unrecognized arguments: --prot 17000; did you mean --port?``),
+    where argparse reports it at the top level with no suggestion."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = _subcommands(parser).get(getattr(args, "command", None) or "", parser)
+        flags = [flag for action in command._actions for flag in action.option_strings]
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        guess = next((m for extra in extras if extra.startswith("-") and (m := closest(extra, flags))), None)
+        if guess:
+            message += f"; did you mean {guess}?"
+        command.error(message)
+    return args
+
+
+def closest(typed: str, flags: Sequence[str]) -> str | None:
+    """The flag ``typed`` (``--prot``, ``--max-seq-length=128``) most likely meant: the fewest
+    edits, a swap of two neighbours counting as one, and at most a third of its letters."""
+    word = typed.split("=", 1)[0]
+    best = min(
+        flags, key=lambda flag: (_edits(word, flag), -difflib.SequenceMatcher(None, word, flag).ratio()), default=None
+    )
+    return best if best is not None and _edits(word, best) <= max(1, len(word.lstrip("-")) // 3) else None
+
+
+def _edits(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions and swaps."""
+    rows = [list(range(len(b) + 1))]
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(rows[i - 1][j] + 1, row[j - 1] + 1, rows[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], rows[i - 2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}

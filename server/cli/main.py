@@ -29,7 +29,7 @@ from ..dependencies import install_command, missing_server_requirements
 from ..errors import BertServeError
 from ..logs import quiet_native_logs, setup_logging
 from ..model.hardware import short_reason
-from .flag_help import add_flags
+from .flag_help import add_flags, parse_args
 from .flags import (
     MODEL_FLAGS,
     SERVER_FLAGS,
@@ -342,7 +342,7 @@ def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(build_parser(), argv)
         if args.command in SERVER_COMMANDS:
             _check_server_requirements(args.command)
         setup_logging(logging.DEBUG if args.verbose else logging.INFO)

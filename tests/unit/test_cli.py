@@ -237,3 +237,34 @@ def test_bounds_left_out_follow_those_given() -> None:
 def test_only_bounds_given_that_contradict_each_other_are_an_error_naming_both(argv: list[str], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         _server_config(argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "said"),
+    [
+        (["start", "--prot", "17000"], "usage: bertserve start", "--prot 17000; did you mean --port?"),
+        (["start", "--max-seq-length", "64"], "usage: bertserve start", "did you mean --max-seq-len?"),
+        (["status", "--prot", "1"], "usage: bertserve status", "did you mean --port?"),
+        (["start", "--nonsense-flag", "3"], "usage: bertserve start", "unrecognized arguments: --nonsense-flag 3\n"),
+    ],
+)
+def test_a_mistyped_flag_is_told_by_its_command_with_the_flag_meant(argv: list[str], usage: str, said: str) -> None:
+    """The real command line: the command's own usage, and the closest flag it takes (none
+    when no flag is near), where argparse would print the top-level usage and no suggestion."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bertserve.server.cli", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(usage) and said in done.stderr, done.stderr
+
+
+def test_the_closest_flag_counts_a_swap_as_one_edit() -> None:
+    from bertserve.server.cli.flag_help import closest
+
+    flags = ["--port", "--prompt", "--port-out", "--max-seq-len", "--verbose"]
+    assert closest("--prot", flags) == "--port"  # a swap: one edit (--prompt is two)
+    assert closest("--max-seq-len=64", flags) == "--max-seq-len"
+    assert closest("--zzz", flags) is None
