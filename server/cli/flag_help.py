@@ -145,7 +145,7 @@ class Flag:
 
     def add_to(self, group: Any) -> argparse.Action:
         raw = os.environ.get(self.env)
-        default = self.default if raw is None else self._parse_env(raw)
+        default = self.default if raw is None else self.parse_env(raw)
         help = unset_help(self.help, default, self.unset) if self.unset else self.help
         options: dict[str, Any] = {"default": default, "help": help}
         if self.switch:
@@ -169,7 +169,7 @@ class Flag:
             return _METAVARS[ending]
         return "N" if self.kind in (int, float) else None
 
-    def _parse_env(self, raw: str) -> Any:
+    def parse_env(self, raw: str) -> Any:
         try:
             if self.many:
                 return [self.kind(item) for item in (raw.replace(",", " ") if self.env_commas else raw).split()]

@@ -14,13 +14,14 @@ puts them in the order ``--help`` shows them.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
 from ..config.model import LONG_INPUTS, ModelConfig, PoolingStrategy
 from ..config.served import default_model_name, fetch_hub_models, hub_fields, with_default_model
 from ..config.server import ServerConfig
-from ..errors import ConfigError, ModelOptionError
+from ..errors import BertServeError, ConfigError, ModelOptionError
 from ..model.default import default_model_dir
 from ..model.hub import fetch_model
 from .flag_help import Flag, boolean, under
@@ -274,7 +275,33 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The server's config; with several models (``--model``, ``--models-dir``) its ``model``
-    is the default model's, and the model flags are every model's defaults."""
+    is the default model's, and the model flags are every model's defaults. A value it refuses
+    that came from a ``BERTSERVE_`` variable is refused by that variable's name."""
+    try:
+        return _server_config(args)
+    except ConfigError as exc:
+        raise _named_by_environment(exc, args) from None
+
+
+def _named_by_environment(exc: ConfigError, args: argparse.Namespace) -> ConfigError:
+    """``exc``, naming the environment variable that gave the value it refuses, where one did
+    and the command line gave none (``BERTSERVE_API_KEY='': api_key must be at least 8 ...``)."""
+    message = str(exc)
+    for flag in (*SERVER_FLAGS, *MODEL_FLAGS):
+        raw = os.environ.get(flag.env)
+        if raw is None or not message.startswith(f"{flag.dest} "):
+            continue
+        try:
+            from_environment = getattr(args, flag.dest, None) == flag.parse_env(raw)
+        except BertServeError:
+            continue
+        if from_environment:
+            shown = "(hidden)" if "key" in flag.dest and raw else repr(raw)
+            return type(exc)(f"{flag.env}={shown}: {message}")
+    return exc
+
+
+def _server_config(args: argparse.Namespace) -> ServerConfig:
     options = {flag.dest: getattr(args, flag.dest) for flag in SERVER_FLAGS}
     several = "--model" if options["models"] else "--models-dir" if options["models_dir"] is not None else None
     if several is None:

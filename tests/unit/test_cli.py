@@ -268,3 +268,28 @@ def test_the_closest_flag_counts_a_swap_as_one_edit() -> None:
     assert closest("--prot", flags) == "--port"  # a swap: one edit (--prompt is two)
     assert closest("--max-seq-len=64", flags) == "--max-seq-len"
     assert closest("--zzz", flags) is None
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("BERTSERVE_API_KEY", "", "BERTSERVE_API_KEY='': api_key must be at least 8 characters"),
+        ("BERTSERVE_API_KEY", "short", "BERTSERVE_API_KEY=(hidden): api_key must be at least 8"),  # a key is not echoed
+        ("BERTSERVE_MAX_BATCH_SIZE", "0", "BERTSERVE_MAX_BATCH_SIZE='0': max_batch_size must be at least 1"),
+    ],
+)
+def test_a_value_refused_from_the_environment_names_its_variable(variable: str, value: str, said: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, variable: value}
+    argv = [sys.executable, "-m", "bertserve.server.cli", "start", "--model-dir", "/m", "--http-port", "18080"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_the_command_line_wins_and_is_not_blamed_on_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERTSERVE_API_KEY", "a-good-long-key")
+    with pytest.raises(ConfigError, match=r"^api_key must be at least 8 characters"):
+        _server_config(["--http-port", "8080", "--api-key", "short"])
