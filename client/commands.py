@@ -74,6 +74,11 @@ def _connect(args: argparse.Namespace, **options: Any) -> BertClient:
         raise BertClientError(str(exc)) from exc
 
 
+def _duration(seconds: float) -> str:
+    """``1.3 s``, or ``45 ms`` under a second (where ``0.0 s`` would say nothing)."""
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+
+
 def _fail(exc: Exception) -> int:
     print_status("error", exc.advise(CLI_ADVICE) if isinstance(exc, NoServerError) else str(exc))
     return 1
@@ -146,7 +151,7 @@ def encode(args: argparse.Namespace) -> int:
     count = vectors.shape[0]
     print(
         f"wrote {count} {'vector' if count == 1 else 'vectors'} of dimension {vectors.shape[-1]} to {written} "
-        f"in {elapsed:.1f} s ({len(texts) / max(elapsed, 1e-9):.0f} sentences/s)",
+        f"in {_duration(elapsed)} ({len(texts) / max(elapsed, 1e-9):,.0f} sentences/s)",
         file=sys.stderr,
     )
     return 0

@@ -5,6 +5,7 @@ lines and empty input are errors naming what is wrong, ``--skip-blank`` says wha
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,6 +57,7 @@ def test_a_blank_line_is_an_error_unless_skipped_and_then_named(
         "(NAME.npz would keep their line numbers)"
     )
     assert wrote.startswith(f"wrote 3 vectors of dimension 32 to {out} in ")
+    assert re.fullmatch(r".* in (\d+ ms|\d+\.\d s) \([\d,]+ sentences/s\)", wrote), wrote  # never "0.0 s"
 
     keyed = tmp_path / "out.npz"
     with_numbers = encode("-o", str(keyed), "--skip-blank", stdin=stdin)

@@ -77,8 +77,12 @@ def _drain(ventilator: Ventilator, flags: ExitFlags) -> None:
     while not ventilator.idle and not flags.force_exit:
         if time.monotonic() >= deadline:
             if ventilator.in_flight:
+                count = ventilator.in_flight
                 logger.warning(
-                    "%s did not finish in %.0f s; failing them", _requests(ventilator.in_flight), DRAIN_SECONDS
+                    "%s did not finish in %.0f s; failing %s",
+                    _requests(count),
+                    DRAIN_SECONDS,
+                    "it" if count == 1 else "them",
                 )
             return
         ventilator.poll_once(50)
