@@ -97,7 +97,9 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
         f"{_output_text(info)}, {dtype_text(info)}, model {model_text(config, info)}"
     )
     if len(served) > 1:
-        line += f" (the default of {len(served)} models: {', '.join(entry.name for entry in served)})"
+        dtypes = {m.get("name"): m.get("dtype") for m in info.get("models") or [] if isinstance(m, dict)}
+        names = ", ".join(f"{e.name} ({dtypes[e.name]})" if dtypes.get(e.name) else e.name for e in served)
+        line += f" (the default of {len(served)} models: {names})"
     if str(info.get("model_version", "")).isdigit():  # a version of a model repository
         line += f" (version {info['model_version']})"
     if config.http_port is not None:

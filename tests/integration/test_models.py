@@ -103,6 +103,7 @@ def test_status_config_and_metrics_speak_of_each_model(server: RunningServer, me
         client.encode(["one for the metrics"])
         config, status = client.server_config, client.server_status
     assert config["model_name"] == "cls" and config["default_model"] == "mean"
+    assert "(the default of 2 models: mean (fp32), cls (fp32))" in (server.ready_line or ""), server.ready_line
     assert config["pooling_strategy"] == "CLS_TOKEN"
     assert [(m["name"], m["workers"], m["ready"]) for m in config["models"]] == [("mean", 1, True), ("cls", 2, True)]
     assert status["ready"] and status["models"]["mean"]["default"] and status["models"]["cls"]["workers"] == 2

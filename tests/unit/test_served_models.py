@@ -382,3 +382,6 @@ def test_the_ready_line_counts_every_models_workers_and_names_them(capsys: pytes
     line = capsys.readouterr().out
     assert ", 5 worker(s), CLS_TOKEN of layer(s) [-1], dim 384" in line
     assert line.rstrip().endswith("model /m/a (the default of 2 models: fast, big)")
+    models = [{"name": "fast", "dtype": "int8"}, {"name": "big", "dtype": "bf16"}]  # CONFIG's list, as a worker says
+    cli.announce_ready(config, {"pooling_strategy": "CLS_TOKEN", "output_dim": 384, "dtype": "bf16", "models": models})
+    assert "(the default of 2 models: fast (int8), big (bf16))" in capsys.readouterr().out
