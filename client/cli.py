@@ -125,9 +125,12 @@ def add_client_commands(subparsers: Any) -> None:
     rerank.set_defaults(run=commands.rerank)
 
     status = subparsers.add_parser(
-        "status", help="print a running server's status as JSON", formatter_class=HelpFormatter
+        "status",
+        help="print a running server's status: models, workers, queue, requests, uptime (--json: every figure)",
+        formatter_class=HelpFormatter,
     )
     _add_connection_arguments(status, _CONTROL_TIMEOUT_MS)
+    status.add_argument("--json", action="store_true", help="print the whole status as JSON")
     status.set_defaults(run=commands.status)
 
     stop = subparsers.add_parser("stop", help="ask a running server to shut down", formatter_class=HelpFormatter)

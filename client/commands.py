@@ -41,6 +41,7 @@ from .lines import (
     unpaired_warning,
 )
 from .security import keygen as write_keys
+from .status_text import status_summary
 from .sync.client import BertClient
 from .terminal import is_terminal, print_status, progress_bar
 
@@ -216,7 +217,7 @@ def status(args: argparse.Namespace) -> int:
             status = client.server_status
     except BertClientError as exc:
         return _fail(exc)
-    print(json.dumps(status, indent=2, sort_keys=True))
+    print(json.dumps(status, indent=2, sort_keys=True) if args.json else status_summary(status))
     return 0
 
 

@@ -106,7 +106,7 @@ def test_a_failing_chunk_raises_what_one_request_raises(server: RunningServer) -
 
 
 def test_the_commands_find_the_reply_port(server: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["status", "--port", str(server.port), "--host", "127.0.0.1"]) == 0
+    assert cli.main(["status", "--port", str(server.port), "--host", "127.0.0.1", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["requests_received"] >= 1
     assert f"results on port {server.port + 1}" in (server.ready_line or "")

@@ -342,9 +342,16 @@ def test_cli_encode_status_and_stop_leave_nothing_behind(tiny_google: str, tmp_p
     encoded = _cli("encode", "-o", str(out), *ports, stdin="\n".join(texts) + "\n")
     assert encoded.returncode == 0, encoded.stderr
     np.testing.assert_allclose(np.load(out), hashing_expected(texts), atol=1e-5)
-    status = _cli("status", *ports)
+    status = _cli("status", *ports, "--json")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["requests_served"] >= 1
+    summary = _cli("status", *ports)  # a person's: a few lines, not the JSON
+    assert summary.returncode == 0, summary.stderr
+    lines = summary.stdout.splitlines()
+    assert re.fullmatch(r"bertserve \S+, ready, up \d+ s", lines[0]), lines
+    assert re.match(r"requests: [1-9]\d* served, 0 failed, ", lines[1]), lines
+    assert lines[3].startswith("workers: 1 (") and any(line.startswith("model ") for line in lines), lines
+    assert len(lines) <= 8 and lines[-1] == "(bertserve status --json prints every figure)"
     stopped = _cli("stop", *ports)
     assert stopped.returncode == 0, stopped.stderr
     assert server.process.wait(60) == 0
