@@ -258,7 +258,7 @@ class AsyncBertClient:
         if plan.empty is not None:
             return shaped(plan.empty, [], show_tokens)
         if plan.chunk is not None:
-            vectors, tokens = await self._encode_chunks(texts, options, plan.chunk)
+            vectors, tokens = await self._encode_chunks(texts, options, plan.chunk, progress=plan.progress)
             return shaped(in_format(vectors, self.output_fmt), tokens, show_tokens)
         result = await self._encode(texts, options, self.output_fmt)
         return shaped(result.embedding, result.tokens, show_tokens)
@@ -342,15 +342,15 @@ class AsyncBertClient:
         return encode_result(reply, options.show_tokens, output_fmt)
 
     async def _encode_chunks(
-        self, texts: list[Any], options: EncodeOptions, size: int
+        self, texts: list[Any], options: EncodeOptions, size: int, *, progress: bool = True
     ) -> tuple[np.ndarray, list[list[str]]]:
         """``texts`` as one request per chunk of ``size``, ``ASYNC_WINDOW`` in flight, joined as
-        the server joins the parts of one request; a tqdm bar counts the texts answered."""
+        the server joins the parts of one request; with ``progress`` a tqdm bar counts the texts answered."""
         parts = chunks(texts, size)
         in_flight: deque[asyncio.Task[EncodeResult]] = deque()
         gathered = Gathered()
         try:
-            with progress_bar(len(texts)) as bar:
+            with progress_bar(len(texts), disable=not progress) as bar:
                 while True:
                     while len(in_flight) < ASYNC_WINDOW and (part := next(parts, None)) is not None:
                         in_flight.append(asyncio.ensure_future(self._encode(part, options, "ndarray")))

@@ -90,6 +90,13 @@ def chunk_size(config: dict[str, Any]) -> int:
     return _PROGRESS_CHUNK_JOBS * size
 
 
+def request_limit(config: dict[str, Any]) -> int | None:
+    """The most inputs the server takes in one request (its ``max_request_size``), or None
+    where its ``config`` does not say: an input past it is sent in requests of that many."""
+    size = config.get("max_request_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
+
+
 def chunks(texts: list[Any], size: int) -> Iterator[list[Any]]:
     """``texts`` in consecutive pieces of ``size`` texts (the last may be shorter)."""
     return (texts[start : start + size] for start in range(0, len(texts), size))
@@ -121,13 +128,16 @@ class Gathered:
         return join(self._arrays), self._tokens
 
 
-def gather(answers: Generator[EncodeResult, None, None], total: int) -> tuple[np.ndarray, list[list[str]]]:
-    """The answers to the chunks of an input of ``total`` texts, counted on a bar as they come,
+def gather(
+    answers: Generator[EncodeResult, None, None], total: int, *, progress: bool = True
+) -> tuple[np.ndarray, list[list[str]]]:
+    """The answers to the chunks of an input of ``total`` texts, counted on a bar (with
+    ``progress``) as they come,
     joined as the server joins the parts of one request. An error names each text by its place
     in the whole input, as the answer to one request would; ``answers`` is closed either way."""
     gathered = Gathered()
     try:
-        with progress_bar(total) as bar:
+        with progress_bar(total, disable=not progress) as bar:
             for result in answers:
                 bar.update(gathered.add(result))
     except ServerError as exc:  # about the chunk from texts[done] on

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from .._version import __version__
 from ..advice import PYTHON, Advice
 from ..protocol import encode_request
-from .chunking import chunk_size
+from .chunking import chunk_size, request_limit
 from .options import EncodeOptions
 from .results import Embedding, empty_embedding
 
@@ -63,7 +63,8 @@ class EncodePlan:
 
     warning: str | None  # what to warn the caller of: a text the server will cut
     empty: Embedding | None  # the answer, known without asking: no texts, and the config tells the shape
-    chunk: int | None  # texts per request, if the input goes as several requests (show_progress)
+    chunk: int | None  # texts per request, if the input goes as several requests
+    progress: bool = False  # a bar counts the texts answered (show_progress)
 
 
 def plan_encode(
@@ -83,5 +84,10 @@ def plan_encode(
     if check_length and not options.chunks_long_inputs(config):
         warning = length_warning(config, texts, options.is_tokenized)
     empty = empty_embedding(config, output_fmt, options.dimensions) if blocking and not texts else None
-    size = chunk_size(config)
-    return EncodePlan(warning, empty, size if show_progress and len(texts) > size else None)
+    size, limit = chunk_size(config), request_limit(config)
+    chunk = None
+    if show_progress and len(texts) > size:
+        chunk = min(size, limit or size)
+    elif limit is not None and len(texts) > limit:  # more than one request may hold: split, in order
+        chunk = limit
+    return EncodePlan(warning, empty, chunk, progress=show_progress)

@@ -387,7 +387,8 @@ class BertClient:
                 return shaped(plan.empty, [], show_tokens)
             if plan.chunk is not None:
                 # One request per chunk, a bar counting the answers, joined as the server joins parts.
-                vectors, tokens = gather(self._in_order(chunks(texts, plan.chunk), options, "ndarray"), len(texts))
+                answers = self._in_order(chunks(texts, plan.chunk), options, "ndarray")
+                vectors, tokens = gather(answers, len(texts), progress=plan.progress)
                 return shaped(in_format(vectors, self.output_fmt), tokens, show_tokens)
             deadline = self._connection.deadline()
             request_id = self._connection.send_encode(texts, deadline, options, fetchable=not blocking)

@@ -8,13 +8,14 @@ so that a chunk is 64 texts and 1000 texts make 16 chunks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from bertserve.client import BertClient, ConcurrentBertClient, ServerError, protocol as p
+from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient, ServerError, protocol as p
 from bertserve.client.core.chunking import ASYNC_WINDOW
 from bertserve.client.sync.connection import Connection
 from bertserve.server.cli import main as cli
@@ -110,3 +111,41 @@ def test_the_commands_find_the_reply_port(server: RunningServer, capsys: pytest.
     status = json.loads(capsys.readouterr().out)
     assert status["requests_received"] >= 1
     assert f"results on port {server.port + 1}" in (server.ready_line or "")
+
+
+@pytest.fixture(scope="module")
+def small_requests(tiny_google: str) -> Iterator[RunningServer]:
+    running = start_server(
+        "--model-dir", tiny_google, "--model-class", HASHING, "--max-seq-len", "32", "--max-request-size", "100"
+    )
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_an_input_past_the_servers_request_size_is_split_in_order(
+    small_requests: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past ``max_request_size`` the server refuses one request; the clients send several and
+    join them in order, with a bar only when asked for, and an error names its text's place
+    in the whole input."""
+    texts = sentences(350)
+    with BertClient(**small_requests.client_kwargs, timeout=20_000) as bc:
+        ones = np.concatenate([bc.encode(texts[i : i + 100]) for i in range(0, 350, 100)])
+        capsys.readouterr()
+        np.testing.assert_array_equal(bc.encode(texts), ones)
+        assert capsys.readouterr().err == ""  # no bar unless asked for
+        np.testing.assert_array_equal(bc.encode(texts, show_progress=True), ones)
+        assert "350/350" in capsys.readouterr().err
+        _, tokens = bc.encode(texts, show_tokens=True)
+        assert len(tokens) == 350 and tokens[349] == bc.encode(texts[349:], show_tokens=True)[1][0]
+        bad = [*texts[:250], "", *texts[251:]]
+        with pytest.raises(ValueError, match=r"texts\[250\] is empty"):
+            bc.encode(bad)
+
+    async def in_asyncio() -> np.ndarray:
+        async with AsyncBertClient(**small_requests.client_kwargs, timeout=20_000) as client:
+            return await client.encode(texts)
+
+    np.testing.assert_array_equal(asyncio.run(in_asyncio()), ones)
