@@ -77,7 +77,9 @@ def in_order(
                 in_flight.append(send(batch))
             if not in_flight:
                 return
-            yield collect(in_flight.popleft())
+            result = collect(in_flight[0])  # still in flight while awaited: a Ctrl-C gives it up too
+            in_flight.popleft()
+            yield result
     finally:
         give_up(in_flight)
 

@@ -394,7 +394,11 @@ class BertClient:
             request_id = self._connection.send_encode(texts, deadline, options, fetchable=not blocking)
             if not blocking:
                 return request_id
-            result = self._collect({request_id}, deadline, f"request {request_id}")
+            try:
+                result = self._collect({request_id}, deadline, f"request {request_id}")
+            except KeyboardInterrupt:  # the server drops what it has not computed yet
+                self._connection.give_up({request_id})
+                raise
         return shaped(result.embedding, result.tokens, show_tokens)
 
     def _encode_compact(self, texts: Sequence[Any], output: str, *, blocking: bool, **options: Any) -> Any:

@@ -135,8 +135,9 @@ class Connection:
         return {request_id for request_id, pending in self.transport.pending.items() if pending.fetchable}
 
     def give_up(self, request_ids: Iterable[int]) -> None:
-        """Drop the replies to ``request_ids`` if they come."""
-        self.transport.give_up(request_ids)
+        """Drop the replies to ``request_ids`` if they come, withdrawing the ENCODE requests
+        among them from the server (a timeout, Ctrl-C, a chunked input given up)."""
+        self.transport.withdraw(request_ids, self.core.cancel_frames)
 
     def timeout_error(self, what: str) -> BertClientError:
         """The error for a wait for ``what`` that ran out (see :meth:`ClientCore.timeout_error`)."""

@@ -12,9 +12,10 @@ The sockets belong to the thread using the client: the transport does no locking
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 import zmq
@@ -114,6 +115,17 @@ class Transport(Generic[TagT]):
     def give_up(self, request_ids: Iterable[int]) -> None:
         """Stop expecting ``request_ids``: their replies, if they come, are dropped."""
         self.book.give_up(request_ids, time.monotonic())
+
+    def withdraw(self, request_ids: Iterable[int], cancel_frames: Callable[[int], list[bytes]]) -> None:
+        """Withdraw from the server each of ``request_ids`` still awaited (sending its CANCEL,
+        ``cancel_frames(id)``), so it drops their queued work, and give them up. Never waits:
+        with the queue to the server full a CANCEL is dropped, and the request's deadline ends it."""
+        ids = list(request_ids)
+        for request_id in ids:
+            if request_id in self.book.awaited:
+                with contextlib.suppress(zmq.Again, zmq.ZMQError):
+                    self._push.send_multipart(cancel_frames(request_id), zmq.NOBLOCK)
+        self.give_up(ids)
 
     def refusal(self, *, certain_only: bool = False) -> AuthenticationError | None:
         """Why the server may never have seen this client: a refused handshake, if one was

@@ -957,8 +957,10 @@ def test_cli(
     bar, wrote = terminal.getvalue().splitlines()[-2:]  # splitlines also splits at the bar's carriage returns
     assert "encoding: 100%" in bar and "3/3" in bar and wrote.startswith("wrote 3 vectors")
 
-    assert run_cli("status", *server) == 0
+    assert run_cli("status", *server, "--json") == 0
     assert "requests" in json.loads(capsys.readouterr().out)
+    assert run_cli("status", *server) == 0  # without --json: a summary, whatever the status holds
+    assert capsys.readouterr().out.startswith("bertserve ")
     assert run_cli("stop", *server) == 0
     assert "stopping" in capsys.readouterr().out
 
@@ -977,7 +979,7 @@ def test_the_reply_port_defaults_to_the_request_port_plus_one(
         assert bc.encode(["one"]).shape == (1, 4)
     with ConcurrentBertClient(host="127.0.0.1", port=r.port, timeout=5000) as pool:
         assert pool.encode(["two words"]).shape == (1, 4)
-    assert run_cli("status", "--host", "127.0.0.1", "--port", str(r.port)) == 0
+    assert run_cli("status", "--host", "127.0.0.1", "--port", str(r.port), "--json") == 0
     assert "requests" in json.loads(capsys.readouterr().out)
 
     elsewhere = responder()  # an explicit port_out, or BERTSERVE_PORT_OUT, wins
@@ -1023,7 +1025,7 @@ def test_cli_keygen_and_curve_options(
     server = ["--host", "127.0.0.1", "--port", str(r.port), "--port-out", str(r.port_out), "--timeout", "3000"]
     options = curve_options(keys)
     curve = ["--server-key", str(options["server_key"]), "--client-cert", str(options["client_cert"])]
-    assert run_cli("status", *server, *curve) == 0
+    assert run_cli("status", *server, *curve, "--json") == 0
     assert "requests" in json.loads(capsys.readouterr().out)
     assert run_cli("status", *server) == 1
     assert "requires CURVE: pass server_key and client_cert" in capsys.readouterr().err
