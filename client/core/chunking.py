@@ -94,9 +94,20 @@ def chunk_size(config: dict[str, Any]) -> int:
 
 def request_limit(config: dict[str, Any]) -> int | None:
     """The most inputs the server takes in one request (its ``max_request_size``), or None
-    where its ``config`` does not say: an input past it is sent in requests of that many."""
-    size = config.get("max_request_size")
-    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
+    where its ``config`` does not say."""
+    return _positive(config.get("max_request_size"))
+
+
+def split_size(config: dict[str, Any], limit: int) -> int:
+    """Inputs per request of an input past ``limit``: at most that many, and few enough that
+    the ``ASYNC_WINDOW`` requests in flight fit in what one client may have queued
+    (``max_client_queued_sentences``), or the server would refuse the later ones as busy."""
+    queued = _positive(config.get("max_client_queued_sentences"))
+    return max(1, min(limit, queued // ASYNC_WINDOW)) if queued is not None else limit
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def chunks(texts: list[Any], size: int) -> Iterator[list[Any]]:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from .._version import __version__
 from ..advice import PYTHON, Advice
 from ..protocol import encode_request
-from .chunking import chunk_size, request_limit
+from .chunking import chunk_size, request_limit, split_size
 from .options import EncodeOptions
 from .results import Embedding, empty_embedding
 
@@ -88,6 +88,6 @@ def plan_encode(
     chunk = None
     if show_progress and len(texts) > size:
         chunk = min(size, limit or size)
-    elif limit is not None and len(texts) > limit:  # more than one request may hold: split, in order
-        chunk = limit
+    elif blocking and limit is not None and len(texts) > limit:  # more than one request holds: split, in order
+        chunk = split_size(config, limit)
     return EncodePlan(warning, empty, chunk, progress=show_progress)

@@ -114,6 +114,7 @@ def test_a_client_key_is_served_and_bertserve_status_works_with_what_it_reads(
         "-m",
         "bertserve.server.cli",
         "status",
+        "--json",
         "--port",
         str(server.port),
         "--port-out",

@@ -250,3 +250,27 @@ def test_each_reply_is_claimed_by_the_waiter_of_its_request() -> None:
     assert book.claim(_reply(2)) == "future 2"
     assert book.claim(_reply(2)) is None  # a second reply to it is dropped
     assert book.clear() == ["future 1"] and not book.awaited
+
+
+def test_an_input_past_the_request_size_is_split_only_where_one_request_cannot_hold_it() -> None:
+    config = {"output_dim": 4, "max_request_size": 50, "max_client_queued_sentences": 100}
+    options = EncodeOptions()
+
+    def chunk(count: int, **kwargs: Any) -> int | None:
+        texts = ["a b"] * count
+        return plan_encode(options, texts, config, output_fmt="ndarray", check_length=False, **kwargs).chunk
+
+    assert chunk(50, show_progress=False) is None  # one request holds it
+    assert chunk(51, show_progress=False) == 25  # four in flight fit the client's 100 queued
+    assert chunk(51, show_progress=False, blocking=False) is None  # one request id asked for: the server's answer
+    assert (
+        plan_encode(
+            options,
+            ["x"] * 51,
+            {"output_dim": 4, "max_request_size": 50},
+            output_fmt="list",
+            check_length=False,
+            show_progress=False,
+        ).chunk
+        == 50
+    )  # no queue bound said: the limit
