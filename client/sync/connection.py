@@ -125,8 +125,8 @@ class Connection:
         ``output_fmt``. If none is answered by ``deadline`` they are all given up, and the
         timeout names them as ``what``."""
         reply = self.transport.await_any(wanted, deadline)
-        if reply is None:
-            self.give_up(wanted)
+        if reply is None:  # past their deadline: the server drops them itself, no CANCEL needed
+            self.transport.give_up(wanted)
             raise self.timeout_error(what)
         return encode_result(reply, self.transport.book.take(reply.request_id).show_tokens, output_fmt)
 
@@ -136,7 +136,7 @@ class Connection:
 
     def give_up(self, request_ids: Iterable[int]) -> None:
         """Drop the replies to ``request_ids`` if they come, withdrawing the ENCODE requests
-        among them from the server (a timeout, Ctrl-C, a chunked input given up)."""
+        among them from the server (Ctrl-C, a chunked input given up before its end)."""
         self.transport.withdraw(request_ids, self.core.cancel_frames)
 
     def timeout_error(self, what: str) -> BertClientError:
