@@ -12,7 +12,7 @@ def status_summary(status: Mapping[str, Any]) -> str:
     """The models, workers, queue, requests served and failed, and uptime of ``status``."""
     lines = [
         f"bertserve {status.get('server_version', '?')}, {'ready' if status.get('ready') else 'not ready'}, "
-        f"up {uptime(float(status.get('uptime_s') or 0))}",
+        f"up {uptime(_seconds(status.get('uptime_s')))}",
         "requests: "
         + ", ".join(
             f"{_count(status.get(key))} {word}"
@@ -57,6 +57,10 @@ def uptime(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600} h {s % 3600 // 60} min"
     return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def _seconds(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
 
 
 def _count(value: Any) -> str:

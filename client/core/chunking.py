@@ -86,10 +86,8 @@ def in_order(
 
 def chunk_size(config: dict[str, Any]) -> int:
     """Texts per request of ``encode(show_progress=True)``, from the server's ``config``."""
-    size = config.get("max_batch_size")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        return _PROGRESS_CHUNK_DEFAULT
-    return _PROGRESS_CHUNK_JOBS * size
+    size = _positive(config.get("max_batch_size"))
+    return _PROGRESS_CHUNK_DEFAULT if size is None else _PROGRESS_CHUNK_JOBS * size
 
 
 def request_limit(config: dict[str, Any]) -> int | None:

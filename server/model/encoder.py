@@ -296,7 +296,7 @@ class Encoder:
         if not lite.available():
             logger.info("ai-edge-litert is not installed: small runs stay on TensorFlow")
             return None
-        flatbuffer = lite.load_or_convert(model, small, graph_dir)
+        flatbuffer = lite.load_or_convert(model, small, graph_dir, self.meta.key if small == self.spec else None)
         if flatbuffer is None:
             return None
         return lite.LiteRunner(flatbuffer, self._threads())
@@ -312,7 +312,7 @@ class Encoder:
 
     def _int8_runner(self, model: ModelFiles, graph_dir: str) -> lite.LiteRunner:
         """LiteRT over the int8 model; a clear error where it cannot run."""
-        flatbuffer = lite.load_or_convert(model, self.spec, graph_dir)
+        flatbuffer = lite.load_or_convert(model, self.spec, graph_dir, self.meta.key)
         if flatbuffer is None:
             raise ModelError(
                 "dtype int8: this model's graph does not convert to LiteRT's int8 form (see the warning above)"

@@ -41,12 +41,13 @@ def available() -> bool:
     return True
 
 
-def load_or_convert(model: ModelFiles, spec: GraphSpec, graph_dir: str) -> bytes | None:
+def load_or_convert(model: ModelFiles, spec: GraphSpec, graph_dir: str, key: str | None = None) -> bytes | None:
     """The LiteRT flatbuffer of the graph of ``spec``, with int8 weights for int8: from the
-    cache when sound, else converted (and cached) under its TensorFlow graph's key. None,
-    with a warning, when the graph does not convert."""
+    cache when sound, else converted (and cached) under its TensorFlow graph's key (``key``,
+    where the caller has it: computing it reads every model file). None, with a warning, when
+    the graph does not convert."""
     quantized = spec.dtype == "int8"
-    key = cache_key(model, spec)
+    key = key or cache_key(model, spec)
     path = os.path.join(graph_dir, f"{key}.lite")
     cached = read_cache(path, key)
     if cached is not None:

@@ -102,14 +102,15 @@ def run_steps(
         model = inspect_model(requested)
         config, spec = resolve(requested, model)
         graph_dir = config.graph_dir or default_graph_dir()
+        key = None  # the graph's, once built here
         for step in steps:
             if step == "graph":
-                load_or_build(model, spec, graph_dir)
+                key = load_or_build(model, spec, graph_dir)[1].key
                 trim_heap()  # a build's copies of the weights, given back before the conversion needs its own
             elif step == "lite" and not gpus:  # GPU workers take no LiteRT path
                 small = small_run_spec(config, spec)
                 if small is not None:
-                    lite.load_or_convert(model, small, graph_dir)
+                    lite.load_or_convert(model, small, graph_dir, key if small == spec else None)
     except Exception as exc:
         logger.error("could not build the %s of %s: %s", STEP_NAMES.get(step, step), requested.model_dir, exc)
         raise SystemExit(FAILED_EXIT_CODE) from None

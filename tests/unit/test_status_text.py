@@ -28,7 +28,7 @@ def test_a_status_in_a_few_lines() -> None:
 
 
 def test_a_status_missing_or_holding_odd_fields_still_reads() -> None:
-    text = status_summary({"models": {"x": "not a mapping"}, "workers": ["odd"], "uptime_s": None, "ready": False})
+    text = status_summary({"models": {"x": "not a mapping"}, "workers": ["odd"], "uptime_s": "soon", "ready": False})
     assert text.startswith("bertserve ?, not ready, up 0 s") and "workers: 0 (0 busy, 0 remote)" in text
 
 
