@@ -39,7 +39,8 @@ def status_summary(status: Mapping[str, Any]) -> str:
         role = " (default)" if model.get("default") else ""
         state = "ready" if model.get("ready") else "not ready"
         lines.append(
-            f"model {name}{role}: {state}, {_count(model.get('workers'))} workers, "
+            f"model {name}{role}: {state}, {_count(model.get('workers'))} "
+            f"{'worker' if model.get('workers') == 1 else 'workers'}, "
             f"{_count(model.get('jobs_in_flight'))} jobs in flight, "
             f"{_count(model.get('queued_sentences'))} sentences queued"
         )
