@@ -64,6 +64,13 @@ setup(
             "httptools>=0.6",
             "orjson>=3.9",
             "huggingface_hub>=2.4",  # --model-id: resolve_revision, the cached tree listings (server/model/hub.py)
+            "python-json-logger>=3.1",  # --log-format json (server/logs.py)
+        ],
+        # --otlp-endpoint: OpenTelemetry's SDK, its OTLP/HTTP exporter and its ASGI middleware (server/tracing.py)
+        "otel": [
+            "opentelemetry-sdk>=1.30",
+            "opentelemetry-exporter-otlp-proto-http>=1.30",
+            "opentelemetry-instrumentation-asgi>=0.51b0",
         ],
         "test": [
             "pytest>=8",

@@ -11,7 +11,9 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
         header    JSON {"protocol", "client_version", ...}; ENCODE adds "is_tokenized", "show_tokens"
                   and "count" (the number of inputs; optional, checked against the payload), and
                   may add the request options of :data:`ENCODE_OPTIONS`; RELOAD may add "version"
-                  ("latest" or a number of the server's model repository). ENCODE, CONFIG,
+                  ("latest" or a number of the server's model repository). ENCODE may add
+                  "traceparent": the caller's W3C trace context (:data:`TRACEPARENT_FIELD`), which
+                  the server's spans of the request continue when it traces. ENCODE, CONFIG,
                   STATUS and RELOAD may add "model": the name of one of the models the server
                   serves (:data:`MODEL_NAME_PATTERN`); without it, the server's default model
         payload   ENCODE: JSON list of strings (or of token lists); otherwise empty
@@ -75,6 +77,10 @@ ENCODE_OPTIONS = {
     "a model of another task refuses it (kind 'task')",
 }
 """The optional fields of an ENCODE header, each checked by the server at the edge."""
+TRACEPARENT_FIELD = "traceparent"
+"""An ENCODE header's optional W3C trace context (``00-<32 hex>-<16 hex>-<2 hex>``): the
+server checks its form, refuses another with kind ``protocol``, and when it traces makes its
+spans of the request children of that span (``bertserve start --otlp-endpoint``)."""
 TRUNCATION_DIRECTIONS = ("right", "left")
 TASKS = ("embed", "rerank", "classify", "sparse")
 """What a request asks of a model: vectors, a cross-encoder's scores of sentence pairs, a

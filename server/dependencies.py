@@ -40,9 +40,13 @@ class Requirement:
 
     @property
     def module(self) -> str:
-        """The package it installs, as Python imports it, where its metadata is not found (each
-        of the extra's is its name with ``_`` for ``-``)."""
-        return self.name.lower().replace("-", "_").replace(".", "_")
+        """The package it installs, as Python imports it, where its metadata is not found: its
+        name with ``_`` for ``-``, but for those named otherwise (:data:`_MODULES`)."""
+        name = self.name.lower()
+        return _MODULES.get(name) or name.replace("-", "_").replace(".", "_")
+
+
+_MODULES = {"python-json-logger": "pythonjsonlogger"}  # distributions whose package has another name
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 from bertserve.client.terminal import colour_wanted
 
+from .config.telemetry import Telemetry
+
 TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 """0 shows TensorFlow's C++ INFO lines and up, 1 WARNING, 2 ERROR, 3 only FATAL ones."""
 _QUIET_LEVEL = "3"
@@ -48,11 +50,48 @@ class _Formatter(logging.Formatter):
         return text
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    """Send the ``bertserve`` loggers to stderr; TensorFlow's Python logger says only errors
-    unless ``level`` is DEBUG."""
+class _Fields(logging.Filter):
+    """Gives every record of a process the fields a JSON line names even when the call did not
+    (``role``, ``model``, ``request_id``); one the call gave (``extra=``) is kept."""
+
+    def __init__(self, role: str, model: str | None) -> None:
+        super().__init__()
+        self._defaults = {"role": role, "model": model, "request_id": None}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in self._defaults.items():
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
+        access = record.args if record.name == "uvicorn.access" else None
+        if isinstance(access, tuple) and len(access) == 5:  # (client, method, path, HTTP version, status)
+            record.client, record.method, record.path, _, record.status = access
+        return True
+
+
+def _json_formatter() -> logging.Formatter:
+    """One JSON object a line (python-json-logger): ``time`` (ISO 8601, UTC), ``level``,
+    ``role``, ``pid``, ``logger``, ``message``, and ``model`` and ``request_id`` where known;
+    an access line adds ``client``, ``method``, ``path`` and ``status``; an exception, ``exc_info``."""
+    from pythonjsonlogger.core import RESERVED_ATTRS
+    from pythonjsonlogger.json import JsonFormatter
+
+    return JsonFormatter(
+        ["levelname", "role", "process", "name", "message", "model", "request_id"],
+        rename_fields={"levelname": "level", "process": "pid", "name": "logger"},
+        timestamp="time",
+        reserved_attrs=[*RESERVED_ATTRS, "color_message"],  # uvicorn's coloured copy of the message
+    )
+
+
+def setup_logging(
+    level: int = logging.INFO, *, json: bool = False, role: str = "cli", model: str | None = None
+) -> None:
+    """Send the ``bertserve`` loggers to stderr, as text (coloured on a terminal) or, with
+    ``json``, one JSON object a line naming the process's ``role`` (and ``model``, the one it
+    serves); TensorFlow's Python logger says only errors unless ``level`` is DEBUG."""
     handler = logging.StreamHandler()
-    handler.setFormatter(_Formatter(colour=colour_wanted(sys.stderr)))
+    handler.setFormatter(_json_formatter() if json else _Formatter(colour=colour_wanted(sys.stderr)))
+    handler.addFilter(_Fields(role, model))
     root = logging.getLogger("bertserve")
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -84,9 +123,20 @@ class Refusals:
         self._next, self._quiet = now + self._interval_s, 0
 
 
-def child_logging(level: int) -> None:
-    """A spawned child starts with no logging set up: apply the parent's."""
-    setup_logging(level)
+def child_telemetry(telemetry: Telemetry, role: str, model: str | None = None) -> None:
+    """A spawned child starts with no logging set up: apply the server's (its level and form),
+    naming the child's ``role`` and the ``model`` it serves; and its traces, if they are on
+    (:mod:`.tracing`), whose last spans are sent as the child exits."""
+    setup_logging(telemetry.level, json=telemetry.json_logs, role=role, model=model)
+    if telemetry.traces_endpoint is not None:
+        from multiprocessing.util import Finalize
+
+        from . import tracing
+
+        tracing.setup(telemetry.traces_endpoint, role, model)
+        # A spawned child ends with os._exit, which runs no atexit handler, but after the
+        # finalizers registered with an exit priority: the spans still batched are sent then.
+        Finalize(None, tracing.shutdown, exitpriority=10)
 
 
 def quiet_native_logs(verbose: bool) -> None:
@@ -109,7 +159,8 @@ def quiet_tensorflow(verbose: bool | None = None) -> None:
     :func:`setup_logging` set up (a ``bertserve`` command or its workers) as ``-v`` made it,
     and quiets any other."""
     if verbose is None:
-        if any(isinstance(handler.formatter, _Formatter) for handler in logging.getLogger("bertserve").handlers):
+        handlers = logging.getLogger("bertserve").handlers
+        if any(isinstance(f, _Fields) for handler in handlers for f in handler.filters):
             return
         verbose = False
     quiet_native_logs(verbose)

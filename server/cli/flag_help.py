@@ -32,6 +32,7 @@ GROUPS = (
     "security",
     "several models and model versions",
     "health checks",
+    "logs and traces",
 )
 
 #: What ``--help`` calls a flag's value, by how the flag's name ends (``--http-port PORT``).

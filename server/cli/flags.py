@@ -21,6 +21,7 @@ from typing import Any
 from ..config.model import LONG_INPUTS, ModelConfig, PoolingStrategy
 from ..config.served import default_model_name, fetch_hub_models, hub_fields, with_default_model
 from ..config.server import ServerConfig
+from ..config.telemetry import Telemetry, telemetry_from
 from ..errors import BertServeError, ConfigError, ModelOptionError
 from ..model.default import default_model_dir
 from ..model.hub import fetch_model
@@ -337,3 +338,13 @@ def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     else:
         options["model_dir"] = fetch_model(model_id).directory  # the head checks its files' sha256
     return options
+
+
+def telemetry_from_args(args: argparse.Namespace) -> Telemetry:
+    """How every process logs and traces (``-v``, ``--log-format``, ``--otlp-endpoint`` and
+    ``OTEL_*``); a command without those flags logs text."""
+    return telemetry_from(
+        verbose=bool(getattr(args, "verbose", False)),
+        log_format=getattr(args, "log_format", "text"),
+        otlp_endpoint=getattr(args, "otlp_endpoint", None),
+    )

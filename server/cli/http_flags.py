@@ -115,6 +115,15 @@ HTTP_FLAGS = under(
         metavar="ADDR",
     ),
     Flag(
+        "--cors-allow-origin",
+        "let pages from this origin (https://app.example.com, or *) call the HTTP API from a browser",
+        many=True,
+        default=(),
+        unset="none: no CORS headers",
+        metavar="ORIGIN",
+        rare=True,
+    ),
+    Flag(
         "--metrics-principals",
         "name each HTTP principal in /metrics (bertserve_http_principal_requests_total)",
         boolean,

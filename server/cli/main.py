@@ -37,12 +37,15 @@ from .flags import (
     model_config_from_args,
     server_config_from_args,
     server_flag,
+    telemetry_from_args,
     worker_options_from_args,
 )
+from .serving_flags import TELEMETRY_FLAGS
 
 logger = logging.getLogger("bertserve.cli")
 
 SERVER_COMMANDS = frozenset({"start", "worker", "embed", "calibrate", "export"})  # they need the `server` extra
+_ROLES = {"start": "head", "worker": "host"}  # what a JSON log line calls the process a command runs in
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -65,7 +68,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
 def _serve(config: ServerConfig, args: argparse.Namespace) -> int:
     from ..serving.process.supervisor import BertServer
 
-    server = BertServer(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
+    server = BertServer(config, telemetry=telemetry_from_args(args))
     server.install_signal_handlers()
     server.run(on_ready=lambda info: announce_ready(config, info))
     return 0
@@ -139,7 +142,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if missing:
         raise BertServeError(f"bertserve worker needs {' and '.join(missing)}: where the head lets workers join")
     config = HostConfig(**worker_options_from_args(args))
-    host = WorkerHost(config, log_level=logging.DEBUG if args.verbose else logging.INFO)
+    host = WorkerHost(config, telemetry=telemetry_from_args(args))
     host.install_signal_handlers()
     return host.run()
 
@@ -234,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     _add_verbose(start)
-    add_flags(start, [*MODEL_FLAGS, *SERVER_FLAGS], docs="docs/server.md")
+    add_flags(start, [*MODEL_FLAGS, *SERVER_FLAGS, *TELEMETRY_FLAGS], docs="docs/server.md")
     start.set_defaults(run=_cmd_start)
 
     worker = commands.add_parser(
@@ -246,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     _add_verbose(worker)
-    add_flags(worker, WORKER_FLAGS, docs="docs/deployment.md and docs/server.md")
+    add_flags(worker, [*WORKER_FLAGS, *TELEMETRY_FLAGS], docs="docs/deployment.md and docs/server.md")
     worker.set_defaults(run=_cmd_worker)
     add_client_commands(commands)
 
@@ -347,7 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(build_parser(), argv)
         if args.command in SERVER_COMMANDS:
             _check_server_requirements(args.command)
-        setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+        telemetry = telemetry_from_args(args)
+        setup_logging(telemetry.level, json=telemetry.json_logs, role=_ROLES.get(args.command, "cli"))
         quiet_native_logs(args.verbose)  # before anything imports TensorFlow, here or in a worker
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning  # "bertserve: warning: ...", not a source line

@@ -1,10 +1,13 @@
 """The flags of ``bertserve start`` for how the head serves: its ports and batching
 (:class:`..config.batching.Batching`), the bounds of what it holds
-(:class:`..config.limits.Limits`), and its workers and devices."""
+(:class:`..config.limits.Limits`), and its workers and devices; and, for ``bertserve start``
+and ``bertserve worker``, how every process logs and traces
+(:class:`..config.telemetry.Telemetry`, not a field of the server's config)."""
 
 from __future__ import annotations
 
 from ..config.limits import CLIENT_QUEUED_SENTENCES, QUEUED_BYTES, QUEUED_SENTENCES, REQUEST_SIZE
+from ..config.telemetry import LOG_FORMATS
 from .flag_help import Flag, boolean, under
 
 SERVING_FLAGS = under(
@@ -139,4 +142,24 @@ DEVICE_FLAGS = under(
     ),
     Flag("--heartbeat-timeout-ms", "a worker silent this long is killed and replaced", int, 10_000, rare=True),
     Flag("--max-restarts", "failures in a row of one process before the server gives up", int, 5, rare=True),
+)
+
+TELEMETRY_FLAGS = under(
+    "logs and traces",
+    Flag(
+        "--log-format",
+        "how every process logs to stderr: text, or json (one object a line: time, level, role, model, request_id)",
+        default="text",
+        choices=LOG_FORMATS,
+        metavar="FORMAT",
+        rare=True,
+    ),
+    Flag(
+        "--otlp-endpoint",
+        "send OpenTelemetry traces of each request, over OTLP/HTTP, to this collector (its base URL; "
+        "OTEL_EXPORTER_OTLP_ENDPOINT does too)",
+        unset="no traces",
+        metavar="URL",
+        rare=True,
+    ),
 )

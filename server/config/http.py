@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 
@@ -43,6 +44,34 @@ def forwarded_allow_ips(values: Sequence[str]) -> tuple[str, ...]:
                     raise ConfigError(f"--forwarded-allow-ips takes addresses, networks or *, not {item!r}") from None
             checked.append(item)
     return tuple(checked)
+
+
+def cors_origins(values: Sequence[str]) -> tuple[str, ...]:
+    """``--cors-allow-origin``: origins as a browser sends them (``scheme://host[:port]``, no
+    path), or ``*`` for any page; anything else is a ConfigError."""
+    checked = []
+    for value in values:
+        for item in str(value).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if item != "*":
+                parts = urlsplit(item)
+                try:
+                    parts.port  # noqa: B018 - raises ValueError on a port that is not one
+                except ValueError:
+                    parts = parts._replace(scheme="")
+                if (
+                    parts.scheme not in ("http", "https")
+                    or not parts.hostname
+                    or item != f"{parts.scheme}://{parts.netloc}"
+                ):
+                    raise ConfigError(
+                        f"--cors-allow-origin takes an origin, scheme://host[:port] with no path or trailing "
+                        f"slash (https://app.example.com), or *, not {item!r}"
+                    )
+            checked.append(item)
+    return tuple(dict.fromkeys(checked))
 
 
 def http_limit_checks(config: Any, message_limit: int) -> list[tuple[bool, str]]:

@@ -93,6 +93,7 @@ class ServerConfig:
     http_header_timeout_s: float = http_limits.HTTP_HEADER_TIMEOUT_S
     forwarded_allow_ips: tuple[str, ...] = ()  # proxies whose X-Forwarded-For is believed (none: the peer address)
     metrics_principals: bool = False  # /metrics names each HTTP principal
+    cors_allow_origin: tuple[str, ...] = ()  # origins whose pages may call the HTTP API (CORS)
     metrics_port: int | None = None
     served_model_name: str | None = None
     model_alias: tuple[str, ...] = ()
@@ -165,6 +166,7 @@ class ServerConfig:
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
         object.__setattr__(self, "model_alias", tuple(str(a) for a in self.model_alias))
         object.__setattr__(self, "forwarded_allow_ips", http_limits.forwarded_allow_ips(self.forwarded_allow_ips))
+        object.__setattr__(self, "cors_allow_origin", http_limits.cors_origins(self.cors_allow_origin))
         if self.curve_dir is not None:
             object.__setattr__(self, "curve_dir", os.fspath(self.curve_dir))
         object.__setattr__(self, "model_version", str(self.model_version).lower())

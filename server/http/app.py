@@ -28,10 +28,11 @@ import numpy as np
 from bertserve.client import __version__, protocol as p
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from fastapi_offline import FastAPIOffline
 
-from .. import metrics
+from .. import metrics, tracing
 from ..config.http import HTTP_HEADERS
 from ..model.prompts import apply_prompt
 from . import compact
@@ -44,8 +45,10 @@ from .lengths import Tokenizing, check_text_limits, explain_bounded, first_over_
 from .options import Asked, asked, checked_prompt_name, direction, prompt_text
 from .principals import Principals
 from .schemas import (
+    CHUNKED_HEADER,
     CLIENT_CLOSED,
     STATUS_OF_KIND,
+    VERSION_HEADER,
     EmbeddingRequest,
     EmbedRequest,
     EncodeRequest,
@@ -76,10 +79,13 @@ class Settings:
     body_pace: BodyPace = field(default_factory=BodyPace)
     max_headers: int = HTTP_HEADERS
     metrics_principals: bool = False  # name each principal in /metrics (--metrics-principals)
+    cors_origins: tuple[str, ...] = ()  # the origins a browser's page may call from (--cors-allow-origin)
+    traced: bool = False  # this process traces (tracing.setup ran): each request's span, its context sent on
 
 
 DOCS_ASSETS = "/docs/assets"
 """Where Swagger UI's and ReDoc's JavaScript, CSS and icon are served from."""
+_UNTRACED = "/health$,/ready$,/metrics$,/docs,/redoc,/openapi.json$"  # probes and pages: no spans
 
 
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
@@ -110,6 +116,24 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         max_headers=settings.max_headers,
         principal_metrics=settings.metrics_principals,
     )
+    if settings.traced:  # around Front, so a request it refuses is traced too
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+        app.add_middleware(
+            OpenTelemetryMiddleware,
+            excluded_urls=_UNTRACED,
+            exclude_spans=["receive", "send"],
+            tracer_provider=tracing.provider(),
+        )
+    if settings.cors_origins:  # outermost: a preflight is answered before Front asks for a key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "traceparent", "tracestate"],
+            expose_headers=[CHUNKED_HEADER, VERSION_HEADER, "Retry-After", "WWW-Authenticate"],
+            max_age=600,
+        )
     app.add_exception_handler(HTTPError, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     routes: list[tuple[str, str, Callable[..., Any], str]] = [
@@ -197,13 +221,16 @@ class Endpoints:
     ) -> p.Reply:
         gw = self.gateway
         timeout_s = self.settings.request_timeout_s
+        header = options.header(timeout_s)
+        if self.settings.traced and (trace := tracing.current_traceparent()) is not None:
+            header[p.TRACEPARENT_FIELD] = trace  # the head's span of it is this request's span's child
         ask = gw.request(
             gw.client_id(caller(request)),
             p.ENCODE,
             texts,
             is_tokenized=is_tokenized,
             model=model.name,
-            options=options.header(timeout_s),
+            options=header,
             timeout_s=timeout_s + 5,
         )
         try:

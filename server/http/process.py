@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.served import ServedModel, directory_name
 from ..config.server import ServerConfig
+from ..config.telemetry import Telemetry
 from .bodies import BodyPace
 from .gateway import Gateway, GatewayKeys
 from .principals import Principals, load_principals
@@ -40,7 +41,7 @@ def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
 
 def run_http(
     config: ServerConfig,
-    log_level: int,
+    telemetry: Telemetry,
     keys: GatewayKeys | None,
     principals: Principals | None = None,
     models: list[ServedModel] | None = None,
@@ -48,12 +49,12 @@ def run_http(
     """Entry point of the HTTP process; ``principals`` as the supervisor read them (else read
     here); ``models``: the models served, each with its config and version (else ``config``'s one).
     Each model's name and tokenizer are read here, once; the head says the rest (:mod:`.catalog`)."""
-    from ..logs import child_logging
+    from ..logs import child_telemetry
 
-    child_logging(log_level)
+    child_telemetry(telemetry, "http")
     uvicorn_logger = logging.getLogger("uvicorn")
     uvicorn_logger.handlers[:] = logging.getLogger("bertserve").handlers
-    uvicorn_logger.setLevel(logging.INFO if log_level <= logging.DEBUG else logging.WARNING)
+    uvicorn_logger.setLevel(logging.INFO if telemetry.verbose or telemetry.json_logs else logging.WARNING)
     uvicorn_logger.propagate = False
 
     import uvicorn
@@ -74,6 +75,8 @@ def run_http(
         body_pace=BodyPace(timeout_s=config.http_body_timeout_s, min_rate=config.http_body_min_rate),
         max_headers=config.max_http_headers,
         metrics_principals=config.metrics_principals,
+        cors_origins=config.cors_allow_origin,
+        traced=telemetry.tracing,
     )
     host = connect_host(config.bind)
     port_out = config.port_out
@@ -90,7 +93,7 @@ def run_http(
             host=config.http_bind or config.bind,
             port=config.http_port or 0,
             log_config=None,
-            access_log=log_level <= logging.DEBUG,
+            access_log=telemetry.verbose or telemetry.json_logs,
             lifespan="on",
             timeout_graceful_shutdown=_GRACEFUL_S,
             timeout_keep_alive=_KEEP_ALIVE_S,

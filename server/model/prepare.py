@@ -25,6 +25,7 @@ import signal
 from multiprocessing.process import BaseProcess
 
 from ..config.model import ModelConfig, default_graph_dir
+from ..config.telemetry import Telemetry
 from .graph import GraphSpec, cache_key, load_or_build
 from .model_dir import inspect_model
 from .options import resolve
@@ -78,16 +79,16 @@ def missing_steps(requested: ModelConfig) -> list[str]:
 
 
 def run_steps(
-    requested: ModelConfig, steps: list[str], cpu_only: bool, threads: int, log_level: int, nice: int = 0
+    requested: ModelConfig, steps: list[str], cpu_only: bool, threads: int, telemetry: Telemetry, nice: int = 0
 ) -> None:
     """Entry point of the preparing child (started with ``spawn``): make each of ``steps``'
     products and cache them, the heap given back between the two, at CPU priority ``nice``.
     Exits with :data:`FAILED_EXIT_CODE` when the model cannot be built."""
-    from ..logs import child_logging, held_native_output
+    from ..logs import child_telemetry, held_native_output
     from ..memory import trim_heap
     from . import lite
 
-    child_logging(log_level)
+    child_telemetry(telemetry, "prepare")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
     if nice:
         os.nice(nice)
@@ -127,12 +128,12 @@ class Preparation:
         *,
         cpu_only: bool,
         threads: int,
-        log_level: int,
+        telemetry: Telemetry,
         nice: int = 0,
     ) -> None:
         self.steps = list(steps)
         self.failure = ""
-        args = (requested, self.steps, cpu_only, threads, log_level, nice)
+        args = (requested, self.steps, cpu_only, threads, telemetry, nice)
         self.process: BaseProcess = multiprocessing.get_context("spawn").Process(
             target=run_steps, args=args, name="bertserve-prepare", daemon=True
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from bertserve.server.config.model import ModelConfig
+from bertserve.server.config.telemetry import Telemetry
 from bertserve.server.model.prepare import BACKGROUND_NICE, Preparation, missing_steps
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,7 +34,7 @@ def test_a_build_while_workers_serve_runs_at_the_lowest_priority_and_still_build
     assert "graph" in steps  # a fresh cache: there is something to build
     ours = os.nice(0)
     preparation = Preparation(
-        config, ["graph"], cpu_only=True, threads=1, log_level=logging.WARNING, nice=BACKGROUND_NICE
+        config, ["graph"], cpu_only=True, threads=1, telemetry=Telemetry(logging.WARNING), nice=BACKGROUND_NICE
     )
     seen: set[int] = set()
     deadline = time.monotonic() + 150

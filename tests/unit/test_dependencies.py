@@ -23,6 +23,7 @@ def test_a_requirement_belongs_to_its_extra_and_its_platform() -> None:
     uvloop = parse_requirement("uvloop>=0.19; sys_platform != 'win32'", "server")
     assert (uvloop is None) == (sys.platform == "win32")
     assert Requirement("prometheus-client", "prometheus-client>=0.17").module == "prometheus_client"
+    assert Requirement("python-json-logger", "python-json-logger>=3.1").module == "pythonjsonlogger"
 
 
 @pytest.mark.parametrize("holds", [dependencies._marker_holds, dependencies._simple_marker_holds])

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 from bertserve.server import BertServeError
-from bertserve.server.cli import flag_help, flags, main as cli
+from bertserve.server.cli import flag_help, flags, main as cli, serving_flags
 
 ROOT = Path(__file__).resolve().parents[2]
-START_FLAGS = [*flags.MODEL_FLAGS, *flags.SERVER_FLAGS]
-COMMAND_FLAGS = {"start": START_FLAGS, "worker": flags.WORKER_FLAGS, "embed": flags.MODEL_FLAGS}
+START_FLAGS = [*flags.MODEL_FLAGS, *flags.SERVER_FLAGS, *serving_flags.TELEMETRY_FLAGS]
+WORKER_FLAGS = [*flags.WORKER_FLAGS, *serving_flags.TELEMETRY_FLAGS]
+COMMAND_FLAGS = {"start": START_FLAGS, "worker": WORKER_FLAGS, "embed": flags.MODEL_FLAGS}
 HEADINGS = [
     "model",
     "serving",
@@ -107,7 +108,7 @@ def test_every_start_flag_is_written_out_in_the_server_page() -> None:
 
 
 def test_every_flag_has_a_heading_of_its_own_list() -> None:
-    for flag in [*START_FLAGS, *flags.WORKER_FLAGS]:
+    for flag in [*START_FLAGS, *WORKER_FLAGS]:
         assert flag.group in flag_help.GROUPS, flag.name
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 from bertserve.client import protocol as p
 
-from ... import metrics
+from ... import metrics, tracing
 from ..policy.jobs import Job
 from ..policy.scheduler import Scheduler
 from ..protocol import wire
@@ -96,3 +96,20 @@ class Dispatch:
         )
         metrics.JOB_SENTENCES.labels(worker.model).observe(job.size)
         self.registry.assign(worker, job, now)
+        if tracing.enabled():
+            _trace_waits(job, worker, now)
+
+
+def _trace_waits(job: Job, worker: WorkerState, now: float) -> None:
+    """Each traced piece's wait in the queue, from its request's admission until now, as a
+    child of the head's span of its request."""
+    for piece in job.pieces:
+        if piece.trace is not None:
+            attributes = {
+                "bertserve.job": job.job_id,
+                "bertserve.worker": worker.index,
+                "bertserve.rows": len(piece.rows),
+            }
+            tracing.record(
+                "bertserve.head.queue", [piece.trace], tracing.wall_ns(piece.arrived), tracing.wall_ns(now), attributes
+            )

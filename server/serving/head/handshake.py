@@ -43,6 +43,7 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
         "model_class": config.model_class,
         "tuned": config.model.tuned_model_dir is not None,
         "heartbeat_timeout_ms": config.heartbeat_timeout_ms,
+        "model_name": config.served_model_name,  # what its workers' logs and spans call the model
     }
 
 

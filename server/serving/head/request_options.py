@@ -17,6 +17,7 @@ from bertserve.client import protocol as p
 from ...config.server import ServerConfig
 from ...model.prompts import Prompts, UnknownPrompt
 from ...model.tasks import model_task, wrong_task
+from ...tracing import checked_traceparent
 from ..policy.admission import Refusal, chunking
 
 
@@ -30,6 +31,7 @@ class EncodeOptions:
     truncation: str  # "right" or "left"
     dimensions: int | None  # keep the first k dimensions of each vector
     task: str = "embed"  # what the request asks of the model (its own task: checked)
+    trace: str | None = None  # the caller's W3C traceparent, which the head's span continues
 
 
 def read_options(
@@ -64,7 +66,11 @@ def read_options(
     dimensions = _dimensions(header.get("dimensions"), model, task)
     if isinstance(dimensions, Refusal):
         return dimensions
-    return EncodeOptions(is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions, task)
+    trace = header.get(p.TRACEPARENT_FIELD)
+    if trace is not None and checked_traceparent(trace) is None:
+        shown = repr(trace)[:80]
+        return Refusal(f"traceparent must be a W3C traceparent, 00-<32 hex>-<16 hex>-<2 hex>, not {shown}", "protocol")
+    return EncodeOptions(is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions, task, trace)
 
 
 def _dimensions(dimensions: Any, model: dict[str, Any], task: str) -> int | Refusal | None:

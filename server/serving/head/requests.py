@@ -23,7 +23,7 @@ from typing import Any
 from bertserve.client import protocol as p
 from pydantic import ValidationError
 
-from ... import metrics
+from ... import metrics, tracing
 from ..policy import admission
 from ..policy.admission import Refusal
 from ..policy.jobs import Busy, Job, TooLarge
@@ -50,6 +50,7 @@ class Requests:
         self.registry = registry
         self.outbox = outbox
         self.book = AdmittedRequests()
+        self.spans: dict[str, Any] = {}  # the head's span of each traced request, until it ends
 
     def __len__(self) -> int:
         return len(self.book)
@@ -89,6 +90,34 @@ class Requests:
         key = self.book.new_key(request.key)
         now = time.monotonic()
         deadline = now + options.timeout_s
+        span = tracing.start(
+            "bertserve.head.request",
+            parent=options.trace,
+            attributes={"bertserve.model": model.name, "bertserve.inputs": len(texts), "bertserve.request": key},
+        )
+        trace = tracing.recorded_traceparent(span)
+        refusal = self._admit(request, fmt, key, model, who, texts, options, nbytes, renormalize, now, deadline, trace)
+        if refusal is not None:
+            tracing.end(span, error=refusal.message)
+        elif span is not None:
+            self.spans[key] = span
+        return refusal
+
+    def _admit(
+        self,
+        request: p.Request,
+        fmt: ReplyFormat,
+        key: str,
+        model: HeadModel,
+        who: bytes,
+        texts: list[Any],
+        options: EncodeOptions,
+        nbytes: int,
+        renormalize: bool,
+        now: float,
+        deadline: float,
+        trace: str | None,
+    ) -> Refusal | None:
         try:  # checked before anything is queued: a register the sink would refuse is a refused request
             register = sink.Register(
                 key=key,
@@ -103,6 +132,7 @@ class Requests:
                 model=model.name,
                 dimensions=options.dimensions,
                 renormalize=renormalize and options.dimensions is not None,
+                trace=trace,
             )
         except ValidationError as exc:
             return Refusal(f"malformed request: {exc.errors(include_url=False)[0]['msg']}", "protocol")
@@ -118,6 +148,7 @@ class Requests:
                 version=model.version,
                 deadline=deadline,
                 truncation=options.truncation,
+                trace=trace,
             )
         except Busy as exc:
             return Refusal(str(exc), admission.BUSY)
@@ -147,8 +178,10 @@ class Requests:
         queue.throughput.job_done(ran, done.seconds, bulk=job.bulk, now=now)
         for piece in job.pieces:
             self.book.rows_done(piece.key, len(piece.rows))
-            if job.bulk and piece.key not in self.book:  # its last rows: is it as late as projected?
-                queue.throughput.finished(piece.key, now)
+            if piece.key not in self.book:  # its last rows
+                tracing.end(self.spans.pop(piece.key, None))
+                if job.bulk:  # is it as late as projected?
+                    queue.throughput.finished(piece.key, now)
 
     # -- its worker lost ---------------------------------------------------------------------
 
@@ -191,7 +224,7 @@ class Requests:
 
     def fail(self, keys: set[str], error: str, kind: str) -> None:
         """Answer the requests ``keys`` with an error (``kind``), and drop what is left of them."""
-        ended, _ = self._end(keys)
+        ended, _ = self._end(keys, error)
         if ended:
             fail = sink.Fail(keys=sorted(ended), error=error[: sink.MAX_ERROR_TEXT], kind=kind)
             self.outbox.send(fail.frames())
@@ -203,7 +236,7 @@ class Requests:
         for model in self.models:  # a bulk request taken expected to be done before then
             for key in expired:
                 model.scheduler.throughput.finished(key, now)
-        return self._end(expired)[1]
+        return self._end(expired, "expired: past its deadline")[1]
 
     def fail_all(self, error: str) -> None:
         """Shutdown: every request still queued or in flight gets an error reply."""
@@ -215,18 +248,21 @@ class Requests:
         """The sink died and lost what it was assembling: every request still pending gets an
         error reply, published through the new sink (the outbox was reconnected to it), and
         its queued work is dropped."""
-        ended, _ = self._end(set(self.book.requests))
+        ended, _ = self._end(set(self.book.requests), SINK_LOST)
         for _, request in sorted(ended.items()):
             # Queued until the new sink binds; it lets clients subscribe again before it publishes.
             reply = request.format.error(request.client, request.request_id, SINK_LOST, "internal")
             self.outbox.publish(request.format, reply)
             metrics.REQUESTS.labels(metrics.path_of(request.client), "internal", request.model).inc()
 
-    def _end(self, keys: set[str]) -> tuple[dict[str, Admitted], int]:
-        """The one way a request ends early: its queued work leaves every queue, and it leaves
-        the book. Returns the requests of ``keys`` still pending, and the queued sentences dropped."""
+    def _end(self, keys: set[str], error: str) -> tuple[dict[str, Admitted], int]:
+        """The one way a request ends early: its queued work leaves every queue, it leaves the
+        book, and its span ends with ``error``. Returns the requests of ``keys`` still pending,
+        and the queued sentences dropped."""
         if not keys:
             return {}, 0
+        for key in keys:
+            tracing.end(self.spans.pop(key, None), error=error)
         dropped = 0
         for model in self.models:
             before = model.scheduler.queued

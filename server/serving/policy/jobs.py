@@ -33,6 +33,7 @@ class Piece:
     version: int | None = None  # the model version it runs on, pinned at admission
     deadline: float = float("inf")  # past it the request is answered as expired: its work is not run
     truncation: str = "right"  # the side an over-long input is cut on
+    trace: str | None = None  # the traceparent of the head's span of its request, when traced
 
     @property
     def kind(self) -> tuple[bool, bool, int | None, str]:
@@ -79,8 +80,12 @@ class Job:
         return dropped
 
     def parts(self) -> list[dict[str, Any]]:
-        """Whose rows the job carries, in the order of its rows."""
-        return [{"key": piece.key, "rows": piece.rows.tolist()} for piece in self.pieces]
+        """Whose rows the job carries, in the order of its rows, with each traced request's
+        traceparent (the parent of the worker's spans of it)."""
+        return [
+            {"key": piece.key, "rows": piece.rows.tolist(), **({"trace": piece.trace} if piece.trace else {})}
+            for piece in self.pieces
+        ]
 
     def header(self, now: float) -> dict[str, Any]:
         """The job's header for its worker; ``expires_in_s`` counts from ``now``, as the

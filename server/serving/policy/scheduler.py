@@ -105,6 +105,7 @@ class Scheduler:
         version: int | None = None,
         deadline: float = float("inf"),
         truncation: str = "right",
+        trace: str | None = None,
     ) -> None:
         """Queue a checked, non-empty request, to run on model ``version`` before ``deadline``;
         raises :class:`Busy` or :class:`TooLarge` without queuing any of it."""
@@ -114,6 +115,7 @@ class Scheduler:
         piece = Piece(
             key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk, version, deadline, truncation
         )
+        piece.trace = trace
         queue = self.clients.get(client)
         if queue is None:
             queue = self.clients[client] = ClientQueue()

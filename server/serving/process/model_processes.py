@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...config.server import ServerConfig
+from ...config.telemetry import Telemetry
 from ..head.models import HeadModel
 from ..protocol.wire import Addresses
 from ..versions.book import VersionsBook
@@ -51,9 +52,9 @@ class LocalWorkers:
     """The local worker processes, by index (which runs on across the models), with the config
     (model and version) each runs; started and stopped through the supervisor's children."""
 
-    def __init__(self, children: Children, log_level: int) -> None:
+    def __init__(self, children: Children, telemetry: Telemetry) -> None:
         self.children = children
-        self.log_level = log_level
+        self.telemetry = telemetry
         self.configs: dict[int, ServerConfig] = {}  # running, or waiting to start again
         self.addresses: Addresses | None = None  # set once the supervisor has made them
 
@@ -68,7 +69,7 @@ class LocalWorkers:
         """Start worker ``index`` running ``config`` (default: what it ran before)."""
         assert self.addresses is not None
         config = self.configs[index] = config or self.configs[index]
-        args = (config, index, self.addresses, self.log_level)
+        args = (config, index, self.addresses, self.telemetry)
         self.children.start(worker_name(index), run_worker, args, f"bertserve-worker-{index}")
 
     def add(self, config: ServerConfig) -> int:
@@ -104,7 +105,7 @@ class LocalWorkers:
             steps,
             cpu_only=config.cpu,
             threads=config.worker_threads(),
-            log_level=self.log_level,
+            telemetry=self.telemetry,
             nice=nice,
         )
 

@@ -32,9 +32,10 @@ from typing import Any
 
 import zmq
 
-from ... import metrics
+from ... import metrics, tracing
 from ...config.served import ServedModel, default_model_name, served_models, share_cores
 from ...config.server import ServerConfig
+from ...config.telemetry import Telemetry
 from ...errors import StartupError
 from ...model.prompts import Prompts
 from ..head.models import HeadModel, Models
@@ -57,12 +58,12 @@ _RESUBSCRIBE_S = 1.0  # a restarted sink lets clients subscribe again before it 
 
 
 class BertServer(ExitFlags):
-    def __init__(self, config: ServerConfig, *, log_level: int = logging.INFO) -> None:
+    def __init__(self, config: ServerConfig, *, telemetry: Telemetry | None = None) -> None:
         self.config = config  # the server's options; each model's own are its HeadModel's
-        self.log_level = log_level
+        self.telemetry = telemetry or Telemetry()
         super().__init__()
         self.children = Children(config.max_restarts, logger)  # the sink, the HTTP front end, the workers
-        self.workers = LocalWorkers(self.children, log_level)  # the config (model and version) each runs
+        self.workers = LocalWorkers(self.children, self.telemetry)  # the config (model and version) each runs
         self.models: dict[str, SupervisedModel] = {}  # each served model, its versions and swap
         self.default = ""  # the model a request that names none gets
         self.gateway_keys: Any = None  # the HTTP front end's CURVE keys, made at start
@@ -96,6 +97,8 @@ class BertServer(ExitFlags):
         frontend = _request_socket(context, self.config)
         ventilator: Ventilator | None = None
         authenticator = None
+        if self.telemetry.traces_endpoint is not None:
+            tracing.setup(self.telemetry.traces_endpoint, "head")
         try:
             authenticator, keys = self._secure(context, frontend)
             preflight.warn_if_http_exposed(self.config)
@@ -120,6 +123,7 @@ class BertServer(ExitFlags):
                 authenticator.stop()
             context.term()
             shutil.rmtree(ipc_dir, ignore_errors=True)
+            tracing.shutdown()
         if self.gave_up is not None:
             raise StartupError(f"the server stopped: {self.gave_up} (see the errors above)")
 
@@ -204,7 +208,7 @@ class BertServer(ExitFlags):
         return frozenset([self.gateway_keys.public]) if self.gateway_keys is not None else frozenset()
 
     def _start_sink(self, addresses: Addresses, grace_s: float = 0.0) -> None:
-        args = (self.served, addresses.sink, self.log_level, grace_s, self._extra_client_keys())
+        args = (self.served, addresses.sink, self.telemetry, grace_s, self._extra_client_keys())
         self.children.start("sink", run_sink, args, "bertserve-sink")
 
     def _load_principals(self) -> None:
@@ -218,7 +222,7 @@ class BertServer(ExitFlags):
 
         # The keys go to the child through multiprocessing's pipe (as SHA-256 digests), never its command line.
         models = [ServedModel(model.name, model.config) for model in self.models.values()]
-        args = (self.served, self.log_level, self.gateway_keys, self.principals, models)
+        args = (self.served, self.telemetry, self.gateway_keys, self.principals, models)
         self.children.start("http", run_http, args, "bertserve-http")
 
     def _wait_http(self, ventilator: Ventilator) -> None:

@@ -270,6 +270,7 @@ class Welcome(_Schema):
     model_class: ModelClass | None = None
     tuned: bool = False
     heartbeat_timeout_ms: int = Field(ge=100, le=86_400_000)
+    model_name: ModelName | None = None  # the head's name of the model: what its workers' logs and spans say
 
 
 class Refused(_Schema):

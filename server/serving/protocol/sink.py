@@ -36,6 +36,7 @@ from typing import Annotated, Any
 from bertserve.client import protocol as p
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from ...tracing import TRACEPARENT_PATTERN
 from . import formats, wire
 from .formats import ReplyFormat
 from .link import MAX_CONTROL_BYTES, MAX_ERROR_BYTES, MAX_RESULT_HEADER_BYTES, parse
@@ -83,6 +84,7 @@ class Register(_Body):
     model: str = Field(default="", max_length=255)
     dimensions: int | None = Field(default=None, ge=1)  # keep the first k dimensions of each vector
     renormalize: bool = False  # and scale them back to unit length
+    trace: str | None = Field(default=None, pattern=TRACEPARENT_PATTERN)  # the head's span of it, when traced
 
     @property
     def client_id(self) -> bytes:

@@ -126,6 +126,7 @@ class HostConfig:
             feed=self.feed,
             model_class=self.model_class,
             heartbeat_timeout_ms=welcome.heartbeat_timeout_ms,
+            served_model_name=welcome.model_name,
         )
 
 

@@ -58,6 +58,7 @@ import zmq
 from bertserve.client import __version__, protocol as p
 
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
+from ...config.telemetry import Telemetry
 from ...errors import ConfigError, StartupError
 from ...logs import Refusals
 from ...security import loopback_only
@@ -87,11 +88,11 @@ class _Held:
 
 
 class WorkerHost(ExitFlags):
-    def __init__(self, config: HostConfig, *, log_level: int = logging.INFO) -> None:
+    def __init__(self, config: HostConfig, *, telemetry: Telemetry | None = None) -> None:
         from ...model.checksum import tree_sha256
 
         self.config = config
-        self.log_level = log_level
+        self.telemetry = telemetry or Telemetry()
         super().__init__()
         self.exit_code = 0
         self.hostname = platform.node()
@@ -394,7 +395,7 @@ class WorkerHost(ExitFlags):
 
     def _start_worker(self, index: int) -> None:
         assert self.server_config is not None and self.addresses is not None
-        args = (self.server_config, index, self.addresses, self.log_level)
+        args = (self.server_config, index, self.addresses, self.telemetry)
         self.children.start(worker_name(index), run_worker, args, f"bertserve-worker-{index}")
 
     def _supervise(self, now: float) -> None:

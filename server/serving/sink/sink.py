@@ -27,8 +27,9 @@ import numpy as np
 import zmq
 from bertserve.client import protocol as p
 
-from ... import metrics
+from ... import metrics, tracing
 from ...config.server import ServerConfig
+from ...config.telemetry import Telemetry
 from ...logs import Refusals
 from ..protocol import formats, sink as messages
 from .pending import BadParts, Pending, TooManyDimensions, row_counts
@@ -66,6 +67,7 @@ class Sink:
                 self.authenticator.stop()
             raise
         self.pending: dict[str, Pending] = {}
+        self.traced: dict[str, tuple[str, int]] = {}  # traced requests pending: traceparent, when registered (ns)
         self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None, np.ndarray | None]]] = {}
         self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
         self.served = 0
@@ -139,7 +141,9 @@ class Sink:
     def _on_register(self, message: messages.Register) -> None:
         key = message.key
         if key in self.pending:
-            logger.error("request %s is already pending; ignoring a second registration", key)
+            logger.error(
+                "request %s is already pending; ignoring a second registration", key, extra={"request_id": key}
+            )
             return
         self.closed.pop(key, None)
         pending = Pending(
@@ -156,6 +160,8 @@ class Sink:
             model=message.model,
         )
         self.pending[key] = pending
+        if message.trace is not None and tracing.enabled():
+            self.traced[key] = (message.trace, time.time_ns())
         for _, rows, vectors, tokens, counts in self.orphans.pop(key, []):
             self._add(key, pending, rows, vectors, tokens, counts)
         self._maybe_publish(key)
@@ -198,7 +204,13 @@ class Sink:
                     self._keep_orphan(key, rows, chunk, chunk_tokens, part_counts)
                 continue
             if version is not None and pending.version is not None and version != pending.version:
-                logger.error("a result for %s came from model version %d, not %d", key, version, pending.version)
+                logger.error(
+                    "a result for %s came from model version %d, not %d",
+                    key,
+                    version,
+                    pending.version,
+                    extra={"request_id": key},
+                )
                 self._fail(
                     key,
                     f"the server computed part of this request with model version {version}, not "
@@ -213,7 +225,9 @@ class Sink:
         self, key: str, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, counts: np.ndarray | None
     ) -> None:
         if key not in self.orphans and len(self.orphans) >= _MAX_ORPHAN_KEYS:
-            logger.warning("too many results for unknown requests; dropping those for %s", key)
+            logger.warning(
+                "too many results for unknown requests; dropping those for %s", key, extra={"request_id": key}
+            )
             return
         self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens, counts))
 
@@ -223,7 +237,7 @@ class Sink:
         try:
             pending.add(rows, vectors, tokens, counts)
         except BadParts as exc:
-            logger.error("a result for %s does not fit it: %s", key, exc)
+            logger.error("a result for %s does not fit it: %s", key, exc, extra={"request_id": key})
             self._fail(key, f"the server produced a malformed result for this request: {exc}", "internal")
 
     def _on_job_error(self, message: messages.JobError) -> None:
@@ -255,7 +269,7 @@ class Sink:
             self._fail(key, str(exc), "input")
             return
         except Exception as exc:
-            logger.exception("could not assemble the reply to %s", key)
+            logger.exception("could not assemble the reply to %s", key, extra={"request_id": key})
             self._fail(key, f"the server could not assemble the reply: {exc}", "internal")
             return
         del self.pending[key]
@@ -263,6 +277,7 @@ class Sink:
         self.replies.send(frames, pending.format)
         self.served += 1
         _count(pending, "ok")
+        self._trace(key, pending, "ok")
 
     def _fail(self, key: str, error: str, kind: str) -> None:
         pending = self.pending.pop(key, None)
@@ -274,6 +289,18 @@ class Sink:
         reply = pending.format.error(pending.client, pending.request_id, error, kind)
         self.replies.send(reply, pending.format)
         _count(pending, kind)
+        self._trace(key, pending, kind, error)
+
+    def _trace(self, key: str, pending: Pending, outcome: str, error: str | None = None) -> None:
+        """The span of a traced request in the sink: from its REGISTER until its reply was sent."""
+        if key in self.traced:
+            trace, start_ns = self.traced.pop(key)
+            attributes = {
+                "bertserve.model": pending.model,
+                "bertserve.rows": pending.count,
+                "bertserve.outcome": outcome,
+            }
+            tracing.record("bertserve.sink.reply", [trace], start_ns, time.time_ns(), attributes, error=error)
 
     def _close(self, key: str) -> None:
         self.closed[key] = time.monotonic()
@@ -291,7 +318,7 @@ class Sink:
                 p.EXPIRED,
             )
         for key in [k for k, parts in self.orphans.items() if parts[0][0] + _ORPHAN_TTL <= now]:
-            logger.warning("dropped results for unknown request %s", key)
+            logger.warning("dropped results for unknown request %s", key, extra={"request_id": key})
             del self.orphans[key]
         while self.closed and next(iter(self.closed.values())) + _CLOSED_TTL <= now:
             self.closed.popitem(last=False)
@@ -306,14 +333,14 @@ def _count(pending: Pending, outcome: str) -> None:
 def run_sink(
     config: ServerConfig,
     pull_address: str,
-    log_level: int,
+    telemetry: Telemetry,
     grace_s: float = 0.0,
     extra_keys: frozenset[bytes] = frozenset(),
 ) -> None:
     """Entry point of the sink process."""
-    from ...logs import child_logging
+    from ...logs import child_telemetry
 
-    child_logging(log_level)
+    child_telemetry(telemetry, "sink")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
     context = zmq.Context()
     sink = None

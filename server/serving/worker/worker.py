@@ -36,12 +36,14 @@ import zmq
 from bertserve.client import protocol as p
 
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
+from ...config.telemetry import Telemetry
 from ...memory import trim_heap
 from ...model.interface import Model
 from ...model.tokenization import TokenizedBatch, tokens_per_input
 from ..protocol import wire
 from ..protocol.wire import Addresses
 from .feeds import ThreadFeed, as_numpy, tf_data_feed
+from .traced import JobTimes, traces_of
 
 logger = logging.getLogger("bertserve.worker")
 
@@ -190,6 +192,7 @@ class Worker:
             return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
         if "expires_in_s" in header:  # on this machine's clock: the head's may not be this one's
             header["expires_at"] = time.monotonic() + float(header["expires_in_s"])
+        tokenizing = time.time_ns() if traces_of(header["parts"]) else None
         try:
             texts = p.loads(payload, "payload")
             options: dict[str, Any] = {"chunk": True} if header.get("chunk") else {}  # only models that chunk are asked
@@ -205,6 +208,8 @@ class Worker:
             header["error"] = f"tokenization failed: {exc}"
             return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
         header["truncated"] = batch.truncated.tolist()
+        if tokenizing is not None:
+            header["tokenized_ns"] = [tokenizing, time.time_ns()]
         if batch.owners is not None:
             header["owners"] = batch.owners.tolist()
         if batch.tokens is not None:
@@ -223,13 +228,11 @@ class Worker:
 
     def _run_model(self, batch: TokenizedBatch, expires_at: float) -> tuple[np.ndarray, int, float]:
         """The model's vectors for ``batch``, the token slots they took, and the seconds lent
-        to short jobs. A long job (several model runs: a bulk job, or a large merged one) runs
-        two model runs at a time (side by side in the model, :meth:`Encoder.run`), or, once a
-        short job (one model run at most) has come in the last few seconds, one at a time, and
-        short jobs that arrived meanwhile run between two runs. While short jobs are about, each
-        run is cut to take about ``bulk_run_ms`` at the speed measured so far, so a short job
-        waits about that long for the worker. Once ``expires_at`` has passed (every request of the job is past its
-        deadline) the runs left are skipped (:class:`Expired`)."""
+        to short jobs. A long job (several model runs) runs two model runs at a time (side by
+        side, :meth:`Encoder.run`), or, once a short job (one run at most) has come in the last
+        few seconds, one at a time, with the short jobs that arrived meanwhile between two runs,
+        each run cut to take about ``bulk_run_ms``, so a short job waits about that long. Once
+        ``expires_at`` has passed (every request of the job is past it) the runs left are skipped."""
         feed = self.feed
         runs: deque[np.ndarray] = deque()
         if feed is not None and not self.lending and not self.token_level:
@@ -292,11 +295,12 @@ class Worker:
     def process(self, job_id: bytes, raw_header: bytes, ids: Any, segments: Any, lengths: Any) -> None:
         """Run one tokenized job; send its result (or its error) to the sink and its credit back."""
         header = p.loads(raw_header)
-        started = time.perf_counter()
+        started, times = time.perf_counter(), JobTimes(header)
         parts = header["parts"]
         lent = 0.0  # seconds spent on small jobs that overtook this one
         expires_at = float(header.get("expires_at", math.inf))
         ran, skipped = len(lengths), 0  # inputs (rows) the model ran, and left unrun past the deadline
+        failure = None  # why the job failed, for its spans
         try:
             if "error" in header:
                 raise ValueError(header["error"])
@@ -304,7 +308,9 @@ class Worker:
                 raise Expired(0, len(lengths), 0, 0.0)
             owners = np.asarray(header["owners"], np.int64) if "owners" in header else None
             batch = TokenizedBatch(ids, segments, lengths, np.asarray(header["truncated"], bool), owners=owners)
+            run_start = time.time_ns()
             vectors, slots, lent = self._run_model(batch, expires_at)
+            times.ran(run_start)
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
             out = {"parts": parts, "tokens": header.get("tokens"), "model_version": self.config.version_number}
@@ -322,11 +328,13 @@ class Worker:
             ran, skipped, slots, lent = expired.ran, expired.skipped, expired.slots, expired.lent
             logger.debug("worker %d skipped %d inputs of job %s: past their deadline", self.index, skipped, job_id)
             error = {"parts": parts, "error": "the request expired before it was computed", "kind": p.EXPIRED}
+            failure = error["error"]
             self.results.send_multipart([wire.JOB_ERROR, job_id, p.dumps(error)])
             tokens = 0
         except Exception as exc:
             logger.exception("worker %d failed on job %s", self.index, job_id)
             error = {"parts": parts, "error": f"the worker failed on this request: {exc}", "kind": "worker"}
+            failure = error["error"]
             self.results.send_multipart([wire.JOB_ERROR, job_id, p.dumps(error)])
             tokens = slots = 0
         elapsed = time.perf_counter() - started - lent
@@ -341,6 +349,7 @@ class Worker:
             "skipped": skipped,
         }
         self.credits.send_multipart([wire.DONE, p.dumps(done)])
+        times.record(self, job_id, ids, slots, failure)
         if header.get("bulk") and (self.feed is None or self.feed.empty):
             trim_heap()  # a bulk burst is over: the big batches' activations go back to the system
 
@@ -365,11 +374,11 @@ def load_model(config: ServerConfig, device: str) -> Model:
     return Encoder(config.model.replace(device=device))
 
 
-def run_worker(config: ServerConfig, index: int, addresses: Addresses, log_level: int) -> None:
+def run_worker(config: ServerConfig, index: int, addresses: Addresses, telemetry: Telemetry) -> None:
     """Entry point of a worker process (started with the ``spawn`` method)."""
-    from ...logs import child_logging
+    from ...logs import child_telemetry
 
-    child_logging(log_level)
+    child_telemetry(telemetry, "worker", config.served_model_name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
     if config.worker_nice:
         # The model takes every core it is given; the ventilator and sink need little CPU but

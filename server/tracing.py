@@ -1,0 +1,189 @@
+"""Traces: each process's spans, sent to an OpenTelemetry collector (OTLP over HTTP), and the
+W3C ``traceparent`` that carries a request's trace from one process to the next.
+
+A request's trace crosses the server's processes in its frames, never through a shared
+object: the HTTP process starts it (or continues the caller's ``traceparent``) and sends its
+context in the ENCODE header; the head's span of the request is the parent of what the
+worker and the sink do for it, and its context rides in the job's parts and in the sink's
+REGISTER (each a ``traceparent`` of 55 characters, checked against :data:`TRACEPARENT`).
+
+Off unless :func:`setup` ran (``--otlp-endpoint``, or the ``OTEL_EXPORTER_OTLP_*``
+variables): then every function here returns at once without importing OpenTelemetry, and
+no frame carries a trace. A worker runs one job for the pieces of several requests at once:
+it times its steps once, and :func:`record` gives each traced request its own spans of them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+TRACEPARENT_PATTERN = r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+"""A W3C ``traceparent`` of version 00, the only form a frame may carry."""
+TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
+_INVALID_IDS = ("0" * 32, "0" * 16)  # W3C: a trace or parent id of zeros is invalid
+
+_tracer: Any = None  # opentelemetry's Tracer, once setup() ran
+_provider: Any = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step timed after the fact (``time.time_ns()`` instants), recorded as a child span."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+
+
+def setup(endpoint: str, role: str, model: str | None = None) -> None:
+    """Send this process's spans to ``endpoint`` (an OTLP/HTTP collector's ``.../v1/traces``),
+    batched (``OTEL_BSP_*``), its resource naming the service (``OTEL_SERVICE_NAME``, else
+    ``bertserve``), this process's ``role`` and the ``model`` it serves. The sampler is the
+    SDK's (``OTEL_TRACES_SAMPLER``; by default every trace, or as the caller's parent says)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    install(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)), role, model)
+
+
+def install(processor: Any, role: str, model: str | None = None) -> None:
+    """Trace through ``processor`` (an OpenTelemetry ``SpanProcessor``: the exporter's, or a
+    test's in-memory one)."""
+    global _tracer, _provider
+    from bertserve.client import __version__
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    attributes = {
+        "service.name": os.environ.get("OTEL_SERVICE_NAME") or "bertserve",
+        "service.version": __version__,
+        "bertserve.role": role,
+        "process.pid": os.getpid(),
+    }
+    if model:
+        attributes["bertserve.model"] = model
+    _provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+    _provider.add_span_processor(processor)
+    _tracer = _provider.get_tracer("bertserve")
+
+
+def shutdown() -> None:
+    """Send the spans still batched, and stop: a process calls it as it exits (a spawned
+    child ends with ``os._exit``, which runs no exit handler)."""
+    global _tracer, _provider
+    if _provider is not None:
+        _provider.shutdown()
+    _tracer = _provider = None
+
+
+def provider() -> Any:
+    """This process's ``TracerProvider`` (None while tracing is off), for an instrumentation's spans."""
+    return _provider
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def checked_traceparent(value: Any) -> str | None:
+    """``value`` if it is a W3C traceparent (version 00) whose ids are not zeros; None otherwise."""
+    if not isinstance(value, str) or not TRACEPARENT.fullmatch(value):  # not match: "$" takes a last "\n"
+        return None
+    _, trace_id, parent_id, _ = value.split("-")
+    return None if trace_id == _INVALID_IDS[0] or parent_id == _INVALID_IDS[1] else value
+
+
+def start(
+    name: str, *, parent: str | None = None, attributes: Mapping[str, Any] | None = None, start_ns: int | None = None
+) -> Any:
+    """A span begun now (or at ``start_ns``), the child of ``parent`` (a traceparent) or the
+    root of a new trace; None while tracing is off."""
+    if _tracer is None:
+        return None
+    return _tracer.start_span(name, context=_context(parent), attributes=attributes, start_time=start_ns)
+
+
+def end(span: Any, *, error: str | None = None, attributes: Mapping[str, Any] | None = None) -> None:
+    """End ``span`` (None: nothing), with an error status if ``error``."""
+    if span is None:
+        return
+    if attributes:
+        span.set_attributes(attributes)
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()
+
+
+def traceparent_of(span: Any) -> str | None:
+    """The traceparent that makes a span in another process a child of ``span``."""
+    if span is None:
+        return None
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def recorded_traceparent(span: Any) -> str | None:
+    """:func:`traceparent_of` ``span`` if the sampler kept it: the processes after it make
+    spans of the request only then, so a trace not sampled costs them nothing."""
+    return traceparent_of(span) if span is not None and span.is_recording() else None
+
+
+def current_traceparent() -> str | None:
+    """The traceparent of the span current in this thread or task (an HTTP request's), if any."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    return traceparent_of(trace.get_current_span())
+
+
+def record(
+    name: str,
+    parents: Sequence[str],
+    start_ns: int,
+    end_ns: int,
+    attributes: Mapping[str, Any],
+    steps: Sequence[Step] = (),
+    error: str | None = None,
+) -> None:
+    """A span already over, from ``start_ns`` to ``end_ns``, with ``steps`` as its children,
+    once for each of ``parents``: one job run for several requests shows in each one's trace."""
+    if _tracer is None:
+        return
+    for parent in dict.fromkeys(parents):
+        span = _tracer.start_span(name, context=_context(parent), attributes=attributes, start_time=start_ns)
+        under = traceparent_of(span)
+        for step in steps:
+            child = _tracer.start_span(
+                step.name, context=_context(under), attributes=step.attributes, start_time=step.start_ns
+            )
+            child.end(end_time=step.end_ns)
+        if error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=end_ns)
+
+
+def wall_ns(instant: float) -> int:
+    """The wall-clock time (``time.time_ns()``, as spans are stamped) of a ``time.monotonic()`` ``instant``."""
+    return time.time_ns() - int((time.monotonic() - instant) * 1e9)
+
+
+def _context(traceparent: str | None) -> Any:
+    """The OpenTelemetry context whose parent is ``traceparent`` (None: a new trace)."""
+    if traceparent is None:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
