@@ -257,6 +257,7 @@ def start_server(
     echo: bool = True,
     log_path: Path | None = None,
     pass_port_out: bool = True,
+    python: str = sys.executable,
 ) -> RunningServer:
     """Start ``bertserve start --port P --port-out Q *args`` on two free ports.
 
@@ -265,7 +266,7 @@ def start_server(
     ``env`` is added to this process's environment. With ``expect_ready`` wait for the ready
     line (stopping the server and raising :class:`ServerStartError` if it never comes); else
     return at once. The output goes to stderr when ``echo`` (pytest captures it) and to
-    ``log_path`` if given.
+    ``log_path`` if given. ``python`` runs it: another environment's, for a baseline of other code.
     """
     if pass_port_out:
         port, port_out = free_ports(2)
@@ -273,7 +274,7 @@ def start_server(
     else:
         port = free_port_pair()
         port_out, ports = port + 1, ["--port", str(port)]
-    command = [sys.executable, "-m", "bertserve.server.cli", "start", *ports, *args]
+    command = [python, "-m", "bertserve.server.cli", "start", *ports, *args]
     server = _launch(command, port, port_out, env, echo, log_path, _is_ready_line)
     if expect_ready:
         _wait_or_stop(server, timeout)

@@ -230,3 +230,23 @@ def test_models_quick(tiny_google: str, session_graph_dir: str, tmp_path: Path) 
     assert len(report["targets"]) == 4 and report["targets"][-1]["passed"] is True
     markdown = (tmp_path / "models.md").read_text(encoding="utf-8")
     assert "| target | measured | result |" in markdown and "the second model" in markdown
+
+
+@pytest.mark.timeout(300)
+def test_tracing_benchmark_runs_three_servers_and_gets_the_traces(tiny_google: str, tmp_path: Path) -> None:
+    """benchmarks/tracing.py with a baseline of this checkout's HEAD (its code run from a
+    ``git archive``), traces off and on: every server measured, the targets judged, and the
+    traced server's spans received."""
+    script = SUITE.parent / "tracing.py"
+    args = [sys.executable, str(script), "--model-dir", tiny_google, "--baseline", "HEAD", "--rounds", "2"]
+    args += ["--model-class", "bertserve.server.model.interface:HashingModel"]
+    args += ["--sentences", "10", "--warmup", "2", "--bulk", "40", "--json", str(tmp_path / "tracing.json")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=280, cwd=tmp_path)
+    assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    report = json.loads((tmp_path / "tracing.json").read_text(encoding="utf-8"))
+    assert set(report["summary"]["medians"]) == {"baseline", "traces off", "traces on"}
+    for medians in report["summary"]["medians"].values():
+        assert medians["one_p50_ms"] > 0 and medians["http_p50_ms"] > 0 and medians["bulk_per_s"] > 0
+    assert len(report["summary"]["targets"]) == 6
+    assert report["traces"] >= 2 * 12 * 2  # every one-sentence request of the traced server, ZeroMQ and HTTP
+    assert "CPU:" in done.stdout
