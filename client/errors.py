@@ -12,6 +12,8 @@
     │                                        the message lists the models it serves
     ├── AuthenticationError                  the CURVE handshake failed: the server refused this client's key,
     │                                        or one side uses CURVE and the other does not
+    ├── WrongPortError                       something other than a bertserve server answers at the port:
+    │                                        an HTTP server, or a ZeroMQ socket of another kind (its reply port)
     ├── ProtocolVersionError                 the server speaks another version of the wire protocol
     ├── ClientClosedError                    the client was used after ``close()``
     └── ConcurrentUseError (RuntimeError)    one ``BertClient`` used from two threads at once
@@ -101,6 +103,20 @@ class AuthenticationError(BertClientError):
     The server refused this client's key, ``server_key`` is not the server's public key, or
     one side uses CURVE and the other does not. The message says which, as far as ZeroMQ
     tells; ``address`` is the server's.
+    """
+
+    def __init__(self, message: str, *, address: str | None = None) -> None:
+        super().__init__(message)
+        self.address = address
+
+
+class WrongPortError(BertClientError):
+    """The client's handshake failed because something other than a bertserve server's
+    request port (or reply port) answers where it connects.
+
+    An HTTP server (a bertserve server's ``--http-port``, say), a ZeroMQ socket of another
+    kind (its reply port), or a program that does not speak ZeroMQ at all: the message says
+    which, and which of the server's ports to use instead; ``address`` is where it answers.
     """
 
     def __init__(self, message: str, *, address: str | None = None) -> None:

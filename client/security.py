@@ -1,4 +1,5 @@
-"""The client's side of CURVE: key files, and telling a refused handshake from a dead server.
+"""The client's side of CURVE: key files, and telling a refused handshake from a dead server
+and from a port that is not the server's.
 
 Certificates are pyzmq's (``zmq.auth.create_certificates``): ``NAME.key`` holds the public
 key and may be handed out; ``NAME.key_secret`` holds both keys and stays with its owner
@@ -12,7 +13,9 @@ by the key that announced it, not by a subscription.
 
 A ZeroMQ socket whose handshake fails just retries in silence, so a refused client would
 look like a server that is down. :class:`HandshakeWatch` reads the sockets' monitor events
-and turns a failed handshake into an :class:`AuthenticationError` that says what to fix.
+and turns a failed handshake into an :class:`AuthenticationError` that says what to fix, or,
+when something other than a bertserve server answers (an HTTP server, the server's reply port
+taken for its request port), into a :class:`WrongPortError` that names it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +33,8 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
-from .errors import AuthenticationError
+from .errors import AuthenticationError, BertClientError, WrongPortError
+from .probe import REPLY_PORT, REQUEST_PORT, PeerProbe, Port
 from .protocol import ANNOUNCE
 
 CURVE_KEY_LENGTH = 40
@@ -171,6 +176,8 @@ _WATCHED = (
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_CONNECTED
+    | zmq.EVENT_DISCONNECTED
 )
 # How much a failure tells: a racing disconnect can hide the real reason (a bare "broken
 # pipe" instead of the mechanism mismatch), so a vaguer event never replaces a clearer one.
@@ -180,6 +187,13 @@ _RANK: dict[int, int] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: 3,
 }
 _CURVE_OPTIONS = "server_key and client_cert (--server-key and --client-cert; see `bertserve keygen`)"
+# The server's port each kind of client socket connects to, which a failed handshake there has
+# a PeerProbe look at. A DEALER may be a client's reply socket under CURVE (whose peer tells its
+# socket type to keys only) or a remote worker's link: it is not probed.
+_PORTS: dict[int, Port] = {zmq.PUSH: REQUEST_PORT, zmq.SUB: REPLY_PORT}
+STALLED_AFTER_S = 0.3
+"""How long a connection may go without its handshake done before the watch looks at what
+answers there: ZeroMQ's handshake takes a few round trips, and an HTTP server never ends it."""
 
 
 class HandshakeWatch:
@@ -187,9 +201,15 @@ class HandshakeWatch:
 
     ``sockets`` maps each server address to the socket that connects there; ``public_key``
     is the client's CURVE public key, or ``None`` without CURVE. Register :attr:`monitors`
-    in the client's poller and call :meth:`drain` when one is readable: only handshakes
-    make events, so this costs nothing on a healthy connection. :meth:`error` is the
-    failure to report, if any; :meth:`close` (before the sockets close) is idempotent.
+    in the client's poller and call :meth:`drain` when one is readable: only connections
+    and handshakes make events, so this costs nothing on a healthy connection. :meth:`error`
+    is the failure to report, if any; :meth:`close` (before the sockets close) is idempotent.
+
+    A handshake that failed, or a connection whose handshake has not ended within
+    :data:`STALLED_AFTER_S`, at the request port (a ``PUSH``) or the reply port (a ``SUB``) may
+    mean something other than a bertserve server answers there: :meth:`error` then has a
+    :class:`~bertserve.client.probe.PeerProbe` look, and names what it finds in a
+    :class:`WrongPortError`.
     """
 
     def __init__(
@@ -199,6 +219,10 @@ class HandshakeWatch:
         self.keys_dir = keys_dir  # where the server lists keys like this one
         self._failures: dict[str, tuple[int, int]] = {}  # address -> (event, value), until it succeeds
         self._vague: dict[str, int] = {}  # address -> failures without detail, until it succeeds
+        self._connected: dict[str, float] = {}  # address -> when a connection was seen, until its handshake ends
+        self._suspects: set[str] = set()  # addresses whose handshake failed with no word of CURVE
+        self._probes: dict[str, PeerProbe] = {}  # what answers at a suspect address, until it succeeds
+        self._ports: dict[str, Port] = {}  # the server's port each probed address should be
         self._watched: list[tuple[zmq.Socket, zmq.Socket, str]] = []
         try:
             for address, sock in sockets.items():
@@ -206,11 +230,13 @@ class HandshakeWatch:
                 monitor = sock.context.socket(zmq.PAIR)
                 monitor.setsockopt(zmq.LINGER, 0)
                 # libzmq blocks the connection's I/O thread when a monitor's queue is full;
-                # events only come from handshakes, and every wait drains them.
+                # events only come from connections and handshakes, and every wait drains them.
                 monitor.setsockopt(zmq.RCVHWM, 0)
                 sock.monitor(endpoint, _WATCHED)
                 monitor.connect(endpoint)
                 self._watched.append((sock, monitor, address))
+                if (port := _PORTS.get(int(sock.type))) is not None:
+                    self._ports[address] = port
         except BaseException:
             self.close()
             raise
@@ -223,30 +249,42 @@ class HandshakeWatch:
     def drain(self) -> None:
         """Read every queued event, remembering the clearest failed handshake of each
         address since its last successful one."""
+        now = time.monotonic()
         for _, monitor, address in self._watched:
             while monitor.poll(0):
                 message = recv_monitor_message(monitor, zmq.NOBLOCK)
-                event = int(message["event"])
+                event, value = int(message["event"]), int(message["value"])
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    self._failures.pop(address, None)
-                    self._vague.pop(address, None)
-                    continue
-                if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                    self._vague[address] = self._vague.get(address, 0) + 1
-                if _RANK[event] >= _RANK[self._failures.get(address, (event, 0))[0]]:
-                    self._failures[address] = (event, int(message["value"]))
+                    self._succeeded(address)
+                elif event == zmq.EVENT_CONNECTED:
+                    self._connected[address] = now
+                elif event == zmq.EVENT_DISCONNECTED:
+                    if self._connected.pop(address, None) is not None:  # gone before its handshake ended
+                        self._suspects.add(address)
+                else:
+                    self._failed(address, event, value)
 
-    def error(self, *, certain_only: bool = False) -> AuthenticationError | None:
+    def error(self, *, certain_only: bool = False) -> BertClientError | None:
         """The failed handshake to report, after draining the events.
 
-        With ``certain_only`` only failures that retrying cannot cure count: a refused key,
-        a mismatched security mechanism, and a handshake that failed without detail twice in
-        a row (a wrong ``server_key`` does that on every attempt, and so can a plain client
-        that a CURVE server hangs up on before the mismatch is told; once may be a race that
-        hid a clearer reason). Otherwise a bare handshake failure counts only when the wait
-        has run out anyway.
+        Something other than a bertserve server at an address (:class:`WrongPortError`) is
+        reported first, once a probe has told what answers there. With ``certain_only`` only
+        failures that retrying cannot cure count, and none while a probe is still looking: a
+        refused key, a mismatched security mechanism, and a handshake that failed without
+        detail twice in a row (a wrong ``server_key`` does that on every attempt, and so can a
+        plain client that a CURVE server hangs up on before the mismatch is told; once may be a
+        race that hid a clearer reason). Otherwise a bare handshake failure counts only when
+        the wait has run out anyway.
         """
         self.drain()
+        self._look(time.monotonic())
+        for address, port in self._ports.items():  # the request port first
+            probe = self._probes.get(address)
+            found = probe.peer.instead_of(port) if probe is not None and probe.peer is not None else None
+            if found is not None:
+                return WrongPortError(_wrong_port(address, port, found), address=address)
+        if certain_only and not all(probe.done for probe in self._probes.values()):
+            return None
         failures = [
             (_RANK[event], address, event, value)
             for address, (event, value) in self._failures.items()
@@ -260,10 +298,52 @@ class HandshakeWatch:
     def close(self) -> None:
         """Stop monitoring and close the monitor sockets; calling it again does nothing."""
         watched, self._watched = self._watched, []
+        for probe in self._probes.values():
+            probe.close()
         for sock, monitor, _ in watched:
             if not sock.closed:
                 sock.disable_monitor()
             monitor.close(linger=0)
+
+    def _succeeded(self, address: str) -> None:
+        self._failures.pop(address, None)
+        self._vague.pop(address, None)
+        self._connected.pop(address, None)
+        self._suspects.discard(address)
+        if (probe := self._probes.pop(address, None)) is not None:
+            probe.close()
+
+    def _failed(self, address: str, event: int, value: int) -> None:
+        self._connected.pop(address, None)
+        # A refused key, or a plain client that a CURVE server told of the mismatch: what
+        # answers is a CURVE socket, which a probe could tell no more of.
+        told_curve = event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (
+            self.public_key is None and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+        )
+        if not told_curve:
+            self._suspects.add(address)
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self._vague[address] = self._vague.get(address, 0) + 1
+        if _RANK[event] >= _RANK[self._failures.get(address, (event, 0))[0]]:
+            self._failures[address] = (event, value)
+
+    def _look(self, now: float) -> None:
+        """Start a probe of each suspect address (one whose connection has stalled, too) that
+        has none, and move every probe on."""
+        for sock, _, address in self._watched:
+            connected = self._connected.get(address)
+            if connected is not None and now - connected >= STALLED_AFTER_S:
+                self._suspects.add(address)
+            if address in self._suspects and address in self._ports and address not in self._probes:
+                self._probes[address] = PeerProbe(sock.context, address, ipv6=bool(sock.get(zmq.IPV6)), now=now)
+        for address, probe in self._probes.items():
+            if probe.done:
+                continue
+            probe.advance(now)
+            mechanism = probe.peer.mechanism if probe.peer is not None else None
+            if mechanism is not None and (mechanism == "CURVE") != (self.public_key is not None):
+                # What a racing disconnect may have hidden: one side uses CURVE, the other not.
+                self._failed(address, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 
     def _describe(self, address: str, event: int, value: int) -> str:
         key = self.public_key
@@ -291,3 +371,11 @@ class HandshakeWatch:
             )
         reason = os.strerror(value) if value > 0 else "no detail"
         return f"the handshake with {server} failed ({reason}): it probably requires CURVE: pass {_CURVE_OPTIONS}"
+
+
+def _wrong_port(address: str, port: Port, found: str) -> str:
+    """The message for ``address``, where ``found`` answers instead of the server's ``port``."""
+    return (
+        f"{address} is not a bertserve {port.name}: {found}. "
+        f"Point the client at the server's {port.name}: its {port.flag}, {port.default} by default"
+    )

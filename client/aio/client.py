@@ -125,9 +125,10 @@ class AsyncBertClient:
         """Open the sockets and ask for the server's configuration, if not done yet.
 
         Raises :class:`NoServerError` if no server answers (within a second if nothing listens
-        on this machine, else within the timeout), :class:`AuthenticationError` if the CURVE
-        handshake is refused, and :class:`ProtocolVersionError` if the server speaks another
-        protocol; the client is then left unconnected.
+        on this machine, else within the timeout), :class:`WrongPortError` if something else
+        answers at the port (the server's HTTP port, say), :class:`AuthenticationError` if the
+        CURVE handshake is refused, and :class:`ProtocolVersionError` if the server speaks
+        another protocol; the client is then left unconnected.
         """
         await self._connection.open()
 

@@ -30,7 +30,7 @@ import zmq.asyncio
 from ..core.options import Curve
 from ..core.replies import ReplyBook
 from ..core.window import ReplyWindow
-from ..errors import AuthenticationError, ClientClosedError
+from ..errors import BertClientError, ClientClosedError
 from ..protocol import Reply
 from ..security import announce
 from ..sockets import open_sockets
@@ -156,8 +156,9 @@ class AsyncTransport:
             raise
         return True
 
-    def refusal(self, *, certain_only: bool = False) -> AuthenticationError | None:
-        """Why the server may never have seen this client: a refused handshake, if one was seen."""
+    def refusal(self, *, certain_only: bool = False) -> BertClientError | None:
+        """Why the server may never have seen this client: a refused handshake, or a port that
+        is not the server's, if one was seen (with ``certain_only``, only what retrying cannot mend)."""
         return self._watch.error(certain_only=certain_only)
 
     def nobody_listens(self, waited_s: float) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import AuthenticationError, BertClientError, ServerTimeoutError
+from ..errors import BertClientError, ServerTimeoutError
 from ..protocol import CANCEL, Reply
 from .handshake import Handshake, check_server
 from .options import ClientOptions, check_timeout
@@ -90,11 +90,11 @@ class ClientCore:
     # -- errors ------------------------------------------------------------------------
 
     def timeout_error(
-        self, what: str, refusal: AuthenticationError | None, timeout_ms: float | None = None
+        self, what: str, refusal: BertClientError | None, timeout_ms: float | None = None
     ) -> BertClientError:
         """The error for a wait for ``what`` that ran out after ``timeout_ms`` (by default the
-        client's): the handshake ``refusal`` if there was one, since then the server never saw
-        the client, else a timeout."""
+        client's): the failed handshake ``refusal`` if there was one, since then the server never
+        saw the client, else a timeout."""
         if refusal is not None:
             return refusal
         timeout_ms = self._timeout if timeout_ms is None else timeout_ms

@@ -7,7 +7,9 @@ an answer comes through: until the server's ``PUB`` has seen the client's subscr
 whether anything listens at all (:class:`~bertserve.client.probe.ServerProbe`): a server on
 this machine that is not running raises :class:`NoServerError` within a second, as does any
 server that does not answer the handshake within the timeout. A handshake that CURVE refused
-raises :class:`AuthenticationError`, at once if retrying cannot mend it.
+raises :class:`AuthenticationError`, at once if retrying cannot mend it; one that failed because
+something other than a bertserve server answers (its HTTP port, say) raises
+:class:`WrongPortError` within a second or two.
 
 :class:`Handshake` decides; the drivers (``sync/connection.py``, ``aio/client.py``) send, wait
 and tell it what they saw.
@@ -21,7 +23,7 @@ from typing import Any
 
 from .._version import __version__
 from ..advice import PYTHON, Advice
-from ..errors import AuthenticationError, NoServerError, ProtocolVersionError
+from ..errors import BertClientError, NoServerError, ProtocolVersionError
 from ..protocol import CONFIG, PROTOCOL_VERSION, Reply
 from .options import model_field
 from .results import answer
@@ -45,16 +47,14 @@ class Handshake:
         self.started = now
         self.deadline = now + timeout_ms / 1000
 
-    def wait_until(self, now: float, refusal: Callable[[], AuthenticationError | None]) -> float:
+    def wait_until(self, now: float, refusal: Callable[[], BertClientError | None]) -> float:
         """Until when to wait for an answer to the asking sent ``now``; at the deadline, raise
-        the refused handshake ``refusal()`` tells of, or else :class:`NoServerError`."""
+        the failed handshake ``refusal()`` tells of, or else :class:`NoServerError`."""
         if now >= self.deadline:
             raise refusal() or self.no_server(refused=False)
         return min(self.deadline, now + RESEND_S)
 
-    def unanswered(
-        self, now: float, refusal: AuthenticationError | None, nobody_listens: Callable[[float], bool]
-    ) -> None:
+    def unanswered(self, now: float, refusal: BertClientError | None, nobody_listens: Callable[[float], bool]) -> None:
         """A wait ended ``now`` with no answer: raise if waiting on cannot help, that is if the
         handshake was ``refusal`` for good, or ``nobody_listens`` after the time waited."""
         if refusal is not None:

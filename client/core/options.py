@@ -78,9 +78,12 @@ def check_port(name: str, port: object) -> int:
 
 
 def check_port_out(port: int, port_out: object) -> int:
-    """The reply port: ``port_out``, or ``port + 1`` when it is ``None``."""
+    """The reply port: ``port_out``, or ``port + 1`` when it is ``None``; never ``port``, as a
+    server's reply port differs from its request port."""
     if port_out is not None:
-        return check_port("port_out", port_out)
+        if (reply_port := check_port("port_out", port_out)) == port:
+            raise ValueError(f"port and port_out are both {port}: a bertserve server's reply port is another")
+        return reply_port
     if port == 65535:
         raise ValueError("port_out defaults to port + 1, and port is 65535: pass port_out")
     return port + 1

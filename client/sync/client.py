@@ -73,8 +73,10 @@ class BertClient:
     reply port ``port_out`` (by default ``port + 1``, as the server has it) and asks for its
     configuration, so a server that is not there raises :class:`NoServerError` (a
     :class:`ServerTimeoutError`): within a second if nothing listens on this machine, else
-    once the timeout runs out. ``timeout`` (milliseconds, finite) bounds every wait. Use it as
-    a context manager, or call :meth:`close`; a closed client raises :class:`ClientClosedError`.
+    once the timeout runs out. A port where something else answers (the server's HTTP port or
+    its reply port, say) raises :class:`WrongPortError`, naming it, within a second or two.
+    ``timeout`` (milliseconds, finite) bounds every wait. Use it as a context manager, or call
+    :meth:`close`; a closed client raises :class:`ClientClosedError`.
     Calls from two threads at once raise :class:`ConcurrentUseError`: share a server between
     threads with ``ConcurrentBertClient``.
 

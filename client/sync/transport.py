@@ -23,7 +23,7 @@ import zmq
 from ..core.options import Curve
 from ..core.replies import ReplyBook
 from ..core.window import ReplyWindow
-from ..errors import AuthenticationError
+from ..errors import BertClientError
 from ..protocol import Reply
 from ..security import announce
 from ..sockets import open_sockets
@@ -127,9 +127,9 @@ class Transport(Generic[TagT]):
                     self._push.send_multipart(cancel_frames(request_id), zmq.NOBLOCK)
         self.give_up(ids)
 
-    def refusal(self, *, certain_only: bool = False) -> AuthenticationError | None:
-        """Why the server may never have seen this client: a refused handshake, if one was
-        seen (with ``certain_only``, only one that retrying cannot mend)."""
+    def refusal(self, *, certain_only: bool = False) -> BertClientError | None:
+        """Why the server may never have seen this client: a refused handshake, or a port that
+        is not the server's, if one was seen (with ``certain_only``, only what retrying cannot mend)."""
         return self._watch.error(certain_only=certain_only)
 
     def nobody_listens(self, waited_s: float) -> bool:
