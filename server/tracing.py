@@ -15,8 +15,10 @@ it times its steps once, and :func:`record` gives each traced request its own sp
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +28,10 @@ TRACEPARENT_PATTERN = r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 """A W3C ``traceparent`` of version 00, the only form a frame may carry."""
 TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 _INVALID_IDS = ("0" * 32, "0" * 16)  # W3C: a trace or parent id of zeros is invalid
+
+SHUTDOWN_MS = 2000
+"""How long the spans still batched get to leave as a process stops: a collector that is down
+or slow costs a stop no more than this."""
 
 _tracer: Any = None  # opentelemetry's Tracer, once setup() ran
 _provider: Any = None
@@ -71,6 +77,11 @@ def install(processor: Any, role: str, model: str | None = None) -> None:
     _provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
     _provider.add_span_processor(processor)
     _tracer = _provider.get_tracer("bertserve")
+    # The SDK's own warnings (a collector that does not answer) go where this process logs, in its form.
+    sdk_logger = logging.getLogger("opentelemetry")
+    sdk_logger.handlers[:] = logging.getLogger("bertserve").handlers
+    sdk_logger.setLevel(logging.WARNING)
+    sdk_logger.propagate = False
 
 
 def shutdown() -> None:
@@ -78,7 +89,11 @@ def shutdown() -> None:
     child ends with ``os._exit``, which runs no exit handler)."""
     global _tracer, _provider
     if _provider is not None:
-        _provider.shutdown()
+        # In a thread of its own, waited for SHUTDOWN_MS at most: the SDK's shutdown waits for an
+        # export under way, whose retries last up to its timeout (OTEL_EXPORTER_OTLP_TIMEOUT, 10 s).
+        stopping = threading.Thread(target=_provider.shutdown, name="bertserve-traces-shutdown", daemon=True)
+        stopping.start()
+        stopping.join(SHUTDOWN_MS / 1000)
     _tracer = _provider = None
 
 

@@ -341,27 +341,35 @@ def _check_server_requirements(command: str) -> None:
         )
 
 
-def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
-    print_status("warning", str(message))
+def _say(kind: str, message: str, json_logs: bool) -> None:
+    """A warning or an error of the command: ``bertserve: error: ...`` on stderr, or with
+    ``--log-format json`` a log line like every other."""
+    if json_logs:
+        logger.log(logging.ERROR if kind == "error" else logging.WARNING, message)
+    else:
+        print_status(kind, message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    json_logs = False
     try:
         args = parse_args(build_parser(), argv)
         if args.command in SERVER_COMMANDS:
             _check_server_requirements(args.command)
         telemetry = telemetry_from_args(args)
-        setup_logging(telemetry.level, json=telemetry.json_logs, role=_ROLES.get(args.command, "cli"))
+        json_logs = telemetry.json_logs
+        setup_logging(telemetry.level, json=json_logs, role=_ROLES.get(args.command, "cli"))
         quiet_native_logs(args.verbose)  # before anything imports TensorFlow, here or in a worker
         with warnings.catch_warnings():
-            warnings.showwarning = _show_warning  # "bertserve: warning: ...", not a source line
+            # "bertserve: warning: ...", not a source line
+            warnings.showwarning = lambda message, *_, **__: _say("warning", str(message), json_logs)
             return int(args.run(args))
     except ImportError as exc:  # a server package gone since the check, or there but broken
         missing = missing_server_requirements()
-        print_status("error", f"{exc}; install them with: {install_command(missing)}" if missing else str(exc))
+        _say("error", f"{exc}; install them with: {install_command(missing)}" if missing else str(exc), json_logs)
         return 2
     except (BertServeError, ValueError, TypeError, OSError) as exc:
-        print_status("error", str(exc))
+        _say("error", str(exc), json_logs)
         return 2
     except KeyboardInterrupt:
         return 130

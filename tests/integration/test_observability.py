@@ -368,3 +368,30 @@ def test_a_remote_workers_spans_join_the_trace_and_its_host_logs_json(receiver, 
         _assert_whole(spans, "2222222222222222", inputs=1)
         records = _json_lines(host)
         assert {record["role"] for record in records} >= {"host", "worker"}
+
+
+def test_a_collector_that_is_down_costs_the_requests_nothing_and_the_stop_little(tiny_google: str) -> None:
+    """Spans to a port nobody listens on: the requests are answered as ever, the exporter's
+    complaints are log lines in the server's form, and the server still stops within bounds."""
+    server = start_server(
+        "--model-dir",
+        tiny_google,
+        "--model-class",
+        HASHING,
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{free_port()}",
+        env=FAST_EXPORT,
+        timeout=60,
+    )
+    try:
+        with BertClient("127.0.0.1", server.port, server.port_out, timeout=10_000) as client:
+            for i in range(20):
+                assert client.encode([f"sentence {i}"]).shape == (1, 16)
+        time.sleep(1)  # the exporters try, and fail
+    finally:
+        started = time.monotonic()
+        server.stop()
+        stopped_in = time.monotonic() - started
+    assert stopped_in < 12, stopped_in
+    complaints = [line for line in server.output if "opentelemetry" in line]
+    assert complaints and all(line.split()[1] in ("WARNING", "ERROR") for line in complaints), complaints[:3]
