@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from bertserve.client.terminal import colour_wanted
@@ -50,9 +51,15 @@ class _Formatter(logging.Formatter):
         return text
 
 
+REQUEST_ID: ContextVar[str | None] = ContextVar("bertserve_request_id", default=None)
+"""The id of the request being served in this task (an HTTP request's, :mod:`.http.request_ids`):
+the ``request_id`` of a log line that does not name one."""
+
+
 class _Fields(logging.Filter):
     """Gives every record of a process the fields a JSON line names even when the call did not
-    (``role``, ``model``, ``request_id``); one the call gave (``extra=``) is kept."""
+    (``role``, ``model``, ``request_id``: the request served in this task, if any); one the
+    call gave (``extra=``) is kept."""
 
     def __init__(self, role: str, model: str | None) -> None:
         super().__init__()
@@ -62,6 +69,8 @@ class _Fields(logging.Filter):
         for name, value in self._defaults.items():
             if getattr(record, name, None) is None:
                 setattr(record, name, value)
+        if getattr(record, "request_id", None) is None:
+            record.request_id = REQUEST_ID.get()
         access = record.args if record.name == "uvicorn.access" else None
         if isinstance(access, tuple) and len(access) == 5:  # (client, method, path, HTTP version, status)
             record.client, record.method, record.path, _, record.status = access

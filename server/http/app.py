@@ -28,7 +28,6 @@ import numpy as np
 from bertserve.client import __version__, protocol as p
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from fastapi_offline import FastAPIOffline
 
@@ -36,19 +35,18 @@ from .. import metrics, tracing
 from ..config.http import HTTP_HEADERS
 from ..model.prompts import apply_prompt
 from . import compact
-from .bodies import BodyBudget, BodyPace
+from .bodies import BodyPace
 from .catalog import Catalog, ModelSettings
 from .disconnects import ClientGone, unless_disconnected
-from .front import Front, caller
+from .front import caller
 from .gateway import Gateway, GatewayError
+from .layers import add_layers
 from .lengths import Tokenizing, check_text_limits, explain_bounded, first_over_long, tokens_answered
 from .options import Asked, asked, checked_prompt_name, direction, prompt_text
 from .principals import Principals
 from .schemas import (
-    CHUNKED_HEADER,
     CLIENT_CLOSED,
     STATUS_OF_KIND,
-    VERSION_HEADER,
     EmbeddingRequest,
     EmbedRequest,
     EncodeRequest,
@@ -85,7 +83,6 @@ class Settings:
 
 DOCS_ASSETS = "/docs/assets"
 """Where Swagger UI's and ReDoc's JavaScript, CSS and icon are served from."""
-_UNTRACED = "/health$,/ready$,/metrics$,/docs,/redoc,/openapi.json$"  # probes and pages: no spans
 
 
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
@@ -107,33 +104,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         static_url=DOCS_ASSETS,
         description="BERT sentence embeddings over HTTP: OpenAI-, TEI- and bert-as-service-compatible.",
     )
-    app.add_middleware(
-        Front,
-        principals=settings.principals,
-        limit=settings.max_body_bytes,
-        budget=BodyBudget(settings.max_bodies_bytes, settings.max_principal_bodies_bytes),
-        pace=settings.body_pace,
-        max_headers=settings.max_headers,
-        principal_metrics=settings.metrics_principals,
-    )
-    if settings.traced:  # around Front, so a request it refuses is traced too
-        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
-
-        app.add_middleware(
-            OpenTelemetryMiddleware,
-            excluded_urls=_UNTRACED,
-            exclude_spans=["receive", "send"],
-            tracer_provider=tracing.provider(),
-        )
-    if settings.cors_origins:  # outermost: a preflight is answered before Front asks for a key
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "traceparent", "tracestate"],
-            expose_headers=[CHUNKED_HEADER, VERSION_HEADER, "Retry-After", "WWW-Authenticate"],
-            max_age=600,
-        )
+    add_layers(app, settings)
     app.add_exception_handler(HTTPError, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     routes: list[tuple[str, str, Callable[..., Any], str]] = [

@@ -297,7 +297,13 @@ def _json_lines(server: RunningServer) -> list[dict[str, Any]]:
 
 def test_every_process_logs_one_json_object_a_line(served) -> None:
     server, port = served
-    httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "logged"}, headers={"Authorization": "x"})
+    url = f"http://127.0.0.1:{port}/v1/embeddings"
+    refused = httpx.post(url, json={"input": "logged"}, headers={"Authorization": "x", "X-Request-Id": "req-42.a"})
+    assert refused.status_code == 401 and refused.headers["x-request-id"] == "req-42.a"
+    served_ = httpx.post(url, json={"input": "x"}, headers={"Authorization": f"Bearer {KEY}", "X-Request-Id": "a b"})
+    made = served_.headers["x-request-id"]  # an id that is not a sane one is replaced
+    assert served_.status_code == 200 and len(made) == 32 and made != "a b"
+    _eventually(lambda: any(f'"{made}"' in line for line in server.output) or None, 10)
     records = _json_lines(server)
     assert {record["role"] for record in records} >= {"head", "http", "worker", "sink"}
     for record in records:
@@ -307,9 +313,13 @@ def test_every_process_logs_one_json_object_a_line(served) -> None:
     assert all(record["model"] for record in workers)  # a worker names the model it serves
     access = [record for record in records if record["logger"] == "uvicorn.access"]
     assert any(
-        record["method"] == "POST" and record["path"] == "/v1/embeddings" and record["status"] == 401
+        record["method"] == "POST"
+        and record["path"] == "/v1/embeddings"
+        and record["status"] == 401
+        and record["request_id"] == "req-42.a"
         for record in access
     )
+    assert any(record["status"] == 200 and record["request_id"] == made for record in access)
 
 
 @contextmanager

@@ -1,0 +1,53 @@
+"""The plain ASGI layers around the HTTP API, outermost first: CORS (``--cors-allow-origin``),
+the request's id (:mod:`.request_ids`), its trace (OpenTelemetry's ASGI middleware, when the
+process traces), and :class:`~.front.Front` (the key, the body's limits, the metrics)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from .. import tracing
+from .bodies import BodyBudget
+from .front import Front
+from .request_ids import RequestIds
+from .schemas import CHUNKED_HEADER, VERSION_HEADER
+
+if TYPE_CHECKING:
+    from .app import Settings
+
+_UNTRACED = "/health$,/ready$,/metrics$,/docs,/redoc,/openapi.json$"  # probes and pages: no spans
+
+
+def add_layers(app: FastAPI, settings: Settings) -> None:
+    """Wrap ``app`` in its layers (each added wraps those before it)."""
+    app.add_middleware(
+        Front,
+        principals=settings.principals,
+        limit=settings.max_body_bytes,
+        budget=BodyBudget(settings.max_bodies_bytes, settings.max_principal_bodies_bytes),
+        pace=settings.body_pace,
+        max_headers=settings.max_headers,
+        principal_metrics=settings.metrics_principals,
+    )
+    if settings.traced:  # around Front, so a request it refuses is traced too
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+        app.add_middleware(
+            OpenTelemetryMiddleware,
+            excluded_urls=_UNTRACED,
+            exclude_spans=["receive", "send"],
+            tracer_provider=tracing.provider(),
+        )
+    app.add_middleware(RequestIds)  # its id in every log line of the request, and in X-Request-Id
+    if settings.cors_origins:  # outermost: a preflight is answered before Front asks for a key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id", "traceparent", "tracestate"],
+            expose_headers=[CHUNKED_HEADER, VERSION_HEADER, "Retry-After", "WWW-Authenticate", "X-Request-Id"],
+            max_age=600,
+        )
