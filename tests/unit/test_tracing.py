@@ -234,3 +234,12 @@ def test_an_endpoint_that_cannot_work_is_refused_by_name(flag: str | None, envir
 def test_an_unknown_log_format_is_refused() -> None:
     with pytest.raises(ConfigError, match="log_format must be one of text, json"):
         Telemetry(log_format="yaml")
+
+
+def test_a_traced_part_stays_within_what_a_result_header_allows_a_part() -> None:
+    """A worker's RESULT repeats the job's parts, a traced one's traceparent included: the
+    longest key with a trace still fits the bytes the head allows each part."""
+    from bertserve.server.serving.protocol.link import RESULT_HEADER_PART_BYTES
+
+    part = {"key": "k" * 256, "rows": [], "trace": PARENT}
+    assert len(p.dumps({"parts": [part]})) - len(p.dumps({"parts": []})) + 1 <= RESULT_HEADER_PART_BYTES

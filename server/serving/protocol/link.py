@@ -82,7 +82,8 @@ RESULT_HEADER_ROW_BYTES = 128
 """What each row adds to a RESULT header: its index in its part, its length, its windows."""
 
 RESULT_HEADER_PART_BYTES = 512
-"""What each part adds to a RESULT header: its request key (at most 256 characters) and brackets."""
+"""What each part adds to a RESULT header: its request key (at most 256 characters), the
+traceparent of a traced request (55) and brackets."""
 
 RESULT_TOKEN_BYTES_PER_CHAR = 16
 """What each character of a job's texts may add to a RESULT header when the job shows tokens:
