@@ -2,18 +2,35 @@
 
 ``pip install .`` installs the client (no TensorFlow); ``pip install '.[server]'`` adds
 what the server needs. The folders ``server/`` and ``client/`` are installed as
-``bertserve.server`` and ``bertserve.client``; ``bertserve`` itself is a namespace package.
+``bertserve.server`` and ``bertserve.client``, and ``package/__init__.py`` as ``bertserve``
+itself: a regular package, not a namespace package, so that a folder named ``bertserve`` in
+the current directory (a clone of this repository) never shadows the installed one. An
+editable install (``pip install -e .``) leaves ``bertserve`` a namespace package
+(:class:`_EditableWheel` says why).
 """
 
 import re
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.editable_wheel import editable_wheel
 
 _HERE = Path(__file__).parent
 _VERSION = re.search(
     r'^__version__ = "([^"]+)"', (_HERE / "client" / "_version.py").read_text(), re.M
 ).group(1)
+
+
+class _EditableWheel(editable_wheel):
+    """``pip install -e .`` leaves ``bertserve`` a namespace package. A regular one would guard
+    nothing there: the finder of an editable install is asked only after every ``sys.path``
+    entry, the current directory among them. And import-linter takes ``bertserve.client`` and
+    ``bertserve.server`` as root packages (pyproject.toml) only as portions of a namespace package."""
+
+    def run(self) -> None:
+        self.distribution.packages = [name for name in self.distribution.packages if name != "bertserve"]
+        super().run()
+
 
 setup(
     name="bertserve",
@@ -24,6 +41,7 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=[
+        "bertserve",
         "bertserve.client",
         "bertserve.client.aio",
         "bertserve.client.core",
@@ -44,7 +62,7 @@ setup(
         "bertserve.server.config",
         "bertserve.server.testing",
     ],
-    package_dir={"bertserve.client": "client", "bertserve.server": "server"},
+    package_dir={"bertserve": "package", "bertserve.client": "client", "bertserve.server": "server"},
     package_data={"bertserve.client": ["py.typed"], "bertserve.server": ["py.typed"]},
     install_requires=["numpy>=1.24", "pyzmq>=25", "termcolor>=2.3", "tqdm>=4.60"],
     extras_require={
@@ -92,6 +110,7 @@ setup(
         ],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },
+    cmdclass={"editable_wheel": _EditableWheel},
     entry_points={"console_scripts": ["bertserve = bertserve.server.cli.main:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
