@@ -26,6 +26,7 @@ from .errors import (
     ServerError,
     ServerTimeoutError,
     UnknownModelError,
+    WrongPortError,
 )
 from .sync.client import BertClient
 from .sync.pool import ConcurrentBertClient
@@ -45,5 +46,6 @@ __all__ = [
     "ServerError",
     "ServerTimeoutError",
     "UnknownModelError",
+    "WrongPortError",
     "__version__",
 ]

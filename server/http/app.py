@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,10 +31,8 @@ from fastapi.responses import Response
 from fastapi_offline import FastAPIOffline
 
 from .. import metrics, tracing
-from ..config.http import HTTP_HEADERS
 from ..model.prompts import apply_prompt
 from . import compact
-from .bodies import BodyPace
 from .catalog import Catalog, ModelSettings
 from .disconnects import ClientGone, unless_disconnected
 from .front import caller
@@ -43,7 +40,6 @@ from .gateway import Gateway, GatewayError
 from .layers import add_layers
 from .lengths import Tokenizing, check_text_limits, explain_bounded, first_over_long, tokens_answered
 from .options import Asked, asked, checked_prompt_name, direction, prompt_text
-from .principals import Principals
 from .schemas import (
     CLIENT_CLOSED,
     STATUS_OF_KIND,
@@ -58,28 +54,8 @@ from .schemas import (
     json_response,
     openai_input,
 )
+from .settings import Settings
 from .tasks import TaskEndpoints
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the HTTP process needs to know about the server it fronts."""
-
-    models: tuple[ModelSettings, ...]  # every served model (the head says which is the default)
-    principals: Principals  # none: no key needed, and each peer address is a principal
-    max_body_bytes: int
-    max_bodies_bytes: int  # what the bodies in flight may hold at once (see .bodies)
-    max_inputs: int
-    request_timeout_s: float
-    token_id_input: bool = False  # OpenAI-style token id arrays are taken, as ids of the model's vocabulary
-    max_text_chars: int = 100_000  # characters in one input, checked before anything tokenizes it
-    max_principal_bodies_bytes: int | None = None  # what one principal's bodies may hold at once (None: all)
-    body_pace: BodyPace = field(default_factory=BodyPace)
-    max_headers: int = HTTP_HEADERS
-    metrics_principals: bool = False  # name each principal in /metrics (--metrics-principals)
-    cors_origins: tuple[str, ...] = ()  # the origins a browser's page may call from (--cors-allow-origin)
-    traced: bool = False  # this process traces (tracing.setup ran): each request's span, its context sent on
-
 
 DOCS_ASSETS = "/docs/assets"
 """Where Swagger UI's and ReDoc's JavaScript, CSS and icon are served from."""

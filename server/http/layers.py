@@ -4,8 +4,6 @@ process traces), and :class:`~.front.Front` (the key, the body's limits, the met
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
@@ -14,9 +12,7 @@ from .bodies import BodyBudget
 from .front import Front
 from .request_ids import RequestIds
 from .schemas import CHUNKED_HEADER, VERSION_HEADER
-
-if TYPE_CHECKING:
-    from .app import Settings
+from .settings import Settings
 
 _UNTRACED = "/health$,/ready$,/metrics$,/docs,/redoc,/openapi.json$"  # probes and pages: no spans
 

@@ -23,6 +23,7 @@ def test_public_names() -> None:
         "ServerError",
         "ServerTimeoutError",
         "UnknownModelError",
+        "WrongPortError",
         "__version__",
     ]
     for name in bertserve.client.__all__:
