@@ -1,6 +1,6 @@
-"""In-process encoding as the documentation shows it: every Python example of ``Encoder`` in
-README.md and docs/ runs as written, in a fresh interpreter, and ``Encoder()`` loads the
-default model as quietly as ``bertserve start`` does (nothing of TensorFlow's on stderr)."""
+"""``Encoder()`` loads the default model as quietly as ``bertserve start`` does (nothing of
+TensorFlow's on stderr), unless ``verbose=True``. The documentation's ``Encoder`` examples run
+as written, with nothing on stderr, in tests/integration/test_doc_examples.py."""
 
 from __future__ import annotations
 
@@ -14,21 +14,10 @@ import pytest
 
 pytestmark = pytest.mark.minilm
 
-ROOT = Path(__file__).resolve().parents[2]
-_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 # What TensorFlow, CUDA, oneDNN and absl write as TensorFlow loads on a machine like CI's.
 _NOISE = re.compile(
     r"^[IWEF]\d{4} |^(INFO|WARNING|ERROR): |cuda|cuInit|TF-TRT|oneDNN|absl|tensorflow|Warning", re.M | re.I
 )
-
-
-def _examples() -> list[tuple[str, str]]:
-    found = []
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for code in _BLOCK.findall(page.read_text(encoding="utf-8")):
-            if "import Encoder" in code:
-                found.append((page.relative_to(ROOT).as_posix(), code))
-    return found
 
 
 def _run(code: str, graph_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -45,22 +34,6 @@ def _run(code: str, graph_dir: Path, **env: str) -> subprocess.CompletedProcess[
 def graph_dir(session_graph_dir: str) -> Path:
     """The run's graph cache: the default model's graph is built once, by whichever test needs it first."""
     return Path(session_graph_dir)
-
-
-def test_the_documentation_shows_encoder_with_the_default_model() -> None:
-    examples = _examples()
-    assert examples, "no Python example imports Encoder in README.md or docs/"
-    for page, code in examples:
-        assert "path/to" not in code, f"{page}: an example that cannot run as written:\n{code}"
-
-
-@pytest.mark.parametrize(("page", "code"), _examples())
-def test_each_example_runs_as_written(minilm: str, graph_dir: Path, page: str, code: str) -> None:
-    done = _run(code, graph_dir)
-    assert done.returncode == 0, f"{page}:\n{code}\nstderr:\n{done.stderr}"
-    if "print(vectors.shape)" in code:
-        assert done.stdout.strip().splitlines()[-1] == "(2, 384)", done.stdout
-    assert done.stderr == "", f"{page}: the example wrote to stderr:\n{done.stderr}"
 
 
 def test_encoder_is_as_quiet_as_the_server_unless_verbose(minilm: str, graph_dir: Path) -> None:
