@@ -262,6 +262,7 @@ class Server:
     output: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=400))
     ready: threading.Event = field(default_factory=threading.Event)
     said_error: threading.Event = field(default_factory=threading.Event)
+    interrupted: bool = False
 
     @classmethod
     def start(cls, command: str, ports: Ports, env: dict[str, str], cwd: Path) -> Server:
@@ -306,21 +307,25 @@ class Server:
             raise AssertionError(f"`{self.command}` was still running {timeout:.0f} s later:\n{self.tail()}") from None
 
     def interrupt(self) -> None:
-        """Ctrl-C, as a terminal sends it: SIGINT to its session."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGINT)
+        """Ctrl-C, as a terminal sends it: SIGINT to its session (once: a second one would
+        fail what is in flight and stop at once)."""
+        if not self.interrupted:
+            self.interrupted = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGINT)
 
-    def stop(self, timeout: float = 60) -> None:
-        """Ctrl-C and wait for it, then SIGKILL to what is left of its session."""
-        self.interrupt()
-        try:
+    def wait_stopped(self, timeout: float = 60) -> None:
+        """Wait for it to stop, then SIGKILL what is left of its session."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout)
             time.sleep(0.2)  # the session's other processes, if any, are on their way out
-        except subprocess.TimeoutExpired:
-            pass
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(10)
+
+    def stop(self) -> None:
+        self.interrupt()
+        self.wait_stopped()
 
 
 def read_env(path: Path) -> dict[str, str]:

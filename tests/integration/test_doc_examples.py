@@ -31,7 +31,9 @@ them). What "as written" allows, and nothing else:
   first. An ``Encoder`` example must print nothing on stderr (as quiet as ``bertserve start``).
 
 Blocks that cannot run here are in SKIPPED, each with its reason. A runnable block neither run
-nor listed, a listed block no page has, and a fence without a language all fail.
+nor listed, a listed block no page has, and a fence without a language all fail; so does a
+block with a command that cannot run here (another ``pip install``, a benchmark, Docker, a
+Hub download: _NOT_HERE), before it runs, saying to list it.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ class Run:
         for _, server in list(self.servers.values()):
             self.stop(server)
         for server in self.stopping:
-            server.stop()
+            server.wait_stopped()
 
 
 def _servers_named(block: Block) -> list[str]:
