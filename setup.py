@@ -84,12 +84,8 @@ setup(
             "huggingface_hub>=2.4",  # --model-id: resolve_revision, the cached tree listings (server/model/hub.py)
             "python-json-logger>=3.1",  # --log-format json (server/logs.py)
         ],
-        # --otlp-endpoint: OpenTelemetry's SDK, its OTLP/HTTP exporter and its ASGI middleware (server/tracing.py)
-        "otel": [
-            "opentelemetry-sdk>=1.30",
-            "opentelemetry-exporter-otlp-proto-http>=1.30",
-            "opentelemetry-instrumentation-asgi>=0.51b0",
-        ],
+        # --otlp-endpoint: OpenTelemetry's SDK and its OTLP/HTTP exporter (server/tracing.py)
+        "otel": ["opentelemetry-sdk>=1.30", "opentelemetry-exporter-otlp-proto-http>=1.30"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",

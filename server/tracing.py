@@ -15,6 +15,7 @@ it times its steps once, and :func:`record` gives each traced request its own sp
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -28,6 +29,13 @@ TRACEPARENT_PATTERN = r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 """A W3C ``traceparent`` of version 00, the only form a frame may carry."""
 TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 _INVALID_IDS = ("0" * 32, "0" * 16)  # W3C: a trace or parent id of zeros is invalid
+_MEMBER = (
+    r"(?:[a-z][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+_TRACESTATE = re.compile(rf"[ \t]*{_MEMBER}[ \t]*(?:,[ \t]*{_MEMBER}[ \t]*){{0,31}}")
+"""A W3C ``tracestate`` the SDK reads without complaint: another is dropped here, unlogged,
+since a caller could otherwise make the SDK log a warning for every request."""
 
 SHUTDOWN_MS = 2000
 """How long the spans still batched get to leave as a process stops: a collector that is down
@@ -124,6 +132,20 @@ def start(
     return _tracer.start_span(name, context=_context(parent), attributes=attributes, start_time=start_ns)
 
 
+def server_span(name: str, traceparent: Any, tracestate: Any, attributes: Mapping[str, Any]) -> Any:
+    """A span of kind SERVER begun now: the child of a caller's ``traceparent`` header (with
+    its ``tracestate``), or, for a missing or malformed one, the root of a new trace, as W3C
+    says. This process must trace (:func:`enabled`)."""
+    from opentelemetry.trace import SpanKind
+
+    parent = checked_traceparent(traceparent)
+    state = (
+        tracestate if parent is not None and isinstance(tracestate, str) and _TRACESTATE.fullmatch(tracestate) else None
+    )
+    context = _context(parent, state)
+    return _tracer.start_span(name, context=context, kind=SpanKind.SERVER, attributes=attributes)
+
+
 def end(span: Any, *, error: str | None = None, attributes: Mapping[str, Any] | None = None) -> None:
     """End ``span`` (None: nothing), with an error status if ``error``."""
     if span is None:
@@ -175,13 +197,13 @@ def record(
     once for each of ``parents``: one job run for several requests shows in each one's trace."""
     if _tracer is None:
         return
+    from opentelemetry.trace import set_span_in_context
+
     for parent in dict.fromkeys(parents):
         span = _tracer.start_span(name, context=_context(parent), attributes=attributes, start_time=start_ns)
-        under = traceparent_of(span)
+        under = set_span_in_context(span)
         for step in steps:
-            child = _tracer.start_span(
-                step.name, context=_context(under), attributes=step.attributes, start_time=step.start_ns
-            )
+            child = _tracer.start_span(step.name, context=under, attributes=step.attributes, start_time=step.start_ns)
             child.end(end_time=step.end_ns)
         if error is not None:
             from opentelemetry.trace import Status, StatusCode
@@ -195,10 +217,19 @@ def wall_ns(instant: float) -> int:
     return time.time_ns() - int((time.monotonic() - instant) * 1e9)
 
 
-def _context(traceparent: str | None) -> Any:
-    """The OpenTelemetry context whose parent is ``traceparent`` (None: a new trace)."""
+@functools.lru_cache(maxsize=256)
+def _context(traceparent: str | None, tracestate: str | None = None) -> Any:
+    """The OpenTelemetry context whose parent is ``traceparent`` (None: a new trace), read
+    straight from its fields: it came through :func:`checked_traceparent` or from a span of
+    this server (a frame's is checked by its schema), and the propagator's own parsing took
+    a fifth of a span's cost. Kept for a few: a merged job's parts repeat their requests'."""
     if traceparent is None:
         return None
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState, set_span_in_context
 
-    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    _, trace_id, span_id, flags = traceparent.split("-")
+    state = TraceState.from_header([tracestate]) if tracestate else None  # one it cannot read is left out
+    parent = SpanContext(
+        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16)), trace_state=state
+    )
+    return set_span_in_context(NonRecordingSpan(parent))

@@ -96,7 +96,7 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
     served = served_models(config)
     line = (
         f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
-        f"results on port {config.port_out}, {sum(entry.config.num_worker for entry in served)} worker(s), "
+        f"results on port {config.port_out}, {_workers_text(sum(entry.config.num_worker for entry in served))}, "
         f"{_output_text(info)}, {dtype_text(info)}, model {model_text(config, info)}"
     )
     if len(served) > 1:
@@ -110,6 +110,10 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
     if config.worker_port is not None:
         line += f", remote workers join on tcp://{config.bind}:{config.worker_port}"
     print(paint(line, "green", sys.stdout, bold=True), flush=True)
+
+
+def _workers_text(count: int) -> str:
+    return "1 worker" if count == 1 else f"{count} workers"
 
 
 def model_text(config: ServerConfig, info: dict[str, Any]) -> str:

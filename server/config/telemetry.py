@@ -90,7 +90,6 @@ def telemetry_from(
 _TRACING_MODULES = {
     "opentelemetry.sdk": "opentelemetry-sdk",
     "opentelemetry.exporter.otlp.proto.http": "opentelemetry-exporter-otlp-proto-http",
-    "opentelemetry.instrumentation.asgi": "opentelemetry-instrumentation-asgi",
 }
 
 

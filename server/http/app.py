@@ -80,7 +80,6 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         static_url=DOCS_ASSETS,
         description="BERT sentence embeddings over HTTP: OpenAI-, TEI- and bert-as-service-compatible.",
     )
-    add_layers(app, settings)
     app.add_exception_handler(HTTPError, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     routes: list[tuple[str, str, Callable[..., Any], str]] = [
@@ -112,6 +111,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
     ]
     for method, path, endpoint, summary in routes:
         app.add_api_route(path, endpoint, methods=[method], summary=summary)
+    add_layers(app, settings)  # once the routes are there: the traces name them
     return app
 
 

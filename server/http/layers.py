@@ -1,20 +1,25 @@
 """The plain ASGI layers around the HTTP API, outermost first: CORS (``--cors-allow-origin``),
-the request's id (:mod:`.request_ids`), its trace (OpenTelemetry's ASGI middleware, when the
-process traces), and :class:`~.front.Front` (the key, the body's limits, the metrics)."""
+the request's id (:mod:`.request_ids`), its trace (:mod:`.traced`, when the process traces),
+and :class:`~.front.Front` (the key, the body's limits, the metrics)."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from .. import tracing
 from .bodies import BodyBudget
 from .front import Front
 from .request_ids import RequestIds
 from .schemas import CHUNKED_HEADER, VERSION_HEADER
 from .settings import Settings
+from .traced import Traced
 
-_UNTRACED = "/health$,/ready$,/metrics$,/docs,/redoc,/openapi.json$"  # probes and pages: no spans
+_UNTRACED = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json"})  # probes and pages
+
+
+def _docs_paths(routes: set[str]) -> set[str]:
+    """The docs pages' own paths (their assets, the OAuth2 redirect): not traced either."""
+    return {path for path in routes if path.startswith("/docs")}
 
 
 def add_layers(app: FastAPI, settings: Settings) -> None:
@@ -29,14 +34,8 @@ def add_layers(app: FastAPI, settings: Settings) -> None:
         principal_metrics=settings.metrics_principals,
     )
     if settings.traced:  # around Front, so a request it refuses is traced too
-        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
-
-        app.add_middleware(
-            OpenTelemetryMiddleware,
-            excluded_urls=_UNTRACED,
-            exclude_spans=["receive", "send"],
-            tracer_provider=tracing.provider(),
-        )
+        routes = {path for route in app.routes if isinstance(path := getattr(route, "path", None), str)}
+        app.add_middleware(Traced, routes=routes - _UNTRACED, untraced=_UNTRACED | _docs_paths(routes))
     app.add_middleware(RequestIds)  # its id in every log line of the request, and in X-Request-Id
     if settings.cors_origins:  # outermost: a preflight is answered before Front asks for a key
         app.add_middleware(

@@ -28,9 +28,18 @@ class Model(Protocol):
         ...
 
     def tokenize(
-        self, texts: Sequence[Any], *, is_tokenized: bool = False, keep_tokens: bool = False
+        self,
+        texts: Sequence[Any],
+        *,
+        is_tokenized: bool = False,
+        keep_tokens: bool = False,
+        chunk: bool = False,
+        truncation_direction: str = "right",
     ) -> TokenizedBatch:
-        """Token ids for ``texts``; raises ``ValueError`` naming a text it cannot take."""
+        """Token ids for ``texts``; raises ``ValueError`` naming a text it cannot take, or an
+        option it does not take: ``chunk`` (long inputs in windows, asked only of a model whose
+        ``describe()`` says it chunks) or ``truncation_direction="left"`` (cut an over-long
+        input's start, not its end)."""
         ...
 
     def run(self, batch: TokenizedBatch) -> np.ndarray:
@@ -71,18 +80,29 @@ class HashingModel:
         }
 
     def tokenize(
-        self, texts: Sequence[Any], *, is_tokenized: bool = False, keep_tokens: bool = False
+        self,
+        texts: Sequence[Any],
+        *,
+        is_tokenized: bool = False,
+        keep_tokens: bool = False,
+        chunk: bool = False,
+        truncation_direction: str = "right",
     ) -> TokenizedBatch:
+        if chunk:
+            raise ValueError("this model encodes no long input in windows: long_inputs=chunk is not available")
+        if truncation_direction not in ("right", "left"):
+            raise ValueError(f"truncation_direction must be 'right' or 'left', not {truncation_direction!r}")
         words = [list(t) if is_tokenized else str(t).split() for t in texts]
         limit = self.max_seq_len - 2
-        lengths = np.asarray([min(len(w), limit) + 2 for w in words], np.int32)
+        truncated = np.asarray([len(w) > limit for w in words], bool)
+        words = [w[-limit:] if truncation_direction == "left" and len(w) > limit else w[:limit] for w in words]
+        lengths = np.asarray([len(w) + 2 for w in words], np.int32)
         width = int(lengths.max()) if len(words) else 0
         ids = np.zeros((len(words), width), np.int32)
         for row, row_words in enumerate(words):
-            hashed = [self._word_id(word) for word in row_words[:limit]]
+            hashed = [self._word_id(word) for word in row_words]
             ids[row, : len(hashed) + 2] = [1, *hashed, 2]
-        truncated = np.asarray([len(w) > limit for w in words], bool)
-        tokens = [["[CLS]", *w[:limit], "[SEP]"] for w in words] if keep_tokens else None
+        tokens = [["[CLS]", *w, "[SEP]"] for w in words] if keep_tokens else None
         return TokenizedBatch(ids, np.zeros_like(ids), lengths, truncated, tokens)
 
     def run(self, batch: TokenizedBatch) -> np.ndarray:

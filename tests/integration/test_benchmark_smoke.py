@@ -239,7 +239,7 @@ def test_tracing_benchmark_runs_three_servers_and_gets_the_traces(tiny_google: s
     traced server's spans received."""
     script = SUITE.parent / "tracing.py"
     args = [sys.executable, str(script), "--model-dir", tiny_google, "--baseline", "HEAD", "--rounds", "2"]
-    args += ["--model-class", "bertserve.server.model.interface:HashingModel"]
+    args += ["--model-class", "bertserve.server.model.interface:HashingModel", "--export-every-ms", "100"]
     args += ["--sentences", "10", "--warmup", "2", "--bulk", "40", "--json", str(tmp_path / "tracing.json")]
     done = subprocess.run(args, capture_output=True, text=True, timeout=280, cwd=tmp_path)
     assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"

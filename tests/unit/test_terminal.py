@@ -94,7 +94,7 @@ def test_the_ready_line_is_plain_in_a_pipe(monkeypatch: pytest.MonkeyPatch) -> N
         cli.announce_ready(config, info)
         line = stream.getvalue()
         assert (ESC in line) is coloured
-        assert "ready: requests on tcp://127.0.0.1:6000, results on port 6001, 1 worker(s)" in line
+        assert "ready: requests on tcp://127.0.0.1:6000, results on port 6001, 1 worker" in line
         assert line.startswith("bertserve") is not coloured
 
 

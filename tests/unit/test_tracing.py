@@ -243,3 +243,35 @@ def test_a_traced_part_stays_within_what_a_result_header_allows_a_part() -> None
 
     part = {"key": "k" * 256, "rows": [], "trace": PARENT}
     assert len(p.dumps({"parts": [part]})) - len(p.dumps({"parts": []})) + 1 <= RESULT_HEADER_PART_BYTES
+
+
+@pytest.mark.parametrize(
+    ("tracestate", "kept"),
+    [
+        ("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7", ["congo", "rojo"]),
+        ("tenant@vendor=x y", ["tenant@vendor"]),
+        ("%%%bad", []),  # dropped unlogged: a caller cannot make every request log a warning
+        ("a=b," + ",".join(f"k{i}=v" for i in range(40)), []),  # more than 32 members
+        ("a=" + "v" * 300, []),
+        (None, []),
+    ],
+)
+def test_an_http_requests_span_continues_the_callers_context(
+    spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture, tracestate: str | None, kept: list[str]
+) -> None:
+    span = tracing.server_span("POST /v1/embeddings", PARENT, tracestate, {"url.path": "/v1/embeddings"})
+    span.end()
+    (done,) = spans.get_finished_spans()
+    assert done.kind.name == "SERVER" and done.parent is not None and _hex(done.parent.span_id, 16) == PARENT[36:52]
+    assert list(done.context.trace_state.keys()) == kept
+    assert not [record for record in caplog.records if record.name.startswith("opentelemetry")]
+
+
+@pytest.mark.parametrize("traceparent", [None, "garbage", PARENT.upper(), 7])
+def test_an_http_request_with_no_readable_traceparent_starts_a_trace(
+    spans: InMemorySpanExporter, traceparent: Any
+) -> None:
+    span = tracing.server_span("POST", traceparent, "a=b", {})
+    span.end()
+    (done,) = spans.get_finished_spans()
+    assert done.parent is None and list(done.context.trace_state.keys()) == []

@@ -236,3 +236,21 @@ def test_trim_heap_returns_free_memory_where_the_c_library_can() -> None:
     from bertserve.server.memory import trim_heap
 
     assert trim_heap() is (platform.libc_ver()[0] == "glibc")  # elsewhere a no-op that says so
+
+
+def test_the_hashing_model_cuts_either_end_and_refuses_what_it_cannot_do() -> None:
+    """A request's truncation_direction reaches a model class as the Model protocol says:
+    the numpy model keeps the last words when asked to cut on the left, and refuses an
+    option it does not take by name, as any model class should (not with a TypeError)."""
+    model = HashingModel(ModelConfig(model_dir="", max_seq_len=5))
+    words = ["one", "two", "three", "four", "five", "six"]
+    right = model.tokenize([" ".join(words)], keep_tokens=True)
+    left = model.tokenize([" ".join(words)], keep_tokens=True, truncation_direction="left")
+    assert right.tokens == [["[CLS]", "one", "two", "three", "[SEP]"]]
+    assert left.tokens == [["[CLS]", "four", "five", "six", "[SEP]"]]
+    assert right.truncated.tolist() == left.truncated.tolist() == [True]
+    assert not np.array_equal(model.run(right), model.run(left))
+    with pytest.raises(ValueError, match="long_inputs=chunk is not available"):
+        model.tokenize(["a"], chunk=True)
+    with pytest.raises(ValueError, match="truncation_direction must be"):
+        model.tokenize(["a"], truncation_direction="middle")

@@ -49,6 +49,6 @@ class JobTimes:
         if self.tokenized is not None:
             steps.append(tracing.Step("bertserve.worker.tokenize", *self.tokenized))
         if self.run is not None:
-            steps.append(tracing.Step("bertserve.worker.model_run", *self.run, attributes))
+            steps.append(tracing.Step("bertserve.worker.model_run", *self.run))  # the job's span has the attributes
         start = min([self.start_ns, *(step.start_ns for step in steps)])
         tracing.record("bertserve.worker.job", self.traces, start, time.time_ns(), attributes, steps, error)
