@@ -109,6 +109,7 @@ SKIPPED = {
     ("docs/benchmarks.md", "benchmarks/legacy_client.py"): BENCHMARK,
     ("docs/benchmarks.md", "benchmarks/latency.py"): BENCHMARK + ", and pip install -r requirements-bench.txt",
     ("docs/benchmarks.md", "benchmarks/lengths.py"): BENCHMARK,
+    ("docs/benchmarks.md", "python tracing.py --baseline"): BENCHMARK,
     ("docs/deployment.md", "bertserve worker --server head.example"): (
         "a head and workers on two machines; tests/integration/test_remote_workers.py joins them on loopback"
     ),
