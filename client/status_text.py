@@ -29,11 +29,13 @@ def status_summary(status: Mapping[str, Any]) -> str:
         f"({_count(status.get('queued_small_requests'))} small requests, "
         f"{_count(status.get('queued_bulk_requests'))} bulk), {_count(status.get('active_clients'))} active clients",
     ]
-    workers = [w for w in status.get("workers") or [] if isinstance(w, Mapping)]
+    listed = status.get("workers")
+    workers = [w for w in listed if isinstance(w, Mapping)] if isinstance(listed, list) else []
     busy = sum(1 for w in workers if w.get("state") not in (None, "idle"))
     remote = sum(1 for w in workers if w.get("remote"))
     lines.append(f"workers: {len(workers)} ({busy} busy, {remote} remote)")
-    for name, model in (status.get("models") or {}).items():
+    models = status.get("models")
+    for name, model in models.items() if isinstance(models, Mapping) else ():
         if not isinstance(model, Mapping):
             continue
         role = " (default)" if model.get("default") else ""

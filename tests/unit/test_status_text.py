@@ -30,6 +30,8 @@ def test_a_status_in_a_few_lines() -> None:
 def test_a_status_missing_or_holding_odd_fields_still_reads() -> None:
     text = status_summary({"models": {"x": "not a mapping"}, "workers": ["odd"], "uptime_s": "soon", "ready": False})
     assert text.startswith("bertserve ?, not ready, up 0 s") and "workers: 0 (0 busy, 0 remote)" in text
+    for odd in ({"models": ["a list"], "workers": {"a": "mapping"}}, {"models": 7, "workers": "text"}):
+        assert "workers: 0 (0 busy, 0 remote)" in status_summary(odd)  # a peer of another shape: read, not raised
 
 
 def test_uptime_reads_at_every_scale() -> None:
