@@ -184,6 +184,7 @@ _GREETING = 64  # bytes: the signature, the version (2), the mechanism (20), as-
 # rest of this one (which would end a CURVE peer's handshake before it told its mechanism).
 _OUR_GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + bytes(32)
 _SAID_BYTES = 200  # what a peer that does not speak ZeroMQ says is read up to its first line, or this much
+_MOST_HEARD = _GREETING + 512  # past a greeting and a READY: what more a peer sends is not read
 
 
 class PeerProbe:
@@ -234,10 +235,10 @@ class PeerProbe:
 
     def _read(self, now: float) -> None:
         assert self._stream is not None
-        while self._stream.poll(0):
+        while len(self._heard) < _MOST_HEARD and self._stream.poll(0):  # a peer that streams is heard so far only
             identity, data = self._stream.recv_multipart(zmq.NOBLOCK)
             if data:
-                self._heard += data
+                self._heard += data[: _MOST_HEARD - len(self._heard)]
             elif self._id is None:  # STREAM's notice of the connection
                 self._id, self._connected_at = identity, now
             else:  # ... and of its end
@@ -247,6 +248,8 @@ class PeerProbe:
         heard = bytes(self._heard)
         if heard[:1] == b"\xff":  # a ZeroMQ greeting: no other protocol starts so
             self._greeted(heard)
+            if not self.done and len(heard) >= _MOST_HEARD:  # a first command longer than any READY
+                self._finish(Peer(zeromq=True))
         elif heard:
             if b"\n" in heard or len(heard) >= _SAID_BYTES or self._gone:
                 self._finish(_said(heard))
@@ -266,7 +269,7 @@ class PeerProbe:
                 self._sent = _SIGNATURE + 1
             if self._gone:
                 self._finish(Peer(zeromq=True))
-        elif (mechanism := heard[12:32].rstrip(b"\0").decode("ascii", "replace")) != "NULL":
+        elif (mechanism := _printable(heard[12:32].rstrip(b"\0"))) != "NULL":
             self._finish(Peer(zeromq=True, mechanism=mechanism))  # CURVE tells its socket type to keys only
         else:
             if self._sent < _GREETING:
@@ -287,8 +290,12 @@ class PeerProbe:
 
 def _said(heard: bytes) -> Peer:
     """A peer that does not speak ZeroMQ, by the first line of what it said."""
-    line = heard.split(b"\n", 1)[0].strip().decode("ascii", "replace")
-    return Peer(zeromq=False, said="".join(c if c.isprintable() else "?" for c in line)[:80])
+    return Peer(zeromq=False, said=_printable(heard.split(b"\n", 1)[0].strip(), 80))
+
+
+def _printable(data: bytes, most: int = 40) -> str:
+    """What a peer sent, as a message may quote it: ASCII, each other character a ``?``, cut short."""
+    return "".join(c if c.isprintable() else "?" for c in data.decode("ascii", "replace"))[:most]
 
 
 def _first_command(data: bytes) -> bytes | None:
@@ -312,5 +319,5 @@ def _socket_type(command: bytes) -> str | None:
         size = int.from_bytes(command[at : at + 4], "big")
         value, at = command[at + 4 : at + 4 + size], at + 4 + size
         if name.lower() == b"socket-type":
-            return value.decode("ascii", "replace")
+            return _printable(value)
     return None

@@ -66,6 +66,22 @@ def setup(endpoint: str, role: str, model: str | None = None) -> None:
     install(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)), role, model)
 
 
+def check(endpoint: str) -> None:
+    """Make what :func:`setup` makes, and drop it: a setting of OpenTelemetry's variables that
+    the SDK refuses (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` over ``OTEL_BSP_MAX_QUEUE_SIZE``, say)
+    is refused at start, by the command, not by each process as it starts."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from .errors import ConfigError
+
+    try:
+        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+    except ValueError as exc:
+        raise ConfigError(f"OpenTelemetry's settings (OTEL_BSP_*, OTEL_EXPORTER_OTLP_*) do not hold: {exc}") from None
+    processor.shutdown()
+
+
 def install(processor: Any, role: str, model: str | None = None) -> None:
     """Trace through ``processor`` (an OpenTelemetry ``SpanProcessor``: the exporter's, or a
     test's in-memory one)."""
@@ -105,11 +121,6 @@ def shutdown() -> None:
     _tracer = _provider = None
 
 
-def provider() -> Any:
-    """This process's ``TracerProvider`` (None while tracing is off), for an instrumentation's spans."""
-    return _provider
-
-
 def enabled() -> bool:
     return _tracer is not None
 
@@ -122,14 +133,12 @@ def checked_traceparent(value: Any) -> str | None:
     return None if trace_id == _INVALID_IDS[0] or parent_id == _INVALID_IDS[1] else value
 
 
-def start(
-    name: str, *, parent: str | None = None, attributes: Mapping[str, Any] | None = None, start_ns: int | None = None
-) -> Any:
-    """A span begun now (or at ``start_ns``), the child of ``parent`` (a traceparent) or the
-    root of a new trace; None while tracing is off."""
+def start(name: str, *, parent: str | None = None, attributes: Mapping[str, Any] | None = None) -> Any:
+    """A span begun now, the child of ``parent`` (a traceparent) or the root of a new trace;
+    None while tracing is off."""
     if _tracer is None:
         return None
-    return _tracer.start_span(name, context=_context(parent), attributes=attributes, start_time=start_ns)
+    return _tracer.start_span(name, context=_context(parent), attributes=attributes)
 
 
 def server_span(name: str, traceparent: Any, tracestate: Any, attributes: Mapping[str, Any]) -> Any:

@@ -343,8 +343,13 @@ def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def telemetry_from_args(args: argparse.Namespace) -> Telemetry:
     """How every process logs and traces (``-v``, ``--log-format``, ``--otlp-endpoint`` and
     ``OTEL_*``); a command without those flags logs text."""
-    return telemetry_from(
+    telemetry = telemetry_from(
         verbose=bool(getattr(args, "verbose", False)),
         log_format=getattr(args, "log_format", "text"),
         otlp_endpoint=getattr(args, "otlp_endpoint", None),
     )
+    if telemetry.traces_endpoint is not None:
+        from .. import tracing
+
+        tracing.check(telemetry.traces_endpoint)
+    return telemetry

@@ -25,6 +25,7 @@ from bertserve.client.terminal import paint, print_status
 
 from ..config.served import served_models
 from ..config.server import ServerConfig
+from ..config.telemetry import Telemetry
 from ..dependencies import install_command, missing_server_requirements
 from ..errors import BertServeError
 from ..logs import quiet_native_logs, setup_logging
@@ -360,7 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(build_parser(), argv)
         if args.command in SERVER_COMMANDS:
             _check_server_requirements(args.command)
-        telemetry = telemetry_from_args(args)
+        # Only start and worker log for a server's processes and trace: a client command reads no OTEL_* variable.
+        telemetry = (
+            telemetry_from_args(args)
+            if args.command in _ROLES
+            else Telemetry(logging.DEBUG if args.verbose else logging.INFO)
+        )
         json_logs = telemetry.json_logs
         setup_logging(telemetry.level, json=json_logs, role=_ROLES.get(args.command, "cli"))
         quiet_native_logs(args.verbose)  # before anything imports TensorFlow, here or in a worker

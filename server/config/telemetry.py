@@ -67,20 +67,22 @@ def telemetry_from(
         return Telemetry(level, log_format)
     endpoint = None
     if otlp_endpoint is not None:
-        endpoint = _checked_url("--otlp-endpoint", otlp_endpoint).rstrip("/") + _TRACES_PATH
+        endpoint = _checked_url("--otlp-endpoint", otlp_endpoint).rstrip("/")
+        endpoint += "" if endpoint.endswith(_TRACES_PATH) else _TRACES_PATH  # the base URL, or the full one
     elif environ.get(_ENDPOINT_VARIABLES[0], "").strip():
         endpoint = _checked_url(_ENDPOINT_VARIABLES[0], environ[_ENDPOINT_VARIABLES[0]].strip())
     elif environ.get(_ENDPOINT_VARIABLES[1], "").strip():
         endpoint = _checked_url(_ENDPOINT_VARIABLES[1], environ[_ENDPOINT_VARIABLES[1]].strip()).rstrip("/")
         endpoint += _TRACES_PATH
-    if endpoint is not None:
-        for name in _PROTOCOL_VARIABLES:
-            protocol = environ.get(name, "").strip()
-            if protocol and protocol != "http/protobuf":
-                raise ConfigError(
-                    f"{name}={protocol!r}: bertserve sends traces as OTLP over HTTP (http/protobuf); point "
-                    "--otlp-endpoint at the collector's OTLP/HTTP port (4318 by default), not its gRPC one"
-                )
+    if endpoint is not None and otlp_endpoint is None:  # the flag says OTLP/HTTP itself
+        # The first of the variables set decides, the traces' own before the general one.
+        name = next((name for name in _PROTOCOL_VARIABLES if environ.get(name, "").strip()), None)
+        protocol = environ[name].strip() if name is not None else ""
+        if name is not None and protocol != "http/protobuf":
+            raise ConfigError(
+                f"{name}={protocol!r}: bertserve sends traces as OTLP over HTTP (http/protobuf); point "
+                "--otlp-endpoint at the collector's OTLP/HTTP port (4318 by default), not its gRPC one"
+            )
     if endpoint is not None:
         _check_installed()
     return Telemetry(level, log_format, endpoint)

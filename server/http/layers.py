@@ -1,6 +1,6 @@
-"""The plain ASGI layers around the HTTP API, outermost first: CORS (``--cors-allow-origin``),
-the request's id (:mod:`.request_ids`), its trace (:mod:`.traced`, when the process traces),
-and :class:`~.front.Front` (the key, the body's limits, the metrics)."""
+"""The plain ASGI layers around the HTTP API, outermost first: the request's id
+(:mod:`.request_ids`), CORS (``--cors-allow-origin``), its trace (:mod:`.traced`, when the
+process traces), and :class:`~.front.Front` (the key, the body's limits, the metrics)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,6 @@ from .traced import Traced
 _UNTRACED = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json"})  # probes and pages
 
 
-def _docs_paths(routes: set[str]) -> set[str]:
-    """The docs pages' own paths (their assets, the OAuth2 redirect): not traced either."""
-    return {path for path in routes if path.startswith("/docs")}
-
-
 def add_layers(app: FastAPI, settings: Settings) -> None:
     """Wrap ``app`` in its layers (each added wraps those before it)."""
     app.add_middleware(
@@ -35,8 +30,7 @@ def add_layers(app: FastAPI, settings: Settings) -> None:
     )
     if settings.traced:  # around Front, so a request it refuses is traced too
         routes = {path for route in app.routes if isinstance(path := getattr(route, "path", None), str)}
-        app.add_middleware(Traced, routes=routes - _UNTRACED, untraced=_UNTRACED | _docs_paths(routes))
-    app.add_middleware(RequestIds)  # its id in every log line of the request, and in X-Request-Id
+        app.add_middleware(Traced, routes=routes - _UNTRACED, untraced=_UNTRACED, untraced_under="/docs/")
     if settings.cors_origins:  # outermost: a preflight is answered before Front asks for a key
         app.add_middleware(
             CORSMiddleware,
@@ -46,3 +40,4 @@ def add_layers(app: FastAPI, settings: Settings) -> None:
             expose_headers=[CHUNKED_HEADER, VERSION_HEADER, "Retry-After", "WWW-Authenticate", "X-Request-Id"],
             max_age=600,
         )
+    app.add_middleware(RequestIds)  # outermost: its id in every answer (a preflight's too) and log line

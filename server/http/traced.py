@@ -20,6 +20,7 @@ from .. import tracing
 
 _CONTEXT_HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate"}
 _MAX_TRACESTATE = 512  # W3C's own advice: a vendor may drop a longer one
+_MOST_CHARS = 256  # of what a caller sends that a span quotes
 
 
 class Traced:
@@ -27,14 +28,20 @@ class Traced:
     pages), named ``METHOD /route`` for a route of the API (``routes``) and ``METHOD`` for any
     other path, so a caller cannot make span names without end."""
 
-    def __init__(self, app: ASGIApp, routes: Collection[str], untraced: Collection[str]) -> None:
+    def __init__(self, app: ASGIApp, routes: Collection[str], untraced: Collection[str], untraced_under: str) -> None:
         self.app = app
         self.routes = frozenset(routes)
         self.untraced = frozenset(untraced)
+        self.untraced_under = untraced_under  # and every path under this one (the docs' assets)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not tracing.enabled() or path in self.untraced:
+        if (
+            scope["type"] != "http"
+            or not tracing.enabled()
+            or path in self.untraced
+            or path.startswith(self.untraced_under)
+        ):
             return await self.app(scope, receive, send)
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode
@@ -46,13 +53,17 @@ class Traced:
                 carrier[key] = value.decode("latin-1")
         method = scope.get("method", "")
         route = path if path in self.routes else None
-        attributes: dict[str, Any] = {"http.request.method": method, "url.path": path, "url.scheme": scope["scheme"]}
+        attributes: dict[str, Any] = {
+            "http.request.method": method[:_MOST_CHARS],
+            "url.path": path[:_MOST_CHARS],  # a caller's path may be as long as the headers' limit
+            "url.scheme": scope["scheme"],
+        }
         if route is not None:
             attributes["http.route"] = route
         client = scope.get("client")
         if client:
             attributes["client.address"] = client[0]
-        name = f"{method} {route}" if route else method
+        name = f"{method} {route}" if route else method[:_MOST_CHARS]
         span = tracing.server_span(name, carrier.get("traceparent"), carrier.get("tracestate"), attributes)
 
         async def send_with_status(message: Message) -> None:

@@ -221,8 +221,12 @@ def test_the_endpoint_comes_from_the_flag_or_the_standard_variables() -> None:
         ("http://collector:99999", {}, "must be an http:// or https:// URL"),
         ("http://:4318", {}, "must be an http:// or https:// URL"),
         (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector"}, "OTEL_EXPORTER_OTLP_ENDPOINT must be"),
-        ("http://c:4317", {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL='grpc'"),
-        ("http://c:4317", {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, "OTLP/HTTP port (4318"),
+        (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "='grpc'"),
+        (
+            None,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"},
+            "OTLP/HTTP port (4318",
+        ),
     ],
 )
 def test_an_endpoint_that_cannot_work_is_refused_by_name(flag: str | None, environ: dict[str, str], says: str) -> None:
@@ -275,3 +279,39 @@ def test_an_http_request_with_no_readable_traceparent_starts_a_trace(
     span.end()
     (done,) = spans.get_finished_spans()
     assert done.parent is None and list(done.context.trace_state.keys()) == []
+
+
+def test_the_traces_own_protocol_variable_wins_and_the_flag_needs_none() -> None:
+    own = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",  # for the other signals of a pod's other programs
+    }
+    assert telemetry_from(verbose=False, environ=own).traces_endpoint == "http://c:4318/v1/traces"
+    flag = telemetry_from(
+        verbose=False, otlp_endpoint="http://c:4318/v1/traces", environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    )
+    assert flag.traces_endpoint == "http://c:4318/v1/traces"  # the full URL taken as it is, and the flag says OTLP/HTTP
+
+
+def test_settings_the_sdk_refuses_are_refused_at_start_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "5000")
+    with pytest.raises(ConfigError, match=r"OpenTelemetry's settings \(OTEL_BSP_\*.*max_export_batch_size"):
+        tracing.check("http://127.0.0.1:4318/v1/traces")
+    monkeypatch.delenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+    tracing.check("http://127.0.0.1:4318/v1/traces")
+    assert not tracing.enabled()  # a check sets nothing up
+
+
+def test_a_client_command_reads_no_otel_variable() -> None:
+    """A pod's OTEL_* variables, set for its other programs, are no business of `bertserve status`."""
+    import os
+    import subprocess
+    import sys
+
+    from bertserve.server.testing.launcher import free_port
+
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    command = [sys.executable, "-m", "bertserve.server.cli", "status", "--port", str(free_port()), "--timeout", "300"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert "no bertserve server answered" in done.stderr and "grpc" not in done.stderr, done.stderr

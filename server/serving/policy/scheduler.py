@@ -113,9 +113,19 @@ class Scheduler:
         self.check_room(client, count)
         due = self.check_slowdown(client, count, now, deadline, key)
         piece = Piece(
-            key, client, np.arange(count), texts, is_tokenized, show_tokens, now, chunk, version, deadline, truncation
+            key,
+            client,
+            np.arange(count),
+            texts,
+            is_tokenized,
+            show_tokens,
+            now,
+            chunk,
+            version,
+            deadline,
+            truncation,
+            trace,
         )
-        piece.trace = trace
         queue = self.clients.get(client)
         if queue is None:
             queue = self.clients[client] = ClientQueue()

@@ -89,6 +89,8 @@ class BertServer(ExitFlags):
         if self.config.http_port is not None:
             self._load_principals()
         self._choose_models()
+        if self.telemetry.traces_endpoint is not None:  # before anything that must be closed
+            tracing.setup(self.telemetry.traces_endpoint, "head")
         context = zmq.Context()
         ipc_dir = tempfile.mkdtemp(prefix="bertserve-")
         addresses = self.workers.addresses = Addresses(
@@ -97,8 +99,6 @@ class BertServer(ExitFlags):
         frontend = _request_socket(context, self.config)
         ventilator: Ventilator | None = None
         authenticator = None
-        if self.telemetry.traces_endpoint is not None:
-            tracing.setup(self.telemetry.traces_endpoint, "head")
         try:
             authenticator, keys = self._secure(context, frontend)
             preflight.warn_if_http_exposed(self.config)

@@ -274,33 +274,24 @@ class Sink:
             return
         del self.pending[key]
         self._close(key)
+        traced = self.traced.pop(key, None)
         self.replies.send(frames, pending.format)
         self.served += 1
         _count(pending, "ok")
-        self._trace(key, pending, "ok")
+        _trace(traced, pending, "ok")
 
     def _fail(self, key: str, error: str, kind: str) -> None:
         pending = self.pending.pop(key, None)
         if pending is None:
             return
         self._close(key)
+        traced = self.traced.pop(key, None)
         self.failed += 1
         self.failures[kind] += 1
         reply = pending.format.error(pending.client, pending.request_id, error, kind)
         self.replies.send(reply, pending.format)
         _count(pending, kind)
-        self._trace(key, pending, kind, error)
-
-    def _trace(self, key: str, pending: Pending, outcome: str, error: str | None = None) -> None:
-        """The span of a traced request in the sink: from its REGISTER until its reply was sent."""
-        if key in self.traced:
-            trace, start_ns = self.traced.pop(key)
-            attributes = {
-                "bertserve.model": pending.model,
-                "bertserve.rows": pending.count,
-                "bertserve.outcome": outcome,
-            }
-            tracing.record("bertserve.sink.reply", [trace], start_ns, time.time_ns(), attributes, error=error)
+        _trace(traced, pending, kind, error)
 
     def _close(self, key: str) -> None:
         self.closed[key] = time.monotonic()
@@ -322,6 +313,14 @@ class Sink:
             del self.orphans[key]
         while self.closed and next(iter(self.closed.values())) + _CLOSED_TTL <= now:
             self.closed.popitem(last=False)
+
+
+def _trace(traced: tuple[str, int] | None, pending: Pending, outcome: str, error: str | None = None) -> None:
+    """The span of a traced request in the sink (``traced``: its traceparent and when its
+    REGISTER came, taken from the book as the request left it): until its reply was sent."""
+    if traced is not None:
+        attributes = {"bertserve.model": pending.model, "bertserve.rows": pending.count, "bertserve.outcome": outcome}
+        tracing.record("bertserve.sink.reply", [traced[0]], traced[1], time.time_ns(), attributes, error=error)
 
 
 def _count(pending: Pending, outcome: str) -> None:
