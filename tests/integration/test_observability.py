@@ -250,6 +250,7 @@ def test_a_preflight_from_the_allowed_origin_passes_without_the_key(served) -> N
     )
     assert preflight.status_code == 200, preflight.text
     assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert len(preflight.headers["x-request-id"]) == 32  # answered before the API, and still named
     allowed = preflight.headers["access-control-allow-headers"].lower()
     assert "authorization" in allowed and "content-type" in allowed
     assert "POST" in preflight.headers["access-control-allow-methods"]
