@@ -51,6 +51,11 @@ class Served:
     def __init__(self, running: RunningServer, http_port: int) -> None:
         self.running = running
         self.port, self.port_out, self.http_port = running.port, running.port_out, http_port
+        # A wrong port's own port + 1 may be another of this server's ports, which the client
+        # would name first: each test names the reply port it means, the right one or a port
+        # nobody listens on.
+        taken = (self.port, self.port_out, http_port)
+        self.nowhere = next(port for port in iter(free_port, None) if port not in taken)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +135,7 @@ def raised(make: Callable[[], Any]) -> tuple[Exception, float]:
 
 
 def test_the_http_port_is_named_not_taken_for_curve(served: Served, no_leaked_contexts: None) -> None:
-    error, _ = raised(lambda: BertClient("127.0.0.1", served.http_port, timeout=TIMEOUT_MS))
+    error, _ = raised(lambda: BertClient("127.0.0.1", served.http_port, served.port_out, timeout=TIMEOUT_MS))
     assert isinstance(error, WrongPortError) and error.address == address(served.http_port)
     assert re.match(named_http(served.http_port), str(error)), str(error)
     assert "CURVE" not in str(error)
@@ -139,25 +144,26 @@ def test_the_http_port_is_named_not_taken_for_curve(served: Served, no_leaked_co
 
 
 def test_the_reply_port_taken_for_the_request_port_is_named(served: Served, no_leaked_contexts: None) -> None:
-    error, _ = raised(lambda: BertClient("127.0.0.1", served.port_out, timeout=TIMEOUT_MS))
+    error, _ = raised(lambda: BertClient("127.0.0.1", served.port_out, served.nowhere, timeout=TIMEOUT_MS))
     assert isinstance(error, WrongPortError) and str(error) == named_reply_port(served.port_out)
 
 
 def test_any_http_server_is_named(http_server: int) -> None:
-    error, _ = raised(lambda: BertClient("127.0.0.1", http_server, timeout=TIMEOUT_MS))
+    error, _ = raised(lambda: BertClient("127.0.0.1", http_server, free_port(), timeout=TIMEOUT_MS))
     assert isinstance(error, WrongPortError)
     assert re.match(named_http(http_server, re.escape("HTTP/1.0 501 Unsupported method ('HEAD')")), str(error))
 
 
 def test_the_async_client_and_the_pool_name_it_too(served: Served) -> None:
     async def connect() -> None:
-        async with AsyncBertClient("127.0.0.1", served.http_port, timeout=TIMEOUT_MS):
+        async with AsyncBertClient("127.0.0.1", served.http_port, served.port_out, timeout=TIMEOUT_MS):
             pass
 
     error, _ = raised(lambda: asyncio.run(connect()))
     assert isinstance(error, WrongPortError) and re.match(named_http(served.http_port), str(error))
 
-    with ConcurrentBertClient(host="127.0.0.1", port=served.port_out, timeout=TIMEOUT_MS) as pool:
+    pool_ports = {"port": served.port_out, "port_out": served.nowhere}
+    with ConcurrentBertClient(host="127.0.0.1", **pool_ports, timeout=TIMEOUT_MS) as pool:
         error, _ = raised(lambda: pool.encode(["hello"]))
     assert isinstance(error, WrongPortError) and str(error) == named_reply_port(served.port_out)
 
@@ -172,13 +178,14 @@ def test_a_curve_client_at_a_plain_reply_port_is_told_the_port_not_curve(served:
     # One side uses CURVE and the other does not, which alone would say "does not use CURVE";
     # what answers is not a request port at all, and that is said first.
     keys = {"server_key": curve_keys / "server.key", "client_cert": curve_keys / "clients" / "alice.key_secret"}
-    error, _ = raised(lambda: BertClient("127.0.0.1", served.port_out, timeout=TIMEOUT_MS, **keys))
+    error, _ = raised(lambda: BertClient("127.0.0.1", served.port_out, served.nowhere, timeout=TIMEOUT_MS, **keys))
     assert isinstance(error, WrongPortError) and str(error) == named_reply_port(served.port_out)
 
 
 def test_bertserve_status_at_the_http_port(served: Served, bertserve_main: Callable[..., Any]) -> None:
     started = time.monotonic()
-    result = bertserve_main("status", "--host", "127.0.0.1", "--port", str(served.http_port), "--timeout", "10000")
+    ports = ("--port", str(served.http_port), "--port-out", str(served.port_out))
+    result = bertserve_main("status", "--host", "127.0.0.1", *ports, "--timeout", "10000")
     assert time.monotonic() - started < TIMEOUT_MS / 1000 / 2
     assert result.returncode == 1 and result.stdout == ""
     line = result.stderr.removeprefix("bertserve: error: ")
