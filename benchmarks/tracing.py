@@ -69,24 +69,19 @@ def baseline_python(revision: str, folder: Path) -> str:
     venv = folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    site = _says(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     # Only the first line's folder holds bertserve; this environment's packages come after it (a
     # folder named in a .pth has its own .pth files left unread: not this checkout's editable finder).
     (Path(site) / "baseline.pth").write_text(f"{folder / 'site'}\n{sysconfig.get_paths()['purelib']}\n")
-    check = subprocess.run(
-        [str(python), "-c", "import bertserve.server, sys; print(bertserve.server.__file__)"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    if not check.startswith(str(package)):
-        raise SystemExit(f"the baseline imports bertserve from {check}, not from {package}")
+    imported = _says(python, "import bertserve.server; print(bertserve.server.__file__)")
+    if not imported.startswith(str(package)):
+        raise SystemExit(f"the baseline imports bertserve from {imported}, not from {package}")
     return str(python)
+
+
+def _says(python: Path, code: str) -> str:
+    """What ``code`` prints, run by ``python``."""
+    return subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def bulk_rate(client: BertClient, texts: list[str]) -> float:

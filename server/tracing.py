@@ -22,7 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 TRACEPARENT_PATTERN = r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
@@ -52,7 +52,6 @@ class Step:
     name: str
     start_ns: int
     end_ns: int
-    attributes: Mapping[str, Any] = field(default_factory=dict)
 
 
 def setup(endpoint: str, role: str, model: str | None = None) -> None:
@@ -60,26 +59,28 @@ def setup(endpoint: str, role: str, model: str | None = None) -> None:
     batched (``OTEL_BSP_*``), its resource naming the service (``OTEL_SERVICE_NAME``, else
     ``bertserve``), this process's ``role`` and the ``model`` it serves. The sampler is the
     SDK's (``OTEL_TRACES_SAMPLER``; by default every trace, or as the caller's parent says)."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    install(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)), role, model)
+    install(_batched(endpoint), role, model)
 
 
 def check(endpoint: str) -> None:
     """Make what :func:`setup` makes, and drop it: a setting of OpenTelemetry's variables that
     the SDK refuses (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` over ``OTEL_BSP_MAX_QUEUE_SIZE``, say)
     is refused at start, by the command, not by each process as it starts."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
     from .errors import ConfigError
 
     try:
-        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+        processor = _batched(endpoint)
     except ValueError as exc:
         raise ConfigError(f"OpenTelemetry's settings (OTEL_BSP_*, OTEL_EXPORTER_OTLP_*) do not hold: {exc}") from None
     processor.shutdown()
+
+
+def _batched(endpoint: str) -> Any:
+    """The SDK's batching span processor over its OTLP/HTTP exporter to ``endpoint``."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
 
 
 def install(processor: Any, role: str, model: str | None = None) -> None:
@@ -212,7 +213,7 @@ def record(
         span = _tracer.start_span(name, context=_context(parent), attributes=attributes, start_time=start_ns)
         under = set_span_in_context(span)
         for step in steps:
-            child = _tracer.start_span(step.name, context=under, attributes=step.attributes, start_time=step.start_ns)
+            child = _tracer.start_span(step.name, context=under, start_time=step.start_ns)
             child.end(end_time=step.end_ns)
         if error is not None:
             from opentelemetry.trace import Status, StatusCode

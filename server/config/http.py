@@ -31,47 +31,40 @@ HTTP_BODY_MIN_RATE = 64 * 1024
 def forwarded_allow_ips(values: Sequence[str]) -> tuple[str, ...]:
     """``--forwarded-allow-ips``: addresses or networks (``10.0.0.0/8``), or ``*`` for any,
     whose ``X-Forwarded-For`` the HTTP process believes; anything else is a ConfigError."""
-    checked = []
-    for value in values:
-        for item in str(value).split(","):
-            item = item.strip()
-            if not item:
-                continue
-            if item != "*":
-                try:
-                    ipaddress.ip_network(item, strict=False)
-                except ValueError:
-                    raise ConfigError(f"--forwarded-allow-ips takes addresses, networks or *, not {item!r}") from None
-            checked.append(item)
-    return tuple(checked)
+    for item in _items(values):
+        if item != "*":
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ConfigError(f"--forwarded-allow-ips takes addresses, networks or *, not {item!r}") from None
+    return tuple(_items(values))
 
 
 def cors_origins(values: Sequence[str]) -> tuple[str, ...]:
     """``--cors-allow-origin``: origins as a browser sends them (``scheme://host[:port]``, no
     path), or ``*`` for any page; anything else is a ConfigError."""
-    checked = []
-    for value in values:
-        for item in str(value).split(","):
-            item = item.strip()
-            if not item:
-                continue
-            if item != "*":
-                parts = urlsplit(item)
-                try:
-                    parts.port  # noqa: B018 - raises ValueError on a port that is not one
-                except ValueError:
-                    parts = parts._replace(scheme="")
-                if (
-                    parts.scheme not in ("http", "https")
-                    or not parts.hostname
-                    or item != f"{parts.scheme}://{parts.netloc}"
-                ):
-                    raise ConfigError(
-                        f"--cors-allow-origin takes an origin, scheme://host[:port] with no path or trailing "
-                        f"slash (https://app.example.com), or *, not {item!r}"
-                    )
-            checked.append(item)
-    return tuple(dict.fromkeys(checked))
+    for item in _items(values):
+        if item != "*" and not _is_origin(item):
+            raise ConfigError(
+                f"--cors-allow-origin takes an origin, scheme://host[:port] with no path or trailing "
+                f"slash (https://app.example.com), or *, not {item!r}"
+            )
+    return tuple(dict.fromkeys(_items(values)))
+
+
+def _items(values: Sequence[str]) -> list[str]:
+    """A repeatable flag's values, each of which may hold several separated by commas (as the
+    environment gives them), without blanks."""
+    return [item.strip() for value in values for item in str(value).split(",") if item.strip()]
+
+
+def _is_origin(text: str) -> bool:
+    parts = urlsplit(text)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port that is not one
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and text == f"{parts.scheme}://{parts.netloc}"
 
 
 def http_limit_checks(config: Any, message_limit: int) -> list[tuple[bool, str]]:

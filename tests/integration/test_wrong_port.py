@@ -58,21 +58,18 @@ class Served:
         self.nowhere = next(port for port in iter(free_port, None) if port not in taken)
 
 
+def _start(tiny_google: str, *flags: str) -> RunningServer:
+    """A server of the fast model, with ``flags``."""
+    return start_server(
+        "--model-dir", tiny_google, "--model-class", FAULTY, "--max-seq-len", "32", *flags, env=pythonpath_env()
+    )
+
+
 @pytest.fixture(scope="module")
 def served(tiny_google: str) -> Iterator[Served]:
     """A plain server with its HTTP front end."""
     http_port = free_port()
-    running = start_server(
-        "--model-dir",
-        tiny_google,
-        "--model-class",
-        FAULTY,
-        "--max-seq-len",
-        "32",
-        "--http-port",
-        str(http_port),
-        env=pythonpath_env(),
-    )
+    running = _start(tiny_google, "--http-port", str(http_port))
     yield Served(running, http_port)
     running.stop()
 
@@ -87,17 +84,7 @@ def curve_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def curve_server(tiny_google: str, curve_keys: Path) -> Iterator[RunningServer]:
-    running = start_server(
-        "--model-dir",
-        tiny_google,
-        "--model-class",
-        FAULTY,
-        "--max-seq-len",
-        "32",
-        "--curve-dir",
-        str(curve_keys),
-        env=pythonpath_env(),
-    )
+    running = _start(tiny_google, "--curve-dir", str(curve_keys))
     yield running
     running.stop()
 

@@ -128,3 +128,22 @@ def test_forwarded_headers_are_believed_only_from_the_proxies_listed(tmp_path: P
     assert behind.forwarded_allow_ips == ("10.0.0.1", "10.1.0.0/16") and _edge_options(behind)["proxy_headers"]
     with pytest.raises(ConfigError, match="forwarded-allow-ips"):
         ServerConfig(model=ModelConfig(model_dir=str(tmp_path)), forwarded_allow_ips=("proxy.example",))
+
+
+def test_cors_origins_are_origins_or_a_star(tmp_path: Path) -> None:
+    def config(*origins: str) -> ServerConfig:
+        return ServerConfig(model=ModelConfig(model_dir=str(tmp_path)), cors_allow_origin=origins)
+
+    given = config("https://app.example.com, http://localhost:3000", "https://app.example.com", "*")
+    assert given.cors_allow_origin == ("https://app.example.com", "http://localhost:3000", "*")
+    for bad in (
+        "app.example.com",
+        "https://app.example.com/",
+        "https://app.example.com/path",
+        "ftp://x.org",
+        "https://x.org:99999",
+        "https://",
+        "https://x.org?q=1",
+    ):
+        with pytest.raises(ConfigError, match="--cors-allow-origin takes an origin"):
+            config(bad)

@@ -96,28 +96,6 @@ class Requests:
             attributes={"bertserve.model": model.name, "bertserve.inputs": len(texts), "bertserve.request": key},
         )
         trace = tracing.recorded_traceparent(span)
-        refusal = self._admit(request, fmt, key, model, who, texts, options, nbytes, renormalize, now, deadline, trace)
-        if refusal is not None:
-            tracing.end(span, error=refusal.message)
-        elif span is not None:
-            self.spans[key] = span
-        return refusal
-
-    def _admit(
-        self,
-        request: p.Request,
-        fmt: ReplyFormat,
-        key: str,
-        model: HeadModel,
-        who: bytes,
-        texts: list[Any],
-        options: EncodeOptions,
-        nbytes: int,
-        renormalize: bool,
-        now: float,
-        deadline: float,
-        trace: str | None,
-    ) -> Refusal | None:
         try:  # checked before anything is queued: a register the sink would refuse is a refused request
             register = sink.Register(
                 key=key,
@@ -135,7 +113,7 @@ class Requests:
                 trace=trace,
             )
         except ValidationError as exc:
-            return Refusal(f"malformed request: {exc.errors(include_url=False)[0]['msg']}", "protocol")
+            return _refused(span, Refusal(f"malformed request: {exc.errors(include_url=False)[0]['msg']}", "protocol"))
         try:
             model.scheduler.admit(
                 key,
@@ -151,9 +129,11 @@ class Requests:
                 trace=trace,
             )
         except Busy as exc:
-            return Refusal(str(exc), admission.BUSY)
+            return _refused(span, Refusal(str(exc), admission.BUSY))
         except TooLarge as exc:
-            return Refusal(str(exc), "limit")
+            return _refused(span, Refusal(str(exc), "limit"))
+        if span is not None:
+            self.spans[key] = span
         self.book.add(
             key,
             Admitted(request.client_id, request.request_id, request.key, len(texts), deadline, fmt, nbytes, model.name),
@@ -270,6 +250,12 @@ class Requests:
             dropped += before - model.scheduler.queued
         ended = {key: request for key in keys if (request := self.book.finish(key)) is not None}
         return ended, dropped
+
+
+def _refused(span: Any, refusal: Refusal) -> Refusal:
+    """``refusal``, once the span of the request it refuses has ended with it."""
+    tracing.end(span, error=refusal.message)
+    return refusal
 
 
 def _count_job(size: int, done: Done, model: str) -> None:

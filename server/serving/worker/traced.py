@@ -18,6 +18,11 @@ def traces_of(parts: Any) -> list[str]:
     return [trace for trace in found if trace is not None]
 
 
+def now_if_tracing() -> int | None:
+    """``time.time_ns()`` while this process traces (a step's start), else None."""
+    return time.time_ns() if tracing.enabled() else None
+
+
 class JobTimes:
     """When a traced job's steps began and ended (``time.time_ns()``)."""
 

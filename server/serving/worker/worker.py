@@ -43,7 +43,7 @@ from ...model.tokenization import TokenizedBatch, tokens_per_input
 from ..protocol import wire
 from ..protocol.wire import Addresses
 from .feeds import ThreadFeed, as_numpy, tf_data_feed
-from .traced import JobTimes, traces_of
+from .traced import JobTimes, now_if_tracing
 
 logger = logging.getLogger("bertserve.worker")
 
@@ -192,7 +192,7 @@ class Worker:
             return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
         if "expires_in_s" in header:  # on this machine's clock: the head's may not be this one's
             header["expires_at"] = time.monotonic() + float(header["expires_in_s"])
-        tokenizing = time.time_ns() if traces_of(header["parts"]) else None
+        tokenizing = now_if_tracing()  # the job's parts are read for traces once, by JobTimes
         try:
             texts = p.loads(payload, "payload")
             options: dict[str, Any] = {"chunk": True} if header.get("chunk") else {}  # only models that chunk are asked
