@@ -36,6 +36,13 @@ sentence-transformers' ``quantize_embeddings`` makes them:
 def rerank_pairs(query: object, documents: object) -> list[str]:
     """The sentence pairs of a rerank of ``documents`` by ``query``, written as the protocol
     writes a pair (``"query ||| document"``); ``ValueError`` naming the element at fault."""
+    first, texts = rerank_sides(query, documents)
+    return [rerank_pair(first, document) for document in texts]
+
+
+def rerank_sides(query: object, documents: object) -> tuple[str, list[str]]:
+    """The query of a rerank as one sentence, and its documents, checked: ``ValueError``
+    naming the element at fault. No pair is written yet (:func:`rerank_pair`)."""
     if not isinstance(query, str):
         raise ValueError(f"query must be a string, not {type(query).__name__}")
     if not query.strip():
@@ -44,15 +51,17 @@ def rerank_pairs(query: object, documents: object) -> list[str]:
         raise ValueError(f"documents must be a list of strings, not {type(documents).__name__}")
     if not documents:
         raise ValueError("documents is empty: give at least one document to rank")
-    first = one_sentence(query)  # the server cuts a pair at its first |||: the query holds none
-    pairs = []
     for i, document in enumerate(documents):
         if not isinstance(document, str):
             raise ValueError(f"documents[{i}] must be a string, not {type(document).__name__}")
         if not document.strip():
             raise ValueError(f"documents[{i}] is empty")
-        pairs.append(f"{first} {PAIR_SEPARATOR} {document}")
-    return pairs
+    return one_sentence(query), list(documents)  # the server cuts a pair at its first |||: the query holds none
+
+
+def rerank_pair(query: str, document: str) -> str:
+    """One sentence pair of a rerank, as the protocol writes it."""
+    return f"{query} {PAIR_SEPARATOR} {document}"
 
 
 def activate(logits: np.ndarray, activation: str) -> np.ndarray:
@@ -141,16 +150,38 @@ class SparseVector:
         return {int(i): float(v) for i, v in zip(self.indices, self.values, strict=True)}
 
 
+def sparse_pairs(weights: np.ndarray) -> np.ndarray:
+    """``(N, vocabulary)`` weights as the server sends sparse rows: ``(N, K, 2)`` float32, each
+    row's non-zero terms as ``[id, weight]`` pairs, ids ascending, padded with ``[0, 0]`` to the
+    ``K`` terms of the fullest row. Vocabulary ids below 2**24 are exact in float32."""
+    weights = np.asarray(weights, dtype=np.float32)
+    nonzero = weights != 0
+    counts = nonzero.sum(axis=1)
+    out = np.zeros((len(weights), int(counts.max(initial=0)), 2), np.float32)
+    for i, row in enumerate(weights):
+        (ids,) = np.nonzero(nonzero[i])
+        out[i, : len(ids), 0] = ids
+        out[i, : len(ids), 1] = row[ids]
+    return out
+
+
 def sparse_rows(weights: np.ndarray, top_k: int | None = None) -> list[SparseVector]:
-    """Each row of ``(N, vocabulary)`` ``weights`` as its non-zero terms, only the ``top_k``
-    largest if given (ties to the lower id)."""
+    """Each row of sparse ``weights`` as its non-zero terms, only the ``top_k`` largest if
+    given (ties to the lower id): ``(N, vocabulary)`` weights, or ``(N, K, 2)`` ``[id, weight]``
+    pairs as :func:`sparse_pairs` lays them out (padding, of weight 0, left out)."""
+    weights = np.asarray(weights, dtype=np.float32)
     rows = []
-    for row in np.asarray(weights, dtype=np.float32):
-        (indices,) = np.nonzero(row)
-        if top_k is not None and len(indices) > top_k:
-            keep = np.argsort(-row[indices], kind="stable")[:top_k]
-            indices = np.sort(indices[keep])
-        rows.append(SparseVector(indices.astype(np.int32), row[indices]))
+    for row in weights:
+        if weights.ndim == 3:
+            kept = row[row[:, 1] != 0]
+            ids, values = kept[:, 0].astype(np.int32), kept[:, 1]
+        else:
+            (ids,) = np.nonzero(row)
+            ids, values = ids.astype(np.int32), row[ids]
+        if top_k is not None and len(ids) > top_k:
+            keep = np.sort(np.argsort(-values, kind="stable")[:top_k])
+            ids, values = ids[keep], values[keep]
+        rows.append(SparseVector(ids, values))
     return rows
 
 

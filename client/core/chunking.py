@@ -91,9 +91,11 @@ def chunk_size(config: dict[str, Any]) -> int:
 
 
 def request_limit(config: dict[str, Any]) -> int | None:
-    """The most inputs the server takes in one request (its ``max_request_size``), or None
-    where its ``config`` does not say."""
-    return _positive(config.get("max_request_size"))
+    """The most inputs the server takes in one request (its ``max_request_size``, and the rows
+    its largest answer holds, ``max_reply_rows``), or None where its ``config`` does not say."""
+    limits = [_positive(config.get(key)) for key in ("max_request_size", "max_reply_rows")]
+    known = [limit for limit in limits if limit is not None]
+    return min(known) if known else None
 
 
 def split_size(config: dict[str, Any], limit: int) -> int:

@@ -6,7 +6,14 @@ and ``bertserve worker``, how every process logs and traces
 
 from __future__ import annotations
 
-from ..config.limits import CLIENT_QUEUED_SENTENCES, QUEUED_BYTES, QUEUED_SENTENCES, REQUEST_SIZE
+from ..config.limits import (
+    CLIENT_QUEUED_SENTENCES,
+    QUEUED_BYTES,
+    QUEUED_SENTENCES,
+    REPLY_BYTES,
+    REQUEST_SIZE,
+    REQUEST_TOKENS,
+)
 from ..config.telemetry import LOG_FORMATS
 from .flag_help import Flag, boolean, under
 
@@ -46,6 +53,21 @@ LIMIT_FLAGS = under(
         unset=f"{REQUEST_SIZE}, at most --max-client-queued-sentences",
     ),
     Flag("--max-text-chars", "most characters in one input", int, 100_000),
+    Flag(
+        "--max-request-tokens",
+        "most tokens of model work in one HTTP request, counted before any is tokenized (each "
+        "input at most the model's length; a rerank pair counts its query and its document); "
+        "past it a 413",
+        int,
+        REQUEST_TOKENS,
+    ),
+    Flag(
+        "--max-reply-bytes",
+        "largest answer, counted before any work runs (rows x values x bytes; as JSON over HTTP); "
+        "past it a 413 that says how many inputs fit",
+        int,
+        REPLY_BYTES,
+    ),
     Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
     Flag(
         "--max-queued-sentences",

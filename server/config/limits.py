@@ -22,6 +22,14 @@ flood of large frames can make the head hold (docker/README.md)."""
 QUEUED_BYTES = 128 * 1024 * 1024
 """Default bound on the memory the texts of admitted requests hold in the head
 (``--max-queued-bytes``): with the HTTP budget and the idle head, within a 1 GiB limit."""
+REQUEST_TOKENS = 2 * 1024 * 1024
+"""Default most tokens of model work in one HTTP request (``--max-request-tokens``), counted
+before anything is tokenized: each input at most the model's length, and at most its UTF-8
+bytes and the model's special tokens (:mod:`..serving.policy.costs`)."""
+REPLY_BYTES = 32 * 1024 * 1024
+"""Default largest answer (``--max-reply-bytes``): the vectors as the workers and the sink hold
+them, and an HTTP answer as JSON. An answer costs the process that writes it about twice its
+size, so this keeps every process within 64 MiB a request."""
 QUEUED_SENTENCES = 500_000
 CLIENT_QUEUED_SENTENCES = 200_000
 REQUEST_SIZE = 100_000
@@ -44,6 +52,8 @@ class Limits:
     message_bytes: int  # largest frame the request socket accepts (ZeroMQ's MAXMSGSIZE)
     text_chars: int  # most characters in one input
     request_timeout_ms: int
+    request_tokens: int = REQUEST_TOKENS  # most tokens of model work in one HTTP request
+    reply_bytes: int = REPLY_BYTES  # largest answer, counted before any of its work runs
 
     @classmethod
     def resolve(
@@ -56,6 +66,8 @@ class Limits:
         max_message_bytes: int | None,
         max_text_chars: int,
         request_timeout_ms: int,
+        max_request_tokens: int = REQUEST_TOKENS,
+        max_reply_bytes: int = REPLY_BYTES,
     ) -> Limits:
         """The limits the flags give, the bounds left out following those given; raises
         :class:`ConfigError` naming the flag (or both flags) at fault."""
@@ -67,6 +79,8 @@ class Limits:
         checks = [
             (max_text_chars >= 1, "max_text_chars must be at least 1"),
             (request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
+            (max_request_tokens >= 1, f"--max-request-tokens must be at least 1, not {max_request_tokens}"),
+            (max_reply_bytes >= 1024, f"--max-reply-bytes must be at least 1024, not {max_reply_bytes}"),
             (
                 max_message_bytes is None or 1024 <= max_message_bytes <= MAX_MESSAGE_BYTES,
                 f"--max-message-bytes must be between 1024 and {MAX_MESSAGE_BYTES}, not {max_message_bytes}",
@@ -92,6 +106,8 @@ class Limits:
             message_bytes=message,
             text_chars=max_text_chars,
             request_timeout_ms=request_timeout_ms,
+            request_tokens=max_request_tokens,
+            reply_bytes=max_reply_bytes,
         )
 
 

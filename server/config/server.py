@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import ConfigError
 from . import http as http_limits
 from .batching import Batching
-from .limits import QUEUED_BYTES, Limits
+from .limits import QUEUED_BYTES, REPLY_BYTES, REQUEST_TOKENS, Limits
 from .model import ModelConfig
 from .ports import Ports
 from .specs import check_models
@@ -69,6 +69,8 @@ class ServerConfig:
     max_client_queued_sentences: int | None = None  # None: CLIENT_QUEUED_SENTENCES, within the two around it
     max_queued_bytes: int = QUEUED_BYTES
     max_message_bytes: int | None = None
+    max_request_tokens: int = REQUEST_TOKENS  # most tokens of model work in one HTTP request, counted before work
+    max_reply_bytes: int = REPLY_BYTES  # largest answer, counted before work (.limits)
     reply_hwm: int = 100
     job_timeout_ms: int = 120_000
     heartbeat_timeout_ms: int = 10_000
@@ -193,6 +195,8 @@ class ServerConfig:
             max_message_bytes=self.max_message_bytes,
             max_text_chars=self.max_text_chars,
             request_timeout_ms=self.request_timeout_ms,
+            max_request_tokens=self.max_request_tokens,
+            max_reply_bytes=self.max_reply_bytes,
         )
 
     @functools.cached_property

@@ -32,11 +32,12 @@ from fastapi_offline import FastAPIOffline
 
 from .. import metrics, tracing
 from ..model.prompts import apply_prompt
+from ..serving.policy import costs
 from . import compact
 from .catalog import Catalog, ModelSettings
 from .disconnects import ClientGone, unless_disconnected
 from .front import caller
-from .gateway import Gateway, GatewayError
+from .gateway import FrameTooLarge, Gateway, GatewayError
 from .layers import add_layers
 from .lengths import Tokenizing, check_text_limits, explain_bounded, first_over_long, tokens_answered
 from .options import Asked, asked, checked_prompt_name, direction, prompt_text
@@ -163,6 +164,48 @@ class Endpoints:
         settings = self.settings
         return check_text_limits(texts, name, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
 
+    def check_tokens(self, total: int) -> None:
+        """413 unless ``total`` tokens of model work are within ``--max-request-tokens``."""
+        problem = costs.too_many_tokens(total, self.settings.max_request_tokens)
+        if problem is not None:
+            raise HTTPError(413, problem, code="limit")
+
+    def check_reply(
+        self, rows: int, info: dict[str, Any], value_bytes: float, dimensions: int | None = None, *, form: str = ""
+    ) -> None:
+        """413 unless an answer of ``rows`` rows of the model of ``info``, each value
+        ``value_bytes`` as it is answered, is within ``--max-reply-bytes``."""
+        row_bytes = -(-int(costs.row_values(info, dimensions) * value_bytes * 8) // 8)
+        problem = costs.too_large_reply(rows, row_bytes, self.settings.max_reply_bytes, form)
+        if problem is not None:
+            raise HTTPError(413, problem, code="limit")
+
+    def costed(
+        self,
+        model: ModelSettings,
+        info: dict[str, Any],
+        texts: list[Any],
+        options: Asked,
+        value_bytes: float = costs.JSON_FLOAT_BYTES,
+    ) -> None:
+        """413 unless ``texts``' tokens of model work, their prompt counted, and their JSON
+        answer fit this server's bounds: counted before anything is tokenized or sent."""
+        chunk = (options.long_inputs or info.get("long_inputs")) == "chunk"
+        prompt = costs.utf8_bytes(prompt_text(options.prompt_name, info))
+        self.check_tokens(costs.input_tokens(model.token_rule, texts, chunk=chunk, prefix_bytes=prompt))
+        self.check_reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON")
+
+    async def tokenized(self, request: Request, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``work`` run in the tokenizing pool, in a turn of the request's caller; a 499 if the
+        caller leaves first (a turn not begun is given up, none is begun after)."""
+        turn = self.tokenizing.run(work, *args, owner=caller(request), **kwargs)
+        try:
+            return await unless_disconnected(turn, request.receive)
+        except ClientGone:
+            raise HTTPError(
+                CLIENT_CLOSED, "the client closed the connection; its request was withdrawn", code="cancelled"
+            ) from None
+
     async def encode(
         self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
     ) -> p.Reply:
@@ -182,6 +225,8 @@ class Endpoints:
         )
         try:
             reply = await unless_disconnected(ask, request.receive)
+        except FrameTooLarge as exc:
+            raise HTTPError(413, str(exc), code="limit") from None
         except GatewayError as exc:
             raise HTTPError(504, f"the server did not answer in time: {exc}") from None
         except ClientGone:  # nobody reads this answer; the metrics count it
@@ -224,11 +269,13 @@ class Endpoints:
                 f"the model {model.name!r} returns one vector per token (pooling NONE); "
                 "/v1/embeddings needs one vector per input",
             )
-        reply = await self.encode(request, model, texts, asked(body, info), is_tokenized=is_tokenized)
+        types = compact.requested(body.embedding_types) or ("float",)
+        options = asked(body, info)
+        self.costed(model, info, texts, options, compact.json_value_bytes(types, body.encoding_format))
+        reply = await self.encode(request, model, texts, options, is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
         data: list[dict[str, Any]] = [{"object": "embedding", "index": i} for i in range(len(vectors))]
-        types = compact.requested(body.embedding_types) or ("float",)
         answered = {
             kind: compact.encoded(array, body.encoding_format)
             for kind, array in compact.forms(vectors, types, info).items()
@@ -270,26 +317,34 @@ class Endpoints:
                 422, f"the model {model.name!r} L2-normalizes its vectors; normalize=false is not available"
             )
         options = asked(body, info)
+        types = compact.requested(body.embedding_types)
+        self.costed(model, info, texts, options, compact.json_value_bytes(types))
         if not body.truncate and body.long_inputs != "chunk":
-            await self.refuse_over_long(model, info, texts, options)
+            await self.refuse_over_long(request, model, info, texts, options)
         reply = await self.encode(request, model, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
         if body.normalize and not info.get("normalize"):  # after the server kept the first `dimensions`
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        types = compact.requested(body.embedding_types)
         if types is None:
             return json_response(vectors, reply)
         answered = compact.forms(vectors, types, info)
         return json_response(answered[types[0]] if isinstance(body.embedding_types, str) else answered, reply)
 
     async def refuse_over_long(
-        self, model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked, *, chunkable: bool = True
+        self,
+        request: Request,
+        model: ModelSettings,
+        info: dict[str, Any],
+        texts: list[str],
+        options: Asked,
+        *,
+        chunkable: bool = True,
     ) -> None:
         """413 for the first input longer than ``model`` takes, the prompt the workers put
         before it counted (``info``: the model's ``CONFIG`` answer)."""
         prompt = prompt_text(options.prompt_name, info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
-        first = await self.tokenizing.run(first_over_long, model.tokenizer, prompted)
+        first = await self.tokenized(request, first_over_long, model.tokenizer, prompted)
         if first is not None:
             with_prompt = " with its prompt" if prompt else ""
             raise HTTPError(
@@ -299,14 +354,15 @@ class Endpoints:
                 + (", or long_inputs=chunk" if chunkable else ""),
             )
 
-    async def tokenize(self, body: TokenizeRequest) -> Response:
+    async def tokenize(self, body: TokenizeRequest, request: Request) -> Response:
         model = self.catalog.pick(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         texts = self.within_limits(checked_texts(texts, "inputs"), "inputs")
         info = await self.catalog.said(model)  # the prompts are the model's from the start; no worker is needed
         prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
         prompted = apply_prompt(texts, prompt) if prompt else texts
-        tokens = await self.tokenizing.run(
+        tokens = await self.tokenized(
+            request,
             tokenized,
             model.tokenizer,
             prompted,
@@ -321,7 +377,9 @@ class Endpoints:
         texts = self.within_limits(checked_texts(body.texts, "texts", is_tokenized=body.is_tokenized), "texts")
         await self.ready_or_503()
         info = await self.catalog.info(model)
-        reply = await self.encode(request, model, texts, asked(body, info), is_tokenized=body.is_tokenized)
+        options = asked(body, info)
+        self.costed(model, info, texts, options)
+        reply = await self.encode(request, model, texts, options, is_tokenized=body.is_tokenized)
         result = reply.array().astype(np.float32, copy=False)
         return json_response({"id": body.id, "result": result, "chunked": chunked_count(reply)}, reply)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from bertserve.client import protocol as p
 
+from ..serving.policy.costs import TokenRule
 from .gateway import Gateway, GatewayError
 from .options import default_prompt_name, prompts
 from .schemas import HTTPError, quoted
@@ -39,6 +40,17 @@ class ModelSettings:
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+    @property
+    def token_rule(self) -> TokenRule:
+        """How the model's tokenizer turns bytes into tokens, at most (:mod:`..serving.policy.costs`)."""
+        tokenizer = self.tokenizer
+        return TokenRule(
+            max_len=tokenizer.max_len,
+            single=tokenizer.num_special_tokens(),
+            pair=tokenizer.num_special_tokens(pair=True),
+            stride=tokenizer.stride,
+        )
 
 
 def not_served(name: str, served: Sequence[str]) -> HTTPError:

@@ -42,3 +42,16 @@ def encoded(array: np.ndarray, encoding_format: str) -> Any:
         return array
     little = array.astype(array.dtype.newbyteorder("<"), copy=False)
     return [base64.b64encode(row.tobytes()).decode() for row in little]
+
+
+_JSON_VALUE_BYTES = {"float": 16.0, "int8": 5.0, "uint8": 5.0, "binary": 5 / 8, "ubinary": 5 / 8}
+"""The most bytes one value of a vector takes in a JSON answer, by type: a float32 as text with
+its comma; a byte as a number; binary types pack 8 values in a byte."""
+_BASE64_VALUE_BYTES = {"float": 16 / 3, "int8": 4 / 3, "uint8": 4 / 3, "binary": 1 / 6, "ubinary": 1 / 6}
+
+
+def json_value_bytes(types: tuple[str, ...] | None, encoding_format: str = "float") -> float:
+    """What one value of a vector costs in the JSON answer of ``types`` (None: floats), each
+    type answered; base64 packs each row's bytes."""
+    table = _BASE64_VALUE_BYTES if encoding_format == "base64" else _JSON_VALUE_BYTES
+    return sum(table[kind] for kind in types or ("float",))

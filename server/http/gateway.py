@@ -29,6 +29,7 @@ from typing import Any
 import zmq
 from bertserve.client import __version__, protocol as p
 from bertserve.client.aio.places import AsyncPlaces
+from bertserve.client.core.requests import check_size
 from bertserve.client.core.window import ReplyWindow
 from bertserve.client.security import HandshakeWatch, announce, reply_socket
 
@@ -53,6 +54,11 @@ class GatewayKeys:
 
 class GatewayError(Exception):
     """The ventilator could not be reached, or did not answer in time."""
+
+
+class FrameTooLarge(ValueError):
+    """A request's frame is larger than the head takes (its ``max_message_bytes``): the head's
+    socket would drop it unread, so it is never sent."""
 
 
 class Gateway:
@@ -163,6 +169,7 @@ class Gateway:
 
         ``options`` go into an ENCODE header as they are (:data:`~bertserve.client.protocol.ENCODE_OPTIONS`);
         ``model`` names the served model the request is for (``None``: the head's default).
+        A request larger than the head takes raises :class:`FrameTooLarge` before it is sent.
         An ENCODE whose wait ends without its reply, timed out or cancelled (its HTTP caller
         left), is withdrawn from the server: its queued work is dropped before it runs.
         """
@@ -172,10 +179,14 @@ class Gateway:
         if model is not None:
             header["model"] = model
         request_id = next(self._ids)
+        frames = p.encode_request(client_id, command, request_id, header, texts)
+        try:
+            check_size(frames, self.config)
+        except ValueError as exc:
+            raise FrameTooLarge(str(exc)) from None
         key = (client_id, request_id)
         future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
         self._waiting[key] = future
-        frames = p.encode_request(client_id, command, request_id, header, texts)
         deadline = time.monotonic() + timeout_s
         announce(self._replies, self.prefix + b".")  # under CURVE: where the reply goes, as the sink may be new
         self._read()  # a send can take the descriptor's edge for a reply already in; read it now

@@ -15,6 +15,7 @@ is tokenized. Tokenizing runs off the event loop, at most :data:`AT_ONCE` reques
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -36,15 +37,81 @@ T = TypeVar("T")
 
 
 class Tokenizing:
-    """Tokenizing work of the HTTP process: in threads, :data:`AT_ONCE` requests at a time, so
-    that what it holds at a time is bounded however many requests come."""
+    """Tokenizing work of the HTTP process, in threads: :data:`AT_ONCE` turns at a time, and
+    one at a time for each caller (``owner``: its principal or address), so that what it holds
+    is bounded however many requests come, and no caller holds every turn. Waiting callers
+    take turns round robin, whatever number of requests each sends. A caller that leaves
+    while it waits gives its place up; one that leaves while its turn runs lets the thread end
+    (it cannot be stopped), and only then is its turn passed on. Long work is cut into turns
+    by its callers, so a caller who left starts no more of it."""
 
     def __init__(self, at_once: int = AT_ONCE) -> None:
-        self._turns = asyncio.Semaphore(at_once)
+        self._free = at_once
+        self._busy: set[str] = set()  # owners whose turn runs
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}  # each owner's waiters, in order
+        self._order: deque[str] = deque()  # owners with waiters, in the order their turns come
 
-    async def run(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        async with self._turns:
-            return await asyncio.to_thread(work, *args, **kwargs)
+    async def run(self, work: Callable[..., T], *args: Any, owner: str = "", **kwargs: Any) -> T:
+        await self._take(owner)
+        running = asyncio.ensure_future(asyncio.to_thread(work, *args, **kwargs))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            running.add_done_callback(lambda _: self._give(owner))  # its thread still runs: so does its turn
+            raise
+        finally:
+            if running.done():
+                self._give(owner)
+
+    async def _take(self, owner: str) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._waiting.get(owner)
+        if queue is None:
+            queue = self._waiting[owner] = deque()
+            self._order.append(owner)
+        queue.append(waiter)
+        self._hand_out()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # its turn came as it was cancelled: pass it on
+                self._give(owner)
+            else:
+                self._forget(owner, waiter)
+            raise
+
+    def _give(self, owner: str) -> None:
+        self._busy.discard(owner)
+        self._free += 1
+        self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Turns to the waiting owners whose turn is next, round robin, none to a busy owner."""
+        for _ in range(len(self._order)):
+            if self._free <= 0:
+                return
+            owner = self._order.popleft()
+            if owner in self._busy:
+                self._order.append(owner)
+                continue
+            queue = self._waiting[owner]
+            waiter = queue.popleft()
+            if queue:
+                self._order.append(owner)
+            else:
+                del self._waiting[owner]
+            self._free -= 1
+            self._busy.add(owner)
+            waiter.set_result(None)
+
+    def _forget(self, owner: str, waiter: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(owner)
+        if queue is None or waiter not in queue:
+            return
+        queue.remove(waiter)
+        if not queue:
+            del self._waiting[owner]
+            self._order.remove(owner)
 
 
 def check_text_limits(texts: Sequence[Any], name: str, *, max_inputs: int, max_chars: int) -> list[Any]:
@@ -66,6 +133,27 @@ def check_text_limits(texts: Sequence[Any], name: str, *, max_inputs: int, max_c
                 code="limit",
             )
     return list(texts)
+
+
+def check_pair_limits(query: str, documents: Sequence[str], name: str, *, max_inputs: int, max_chars: int) -> None:
+    """:func:`check_text_limits` of the pairs of ``query`` and each of ``documents``, each pair
+    an input, without writing a pair; else 413."""
+    if len(documents) > max_inputs:
+        raise HTTPError(
+            413,
+            f"the request has {len(documents)} inputs; this server takes at most {max_inputs} per request",
+            code="limit",
+        )
+    around = len(query) + len(PAIR_SEPARATOR) + 2
+    for index, document in enumerate(documents):
+        if around + len(document) > max_chars:
+            raise HTTPError(
+                413,
+                f"{name}[{index}] has {around + len(document)} characters with the query; this server takes at "
+                f"most {max_chars}",
+                param=name,
+                code="limit",
+            )
 
 
 def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[tuple[int, int]]:
@@ -185,6 +273,12 @@ def explain_bounded(
 def _kept_span(tokenizer: Any, text: str, direction: str) -> tuple[int, int]:
     """The shortest run of ``text``'s pieces, from the end that truncation keeps, holding more
     tokens than the model takes (or the whole text): cut there, it keeps the same tokens."""
+    start, stop, _ = _kept(tokenizer, text, direction)
+    return start, stop
+
+
+def _kept(tokenizer: Any, text: str, direction: str) -> tuple[int, int, int]:
+    """:func:`_kept_span`, and the tokens of that run (no specials)."""
     spans = list(pieces(text))
     if direction == "left":
         spans.reverse()
@@ -193,8 +287,40 @@ def _kept_span(tokenizer: Any, text: str, direction: str) -> tuple[int, int]:
         total += tokenizer.count_whole([text[start:stop]])[0]
         if total > tokenizer.max_len:
             kept = spans[:taken]
-            return min(s for s, _ in kept), max(e for _, e in kept)
-    return 0, len(text)
+            return min(s for s, _ in kept), max(e for _, e in kept), total
+    return 0, len(text), total
+
+
+def side_groups(texts: Sequence[str]) -> Iterator[list[int]]:
+    """The indices of ``texts`` in groups of at most :data:`GROUP_CHARS` characters (a long
+    text alone): the work of one tokenizing turn each."""
+    group: list[int] = []
+    chars = 0
+    for index, text in enumerate(texts):
+        if group and chars + len(text) > GROUP_CHARS:
+            yield group
+            group, chars = [], 0
+        group.append(index)
+        chars += len(text)
+    if group:
+        yield group
+
+
+def cut_sides(tokenizer: Any, texts: Sequence[str], direction: str) -> list[tuple[str, int]]:
+    """Each of ``texts``, one side of sentence pairs, cut to the pieces that hold what a pair
+    can keep of it (more tokens than the model takes, from the end ``direction`` keeps; a
+    shorter text whole), with its tokens (no specials: counted to past the model's length).
+    A pair of cut sides keeps the same tokens as the pair of whole ones, and is cut if and
+    only if its two counts and the pair's special tokens are more than the model takes."""
+    out: list[tuple[str, int]] = [("", 0)] * len(texts)
+    short = [i for i, text in enumerate(texts) if len(text) <= PIECE_CHARS]
+    for i, count in zip(short, tokenizer.count_whole([texts[i] for i in short]) if short else [], strict=True):
+        out[i] = (texts[i], count)
+    for i, text in enumerate(texts):
+        if len(text) > PIECE_CHARS:
+            start, stop, count = _kept(tokenizer, text, direction)
+            out[i] = (text[start:stop].strip(), count)
+    return out
 
 
 def _explain(

@@ -76,6 +76,8 @@ def run_http(
         max_headers=config.max_http_headers,
         metrics_principals=config.metrics_principals,
         cors_origins=config.cors_allow_origin,
+        max_request_tokens=config.limits.request_tokens,
+        max_reply_bytes=config.limits.reply_bytes,
         traced=telemetry.tracing,
     )
     host = connect_host(config.bind)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config.http import HTTP_HEADERS
+from ..config.limits import REPLY_BYTES, REQUEST_TOKENS
 from .bodies import BodyPace
 from .catalog import ModelSettings
 from .principals import Principals
@@ -29,4 +30,6 @@ class Settings:
     max_headers: int = HTTP_HEADERS
     metrics_principals: bool = False  # name each principal in /metrics (--metrics-principals)
     cors_origins: tuple[str, ...] = ()  # the origins a browser's page may call from (--cors-allow-origin)
+    max_request_tokens: int = REQUEST_TOKENS  # tokens of model work in one request, counted before work
+    max_reply_bytes: int = REPLY_BYTES  # largest answer, as JSON, counted before work
     traced: bool = False  # this process traces (tracing.setup ran): each request's span, its context sent on

@@ -26,10 +26,12 @@ from fastapi.responses import Response
 
 from ..model.prompts import apply_prompt
 from ..model.tasks import wrong_task
+from ..serving.policy import costs
 from .catalog import Catalog, ModelSettings
-from .lengths import Tokenizing
+from .lengths import check_pair_limits, cut_sides, side_groups
 from .options import Asked, checked_prompt_name, direction, prompt_text
 from .schemas import HTTPError, json_response
+from .settings import Settings
 from .task_bodies import CohereRerankRequest, EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
 
 
@@ -37,16 +39,31 @@ class API(Protocol):
     """What the task endpoints use of the embedding API (:class:`.app.Endpoints`)."""
 
     @property
-    def catalog(self) -> Catalog: ...
+    def settings(self) -> Settings: ...
     @property
-    def tokenizing(self) -> Tokenizing: ...
+    def catalog(self) -> Catalog: ...
     def within_limits(self, texts: list[Any], name: str) -> list[Any]: ...
+    def check_tokens(self, total: int) -> None: ...
+    def check_reply(
+        self, rows: int, info: dict[str, Any], value_bytes: float, dimensions: int | None = None, *, form: str = ""
+    ) -> None: ...
+    def costed(
+        self, model: ModelSettings, info: dict[str, Any], texts: list[Any], options: Asked, value_bytes: float = ...
+    ) -> None: ...
+    async def tokenized(self, request: Request, work: Any, *args: Any, **kwargs: Any) -> Any: ...
     async def ready_or_503(self) -> None: ...
     async def encode(
         self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
     ) -> Reply: ...
     async def refuse_over_long(
-        self, model: ModelSettings, info: dict[str, Any], texts: list[str], options: Asked, *, chunkable: bool = True
+        self,
+        request: Request,
+        model: ModelSettings,
+        info: dict[str, Any],
+        texts: list[str],
+        options: Asked,
+        *,
+        chunkable: bool = True,
     ) -> None: ...
 
 
@@ -66,17 +83,13 @@ class TaskEndpoints:
             raise HTTPError(400, wrong_task(model.name, str(own), task), param="model", code="task")
         return model, info
 
-    async def _truncated(self, model: ModelSettings, texts: list[str], name: str, *, refuse: bool) -> np.ndarray:
+    async def _truncated(
+        self, request: Request, model: ModelSettings, texts: list[str], name: str, *, refuse: bool
+    ) -> np.ndarray:
         """Which of ``texts`` the model cuts; with ``refuse`` a 413 for the first."""
-        truncated = await self.api.tokenizing.run(model.tokenizer.truncated, texts)
+        truncated = await self.api.tokenized(request, model.tokenizer.truncated, texts)
         if refuse and truncated.any():
-            first = int(np.argmax(truncated))
-            raise HTTPError(
-                413,
-                f"{name}[{first}] is longer than the {model.tokenizer.max_len} tokens the model {model.name!r} "
-                "takes; pass truncate=true to cut it",
-                param=name,
-            )
+            raise _too_long(model, name, int(np.argmax(truncated)))
         return truncated
 
     async def _rerank(
@@ -90,14 +103,33 @@ class TaskEndpoints:
         direction_: str | None,
         refuse_long: bool = False,
     ) -> tuple[ModelSettings, dict[str, Any], np.ndarray, np.ndarray, int]:
-        """The logits of ``documents`` against ``query``, which documents were cut, and the tokens."""
+        """The logits of ``documents`` against ``query``, which documents were cut, and the tokens.
+
+        Its cost is counted before anything is tokenized, the query in every pair. Then the
+        query is tokenized once and each document once, each cut to what a pair can keep of
+        it, and whether a pair is cut is told from the two lengths (``longest_first``): the
+        pairs sent hold the cut sides, so no side is tokenized whole again."""
         try:
-            pairs = t.rerank_pairs(query, documents)
+            query, texts = t.rerank_sides(query, documents)
         except ValueError as exc:
             raise HTTPError(422, str(exc).replace("documents", field), param=field) from None
-        self.api.within_limits(pairs, field)
+        settings = self.api.settings
+        check_pair_limits(query, texts, field, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
         model, info = await self._model(name, "rerank")
-        truncated = await self._truncated(model, pairs, field, refuse=refuse_long)
+        rule = model.token_rule
+        self.api.check_tokens(costs.pair_tokens(rule, costs.utf8_bytes(query), map(costs.utf8_bytes, texts)))
+        self.api.check_reply(len(texts), info, costs.JSON_FLOAT_BYTES, form=" as JSON")
+        side = direction_ or "right"
+        ((query_kept, query_tokens),) = await self.api.tokenized(request, cut_sides, model.tokenizer, [query], side)
+        kept: list[tuple[str, int]] = []
+        for group in side_groups(texts):  # a turn a group: a caller who left starts no more
+            kept += await self.api.tokenized(request, cut_sides, model.tokenizer, [texts[i] for i in group], side)
+        truncated = np.fromiter(
+            (query_tokens + tokens + rule.pair > rule.max_len for _, tokens in kept), dtype=bool, count=len(kept)
+        )
+        if refuse_long and truncated.any():
+            raise _too_long(model, field, int(np.argmax(truncated)))
+        pairs = [t.rerank_pair(query_kept, document) for document, _ in kept]
         reply = await self.api.encode(request, model, pairs, Asked(truncation_direction=direction_, task="rerank"))
         logits = reply.array().astype(np.float32, copy=False).reshape(len(pairs), -1)[:, 0]
         return model, info, logits, truncated, int(reply.header.get("token_count", 0))
@@ -178,8 +210,10 @@ class TaskEndpoints:
         texts, single = _predict_inputs(body.inputs)
         self.api.within_limits(texts, "inputs")
         model, info = await self._model(body.model, "classify")
-        await self._truncated(model, texts, "inputs", refuse=not body.truncate)
         options = Asked(truncation_direction=direction(body.truncation_direction), task="classify")
+        self.api.costed(model, info, texts, options, costs.JSON_FLOAT_BYTES + 24)  # each label's name and score
+        if not body.truncate:
+            await self._truncated(request, model, texts, "inputs", refuse=True)
         reply = await self.api.encode(request, model, texts, options)
         logits = reply.array().astype(np.float32, copy=False).reshape(len(texts), -1)
         scores = logits if body.raw_scores else t.label_probabilities(logits)
@@ -191,9 +225,11 @@ class TaskEndpoints:
         top_k = _top(body.top_k, "top_k")
         texts = self._texts(body.inputs)
         model, info = await self._model(body.model, "sparse")
-        options = await self._prompted_options(model, info, texts, body, "sparse")
+        options = await self._prompted_options(request, model, info, texts, body, "sparse")
         reply = await self.api.encode(request, model, texts, options)
         rows = t.sparse_rows(reply.array(), top_k)
+        terms = sum(len(row.indices) for row in rows)  # the bound before was on every vocabulary entry
+        self.api.check_reply(terms, {"output_dim": 1}, costs.JSON_SPARSE_TERM_BYTES, form=" as JSON")
         return json_response(
             [
                 [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
@@ -211,10 +247,10 @@ class TaskEndpoints:
                 "with pooling_strategy=NONE (serve the same directory again: --model NAME=DIR,pooling_strategy=NONE)",
                 param="model",
             )
-        options = await self._prompted_options(model, info, texts, body, "embed")
+        options = await self._prompted_options(request, model, info, texts, body, "embed")
         prompt = prompt_text(options.prompt_name, info)
-        counts = await self.api.tokenizing.run(
-            model.tokenizer.count_tokens, apply_prompt(texts, prompt) if prompt else texts
+        counts = await self.api.tokenized(
+            request, model.tokenizer.count_tokens, apply_prompt(texts, prompt) if prompt else texts
         )
         reply = await self.api.encode(request, model, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
@@ -229,16 +265,32 @@ class TaskEndpoints:
         return [_text(item, f"inputs[{i}]") for i, item in enumerate(texts)]
 
     async def _prompted_options(
-        self, model: ModelSettings, info: dict[str, Any], texts: list[str], body: Any, task: str
+        self, request: Request, model: ModelSettings, info: dict[str, Any], texts: list[str], body: Any, task: str
     ) -> Asked:
+        """The options of a request of ``texts`` with a prompt, checked; its cost counted
+        (a sparse answer at every vocabulary entry, as the workers may send it); and, unless
+        it asks for truncation, a 413 for the first input longer than the model takes."""
         options = Asked(
             prompt_name=checked_prompt_name(body.prompt_name, info),
             truncation_direction=direction(body.truncation_direction),
             task=task,
         )
+        if task == "sparse":
+            self.api.costed(model, info, texts, options, costs.SPARSE_TERM_BYTES)
+        else:
+            self.api.costed(model, info, texts, options)
         if not body.truncate:
-            await self.api.refuse_over_long(model, info, texts, options, chunkable=task == "embed")
+            await self.api.refuse_over_long(request, model, info, texts, options, chunkable=task == "embed")
         return options
+
+
+def _too_long(model: ModelSettings, name: str, first: int) -> HTTPError:
+    return HTTPError(
+        413,
+        f"{name}[{first}] is longer than the {model.tokenizer.max_len} tokens the model {model.name!r} "
+        "takes; pass truncate=true to cut it",
+        param=name,
+    )
 
 
 def _terms(row: t.SparseVector) -> list[dict[str, Any]]:

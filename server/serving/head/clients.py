@@ -18,7 +18,7 @@ from ... import metrics
 from ...config.server import ServerConfig
 from ...model.prompts import apply_prompt
 from ...security import message_user_id, request_allowed
-from ..policy import admission
+from ..policy import admission, costs
 from ..policy.admission import Refusal
 from ..protocol import legacy, wire
 from ..protocol.formats import LEGACY, NATIVE, ReplyFormat
@@ -159,6 +159,11 @@ class Clients:
         texts, nbytes = read
         if not texts:
             return self._answer_empty(request, fmt, options, model)
+        too_large = costs.too_large_reply(
+            len(texts), costs.reply_row_bytes(info, options.dimensions), model.config.limits.reply_bytes
+        )
+        if too_large is not None:
+            return self._refuse(request, fmt, Refusal(too_large, "limit"), model.name)
         refusal = self.requests.admit(
             request,
             fmt,

@@ -20,6 +20,7 @@ from bertserve.client import __version__, protocol as p
 
 from ...config.server import ServerConfig
 from ...security import loopback_only
+from ..policy import costs
 from ..policy.admission import Refusal
 
 logger = logging.getLogger("bertserve.control")
@@ -45,6 +46,7 @@ def describe(config: ServerConfig, *, curve: bool, ready: bool, model: dict[str,
         "ready": ready,
         "curve": curve,
         "max_message_bytes": config.message_limit,
+        "max_reply_rows": costs.reply_rows(config.limits.reply_bytes, costs.reply_row_bytes(model)),
     }
 
 

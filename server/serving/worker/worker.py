@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import zmq
 from bertserve.client import protocol as p
+from bertserve.client.tasks import sparse_pairs
 
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ...config.telemetry import Telemetry
@@ -116,7 +117,9 @@ class Worker:
         self.feed: ThreadFeed | None = None  # set by run(): lets short jobs overtake long ones
         self.lending = False  # a long job is running, with short jobs overtaking it between its model runs
         self.slot_seconds: float | None = None  # a model run's seconds per token slot, smoothed
-        self.token_level = bool(model.describe().get("token_level"))  # rows of unequal width: never sliced
+        described = model.describe()
+        self.token_level = bool(described.get("token_level"))  # rows of unequal width: never sliced
+        self.sparse = described.get("task") == "sparse"  # rows sent as [id, weight] pairs, not vocabulary-wide
 
     def close(self) -> None:
         self.stop.set()
@@ -321,6 +324,8 @@ class Worker:
             else:
                 out["lengths"] = np.asarray(lengths).tolist()
             ran = len(vectors)  # inputs (a chunked input's windows are one)
+            if self.sparse:
+                vectors = sparse_pairs(vectors)
             out.update(p.array_header(vectors))
             self.results.send_multipart([wire.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
             tokens = int(batch.lengths.sum())

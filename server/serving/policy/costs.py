@@ -1,0 +1,131 @@
+"""What a request costs, counted before any of its work runs: the tokens of model work it asks
+for, and the bytes of its answer. Pure functions of the inputs' sizes and of what a model's
+workers said of it (its ``CONFIG`` facts); nothing here tokenizes.
+
+**Tokens.** Each input costs the tokens the model runs of it. Uncut, that is at most its UTF-8
+bytes and the special tokens the model adds (no tokenizer here makes more than one token of a
+byte of text); cut to the model's length, at most ``max_len``; encoded in windows
+(``long_inputs=chunk``), every window's tokens. A rerank pair is its query and its document,
+counted for each pair. The count is an upper bound known before any tokenizer runs.
+
+**Bytes.** An answer holds ``rows x values x bytes``: ``values`` is a vector's width (the
+``dimensions`` asked for, else the model's), times the model's length for a model that returns
+one vector per token; a sparse (SPLADE) row is at most every vocabulary entry, each an id and
+a weight. The bytes of a value are those of the array the workers and the sink hold, or, for an
+HTTP answer, of the JSON text that carries it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SPARSE_TERM_BYTES = 8
+"""A sparse row's term as the workers send it: its vocabulary id and its weight, 4 bytes each."""
+JSON_FLOAT_BYTES = 16
+"""The most a float32 takes as JSON text, with its comma (``-1.2345678e-05,``)."""
+JSON_SPARSE_TERM_BYTES = 40
+"""The most a sparse term takes as JSON: ``{"index":250001,"value":1.2345678e-05},``."""
+
+
+@dataclass(frozen=True)
+class TokenRule:
+    """How one model turns an input's bytes into tokens, at most: its length, the special
+    tokens it adds to an input and to a pair, and the tokens consecutive windows share."""
+
+    max_len: int
+    single: int
+    pair: int
+    stride: int = 0
+
+    def row(self, nbytes: int, *, pair: bool = False, chunk: bool = False) -> int:
+        """The most tokens the model runs of one input of ``nbytes`` UTF-8 bytes."""
+        specials = self.pair if pair else self.single
+        if not chunk or pair:  # a pair is cut, never encoded in windows
+            return min(self.max_len, nbytes + specials)
+        content = self.max_len - self.single
+        step = max(1, content - self.stride)
+        windows = 1 if nbytes <= content else 1 + -(-(nbytes - content) // step)
+        return nbytes + self.single * windows + self.stride * (windows - 1)
+
+
+def utf8_bytes(text: str) -> int:
+    """``len(text.encode())``, without making the copy."""
+    if text.isascii():
+        return len(text)
+    return sum(1 if c < "\x80" else 2 if c < "\u0800" else 3 if c < "\U00010000" else 4 for c in text)
+
+
+def input_tokens(
+    rule: TokenRule, texts: Iterable[Any], *, chunk: bool = False, prefix_bytes: int = 0, separator: str = "|||"
+) -> int:
+    """The most tokens of model work in ``texts``: strings (a pair written with ``separator``)
+    or pre-tokenized inputs (lists of tokens, each at most one token of work), each with a
+    prompt of ``prefix_bytes`` before it."""
+    total = 0
+    for text in texts:
+        if isinstance(text, str):
+            total += rule.row(prefix_bytes + utf8_bytes(text), pair=separator in text, chunk=chunk)
+        else:
+            tokens = list(text)
+            pair = separator in tokens
+            total += rule.row(prefix_bytes + len(tokens) - pair, pair=pair, chunk=chunk)
+    return total
+
+
+def pair_tokens(rule: TokenRule, query_bytes: int, document_bytes: Iterable[int]) -> int:
+    """The most tokens of model work in ranking documents of ``document_bytes`` UTF-8 bytes
+    against a query of ``query_bytes``: the query counted again in every pair."""
+    return sum(rule.row(query_bytes + size, pair=True) for size in document_bytes)
+
+
+def too_many_tokens(total: int, limit: int) -> str | None:
+    """Why a request of ``total`` tokens is refused, or None."""
+    if total <= limit:
+        return None
+    return (
+        f"the request asks for up to {total} tokens of model work (each input at most the model's length; "
+        f"a rerank pair counts its query and its document); this server takes at most {limit} tokens per "
+        "request (--max-request-tokens): send fewer or shorter inputs per request"
+    )
+
+
+def row_values(info: Mapping[str, Any], dimensions: int | None = None) -> int:
+    """The most values one row of the answer holds, by what the model's workers said of it
+    (``output_dim``, ``token_level``, ``max_seq_len``, ``task``); 0 if they have not said."""
+    width = info.get("output_dim")
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        return 0
+    if dimensions is not None and 1 <= dimensions < width and info.get("task", "embed") == "embed":
+        width = dimensions
+    length = info.get("max_seq_len")
+    if info.get("token_level") and isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        width *= length
+    return width
+
+
+def reply_row_bytes(info: Mapping[str, Any], dimensions: int | None = None) -> int:
+    """The most bytes one row of the answer takes as the workers send it and the sink holds it."""
+    values = row_values(info, dimensions)
+    if info.get("task") == "sparse":
+        return values * SPARSE_TERM_BYTES
+    return values * (2 if info.get("output_dtype") == "float16" else 4)
+
+
+def reply_rows(limit: int, row_bytes: int) -> int | None:
+    """The most rows an answer of ``row_bytes`` a row may hold within ``limit`` bytes (at least
+    one: a row larger than the limit is the model's, and a request of one is always answered)."""
+    return max(1, limit // row_bytes) if row_bytes > 0 else None
+
+
+def too_large_reply(rows: int, row_bytes: int, limit: int, what: str = "") -> str | None:
+    """Why an answer of ``rows`` rows of ``row_bytes`` is refused, or None."""
+    fits = reply_rows(limit, row_bytes)
+    if fits is None or rows <= fits:
+        return None
+    return (
+        f"the answer would take up to {rows * row_bytes / 2**20:.1f} MiB{what} ({rows} inputs of up to "
+        f"{row_bytes} bytes each); this server answers at most {limit / 2**20:.1f} MiB per request "
+        f"(--max-reply-bytes): send at most {fits} inputs per request"
+    )
