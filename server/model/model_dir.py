@@ -26,6 +26,7 @@ from .families import EncoderConfig
 from .json_file import read_json
 from .st_modules import (
     ModelDefaults,
+    inside_model_dir,
     max_seq_length,
     pooling_config,
     read_modules,
@@ -238,7 +239,10 @@ def _safetensors_files(directory: str) -> list[str]:
     index = os.path.join(directory, SAFETENSORS_INDEX)
     if os.path.isfile(index):
         weight_map = read_json(index).get("weight_map", {})
-        return [_require(directory, name) for name in sorted(set(weight_map.values()))]
+        names = sorted({str(name) for name in weight_map.values()})
+        for name in names:  # the index names them: each must be a file of the directory
+            inside_model_dir(directory, os.path.join(directory, name), f"{index}: the shard {name[:200]!r}")
+        return [_require(directory, name) for name in names]
     return [_require(directory, SAFETENSORS)]
 
 

@@ -10,6 +10,10 @@
 ``sentence_bert_config.json`` gives ``max_seq_length``; sentence-transformers 6 may leave it
 out, and then the tokenizer's ``model_max_length`` (capped at the model's positions) is used,
 as sentence-transformers does.
+
+A module's ``path``, and every file read from its folder, must lead inside the model directory
+once symlinks are followed (:func:`inside_model_dir`): ``../..``, an absolute path or a link out
+is refused before anything there is read, so no error quotes a file of elsewhere.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError, ModelFileError
@@ -86,6 +91,44 @@ def read_modules(model_dir: str) -> list[dict]:
     return modules
 
 
+def inside_model_dir(model_dir: str, path: str, what: str) -> str:
+    """``path``, once it is known to lead inside ``model_dir`` with every symlink followed;
+    :class:`ModelFileError` naming ``what`` and where it leads otherwise. Only the path is
+    named, never what the file holds.
+
+    A snapshot of the Hugging Face Hub cache (``models--ORG--NAME/snapshots/COMMIT``) holds its
+    files as links to the repository's own ``blobs`` folder, which counts as inside."""
+    resolved = Path(path).resolve()
+    if not any(resolved.is_relative_to(root) for root in _roots(model_dir)):
+        raise ModelFileError(
+            f"{what} leads outside the model directory {model_dir} (to {resolved}): bertserve reads a model's "
+            "files only from inside its directory"
+        )
+    return path
+
+
+def _roots(model_dir: str) -> list[Path]:
+    """The folders a model directory's files may live in: itself, and for a Hub cache snapshot
+    its repository's ``blobs``."""
+    root = Path(model_dir).resolve()
+    blobs = root.parent.parent / "blobs"
+    return [root, blobs] if root.parent.name == "snapshots" and blobs.is_dir() else [root]
+
+
+def module_dir(model_dir: str, module: dict, index: int) -> str:
+    """The folder of ``modules.json``'s entry ``index``, refused if it leads outside ``model_dir``."""
+    declared = str(module.get("path", ""))
+    kind = str(module.get("type", "")).rsplit(".", 1)[-1][:40] or "?"
+    where = f"{os.path.join(model_dir, 'modules.json')}: module {index} ({kind}) with path {declared[:200]!r}"
+    return inside_model_dir(model_dir, os.path.join(model_dir, declared), where)
+
+
+def _module_file(model_dir: str, folder: str, name: str) -> str:
+    """The file ``name`` of a module's ``folder``, refused if it is a link out of ``model_dir``."""
+    path = os.path.join(folder, name)
+    return inside_model_dir(model_dir, path, path)
+
+
 def sentence_transformers_defaults(model_dir: str, config: EncoderConfig) -> tuple[ModelDefaults, list[str]]:
     """The defaults a sentence-transformers directory declares, and the files they come from;
     bert-as-service's defaults when it has no ``modules.json``."""
@@ -96,22 +139,22 @@ def sentence_transformers_defaults(model_dir: str, config: EncoderConfig) -> tup
     strategy = PoolingStrategy.CLS_TOKEN
     normalize = False
     dense: list[DenseModule] = []
-    for module in modules:
+    folders = [module_dir(model_dir, module, index) for index, module in enumerate(modules)]
+    for module, folder in zip(modules, folders, strict=True):
         kind = str(module.get("type", ""))
-        module_dir = os.path.join(model_dir, str(module.get("path", "")))
         if kind.endswith(".Normalize"):
             normalize = True
         elif kind.endswith(".Pooling"):
-            pooling_path = os.path.join(module_dir, "config.json")
+            pooling_path = _module_file(model_dir, folder, "config.json")
             if os.path.isfile(pooling_path):
                 files.append(pooling_path)
                 strategy = pooling_from_config(pooling_path, read_json(pooling_path))
         elif kind.endswith(".Dense"):
             if normalize:
                 raise ModelError(f"{model_dir}: a Dense module after Normalize is not supported")
-            layer = _dense_module(module_dir)
+            layer = _dense_module(model_dir, folder)
             dense.append(layer)
-            files += [os.path.join(module_dir, "config.json"), layer.path]
+            files += [os.path.join(folder, "config.json"), layer.path]
     _check_dense_chain(model_dir, dense)
     max_seq_len, length_files = max_seq_length(model_dir, config)
     defaults = ModelDefaults(strategy, (-1,), max_seq_len, normalize, tuple(dense))
@@ -137,13 +180,13 @@ def pooling_config(model_dir: str) -> tuple[str, dict] | None:
     """The path and content of a sentence-transformers directory's Pooling config: the one
     ``modules.json`` points at, else ``1_Pooling/config.json``; None when there is neither."""
     candidates = [
-        os.path.join(model_dir, str(module.get("path", "")), "config.json")
-        for module in read_modules(model_dir)
+        os.path.join(module_dir(model_dir, module, index), "config.json")
+        for index, module in enumerate(read_modules(model_dir))
         if str(module.get("type", "")).endswith(".Pooling")
     ]
     candidates.append(os.path.join(model_dir, "1_Pooling", "config.json"))
     for path in candidates:
-        if os.path.isfile(path):
+        if os.path.isfile(inside_model_dir(model_dir, path, path)):
             return path, read_json(path)
     return None
 
@@ -175,8 +218,8 @@ def pooling_from_config(path: str, raw: dict) -> PoolingStrategy:
     )
 
 
-def _dense_module(module_dir: str) -> DenseModule:
-    config_path = os.path.join(module_dir, "config.json")
+def _dense_module(model_dir: str, folder: str) -> DenseModule:
+    config_path = _module_file(model_dir, folder, "config.json")
     if not os.path.isfile(config_path):
         raise ModelFileError(f"missing file {config_path} (the Dense module's config)")
     raw = read_json(config_path)
@@ -192,14 +235,14 @@ def _dense_module(module_dir: str) -> DenseModule:
     source = raw.get("module_input_name", "sentence_embedding")
     if source != "sentence_embedding":
         raise ModelError(f"{config_path}: a Dense module on {source!r} is not supported (only sentence_embedding)")
-    weights = os.path.join(module_dir, "model.safetensors")
+    weights = _module_file(model_dir, folder, "model.safetensors")
     if not os.path.isfile(weights):
-        if os.path.isfile(os.path.join(module_dir, "pytorch_model.bin")):
+        if os.path.isfile(os.path.join(folder, "pytorch_model.bin")):
             from .hub_files import CONVERT_COMMAND
 
             raise ModelFileError(
-                f"{module_dir} has its weights only as pytorch_model.bin, which bertserve does not unpickle; "
-                f"convert it once where PyTorch is installed: in {module_dir}, {CONVERT_COMMAND}"
+                f"{folder} has its weights only as pytorch_model.bin, which bertserve does not unpickle; "
+                f"convert it once where PyTorch is installed: in {folder}, {CONVERT_COMMAND}"
             )
         raise ModelFileError(f"missing file {weights} (the Dense module's weights)")
     return DenseModule(weights, in_features, out_features, bool(raw.get("bias", True)), activation)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from bertserve.server import ModelConfig, ModelFileError, ModelShapeError
-from bertserve.server.model.model_dir import detect_layout, inspect_model
+from bertserve.server.model.model_dir import detect_layout, inspect_model, pooling_config
 from bertserve.server.model.weights import read_weights
 from bertserve.server.testing import tiny_bert
+
+DISTILBERT = Path(__file__).resolve().parents[1] / "data" / "families" / "distilbert"
 
 
 def _inspect(model_dir: str, **options: object):
@@ -103,3 +107,100 @@ def test_cased_vocabulary_is_detected(tmp_path) -> None:
         f.write("\n".join(capitalised))
     assert not _inspect(directory).do_lower_case
     assert _inspect(directory, do_lower_case=True).do_lower_case
+
+
+# -- files named by the model's own JSON stay inside its directory ---------------------------
+
+SECRET = "s3cr3t-of-another-file"
+
+
+def _st_model(tmp_path: Path) -> Path:
+    """A tiny sentence-transformers model, and beside it (outside it) a Pooling config."""
+    model = tmp_path / "model"
+    tiny_bert.write_tiny_bert(str(model), "huggingface", seed=1, tokenizer_json=True, sentence_transformers=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "config.json").write_text(json.dumps({"pooling_mode": SECRET}))
+    return model
+
+
+def _set_module_path(model: Path, index: int, path: str) -> None:
+    modules = json.loads((model / "modules.json").read_text())
+    modules[index]["path"] = path
+    (model / "modules.json").write_text(json.dumps(modules))
+
+
+@pytest.mark.parametrize("how", ["parent", "absolute", "folder linked out", "file linked out"])
+def test_a_module_leading_out_of_the_model_directory_is_refused_unread(tmp_path: Path, how: str) -> None:
+    model = _st_model(tmp_path)
+    outside = tmp_path / "outside"
+    if how == "parent":
+        _set_module_path(model, 1, "../outside")
+    elif how == "absolute":
+        _set_module_path(model, 1, str(outside))
+    elif how == "folder linked out":
+        shutil.rmtree(model / "1_Pooling")
+        (model / "1_Pooling").symlink_to(outside, target_is_directory=True)
+    else:
+        (model / "1_Pooling" / "config.json").unlink()
+        (model / "1_Pooling" / "config.json").symlink_to(outside / "config.json")
+    named = {"folder linked out": r"module 1 \(Pooling\) with path '1_Pooling'", "file linked out": "config.json"}.get(
+        how, r"module 1 \(Pooling\) with path '[^']*outside'"
+    )
+    for read in (lambda: _inspect(str(model)), lambda: pooling_config(str(model))):
+        with pytest.raises(ModelFileError, match=rf"{named} leads outside the model directory") as refused:
+            read()
+        assert SECRET not in str(refused.value)
+
+
+def test_a_dense_module_out_of_the_model_directory_is_refused(tmp_path: Path) -> None:
+    model = shutil.copytree(DISTILBERT, tmp_path / "model")
+    shutil.move(model / "2_Dense", tmp_path / "dense")
+    _set_module_path(model, 2, "../dense")
+    with pytest.raises(ModelFileError, match=r"module 2 \(Dense\) with path '\.\./dense' leads outside"):
+        _inspect(str(model))
+    _set_module_path(model, 2, "2_Dense")  # its weights alone linked out
+    (model / "2_Dense").mkdir()
+    shutil.copy(tmp_path / "dense" / "config.json", model / "2_Dense" / "config.json")
+    (model / "2_Dense" / "model.safetensors").symlink_to(tmp_path / "dense" / "model.safetensors")
+    with pytest.raises(ModelFileError, match=r"2_Dense/model\.safetensors leads outside the model directory"):
+        _inspect(str(model))
+
+
+def test_a_shard_out_of_the_model_directory_is_refused(tmp_path: Path, tiny_hf: str) -> None:
+    model = shutil.copytree(tiny_hf, tmp_path / "model")
+    (tmp_path / "outside").mkdir()
+    shutil.move(model / "model.safetensors", tmp_path / "outside" / "model.safetensors")
+    index = {"metadata": {}, "weight_map": {"embeddings.word_embeddings.weight": "../outside/model.safetensors"}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelFileError, match=r"the shard '\.\./outside/model\.safetensors' leads outside"):
+        _inspect(str(model))
+
+
+def test_links_inside_the_model_directory_and_a_hub_snapshot_are_read(tmp_path: Path) -> None:
+    model = _st_model(tmp_path)
+    # The Hub cache's layout: each file of a snapshot a relative link to the repository's blobs.
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / ("c" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    for source in sorted(model.rglob("*")):
+        if source.is_file():
+            relative = source.relative_to(model)
+            blob = repo / "blobs" / str(relative).replace(os.sep, "_")
+            shutil.copy(source, blob)
+            link = snapshot / relative
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    assert _inspect(str(snapshot)).defaults.pooling_strategy.name == "REDUCE_MEAN"
+    # ... but not to another repository's
+    other = tmp_path / "hub" / "models--org--other" / "blobs"
+    other.mkdir(parents=True)
+    shutil.copy(tmp_path / "outside" / "config.json", other / "pooling")
+    (snapshot / "1_Pooling" / "config.json").unlink()
+    (snapshot / "1_Pooling" / "config.json").symlink_to(os.path.relpath(other / "pooling", snapshot / "1_Pooling"))
+    with pytest.raises(ModelFileError, match="leads outside the model directory") as refused:
+        _inspect(str(snapshot))
+    assert SECRET not in str(refused.value)
+    # A module folder linked to another folder of the model directory is its own.
+    (model / "1_Pooling").rename(model / "pooling")
+    (model / "1_Pooling").symlink_to("pooling", target_is_directory=True)
+    assert _inspect(str(model)).defaults.pooling_strategy.name == "REDUCE_MEAN"
