@@ -40,7 +40,7 @@ def test_calibrate_writes_the_ranges_the_model_then_carries(tmp_path: Path, sess
     [
         ({"min": [0.0] * 3, "max": [1.0] * 3}, "should list 32 numbers"),
         ({"min": [0.0] * 32}, "max should list"),
-        ({"min": [1.0] * 32, "max": [0.0] * 32}, "min is above its max"),
+        ({"min": [1.0] * 32, "max": [0.0] * 32}, r"min\[0\] = 1\.0 and max\[0\] = 0\.0: min is above max"),
         ({"min": ["a"] * 32, "max": [1.0] * 32}, "finite numbers"),
         ([1, 2], "object"),
     ],
@@ -52,3 +52,40 @@ def test_a_damaged_calibration_file_is_refused_with_what_is_wrong(tmp_path: Path
         read_calibration(str(path), 32)
     with pytest.raises(ModelFileError, match="bertserve calibrate"):
         read_calibration(str(tmp_path / "missing.json"), 32)
+
+
+def _ranges(dimension: int, low: float, high: float) -> dict[str, list[float]]:
+    """Sane ranges for 32 dimensions but ``dimension``'s."""
+    content = {"min": [-1.0] * 32, "max": [1.0] * 32}
+    content["min"][dimension], content["max"][dimension] = low, high
+    return content
+
+
+@pytest.mark.parametrize(
+    ("content", "names"),
+    [
+        (_ranges(5, -1e300, 1.0), r"min\[5\] = -1e\+300 is beyond float32"),
+        (_ranges(7, 0.0, 1e300), r"max\[7\] = 1e\+300 is beyond float32"),
+        (_ranges(9, -3e38, 3e38), r"min\[9\] = -3e\+38 and max\[9\] = 3e\+38: max - min overflows float32"),
+        (_ranges(11, 1.0, 1.00000001), r"min\[11\] = 1\.0 and max\[11\] = 1\.00000001: float32 cannot cut"),
+        (_ranges(13, 0.0, 1e-44), r"min\[13\] = 0\.0 and max\[13\] = 1e-44: float32 cannot cut"),
+        ({"min": [0] * 31 + [10**400], "max": [1] * 32}, "min should hold finite numbers only"),
+    ],
+    ids=["min beyond", "max beyond", "width overflows", "bounds alike", "width underflows", "int beyond"],
+)
+def test_ranges_that_hold_in_float64_only_are_refused_naming_the_entry(
+    tmp_path: Path, content: object, names: str
+) -> None:
+    """Quantizing computes in float32: there these ranges make a dimension's int8 values all alike."""
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(ModelFileError, match=names):
+        read_calibration(str(path), 32)
+
+
+def test_a_dimension_constant_over_the_calibration_set_is_kept(tmp_path: Path) -> None:
+    """``bertserve calibrate`` writes min equal to max for it, and quantizing expects that."""
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(_ranges(3, 0.5, 0.5)))
+    ranges = read_calibration(str(path), 32)
+    assert ranges.dtype == np.float32 and ranges[:, 3].tolist() == [0.5, 0.5]
