@@ -34,6 +34,10 @@ logger = logging.getLogger("bertserve.hub")
 _MODEL_ID = re.compile(r"(?P<repo>[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)(?:@(?P<revision>[^\s@]+))?")
 MODEL_ID_RULE = "ORG/NAME or ORG/NAME@REVISION (a branch, tag or commit), as the Hugging Face Hub names a model"
 OFFLINE_RECIPE = "`hf download {repo} --local-dir DIR` on a machine with network, then serve DIR with --model-dir"
+REVISION_RULE = "a branch, tag or commit the model has, as git names them: main, v1.0, refs/pr/1, a commit's hash"
+
+#: what git check-ref-format refuses anywhere in a name: control characters, space, ~ ^ : ? * [ and \\
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,17 @@ class ModelId:
     repo_id: str
     revision: str | None = None
 
+    def __post_init__(self) -> None:
+        # huggingface_hub puts the revision in URLs and in the cache's refs/ folder: a name git
+        # would refuse (../../x) is refused here, whoever made the id
+        if self.revision is not None:
+            fault = revision_fault(self.revision)
+            if fault is not None:
+                raise ConfigError(
+                    f"the revision {self.revision!r} of {self.repo_id} {fault}, which git refuses in the name of a "
+                    f"branch or tag: name {REVISION_RULE}"
+                )
+
     @classmethod
     def parse(cls, text: str) -> ModelId:
         match = _MODEL_ID.fullmatch(str(text).strip())
@@ -53,6 +68,26 @@ class ModelId:
 
     def __str__(self) -> str:
         return self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}"
+
+
+def revision_fault(revision: str) -> str | None:
+    """What makes ``revision`` a name git refuses for a branch or tag (``git check-ref-format
+    --allow-onelevel``), or ``None`` for a good one: ``main``, ``v1.0``, ``refs/pr/1`` and a
+    40-hex commit are."""
+    forbidden = _REF_FORBIDDEN.search(revision)
+    checks = (
+        (not revision, "is empty"),
+        (revision == "@", "is '@'"),
+        (forbidden is not None, f"holds {forbidden[0]!r}" if forbidden else ""),
+        (".." in revision, "holds '..'"),
+        ("@{" in revision, "holds '@{'"),
+        (revision.startswith("/") or revision.endswith("/"), "starts or ends with '/'"),
+        ("//" in revision, "holds '//'"),
+        (revision.endswith("."), "ends with '.'"),
+        (any(part.startswith(".") for part in revision.split("/")), "has a part that starts with '.'"),
+        (any(part.endswith(".lock") for part in revision.split("/")), "has a part that ends with '.lock'"),
+    )
+    return next((fault for failed, fault in checks if failed), None)
 
 
 def is_model_id(text: str) -> bool:

@@ -4,7 +4,9 @@ stand-in for the Hub on loopback (tests/hub_standin.py) into a cache of the test
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import huggingface_hub.constants
 import pytest
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.errors import ConfigError, HubError
-from bertserve.server.model.hub import ModelId, fetch_model, is_model_id
+from bertserve.server.model.hub import ModelId, fetch_model, is_model_id, revision_fault
 from bertserve.server.model.hub_files import needed_files
 from bertserve.server.model.model_dir import inspect_model
 from bertserve.server.testing import tiny_bert
@@ -288,3 +290,58 @@ def test_model_ids_and_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert is_model_id("models/minilm")
     (tmp_path / "models" / "minilm").mkdir(parents=True)
     assert not is_model_id("models/minilm")  # a directory always wins
+
+
+HOSTILE_REVISIONS = [
+    "../../x",
+    "..",
+    "v1/../../main",
+    ".hidden",
+    "refs/.pr/1",
+    "main.lock",
+    "refs/pr.lock/1",
+    "/main",
+    "main/",
+    "refs//pr",
+    "main.",
+    "main~1",
+    "main^",
+    "a:b",
+    "a?",
+    "a*",
+    "a[0]",
+    "a\\b",
+    "a\x01b",
+    "a\x7fb",
+]
+
+
+@pytest.mark.parametrize("revision", HOSTILE_REVISIONS)
+def test_a_revision_git_would_refuse_is_refused_before_the_hub_is_asked(
+    revision: str, hub: HubStandIn, tmp_path: Path
+) -> None:
+    refused = r"the revision .* of org/tiny .*, which git refuses in the name of a branch or tag: name a branch"
+    with pytest.raises(ConfigError, match=refused):
+        ModelId.parse(f"org/tiny@{revision}")
+    with pytest.raises(ConfigError, match=refused):
+        ModelId("org/tiny", revision)  # however the id is made
+    with pytest.raises(ConfigError, match=refused):
+        fetch(hub, tmp_path / "cache", f"org/tiny@{revision}")
+    assert hub.requests == [] and not (tmp_path / "cache").exists()
+
+
+def test_the_revisions_git_and_the_hub_name_are_taken() -> None:
+    for revision in ("main", "v1.0", "refs/pr/1", "refs/convert/parquet", "feature/x-1", "a" * 40, "héllo"):
+        assert ModelId.parse(f"org/name@{revision}") == ModelId("org/name", revision)
+    with pytest.raises(ConfigError, match=r"'@' of org/name is '@'"):
+        ModelId("org/name", "@")
+    with pytest.raises(ConfigError, match=r"holds '@\{'"):
+        ModelId("org/name", "main@{1}")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_revisions_are_judged_as_git_check_ref_format_judges_them() -> None:
+    good = ["main", "v1.0", "refs/pr/1", "a" * 40, "x@y", "a.b/c"]
+    for revision in [*good, *HOSTILE_REVISIONS, "@", "main@{1}", "a b", "a/.b", "a/b."]:
+        git = subprocess.run(["git", "check-ref-format", "--allow-onelevel", revision], check=False).returncode == 0
+        assert (revision_fault(revision) is None) == git, revision
