@@ -49,7 +49,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ DEFAULT_IMAGE = "localhost/bertserve:0.1.0"
 DEFAULT_ROOTFS = Path("/var/tmp/bertserve-debian-py")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+PIP_INDEX_SECRET = "pip_index_url"  # the build secret docker/Dockerfile reads pip's index from
 ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SINGLE_NAME = "bertserve-try-single"
@@ -295,7 +296,28 @@ def check_runs_containers(podman: Podman, image: str) -> None:
         )
 
 
-def build_image(podman: Podman, args: argparse.Namespace, findings: Findings) -> None:
+@contextlib.contextmanager
+def secret_file(value: str) -> Iterator[Path | None]:
+    """``value`` in a file only its owner may read, for ``podman build --secret``, removed
+    afterwards whatever happens; ``None`` for no value."""
+    if not value:
+        yield None
+        return
+    fd, name = tempfile.mkstemp(prefix="bertserve-build-secret-")  # created 0600
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(value)
+        yield Path(name)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def build_argv(podman: Podman, args: argparse.Namespace, index_secret: Path | None) -> list[str]:
+    """The ``podman build`` command line. pip's index goes as a build secret, the file
+    ``index_secret`` (docker/Dockerfile mounts it for the one step that installs): an index URL
+    can carry a password, and a build argument's value would stay in the image's history."""
     argv = podman.argv(
         "build",
         "--format",
@@ -314,17 +336,23 @@ def build_image(podman: Podman, args: argparse.Namespace, findings: Findings) ->
         argv += ["--from", args.base_image]
     if CA_BUNDLE.exists():  # pip's requests trust the host's CAs (a proxy that re-signs TLS)
         argv += ["--volume", f"{CA_BUNDLE.parent}:{CA_BUNDLE.parent}:ro", "--build-arg", f"PIP_CERT={CA_BUNDLE}"]
-    index = args.pip_index_url if args.pip_index_url is not None else pip_index_url()
-    if index:
-        argv += ["--build-arg", f"PIP_INDEX_URL={index}"]
+    if index_secret is not None:
+        argv += ["--secret", f"id={PIP_INDEX_SECRET},src={index_secret}"]
     if args.no_cache:
         argv.append("--no-cache")
     argv.append(".")
-    log(f"building: {shlex.join(argv)}")
-    findings.build_load = os.getloadavg()[0]
-    podman.record(argv)
-    started = time.perf_counter()
-    status, output = streamed(argv)
+    return argv
+
+
+def build_image(podman: Podman, args: argparse.Namespace, findings: Findings) -> None:
+    index = args.pip_index_url if args.pip_index_url is not None else pip_index_url()
+    with secret_file(index) as index_secret:
+        argv = build_argv(podman, args, index_secret)
+        log(f"building: {shlex.join(argv)}")
+        findings.build_load = os.getloadavg()[0]
+        podman.record(argv)
+        started = time.perf_counter()
+        status, output = streamed(argv)
     if status != 0:
         raise Failed(f"the build failed (`{shlex.join(argv)}` exited {status}):\n{_tail(output, 15)}")
     findings.build_s = time.perf_counter() - started
@@ -688,7 +716,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pip-index-url",
         default=None,
-        help="PIP_INDEX_URL for pip in the build (default: the host's, if it is an http(s) index)",
+        help="pip's index in the build, passed as a build secret, never a build argument (default: the host's "
+        "PIP_INDEX_URL or pip's global.index-url, if it is an http(s) index; with a password in it, prefer "
+        "PIP_INDEX_URL in the environment to this flag, which other users' ps shows)",
     )
     parser.add_argument(
         "--timeout", type=float, default=300, help="seconds a server has to become ready (default: %(default)s)"

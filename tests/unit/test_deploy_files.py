@@ -515,3 +515,34 @@ def test_the_image_healthcheck_asks_health_on_the_port_it_is_told(
             server.shutdown()
             server.server_close()
     assert (raised is None) == healthy, raised
+
+
+#: names of values that can carry a password: pip's index URLs, and the usual credential words
+_CREDENTIAL = re.compile(r"PIP_(EXTRA_)?INDEX_URL|TOKEN|PASSWORD|PASSWD|SECRET|CREDENTIAL|API_?KEY", re.IGNORECASE)
+
+
+def _declared(keyword: str) -> list[str]:
+    """The names ``ARG`` or ``ENV`` instructions declare (``NAME``, ``NAME=value``, ``NAME value``)."""
+    names = []
+    for arguments in _instruction(keyword):
+        pairs = re.findall(r"(\w+)=", arguments) if "=" in arguments.split()[0] else [arguments.split()[0]]
+        names += pairs
+    return names
+
+
+def test_no_build_argument_or_variable_carries_a_credential() -> None:
+    """A build argument's value stays in the image's history (`docker history`, `podman history`)
+    and an ENV's in its config: pip's index URL, which can hold a password, is a build secret."""
+    assert "PIP_CERT" in _declared("ARG")  # the scan reads the ARGs at all
+    assert not [name for name in _declared("ARG") + _declared("ENV") if _CREDENTIAL.search(name)]
+    for arguments in _instruction("RUN"):
+        used = [m.group(1) for m in re.finditer(r"\$\{?(\w+)", arguments) if _CREDENTIAL.search(m.group(1))]
+        assert not used, f"a RUN expands {used}, which can only come from a build argument or the environment"
+
+
+def test_pip_reads_its_index_from_a_secret_mounted_for_the_install_alone() -> None:
+    runs = _instruction("RUN")
+    (install,) = [arguments for arguments in runs if "pip install" in arguments]
+    assert install.startswith("--mount=type=secret,id=pip_index_url"), install
+    assert "/run/secrets/pip_index_url" in install
+    assert [arguments for arguments in runs if "pip_index_url" in arguments] == [install]
