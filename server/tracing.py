@@ -7,6 +7,20 @@ context in the ENCODE header; the head's span of the request is the parent of wh
 worker and the sink do for it, and its context rides in the job's parts and in the sink's
 REGISTER (each a ``traceparent`` of 55 characters, checked against :data:`TRACEPARENT`).
 
+Which requests are traced is the server's to decide, not a caller's: the sampler is the
+SDK's (``OTEL_TRACES_SAMPLER``, by default ``parentbased_always_on``), but under a parent-based
+one, the default included, an HTTP request's span is decided by its root sampler as for a
+trace that begins here, on a trace id the server draws for the purpose (:func:`_decided_here`).
+Neither the sampled flag of the caller's ``traceparent`` nor the trace id it names (which a
+ratio sampler would read) decides: with ``parentbased_traceidratio`` a caller's requests are
+traced at the ratio as any others are, and with ``parentbased_always_on`` all are, those whose
+caller did not sample its own trace too. A span that is kept still continues the caller's
+trace (its trace id, its span as parent, its ``tracestate``). The head, worker and sink follow
+the HTTP span's decision (their parent-based sampler reads the flag of the context the HTTP
+process sent on). A sampler that is not parent-based reads no caller's flag: ``traceidratio``
+decides by the trace id in each process alike, a caller's too, so it is
+``parentbased_traceidratio`` that samples callers at the ratio.
+
 Off unless :func:`setup` ran (``--otlp-endpoint``, or the ``OTEL_EXPORTER_OTLP_*``
 variables): then every function here returns at once without importing OpenTelemetry, and
 no frame carries a trace. A worker runs one job for the pieces of several requests at once:
@@ -58,7 +72,8 @@ def setup(endpoint: str, role: str, model: str | None = None) -> None:
     """Send this process's spans to ``endpoint`` (an OTLP/HTTP collector's ``.../v1/traces``),
     batched (``OTEL_BSP_*``), its resource naming the service (``OTEL_SERVICE_NAME``, else
     ``bertserve``), this process's ``role`` and the ``model`` it serves. The sampler is the
-    SDK's (``OTEL_TRACES_SAMPLER``; by default every trace, or as the caller's parent says)."""
+    SDK's (``OTEL_TRACES_SAMPLER``; by default every trace), a caller's request decided here
+    (see the module)."""
     install(_batched(endpoint), role, model)
 
 
@@ -100,6 +115,7 @@ def install(processor: Any, role: str, model: str | None = None) -> None:
     if model:
         attributes["bertserve.model"] = model
     _provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+    _provider.sampler = _decided_here(_provider.sampler)  # before get_tracer: its tracer takes it
     _provider.add_span_processor(processor)
     _tracer = _provider.get_tracer("bertserve")
     # The SDK's own warnings (a collector that does not answer) go where this process logs, in its form.
@@ -145,7 +161,8 @@ def start(name: str, *, parent: str | None = None, attributes: Mapping[str, Any]
 def server_span(name: str, traceparent: Any, tracestate: Any, attributes: Mapping[str, Any]) -> Any:
     """A span of kind SERVER begun now: the child of a caller's ``traceparent`` header (with
     its ``tracestate``), or, for a missing or malformed one, the root of a new trace, as W3C
-    says. This process must trace (:func:`enabled`)."""
+    says; sampled or not as this server decides, whatever the caller's flag says (see the
+    module). This process must trace (:func:`enabled`)."""
     from opentelemetry.trace import SpanKind
 
     parent = checked_traceparent(traceparent)
@@ -225,6 +242,47 @@ def record(
 def wall_ns(instant: float) -> int:
     """The wall-clock time (``time.time_ns()``, as spans are stamped) of a ``time.monotonic()`` ``instant``."""
     return time.time_ns() - int((time.monotonic() - instant) * 1e9)
+
+
+def _decided_here(configured: Any) -> Any:
+    """``configured`` (the SDK's sampler, from ``OTEL_TRACES_SAMPLER``), except that under a
+    parent-based one a span of kind SERVER that continues a caller's context (an HTTP
+    request's: :func:`server_span`) is decided by its root sampler, on a trace id drawn here,
+    and keeps the caller's ``tracestate``. Any other span (the head's, a worker's, the sink's)
+    is decided by ``configured`` as it is."""
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, SamplingResult
+    from opentelemetry.trace import Link, SpanKind, TraceState, get_current_span
+    from opentelemetry.util.types import Attributes
+
+    if not isinstance(configured, ParentBased):
+        return configured  # it reads no parent's flag: nothing of a caller's to leave out
+    draw = RandomIdGenerator().generate_trace_id
+
+    class DecidedHere(Sampler):
+        def should_sample(
+            self,
+            parent_context: Context | None,
+            trace_id: int,
+            name: str,
+            kind: SpanKind | None = None,
+            attributes: Attributes = None,
+            links: Sequence[Link] | None = None,
+            trace_state: TraceState | None = None,
+        ) -> SamplingResult:
+            if kind is SpanKind.SERVER:
+                parent = get_current_span(parent_context).get_span_context()
+                if parent.is_valid and parent.is_remote:
+                    # An empty context, not None: None would read this task's current span.
+                    root = configured.should_sample(Context(), draw(), name, kind, attributes, links)
+                    return SamplingResult(root.decision, root.attributes, parent.trace_state)
+            return configured.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+        def get_description(self) -> str:
+            return f"DecidedHere{{{configured.get_description()}}}"
+
+    return DecidedHere()
 
 
 @functools.lru_cache(maxsize=256)

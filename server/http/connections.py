@@ -1,12 +1,18 @@
-"""The HTTP connections the process keeps: how many at once, and how long a request's headers
-may take to arrive.
+"""The HTTP connections the process keeps: how many at once, how large a request's headers
+may be, and how long they may take to arrive.
 
-uvicorn's h11 protocol bounds the size of a request's headers (``h11_max_incomplete_event_size``:
-past it the request is answered 400 and the connection closed); its httptools protocol bounds
-nothing, so the HTTP process runs h11. Neither bounds the time headers take, and uvicorn's
+uvicorn's h11 protocol bounds the size of a request's headers (``h11_max_incomplete_event_size``),
+but only while they are not whole: a request line and headers that come whole in one read
+(one packet of 60 KB, say) pass whatever their size. Its httptools protocol bounds nothing, so
+the HTTP process runs h11. Neither bounds the time headers take, and uvicorn's
 ``limit_concurrency`` answers 503 only once an excess connection has sent its headers, so it
-holds the connection until then. :class:`BoundedH11Protocol` adds both, at the connection:
+holds the connection until then. :class:`BoundedH11Protocol` adds all three, at the connection:
 
+- a request's line and headers larger than ``h11_max_incomplete_event_size`` (uvicorn's
+  option: ``--max-http-header-bytes``) are answered ``400`` and the connection closed, however
+  their bytes arrive: as h11 holds them before they are whole, and as they are once whole
+  (each line counted with its CRLF; the whitespace h11 trims around a value is not counted,
+  and is not held past the read that brought it);
 - a connection past ``max_connections`` is answered ``503`` with ``Retry-After`` and closed as
   soon as it is accepted, before anything of it is read;
 - a request's headers must be whole within ``header_timeout_s`` of the connection opening, or
@@ -21,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..config.http import HTTP_CONNECTIONS, HTTP_HEADER_TIMEOUT_S
+from ..config.http import HTTP_CONNECTIONS, HTTP_HEADER_BYTES, HTTP_HEADER_TIMEOUT_S
 
 logger = logging.getLogger("bertserve.http")
 
@@ -66,6 +73,10 @@ class BoundedH11Protocol(H11Protocol):
 
     limits = ConnectionLimits()
     _timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = _HeadBoundConnection(self.config.h11_max_incomplete_event_size or HTTP_HEADER_BYTES)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -120,6 +131,31 @@ class BoundedH11Protocol(H11Protocol):
         if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
             self.transport.write(_SLOW)
         self.transport.close()
+
+
+class _HeadBoundConnection(h11.Connection):
+    """h11's server side, its bound on a request's line and headers held when they come whole
+    in one read too: h11 checks its buffer only while it waits for more."""
+
+    def __init__(self, max_head_bytes: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
+        self.max_head_bytes = max_head_bytes
+
+    def next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+        event = super().next_event()
+        if isinstance(event, h11.Request) and _head_bytes(event) > self.max_head_bytes:
+            # uvicorn answers a RemoteProtocolError 400 and closes, as it does for headers that
+            # outgrow h11's buffer before they are whole: the same answer however they came.
+            raise h11.RemoteProtocolError(
+                f"the request's line and headers are larger than {self.max_head_bytes} bytes", error_status_hint=431
+            )
+        return event
+
+
+def _head_bytes(request: h11.Request) -> int:
+    """The bytes of ``request``'s line and headers, each line with its CRLF, and the blank line."""
+    line = len(request.method) + len(request.target) + len(request.http_version) + 9  # "M T HTTP/V\r\n"
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers) + 2  # "N: V\r\n", "\r\n"
 
 
 def bounded_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,14 +23,17 @@ _DOCS_PATHS = {"/docs", "/redoc", "/openapi.json"}
 _DOCS_PREFIX = "/docs/"  # the assets of /docs and /redoc, and its OAuth2 redirect page
 _BODILESS_METHODS = {"GET", "HEAD", "OPTIONS", "DELETE"}
 _PRINCIPAL = "bertserve.principal"  # the scope key of the principal's name, once its API key is checked
+_VISIT = "bertserve.visit"  # the scope key of the request's _Visit, for the steps after CORS
 _CLOSE = (b"connection", b"close")
 ANONYMOUS = "anonymous"  # the metrics' principal label on a server without keys
 
 
 class Front:
-    """What every request passes first, as plain ASGI (no per-request task): the header count,
-    the API key and its principal, the body's limits in bytes and in time, and the request's
-    count and time for ``/metrics``.
+    """What every request passes first, as plain ASGI (no per-request task), in this order:
+    the header count; no body where none is taken; CORS (``cors``, a layer that wraps what
+    follows: it answers a browser's preflight itself, without a key, and names the allowed
+    origin in the other answers); the API key and its principal; the body's limits in bytes
+    and in time. Every request, a preflight too, is counted and timed for ``/metrics``.
 
     A GET (or HEAD, OPTIONS, DELETE) and a path open without a key (``/health``, ``/ready``,
     the API's docs) take no body: one that declares a body is refused with 413 before a byte
@@ -55,11 +59,15 @@ class Front:
         pace: BodyPace | None = None,
         max_headers: int = HTTP_HEADERS,
         principal_metrics: bool = False,
+        cors: Callable[[ASGIApp], ASGIApp] | None = None,
     ) -> None:
         self.app, self.principals, self.limit, self.budget = app, principals, limit, budget
         self.pace = pace or BodyPace()
         self.max_headers = max_headers
         self.principal_metrics = principal_metrics  # --metrics-principals: name each principal in /metrics
+        # Within the limits, so that a preflight is held to them as any request is; before the
+        # key, which a browser's preflight never carries.
+        self._admit: ASGIApp = self._keyed if cors is None else cors(self._keyed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -77,26 +85,33 @@ class Front:
         scope = visit.scope
         if len(scope.get("headers") or ()) > self.max_headers:
             return await visit.refuse(
-                HTTPError(431, f"the request has more than {self.max_headers} header fields", code="limit")
+                HTTPError(431, f"the request has more than {self.max_headers} header fields", code="limit"), visit.reply
             )
+        if (_open(scope["path"]) or scope["method"] in _BODILESS_METHODS) and _declares_body(scope):
+            return await visit.refuse(
+                HTTPError(413, f"{scope['method']} {scope['path']} takes no body", code="limit"), visit.reply
+            )
+        scope[_VISIT] = visit
+        await self._admit(scope, receive, visit.reply)
+
+    async def _keyed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The rest of a request past the limits and CORS: its key, then its body. ``send``
+        is CORS's (its headers added), which ends in the visit's own."""
+        visit: _Visit = scope[_VISIT]
         headers = dict(scope.get("headers") or [])
         open_path = _open(scope["path"])
         if not open_path:
             principal = _authenticated(headers, self.principals) if self.principals.required else ANONYMOUS
             if principal is None:
-                return await visit.refuse(HTTPError(401, "a valid API key is needed: Authorization: Bearer KEY"))
+                return await visit.refuse(HTTPError(401, "a valid API key is needed: Authorization: Bearer KEY"), send)
             visit.principal = principal
             if self.principals.required:
                 scope[_PRINCIPAL] = principal
         if open_path or scope["method"] in _BODILESS_METHODS:
-            if _declares_body(headers):
-                return await visit.refuse(
-                    HTTPError(413, f"{scope['method']} {scope['path']} takes no body", code="limit")
-                )
-            return await self.app(scope, receive, visit.reply)
+            return await self.app(scope, receive, send)
         body = await self._read_body(visit, headers, receive)
         if isinstance(body, HTTPError):
-            return await visit.refuse(body)
+            return await visit.refuse(body, send)
         if body is None:
             return None
         whole = [body]
@@ -106,7 +121,7 @@ class Front:
                 return {"type": "http.request", "body": whole.pop(), "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, visit.reply)
+        await self.app(scope, replay, send)
 
     async def _read_body(
         self, visit: _Visit, headers: dict[bytes, bytes], receive: Receive
@@ -212,16 +227,17 @@ class _Visit:
                 message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
         await self._send(message)
 
-    async def refuse(self, error: HTTPError) -> None:
-        """Answer ``error``, and none of the body the application sees. The connection reads
-        and drops the body's rest for a while (:mod:`.connections`), so that a caller still
-        sending reads its answer; one too slow (408) is closed at once."""
+    async def refuse(self, error: HTTPError, send: Send) -> None:
+        """Answer ``error`` through ``send`` (:meth:`reply`, or a layer's around it), and none
+        of the body the application sees. The connection reads and drops the body's rest for a
+        while (:mod:`.connections`), so that a caller still sending reads its answer; one too
+        slow (408) is closed at once."""
         self.closing = error.status == 408
 
         async def nothing() -> Message:
             return {"type": "http.disconnect"}
 
-        await error_response(self.scope["path"], error)(self.scope, nothing, self.reply)
+        await error_response(self.scope["path"], error)(self.scope, nothing, send)
 
     def record(self, by_principal: bool) -> None:
         route = self.scope.get("route")
@@ -237,8 +253,11 @@ def _open(path: str) -> bool:
     return path in _OPEN_PATHS or path in _DOCS_PATHS or path.startswith(_DOCS_PREFIX)
 
 
-def _declares_body(headers: dict[bytes, bytes]) -> bool:
-    return headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
+def _declares_body(scope: Scope) -> bool:
+    for name, value in scope.get("headers") or ():
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return True
+    return False
 
 
 def _authenticated(headers: dict[bytes, bytes], principals: Principals) -> str | None:

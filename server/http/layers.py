@@ -1,8 +1,11 @@
 """The plain ASGI layers around the HTTP API, outermost first: the request's id
-(:mod:`.request_ids`), CORS (``--cors-allow-origin``), its trace (:mod:`.traced`, when the
-process traces), and :class:`~.front.Front` (the key, the body's limits, the metrics)."""
+(:mod:`.request_ids`), its trace (:mod:`.traced`, when the process traces), and
+:class:`~.front.Front` (the limits every request passes, then CORS for
+``--cors-allow-origin``, then the key and the body's limits, and the metrics of all)."""
 
 from __future__ import annotations
+
+import functools
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -19,6 +22,16 @@ _UNTRACED = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/ope
 
 def add_layers(app: FastAPI, settings: Settings) -> None:
     """Wrap ``app`` in its layers (each added wraps those before it)."""
+    cors = None
+    if settings.cors_origins:  # inside Front's limits, so a preflight is held to them; before its key
+        cors = functools.partial(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id", "traceparent", "tracestate"],
+            expose_headers=[CHUNKED_HEADER, VERSION_HEADER, "Retry-After", "WWW-Authenticate", "X-Request-Id"],
+            max_age=600,
+        )
     app.add_middleware(
         Front,
         principals=settings.principals,
@@ -27,17 +40,9 @@ def add_layers(app: FastAPI, settings: Settings) -> None:
         pace=settings.body_pace,
         max_headers=settings.max_headers,
         principal_metrics=settings.metrics_principals,
+        cors=cors,
     )
-    if settings.traced:  # around Front, so a request it refuses is traced too
+    if settings.traced:  # around Front, so a request it refuses (or a preflight) is traced too
         routes = {path for route in app.routes if isinstance(path := getattr(route, "path", None), str)}
         app.add_middleware(Traced, routes=routes - _UNTRACED, untraced=_UNTRACED, untraced_under="/docs/")
-    if settings.cors_origins:  # outermost: a preflight is answered before Front asks for a key
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "X-Request-Id", "traceparent", "tracestate"],
-            expose_headers=[CHUNKED_HEADER, VERSION_HEADER, "Retry-After", "WWW-Authenticate", "X-Request-Id"],
-            max_age=600,
-        )
     app.add_middleware(RequestIds)  # outermost: its id in every answer (a preflight's too) and log line

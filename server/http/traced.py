@@ -2,7 +2,8 @@
 layer that continues the caller's W3C ``traceparent`` (a malformed one is ignored, as W3C
 says: the request starts a trace of its own), makes the request's span current while the
 application serves it, so the ENCODE it sends carries its context to the head, and ends it
-with the response's status.
+with the response's status. Whether the span is sampled is the server's decision, not the
+caller's flag's (:mod:`..tracing`); its name and method come from a fixed set (:class:`Traced`).
 
 It does what OpenTelemetry's ASGI middleware does for this API, in a quarter of the time
 (about 20 against 87 µs a request, ``benchmarks/tracing.py``'s reason): one span, the
@@ -19,6 +20,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import tracing
 
 _CONTEXT_HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate"}
+# The methods the semantic conventions know; any other token is a method to HTTP/1.1, and is
+# named _OTHER (its span HTTP), so that a caller cannot make methods, or span names, without end.
+_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"})
+_OTHER_METHOD = "_OTHER"
 _MAX_TRACESTATE = 512  # W3C's own advice: a vendor may drop a longer one
 _MOST_CHARS = 256  # of what a caller sends that a span quotes
 
@@ -26,7 +31,9 @@ _MOST_CHARS = 256  # of what a caller sends that a span quotes
 class Traced:
     """Plain ASGI: a span for each HTTP request to a path not in ``untraced`` (probes and
     pages), named ``METHOD /route`` for a route of the API (``routes``) and ``METHOD`` for any
-    other path, so a caller cannot make span names without end."""
+    other path, with ``HTTP`` for METHOD when the method is not one of the nine HTTP defines
+    (its ``http.request.method`` is then ``_OTHER``, as the semantic conventions say): span
+    names come from a fixed set, so a caller cannot make them without end."""
 
     def __init__(self, app: ASGIApp, routes: Collection[str], untraced: Collection[str], untraced_under: str) -> None:
         self.app = app
@@ -51,19 +58,23 @@ class Traced:
             key = _CONTEXT_HEADERS.get(name.lower())
             if key is not None and len(value) <= _MAX_TRACESTATE:
                 carrier[key] = value.decode("latin-1")
-        method = scope.get("method", "")
+        given = scope.get("method", "")
+        method = given if given in _METHODS else _OTHER_METHOD
         route = path if path in self.routes else None
         attributes: dict[str, Any] = {
-            "http.request.method": method[:_MOST_CHARS],
+            "http.request.method": method,
             "url.path": path[:_MOST_CHARS],  # a caller's path may be as long as the headers' limit
             "url.scheme": scope["scheme"],
         }
+        if method is _OTHER_METHOD:
+            attributes["http.request.method_original"] = given[:_MOST_CHARS]
         if route is not None:
             attributes["http.route"] = route
         client = scope.get("client")
         if client:
             attributes["client.address"] = client[0]
-        name = f"{method} {route}" if route else method[:_MOST_CHARS]
+        named = "HTTP" if method is _OTHER_METHOD else method
+        name = f"{named} {route}" if route else named
         span = tracing.server_span(name, carrier.get("traceparent"), carrier.get("tracestate"), attributes)
 
         async def send_with_status(message: Message) -> None:
