@@ -170,6 +170,18 @@ class Endpoints:
         if problem is not None:
             raise HTTPError(413, problem, code="limit")
 
+    def check_frame(self, nbytes: int) -> None:
+        """413 unless a request of texts of about ``nbytes`` UTF-8 bytes fits one frame to the
+        head (its ``max_message_bytes``): known before the texts are written."""
+        limit = self.gateway.config.get("max_message_bytes")
+        if isinstance(limit, int) and nbytes > limit:
+            raise HTTPError(
+                413,
+                f"the request's texts take about {nbytes} bytes; the server takes at most {limit} bytes per "
+                "message (max_message_bytes): send fewer or shorter texts per request",
+                code="limit",
+            )
+
     def check_reply(
         self, rows: int, info: dict[str, Any], value_bytes: float, dimensions: int | None = None, *, form: str = ""
     ) -> None:

@@ -9,16 +9,20 @@ text is counted a piece of :data:`PIECE_CHARS` characters at a time (cut after a
 there is one, so no word is split), and counting stops once past the model's length. A
 ``/tokenize`` answer holds at most :data:`TOKENIZE_TOKENS` tokens, counted the same way before
 any is made; with ``truncate``, a text is cut to the pieces that hold the tokens kept before it
-is tokenized. Tokenizing runs off the event loop, at most :data:`AT_ONCE` requests at a time.
+is tokenized. A rerank's query and documents are tokenized once each, and cut to what their
+pairs keep before any pair is written (:func:`rerank_sides`), so no long query is tokenized
+again for every document. Tokenizing runs off the event loop in turns (:class:`Tokenizing`):
+at most :data:`AT_ONCE` at a time, one per caller, and none begun for a caller who left.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 from bertserve.client.protocol import PAIR_SEPARATOR
 
 from ..model.tokenization import split_pair
@@ -273,12 +277,6 @@ def explain_bounded(
 def _kept_span(tokenizer: Any, text: str, direction: str) -> tuple[int, int]:
     """The shortest run of ``text``'s pieces, from the end that truncation keeps, holding more
     tokens than the model takes (or the whole text): cut there, it keeps the same tokens."""
-    start, stop, _ = _kept(tokenizer, text, direction)
-    return start, stop
-
-
-def _kept(tokenizer: Any, text: str, direction: str) -> tuple[int, int, int]:
-    """:func:`_kept_span`, and the tokens of that run (no specials)."""
     spans = list(pieces(text))
     if direction == "left":
         spans.reverse()
@@ -287,8 +285,8 @@ def _kept(tokenizer: Any, text: str, direction: str) -> tuple[int, int, int]:
         total += tokenizer.count_whole([text[start:stop]])[0]
         if total > tokenizer.max_len:
             kept = spans[:taken]
-            return min(s for s, _ in kept), max(e for _, e in kept), total
-    return 0, len(text), total
+            return min(s for s, _ in kept), max(e for _, e in kept)
+    return 0, len(text)
 
 
 def side_groups(texts: Sequence[str]) -> Iterator[list[int]]:
@@ -306,21 +304,78 @@ def side_groups(texts: Sequence[str]) -> Iterator[list[int]]:
         yield group
 
 
-def cut_sides(tokenizer: Any, texts: Sequence[str], direction: str) -> list[tuple[str, int]]:
-    """Each of ``texts``, one side of sentence pairs, cut to the pieces that hold what a pair
-    can keep of it (more tokens than the model takes, from the end ``direction`` keeps; a
-    shorter text whole), with its tokens (no specials: counted to past the model's length).
-    A pair of cut sides keeps the same tokens as the pair of whole ones, and is cut if and
-    only if its two counts and the pair's special tokens are more than the model takes."""
-    out: list[tuple[str, int]] = [("", 0)] * len(texts)
-    short = [i for i, text in enumerate(texts) if len(text) <= PIECE_CHARS]
-    for i, count in zip(short, tokenizer.count_whole([texts[i] for i in short]) if short else [], strict=True):
-        out[i] = (texts[i], count)
-    for i, text in enumerate(texts):
-        if len(text) > PIECE_CHARS:
-            start, stop, count = _kept(tokenizer, text, direction)
-            out[i] = (text[start:stop].strip(), count)
+def kept_side(tokenizer: Any, text: str, direction: str, more_than: int) -> tuple[str, int | None]:
+    """``text`` cut to the fewest pieces, from the end ``direction`` keeps, whose tokens (counted
+    as one text, no specials) are more than ``more_than``, with that count; or ``text`` whole and
+    None where no shorter cut holds as many."""
+    spans = list(pieces(text))
+    if direction == "left":
+        spans.reverse()
+    running = 0
+    for taken, (start, stop) in enumerate(spans[:-1], 1):
+        running += tokenizer.count_whole([text[start:stop]])[0]
+        if running > more_than:
+            kept = spans[:taken]
+            cut = text[min(s for s, _ in kept) : max(e for _, e in kept)].strip()
+            count = tokenizer.count_whole([cut])[0]
+            if count > more_than:
+                return cut, count
+    return text, None
+
+
+def cut_long(
+    tokenizer: Any, texts: Sequence[str], counts: Sequence[int], direction: str, more_than: int
+) -> list[tuple[str, int]]:
+    """Each of ``texts`` (of ``counts`` tokens whole) with more tokens than ``more_than`` and
+    more than a piece of characters cut by :func:`kept_side`, with its tokens; the others whole."""
+    out = []
+    for text, count in zip(texts, counts, strict=True):
+        if count > more_than and len(text) > PIECE_CHARS:
+            cut, kept = kept_side(tokenizer, text, direction, more_than)
+            out.append((cut, count if kept is None else kept))
+        else:
+            out.append((text, count))
     return out
+
+
+Run = Callable[..., Awaitable[Any]]
+
+
+async def rerank_sides(
+    run: Run, tokenizer: Any, query: str, documents: Sequence[str], direction: str
+) -> tuple[str, list[str], np.ndarray]:
+    """The query and documents of a rerank cut to what each pair keeps of them, and which pairs
+    the model cuts: the query tokenized once and each document once, whole, in turns that
+    ``run`` gives (``run(work, *args)``), each of at most :data:`GROUP_CHARS` characters.
+
+    A pair of two sides is cut ``longest_first`` to the model's length ``L`` (its specials
+    aside): a side of at most ``L/2`` tokens is kept whole and the other cut to the rest; two
+    longer sides keep ``L/2`` each, the longer one the odd token. So a side cut to more than
+    ``L`` tokens keeps the same tokens in every pair, as long as in each pair of two long
+    sides the same side is still the longer: the query is cut long enough to stay longer than
+    each document it is longer than, and a document long enough to stay at least as long as
+    the query where it was. Every cut ends after a space, where no token crosses it."""
+    room = tokenizer.max_len - tokenizer.num_special_tokens(pair=True)
+    (query_tokens,) = await run(tokenizer.count_whole, [query])
+    counts: list[int] = []
+    for group in side_groups(documents):
+        counts += await run(tokenizer.count_whole, [documents[i] for i in group])
+    kept: list[tuple[str, int]] = []
+    for group in side_groups(documents):
+        kept += await run(
+            cut_long, tokenizer, [documents[i] for i in group], [counts[i] for i in group], direction, room
+        )
+
+    def both_long(i: int) -> bool:
+        return 2 * min(query_tokens, counts[i]) > room
+
+    need = max([room] + [kept[i][1] for i in range(len(kept)) if both_long(i) and query_tokens > counts[i]])
+    ((query_kept, query_count),) = await run(cut_long, tokenizer, [query], [query_tokens], direction, need)
+    for i in range(len(kept)):
+        if both_long(i) and counts[i] >= query_tokens and kept[i][1] < query_count:
+            kept[i] = (await run(cut_long, tokenizer, [documents[i]], [counts[i]], direction, query_count - 1))[0]
+    truncated = np.fromiter((query_tokens + n > room for n in counts), dtype=bool, count=len(counts))
+    return query_kept, [text for text, _ in kept], truncated
 
 
 def _explain(

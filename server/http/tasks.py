@@ -4,11 +4,16 @@ vectors (``/embed_all``).
 
 Each is an ENCODE request like any other, with the task it asks for in its header, so it
 shares the server's batching, fairness, deadlines and bounds: a rerank of one query and N
-documents is one request of N sentence pairs (:func:`bertserve.client.tasks.rerank_pairs`),
+documents is one request of N sentence pairs (:func:`bertserve.client.tasks.rerank_pair`),
 merged with other requests' pairs. The head refuses a request whose task is not its model's;
 this process refuses it first, with a 400 that names the model's task. A pair longer than the
 model takes is cut the longer side first, as sentence-transformers' CrossEncoder cuts it (the
 document, for a query shorter than half the length), and the result says ``truncated``.
+
+Every endpoint counts a request's cost before it tokenizes or sends anything
+(:mod:`..serving.policy.costs`): its tokens of model work (a rerank's query in every pair)
+against ``--max-request-tokens``, and its answer against ``--max-reply-bytes`` (a sparse
+answer at every vocabulary entry until the workers' terms are known; then its JSON).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from ..model.prompts import apply_prompt
 from ..model.tasks import wrong_task
 from ..serving.policy import costs
 from .catalog import Catalog, ModelSettings
-from .lengths import check_pair_limits, cut_sides, side_groups
+from .lengths import check_pair_limits, rerank_sides
 from .options import Asked, checked_prompt_name, direction, prompt_text
 from .schemas import HTTPError, json_response
 from .settings import Settings
@@ -51,6 +56,7 @@ class API(Protocol):
         self, model: ModelSettings, info: dict[str, Any], texts: list[Any], options: Asked, value_bytes: float = ...
     ) -> None: ...
     async def tokenized(self, request: Request, work: Any, *args: Any, **kwargs: Any) -> Any: ...
+    def check_frame(self, nbytes: int) -> None: ...
     async def ready_or_503(self) -> None: ...
     async def encode(
         self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
@@ -107,8 +113,9 @@ class TaskEndpoints:
 
         Its cost is counted before anything is tokenized, the query in every pair. Then the
         query is tokenized once and each document once, each cut to what a pair can keep of
-        it, and whether a pair is cut is told from the two lengths (``longest_first``): the
-        pairs sent hold the cut sides, so no side is tokenized whole again."""
+        it, and whether a pair is cut is told from the two lengths (``longest_first``,
+        :func:`~.lengths.rerank_sides`): the pairs sent hold the cut sides, so the workers
+        never tokenize a long side whole again, once for each pair."""
         try:
             query, texts = t.rerank_sides(query, documents)
         except ValueError as exc:
@@ -119,17 +126,15 @@ class TaskEndpoints:
         rule = model.token_rule
         self.api.check_tokens(costs.pair_tokens(rule, costs.utf8_bytes(query), map(costs.utf8_bytes, texts)))
         self.api.check_reply(len(texts), info, costs.JSON_FLOAT_BYTES, form=" as JSON")
-        side = direction_ or "right"
-        ((query_kept, query_tokens),) = await self.api.tokenized(request, cut_sides, model.tokenizer, [query], side)
-        kept: list[tuple[str, int]] = []
-        for group in side_groups(texts):  # a turn a group: a caller who left starts no more
-            kept += await self.api.tokenized(request, cut_sides, model.tokenizer, [texts[i] for i in group], side)
-        truncated = np.fromiter(
-            (query_tokens + tokens + rule.pair > rule.max_len for _, tokens in kept), dtype=bool, count=len(kept)
-        )
+
+        async def turn(work: Any, *args: Any) -> Any:
+            return await self.api.tokenized(request, work, *args)
+
+        query, texts, truncated = await rerank_sides(turn, model.tokenizer, query, texts, direction_ or "right")
         if refuse_long and truncated.any():
             raise _too_long(model, field, int(np.argmax(truncated)))
-        pairs = [t.rerank_pair(query_kept, document) for document, _ in kept]
+        self.api.check_frame(len(texts) * (costs.utf8_bytes(query) + 8) + sum(map(costs.utf8_bytes, texts)))
+        pairs = [t.rerank_pair(query, document) for document in texts]
         reply = await self.api.encode(request, model, pairs, Asked(truncation_direction=direction_, task="rerank"))
         logits = reply.array().astype(np.float32, copy=False).reshape(len(pairs), -1)[:, 0]
         return model, info, logits, truncated, int(reply.header.get("token_count", 0))
