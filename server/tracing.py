@@ -17,7 +17,8 @@ traced at the ratio as any others are, and with ``parentbased_always_on`` all ar
 caller did not sample its own trace too. A span that is kept still continues the caller's
 trace (its trace id, its span as parent, its ``tracestate``). The head, worker and sink follow
 the HTTP span's decision (their parent-based sampler reads the flag of the context the HTTP
-process sent on). A sampler that is not parent-based reads no caller's flag: ``traceidratio``
+process sent on); a ZeroMQ client's ``traceparent`` is a caller's, decided by the head as the
+HTTP process decides an HTTP caller's. A sampler that is not parent-based reads no caller's flag: ``traceidratio``
 decides by the trace id in each process alike, a caller's too, so it is
 ``parentbased_traceidratio`` that samples callers at the ratio.
 
@@ -150,12 +151,20 @@ def checked_traceparent(value: Any) -> str | None:
     return None if trace_id == _INVALID_IDS[0] or parent_id == _INVALID_IDS[1] else value
 
 
-def start(name: str, *, parent: str | None = None, attributes: Mapping[str, Any] | None = None) -> Any:
+def start(
+    name: str, *, parent: str | None = None, attributes: Mapping[str, Any] | None = None, caller: bool = False
+) -> Any:
     """A span begun now, the child of ``parent`` (a traceparent) or the root of a new trace;
-    None while tracing is off."""
+    None while tracing is off. With ``caller``, ``parent`` is a caller's, not one of this
+    server's processes': the span is of kind SERVER, sampled as this server decides (see the
+    module)."""
     if _tracer is None:
         return None
-    return _tracer.start_span(name, context=_context(parent), attributes=attributes)
+    if not caller:
+        return _tracer.start_span(name, context=_context(parent), attributes=attributes)
+    from opentelemetry.trace import SpanKind
+
+    return _tracer.start_span(name, context=_context(parent), kind=SpanKind.SERVER, attributes=attributes)
 
 
 def server_span(name: str, traceparent: Any, tracestate: Any, attributes: Mapping[str, Any]) -> Any:

@@ -75,7 +75,7 @@ def read_calibration(path: str, dim: int) -> np.ndarray:
         if not all(_is_finite(v) for v in values):
             raise ModelFileError(f"{path}: {name} should hold finite numbers only")
         rows.append(values)
-    return _float32_ranges(path, *rows)
+    return float32_ranges(path, *rows)
 
 
 def _is_finite(value: object) -> bool:
@@ -87,7 +87,7 @@ def _is_finite(value: object) -> bool:
         return False
 
 
-def _float32_ranges(path: str, low: list[float], high: list[float]) -> np.ndarray:
+def float32_ranges(path: str, low: list[float], high: list[float]) -> np.ndarray:
     """``[low, high]`` in float32, where quantizing computes with them, refused naming the first
     entry that does not hold there: a bound beyond float32 (``1e300``), a width ``max - min``
     that overflows it, or two bounds float32 cannot tell apart or cut into 255 steps. Any of

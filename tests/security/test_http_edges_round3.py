@@ -288,3 +288,19 @@ def test_a_sampled_request_joins_the_callers_trace_and_its_decision_is_carried_o
     assert http.parent is not None and http.parent.span_id == int(CALLER_SPAN, 16)
     assert list(http.context.trace_state.keys()) == ["congo"]
     assert head.parent is not None and head.parent.span_id == http.context.span_id
+
+
+@pytest.mark.timeout(30)
+def test_a_zeromq_callers_sampled_flag_does_not_force_the_heads_trace(
+    traces: Callable[..., InMemorySpanExporter],
+) -> None:
+    """A ZeroMQ client's ``traceparent`` is a caller's: the head decides, as the HTTP process
+    decides an HTTP caller's; the HTTP process's own context is followed as it says."""
+    spans = traces("parentbased_traceidratio", "0")
+    caller = f"00-{uuid.uuid4().hex}-{CALLER_SPAN}-01"
+    assert tracing.recorded_traceparent(tracing.start("bertserve.head.request", parent=caller, caller=True)) is None
+    assert spans.get_finished_spans() == ()
+    ours = tracing.start("bertserve.head.request", parent=caller)  # as the HTTP process sent it: followed
+    assert tracing.recorded_traceparent(ours) is not None
+    tracing.end(ours)
+    assert len(spans.get_finished_spans()) == 1

@@ -315,6 +315,9 @@ def test_a_models_labels_and_calibration_ranges_are_bounded() -> None:
         {"output_dim": 2, "calibration_ranges": [[0, 0], [1]]},
         {"output_dim": 2, "calibration_ranges": [[0, 0], [1, 1], [2, 2]]},
         {"output_dim": 2, "calibration_ranges": [[0, math.nan], [1, 1]]},
+        {"output_dim": 2, "calibration_ranges": [[-1e300, 0], [1e300, 1]]},  # finite in float64 only
+        {"output_dim": 2, "calibration_ranges": [[-3e38, 0], [3e38, 1]]},  # max - min overflows float32
+        {"output_dim": 2, "calibration_ranges": [[1, 0], [0, 1]]},  # min above max
     ]
     for fields in bad:
         with pytest.raises(ValueError):

@@ -94,6 +94,7 @@ class Requests:
             "bertserve.head.request",
             parent=options.trace,
             attributes={"bertserve.model": model.name, "bertserve.inputs": len(texts), "bertserve.request": key},
+            caller=not _from_http(request.client_id, who),  # a ZeroMQ client's context: sampled as decided here
         )
         trace = tracing.recorded_traceparent(span)
         try:  # checked before anything is queued: a register the sink would refuse is a refused request
@@ -266,3 +267,10 @@ def _count_job(size: int, done: Done, model: str) -> None:
     metrics.TOKENS.inc(done.tokens)
     metrics.TOKEN_SLOTS.inc(done.slots)
     metrics.JOB_SECONDS.labels(model).observe(done.seconds)
+
+
+def _from_http(client_id: bytes, who: bytes) -> bool:
+    """Whether a request came from this server's HTTP process, whose trace context the head
+    continues as it is: an HTTP client id, and under CURVE sent with the HTTP process's own
+    key (a request under any other key counts to that key: :func:`..policy.admission.principal`)."""
+    return metrics.path_of(client_id) == "http" and not who.startswith(b"key:")

@@ -18,6 +18,9 @@ from typing import Annotated, Any, Literal
 from bertserve.client.protocol import MODEL_NAME_PATTERN
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from ...errors import ModelFileError
+from ...model.calibration import float32_ranges
+
 MAX_HOST_WORKERS = 256
 MAX_LABELS = 4096  # a classifier's labels a worker may report
 """Most workers one host may say it runs (HELLO's ``workers``)."""
@@ -138,6 +141,11 @@ class ModelInfo(_Schema):
             raise ValueError("calibration_ranges should hold two rows of output_dim values")
         if ranges is not None and not all(math.isfinite(v) for row in ranges for v in row):
             raise ValueError("calibration_ranges should hold finite numbers")
+        if ranges is not None:
+            try:  # as a calibration file is read: in float32, where quantizing uses them
+                float32_ranges("calibration_ranges", ranges[0], ranges[1])
+            except ModelFileError as exc:
+                raise ValueError(str(exc)) from None
         return self
 
     @classmethod
