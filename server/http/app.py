@@ -202,10 +202,10 @@ class Endpoints:
     ) -> None:
         """413 unless ``texts``' tokens of model work, their prompt counted, and their JSON
         answer fit this server's bounds: counted before anything is tokenized or sent."""
+        self.check_reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON")
         chunk = (options.long_inputs or info.get("long_inputs")) == "chunk"
         prompt = costs.utf8_bytes(prompt_text(options.prompt_name, info))
         self.check_tokens(costs.input_tokens(model.token_rule, texts, chunk=chunk, prefix_bytes=prompt))
-        self.check_reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON")
 
     async def tokenized(self, request: Request, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``work`` run in the tokenizing pool, in a turn of the request's caller; a 499 if the

@@ -124,8 +124,8 @@ class TaskEndpoints:
         check_pair_limits(query, texts, field, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
         model, info = await self._model(name, "rerank")
         rule = model.token_rule
-        self.api.check_tokens(costs.pair_tokens(rule, costs.utf8_bytes(query), map(costs.utf8_bytes, texts)))
         self.api.check_reply(len(texts), info, costs.JSON_FLOAT_BYTES, form=" as JSON")
+        self.api.check_tokens(costs.pair_tokens(rule, costs.utf8_bytes(query), map(costs.utf8_bytes, texts)))
 
         async def turn(work: Any, *args: Any) -> Any:
             return await self.api.tokenized(request, work, *args)
