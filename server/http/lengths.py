@@ -60,12 +60,16 @@ class Tokenizing:
         running = asyncio.ensure_future(asyncio.to_thread(work, *args, **kwargs))
         try:
             return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            running.add_done_callback(lambda _: self._give(owner))  # its thread still runs: so does its turn
-            raise
         finally:
             if running.done():
                 self._give(owner)
+            else:  # its caller left while its thread runs: the turn is passed on when the thread ends
+                running.add_done_callback(lambda done: self._left(owner, done))
+
+    def _left(self, owner: str, done: asyncio.Future[Any]) -> None:
+        if not done.cancelled():
+            done.exception()  # nobody waits for what it gave: read, so it is not reported as lost
+        self._give(owner)
 
     async def _take(self, owner: str) -> None:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
