@@ -60,6 +60,7 @@ LIMIT_FLAGS = under(
         "past it a 413",
         int,
         REQUEST_TOKENS,
+        rare=True,
     ),
     Flag(
         "--max-reply-bytes",
@@ -67,6 +68,7 @@ LIMIT_FLAGS = under(
         "past it a 413 that says how many inputs fit",
         int,
         REPLY_BYTES,
+        rare=True,
     ),
     Flag("--request-timeout-ms", "a request unfinished after this gets an error reply", int, 600_000),
     Flag(

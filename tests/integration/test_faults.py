@@ -10,7 +10,6 @@ back-off do not leak from one test into the next.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -26,6 +25,7 @@ import zmq
 from bertserve.client import BertClient, ServerError, ServerTimeoutError, protocol as p
 from bertserve.server.testing.launcher import RunningServer, start_server
 from faulty_model import BREAK_FILE_ENV, CRASH_EXIT_CODE, expected, pythonpath_env, sentences, wait_for
+from raw_link import raw_link, raw_request
 
 FAULTY = "faulty_model:FaultyModel"
 
@@ -285,31 +285,6 @@ def test_ten_thousand_malformed_messages_kill_nothing(faulty) -> None:
     assert status["rejections"].get("protocol", 0) >= 5000, status["rejections"]
 
 
-@contextlib.contextmanager
-def _raw_link(server: RunningServer, client: bytes) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
-    """A bare PUSH to the request port and a SUB on ``client``'s replies, subscribed."""
-    context = zmq.Context()
-    push, sub = context.socket(zmq.PUSH), context.socket(zmq.SUB)
-    try:
-        push.linger = sub.linger = 0
-        sub.connect(f"tcp://127.0.0.1:{server.port_out}")
-        sub.setsockopt(zmq.SUBSCRIBE, client)
-        push.connect(f"tcp://127.0.0.1:{server.port}")
-        time.sleep(0.5)  # the subscription reaches the server
-        yield push, sub
-    finally:
-        push.close()
-        sub.close()
-        context.term()
-
-
-def _raw_request(server: RunningServer, frames: list[bytes], client: bytes, timeout_s: float = 5) -> p.Reply | None:
-    """Send ``frames`` and return the first reply published to ``client``, if any comes."""
-    with _raw_link(server, client) as (push, sub):
-        push.send_multipart(frames)
-        return p.decode_reply(sub.recv_multipart()) if sub.poll(int(timeout_s * 1000)) else None
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "what, request_id, payload",
@@ -322,7 +297,7 @@ def test_a_malformed_request_with_a_client_id_gets_a_protocol_error(faulty, what
     server = faulty("--num-worker", "1")
     client = b"nasty"
     frames = [client, p.ENCODE, request_id, p.dumps({"protocol": p.PROTOCOL_VERSION}), payload]
-    reply = _raw_request(server, frames, client)
+    reply = raw_request(server, frames, client)
     assert reply is not None, f"no error reply to a request with {what}"
     assert not reply.ok and reply.header.get("kind") == "protocol", reply.header
 
@@ -363,7 +338,7 @@ def test_a_request_answered_before_the_sink_died_is_not_answered_again(faulty) -
     whose vectors were already published."""
     server = faulty("--num-worker", "1")
     client = b"answered-once"
-    with _raw_link(server, client) as (push, sub):
+    with raw_link(server, client) as (push, sub):
         push.send_multipart(p.encode_request(client, p.ENCODE, 1, {}, ["hello world"]))
         assert sub.poll(10_000), "no reply"
         first = p.decode_reply(sub.recv_multipart())

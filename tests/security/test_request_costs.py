@@ -30,11 +30,11 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-import zmq
 from bertserve.client import BertClient, protocol as p
 from bertserve.client.errors import ServerError
 from bertserve.server.http.gateway import FrameTooLarge, Gateway
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server
+from raw_link import raw_request
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -293,23 +293,11 @@ def test_every_zeromq_refusal_answers_within_a_second(costs: Costs) -> None:
         started = time.monotonic()
         refused = _raw(costs.running, p.ENCODE, header, ["a ||| b"])
         assert refused is not None and not refused.ok, header
-        assert time.monotonic() - started < 1.3  # a second, and the subscription's own 0.3 s
+        assert time.monotonic() - started < 1.5  # a second, and the subscription's own 0.5 s
 
 
 def _raw(server: RunningServer, command: bytes, header: dict[str, Any], texts: list[str]) -> p.Reply | None:
     """One request of bare frames, and its reply if one comes within a second."""
     client = b"raw-costs"
-    context = zmq.Context()
-    push, sub = context.socket(zmq.PUSH), context.socket(zmq.SUB)
-    try:
-        push.linger = sub.linger = 0
-        sub.connect(f"tcp://127.0.0.1:{server.port_out}")
-        sub.setsockopt(zmq.SUBSCRIBE, client)
-        push.connect(f"tcp://127.0.0.1:{server.port}")
-        time.sleep(0.3)  # the subscription reaches the server
-        push.send_multipart(p.encode_request(client, command, 1, {"protocol": p.PROTOCOL_VERSION, **header}, texts))
-        return p.decode_reply(sub.recv_multipart()) if sub.poll(1000) else None
-    finally:
-        push.close()
-        sub.close()
-        context.term()
+    frames = p.encode_request(client, command, 1, {"protocol": p.PROTOCOL_VERSION, **header}, texts)
+    return raw_request(server, frames, client, timeout_s=1)
