@@ -19,6 +19,7 @@ they work on a machine without internet access.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -187,10 +188,22 @@ class Endpoints:
     ) -> None:
         """413 unless an answer of ``rows`` rows of the model of ``info``, each value
         ``value_bytes`` as it is answered, is within ``--max-reply-bytes``."""
-        row_bytes = -(-int(costs.row_values(info, dimensions) * value_bytes * 8) // 8)
+        row_bytes = math.ceil(costs.row_values(info, dimensions) * value_bytes)
         problem = costs.too_large_reply(rows, row_bytes, self.settings.max_reply_bytes, form)
         if problem is not None:
             raise HTTPError(413, problem, code="limit")
+
+    def check_answer(self, nbytes: int, how: str) -> None:
+        """413 unless an answer of ``nbytes`` as JSON is within ``--max-reply-bytes``; ``how``
+        says how to ask for less."""
+        limit = self.settings.max_reply_bytes
+        if nbytes > limit:
+            raise HTTPError(
+                413,
+                f"the answer would take {nbytes / 2**20:.1f} MiB as JSON; this server answers at most "
+                f"{limit / 2**20:.1f} MiB per request (--max-reply-bytes): {how}",
+                code="limit",
+            )
 
     def costed(
         self,

@@ -57,6 +57,7 @@ class API(Protocol):
     ) -> None: ...
     async def tokenized(self, request: Request, work: Any, *args: Any, **kwargs: Any) -> Any: ...
     def check_frame(self, nbytes: int) -> None: ...
+    def check_answer(self, nbytes: int, how: str) -> None: ...
     async def ready_or_503(self) -> None: ...
     async def encode(
         self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
@@ -233,8 +234,10 @@ class TaskEndpoints:
         options = await self._prompted_options(request, model, info, texts, body, "sparse")
         reply = await self.api.encode(request, model, texts, options)
         rows = t.sparse_rows(reply.array(), top_k)
-        terms = sum(len(row.indices) for row in rows)  # the bound before was on every vocabulary entry
-        self.api.check_reply(terms, {"output_dim": 1}, costs.JSON_SPARSE_TERM_BYTES, form=" as JSON")
+        terms = sum(len(row.indices) for row in rows)  # counted before at every vocabulary entry: now known
+        self.api.check_answer(
+            terms * costs.JSON_SPARSE_TERM_BYTES, "send fewer inputs per request, or ask for each one's top_k terms"
+        )
         return json_response(
             [
                 [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]

@@ -11,9 +11,10 @@
 out, and then the tokenizer's ``model_max_length`` (capped at the model's positions) is used,
 as sentence-transformers does.
 
-A module's ``path``, and every file read from its folder, must lead inside the model directory
-once symlinks are followed (:func:`inside_model_dir`): ``../..``, an absolute path or a link out
-is refused before anything there is read, so no error quotes a file of elsewhere.
+A module's ``path``, and every file read from its folder, must name a place inside the model
+directory (:func:`inside_model_dir`): ``../..`` or an absolute path is refused before anything
+there is read, so no error quotes a file of elsewhere. Links in the directory are its owner's,
+and followed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError, ModelFileError
@@ -92,27 +92,18 @@ def read_modules(model_dir: str) -> list[dict]:
 
 
 def inside_model_dir(model_dir: str, path: str, what: str) -> str:
-    """``path``, once it is known to lead inside ``model_dir`` with every symlink followed;
-    :class:`ModelFileError` naming ``what`` and where it leads otherwise. Only the path is
-    named, never what the file holds.
-
-    A snapshot of the Hugging Face Hub cache (``models--ORG--NAME/snapshots/COMMIT``) holds its
-    files as links to the repository's own ``blobs`` folder, which counts as inside."""
-    resolved = Path(path).resolve()
-    if not any(resolved.is_relative_to(root) for root in _roots(model_dir)):
+    """``path``, once it is known to name a place inside ``model_dir``; :class:`ModelFileError`
+    naming ``what`` and where it leads otherwise. Only the path is named, never what a file
+    holds. The name is what is judged (``..`` and an absolute path count), not where links
+    lead: a link in the directory is its owner's, followed as for every file of it (a
+    directory of links to a model's files, the Hugging Face cache's links to its blobs)."""
+    root, target = os.path.abspath(model_dir), os.path.abspath(path)
+    if os.path.commonpath([root, target]) != root:
         raise ModelFileError(
-            f"{what} leads outside the model directory {model_dir} (to {resolved}): bertserve reads a model's "
-            "files only from inside its directory"
+            f"{what} leads outside the model directory {model_dir} (to {target}): bertserve reads the files a "
+            "model names only from inside its directory"
         )
     return path
-
-
-def _roots(model_dir: str) -> list[Path]:
-    """The folders a model directory's files may live in: itself, and for a Hub cache snapshot
-    its repository's ``blobs``."""
-    root = Path(model_dir).resolve()
-    blobs = root.parent.parent / "blobs"
-    return [root, blobs] if root.parent.name == "snapshots" and blobs.is_dir() else [root]
 
 
 def module_dir(model_dir: str, module: dict, index: int) -> str:
