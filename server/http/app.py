@@ -19,7 +19,6 @@ they work on a machine without internet access.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,14 +32,14 @@ from fastapi_offline import FastAPIOffline
 
 from .. import metrics, tracing
 from ..model.prompts import apply_prompt
-from ..serving.policy import costs
 from . import compact
+from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
 from .disconnects import ClientGone, unless_disconnected
 from .front import caller
 from .gateway import FrameTooLarge, Gateway, GatewayError
 from .layers import add_layers
-from .lengths import Tokenizing, check_text_limits, explain_bounded, first_over_long, tokens_answered
+from .lengths import check_text_limits, explain_bounded, first_over_long, tokens_answered
 from .options import Asked, asked, checked_prompt_name, direction, prompt_text
 from .schemas import (
     CLIENT_CLOSED,
@@ -58,6 +57,7 @@ from .schemas import (
 )
 from .settings import Settings
 from .tasks import TaskEndpoints
+from .turns import Tokenizing
 
 DOCS_ASSETS = "/docs/assets"
 """Where Swagger UI's and ReDoc's JavaScript, CSS and icon are served from."""
@@ -138,11 +138,18 @@ class Endpoints:
         self.tokenizing = Tokenizing()
         self._gateway: Gateway | None = None
         self._catalog: Catalog | None = None
+        self._bounds: Bounds | None = None
         self._was_ready = False
 
     async def open(self, gateway_factory: Callable[[], Awaitable[Gateway]]) -> None:
         self._gateway = await gateway_factory()
         self._catalog = Catalog(self.settings.models, self._gateway)
+        limit = self._gateway.config.get("max_message_bytes")
+        self._bounds = Bounds(
+            request_tokens=self.settings.max_request_tokens,
+            reply_bytes=self.settings.max_reply_bytes,
+            message_bytes=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+        )
 
     async def close(self) -> None:
         if self._gateway is not None:
@@ -158,67 +165,18 @@ class Endpoints:
         assert self._catalog is not None, "the app's lifespan opens the catalog before any request"
         return self._catalog
 
+    @property
+    def bounds(self) -> Bounds:
+        """What a request may cost (:mod:`.bounds`), known once the head has said its frame limit."""
+        assert self._bounds is not None, "the app's lifespan sets the bounds before any request"
+        return self._bounds
+
     # -- encoding --
 
     def within_limits(self, texts: list[Any], name: str) -> list[Any]:
         """``texts`` if within the request and text size limits: checked before anything tokenizes them."""
         settings = self.settings
         return check_text_limits(texts, name, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
-
-    def check_tokens(self, total: int) -> None:
-        """413 unless ``total`` tokens of model work are within ``--max-request-tokens``."""
-        problem = costs.too_many_tokens(total, self.settings.max_request_tokens)
-        if problem is not None:
-            raise HTTPError(413, problem, code="limit")
-
-    def check_frame(self, nbytes: int) -> None:
-        """413 unless a request of texts of about ``nbytes`` UTF-8 bytes fits one frame to the
-        head (its ``max_message_bytes``): known before the texts are written."""
-        limit = self.gateway.config.get("max_message_bytes")
-        if isinstance(limit, int) and nbytes > limit:
-            raise HTTPError(
-                413,
-                f"the request's texts take about {nbytes} bytes; the server takes at most {limit} bytes per "
-                "message (max_message_bytes): send fewer or shorter texts per request",
-                code="limit",
-            )
-
-    def check_reply(
-        self, rows: int, info: dict[str, Any], value_bytes: float, dimensions: int | None = None, *, form: str = ""
-    ) -> None:
-        """413 unless an answer of ``rows`` rows of the model of ``info``, each value
-        ``value_bytes`` as it is answered, is within ``--max-reply-bytes``."""
-        row_bytes = math.ceil(costs.row_values(info, dimensions) * value_bytes)
-        problem = costs.too_large_reply(rows, row_bytes, self.settings.max_reply_bytes, form)
-        if problem is not None:
-            raise HTTPError(413, problem, code="limit")
-
-    def check_answer(self, nbytes: int, how: str) -> None:
-        """413 unless an answer of ``nbytes`` as JSON is within ``--max-reply-bytes``; ``how``
-        says how to ask for less."""
-        limit = self.settings.max_reply_bytes
-        if nbytes > limit:
-            raise HTTPError(
-                413,
-                f"the answer would take {nbytes / 2**20:.1f} MiB as JSON; this server answers at most "
-                f"{limit / 2**20:.1f} MiB per request (--max-reply-bytes): {how}",
-                code="limit",
-            )
-
-    def costed(
-        self,
-        model: ModelSettings,
-        info: dict[str, Any],
-        texts: list[Any],
-        options: Asked,
-        value_bytes: float = costs.JSON_FLOAT_BYTES,
-    ) -> None:
-        """413 unless ``texts``' tokens of model work, their prompt counted, and their JSON
-        answer fit this server's bounds: counted before anything is tokenized or sent."""
-        self.check_reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON")
-        chunk = (options.long_inputs or info.get("long_inputs")) == "chunk"
-        prompt = costs.utf8_bytes(prompt_text(options.prompt_name, info))
-        self.check_tokens(costs.input_tokens(model.token_rule, texts, chunk=chunk, prefix_bytes=prompt))
 
     async def tokenized(self, request: Request, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``work`` run in the tokenizing pool, in a turn of the request's caller; a 499 if the
@@ -296,7 +254,7 @@ class Endpoints:
             )
         types = compact.requested(body.embedding_types) or ("float",)
         options = asked(body, info)
-        self.costed(model, info, texts, options, compact.json_value_bytes(types, body.encoding_format))
+        self.bounds.request(model, info, texts, options, compact.json_value_bytes(types, body.encoding_format))
         reply = await self.encode(request, model, texts, options, is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
@@ -343,7 +301,7 @@ class Endpoints:
             )
         options = asked(body, info)
         types = compact.requested(body.embedding_types)
-        self.costed(model, info, texts, options, compact.json_value_bytes(types))
+        self.bounds.request(model, info, texts, options, compact.json_value_bytes(types))
         if not body.truncate and body.long_inputs != "chunk":
             await self.refuse_over_long(request, model, info, texts, options)
         reply = await self.encode(request, model, texts, options)
@@ -403,7 +361,7 @@ class Endpoints:
         await self.ready_or_503()
         info = await self.catalog.info(model)
         options = asked(body, info)
-        self.costed(model, info, texts, options)
+        self.bounds.request(model, info, texts, options)
         reply = await self.encode(request, model, texts, options, is_tokenized=body.is_tokenized)
         result = reply.array().astype(np.float32, copy=False)
         return json_response({"id": body.id, "result": result, "chunked": chunked_count(reply)}, reply)

@@ -32,6 +32,7 @@ from fastapi.responses import Response
 from ..model.prompts import apply_prompt
 from ..model.tasks import wrong_task
 from ..serving.policy import costs
+from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
 from .lengths import check_pair_limits, rerank_sides
 from .options import Asked, checked_prompt_name, direction, prompt_text
@@ -47,17 +48,10 @@ class API(Protocol):
     def settings(self) -> Settings: ...
     @property
     def catalog(self) -> Catalog: ...
+    @property
+    def bounds(self) -> Bounds: ...
     def within_limits(self, texts: list[Any], name: str) -> list[Any]: ...
-    def check_tokens(self, total: int) -> None: ...
-    def check_reply(
-        self, rows: int, info: dict[str, Any], value_bytes: float, dimensions: int | None = None, *, form: str = ""
-    ) -> None: ...
-    def costed(
-        self, model: ModelSettings, info: dict[str, Any], texts: list[Any], options: Asked, value_bytes: float = ...
-    ) -> None: ...
     async def tokenized(self, request: Request, work: Any, *args: Any, **kwargs: Any) -> Any: ...
-    def check_frame(self, nbytes: int) -> None: ...
-    def check_answer(self, nbytes: int, how: str) -> None: ...
     async def ready_or_503(self) -> None: ...
     async def encode(
         self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
@@ -125,8 +119,8 @@ class TaskEndpoints:
         check_pair_limits(query, texts, field, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
         model, info = await self._model(name, "rerank")
         rule = model.token_rule
-        self.api.check_reply(len(texts), info, costs.JSON_FLOAT_BYTES, form=" as JSON")
-        self.api.check_tokens(costs.pair_tokens(rule, costs.utf8_bytes(query), map(costs.utf8_bytes, texts)))
+        self.api.bounds.reply(len(texts), info, costs.JSON_FLOAT_BYTES, form=" as JSON")
+        self.api.bounds.tokens(costs.pair_tokens(rule, costs.utf8_bytes(query), map(costs.utf8_bytes, texts)))
 
         async def turn(work: Any, *args: Any) -> Any:
             return await self.api.tokenized(request, work, *args)
@@ -134,7 +128,7 @@ class TaskEndpoints:
         query, texts, truncated = await rerank_sides(turn, model.tokenizer, query, texts, direction_ or "right")
         if refuse_long and truncated.any():
             raise _too_long(model, field, int(np.argmax(truncated)))
-        self.api.check_frame(len(texts) * (costs.utf8_bytes(query) + 8) + sum(map(costs.utf8_bytes, texts)))
+        self.api.bounds.frame(len(texts) * (costs.utf8_bytes(query) + 8) + sum(map(costs.utf8_bytes, texts)))
         pairs = [t.rerank_pair(query, document) for document in texts]
         reply = await self.api.encode(request, model, pairs, Asked(truncation_direction=direction_, task="rerank"))
         logits = reply.array().astype(np.float32, copy=False).reshape(len(pairs), -1)[:, 0]
@@ -217,7 +211,7 @@ class TaskEndpoints:
         self.api.within_limits(texts, "inputs")
         model, info = await self._model(body.model, "classify")
         options = Asked(truncation_direction=direction(body.truncation_direction), task="classify")
-        self.api.costed(model, info, texts, options, costs.JSON_FLOAT_BYTES + 24)  # each label's name and score
+        self.api.bounds.request(model, info, texts, options, costs.JSON_FLOAT_BYTES + 24)  # each label's name and score
         if not body.truncate:
             await self._truncated(request, model, texts, "inputs", refuse=True)
         reply = await self.api.encode(request, model, texts, options)
@@ -235,7 +229,7 @@ class TaskEndpoints:
         reply = await self.api.encode(request, model, texts, options)
         rows = t.sparse_rows(reply.array(), top_k)
         terms = sum(len(row.indices) for row in rows)  # counted before at every vocabulary entry: now known
-        self.api.check_answer(
+        self.api.bounds.answer(
             terms * costs.JSON_SPARSE_TERM_BYTES, "send fewer inputs per request, or ask for each one's top_k terms"
         )
         return json_response(
@@ -284,9 +278,9 @@ class TaskEndpoints:
             task=task,
         )
         if task == "sparse":
-            self.api.costed(model, info, texts, options, costs.SPARSE_TERM_BYTES)
+            self.api.bounds.request(model, info, texts, options, costs.SPARSE_TERM_BYTES)
         else:
-            self.api.costed(model, info, texts, options)
+            self.api.bounds.request(model, info, texts, options)
         if not body.truncate:
             await self.api.refuse_over_long(request, model, info, texts, options, chunkable=task == "embed")
         return options

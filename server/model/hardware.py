@@ -3,7 +3,7 @@
 No TensorFlow here: the head, which never loads it, resolves ``auto`` as its workers do.
 
 The rule, for the device a model runs on (``ModelConfig.device``: a worker learns its own from
-TensorFlow, ``serving.worker.configure_device``, before it loads the model; anything else that
+TensorFlow, ``serving.worker.devices.configure_device``, before it loads the model; anything else that
 resolves options, the head included, has none and counts as the CPU):
 
 - a GPU (a device naming ``GPU``, as ``/GPU:0``): fp16, which its tensor cores run;

@@ -1,6 +1,6 @@
-"""The HTTP process's tokenizing pool (``server/http/lengths.py``'s :class:`Tokenizing`): its
-turns are bounded, fair per caller, and stop for a caller who left; and a rerank's sides cut
-to what a pair keeps give the pair's own tokens."""
+"""The HTTP process's tokenizing turns (``server/http/turns.py``): they are bounded, fair per
+caller, and stop for a caller who left; and a rerank's sides cut to what a pair keeps give the
+pair's own tokens (``server/http/lengths.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from bertserve.server.http.lengths import GROUP_CHARS, Tokenizing, rerank_sides, side_groups
+from bertserve.server.http.lengths import GROUP_CHARS, rerank_sides, side_groups
+from bertserve.server.http.turns import Tokenizing
 from bertserve.server.model.tokenization import ModelTokenizer
 
 pytestmark = pytest.mark.timeout(60)
