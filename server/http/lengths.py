@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 from bertserve.client.protocol import PAIR_SEPARATOR
 
+from ..model.pair_cuts import kept_or_whole, kept_sides
 from ..model.tokenization import split_pair
 from .schemas import HTTPError
 
@@ -222,40 +223,6 @@ def side_groups(texts: Sequence[str]) -> Iterator[list[int]]:
         yield group
 
 
-def kept_side(tokenizer: Any, text: str, direction: str, more_than: int) -> tuple[str, int | None]:
-    """``text`` cut to the fewest pieces, from the end ``direction`` keeps, whose tokens (counted
-    as one text, no specials) are more than ``more_than``, with that count; or ``text`` whole and
-    None where no shorter cut holds as many."""
-    spans = list(pieces(text))
-    if direction == "left":
-        spans.reverse()
-    running = 0
-    for taken, (start, stop) in enumerate(spans[:-1], 1):
-        running += tokenizer.count_whole([text[start:stop]])[0]
-        if running > more_than:
-            kept = spans[:taken]
-            cut = text[min(s for s, _ in kept) : max(e for _, e in kept)].strip()
-            count = tokenizer.count_whole([cut])[0]
-            if count > more_than:
-                return cut, count
-    return text, None
-
-
-def cut_long(
-    tokenizer: Any, texts: Sequence[str], counts: Sequence[int], direction: str, more_than: int
-) -> list[tuple[str, int]]:
-    """Each of ``texts`` (of ``counts`` tokens whole) with more tokens than ``more_than`` and
-    more than a piece of characters cut by :func:`kept_side`, with its tokens; the others whole."""
-    out = []
-    for text, count in zip(texts, counts, strict=True):
-        if count > more_than and len(text) > PIECE_CHARS:
-            cut, kept = kept_side(tokenizer, text, direction, more_than)
-            out.append((cut, count if kept is None else kept))
-        else:
-            out.append((text, count))
-    return out
-
-
 Run = Callable[..., Awaitable[Any]]
 
 
@@ -266,13 +233,10 @@ async def rerank_sides(
     the model cuts: the query tokenized once and each document once, whole, in turns that
     ``run`` gives (``run(work, *args)``), each of at most :data:`GROUP_CHARS` characters.
 
-    A pair of two sides is cut ``longest_first`` to the model's length ``L`` (its specials
-    aside): a side of at most ``L/2`` tokens is kept whole and the other cut to the rest; two
-    longer sides keep ``L/2`` each, the longer one the odd token. So a side cut to more than
-    ``L`` tokens keeps the same tokens in every pair, as long as in each pair of two long
-    sides the same side is still the longer: the query is cut long enough to stay longer than
-    each document it is longer than, and a document long enough to stay at least as long as
-    the query where it was. Every cut ends after a space, where no token crosses it."""
+    Each pair of a long query and a long document is cut as :func:`..model.pair_cuts.cut_pair`
+    cuts one pair, with the query cut once for all: long enough to stay longer than each long
+    document it is longer than, and each such document at least as long as the query where it
+    was, so every pair keeps the tokens it keeps whole."""
     room = tokenizer.max_len - tokenizer.num_special_tokens(pair=True)
     (query_tokens,) = await run(tokenizer.count_whole, [query])
     counts: list[int] = []
@@ -280,18 +244,17 @@ async def rerank_sides(
         counts += await run(tokenizer.count_whole, [documents[i] for i in group])
     kept: list[tuple[str, int]] = []
     for group in side_groups(documents):
-        kept += await run(
-            cut_long, tokenizer, [documents[i] for i in group], [counts[i] for i in group], direction, room
-        )
+        texts, wholes = [documents[i] for i in group], [counts[i] for i in group]
+        kept += await run(kept_sides, tokenizer, texts, wholes, direction, room)
 
     def both_long(i: int) -> bool:
         return 2 * min(query_tokens, counts[i]) > room
 
     need = max([room] + [kept[i][1] for i in range(len(kept)) if both_long(i) and query_tokens > counts[i]])
-    ((query_kept, query_count),) = await run(cut_long, tokenizer, [query], [query_tokens], direction, need)
+    query_kept, query_count = await run(kept_or_whole, tokenizer, query, query_tokens, direction, need)
     for i in range(len(kept)):
         if both_long(i) and counts[i] >= query_tokens and kept[i][1] < query_count:
-            kept[i] = (await run(cut_long, tokenizer, [documents[i]], [counts[i]], direction, query_count - 1))[0]
+            kept[i] = await run(kept_or_whole, tokenizer, documents[i], counts[i], direction, query_count - 1)
     truncated = np.fromiter((query_tokens + n > room for n in counts), dtype=bool, count=len(counts))
     return query_kept, [text for text, _ in kept], truncated
 

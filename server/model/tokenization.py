@@ -23,6 +23,7 @@ import numpy as np
 from bertserve.client.protocol import PAIR_SEPARATOR, TRUNCATION_DIRECTIONS
 
 from ..errors import ModelOptionError
+from .pair_cuts import cut_pair, cut_starts
 from .tokenizer_files import id_twin, read_tokenizer, special_tokens, unk_id
 
 logger = logging.getLogger("bertserve.tokenizer")
@@ -154,7 +155,7 @@ class ModelTokenizer:
         if is_tokenized:
             inputs: list = [self._id_words(list(tokens)) for tokens in texts]
         else:
-            inputs = [split_pair(text) for text in texts]
+            inputs = self._cut_pairs([split_pair(text) for text in texts], truncation_direction)
         encodings = self._encode_batch(inputs, truncation_direction, chunk, ids=is_tokenized)
         windows: list[list[Row]] = []
         for item, enc in zip(inputs, encodings, strict=True):
@@ -205,10 +206,14 @@ class ModelTokenizer:
         ids are those :meth:`tokenize` gives the model, cut as it cuts them when ``truncate``.
         """
         _check_direction(truncation_direction)
-        inputs = [split_pair(text) for text in texts]
+        whole = [split_pair(text) for text in texts]
+        inputs = self._cut_pairs(whole, truncation_direction) if truncate else whole
         tokenizer = self._variant(truncation_direction if truncate else None)
         encodings = tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
-        return [_explained(text, enc) for text, enc in zip(texts, encodings, strict=True)]
+        return [
+            _explained(text, enc, cut_starts(side, cut, truncation_direction))
+            for text, enc, side, cut in zip(texts, encodings, whole, inputs, strict=True)
+        ]
 
     def _encode_batch(self, inputs: list, direction: str, chunk: bool, ids: bool = False) -> list:
         """``tokenizers.Encoding`` of each of ``inputs`` (texts, or the words :meth:`_id_words` makes)."""
@@ -282,7 +287,7 @@ class ModelTokenizer:
             return np.fromiter((min(len(t) + single, self.max_len) for t in texts), dtype=np.int32, count=len(texts))
         # Without character offsets (tokenizers >= 0.20): the same ids, a fifth less time.
         encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
-        inputs = [split_pair(text) for text in texts]
+        inputs = self._cut_pairs([split_pair(text) for text in texts], "right")
         encodings = encode(inputs)
         if chunk:  # a pair is truncated, not chunked
             counts = (
@@ -309,8 +314,14 @@ class ModelTokenizer:
 
     def truncated(self, texts: Sequence[str]) -> np.ndarray:
         """Which of ``texts`` are longer than ``max_len`` tokens and would be cut."""
-        encodings = self._tokenizer.encode_batch([split_pair(text) for text in texts])
+        encodings = self._tokenizer.encode_batch(self._cut_pairs([split_pair(text) for text in texts], "right"))
         return np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(texts))
+
+    def _cut_pairs(self, inputs: list, direction: str) -> list:
+        """``inputs`` (as :func:`split_pair` gives them) with each long pair cut to what the
+        model keeps of it (:func:`.pair_cuts.cut_pair`): the same tokens, without tokenizing
+        every window of one long side against every window of the other."""
+        return [cut_pair(self, item[0], item[1], direction) if isinstance(item, tuple) else item for item in inputs]
 
     def tokens_of(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary tokens of token ids, for inputs given as ids; the special tokens the
@@ -350,13 +361,17 @@ def _check_direction(direction: str) -> None:
         raise ValueError(f"truncation_direction must be 'right' or 'left', not {direction!r}")
 
 
-def _explained(text: str, encoding: Any) -> list[dict[str, Any]]:
-    """One token dict per token of ``encoding`` (of ``text``), with offsets into ``text``."""
+def _explained(text: str, encoding: Any, cut_starts: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
+    """One token dict per token of ``encoding`` (of ``text``, its pair's sides cut to start
+    ``cut_starts`` into their stripped selves), with offsets into ``text``."""
     # tokenizers gives a pair's offsets within each side, as split_pair cut and stripped it
     if PAIR_SEPARATOR in text:
         first, second = text.split(PAIR_SEPARATOR, 1)
         second_start = len(first) + len(PAIR_SEPARATOR)
-        shifts = [len(first) - len(first.lstrip()), second_start + len(second) - len(second.lstrip())]
+        shifts = [
+            len(first) - len(first.lstrip()) + cut_starts[0],
+            second_start + len(second) - len(second.lstrip()) + cut_starts[1],
+        ]
     else:
         shifts = [0]
     tokens = []

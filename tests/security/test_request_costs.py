@@ -222,7 +222,7 @@ def test_an_embeddings_answer_past_the_bound_is_refused_and_clients_split_by_it(
 
 
 def test_a_rerank_whose_pairs_pass_the_frame_limit_is_refused_at_once(costs: Costs) -> None:
-    query = _words(0, 450)  # under a piece: sent whole in every pair
+    query = "q" * 3500  # one word, one token: nothing to cut, sent whole in every pair
     body = {"model": RANKER, "query": query, "texts": [f"d{i}" for i in range(350)]}  # 350 x 3.5 KB: past 1 MiB
     with costs.http() as http:
         reply, took = _timed(lambda: http.post("/rerank", json=body))
@@ -252,7 +252,7 @@ HTTP_REFUSALS: list[tuple[str, str, dict[str, Any], dict[str, str], int]] = [
     ("tokens", "/rerank", {"model": RANKER, "query": QUERY, "texts": ["d"] * 1000}, {}, 413),
     ("reply", "/embed_sparse", {"model": SPLADE, "inputs": ["a"] * 50_000}, {}, 413),
     ("reply as JSON", "/v1/embeddings", {"model": EMBEDDER, "input": ["a"] * 50_000}, {}, 413),
-    ("frame", "/rerank", {"model": RANKER, "query": "w " * 1900, "texts": ["d"] * 350}, {}, 413),
+    ("frame", "/rerank", {"model": RANKER, "query": "w" * 3800, "texts": ["d"] * 350}, {}, 413),
     ("text", "/embed", {"model": EMBEDDER, "inputs": "a" * 100_001}, {}, 413),
     ("body", "/embed", {"model": EMBEDDER, "inputs": ["a b " * 60_000] * 6}, {}, 413),
     ("input", "/embed", {"model": EMBEDDER, "inputs": []}, {}, 422),
