@@ -3,9 +3,10 @@
 The ``tokenizers`` library truncates a pair ``longest_first`` after it has tokenized both sides
 whole, and lists what it cut as overflowing windows: for a pair, every window of one side with
 every window of the other. Two sides of 17,000 characters cost 3 s, and the cost grows with
-the product of their lengths, while the model keeps ``max_len`` tokens. So a long side is cut
-first, at a space, to the fewest characters that still hold more tokens than the model keeps
-(:func:`kept_side`), and the pair of cut sides keeps exactly the tokens of the whole pair.
+the product of their lengths, while the model keeps ``max_len`` tokens. So the long sides of
+such a pair are cut first, at a space, to the fewest characters that still hold more tokens
+than the model keeps (:func:`kept_side`), and the pair of cut sides keeps exactly the tokens
+of the whole pair.
 
 Why that is exact: ``longest_first`` gives a pair ``room`` tokens (the model's length less the
 pair's special tokens). A side of at most ``room / 2`` tokens is kept whole and the other cut
@@ -62,8 +63,9 @@ def long_side(tokenizer: Any, text: str) -> bool:
 
 def cut_pair(tokenizer: Any, first: str, second: str, direction: str) -> tuple[str, str]:
     """The pair ``first ||| second`` (its sides stripped) cut to what the model keeps of it:
-    tokenized as it is, it gives the tokens the whole pair gives, and is cut if it is."""
-    if not (long_side(tokenizer, first) or long_side(tokenizer, second)):
+    tokenized as it is, it gives the tokens the whole pair gives, and is cut if it is. Only a
+    pair of two long sides is cut: with one short side the library's cost is the long one's."""
+    if not (long_side(tokenizer, first) and long_side(tokenizer, second)):
         return first, second
     room = tokenizer.max_len - tokenizer.num_special_tokens(pair=True)
     whole_first, whole_second = tokenizer.count_whole([first, second])
