@@ -110,6 +110,10 @@ SKIPPED = {
     ("docs/benchmarks.md", "benchmarks/latency.py"): BENCHMARK + ", and pip install -r requirements-bench.txt",
     ("docs/benchmarks.md", "benchmarks/lengths.py"): BENCHMARK,
     ("docs/benchmarks.md", "python tracing.py --baseline"): BENCHMARK,
+    ("docs/benchmarks.md", "benchmarks/attacks.py"): (
+        "a benchmark: minutes of CPU against servers of two revisions; tests/security/test_request_costs.py "
+        "attacks the same way in seconds"
+    ),
     ("docs/deployment.md", "bertserve worker --server head.example"): (
         "a head and workers on two machines; tests/integration/test_remote_workers.py joins them on loopback"
     ),
