@@ -18,7 +18,7 @@ again for every document. The HTTP process runs this work off its event loop, in
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from bertserve.client.protocol import PAIR_SEPARATOR
@@ -33,8 +33,6 @@ GROUP_CHARS = 65_536
 """The most characters of short texts handed to the tokenizer at once."""
 TOKENIZE_TOKENS = 32_768
 """The most tokens one ``/tokenize`` answer holds (each about 400 bytes while it is made)."""
-
-T = TypeVar("T")
 
 
 def check_text_limits(texts: Sequence[Any], name: str, *, max_inputs: int, max_chars: int) -> list[Any]:

@@ -361,16 +361,16 @@ def _check_direction(direction: str) -> None:
         raise ValueError(f"truncation_direction must be 'right' or 'left', not {direction!r}")
 
 
-def _explained(text: str, encoding: Any, cut_starts: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
-    """One token dict per token of ``encoding`` (of ``text``, its pair's sides cut to start
-    ``cut_starts`` into their stripped selves), with offsets into ``text``."""
+def _explained(text: str, encoding: Any, starts: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
+    """One token dict per token of ``encoding`` (of ``text``, its pair's sides cut to begin
+    ``starts`` characters into their stripped selves), with offsets into ``text``."""
     # tokenizers gives a pair's offsets within each side, as split_pair cut and stripped it
     if PAIR_SEPARATOR in text:
         first, second = text.split(PAIR_SEPARATOR, 1)
         second_start = len(first) + len(PAIR_SEPARATOR)
         shifts = [
-            len(first) - len(first.lstrip()) + cut_starts[0],
-            second_start + len(second) - len(second.lstrip()) + cut_starts[1],
+            len(first) - len(first.lstrip()) + starts[0],
+            second_start + len(second) - len(second.lstrip()) + starts[1],
         ]
     else:
         shifts = [0]
