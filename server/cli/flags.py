@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config.model import LONG_INPUTS, ModelConfig, PoolingStrategy
-from ..config.served import default_model_name, fetch_hub_models, hub_fields, with_default_model
+from ..config.served import default_model_name, fetch_hub_models, hub_fields, task_defaults, with_default_model
 from ..config.server import ServerConfig
 from ..config.telemetry import Telemetry, telemetry_from
 from ..errors import BertServeError, ConfigError, ModelOptionError
@@ -178,9 +178,13 @@ SERVER_FLAGS = [
         ),
         Flag(
             "--default-model",
-            "with --model or --models-dir: the model a request gets unless it names one",
-            unset="the first",
-            metavar="NAME",
+            "the model a request gets unless it names one; TASK=NAME: a request of that task "
+            "(rerank, classify, sparse, embed); repeatable",
+            many=True,
+            default=(),
+            unset="the first served, of the task",
+            field="default_models",
+            metavar="[TASK=]NAME",
         ),
         Flag(
             "--model-version",
@@ -304,12 +308,14 @@ def _named_by_environment(exc: ConfigError, args: argparse.Namespace) -> ConfigE
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
     options = {flag.dest: getattr(args, flag.dest) for flag in SERVER_FLAGS}
+    options.update(_default_models(options.pop("default_models")))
     several = "--model" if options["models"] else "--models-dir" if options["models_dir"] is not None else None
     if several is None:
         if args.model_id is not None:  # every option checked before the model is fetched
             ServerConfig(model=ModelConfig(model_dir=""), **options)
         config = ServerConfig(model=model_config_from_args(args), **options)
         default_model_name(config)  # a --default-model that is not the model served: refused now, not at start
+        task_defaults(config)
         return config
     one = next((flag for flag in ("--model-dir", "--model-id") if getattr(args, flag[2:].replace("-", "_"))), None)
     if one is not None:
@@ -322,7 +328,21 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
     flags = ModelConfig(**{**{flag.dest: getattr(args, flag.dest) for flag in MODEL_FLAGS}, "model_dir": ""})
     ServerConfig(model=flags, **options)  # every option checked before a model is fetched
     options["models"] = fetch_hub_models(options["models"])
-    return with_default_model(ServerConfig(model=flags, **options))
+    config = with_default_model(ServerConfig(model=flags, **options))
+    task_defaults(config)  # a TASK=NAME of another task's model: refused now, not at start
+    return config
+
+
+def _default_models(values: list[str]) -> dict[str, Any]:
+    """``--default-model``'s values as the config's fields: one ``NAME`` (``default_model``)
+    and any ``TASK=NAME`` (``task_defaults``)."""
+    plain = [value for value in values if "=" not in value]
+    if len(plain) > 1:
+        raise ConfigError(
+            f"--default-model names two default models, {plain[0]!r} and {plain[1]!r}: give one NAME, "
+            "and TASK=NAME for the default of a task"
+        )
+    return {"default_model": plain[0] if plain else None, "task_defaults": tuple(v for v in values if "=" in v)}
 
 
 def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -38,11 +38,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
+from bertserve.client.protocol import TASKS
+
 from ..errors import ConfigError, ModelFileError
 from ..model.default import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 from ..model.hub import HubModel, fetch_model, is_model_id
 from ..model.model_dir import detect_layout
 from ..model.repository import is_repository, versions
+from ..model.tasks import TASK_NAMES, model_task
 from .model import HUB_FIELDS, ModelConfig
 from .server import ServerConfig
 from .specs import ModelSpec, check_default, check_model_name, parse_model_spec
@@ -77,7 +80,8 @@ def served_models(config: ServerConfig) -> list[ServedModel]:
     if not specs:
         name = directory_name(config) if config.served_model_name is None else config.served_model_name
         check_default(config.default_model, [name])
-        return [ServedModel(name, dataclasses.replace(config, served_model_name=name, default_model=None))]
+        one = dataclasses.replace(config, served_model_name=name, default_model=None, task_defaults=())
+        return [ServedModel(name, one)]
     check_default(config.default_model, [spec.name for spec in specs])
     flags = config.model_defaults or config.model
     return [_served(config, flags, spec) for spec in specs]
@@ -87,6 +91,43 @@ def default_model_name(config: ServerConfig) -> str:
     """The model a request gets unless it names one: ``--default-model``, else the first served."""
     served = served_models(config)  # checks --default-model too
     return config.default_model or served[0].name
+
+
+def task_defaults(config: ServerConfig) -> dict[str, str]:
+    """The model a request of each served task gets unless it names one (by the request's
+    task: ``/rerank`` asks for ``rerank``): ``--default-model TASK=NAME``, else the default
+    model if it has that task, else the first model served with it. Raises
+    :class:`ConfigError` for a ``TASK=NAME`` whose task is not one, whose model is not
+    served, or whose model has another task."""
+    served = served_models(config)
+    tasks = {entry.name: model_task(entry.config.model.model_dir, entry.config.model.task) for entry in served}
+    chosen: dict[str, str] = {}
+    for item in config.task_defaults:
+        task, _, name = item.partition("=")
+        task, name = task.strip().lower(), name.strip()
+        if task not in TASKS:
+            raise ConfigError(
+                f"--default-model {item}: {task!r} is not a task; say TASK=NAME, TASK one of {', '.join(TASKS)}"
+            )
+        check_default(name, list(tasks))
+        if tasks[name] != task:
+            raise ConfigError(
+                f"--default-model {item}: the model {name!r} is {TASK_NAMES[tasks[name]]} (task {tasks[name]}), "
+                f"not of task {task}; {served_with(task, tasks)}"
+            )
+        chosen[task] = name
+    default = config.default_model or served[0].name
+    for name, task in [(default, tasks[default]), *tasks.items()]:
+        chosen.setdefault(task, name)
+    return chosen
+
+
+def served_with(task: str, tasks: dict[str, str]) -> str:
+    """Which of the served models (``tasks``: each one's task) have ``task``, in words."""
+    names = [name for name, own in tasks.items() if own == task]
+    if not names:
+        return f"no model served here has task {task}"
+    return f"the served models of task {task}: {', '.join(map(repr, names))}"
 
 
 def with_default_model(config: ServerConfig) -> ServerConfig:
@@ -194,6 +235,7 @@ def _served(config: ServerConfig, flags: ModelConfig, spec: ModelSpec) -> Served
             models=(),
             models_dir=None,
             default_model=None,
+            task_defaults=(),
             model_defaults=None,
             **own,
         )

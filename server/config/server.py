@@ -109,6 +109,7 @@ class ServerConfig:
     models: tuple[str, ...] = ()  # NAME=DIR[,key=value,...]: several models, each in served_models.py's terms
     models_dir: str | None = None  # several models: one subfolder each, named by the folder
     default_model: str | None = None  # the model a request gets unless it names one (None: the first)
+    task_defaults: tuple[str, ...] = ()  # TASK=NAME: the model a request of that task gets unless it names one
     model_defaults: ModelConfig | None = None  # with models or models_dir: the model flags, under each model's own
 
     def __post_init__(self) -> None:
@@ -167,6 +168,7 @@ class ServerConfig:
         object.__setattr__(self, "port_out", ports.out)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
         object.__setattr__(self, "model_alias", tuple(str(a) for a in self.model_alias))
+        object.__setattr__(self, "task_defaults", tuple(str(item) for item in self.task_defaults))
         object.__setattr__(self, "forwarded_allow_ips", http_limits.forwarded_allow_ips(self.forwarded_allow_ips))
         object.__setattr__(self, "cors_allow_origin", http_limits.cors_origins(self.cors_allow_origin))
         if self.curve_dir is not None:
