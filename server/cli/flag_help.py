@@ -3,8 +3,8 @@
 A :class:`Flag` is named like the config field it sets and may also come from the
 environment (``BERTSERVE_<FLAG>``). ``--help`` shows a command's flags under headings
 (:data:`GROUPS`), a yes-or-no flag as ``--cpu, --no-cpu``, a flag of a fixed set of values
-with its choices, and leaves the rarely used ones to ``--help-all``. The flags themselves
-are in :mod:`.flags`.
+with its choices (taken in any case), and leaves the rarely used ones to ``--help-all``.
+The flags themselves are in :mod:`.flags`.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class Flag:
     unset: str = ""
     field: str = ""  # the config field it sets, when not the one named like it (--model: models)
     env_commas: bool = True  # several values in BERTSERVE_<FLAG> may be separated by commas, not only spaces
-    choices: tuple[str, ...] = ()  # every value it takes, as its kind spells them
+    choices: tuple[str, ...] = ()  # every value it takes, as its kind spells them; taken in any case
     metavar: str = ""  # what --help calls its value, when the name's ending does not say (see _METAVARS)
     group: str = ""
     rare: bool = False
@@ -151,7 +151,7 @@ class Flag:
         options: dict[str, Any] = {"default": default, "help": help}
         if self.switch:
             return group.add_argument(self.name, action=_Switch, **options)
-        options.update(type=self.kind, choices=self.choices or None, metavar=self._metavar())
+        options.update(type=self._parser(), choices=self.choices or None, metavar=self._metavar())
         if self.field:  # --model fills models, and is still shown as --model MODEL
             options["dest"] = self.field
         if self.many:
@@ -171,15 +171,31 @@ class Flag:
         return "N" if self.kind in (int, float) else None
 
     def parse_env(self, raw: str) -> Any:
+        parse = self._parser()
         try:
             if self.many:
-                return [self.kind(item) for item in (raw.replace(",", " ") if self.env_commas else raw).split()]
-            value = self.kind(raw)
+                values = [parse(item) for item in (raw.replace(",", " ") if self.env_commas else raw).split()]
+            else:
+                values = [parse(raw)]
         except (ValueError, argparse.ArgumentTypeError) as exc:
             raise BertServeError(f"{self.env}={raw!r}: {exc}") from None
-        if self.choices and value not in self.choices:
+        if self.choices and any(value not in self.choices for value in values):
             raise BertServeError(f"{self.env}={raw!r}: choose one of {', '.join(self.choices)}")
-        return value
+        return values if self.many else values[0]
+
+    def _parser(self) -> Callable[[str], Any]:
+        """The flag's kind; for a flag of choices, one that also takes a choice in any case
+        (``--feed THREAD``: ``thread``)."""
+        if not self.choices:
+            return self.kind
+        kind, choices = self.kind, {choice.casefold(): choice for choice in self.choices}
+
+        def parse(text: str) -> Any:
+            value = kind(text)
+            return choices.get(str(value).casefold(), value) if isinstance(value, str) else value
+
+        parse.__name__ = getattr(kind, "__name__", "value")  # argparse's "invalid int value: 'x'"
+        return parse
 
 
 def under(group: str, *flags: Flag) -> list[Flag]:

@@ -34,7 +34,7 @@ class PoolingStrategy(str, enum.Enum):
     def parse(cls, value: str | PoolingStrategy) -> PoolingStrategy:
         if isinstance(value, PoolingStrategy):
             return value
-        name = str(value).strip().upper()
+        name = str(value).strip().upper().replace("-", "_")
         name = _POOLING_ALIASES.get(name, name)
         try:
             return cls(name)
@@ -43,10 +43,17 @@ class PoolingStrategy(str, enum.Enum):
             raise ModelOptionError(f"unknown pooling_strategy {value!r}; choose one of {choices}") from None
 
 
+#: Other names of a strategy, in any case: sentence-transformers' pooling modes and TEI's
+#: ``--pooling`` values (``mean``, ``max``, ``cls``, ``last-token``) where one means the same.
 _POOLING_ALIASES = {
+    "MEAN": "REDUCE_MEAN",
+    "MAX": "REDUCE_MAX",
+    "CLS": "CLS_TOKEN",
     "FIRST_TOKEN": "CLS_TOKEN",
     "LAST_TOKEN": "SEP_TOKEN",
+    "LASTTOKEN": "SEP_TOKEN",
     "MEAN_SQRT_LEN": "REDUCE_MEAN_SQRT_LEN",
+    "MEAN_SQRT_LEN_TOKENS": "REDUCE_MEAN_SQRT_LEN",
     "WEIGHTEDMEAN": "WEIGHTED_MEAN",
 }
 
