@@ -69,7 +69,7 @@ MODEL_FLAGS = under(
     ),
     Flag(
         "--pooling-strategy",
-        "how the token vectors become one vector",
+        "how the token vectors become one vector (also mean, max, cls)",
         _as_the_config_spells("pooling_strategy"),
         unset=_MODEL_DEFAULT + "REDUCE_MEAN",
         choices=tuple(strategy.value for strategy in PoolingStrategy),
@@ -198,6 +198,7 @@ SERVER_FLAGS = [
             "look for a newer model version this often and swap to it (0: only on `bertserve reload`)",
             float,
             0.0,
+            rare=True,
         ),
     ),
 ]

@@ -113,6 +113,7 @@ HTTP_FLAGS = under(
         default=(),
         unset="none: the peer address",
         metavar="ADDR",
+        rare=True,
     ),
     Flag(
         "--cors-allow-origin",
@@ -148,8 +149,8 @@ SECURITY_FLAGS = under(
     Flag("--allow-terminate", "let clients stop the server", boolean, unset="on loopback without CURVE, or admins"),
     Flag(
         "--api-key",
-        "HTTP callers must send Authorization: Bearer KEY (principal 'default'); better as "
-        "BERTSERVE_API_KEY, since every user can see a command line",
+        "HTTP callers must send Authorization: Bearer KEY; better as BERTSERVE_API_KEY, "
+        "since every user can see a command line",
         unset="none needed",
         metavar="KEY",
     ),

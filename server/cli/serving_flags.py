@@ -21,7 +21,7 @@ SERVING_FLAGS = under(
     "serving",
     Flag("--port", "port that takes requests", int, 5555),
     Flag("--port-out", "port that publishes results", int, unset="--port + 1"),
-    Flag("--bind", "address to listen on (0.0.0.0 for every interface)", default="127.0.0.1"),
+    Flag("--bind", "address to listen on (0.0.0.0: every interface)", default="127.0.0.1"),
     Flag("--max-batch-size", "most sentences in one mini-job", int, 256),
     Flag(
         "--max-batch-tokens",
@@ -118,7 +118,7 @@ LIMIT_FLAGS = under(
 
 DEVICE_FLAGS = under(
     "workers and devices",
-    Flag("--num-worker", "worker processes on this machine (0 with a worker port: only remote ones)", int, 1),
+    Flag("--num-worker", "local worker processes (0 with --worker-port: only remote ones)", int, 1),
     Flag("--cpu", "run on the CPU even where a GPU is visible", boolean, False),
     Flag("--device-map", "GPU ids the workers take in turn", int, (), many=True, unset="every visible GPU"),
     Flag(
