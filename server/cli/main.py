@@ -41,6 +41,7 @@ from .flags import (
     telemetry_from_args,
     worker_options_from_args,
 )
+from .models_command import add_models_command
 from .serving_flags import TELEMETRY_FLAGS
 
 logger = logging.getLogger("bertserve.cli")
@@ -319,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     manifest.add_argument("directory", help="a model directory")
     manifest.add_argument("--check", action="store_true", help="check the files against the manifest instead")
     manifest.set_defaults(run=_cmd_manifest)
+    add_models_command(commands)
     return parser
 
 

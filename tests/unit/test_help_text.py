@@ -131,6 +131,7 @@ def test_the_command_list_starts_with_start() -> None:
             "calibrate",
             "export",
             "manifest",
+            "models",
         ]
     )
 

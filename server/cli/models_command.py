@@ -1,0 +1,64 @@
+"""``bertserve models``: the models on this machine (:mod:`..model.found`), one a line as
+``NAME  TASK  PATH`` in aligned columns, or with ``--json`` one JSON list. It reads the
+models' JSON files only, so it answers at once and without TensorFlow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from bertserve.client.cli import HelpFormatter
+from bertserve.client.terminal import print_status
+
+from ..model.default import DEFAULT_MODEL_INSTALL
+from ..model.found import FoundModel, find_models
+
+
+def add_models_command(commands: Any) -> None:
+    """``bertserve models [DIR ...] [--json]`` on an ``add_subparsers()`` object."""
+    models = commands.add_parser(
+        "models",
+        help="list the models found on this machine: their names, tasks and directories",
+        usage="%(prog)s [DIR ...] [--json]",
+        description="The models bertserve finds here: the default model and the other models packages ship, "
+        "the Hugging Face cache's, and those in each DIR given. One a line: NAME, TASK and PATH, for "
+        "--model NAME=PATH (or --model-id NAME for a model of the Hugging Face cache).",
+        formatter_class=HelpFormatter,
+    )
+    models.add_argument(
+        "directories",
+        nargs="*",
+        metavar="DIR",
+        help="a folder of model directories, as --models-dir takes (or one model's directory)",
+    )
+    models.add_argument("--json", action="store_true", help="write one JSON list of the models, with their families")
+    models.set_defaults(run=_cmd_models)
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    found = find_models(args.directories)
+    whole = [model for model in found if not model.note]
+    if args.json:
+        print(json.dumps([model.as_json() for model in found], indent=2))
+    else:
+        print(models_table(whole), end="")
+        for model in found:
+            if model.note:
+                print_status("warning", f"{model.name} ({model.path}) is not listed: {model.note}")
+    if not found:
+        print_status(
+            "warning",
+            f"no model found: install the default one with `{DEFAULT_MODEL_INSTALL}`, "
+            "or name a folder of model directories: bertserve models DIR",
+        )
+    return 0
+
+
+def models_table(models: list[FoundModel]) -> str:
+    """``NAME  TASK  PATH``, one model a line, the columns aligned."""
+    if not models:
+        return ""
+    name_width = max(len(model.name) for model in models)
+    task_width = max(len(model.task) for model in models)
+    return "".join(f"{m.name:<{name_width}}  {m.task:<{task_width}}  {m.path}\n" for m in models)
