@@ -71,6 +71,8 @@ ENCODE_OPTIONS = {
     "long_inputs": "'truncate' or 'chunk': what happens to an input longer than the model takes",
     "timeout_ms": "a number > 0: the request's deadline, from its arrival; work still queued then is dropped",
     "dimensions": "an int from 1 to the model's dimension: keep the first k (renormalized if the output is)",
+    "normalize": "true or false: each sentence vector at unit length, or not; false gives a normalizing model's "
+    "vectors before its Normalize module (by default as the model's modules say)",
     "prompt_name": "the name of one of the server's prompts, put before every input",
     "truncation_direction": "'right' (the default) or 'left': which end of an over-long input is cut",
     "task": "'embed' (the default), 'rerank', 'classify' or 'sparse': what the request asks of the model; "

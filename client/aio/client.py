@@ -196,6 +196,7 @@ class AsyncBertClient:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
+        normalize: bool | None = None,
         model: str | None = None,
         output: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
@@ -228,6 +229,7 @@ class AsyncBertClient:
                 dimensions=dimensions,
                 prompt_name=prompt_name,
                 truncation_direction=truncation_direction,
+                normalize=normalize,
                 model=model,
             )
             vectors, tokens = answer if show_tokens else (answer, None)
@@ -240,6 +242,7 @@ class AsyncBertClient:
             dimensions=dimensions,
             prompt_name=prompt_name,
             truncation_direction=truncation_direction,
+            normalize=normalize,
             model=check_model(model) or self.model,
             pairs=pairs,
         )

@@ -230,6 +230,7 @@ class RequestOptions(TypedDict, total=False):
     dimensions: int | None
     prompt_name: str | None
     truncation_direction: str | None
+    normalize: bool | None
     model: str | None
 
 
@@ -243,6 +244,8 @@ class EncodeOptions:
       than its ``max_seq_len`` (chunk: encode it in windows and combine their vectors);
     - ``dimensions``: keep the first ``k`` dimensions of each vector, from 1 to the model's
       dimension (renormalized if the server normalizes its output);
+    - ``normalize``: ``True`` for unit-length vectors, ``False`` for a normalizing model's vectors
+      before its Normalize module (its Dense layers applied); by default as the model's modules say;
     - ``prompt_name``: one of the server's prompts (``server_config["prompts"]``), put before
       every input; text inputs only;
     - ``truncation_direction``: ``"right"`` (the server's default) or ``"left"``, the end of an
@@ -266,6 +269,7 @@ class EncodeOptions:
     dimensions: int | None = None
     prompt_name: str | None = None
     truncation_direction: str | None = None
+    normalize: bool | None = None
     model: str | None = None
     pairs: bool = True
     task: str | None = None
@@ -274,6 +278,8 @@ class EncodeOptions:
         for name in ("is_tokenized", "show_tokens", "pairs"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise TypeError(f"normalize must be True, False or None, not {self.normalize!r}")
         if self.long_inputs is not None and self.long_inputs not in LONG_INPUTS:
             raise ValueError(f"long_inputs must be None, 'truncate' or 'chunk', not {self.long_inputs!r}")
         _check_dimensions(self.dimensions)

@@ -310,6 +310,7 @@ class BertClient:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
+        normalize: bool | None = None,
         model: str | None = None,
         output: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
@@ -330,7 +331,8 @@ class BertClient:
         input is one request, with no bar.
 
         ``long_inputs`` (``"truncate"`` or ``"chunk"``), ``dimensions`` (keep the first k),
-        ``prompt_name`` and ``truncation_direction`` (``"right"`` or ``"left"``) are the
+        ``prompt_name``, ``truncation_direction`` (``"right"`` or ``"left"``) and ``normalize``
+        (``False``: a normalizing model's vectors before its Normalize module) are the
         request's options (see :class:`~bertserve.client.core.options.EncodeOptions`); each is
         sent only when given, and checked before anything is sent. :attr:`last_info` has the
         reply's ``token_count`` and ``chunked`` (how many inputs were encoded in windows).
@@ -359,6 +361,7 @@ class BertClient:
                 dimensions=dimensions,
                 prompt_name=prompt_name,
                 truncation_direction=truncation_direction,
+                normalize=normalize,
                 model=model,
             )
         options = EncodeOptions(
@@ -368,6 +371,7 @@ class BertClient:
             dimensions=dimensions,
             prompt_name=prompt_name,
             truncation_direction=truncation_direction,
+            normalize=normalize,
             model=check_model(model) or self.model,
             pairs=pairs,
         )
@@ -541,6 +545,7 @@ class BertClient:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
+        normalize: bool | None = None,
         model: str | None = None,
     ) -> Iterator[Embedding]:
         """Encode the batches ``batch_generator`` yields, keeping a few requests in flight.
@@ -557,6 +562,7 @@ class BertClient:
             dimensions=dimensions,
             prompt_name=prompt_name,
             truncation_direction=truncation_direction,
+            normalize=normalize,
             model=check_model(model) or self.model,
             pairs=pairs,
         )

@@ -65,6 +65,7 @@ class ConcurrentBertClient:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         truncation_direction: str | None = None,
+        normalize: bool | None = None,
         model: str | None = None,
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
         """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress``, ``pairs`` and
@@ -77,6 +78,7 @@ class ConcurrentBertClient:
             dimensions=dimensions,
             prompt_name=prompt_name,
             truncation_direction=truncation_direction,
+            normalize=normalize,
             model=check_model(model),
             pairs=pairs,
         )
@@ -92,6 +94,7 @@ class ConcurrentBertClient:
                 dimensions=options.dimensions,
                 prompt_name=options.prompt_name,
                 truncation_direction=options.truncation_direction,
+                normalize=options.normalize,
                 model=options.model,
             )
 

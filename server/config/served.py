@@ -45,7 +45,7 @@ from ..model.default import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 from ..model.hub import HubModel, fetch_model, is_model_id
 from ..model.model_dir import detect_layout
 from ..model.repository import is_repository, versions
-from ..model.tasks import TASK_NAMES, model_task
+from ..model.tasks import TASK_NAMES, model_task, served_with
 from .model import HUB_FIELDS, ModelConfig
 from .server import ServerConfig
 from .specs import ModelSpec, check_default, check_model_name, parse_model_spec
@@ -113,21 +113,13 @@ def task_defaults(config: ServerConfig) -> dict[str, str]:
         if tasks[name] != task:
             raise ConfigError(
                 f"--default-model {item}: the model {name!r} is {TASK_NAMES[tasks[name]]} (task {tasks[name]}), "
-                f"not of task {task}; {served_with(task, tasks)}"
+                f"not of task {task}; {served_with(task, [n for n, own in tasks.items() if own == task])}"
             )
         chosen[task] = name
     default = config.default_model or served[0].name
     for name, task in [(default, tasks[default]), *tasks.items()]:
         chosen.setdefault(task, name)
     return chosen
-
-
-def served_with(task: str, tasks: dict[str, str]) -> str:
-    """Which of the served models (``tasks``: each one's task) have ``task``, in words."""
-    names = [name for name, own in tasks.items() if own == task]
-    if not names:
-        return f"no model served here has task {task}"
-    return f"the served models of task {task}: {', '.join(map(repr, names))}"
 
 
 def with_default_model(config: ServerConfig) -> ServerConfig:

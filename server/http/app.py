@@ -19,6 +19,7 @@ they work on a machine without internet access.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -241,7 +242,7 @@ class Endpoints:
         self._was_ready = True
 
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
-        model = self.catalog.pick(body.model)
+        model = self.catalog.pick(body.model, "embed")
         texts, is_tokenized = openai_input(body.input, model.tokenizer, token_ids=self.settings.token_id_input)
         self.within_limits(texts, "input")
         await self.ready_or_503()
@@ -286,7 +287,7 @@ class Endpoints:
         return json_response({"object": "list", "data": await self.catalog.listed()})
 
     async def embed(self, body: EmbedRequest, request: Request) -> Response:
-        model = self.catalog.pick(body.model)
+        model = self.catalog.pick(body.model, "embed")
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         texts = self.within_limits(checked_texts(texts, "inputs"), "inputs")
         await self.ready_or_503()
@@ -295,19 +296,23 @@ class Endpoints:
             raise HTTPError(
                 422, f"the model {model.name!r} returns one vector per token (pooling NONE); /embed needs one per input"
             )
-        if not body.normalize and info.get("normalize"):
-            raise HTTPError(
-                422, f"the model {model.name!r} L2-normalizes its vectors; normalize=false is not available"
-            )
-        options = asked(body, info)
+        # TEI's normalize, true by default: unit-length vectors, or a normalizing model's before its Normalize module
+        options = dataclasses.replace(asked(body, info), normalize=body.normalize)
         types = compact.requested(body.embedding_types)
+        own = bool(info.get("normalize"))
+        if body.normalize != own and types is not None and {"int8", "uint8"} & set(types):
+            raise HTTPError(
+                422,
+                f"embedding_types int8 and uint8 cut ranges calibrated on the model's own vectors, which are "
+                f"{'' if own else 'not '}normalized: ask for them with normalize={str(own).lower()}, or ask for "
+                "float, binary or ubinary",
+                param="embedding_types",
+            )
         self.bounds.request(model, info, texts, options, compact.json_value_bytes(types))
         if not body.truncate and body.long_inputs != "chunk":
             await self.refuse_over_long(request, model, info, texts, options)
         reply = await self.encode(request, model, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
-        if body.normalize and not info.get("normalize"):  # after the server kept the first `dimensions`
-            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         if types is None:
             return json_response(vectors, reply)
         answered = compact.forms(vectors, types, info)
@@ -356,7 +361,7 @@ class Endpoints:
         return json_response(tokens)
 
     async def encode_legacy(self, body: EncodeRequest, request: Request) -> Response:
-        model = self.catalog.pick(body.model)
+        model = self.catalog.pick(body.model, "embed")
         texts = self.within_limits(checked_texts(body.texts, "texts", is_tokenized=body.is_tokenized), "texts")
         await self.ready_or_503()
         info = await self.catalog.info(model)

@@ -83,6 +83,15 @@ class Catalog:
             )
         self.default = default
         self.models = (default, *(model for model in models if model is not default))
+        said = gateway.config.get("models")
+        summaries = [entry for entry in said if isinstance(entry, dict)] if isinstance(said, list) else []
+        self._tasks = {str(e.get("name")): str(e.get("task") or "embed") for e in summaries}  # as the head says
+        chosen = gateway.config.get("default_models")
+        self._task_defaults = {
+            task: self._by_name[name]
+            for task, name in (chosen.items() if isinstance(chosen, dict) else ())
+            if isinstance(name, str) and name in self._by_name
+        }
         self._said: dict[str, dict[str, Any]] = {}
         if gateway.config.get("model_name", default.name) == default.name:  # the answer at start is the default's
             self._said[default.name] = gateway.config
@@ -92,14 +101,21 @@ class Catalog:
         """Every name a request may give, the default model's first."""
         return [name for model in self.models for name in model.names]
 
-    def pick(self, name: str | None) -> ModelSettings:
-        """The model a request's ``model`` field names (``None``: the default one); 404 for none."""
+    def pick(self, name: str | None, task: str | None = None) -> ModelSettings:
+        """The model a request's ``model`` field names; 404 for none. Without a name, the
+        default model of ``task`` (the endpoint's: ``/rerank`` asks for ``rerank``), as the
+        head says it (``--default-model TASK=NAME``, else the one served with the task), else
+        the default one."""
         if name is None:
-            return self.default
+            return self._task_defaults.get(task, self.default) if task is not None else self.default
         model = self._by_name.get(name)
         if model is None:
             raise not_served(name, self.names)
         return model
+
+    def of_task(self, task: str) -> list[str]:
+        """The names of the served models of ``task``, as the head said at start."""
+        return [model.name for model in self.models if self._tasks.get(model.name) == task]
 
     def last(self, model: ModelSettings) -> dict[str, Any]:
         """What the head said of ``model`` last (empty: nothing yet)."""

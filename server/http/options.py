@@ -26,6 +26,7 @@ class Asked:
     prompt_name: str | None = None
     truncation_direction: str | None = None
     task: str | None = None  # what the request asks of the model; None: vectors
+    normalize: bool | None = None  # unit-length vectors or not; None: as the model's modules say
 
     def header(self, timeout_s: float) -> dict[str, Any]:
         """The ENCODE header fields: these options, and the request's deadline."""
@@ -35,6 +36,7 @@ class Asked:
             "prompt_name": self.prompt_name,
             "truncation_direction": self.truncation_direction,
             "task": self.task,
+            "normalize": self.normalize,
         }
         return {"timeout_ms": max(1, round(timeout_s * 1000)), **{k: v for k, v in fields.items() if v is not None}}
 

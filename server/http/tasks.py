@@ -76,12 +76,13 @@ class TaskEndpoints:
 
     async def _model(self, name: str | None, task: str) -> tuple[ModelSettings, dict[str, Any]]:
         """The model ``name`` picks and its ``CONFIG`` answer, once ready; 400 unless its task is ``task``."""
-        model = self.api.catalog.pick(name)
+        model = self.api.catalog.pick(name, task)
         await self.api.ready_or_503()
         info = await self.api.catalog.info(model)
         own = info.get("task", "embed")
         if own != task:
-            raise HTTPError(400, wrong_task(model.name, str(own), task), param="model", code="task")
+            served = self.api.catalog.of_task(task)
+            raise HTTPError(400, wrong_task(model.name, str(own), task, served), param="model", code="task")
         return model, info
 
     async def _truncated(

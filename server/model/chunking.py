@@ -7,11 +7,13 @@ tokens (the tokenizer makes them: :meth:`.tokenization.WordPieceTokenizer.tokeni
 vectors back into one vector per input:
 
 - REDUCE_MEAN: the mean of the window vectors, each weighted by the tokens it pooled, so a
-  short last window counts for what it holds (without normalization and overlap, this is
-  the mean over all the input's tokens);
+  short last window counts for what it holds (without overlap, this is the mean over all
+  the input's tokens);
 - REDUCE_MAX: the element-wise maximum;
-- REDUCE_MEAN_MAX: each layer's mean half and max half, so;
-- L2-normalized again when the model normalizes.
+- REDUCE_MEAN_MAX: each layer's mean half and max half, so.
+
+The window vectors combined are the graph's, before the model's L2 normalization
+(:func:`~.graph.serving_graph`), which applies to the combined vector.
 
 The other poolings describe one position (CLS_TOKEN, SEP_TOKEN, CLS_POOLED: the first or
 last token of one window, which says nothing of the others) or every token (NONE), so they
@@ -61,7 +63,6 @@ def combine(
     *,
     strategy: PoolingStrategy,
     layers: int,
-    normalize: bool,
 ) -> np.ndarray:
     """One row per input from one row per window: ``owners[w]`` is the input window ``w``
     belongs to (every input has at least one), ``weights[w]`` the tokens it pooled;
@@ -81,9 +82,14 @@ def combine(
     else:
         check_chunkable(strategy)
         raise AssertionError("unreachable")
-    if normalize:
-        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out.astype(vectors.dtype, copy=False)
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """Each row of ``vectors`` scaled to unit length (in fp32), in their dtype."""
+    rows = vectors.astype(np.float32)
+    rows /= np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-12)
+    return rows.astype(vectors.dtype, copy=False)
 
 
 def _weighted_mean(rows: np.ndarray, owners: np.ndarray, weights: np.ndarray, count: int) -> np.ndarray:

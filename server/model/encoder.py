@@ -29,7 +29,7 @@ from . import chunking, lite
 from .calibration import calibration_path, read_calibration
 from .chunking import check_chunkable
 from .default import DEFAULT_MODEL_NAME, default_model_dir
-from .graph import GraphSpec, load_function, load_or_build
+from .graph import GraphSpec, load_function, load_or_build, serving_graph
 from .model_dir import ModelFiles, inspect_model
 from .options import build_tokenizer, describe, resolve
 from .prepare import small_run_spec
@@ -83,7 +83,8 @@ class Encoder:
         self.family: str = model.config.family
         self.head = model.head  # the task (.tasks): embed, rerank, classify or sparse
         self.config, spec = resolve(requested, model)
-        self.spec: GraphSpec = spec
+        self.spec: GraphSpec = spec  # the model's options; its graph leaves the normalization to encode()
+        self._graph = serving_graph(spec)
         self._tokenizer = build_tokenizer(model, self.config)
         self.max_len: int = self._tokenizer.max_len
         graph_dir = self.config.graph_dir or default_graph_dir()
@@ -94,7 +95,7 @@ class Encoder:
             self._check_int8()  # before a graph is built for a start that cannot succeed
         with held_native_output():  # TensorFlow's libraries log as they load
             importlib.import_module("tensorflow")
-        graph_bytes, self.meta, self.graph_built = load_or_build(model, spec, graph_dir)
+        graph_bytes, self.meta, self.graph_built = load_or_build(model, self._graph, graph_dir)
         self.graph_path: str = os.path.join(graph_dir, f"{self.meta.key}.graph")
         self.graph_size: int = len(graph_bytes)
         self._lite: lite.LiteRunner | None = None
@@ -160,17 +161,22 @@ class Encoder:
         is_tokenized: bool = False,
         show_tokens: bool = False,
         long_inputs: str | None = None,
+        normalize: bool | None = None,
     ) -> Any:
         """Encode ``texts`` (strings, ``"first ||| second"`` pairs, or token lists with
         ``is_tokenized``) into a ``(len(texts), D)`` array (``(len(texts), T, D)`` for NONE
         pooling). With ``show_tokens`` returns ``(array, tokens)``, the tokens each input
         was cut into after truncation. ``long_inputs`` (``truncate`` or ``chunk``; by
         default the encoder's own) says what becomes of an input longer than ``max_seq_len``:
-        cut to fit, or encoded in windows whose vectors are combined (see :mod:`.chunking`)."""
+        cut to fit, or encoded in windows whose vectors are combined (see :mod:`.chunking`).
+        ``normalize`` (by default the model's own) scales each sentence vector to unit length;
+        ``False`` gives a normalizing model's vectors before its Normalize module."""
         texts = check_texts(texts, is_tokenized)
         chunk = self._chunk(long_inputs)
         batch = self.tokenize(texts, is_tokenized=is_tokenized, keep_tokens=show_tokens, chunk=chunk)
         vectors = self.combine(batch, self.run(batch))
+        if (self.spec.normalize if normalize is None else normalize) and not self.token_level:
+            vectors = chunking.unit_rows(vectors)
         if not show_tokens:
             return vectors
         return vectors, tokens_per_input(batch)
@@ -212,7 +218,8 @@ class Encoder:
         return batch
 
     def combine(self, batch: TokenizedBatch, vectors: np.ndarray) -> np.ndarray:
-        """One row per input of ``batch`` from :meth:`run`'s row per window."""
+        """One row per input of ``batch`` from :meth:`run`'s row per window (the graph's:
+        not normalized, see :func:`~.graph.serving_graph`)."""
         if batch.owners is None:
             return vectors
         weights = batch.lengths - (2 if self.spec.mask_cls_sep else 0)
@@ -222,7 +229,6 @@ class Encoder:
             weights,
             strategy=self.spec.pooling_strategy,
             layers=len(self.spec.pooling_layer),
-            normalize=self.spec.normalize,
         )
 
     def run(self, batch: TokenizedBatch) -> np.ndarray:
@@ -288,7 +294,7 @@ class Encoder:
         return self._lite is not None
 
     def _small_runner(self, model: ModelFiles, graph_dir: str) -> lite.LiteRunner | None:
-        small = small_run_spec(self.config, self.spec)
+        small = small_run_spec(self.config, self._graph)
         if small is None:
             return None
         if "CPU" not in self._device.upper():
@@ -296,7 +302,7 @@ class Encoder:
         if not lite.available():
             logger.info("ai-edge-litert is not installed: small runs stay on TensorFlow")
             return None
-        flatbuffer = lite.load_or_convert(model, small, graph_dir, self.meta.key if small == self.spec else None)
+        flatbuffer = lite.load_or_convert(model, small, graph_dir, self.meta.key if small == self._graph else None)
         if flatbuffer is None:
             return None
         return lite.LiteRunner(flatbuffer, self._threads())
@@ -312,7 +318,7 @@ class Encoder:
 
     def _int8_runner(self, model: ModelFiles, graph_dir: str) -> lite.LiteRunner:
         """LiteRT over the int8 model; a clear error where it cannot run."""
-        flatbuffer = lite.load_or_convert(model, self.spec, graph_dir, self.meta.key)
+        flatbuffer = lite.load_or_convert(model, self._graph, graph_dir, self.meta.key)
         if flatbuffer is None:
             raise ModelError(
                 "dtype int8: this model's graph does not convert to LiteRT's int8 form (see the warning above)"

@@ -11,6 +11,7 @@ option that changes the graph.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -50,6 +51,17 @@ class GraphSpec:
     dtype: str  # fp32, fp16, bf16, int8 (an fp32 graph whose LiteRT form has int8 weights)
     output_dtype: str  # float32, float16
     task: str = "embed"  # the head on the last layer in place of pooling (.tasks): rerank, classify, sparse
+
+
+def serving_graph(spec: GraphSpec) -> GraphSpec:
+    """The graph the encoder runs for ``spec``: without its closing L2 normalization, which
+    the encoder (:meth:`~.encoder.Encoder.encode`) and the server's sink (per request) apply
+    to its vectors, so that a request may have the vectors before the model's Normalize
+    module (TEI's ``normalize: false``). An exported graph keeps it (:mod:`.export`), and so
+    does a graph of token vectors (pooling NONE), each normalized in it."""
+    if spec.pooling_strategy is PoolingStrategy.NONE:
+        return spec
+    return dataclasses.replace(spec, normalize=False)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from multiprocessing.process import BaseProcess
 
 from ..config.model import ModelConfig, default_graph_dir
 from ..config.telemetry import Telemetry
-from .graph import GraphSpec, cache_key, load_or_build
+from .graph import GraphSpec, cache_key, load_or_build, serving_graph
 from .model_dir import inspect_model
 from .options import resolve
 
@@ -64,6 +64,7 @@ def missing_steps(requested: ModelConfig) -> list[str]:
 
     model = inspect_model(requested)
     config, spec = resolve(requested, model)
+    spec = serving_graph(spec)  # the graph the workers run
     graph_dir = config.graph_dir or default_graph_dir()
     key = cache_key(model, spec)
     steps = []
@@ -102,6 +103,7 @@ def run_steps(
     try:
         model = inspect_model(requested)
         config, spec = resolve(requested, model)
+        spec = serving_graph(spec)  # the graph the workers run
         graph_dir = config.graph_dir or default_graph_dir()
         key = None  # the graph's, once built here
         for step in steps:

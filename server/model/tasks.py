@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,12 +132,25 @@ def model_task(model_dir: str, requested: str | None) -> str:
         return "embed"
 
 
-def wrong_task(name: str, task: str, asked: str) -> str:
-    """The message for a request of task ``asked`` to the model ``name``, whose task is ``task``."""
-    return (
+def wrong_task(name: str, task: str, asked: str, served: Sequence[str] | None = None) -> str:
+    """The message for a request of task ``asked`` to the model ``name``, whose task is
+    ``task``; ``served``, when known, names the served models of ``asked``."""
+    message = (
         f"the model {name!r} is {TASK_NAMES[task]} (task {task}): it does not answer {asked} requests; "
-        f"send {task} requests to {TASK_ENDPOINTS[task]}, or {asked} requests to a model of that task"
+        f"send {task} requests to {TASK_ENDPOINTS[task]}"
     )
+    if served is None:
+        return f"{message}, or {asked} requests to a model of that task"
+    if not served:
+        return f"{message}; {served_with(asked, served)}"
+    return f"{message}; {served_with(asked, served)}: name one as the request's model"
+
+
+def served_with(task: str, names: Sequence[str]) -> str:
+    """``names``, the served models of ``task``, in words."""
+    if not names:
+        return f"no model served here has task {task}"
+    return f"the served models of task {task}: {', '.join(map(repr, names))}"
 
 
 def _architecture(raw: dict[str, Any]) -> str:

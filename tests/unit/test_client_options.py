@@ -78,6 +78,7 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
         prompt_name="query",
         truncation_direction="left",
         task="embed",
+        normalize=False,
     ).header(60_000)
     assert full == {
         "is_tokenized": False,
@@ -88,6 +89,7 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
         "prompt_name": "query",
         "truncation_direction": "left",
         "task": "embed",
+        "normalize": False,
     }
     assert set(full) - {"is_tokenized", "show_tokens"} == set(p.ENCODE_OPTIONS)  # the protocol's names
 

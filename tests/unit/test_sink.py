@@ -209,9 +209,9 @@ def test_dimensions_keep_the_first_k_renormalized_and_too_many_is_an_input_error
     sub = subscribed(harness, b"d")
     vectors = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
     for request_id, extra in (
-        (1, {"dimensions": 2, "renormalize": True}),
+        (1, {"dimensions": 2, "normalize": True}),
         (2, {"dimensions": 3}),
-        (3, {"dimensions": 5, "renormalize": True}),
+        (3, {"dimensions": 5, "normalize": True}),
     ):
         key = p.request_key(b"d", request_id)
         harness.register(key, b"d", request_id, 3, **extra)

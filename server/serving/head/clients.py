@@ -132,8 +132,9 @@ class Clients:
     def _model(self, request: p.Request, fmt: ReplyFormat) -> HeadModel | None:
         """The model ``request`` names (else the default one); ``None`` once refused for naming
         one this server does not serve."""
-        name = request.header.get("model")
-        model = self.head.models.get(name) if name is None or isinstance(name, str) else None
+        name, task = request.header.get("model"), request.header.get("task")
+        models = self.head.models
+        model = models.get(name, task if task in p.TASKS else None) if name is None or isinstance(name, str) else None
         if model is None:
             self._refuse(request, fmt, Refusal(self.head.models.unknown(name), p.UNKNOWN_MODEL))
         return model
@@ -148,7 +149,7 @@ class Clients:
 
     def _encode(self, request: p.Request, fmt: ReplyFormat, who: bytes, model: HeadModel) -> None:
         info = self.registry.model_info(model.name, model.version)
-        options = read_options(request.header, model.config, info, model.prompts, model.name)
+        options = read_options(request.header, model.config, info, model.prompts, model.name, self.head.models.of_task)
         refusal = options if isinstance(options, Refusal) else self._check_unread(request, model, who)
         if refusal is not None:
             return self._refuse(request, fmt, refusal, model.name)
@@ -172,7 +173,7 @@ class Clients:
             texts=texts,
             options=options,
             nbytes=nbytes,
-            renormalize=bool(info.get("normalize")),
+            normalize=options.normalizes(info),
         )
         if refusal is not None:
             return self._refuse(request, fmt, refusal, model.name)

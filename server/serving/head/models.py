@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,13 +71,17 @@ class HeadModel:
 class Models:
     """The served models by name, in the order given; the default one first unless named."""
 
-    def __init__(self, models: Sequence[HeadModel], default: str | None = None) -> None:
+    def __init__(
+        self, models: Sequence[HeadModel], default: str | None = None, task_defaults: Mapping[str, str] | None = None
+    ) -> None:
         if not models:
             raise ValueError("a head serves at least one model")
         self.by_name = {model.name: model for model in models}
         if len(self.by_name) != len(models):
             raise ValueError("two served models have the same name")
         self.default = self.by_name[default] if default is not None else models[0]
+        # A request of a task that names no model: the model of config.served.task_defaults
+        self.task_defaults = {task: self.by_name[name] for task, name in (task_defaults or {}).items()}
 
     @classmethod
     def single(cls, config: ServerConfig, scheduler: Scheduler, name: str = "", **options: Any) -> Models:
@@ -94,9 +98,20 @@ class Models:
     def names(self) -> list[str]:
         return list(self.by_name)
 
-    def get(self, name: str | None) -> HeadModel | None:
-        """The model called ``name`` (``None``: the default one); ``None`` if none is."""
-        return self.default if name is None else self.by_name.get(name)
+    def get(self, name: str | None, task: str | None = None) -> HeadModel | None:
+        """The model called ``name``; ``None`` if none is. Without a name, the default model of
+        ``task`` (a request's task: ``rerank``...), else the default one."""
+        if name is not None:
+            return self.by_name.get(name)
+        return self.task_defaults.get(task, self.default) if task is not None else self.default
+
+    def of_task(self, task: str) -> list[str]:
+        """The names of the served models of ``task``, as their files say."""
+        return [model.name for model in self if model_task(model.model_dir, model.config.model.task) == task]
+
+    def default_names(self) -> dict[str, str]:
+        """Each served task's default model, by name (CONFIG's ``default_models``)."""
+        return {task: model.name for task, model in self.task_defaults.items()}
 
     def unknown(self, name: object) -> str:
         """The error for a request that names no served model."""

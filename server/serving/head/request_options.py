@@ -9,6 +9,7 @@ deadline, its prompt, the side its inputs are cut on, and the dimensions the sin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,15 +33,29 @@ class EncodeOptions:
     dimensions: int | None  # keep the first k dimensions of each vector
     task: str = "embed"  # what the request asks of the model (its own task: checked)
     trace: str | None = None  # the caller's W3C traceparent, which the head's span continues
+    normalize: bool | None = None  # unit-length vectors or not; None: as the model's modules say
+
+    def normalizes(self, model: dict[str, Any]) -> bool:
+        """Whether the sink scales this request's vectors to unit length (``model``: what
+        the workers reported; the graph leaves a normalizing model's last step to the sink)."""
+        if model.get("token_level"):  # each token's vector is normalized in the graph, if at all
+            return False
+        return bool(model.get("normalize")) if self.normalize is None else self.normalize
 
 
 def read_options(
-    header: dict[str, Any], config: ServerConfig, model: dict[str, Any], prompts: Prompts, name: str = ""
+    header: dict[str, Any],
+    config: ServerConfig,
+    model: dict[str, Any],
+    prompts: Prompts,
+    name: str = "",
+    of_task: Callable[[str], list[str]] | None = None,
 ) -> EncodeOptions | Refusal:
     """The options ``header`` asks for, or the :class:`Refusal` of the first one at fault.
     ``model`` is what the workers reported (empty before the first is ready); ``name`` the
-    model's name, for the refusal of a request of another task than the model's."""
-    task = _task(header, config, model, name)
+    model's name and ``of_task`` the served models of a task, for the refusal of a request of
+    another task than the model's."""
+    task = _task(header, config, model, name, of_task)
     if isinstance(task, Refusal):
         return task
     is_tokenized, show_tokens = header.get("is_tokenized", False), header.get("show_tokens", False)
@@ -50,13 +65,9 @@ def read_options(
     chunk, refusal = chunking(header.get("long_inputs"), config.model.long_inputs, model)
     if refusal is not None:
         return refusal
-    timeout_s = config.request_timeout_ms / 1000
-    raw_timeout = header.get("timeout_ms")
-    if raw_timeout is not None:
-        if isinstance(raw_timeout, bool) or not isinstance(raw_timeout, (int, float)) or not raw_timeout > 0:
-            return Refusal(f"timeout_ms must be a number of milliseconds > 0, not {raw_timeout!r}")
-        if math.isfinite(raw_timeout):
-            timeout_s = min(timeout_s, raw_timeout / 1000)
+    timeout_s = _timeout(header.get("timeout_ms"), config)
+    if isinstance(timeout_s, Refusal):
+        return timeout_s
     prompt = _prompt(header.get("prompt_name"), is_tokenized, prompts)
     if isinstance(prompt, Refusal):
         return prompt
@@ -66,11 +77,40 @@ def read_options(
     dimensions = _dimensions(header.get("dimensions"), model, task)
     if isinstance(dimensions, Refusal):
         return dimensions
+    normalize = _normalize(header, model, task)
+    if isinstance(normalize, Refusal):
+        return normalize
     trace = header.get(p.TRACEPARENT_FIELD)
     if trace is not None and checked_traceparent(trace) is None:
         shown = repr(trace)[:80]
         return Refusal(f"traceparent must be a W3C traceparent, 00-<32 hex>-<16 hex>-<2 hex>, not {shown}", "protocol")
-    return EncodeOptions(is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions, task, trace)
+    return EncodeOptions(
+        is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions, task, trace, normalize
+    )
+
+
+def _timeout(raw: Any, config: ServerConfig) -> float | Refusal:
+    """The request's deadline in seconds from its arrival: the client's, at most the server's."""
+    timeout_s = config.request_timeout_ms / 1000
+    if raw is None:
+        return timeout_s
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw > 0:
+        return Refusal(f"timeout_ms must be a number of milliseconds > 0, not {raw!r}")
+    return min(timeout_s, raw / 1000) if math.isfinite(raw) else timeout_s
+
+
+def _normalize(header: dict[str, Any], model: dict[str, Any], task: str) -> bool | Refusal | None:
+    """Whether the request asks for unit-length vectors (None: as the model's modules say)."""
+    normalize = header.get("normalize")
+    if normalize is None:
+        return None
+    if not isinstance(normalize, bool):
+        return Refusal(f"normalize must be true or false, not {normalize!r}")
+    if task != "embed":
+        return Refusal(f"normalize applies to sentence vectors, not to a {task} model's scores")
+    if model.get("token_level"):
+        return Refusal("normalize applies to sentence vectors, not to a model's token vectors (pooling NONE)")
+    return normalize
 
 
 def _dimensions(dimensions: Any, model: dict[str, Any], task: str) -> int | Refusal | None:
@@ -88,14 +128,21 @@ def _dimensions(dimensions: Any, model: dict[str, Any], task: str) -> int | Refu
     return dimensions
 
 
-def _task(header: dict[str, Any], config: ServerConfig, model: dict[str, Any], name: str) -> str | Refusal:
+def _task(
+    header: dict[str, Any],
+    config: ServerConfig,
+    model: dict[str, Any],
+    name: str,
+    of_task: Callable[[str], list[str]] | None,
+) -> str | Refusal:
     """The task the request asks for (vectors unless it says), if it is the model's."""
     task = header.get("task", "embed")
     if task not in p.TASKS:
         return Refusal(f"task must be one of {', '.join(p.TASKS)}, not {task!r}")
     own = model.get("task") or model_task(config.model.model_dir, config.model.task)
     if task != own:
-        return Refusal(wrong_task(name or config.served_model_name or "", own, task), p.WRONG_TASK)
+        served = of_task(task) if of_task is not None else None
+        return Refusal(wrong_task(name or config.served_model_name or "", own, task, served), p.WRONG_TASK)
     return str(task)
 
 

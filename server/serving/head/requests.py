@@ -83,7 +83,7 @@ class Requests:
         texts: list[Any],
         options: EncodeOptions,
         nbytes: int,
-        renormalize: bool,
+        normalize: bool,
     ) -> Refusal | None:
         """Queue ``request`` (its ``texts``, checked) on ``model``, and tell the sink to expect
         it; a refusal if its queue cannot take it."""
@@ -110,7 +110,7 @@ class Requests:
                 format=fmt.name.decode(),
                 model=model.name,
                 dimensions=options.dimensions,
-                renormalize=renormalize and options.dimensions is not None,
+                normalize=normalize,
                 trace=trace,
             )
         except ValidationError as exc:

@@ -203,6 +203,7 @@ class Ventilator:
         answer.update(
             model_name=model.name,
             default_model=self.models.default.name,
+            default_models=self.models.default_names(),
             models=[model_summary(served, self.registry) for served in self.models],
         )
         return answer

@@ -33,7 +33,7 @@ from typing import Any
 import zmq
 
 from ... import metrics, tracing
-from ...config.served import ServedModel, default_model_name, served_models, share_cores
+from ...config.served import ServedModel, default_model_name, served_models, share_cores, task_defaults
 from ...config.server import ServerConfig
 from ...config.telemetry import Telemetry
 from ...errors import StartupError
@@ -197,7 +197,7 @@ class BertServer(ExitFlags):
     def _ventilator(
         self, context: zmq.Context, frontend: zmq.Socket, addresses: Addresses, keys: dict[str, Any]
     ) -> Ventilator:
-        models = Models([model.head for model in self.models.values()], self.default)
+        models = Models([model.head for model in self.models.values()], self.default, task_defaults(self.config))
         try:
             return Ventilator(self.served, context, frontend, addresses, models, **keys)
         except zmq.ZMQError as exc:  # the worker link's port, taken since it was checked

@@ -36,7 +36,7 @@ class Pending:
     version: int | None = None  # the model version its rows are computed with, pinned at admission
     format: formats.ReplyFormat = formats.NATIVE  # how its replies are laid out, chosen at admission
     dimensions: int | None = None  # keep the first k dimensions of each vector
-    renormalize: bool = False  # and scale them back to unit length (the model's output is normalized)
+    normalize: bool = False  # scale each vector (its dimensions kept) to unit length: the graph does not
     model: str = ""  # the served model it runs on: a label of its metrics
     filled: np.ndarray = field(init=False)
 
@@ -84,22 +84,22 @@ class Pending:
                 out[rows, : vectors.shape[1]] = vectors
             else:
                 out[rows] = vectors
-        return out if self.dimensions is None else self._cut(out)
+        out = out if self.dimensions is None else self._cut(out)
+        if self.normalize and out.ndim == 2:
+            rows = out.astype(np.float32)
+            rows /= np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-12)
+            out = rows.astype(out.dtype, copy=False)
+        return out
 
     def _cut(self, out: np.ndarray) -> np.ndarray:
-        """The first ``dimensions`` of each vector (Matryoshka), at unit length again where
-        the model's vectors were."""
+        """The first ``dimensions`` of each vector (Matryoshka)."""
         k = self.dimensions
         assert k is not None
         if k > out.shape[-1]:
             raise TooManyDimensions(
                 f"dimensions={k} is more than this model's {out.shape[-1]} dimensions: ask for 1 to {out.shape[-1]}"
             )
-        cut = np.ascontiguousarray(out[..., :k])
-        if self.renormalize:
-            norms = np.linalg.norm(cut.astype(np.float32), axis=-1, keepdims=True)
-            cut = (cut / np.maximum(norms, 1e-12)).astype(out.dtype)
-        return cut
+        return np.ascontiguousarray(out[..., :k])
 
 
 def row_counts(header: ResultHeader, rows: int) -> np.ndarray | None:

@@ -156,7 +156,7 @@ class Sink:
             version=message.version if message.version is not None else self.config.version_number,
             format=formats.named(message.format),
             dimensions=message.dimensions,
-            renormalize=message.renormalize,
+            normalize=message.normalize,
             model=message.model,
         )
         self.pending[key] = pending
