@@ -92,6 +92,15 @@ def _json_formatter() -> logging.Formatter:
     )
 
 
+def json_line(message: str, *, level: int = logging.INFO, role: str = "cli", **fields: Any) -> str:
+    """What the CLI prints itself (the ready line, an error), as ``--log-format json`` writes a
+    record of its logger ``bertserve.cli``, with ``fields`` added: one JSON object, one line."""
+    record = logging.LogRecord("bertserve.cli", level, __file__, 0, message, None, None)
+    record.__dict__.update(fields)
+    _Fields(role, None).filter(record)
+    return _json_formatter().format(record)
+
+
 def setup_logging(
     level: int = logging.INFO, *, json: bool = False, role: str = "cli", model: str | None = None
 ) -> None:

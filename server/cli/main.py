@@ -28,7 +28,7 @@ from ..config.server import ServerConfig
 from ..config.telemetry import Telemetry
 from ..dependencies import install_command, missing_server_requirements
 from ..errors import BertServeError
-from ..logs import quiet_native_logs, setup_logging
+from ..logs import json_line, quiet_native_logs, setup_logging
 from ..model.hardware import short_reason
 from .flag_help import add_flags, parse_args
 from .flags import (
@@ -41,7 +41,7 @@ from .flags import (
     telemetry_from_args,
     worker_options_from_args,
 )
-from .models_command import add_models_command
+from .models_command import add_model_dir_commands
 from .serving_flags import TELEMETRY_FLAGS
 
 logger = logging.getLogger("bertserve.cli")
@@ -70,9 +70,10 @@ def _cmd_start(args: argparse.Namespace) -> int:
 def _serve(config: ServerConfig, args: argparse.Namespace) -> int:
     from ..serving.process.supervisor import BertServer
 
-    server = BertServer(config, telemetry=telemetry_from_args(args))
+    telemetry = telemetry_from_args(args)
+    server = BertServer(config, telemetry=telemetry)
     server.install_signal_handlers()
-    server.run(on_ready=lambda info: announce_ready(config, info))
+    server.run(on_ready=lambda info: announce_ready(config, info, json_logs=telemetry.json_logs))
     return 0
 
 
@@ -91,10 +92,11 @@ def _output_text(info: dict[str, Any]) -> str:
     )
 
 
-def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
+def announce_ready(config: ServerConfig, info: dict[str, Any], *, json_logs: bool = False) -> None:
     """The one line on stdout that says the server serves (bold green on a terminal, to stand
     out among the log's green lines); scripts and tests wait for it. With several models,
-    ``info`` describes the default one."""
+    ``info`` describes the default one. With ``json_logs`` it is a JSON line like the log's,
+    its facts as fields of their own (:func:`ready_fields`)."""
     served = served_models(config)
     line = (
         f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
@@ -111,7 +113,30 @@ def announce_ready(config: ServerConfig, info: dict[str, Any]) -> None:
         line += f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}"
     if config.worker_port is not None:
         line += f", remote workers join on tcp://{config.bind}:{config.worker_port}"
-    print(paint(line, "green", sys.stdout, bold=True), flush=True)
+    if json_logs:
+        print(json_line(line, role=_ROLES["start"], **ready_fields(config, info)), flush=True)
+    else:
+        print(paint(line, "green", sys.stdout, bold=True), flush=True)
+
+
+def ready_fields(config: ServerConfig, info: dict[str, Any]) -> dict[str, Any]:
+    """The ready line's facts, as the fields of its JSON line (``event``: ``ready``)."""
+    served = served_models(config)
+    return {
+        "event": "ready",
+        "version": __version__,
+        "address": f"tcp://{config.bind}:{config.port}",
+        "port": config.port,
+        "port_out": config.port_out,
+        "workers": sum(entry.config.num_worker for entry in served),
+        "models": [entry.name for entry in served],
+        "default_model": served[0].name,
+        "model_dir": model_text(config, info),
+        **{key: info.get(key) for key in ("task", "output_dim", "pooling_strategy", "pooling_layer", "dtype")},
+        "http": f"http://{config.http_bind or config.bind}:{config.http_port}" if config.http_port else None,
+        "http_port": config.http_port,
+        "worker_port": config.worker_port,
+    }
 
 
 def _workers_text(count: int) -> str:
@@ -164,26 +189,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _cmd_manifest(args: argparse.Namespace) -> int:
-    from ..model.checksum import manifest_problems, write_manifest
-
-    if not os.path.isdir(args.directory):
-        raise BertServeError(f"{args.directory} is not a directory")
-    if not args.check:
-        path, count = write_manifest(args.directory)
-        print(f"wrote {path}: {count} files", file=sys.stderr)
-        return 0
-    try:
-        problems = manifest_problems(args.directory)
-    except FileNotFoundError:
-        raise BertServeError(f"{args.directory} has no manifest: write one with `bertserve manifest DIR`") from None
-    for problem in problems:
-        print_status("error", problem)
-    if not problems:
-        print(f"{args.directory}: every file matches its manifest", file=sys.stderr)
-    return 1 if problems else 0
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
@@ -312,15 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(export, MODEL_FLAGS, docs="docs/server.md")
     export.set_defaults(run=_cmd_export)
 
-    manifest = commands.add_parser(
-        "manifest",
-        help="write DIR/bertserve.sha256 (sha256 of every model file), or --check a copy against it",
-        formatter_class=HelpFormatter,
-    )
-    manifest.add_argument("directory", help="a model directory")
-    manifest.add_argument("--check", action="store_true", help="check the files against the manifest instead")
-    manifest.set_defaults(run=_cmd_manifest)
-    add_models_command(commands)
+    add_model_dir_commands(commands)
     return parser
 
 
@@ -348,40 +345,42 @@ def _check_server_requirements(command: str) -> None:
         )
 
 
-def _say(kind: str, message: str, json_logs: bool) -> None:
+def _say(kind: str, message: str, json_role: str | None) -> None:
     """A warning or an error of the command: ``bertserve: error: ...`` on stderr, or with
-    ``--log-format json`` a log line like every other."""
-    if json_logs:
-        logger.log(logging.ERROR if kind == "error" else logging.WARNING, message)
+    ``--log-format json`` a JSON line like the log's, of the process's role (``json_role``)."""
+    if json_role is not None:
+        level = logging.ERROR if kind == "error" else logging.WARNING
+        print(json_line(message, level=level, role=json_role), file=sys.stderr, flush=True)
     else:
         print_status(kind, message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    json_logs = False
+    json_role = None  # with --log-format json, the role its JSON lines name
     try:
         args = parse_args(build_parser(), argv)
-        if args.command in SERVER_COMMANDS:
+        if args.command in SERVER_COMMANDS:  # said in words: the JSON writer may be what is missing
             _check_server_requirements(args.command)
+        if getattr(args, "log_format", "text") == "json":
+            json_role = _ROLES[args.command]
         # Only start and worker log for a server's processes and trace: a client command reads no OTEL_* variable.
         telemetry = (
             telemetry_from_args(args)
             if args.command in _ROLES
             else Telemetry(logging.DEBUG if args.verbose else logging.INFO)
         )
-        json_logs = telemetry.json_logs
-        setup_logging(telemetry.level, json=json_logs, role=_ROLES.get(args.command, "cli"))
+        setup_logging(telemetry.level, json=telemetry.json_logs, role=_ROLES.get(args.command, "cli"))
         quiet_native_logs(args.verbose)  # before anything imports TensorFlow, here or in a worker
         with warnings.catch_warnings():
             # "bertserve: warning: ...", not a source line
-            warnings.showwarning = lambda message, *_, **__: _say("warning", str(message), json_logs)
+            warnings.showwarning = lambda message, *_, **__: _say("warning", str(message), json_role)
             return int(args.run(args))
     except ImportError as exc:  # a server package gone since the check, or there but broken
         missing = missing_server_requirements()
-        _say("error", f"{exc}; install them with: {install_command(missing)}" if missing else str(exc), json_logs)
+        _say("error", f"{exc}; install them with: {install_command(missing)}" if missing else str(exc), json_role)
         return 2
     except (BertServeError, ValueError, TypeError, OSError) as exc:
-        _say("error", str(exc), json_logs)
+        _say("error", str(exc), json_role)
         return 2
     except KeyboardInterrupt:
         return 130

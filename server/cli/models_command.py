@@ -1,22 +1,37 @@
-"""``bertserve models``: the models on this machine (:mod:`..model.found`), one a line as
+"""The commands about the model directories of this machine, which need no server and no
+TensorFlow: ``bertserve manifest`` writes or checks a directory's sha256 manifest, and
+``bertserve models`` lists the models found here (:mod:`..model.found`), one a line as
 ``NAME  TASK  PATH`` in aligned columns, or with ``--json`` one JSON list. It reads the
-models' JSON files only, so it answers at once and without TensorFlow."""
+models' JSON files only, so it answers at once."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from typing import Any
 
 from bertserve.client.cli import HelpFormatter
 from bertserve.client.terminal import print_status
 
+from ..errors import BertServeError
 from ..model.default import DEFAULT_MODEL_INSTALL
 from ..model.found import FoundModel, find_models
 
 
-def add_models_command(commands: Any) -> None:
-    """``bertserve models [DIR ...] [--json]`` on an ``add_subparsers()`` object."""
+def add_model_dir_commands(commands: Any) -> None:
+    """``bertserve manifest DIR [--check]`` and ``bertserve models [DIR ...] [--json]`` on an
+    ``add_subparsers()`` object."""
+    manifest = commands.add_parser(
+        "manifest",
+        help="write DIR/bertserve.sha256 (sha256 of every model file), or --check a copy against it",
+        formatter_class=HelpFormatter,
+    )
+    manifest.add_argument("directory", help="a model directory")
+    manifest.add_argument("--check", action="store_true", help="check the files against the manifest instead")
+    manifest.set_defaults(run=_cmd_manifest)
+
     models = commands.add_parser(
         "models",
         help="list the models found on this machine: their names, tasks and directories",
@@ -34,6 +49,26 @@ def add_models_command(commands: Any) -> None:
     )
     models.add_argument("--json", action="store_true", help="write one JSON list of the models, with their families")
     models.set_defaults(run=_cmd_models)
+
+
+def _cmd_manifest(args: argparse.Namespace) -> int:
+    from ..model.checksum import manifest_problems, write_manifest
+
+    if not os.path.isdir(args.directory):
+        raise BertServeError(f"{args.directory} is not a directory")
+    if not args.check:
+        path, count = write_manifest(args.directory)
+        print(f"wrote {path}: {count} files", file=sys.stderr)
+        return 0
+    try:
+        problems = manifest_problems(args.directory)
+    except FileNotFoundError:
+        raise BertServeError(f"{args.directory} has no manifest: write one with `bertserve manifest DIR`") from None
+    for problem in problems:
+        print_status("error", problem)
+    if not problems:
+        print(f"{args.directory}: every file matches its manifest", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

@@ -20,7 +20,14 @@ import httpx
 import pytest
 import zmq
 from bertserve.client import BertClient, protocol as p
-from bertserve.server.testing.launcher import RunningServer, free_port, start_head, start_server, start_worker_host
+from bertserve.server.testing.launcher import (
+    RunningServer,
+    ServerStartError,
+    free_port,
+    start_head,
+    start_server,
+    start_worker_host,
+)
 from bertserve.server.testing.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
 
 pytestmark = pytest.mark.timeout(180)
@@ -65,10 +72,22 @@ def served(receiver: tuple[Receiver, str], tiny_google: str) -> Iterator[tuple[R
         "--cors-allow-origin",
         ORIGIN,
         env={**FAST_EXPORT, "BERTSERVE_API_KEY": KEY},
-        timeout=60,
+        expect_ready=False,
     )
+    server.is_ready_line = _json_ready_line  # long before the ready line, which takes seconds
+    try:
+        server.wait_ready(60)
+    except ServerStartError:
+        server.terminate()
+        server.wait_stopped()
+        raise
     yield server, http_port
     server.stop()
+
+
+def _json_ready_line(line: str) -> bool:
+    """With ``--log-format json`` the ready line is a JSON line too, its ``event`` ``ready``."""
+    return line.startswith("{") and json.loads(line).get("event") == "ready"
 
 
 def _post(port: int, body: dict[str, Any], trace_id: str, parent_id: str = "00f067aa0ba902b7") -> httpx.Response:

@@ -15,11 +15,20 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from bertserve.server import BertServeError
 from bertserve.server.cli import main as cli
 from bertserve.server.model import found
-from conftest import minilm_dir
+from bertserve.server.model.default import default_model_dir
 
 TASKS = Path(__file__).resolve().parent.parent / "data" / "tasks"
+
+
+def minilm_dir() -> str | None:
+    """The installed all-MiniLM-L6-v2, or None."""
+    try:
+        return default_model_dir()
+    except BertServeError:
+        return None
 
 
 @pytest.fixture(autouse=True)
