@@ -23,6 +23,8 @@ class Advice:
     ``max_seq_len`` names the server's option; ``server_elsewhere`` says how to reach a
     server on another host or port. ``input`` is what one input is called, and
     ``line_numbers`` (if given) the number of each input, else its index names it.
+    ``flags`` says whether the reader names the client's options as a command's flags
+    (``--port-out``) or as keyword arguments (``port_out``); ``None``: as ``max_seq_len`` does.
     """
 
     chunk: str
@@ -32,6 +34,12 @@ class Advice:
     server_elsewhere: str
     input: str = "text"
     line_numbers: Sequence[int] | None = None
+    flags: bool | None = None
+
+    def option(self, name: str) -> str:
+        """The client's option ``name`` (``port_out``), as the reader names it (``--port-out``)."""
+        flags = self.max_seq_len.startswith("--") if self.flags is None else self.flags
+        return f"--{name.replace('_', '-')}" if flags else name
 
     def name(self, index: int) -> str:
         """How the message names the input at ``index``: ``texts[3]``, or ``line 4``."""

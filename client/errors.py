@@ -4,8 +4,10 @@
     ├── ServerTimeoutError (TimeoutError)    no answer within the timeout: the server is down,
     │   │                                    not ready, or went away in the middle of a request
     │   └── NoServerError                    no server answered the client's first request: on this
-    │                                        machine, nothing listens at the address (said within
-    │                                        a second); elsewhere, nothing answered within the timeout
+    │       │                                machine, nothing listens at the address (said within
+    │       │                                a second); elsewhere, nothing answered within the timeout
+    │       └── WrongReplyPortError          the server runs, but port_out is not its reply port, so
+    │                                        its answer went elsewhere (also a WrongPortError)
     ├── ServerError                          the server answered with an error (``.kind``, ``.message``)
     │   ├── ServerBusyError                  the server's queues are full: it refused the request (kind "busy")
     │   └── UnknownModelError                the request named a model the server does not serve (kind "model");
@@ -122,6 +124,36 @@ class WrongPortError(BertClientError):
     def __init__(self, message: str, *, address: str | None = None) -> None:
         super().__init__(message)
         self.address = address
+
+
+class WrongReplyPortError(NoServerError, WrongPortError):
+    """A bertserve server answers at the client's request port, but ``port_out`` is not its
+    reply port, so its answers go where the client does not listen.
+
+    ``address`` is the server's, ``port_out`` the port the client was given, and ``found``
+    says what answers there instead (``nothing listens there``, an HTTP server...). It is a
+    :class:`NoServerError` (no answer came), and a :class:`WrongPortError`. The message says
+    where to find the server's reply port; :meth:`advise` says it in other words.
+    """
+
+    def __init__(self, address: str, *, port: int, port_out: int, timeout_ms: float, found: str) -> None:
+        self.port = port
+        self.found = found
+        super().__init__(address, port_out=port_out, timeout_ms=timeout_ms, refused=False)
+
+    def advise(self, advice: Advice) -> str:
+        """The message, its advice in the words of ``advice``."""
+        address, port_out, _ = self._where
+        option, port = advice.option("port_out"), advice.option("port")
+        if port_out != self.port + 1:
+            default = f"by default {port} + 1 ({self.port + 1})"
+        else:
+            default = f"{port} + 1 by default, another since the server was started with --port-out"
+        return (
+            f"the bertserve server at {address} is running, but {option} {port_out} is not its reply port: "
+            f"{self.found}. Set {option} to the server's reply port, which its ready line names "
+            f'("results on port N"): {default}'
+        )
 
 
 class ProtocolVersionError(BertClientError):

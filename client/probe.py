@@ -233,6 +233,11 @@ class PeerProbe:
         if stream is not None:
             stream.close(linger=0)
 
+    @property
+    def connected(self) -> bool:
+        """Whether anything accepted the connection."""
+        return self._id is not None
+
     def _read(self, now: float) -> None:
         assert self._stream is not None
         while len(self._heard) < _MOST_HEARD and self._stream.poll(0):  # a peer that streams is heard so far only

@@ -26,6 +26,7 @@ from ..core.options import model_field
 from ..core.results import answer
 from ..errors import BertClientError, ClientClosedError
 from ..protocol import CONFIG, ENCODE, ProtocolError, Reply
+from ..reply_port import ReplyPortCheck
 from .transport import AsyncTransport
 
 logger = logging.getLogger("bertserve.client")
@@ -108,11 +109,12 @@ class AsyncConnection:
         :data:`~bertserve.client.core.handshake.RESEND_S` until an answer comes through (the
         subscription takes a moment to reach the server)."""
         handshake = self.core.handshake(time.monotonic())
+        reply_port = ReplyPortCheck(self.core.options.host, transport.address, transport.address_out)
         asked: dict[int, asyncio.Future[Reply]] = {}
         try:
             while True:
                 now = time.monotonic()
-                until = handshake.wait_until(now, transport.refusal)
+                until = handshake.wait_until(now, transport.refusal, reply_port)
                 request_id, future = transport.expect()
                 asked[request_id] = future
                 frames = self.core.frames(handshake.command, request_id, handshake.header)
@@ -120,8 +122,10 @@ class AsyncConnection:
                 done, _ = await asyncio.wait(asked.values(), timeout=until - now, return_when=asyncio.FIRST_COMPLETED)
                 if done:
                     return self.core.connected(handshake, done.pop().result())
-                handshake.unanswered(time.monotonic(), transport.refusal(certain_only=True), transport.nobody_listens)
+                refusal = transport.refusal(certain_only=True)
+                handshake.unanswered(time.monotonic(), refusal, transport.nobody_listens, reply_port)
         finally:
+            reply_port.close()
             transport.stop_probing()
             for request_id in asked:
                 transport.forget(request_id)  # a late answer to one of them is dropped

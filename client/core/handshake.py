@@ -9,7 +9,11 @@ this machine that is not running raises :class:`NoServerError` within a second, 
 server that does not answer the handshake within the timeout. A handshake that CURVE refused
 raises :class:`AuthenticationError`, at once if retrying cannot mend it; one that failed because
 something other than a bertserve server answers (its HTTP port, say) raises
-:class:`WrongPortError` within a second or two.
+:class:`WrongPortError` within a second or two. A server that answers at the request port
+while nothing, or something else, answers at ``port_out``
+(:class:`~bertserve.client.reply_port.ReplyPortCheck`) raises :class:`WrongReplyPortError`:
+within a second or two if something else answers there, two or three if nothing does, and
+at the latest at the timeout.
 
 :class:`Handshake` decides; the drivers (``sync/connection.py``, ``aio/client.py``) send, wait
 and tell it what they saw.
@@ -23,8 +27,9 @@ from typing import Any
 
 from .._version import __version__
 from ..advice import PYTHON, Advice
-from ..errors import BertClientError, NoServerError, ProtocolVersionError
+from ..errors import BertClientError, NoServerError, ProtocolVersionError, WrongPortError, WrongReplyPortError
 from ..protocol import CONFIG, PROTOCOL_VERSION, Reply
+from ..reply_port import ReplyPortCheck
 from .options import model_field
 from .results import answer
 
@@ -47,18 +52,34 @@ class Handshake:
         self.started = now
         self.deadline = now + timeout_ms / 1000
 
-    def wait_until(self, now: float, refusal: Callable[[], BertClientError | None]) -> float:
+    def wait_until(
+        self, now: float, refusal: Callable[[], BertClientError | None], reply_port: ReplyPortCheck | None = None
+    ) -> float:
         """Until when to wait for an answer to the asking sent ``now``; at the deadline, raise
-        the failed handshake ``refusal()`` tells of, or else :class:`NoServerError`."""
+        the failed handshake ``refusal()`` tells of, or what ``reply_port`` found at the client's
+        reply port, or else :class:`NoServerError`."""
         if now >= self.deadline:
-            raise refusal() or self.no_server(refused=False)
+            found = reply_port.final() if reply_port is not None else None
+            failed = refusal()
+            if found is not None and (failed is None or self._at_reply_port(failed)):
+                raise self.wrong_reply_port(found)
+            raise failed or self.no_server(refused=False)
         return min(self.deadline, now + RESEND_S)
 
-    def unanswered(self, now: float, refusal: BertClientError | None, nobody_listens: Callable[[float], bool]) -> None:
+    def unanswered(
+        self,
+        now: float,
+        refusal: BertClientError | None,
+        nobody_listens: Callable[[float], bool],
+        reply_port: ReplyPortCheck | None = None,
+    ) -> None:
         """A wait ended ``now`` with no answer: raise if waiting on cannot help, that is if the
-        handshake was ``refusal`` for good, or ``nobody_listens`` after the time waited."""
-        if refusal is not None:
-            raise refusal
+        handshake was ``refusal`` for good, or ``nobody_listens`` after the time waited, or a
+        server answers while ``reply_port`` found something else at the client's reply port."""
+        if reply_port is not None and (found := reply_port.look(now - self.started)) is not None:
+            raise self.wrong_reply_port(found)
+        if refusal is not None and not (self._at_reply_port(refusal) and reply_port and reply_port.deciding):
+            raise refusal  # (what answers at the reply port is said once it is known whether a server runs)
         if nobody_listens(now - self.started):  # on this machine, said within a second
             raise self.no_server(refused=True)
 
@@ -75,6 +96,17 @@ class Handshake:
     def no_server(self, *, refused: bool) -> NoServerError:
         """The error for a handshake nobody answered (``refused``: as nothing listens)."""
         return NoServerError(self.address, port_out=self.port_out, timeout_ms=self.timeout_ms, refused=refused)
+
+    def wrong_reply_port(self, found: str) -> WrongReplyPortError:
+        """The error for a server that runs while ``found`` answers at the client's reply port."""
+        port = int(self.address.rsplit(":", 1)[1])
+        return WrongReplyPortError(
+            self.address, port=port, port_out=self.port_out, timeout_ms=self.timeout_ms, found=found
+        )
+
+    def _at_reply_port(self, failed: BertClientError) -> bool:
+        """Whether ``failed`` names what answers at the client's reply port, not at the server's address."""
+        return isinstance(failed, WrongPortError) and failed.address != self.address
 
 
 def check_server(config: dict[str, Any], address: str, *, stacklevel: int, advice: Advice = PYTHON) -> None:

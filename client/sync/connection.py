@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 from ..core.base import ClientCore
 from ..core.handshake import Handshake
-from ..core.options import EncodeOptions, model_field
+from ..core.options import EncodeOptions, model_field, tcp_address
 from ..core.results import EncodeResult, answer, encode_result
 from ..errors import BertClientError
 from ..protocol import CONFIG, ENCODE, Reply
+from ..reply_port import ReplyPortCheck
 from .transport import Transport
 
 
@@ -55,26 +56,29 @@ class Connection:
         """Ask for the config of the client's model, re-asking until the subscription has
         reached the server's PUB socket and an answer comes through."""
         handshake = self.core.handshake(time.monotonic())
+        options = self.core.options
+        reply_port = ReplyPortCheck(options.host, self.transport.address, tcp_address(options.host, options.port_out))
         try:
-            reply = self._first_answer(handshake)
+            reply = self._first_answer(handshake, reply_port)
         finally:
+            reply_port.close()
             self.transport.stop_probing()
         config = self.core.connected(handshake, reply)
         self.transport.window.fit(config)  # as many requests in flight as the server queues replies
         return config
 
-    def _first_answer(self, handshake: Handshake) -> Reply:
+    def _first_answer(self, handshake: Handshake, reply_port: ReplyPortCheck) -> Reply:
         asked: set[int] = set()
         try:
             while True:
-                until = handshake.wait_until(time.monotonic(), self.transport.refusal)
+                until = handshake.wait_until(time.monotonic(), self.transport.refusal, reply_port)
                 asked.add(self.request(handshake.command, handshake.deadline, header=handshake.header))
                 reply = self.transport.await_any(asked, until)
                 if reply is not None:
                     asked.discard(reply.request_id)
                     return reply
                 refusal = self.transport.refusal(certain_only=True)
-                handshake.unanswered(time.monotonic(), refusal, self.transport.nobody_listens)
+                handshake.unanswered(time.monotonic(), refusal, self.transport.nobody_listens, reply_port)
         finally:
             self.transport.give_up(asked)  # the other askings: a late answer to one is dropped
 

@@ -1,7 +1,10 @@
 """A client pointed at the wrong port says what answers there, through the real clients and
 ``bertserve status``: a bertserve server's HTTP port, its reply port, any HTTP server, and
 (with CURVE keys) a plain server's reply port each raise ``WrongPortError`` within a couple
-of seconds; a CURVE server reached without keys still says that it requires CURVE."""
+of seconds; a CURVE server reached without keys still says that it requires CURVE. With the
+request port right and only ``port_out`` wrong (nothing there, a silent TCP listener, an
+HTTP server), the error says that the server runs and how to find its reply port, within a
+few seconds, and is both a ``NoServerError`` and a ``WrongPortError``."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Any
 
 import pytest
 from bertserve.client import AsyncBertClient, AuthenticationError, BertClient, ConcurrentBertClient
-from bertserve.client.errors import WrongPortError
+from bertserve.client.errors import NoServerError, WrongPortError, WrongReplyPortError
 from bertserve.client.security import keygen
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import pythonpath_env
@@ -47,6 +50,27 @@ def named_reply_port(port: int) -> str:
     )
 
 
+def wrong_port_out(port: int, port_out: int, found: str, *, flags: bool = False) -> str:
+    """The message for a server that runs at ``port`` while ``found`` answers at ``port_out``;
+    with ``flags``, in ``bertserve``'s words."""
+    option, request = ("--port-out", "--port") if flags else ("port_out", "port")
+    default = f"by default {request} + 1 ({port + 1})"
+    if port_out == port + 1:
+        default = f"{request} + 1 by default, another since the server was started with --port-out"
+    return (
+        f"the bertserve server at {address(port)} is running, but {option} {port_out} is not its reply port: "
+        f"{found}. Set {option} to the server's reply port, which its ready line names "
+        f'("results on port N"): {default}'
+    )
+
+
+NOTHING = "nothing listens there"
+SILENT = "something listens there but says nothing, as no ZeroMQ socket does"
+HTTP_501 = (
+    "an HTTP server answers there (HTTP/1.0 501 Unsupported method ('HEAD')), as a bertserve server's --http-port does"
+)
+
+
 class Served:
     def __init__(self, running: RunningServer, http_port: int) -> None:
         self.running = running
@@ -54,7 +78,7 @@ class Served:
         # A wrong port's own port + 1 may be another of this server's ports, which the client
         # would name first: each test names the reply port it means, the right one or a port
         # nobody listens on.
-        taken = (self.port, self.port_out, http_port)
+        taken = (self.port, self.port_out, http_port, self.port + 1)  # port + 1: the default port_out
         self.nowhere = next(port for port in iter(free_port, None) if port not in taken)
 
 
@@ -178,3 +202,74 @@ def test_bertserve_status_at_the_http_port(served: Served, bertserve_main: Calla
     line = result.stderr.removeprefix("bertserve: error: ")
     assert line != result.stderr and line.endswith("\n") and line.count("\n") == 1
     assert re.match(named_http(served.http_port), line.rstrip("\n")), result.stderr
+
+
+# -- the request port right, port_out wrong -----------------------------------------------------
+
+
+def _wrong_port_out(error: Exception, served: Served, port_out: int, found: str) -> None:
+    assert isinstance(error, WrongReplyPortError), repr(error)
+    assert isinstance(error, NoServerError) and isinstance(error, WrongPortError)  # as caught before
+    assert str(error) == wrong_port_out(served.port, port_out, found)
+    assert error.address == address(served.port) and error.port_out == port_out and not error.refused
+
+
+def test_port_out_where_nothing_listens_says_the_server_runs(served: Served, no_leaked_contexts: None) -> None:
+    error, _ = raised(lambda: BertClient("127.0.0.1", served.port, served.nowhere, timeout=TIMEOUT_MS))
+    _wrong_port_out(error, served, served.nowhere, NOTHING)
+    assert "bertserve start" not in str(error)
+
+
+def test_port_out_at_a_silent_listener_says_the_server_runs(
+    served: Served, listener: int, no_leaked_contexts: None
+) -> None:
+    error, _ = raised(lambda: BertClient("127.0.0.1", served.port, listener, timeout=TIMEOUT_MS))
+    _wrong_port_out(error, served, listener, SILENT)
+
+
+def test_port_out_at_an_http_server_says_the_server_runs(
+    served: Served, http_server: int, no_leaked_contexts: None
+) -> None:
+    error, _ = raised(lambda: BertClient("127.0.0.1", served.port, http_server, timeout=TIMEOUT_MS))
+    _wrong_port_out(error, served, http_server, HTTP_501)
+
+
+def test_port_out_at_this_servers_http_port_is_named(served: Served) -> None:
+    error, _ = raised(lambda: BertClient("127.0.0.1", served.port, served.http_port, timeout=TIMEOUT_MS))
+    assert isinstance(error, WrongReplyPortError)
+    assert re.match(
+        re.escape(f"the bertserve server at {address(served.port)} is running, but port_out {served.http_port} ")
+        + r"is not its reply port: an HTTP server answers there \(HTTP/1\.1 \d{3} [^)]+\), ",
+        str(error),
+    ), str(error)
+
+
+def test_the_async_client_and_the_pool_say_it_too(served: Served) -> None:
+    async def connect() -> None:
+        async with AsyncBertClient("127.0.0.1", served.port, served.nowhere, timeout=TIMEOUT_MS):
+            pass
+
+    error, _ = raised(lambda: asyncio.run(connect()))
+    _wrong_port_out(error, served, served.nowhere, NOTHING)
+
+    with ConcurrentBertClient(host="127.0.0.1", port=served.port, port_out=served.nowhere, timeout=TIMEOUT_MS) as pool:
+        error, _ = raised(lambda: pool.encode(["hello"]))
+    _wrong_port_out(error, served, served.nowhere, NOTHING)
+
+
+def test_a_timeout_shorter_than_the_look_still_says_the_server_runs(served: Served) -> None:
+    # Nothing has been refused for long enough by the deadline: what was seen by then is said.
+    error, took = raised(lambda: BertClient("127.0.0.1", served.port, served.nowhere, timeout=1000))
+    assert took >= 0.9
+    _wrong_port_out(error, served, served.nowhere, NOTHING)
+
+
+@pytest.mark.parametrize("command", ["status", "encode"])
+def test_bertserve_at_a_wrong_port_out(served: Served, bertserve_main: Callable[..., Any], command: str) -> None:
+    ports = ("--port", str(served.port), "--port-out", str(served.nowhere))
+    started = time.monotonic()
+    result = bertserve_main(command, "--host", "127.0.0.1", *ports, "--timeout", "10000", stdin="hello\n")
+    assert time.monotonic() - started < TIMEOUT_MS / 1000 / 2
+    assert result.returncode == 1 and result.stdout == ""
+    expected = wrong_port_out(served.port, served.nowhere, NOTHING, flags=True)
+    assert result.stderr == f"bertserve: error: {expected}\n"
