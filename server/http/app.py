@@ -19,7 +19,6 @@ they work on a machine without internet access.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -40,16 +39,14 @@ from .disconnects import ClientGone, unless_disconnected
 from .front import caller
 from .gateway import FrameTooLarge, Gateway, GatewayError
 from .layers import add_layers
-from .lengths import check_text_limits, explain_bounded, first_over_long, tokens_answered
-from .options import Asked, asked, checked_prompt_name, direction, prompt_text
+from .lengths import check_text_limits, first_over_long, over_long
+from .options import Asked, asked, prompt_text
 from .schemas import (
     CLIENT_CLOSED,
     STATUS_OF_KIND,
     EmbeddingRequest,
-    EmbedRequest,
     EncodeRequest,
     HTTPError,
-    TokenizeRequest,
     checked_texts,
     chunked_count,
     error_response,
@@ -58,6 +55,7 @@ from .schemas import (
 )
 from .settings import Settings
 from .tasks import TaskEndpoints
+from .tei import TEIEndpoints, not_json
 from .turns import Tokenizing
 
 DOCS_ASSETS = "/docs/assets"
@@ -67,6 +65,7 @@ DOCS_ASSETS = "/docs/assets"
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
     api = Endpoints(settings)
     tasks = TaskEndpoints(api)
+    tei = TEIEndpoints(api, tasks)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -93,11 +92,24 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
             api.models,
             "The served models, the default first (OpenAI-compatible), with their prompts",
         ),
-        ("POST", "/embed", api.embed, "Text Embeddings Inference-compatible embeddings"),
+        (
+            "POST",
+            "/",
+            tei.root,
+            "Text Embeddings Inference's root: /embed, /rerank, /predict or /embed_sparse, by task",
+        ),
+        (
+            "POST",
+            "/invocations",
+            tei.root,
+            "The root's answer, at SageMaker's path, as Text Embeddings Inference has it",
+        ),
+        ("POST", "/embed", tei.embed, "Text Embeddings Inference-compatible embeddings"),
+        ("POST", "/similarity", tei.similarity, "Text Embeddings Inference-compatible sentence similarity (cosines)"),
         (
             "POST",
             "/tokenize",
-            api.tokenize,
+            tei.tokenize,
             "Text Embeddings Inference-compatible tokenization, with the model's tokenizer",
         ),
         ("POST", "/encode", api.encode_legacy, "bert-as-service-compatible encoding"),
@@ -124,8 +136,13 @@ async def _http_error(request: Request, exc: HTTPError) -> Response:
 
 async def _invalid(request: Request, exc: RequestValidationError) -> Response:
     """The first problem, by where it is and what pydantic says of it: never the input it
-    quotes (``input``, ``ctx``), which may be as large as the body."""
+    quotes (``input``, ``ctx``), which may be as large as the body. A body that is not JSON
+    is a 400 that says what the parser said, and where."""
     first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        loc = first.get("loc", ())
+        parser = str((first.get("ctx") or {}).get("error", "JSON decode error"))
+        return error_response(request.url.path, not_json(parser, loc[1] if len(loc) > 1 else None))
     where = ".".join(str(part) for part in first.get("loc", ())[1:] if part != "body") or "body"
     message = f"{where}: {first.get('msg', 'invalid request')}"
     return error_response(request.url.path, HTTPError(422, message, param=where))
@@ -256,6 +273,7 @@ class Endpoints:
         types = compact.requested(body.embedding_types) or ("float",)
         options = asked(body, info)
         self.bounds.request(model, info, texts, options, compact.json_value_bytes(types, body.encoding_format))
+        truncated = await self.cut_or_refused(request, model, info, texts, options, body.truncate, is_tokenized)
         reply = await self.encode(request, model, texts, options, is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
@@ -279,44 +297,50 @@ class Endpoints:
                 "model": named,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                 "chunked_inputs": chunked_count(reply),
+                "truncated_inputs": truncated,
             },
             reply,
+            truncated=truncated,
         )
 
     async def models(self) -> Response:
         return json_response({"object": "list", "data": await self.catalog.listed()})
 
-    async def embed(self, body: EmbedRequest, request: Request) -> Response:
-        model = self.catalog.pick(body.model, "embed")
-        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        texts = self.within_limits(checked_texts(texts, "inputs"), "inputs")
-        await self.ready_or_503()
-        info = await self.catalog.info(model)
-        if info.get("token_level"):
+    async def cut_or_refused(
+        self,
+        request: Request,
+        model: ModelSettings,
+        info: dict[str, Any],
+        texts: list[Any],
+        options: Asked,
+        truncate: bool | None,
+        is_tokenized: bool,
+    ) -> int:
+        """How many of ``texts`` (``/v1/embeddings``'s) the model will cut to its length; 413
+        for the first, unless the request lets it cut them: with ``truncate``, or
+        ``long_inputs=truncate``, or on a server started with ``--auto-truncate``. Inputs
+        encoded in windows (``long_inputs=chunk``) are not cut."""
+        if options.long_inputs == "chunk" or (options.long_inputs is None and info.get("long_inputs") == "chunk"):
+            return 0
+        allowed = options.long_inputs == "truncate" or (self.settings.auto_truncate if truncate is None else truncate)
+        tokenizer = model.tokenizer
+        if is_tokenized:
+            room = tokenizer.max_len - tokenizer.num_special_tokens()
+            over = [i for i, tokens in enumerate(texts) if len(tokens) > room]
+        else:
+            prompt = prompt_text(options.prompt_name, info)
+            prompted = apply_prompt(texts, prompt) if prompt else texts
+            over = await self.tokenized(request, over_long, tokenizer, prompted, first=not allowed)
+        if over and not allowed:
             raise HTTPError(
-                422, f"the model {model.name!r} returns one vector per token (pooling NONE); /embed needs one per input"
+                413,
+                f"input[{over[0]}] is longer than the {tokenizer.max_len} tokens the model {model.name!r} takes; "
+                "ask for truncation with truncate=true (the answer's truncated_inputs counts the inputs cut), "
+                "or long_inputs=chunk to encode it whole in windows",
+                param="input",
+                code="context_length_exceeded",
             )
-        # TEI's normalize, true by default: unit-length vectors, or a normalizing model's before its Normalize module
-        options = dataclasses.replace(asked(body, info), normalize=body.normalize)
-        types = compact.requested(body.embedding_types)
-        own = bool(info.get("normalize"))
-        if body.normalize != own and types is not None and {"int8", "uint8"} & set(types):
-            raise HTTPError(
-                422,
-                f"embedding_types int8 and uint8 cut ranges calibrated on the model's own vectors, which are "
-                f"{'' if own else 'not '}normalized: ask for them with normalize={str(own).lower()}, or ask for "
-                "float, binary or ubinary",
-                param="embedding_types",
-            )
-        self.bounds.request(model, info, texts, options, compact.json_value_bytes(types))
-        if not body.truncate and body.long_inputs != "chunk":
-            await self.refuse_over_long(request, model, info, texts, options)
-        reply = await self.encode(request, model, texts, options)
-        vectors = reply.array().astype(np.float32, copy=False)
-        if types is None:
-            return json_response(vectors, reply)
-        answered = compact.forms(vectors, types, info)
-        return json_response(answered[types[0]] if isinstance(body.embedding_types, str) else answered, reply)
+        return len(over)
 
     async def refuse_over_long(
         self,
@@ -341,24 +365,6 @@ class Endpoints:
                 f"the model {model.name!r} takes; pass truncate=true to cut it"
                 + (", or long_inputs=chunk" if chunkable else ""),
             )
-
-    async def tokenize(self, body: TokenizeRequest, request: Request) -> Response:
-        model = self.catalog.pick(body.model)
-        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        texts = self.within_limits(checked_texts(texts, "inputs"), "inputs")
-        info = await self.catalog.said(model)  # the prompts are the model's from the start; no worker is needed
-        prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
-        prompted = apply_prompt(texts, prompt) if prompt else texts
-        tokens = await self.tokenized(
-            request,
-            tokenized,
-            model.tokenizer,
-            prompted,
-            add_special_tokens=body.add_special_tokens,
-            truncate=bool(body.truncate),
-            direction=direction(body.truncation_direction) or "right",
-        )
-        return json_response(tokens)
 
     async def encode_legacy(self, body: EncodeRequest, request: Request) -> Response:
         model = self.catalog.pick(body.model, "embed")
@@ -389,14 +395,3 @@ class Endpoints:
     async def prometheus(self) -> Response:
         body, content_type = await asyncio.to_thread(metrics.render)
         return Response(body, media_type=content_type)
-
-
-def tokenized(
-    tokenizer: Any, texts: list[str], *, add_special_tokens: bool, truncate: bool, direction: str
-) -> list[list[dict[str, Any]]]:
-    """``/tokenize``'s answer, refused with 413 before any token is made if it would hold more
-    than :data:`~.lengths.TOKENIZE_TOKENS` (:mod:`.lengths`)."""
-    tokens_answered(tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate)
-    return explain_bounded(
-        tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate, direction=direction
-    )

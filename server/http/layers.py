@@ -13,7 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from .bodies import BodyBudget
 from .front import Front
 from .request_ids import RequestIds
-from .schemas import CHUNKED_HEADER, VERSION_HEADER
+from .schemas import CHUNKED_HEADER, TRUNCATED_HEADER, VERSION_HEADER
 from .settings import Settings
 from .traced import Traced
 
@@ -29,7 +29,14 @@ def add_layers(app: FastAPI, settings: Settings) -> None:
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-Request-Id", "traceparent", "tracestate"],
-            expose_headers=[CHUNKED_HEADER, VERSION_HEADER, "Retry-After", "WWW-Authenticate", "X-Request-Id"],
+            expose_headers=[
+                CHUNKED_HEADER,
+                TRUNCATED_HEADER,
+                VERSION_HEADER,
+                "Retry-After",
+                "WWW-Authenticate",
+                "X-Request-Id",
+            ],
             max_age=600,
         )
     app.add_middleware(

@@ -122,17 +122,23 @@ def count_up_to(tokenizer: Any, sides: Sequence[str], most: int) -> int:
 
 def first_over_long(tokenizer: Any, texts: Sequence[str]) -> int | None:
     """The index of the first of ``texts`` longer than ``tokenizer.max_len`` tokens (its
-    specials counted), or None: short texts are tokenized together, :data:`GROUP_CHARS` at a
-    time, and a long one a piece at a time until it is known to be past the length."""
-    group: list[int] = []
+    specials counted), or None (:func:`over_long`)."""
+    return next(iter(over_long(tokenizer, texts, first=True)), None)
 
-    def over_in_group() -> int | None:
-        if not group:
-            return None
-        over = tokenizer.truncated([texts[i] for i in group])
-        found = next((i for i, cut in zip(group, over, strict=True) if cut), None)
-        group.clear()
-        return found
+
+def over_long(tokenizer: Any, texts: Sequence[str], *, first: bool = False) -> list[int]:
+    """The indexes of ``texts`` longer than ``tokenizer.max_len`` tokens (its specials
+    counted); with ``first``, only the first: short texts are tokenized together,
+    :data:`GROUP_CHARS` at a time, and a long one a piece at a time until it is known to be
+    past the length."""
+    group: list[int] = []
+    found: list[int] = []
+
+    def over_in_group() -> None:
+        if group:
+            over = tokenizer.truncated([texts[i] for i in group])
+            found.extend(i for i, cut in zip(group, over, strict=True) if cut)
+            group.clear()
 
     chars = 0
     for index, text in enumerate(texts):
@@ -142,12 +148,16 @@ def first_over_long(tokenizer: Any, texts: Sequence[str]) -> int | None:
             chars += len(text)
             if chars < GROUP_CHARS:
                 continue
-        found, chars = over_in_group(), 0  # a full group, or the short texts before a long one
-        if found is not None:
-            return found
+        over_in_group()  # a full group, or the short texts before a long one
+        chars = 0
+        if found and first:
+            return found[:1]
         if long and count_up_to(tokenizer, _sides(text), most := tokenizer.max_len - _specials(tokenizer, text)) > most:
-            return index
-    return over_in_group()
+            found.append(index)
+            if first:
+                return found
+    over_in_group()
+    return found[:1] if first else found
 
 
 def tokens_answered(

@@ -70,6 +70,7 @@ def run_http(
         max_inputs=config.request_size_limit,
         request_timeout_s=config.request_timeout_ms / 1000,
         token_id_input=config.token_id_input,
+        auto_truncate=config.auto_truncate,
         max_text_chars=config.max_text_chars,
         max_principal_bodies_bytes=config.http_principal_body_limit,
         body_pace=BodyPace(timeout_s=config.http_body_timeout_s, min_rate=config.http_body_min_rate),

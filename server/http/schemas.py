@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 
 CHUNKED_HEADER = "X-Chunked-Inputs"  # how many inputs were encoded in windows (long_inputs=chunk)
+TRUNCATED_HEADER = "X-Truncated-Inputs"  # how many inputs were cut to the model's length (/v1/embeddings)
 VERSION_HEADER = "X-Model-Version"  # the model version that made the vectors (a repository of versions)
 CLIENT_CLOSED = 499  # nginx's "client closed request": the caller left, and its request was withdrawn
 
@@ -34,7 +35,17 @@ STATUS_OF_KIND = {
     p.WRONG_TASK: 400,
     p.DROPPED: 503,
 }
-_TEI_PATHS = ("/embed", "/tokenize", "/rerank", "/predict", "/embed_sparse", "/embed_all")
+_TEI_PATHS = (
+    "/",
+    "/invocations",
+    "/embed",
+    "/similarity",
+    "/tokenize",
+    "/rerank",
+    "/predict",
+    "/embed_sparse",
+    "/embed_all",
+)
 _COHERE_PATHS = ("/v1/rerank", "/v2/rerank")
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -94,6 +105,7 @@ _EMBEDDING_TYPES = (
     "Cohere's: the forms to answer each vector in, of float, int8, uint8 (these two need the model's calibration "
     "ranges), binary and ubinary (sign bits, 8 to a byte)"
 )
+_TRUNCATE = "cut an over-long input (else it is a 413); by default as the server's --auto-truncate says (off)"
 _MODEL = "the name of one of the served models (GET /v1/models lists them); by default the server's default model"
 
 LongInputs = Literal["truncate", "chunk"]
@@ -119,6 +131,11 @@ class EmbeddingRequest(BaseModel):
         "the caller's address), never by this field",
     )
     long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
+    truncate: bool | None = Field(
+        None,
+        description="cut an over-long input, and say how many were cut (truncated_inputs); else it is a 413. By "
+        "default as the server's --auto-truncate says (off); long_inputs=truncate or chunk asks too",
+    )
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
     embedding_types: SkipValidation[Any] = Field(None, description=_EMBEDDING_TYPES)
@@ -129,14 +146,30 @@ class EmbedRequest(BaseModel):
     serves one model)."""
 
     inputs: SkipValidation[str | list[str]]
-    normalize: bool = True
-    truncate: bool | None = Field(False, description="cut an over-long input (else it is a 413)")
+    normalize: bool = Field(
+        True,
+        description="unit-length vectors; false gives a normalizing model's vectors before its Normalize module",
+    )
+    truncate: bool | None = Field(None, description=_TRUNCATE)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
     dimensions: Dimensions | None = Field(None, description=_DIMENSIONS)
     long_inputs: LongInputs | None = Field(None, description=_LONG_INPUTS)
     model: str | None = Field(None, description=_MODEL)
     embedding_types: SkipValidation[Any] = Field(None, description=_EMBEDDING_TYPES)
+
+
+class SimilarityRequest(BaseModel):
+    """Text Embeddings Inference's ``/similarity``: the cosine of the source sentence with each
+    of the others. ``truncate``, ``truncation_direction`` and ``prompt_name`` may also be
+    given in ``parameters``, as TEI takes them."""
+
+    inputs: SkipValidation[Any] = Field(description="{source_sentence: text, sentences: [texts]}")
+    truncate: bool | None = Field(None, description=_TRUNCATE)
+    truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME)
+    parameters: SkipValidation[Any] = None
+    model: str | None = Field(None, description=_MODEL)
 
 
 class TokenizeRequest(BaseModel):
@@ -228,12 +261,15 @@ def _tokens_of(ids: list[Any], tokenizer: Any, name: str) -> list[str]:
 # -- answers -----------------------------------------------------------------------------
 
 
-def json_response(content: Any, reply: p.Reply | None = None) -> Response:
+def json_response(content: Any, reply: p.Reply | None = None, *, truncated: int | None = None) -> Response:
     """``content`` as JSON; with the ``reply`` it came from, its ``X-Chunked-Inputs`` header
-    and, from a repository of model versions, ``X-Model-Version``."""
+    (and ``X-Truncated-Inputs``, ``truncated``, where counted) and, from a repository of model
+    versions, ``X-Model-Version``."""
     headers = None
     if reply is not None:
         headers = {CHUNKED_HEADER: str(chunked_count(reply))}
+        if truncated is not None:
+            headers[TRUNCATED_HEADER] = str(truncated)
         version = reply.header.get("model_version")
         if isinstance(version, int) and not isinstance(version, bool):
             headers[VERSION_HEADER] = str(version)

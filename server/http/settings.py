@@ -32,4 +32,5 @@ class Settings:
     cors_origins: tuple[str, ...] = ()  # the origins a browser's page may call from (--cors-allow-origin)
     max_request_tokens: int = REQUEST_TOKENS  # tokens of model work in one request, counted before work
     max_reply_bytes: int = REPLY_BYTES  # largest answer, as JSON, counted before work
+    auto_truncate: bool = False  # cut an over-long input where a request does not say (--auto-truncate)
     traced: bool = False  # this process traces (tracing.setup ran): each request's span, its context sent on

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 
-from .schemas import _MODEL, _PROMPT_NAME, _TRUNCATION, Truncation
+from .schemas import _MODEL, _PROMPT_NAME, _TRUNCATE, _TRUNCATION, Truncation
 
 _TOP_N = "return only the n best documents (by default all of them), best first"
 _RETURN_TEXT = "give each result its document's text"
@@ -59,7 +59,12 @@ class PredictRequest(BaseModel):
 
     inputs: SkipValidation[Any]
     raw_scores: bool = Field(False, description="the model's logits, without the softmax")
-    truncate: bool | None = Field(False, description="cut an over-long input (else it is a 413)")
+    parameters: SkipValidation[Any] = Field(
+        None,
+        description="huggingface_hub's text_classification: top_k (the k best labels) and function_to_apply "
+        "(softmax, sigmoid or none)",
+    )
+    truncate: bool | None = Field(None, description=_TRUNCATE)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
     model: str | None = Field(None, description=_MODEL)
 
@@ -68,7 +73,7 @@ class SparseRequest(BaseModel):
     """TEI's ``/embed_sparse``: each input's non-zero vocabulary weights."""
 
     inputs: SkipValidation[Any]
-    truncate: bool | None = Field(False, description="cut an over-long input (else it is a 413)")
+    truncate: bool | None = Field(None, description=_TRUNCATE)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
     top_k: SkipValidation[Any] = Field(None, description="keep only each input's k largest weights")
@@ -79,7 +84,7 @@ class EmbedAllRequest(BaseModel):
     """TEI's ``/embed_all``: every token's vector, of a model served with pooling NONE."""
 
     inputs: SkipValidation[Any]
-    truncate: bool | None = Field(False, description="cut an over-long input (else it is a 413)")
+    truncate: bool | None = Field(None, description=_TRUNCATE)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
     model: str | None = Field(None, description=_MODEL)

@@ -36,7 +36,7 @@ from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
 from .lengths import check_pair_limits, rerank_sides
 from .options import Asked, checked_prompt_name, direction, prompt_text
-from .schemas import HTTPError, json_response
+from .schemas import HTTPError, json_response, quoted
 from .settings import Settings
 from .task_bodies import CohereRerankRequest, EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
 
@@ -73,6 +73,10 @@ class TaskEndpoints:
 
     def __init__(self, api: API) -> None:
         self.api = api
+
+    def _truncating(self, truncate: bool | None) -> bool:
+        """Whether an over-long input is cut: as the request says, else ``--auto-truncate``."""
+        return self.api.settings.auto_truncate if truncate is None else truncate
 
     async def _model(self, name: str | None, task: str) -> tuple[ModelSettings, dict[str, Any]]:
         """The model ``name`` picks and its ``CONFIG`` answer, once ready; 400 unless its task is ``task``."""
@@ -213,13 +217,16 @@ class TaskEndpoints:
         model, info = await self._model(body.model, "classify")
         options = Asked(truncation_direction=direction(body.truncation_direction), task="classify")
         self.api.bounds.request(model, info, texts, options, costs.JSON_FLOAT_BYTES + 24)  # each label's name and score
-        if not body.truncate:
+        if not self._truncating(body.truncate):
             await self._truncated(request, model, texts, "inputs", refuse=True)
         reply = await self.api.encode(request, model, texts, options)
         logits = reply.array().astype(np.float32, copy=False).reshape(len(texts), -1)
-        scores = logits if body.raw_scores else t.label_probabilities(logits)
+        top_k, function = _classification_parameters(body.parameters)
+        scores = logits if body.raw_scores or function == "none" else t.label_probabilities(logits)
+        if function == "sigmoid" and not body.raw_scores:
+            scores = 1.0 / (1.0 + np.exp(-logits))
         labels = [str(label) for label in info.get("labels") or ()] or [f"LABEL_{i}" for i in range(logits.shape[1])]
-        answers = [[{"label": labels[j], "score": float(row[j])} for j in t.ranking(row)] for row in scores]
+        answers = [[{"label": labels[j], "score": float(row[j])} for j in t.ranking(row, top_k)] for row in scores]
         return json_response(answers[0] if single else answers)
 
     async def embed_sparse(self, body: SparseRequest, request: Request) -> Response:
@@ -282,7 +289,7 @@ class TaskEndpoints:
             self.api.bounds.request(model, info, texts, options, costs.SPARSE_TERM_BYTES)
         else:
             self.api.bounds.request(model, info, texts, options)
-        if not body.truncate:
+        if not self._truncating(body.truncate):
             await self.api.refuse_over_long(request, model, info, texts, options, chunkable=task == "embed")
         return options
 
@@ -305,6 +312,28 @@ def _top(value: Any, name: str) -> int | None:
         return t.check_top(value, name)
     except ValueError as exc:
         raise HTTPError(422, str(exc), param=name) from None
+
+
+def _classification_parameters(parameters: Any) -> tuple[int | None, str | None]:
+    """``huggingface_hub``'s ``text_classification`` parameters: ``top_k`` (the k best labels)
+    and ``function_to_apply`` (``softmax``, the default; ``sigmoid``; ``none``: the logits)."""
+    if parameters is None:
+        return None, None
+    if not isinstance(parameters, dict):
+        raise HTTPError(422, "parameters must be an object: {top_k, function_to_apply}", param="parameters")
+    unknown = sorted(set(parameters) - {"top_k", "function_to_apply"})
+    if unknown:
+        raise HTTPError(
+            422, f"parameters.{unknown[0]} is not taken: /predict takes top_k and function_to_apply", param="parameters"
+        )
+    function = parameters.get("function_to_apply")
+    if function is not None and function not in ("softmax", "sigmoid", "none"):
+        raise HTTPError(
+            422,
+            f"parameters.function_to_apply must be softmax, sigmoid or none, not {quoted(function)}",
+            param="parameters",
+        )
+    return _top(parameters.get("top_k"), "top_k"), function
 
 
 def _document_texts(documents: Any) -> list[Any]:

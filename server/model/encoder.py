@@ -92,7 +92,7 @@ class Encoder:
         self._pool: ThreadPoolExecutor | None = None
         self._quantized = spec.dtype == "int8"
         if self._quantized:
-            self._check_int8()  # before a graph is built for a start that cannot succeed
+            lite.check_int8(self._device, xla=self.config.xla)  # before a graph is built in vain
         with held_native_output():  # TensorFlow's libraries log as they load
             importlib.import_module("tensorflow")
         graph_bytes, self.meta, self.graph_built = load_or_build(model, self._graph, graph_dir)
@@ -306,15 +306,6 @@ class Encoder:
         if flatbuffer is None:
             return None
         return lite.LiteRunner(flatbuffer, self._threads())
-
-    def _check_int8(self) -> None:
-        """A clear error where int8 cannot run."""
-        if "CPU" not in self._device.upper():
-            raise ModelError(f"dtype int8 runs on the CPU only, not on {self._device}; use fp16 on a GPU")
-        if self.config.xla:
-            raise ModelError("dtype int8 runs on LiteRT, which XLA does not compile: leave xla off")
-        if not lite.available():
-            raise ModelError("dtype int8 runs on LiteRT, which is not installed: pip install ai-edge-litert")
 
     def _int8_runner(self, model: ModelFiles, graph_dir: str) -> lite.LiteRunner:
         """LiteRT over the int8 model; a clear error where it cannot run."""

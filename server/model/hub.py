@@ -23,6 +23,7 @@ import glob
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,9 +296,7 @@ def _explain_unreachable(exc: Exception, wanted: ModelId, offline: bool, endpoin
 
 def _explain_transfer(exc: Exception, wanted: ModelId, offline: bool, endpoint: str) -> str | None:
     """The connection failed during a request or a download."""
-    import httpx2
-
-    if isinstance(exc, httpx2.TransportError):
+    if _transport_error(exc):
         return (
             f"cannot reach the Hub at {endpoint} ({exc.__class__.__name__}: {exc}) to download {wanted}: check "
             f"the network (a proxy, HF_ENDPOINT) and start again, or {OFFLINE_RECIPE.format(repo=wanted.repo_id)}"
@@ -308,6 +307,16 @@ def _explain_transfer(exc: Exception, wanted: ModelId, offline: bool, endpoint: 
             "nothing partial is kept or served: start again"
         )
     return None
+
+
+def _transport_error(exc: Exception) -> bool:
+    """Whether ``exc`` is a failed connection of the HTTP library huggingface_hub uses: httpx2
+    from its 2.0, httpx before (a library never imported raised nothing)."""
+    for name in ("httpx2", "httpx"):
+        library = sys.modules.get(name)
+        if library is not None and isinstance(exc, library.TransportError):
+            return True
+    return False
 
 
 def _network_cause(exc: BaseException) -> str:

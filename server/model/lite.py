@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ModelError
 from ..logs import held_native_output
 from . import int8
 from .graph import INPUT_NAMES, GraphMeta, GraphSpec, build_graph, cache_key, read_cache, write_cache
@@ -39,6 +40,16 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def check_int8(device: str, *, xla: bool) -> None:
+    """A clear error where int8 cannot run: on ``device``, with XLA, or without LiteRT."""
+    if "CPU" not in device.upper():
+        raise ModelError(f"dtype int8 runs on the CPU only, not on {device}; use fp16 on a GPU")
+    if xla:
+        raise ModelError("dtype int8 runs on LiteRT, which XLA does not compile: leave xla off")
+    if not available():
+        raise ModelError("dtype int8 runs on LiteRT, which is not installed: pip install ai-edge-litert")
 
 
 def load_or_convert(model: ModelFiles, spec: GraphSpec, graph_dir: str, key: str | None = None) -> bytes | None:

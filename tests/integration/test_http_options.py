@@ -256,8 +256,10 @@ def test_truncation_direction_picks_the_end_that_is_cut(server: HTTPServer) -> N
                 embed({"inputs": text, "truncate": True, "truncation_direction": side})[0], end, atol=1e-5
             )
         openai_left = http.post(
-            "/v1/embeddings", json={"input": text, "truncation_direction": "left", "encoding_format": "float"}
+            "/v1/embeddings",
+            json={"input": text, "truncate": True, "truncation_direction": "left", "encoding_format": "float"},
         ).json()
+        assert openai_left["truncated_inputs"] == 1
         np.testing.assert_allclose(openai_left["data"][0]["embedding"], end, atol=1e-5)
         bad = http.post("/embed", json={"inputs": text, "truncate": True, "truncation_direction": "middle"})
         assert bad.status_code == 422 and "truncation_direction" in bad.json()["error"], bad.text

@@ -171,7 +171,9 @@ def test_concurrent_traced_requests_each_get_their_own_whole_trace(served, recei
     answers: dict[str, int] = {}
 
     def send(trace_id: str) -> None:
-        answers[trace_id] = _post(port, {"input": [f"sentence {trace_id}", "and another"]}, trace_id).status_code
+        answers[trace_id] = _post(
+            port, {"input": [f"sentence {trace_id}", "and another"], "truncate": True}, trace_id
+        ).status_code
 
     threads = [threading.Thread(target=send, args=(trace_id,)) for trace_id in trace_ids]
     for thread in threads:

@@ -259,7 +259,8 @@ def test_one_request_as_large_as_the_limits_grows_the_http_process_by_at_most_64
         ("/tokenize", {"inputs": ["a " * 50_000] * 125}, {413}),
         ("/embed", {"inputs": [dots] * 125}, {413}),  # over-long, found at once
         ("/embed", {"inputs": "word " * 760_000}, {413}),  # 3.8 MB: over --max-text-chars
-        ("/v1/embeddings", {"input": [dots] * 125}, {200}),
+        ("/v1/embeddings", {"input": [dots] * 125}, {413}),  # over-long, found at once
+        ("/v1/embeddings", {"input": [dots] * 125, "truncate": True}, {200}),  # each counted to the model's length
     ]
     with httpx.Client(base_url=front.url, headers=_auth(), timeout=30) as http:
         for path in ("/tokenize", "/embed"):  # a served process: its threads and pools made once

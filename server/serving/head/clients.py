@@ -173,7 +173,7 @@ class Clients:
             texts=texts,
             options=options,
             nbytes=nbytes,
-            normalize=options.normalizes(info),
+            normalize=options.normalize,
         )
         if refusal is not None:
             return self._refuse(request, fmt, refusal, model.name)

@@ -35,13 +35,6 @@ class EncodeOptions:
     trace: str | None = None  # the caller's W3C traceparent, which the head's span continues
     normalize: bool | None = None  # unit-length vectors or not; None: as the model's modules say
 
-    def normalizes(self, model: dict[str, Any]) -> bool:
-        """Whether the sink scales this request's vectors to unit length (``model``: what
-        the workers reported; the graph leaves a normalizing model's last step to the sink)."""
-        if model.get("token_level"):  # each token's vector is normalized in the graph, if at all
-            return False
-        return bool(model.get("normalize")) if self.normalize is None else self.normalize
-
 
 def read_options(
     header: dict[str, Any],

@@ -83,7 +83,7 @@ class Requests:
         texts: list[Any],
         options: EncodeOptions,
         nbytes: int,
-        normalize: bool,
+        normalize: bool | None,
     ) -> Refusal | None:
         """Queue ``request`` (its ``texts``, checked) on ``model``, and tell the sink to expect
         it; a refusal if its queue cannot take it."""

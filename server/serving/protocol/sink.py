@@ -83,7 +83,7 @@ class Register(_Body):
     format: Annotated[str, AfterValidator(_known_format)] = "native"
     model: str = Field(default="", max_length=255)
     dimensions: int | None = Field(default=None, ge=1)  # keep the first k dimensions of each vector
-    normalize: bool = False  # scale each vector (its dimensions kept) to unit length
+    normalize: bool | None = None  # unit-length vectors (their dimensions kept) or not; None: as the model says
     trace: str | None = Field(default=None, pattern=TRACEPARENT_PATTERN)  # the head's span of it, when traced
 
     @property

@@ -36,7 +36,8 @@ class Pending:
     version: int | None = None  # the model version its rows are computed with, pinned at admission
     format: formats.ReplyFormat = formats.NATIVE  # how its replies are laid out, chosen at admission
     dimensions: int | None = None  # keep the first k dimensions of each vector
-    normalize: bool = False  # scale each vector (its dimensions kept) to unit length: the graph does not
+    normalize: bool | None = None  # unit-length vectors (its dimensions kept) or not; None: as the model's modules say
+    model_normalizes: bool = False  # the model's modules end in a Normalize module, which the graph leaves to us
     model: str = ""  # the served model it runs on: a label of its metrics
     filled: np.ndarray = field(init=False)
 
@@ -48,10 +49,18 @@ class Pending:
         return bool(self.filled.all())
 
     def add(
-        self, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, counts: np.ndarray | None = None
+        self,
+        rows: np.ndarray,
+        vectors: np.ndarray,
+        tokens: list[Any] | None,
+        counts: np.ndarray | None = None,
+        *,
+        normalizes: bool = False,
     ) -> None:
         """Place the rows not placed yet; rows already in are duplicates and are skipped.
-        ``counts`` holds each row's tokens and whether it was chunked (0 or 1)."""
+        ``counts`` holds each row's tokens and whether it was chunked (0 or 1); ``normalizes``
+        says the worker's model ends in a Normalize module its graph left out."""
+        self.model_normalizes = self.model_normalizes or normalizes
         if len(rows) != len(vectors) or (len(rows) and (rows.min() < 0 or rows.max() >= self.count)):
             raise BadParts(f"rows {rows[:8].tolist()}... do not fit a request of {self.count}")
         if self.parts and (vectors.ndim, vectors.shape[2:]) != (self.parts[0][1].ndim, self.parts[0][1].shape[2:]):
@@ -85,7 +94,8 @@ class Pending:
             else:
                 out[rows] = vectors
         out = out if self.dimensions is None else self._cut(out)
-        if self.normalize and out.ndim == 2:
+        normalize = self.model_normalizes if self.normalize is None else self.normalize
+        if normalize and out.ndim == 2:
             rows = out.astype(np.float32)
             rows /= np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-12)
             out = rows.astype(out.dtype, copy=False)

@@ -68,7 +68,9 @@ class Sink:
             raise
         self.pending: dict[str, Pending] = {}
         self.traced: dict[str, tuple[str, int]] = {}  # traced requests pending: traceparent, when registered (ns)
-        self.orphans: dict[str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None, np.ndarray | None]]] = {}
+        self.orphans: dict[
+            str, list[tuple[float, np.ndarray, np.ndarray, list[Any] | None, np.ndarray | None, bool]]
+        ] = {}
         self.closed: OrderedDict[str, float] = OrderedDict()  # answered keys -> when
         self.served = 0
         self.failed = 0
@@ -162,8 +164,8 @@ class Sink:
         self.pending[key] = pending
         if message.trace is not None and tracing.enabled():
             self.traced[key] = (message.trace, time.time_ns())
-        for _, rows, vectors, tokens, counts in self.orphans.pop(key, []):
-            self._add(key, pending, rows, vectors, tokens, counts)
+        for _, rows, vectors, tokens, counts, normalizes in self.orphans.pop(key, []):
+            self._add(key, pending, rows, vectors, tokens, counts, normalizes)
         self._maybe_publish(key)
 
     def _on_publish(self, message: messages.Publish) -> None:
@@ -201,7 +203,7 @@ class Sink:
             pending = self.pending.get(key)
             if pending is None:
                 if key not in self.closed:
-                    self._keep_orphan(key, rows, chunk, chunk_tokens, part_counts)
+                    self._keep_orphan(key, rows, chunk, chunk_tokens, part_counts, header.normalizes)
                 continue
             if version is not None and pending.version is not None and version != pending.version:
                 logger.error(
@@ -218,24 +220,37 @@ class Sink:
                     "internal",
                 )
                 continue
-            self._add(key, pending, rows, chunk, chunk_tokens, part_counts)
+            self._add(key, pending, rows, chunk, chunk_tokens, part_counts, header.normalizes)
             self._maybe_publish(key)
 
     def _keep_orphan(
-        self, key: str, rows: np.ndarray, vectors: np.ndarray, tokens: list[Any] | None, counts: np.ndarray | None
+        self,
+        key: str,
+        rows: np.ndarray,
+        vectors: np.ndarray,
+        tokens: list[Any] | None,
+        counts: np.ndarray | None,
+        normalizes: bool,
     ) -> None:
         if key not in self.orphans and len(self.orphans) >= _MAX_ORPHAN_KEYS:
             logger.warning(
                 "too many results for unknown requests; dropping those for %s", key, extra={"request_id": key}
             )
             return
-        self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens, counts))
+        self.orphans.setdefault(key, []).append((time.monotonic(), rows, vectors.copy(), tokens, counts, normalizes))
 
     def _add(
-        self, key: str, pending: Pending, rows: np.ndarray, vectors: np.ndarray, tokens: Any, counts: Any = None
+        self,
+        key: str,
+        pending: Pending,
+        rows: np.ndarray,
+        vectors: np.ndarray,
+        tokens: Any,
+        counts: Any = None,
+        normalizes: bool = False,
     ) -> None:
         try:
-            pending.add(rows, vectors, tokens, counts)
+            pending.add(rows, vectors, tokens, counts, normalizes=normalizes)
         except BadParts as exc:
             logger.error("a result for %s does not fit it: %s", key, exc, extra={"request_id": key})
             self._fail(key, f"the server produced a malformed result for this request: {exc}", "internal")

@@ -76,6 +76,8 @@ class Worker:
         described = model.describe()
         self.token_level = bool(described.get("token_level"))  # rows of unequal width: never sliced
         self.sparse = described.get("task") == "sparse"  # rows sent as [id, weight] pairs, not vocabulary-wide
+        # sentence vectors whose Normalize module the graph leaves to the sink (graph.serving_graph)
+        self.normalizes = bool(described.get("normalize")) and not self.token_level and not self.sparse
 
     def close(self) -> None:
         self.stop.set()
@@ -273,6 +275,8 @@ class Worker:
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
             out = {"parts": parts, "tokens": header.get("tokens"), "model_version": self.config.version_number}
+            if self.normalizes:
+                out["normalizes"] = True
             if owners is not None:  # windows of long inputs: one row per input again
                 vectors = np.ascontiguousarray(self.model.combine(batch, vectors))  # type: ignore[attr-defined]
                 out["windows"] = np.bincount(owners).tolist()

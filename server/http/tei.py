@@ -1,0 +1,184 @@
+"""Text Embeddings Inference's own endpoints: ``/embed``, ``/tokenize``, ``/similarity``, and
+``POST /`` (and ``/invocations``, SageMaker's), which TEI's clients post to. TEI serves one
+model, and its router answers the root by that model's task: an embedder as ``/embed`` (as
+``/similarity`` when TEI is told its task is sentence similarity), a reranker as ``/rerank``,
+a classifier as ``/predict``, a SPLADE model as ``/embed_sparse``. Here the root reaches the
+model the body names, else the default one, and answers by its task the same way; a body
+whose ``inputs`` is ``{"source_sentence", "sentences"}`` (what ``huggingface_hub``'s
+``sentence_similarity`` posts) is answered as ``/similarity``.
+
+``normalize`` is TEI's, true by default: unit-length vectors, and ``false`` a normalizing
+model's vectors before its Normalize module, its Dense layers applied (the sink normalizes,
+:func:`~..model.graph.serving_graph`). ``truncate`` left out follows ``--auto-truncate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import orjson
+from bertserve.client.protocol import Reply
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+
+from ..model.prompts import apply_prompt
+from . import compact
+from .lengths import explain_bounded, tokens_answered
+from .options import asked, checked_prompt_name, direction, prompt_text
+from .schemas import EmbedRequest, HTTPError, SimilarityRequest, TokenizeRequest, checked_texts, json_response
+from .task_bodies import EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
+from .tasks import API, TaskEndpoints
+
+JSON_ERROR = "the body is not valid JSON"
+
+
+def not_json(exc: Exception | str, at: object = None) -> HTTPError:
+    """The 400 for a body that is not JSON: what the parser says, and where."""
+    where = f" at character {at}" if isinstance(at, int) else ""
+    return HTTPError(400, f"{JSON_ERROR}: {exc}{where}", param="body", code="json_invalid")
+
+
+class TEIEndpoints:
+    """TEI's endpoints, over the embedding API's gateway, catalog and checks, and the task
+    endpoints the root answers for."""
+
+    def __init__(self, api: API, tasks: TaskEndpoints) -> None:
+        self.api, self.tasks = api, tasks
+
+    def truncating(self, truncate: bool | None) -> bool:
+        """Whether an over-long input is cut: as the request says, else ``--auto-truncate``."""
+        return self.api.settings.auto_truncate if truncate is None else truncate
+
+    async def embed(self, body: EmbedRequest, request: Request) -> Response:
+        vectors, reply, info, types = await self._embedded(body, request)
+        if types is None:
+            return json_response(vectors, reply)
+        answered = compact.forms(vectors, types, info)
+        return json_response(answered[types[0]] if isinstance(body.embedding_types, str) else answered, reply)
+
+    async def _embedded(
+        self, body: EmbedRequest, request: Request
+    ) -> tuple[np.ndarray, Reply, dict[str, Any], tuple[str, ...] | None]:
+        """``/embed``'s vectors, the reply they came in, the model's ``CONFIG`` answer, and the
+        compact types asked for."""
+        api = self.api
+        model = api.catalog.pick(body.model, "embed")
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        texts = api.within_limits(checked_texts(texts, "inputs"), "inputs")
+        await api.ready_or_503()
+        info = await api.catalog.info(model)
+        if info.get("token_level"):
+            raise HTTPError(
+                422, f"the model {model.name!r} returns one vector per token (pooling NONE); /embed needs one per input"
+            )
+        options = dataclasses.replace(asked(body, info), normalize=body.normalize)
+        types = compact.requested(body.embedding_types)
+        own = bool(info.get("normalize"))
+        if body.normalize != own and types is not None and {"int8", "uint8"} & set(types):
+            raise HTTPError(
+                422,
+                f"embedding_types int8 and uint8 cut ranges calibrated on the model's own vectors, which are "
+                f"{'' if own else 'not '}normalized: ask for them with normalize={str(own).lower()}, or ask for "
+                "float, binary or ubinary",
+                param="embedding_types",
+            )
+        api.bounds.request(model, info, texts, options, compact.json_value_bytes(types))
+        if not self.truncating(body.truncate) and body.long_inputs != "chunk":
+            await api.refuse_over_long(request, model, info, texts, options)
+        reply = await api.encode(request, model, texts, options)
+        return reply.array().astype(np.float32, copy=False), reply, info, types
+
+    async def similarity(self, body: SimilarityRequest, request: Request) -> Response:
+        """The cosine of ``source_sentence``'s vector with each of ``sentences``'."""
+        api = self.api
+        pair = body.inputs
+        if not isinstance(pair, dict) or set(pair) - {"source_sentence", "sentences"}:
+            raise HTTPError(422, "inputs must be {source_sentence: text, sentences: [texts]}", param="inputs")
+        source, others = pair.get("source_sentence"), pair.get("sentences")
+        if not isinstance(source, str) or not isinstance(others, list) or not others:
+            raise HTTPError(
+                422,
+                "inputs must hold source_sentence, a text, and sentences, a non-empty list of texts",
+                param="inputs",
+            )
+        texts = api.within_limits(checked_texts([source, *others], "inputs"), "inputs")
+        given = {key: value for key, value in body.model_dump().items() if value is not None}
+        chosen = {**(body.parameters if isinstance(body.parameters, dict) else {}), **given}  # TEI's two places
+        fields = ("truncate", "truncation_direction", "prompt_name", "model")
+        try:
+            embed = EmbedRequest.model_validate({key: chosen.get(key) for key in fields} | {"inputs": texts})
+        except ValidationError as exc:
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        rows, reply, _, _ = await self._embedded(embed, request)  # normalized: their products are cosines
+        return json_response(rows[1:] @ rows[0], reply)
+
+    async def tokenize(self, body: TokenizeRequest, request: Request) -> Response:
+        api = self.api
+        model = api.catalog.pick(body.model)
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        texts = api.within_limits(checked_texts(texts, "inputs"), "inputs")
+        info = await api.catalog.said(model)  # the prompts are the model's from the start; no worker is needed
+        prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
+        prompted = apply_prompt(texts, prompt) if prompt else texts
+        tokens = await api.tokenized(
+            request,
+            tokenized,
+            model.tokenizer,
+            prompted,
+            add_special_tokens=body.add_special_tokens,
+            truncate=bool(body.truncate),
+            direction=direction(body.truncation_direction) or "right",
+        )
+        return json_response(tokens)
+
+    async def root(self, request: Request) -> Response:
+        """``POST /``: as the endpoint of the task of the model it reaches (the body's
+        ``model``, else the default one)."""
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            raise not_json(exc) from None
+        if not isinstance(body, dict):
+            raise HTTPError(422, f"the body must be a JSON object, not {type(body).__name__}", param="body")
+        name = body.get("model")
+        if name is not None and not isinstance(name, str):
+            raise HTTPError(422, "model must be a string", param="model")
+        api = self.api
+        model = api.catalog.pick(name)
+        await api.ready_or_503()
+        info = await api.catalog.info(model)
+        task = str(info.get("task") or "embed")
+        answer: tuple[type[BaseModel], Callable[[Any, Request], Awaitable[Response]]]
+        if task == "embed" and isinstance(body.get("inputs"), dict):
+            answer = SimilarityRequest, self.similarity
+        elif task == "embed":
+            answer = (EmbedAllRequest, self.tasks.embed_all) if info.get("token_level") else (EmbedRequest, self.embed)
+        else:
+            by_task: dict[str, tuple[type[BaseModel], Callable[[Any, Request], Awaitable[Response]]]] = {
+                "rerank": (TEIRerankRequest, self.tasks.tei_rerank),
+                "classify": (PredictRequest, self.tasks.predict),
+                "sparse": (SparseRequest, self.tasks.embed_sparse),
+            }
+            answer = by_task[task]
+        schema, endpoint = answer
+        try:
+            parsed = schema.model_validate({**body, "model": model.name})
+        except ValidationError as exc:
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        return await endpoint(parsed, request)
+
+
+def tokenized(
+    tokenizer: Any, texts: list[str], *, add_special_tokens: bool, truncate: bool, direction: str
+) -> list[list[dict[str, Any]]]:
+    """``/tokenize``'s answer, refused with 413 before any token is made if it would hold more
+    than :data:`~.lengths.TOKENIZE_TOKENS` (:mod:`.lengths`)."""
+    tokens_answered(tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate)
+    return explain_bounded(
+        tokenizer, texts, add_special_tokens=add_special_tokens, truncate=truncate, direction=direction
+    )
