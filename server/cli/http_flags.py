@@ -33,6 +33,13 @@ HTTP_FLAGS = under(
         metavar="NAME",
     ),
     Flag(
+        "--auto-truncate",
+        "cut an over-long input where a request does not say (TEI's truncate; /v1/embeddings counts those cut)",
+        boolean,
+        False,
+        rare=True,
+    ),
+    Flag(
         "--token-id-input",
         "take token id arrays as this model's WordPiece ids (else refused: most clients send tiktoken ids)",
         boolean,

@@ -227,7 +227,9 @@ class TaskEndpoints:
             scores = 1.0 / (1.0 + np.exp(-logits))
         labels = [str(label) for label in info.get("labels") or ()] or [f"LABEL_{i}" for i in range(logits.shape[1])]
         answers = [[{"label": labels[j], "score": float(row[j])} for j in t.ranking(row, top_k)] for row in scores]
-        return json_response(answers[0] if single else answers)
+        # one input's labels as a list, as TEI answers; with parameters (huggingface_hub's shape) as the
+        # Inference API answers it, a list of one list, of which huggingface_hub reads the first
+        return json_response(answers[0] if single and body.parameters is None else answers)
 
     async def embed_sparse(self, body: SparseRequest, request: Request) -> Response:
         top_k = _top(body.top_k, "top_k")

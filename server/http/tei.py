@@ -3,9 +3,10 @@
 model, and its router answers the root by that model's task: an embedder as ``/embed`` (as
 ``/similarity`` when TEI is told its task is sentence similarity), a reranker as ``/rerank``,
 a classifier as ``/predict``, a SPLADE model as ``/embed_sparse``. Here the root reaches the
-model the body names, else the default one, and answers by its task the same way; a body
-whose ``inputs`` is ``{"source_sentence", "sentences"}`` (what ``huggingface_hub``'s
-``sentence_similarity`` posts) is answered as ``/similarity``.
+model the body names; else, where the body's shape says a task (:func:`shaped_task`), the
+default model of that task; else the default model. It answers by that model's task the
+same way; a body whose ``inputs`` is ``{"source_sentence", "sentences"}`` (what
+``huggingface_hub``'s ``sentence_similarity`` posts) is answered as ``/similarity``.
 
 ``normalize`` is TEI's, true by default: unit-length vectors, and ``false`` a normalizing
 model's vectors before its Normalize module, its Dense layers applied (the sink normalizes,
@@ -149,7 +150,7 @@ class TEIEndpoints:
         if name is not None and not isinstance(name, str):
             raise HTTPError(422, "model must be a string", param="model")
         api = self.api
-        model = api.catalog.pick(name)
+        model = api.catalog.pick(name, shaped_task(body))
         await api.ready_or_503()
         info = await api.catalog.info(model)
         task = str(info.get("task") or "embed")
@@ -171,6 +172,20 @@ class TEIEndpoints:
         except ValidationError as exc:
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
         return await endpoint(parsed, request)
+
+
+def shaped_task(body: dict[str, Any]) -> str | None:
+    """The task a root body's shape asks for, where it says: a rerank's ``query`` (TEI's
+    ``/rerank``), huggingface_hub's ``text_classification`` (``parameters`` beside text
+    inputs), ``sentence_similarity`` (``inputs`` of a source sentence and others); else None
+    (the default model's)."""
+    if "query" in body:
+        return "rerank"
+    if isinstance(body.get("inputs"), dict):
+        return "embed"
+    if "parameters" in body:
+        return "classify"
+    return None
 
 
 def tokenized(
