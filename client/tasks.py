@@ -306,4 +306,25 @@ def check_task(config: Mapping[str, Any], task: str, model: str | None) -> None:
         return
     named = "the server's model" if model is None else f"the model {model!r}"
     call = _CALLS.get(str(own), str(own))
-    raise ValueError(f"{named} does the task {own}, not {task}: call {call}() on it, or pass model= one of task {task}")
+    served = config.get("models")
+    names = (
+        [m.get("name") for m in served if isinstance(m, dict) and m.get("task") == task]
+        if isinstance(served, list)
+        else []
+    )
+    which = (
+        f"the served models of task {task}: {', '.join(map(repr, names))}"
+        if names
+        else f"no model served has task {task}"
+    )
+    raise ValueError(
+        f"{named} does the task {own}, not {task}: call {call}() on it, or pass model= one of task {task} ({which})"
+    )
+
+
+def task_default(config: Mapping[str, Any], task: str) -> str | None:
+    """The model a request of ``task`` that names none gets, as ``config`` (the server's
+    default configuration, ``default_models``) says; None if it does not."""
+    chosen = config.get("default_models")
+    name = chosen.get(task) if isinstance(chosen, dict) else None
+    return name if isinstance(name, str) else None

@@ -322,13 +322,13 @@ class AsyncBertClient:
         truncation_direction: str | None,
         prompt_name: str | None = None,
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        options = EncodeOptions(
-            task=task,
-            model=check_model(model) or self.model,
-            truncation_direction=truncation_direction,
-            prompt_name=prompt_name,
-        )
+        model = check_model(model) or self.model
         await self._connection.open()
+        if model is None:  # the server's default model of the task
+            model = t.task_default(await self._connection.config_of(None), task)
+        options = EncodeOptions(
+            task=task, model=model, truncation_direction=truncation_direction, prompt_name=prompt_name
+        )
         config = await self._connection.config_of(options.model)
         options.check_server(config)
         result = await self._encode(texts, options, "ndarray")

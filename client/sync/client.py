@@ -486,13 +486,13 @@ class BertClient:
         prompt_name: str | None = None,
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """The rows a model of ``task`` answers for ``texts`` (one request), and its configuration."""
-        options = EncodeOptions(
-            task=task,
-            model=check_model(model) or self.model,
-            truncation_direction=truncation_direction,
-            prompt_name=prompt_name,
-        )
+        model = check_model(model) or self.model
         with self._using():
+            if model is None:  # the server's default model of the task
+                model = t.task_default(self._connection.config_of(None), task)
+            options = EncodeOptions(
+                task=task, model=model, truncation_direction=truncation_direction, prompt_name=prompt_name
+            )
             config = self._connection.config_of(options.model)
             options.check_server(config)
             deadline = self._connection.deadline()

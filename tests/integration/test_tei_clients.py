@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bertserve.client import tasks as t
-from bertserve.server.testing.launcher import free_port, start_server
+from bertserve.client import BertClient, tasks as t
+from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.timeout(600)
@@ -40,14 +40,24 @@ def reference(path: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def url(session_graph_dir: str) -> Iterator[str]:
+def served(session_graph_dir: str) -> Iterator[tuple[RunningServer, str]]:
     port = free_port()
     flags = [arg for name, where in MODELS.items() for arg in ("--model", f"{name}={where},dtype=fp32")]
-    running = start_server(
+    server = start_server(
         "--http-port", str(port), "--graph-dir", session_graph_dir, *flags, "--default-model", "rerank=ranker"
     )
-    yield f"http://127.0.0.1:{port}"
-    running.stop()
+    yield server, f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def running(served: tuple[RunningServer, str]) -> RunningServer:
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def url(served: tuple[RunningServer, str]) -> str:
+    return served[1]
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +158,16 @@ def test_haystack_tei_ranker_reaches_the_default_reranker(url: str) -> None:
     )["documents"]
     assert [d.content for d in ranked] == [documents[i] for i in ref["rank"][3][:5]]
     np.testing.assert_allclose([d.score for d in ranked], ref["scores"][3][ref["rank"][3][:5]], atol=1e-4)
+
+
+def test_zeromq_clients_reach_the_default_model_of_their_task(running: RunningServer, sentences: tuple) -> None:
+    ref = reference(DATA / "tasks" / "rerank_bert")
+    documents = [str(d) for d in ref["documents"]]
+    texts, normalized, raw = sentences
+    with BertClient(port=running.port, port_out=running.port_out, timeout=60_000) as client:
+        ranked = client.rerank(str(ref["queries"][3]), documents)
+        np.testing.assert_allclose(client.encode(texts), normalized, atol=1e-5)
+        np.testing.assert_allclose(client.encode(texts, normalize=False), raw, atol=1e-5)
+        with pytest.raises(ValueError, match=r"the served models of task rerank: 'other-ranker', 'ranker'"):
+            client.rerank("a query", documents, model="embedder")
+    assert [r.index for r in ranked] == ref["rank"][3].tolist()

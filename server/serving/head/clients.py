@@ -134,7 +134,9 @@ class Clients:
         one this server does not serve."""
         name, task = request.header.get("model"), request.header.get("task")
         models = self.head.models
-        model = models.get(name, task if task in p.TASKS else None) if name is None or isinstance(name, str) else None
+        # a request that names no model gets the default model of its task (ENCODE without one asks for vectors)
+        asked = task if task in p.TASKS else "embed" if request.command == p.ENCODE else None
+        model = models.get(name, asked) if name is None or isinstance(name, str) else None
         if model is None:
             self._refuse(request, fmt, Refusal(self.head.models.unknown(name), p.UNKNOWN_MODEL))
         return model
