@@ -55,6 +55,10 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("bertserve_request_id", default=
 """The id of the request being served in this task (an HTTP request's, :mod:`.http.request_ids`):
 the ``request_id`` of a log line that does not name one."""
 
+ANSWERED_BY: ContextVar[str | None] = ContextVar("bertserve_answered_by", default=None)
+"""The served model the HTTP request being served in this task reached (:mod:`.http.catalog`):
+its access line names it."""
+
 
 class _Fields(logging.Filter):
     """Gives every record of a process the fields a JSON line names even when the call did not
@@ -74,6 +78,9 @@ class _Fields(logging.Filter):
         access = record.args if record.name == "uvicorn.access" else None
         if isinstance(access, tuple) and len(access) == 5:  # (client, method, path, HTTP version, status)
             record.client, record.method, record.path, _, record.status = access
+            model = ANSWERED_BY.get()
+            if model is not None:  # the model that answered, in the text line as in the JSON one
+                record.model, record.msg, record.args = model, f"{record.msg} model=%s", (*access, model)
         return True
 
 

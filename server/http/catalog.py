@@ -19,6 +19,7 @@ from typing import Any
 
 from bertserve.client import protocol as p
 
+from ..logs import ANSWERED_BY
 from ..serving.policy.costs import TokenRule
 from .gateway import Gateway, GatewayError
 from .options import default_prompt_name, prompts
@@ -107,10 +108,12 @@ class Catalog:
         head says it (``--default-model TASK=NAME``, else the one served with the task), else
         the default one."""
         if name is None:
-            return self._task_defaults.get(task, self.default) if task is not None else self.default
-        model = self._by_name.get(name)
-        if model is None:
+            model = self._task_defaults.get(task, self.default) if task is not None else self.default
+        elif (found := self._by_name.get(name)) is not None:
+            model = found
+        else:
             raise not_served(name, self.names)
+        ANSWERED_BY.set(model.name)  # the access line names it
         return model
 
     def of_task(self, task: str) -> list[str]:

@@ -341,7 +341,9 @@ def test_every_process_logs_one_json_object_a_line(served) -> None:
         and record["request_id"] == "req-42.a"
         for record in access
     )
-    assert any(record["status"] == 200 and record["request_id"] == made for record in access)
+    answered = [record for record in access if record["status"] == 200 and record["request_id"] == made]
+    assert answered and answered[0]["model"], access  # the model that answered
+    assert answered[0]["message"].endswith(f" model={answered[0]['model']}")
 
 
 @contextmanager
