@@ -3,18 +3,27 @@
 
 :class:`Children` owns the process objects, by name (``sink``, ``http``, ``worker 0``...): it
 starts each child in a fresh interpreter (spawn), tells which died and which are due to start
-again, and at the end joins them, killing what does not exit in time. A child starts with
-SIGINT blocked, and keeps it so: Ctrl-C at a terminal signals the whole process group, and
-only the supervising process decides when its children stop. When to start one
-again, and when to give up, is the :class:`.restarts.RestartPolicy`'s to say; what a death
-means (jobs handed on, the requests a sink held failed) is the supervisor's.
+again, and at the end joins them, killing what does not exit in time.
+
+Only the supervising process decides when its children stop, in stages (a drain, error
+replies through the sink, then each child told to stop), and a signal to the whole process
+group must not cut that short: Ctrl-C at a terminal sends SIGINT to every process of the
+group, and ``timeout`` and systemd's default ``KillMode`` send SIGTERM. A child starts with
+SIGINT blocked, and keeps it so. It starts with SIGTERM blocked too, until it has a handler
+(:func:`_child_main`) that leaves the stop to its supervisor while that lives, and stops the
+child as SIGTERM always did once it is an orphan. (The HTTP process's uvicorn takes SIGTERM
+over: it stops accepting and lets its requests finish, which is the shutdown's first stage.)
+When to start a child again, and when to give up, is the :class:`.restarts.RestartPolicy`'s
+to say; what a death means (jobs handed on, the requests a sink held failed) is the supervisor's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -61,8 +70,10 @@ class Children:
 
     def start(self, name: str, target: Callable[..., None], args: tuple[Any, ...], process_name: str) -> BaseProcess:
         """Start (or start again) the child ``name``, running ``target(*args)``."""
-        process = self._spawn.Process(target=target, args=args, name=process_name, daemon=True)
-        with _sigint_blocked():
+        process = self._spawn.Process(
+            target=_child_main, args=(os.getpid(), target, args), name=process_name, daemon=True
+        )
+        with _stop_signals_blocked():
             process.start()
         self._processes[name] = process
         self.policy.started(name, time.monotonic())
@@ -136,19 +147,41 @@ class Children:
         self.policy.clear()
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 @contextlib.contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread while it starts a child, which inherits the mask (through
-    exec too) and so never sees a Ctrl-C; a SIGINT that comes meanwhile reaches this process
-    once the block ends."""
+def _stop_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread while it starts a child, which inherits the
+    mask (through exec too) and so never sees them before :func:`_child_main` says how; a
+    signal that comes meanwhile reaches this process once the block ends."""
     if not hasattr(signal, "pthread_sigmask"):  # Windows: no masks, and no process groups to signal
         yield
         return
-    # The first child starts multiprocessing's resource tracker, which unblocks SIGINT once it
-    # has spawned that: it must run first.
+    # The first child starts multiprocessing's resource tracker, which unblocks both signals
+    # once it has spawned that (it ignores them itself): it must run first.
     resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _child_main(supervisor: int, target: Callable[..., None], args: tuple[Any, ...]) -> None:
+    """A child's first steps, in the child: SIGTERM left to its ``supervisor`` process, then
+    unblocked; then ``target(*args)``. SIGINT stays blocked (and the child may ignore it too)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.signal(signal.SIGTERM, functools.partial(_leave_to_supervisor, supervisor))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    target(*args)
+
+
+def _leave_to_supervisor(supervisor: int, signum: int, frame: Any) -> None:
+    """SIGTERM in a child: ignored while its supervisor lives, since that decides when its
+    children stop (a signal to the whole group reached it too; one sent to this child alone
+    is ignored as well). An orphan stops, as SIGTERM always stopped it."""
+    if os.getppid() == supervisor:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.raise_signal(signal.SIGTERM)

@@ -294,6 +294,10 @@ class BertServer(ExitFlags):
             if ventilator.terminate_requested:
                 logger.info("a client asked the server to stop")
                 self.should_exit.set()
+            if self.should_exit.is_set():
+                # Stopping: a child that exits from now on is the shutdown's to join, not a failure
+                # (a signal to the whole process group reaches the HTTP process too, and stops it).
+                break
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + 0.25
                 self._supervise(ventilator, addresses)
