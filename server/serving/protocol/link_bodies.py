@@ -202,7 +202,7 @@ class ResultHeader(_Schema):
     windows: list[Count] | None = None
     model_version: int | None = Field(default=None, ge=0, le=2**63 - 1)
     # the model's modules end in a Normalize module, which its graph leaves to the sink (graph.serving_graph)
-    normalizes: bool = False
+    normalizes: bool | None = None
 
     @model_validator(mode="after")
     def _rows_agree(self) -> ResultHeader:

@@ -203,7 +203,7 @@ class Sink:
             pending = self.pending.get(key)
             if pending is None:
                 if key not in self.closed:
-                    self._keep_orphan(key, rows, chunk, chunk_tokens, part_counts, header.normalizes)
+                    self._keep_orphan(key, rows, chunk, chunk_tokens, part_counts, bool(header.normalizes))
                 continue
             if version is not None and pending.version is not None and version != pending.version:
                 logger.error(
@@ -220,7 +220,7 @@ class Sink:
                     "internal",
                 )
                 continue
-            self._add(key, pending, rows, chunk, chunk_tokens, part_counts, header.normalizes)
+            self._add(key, pending, rows, chunk, chunk_tokens, part_counts, bool(header.normalizes))
             self._maybe_publish(key)
 
     def _keep_orphan(
