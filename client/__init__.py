@@ -27,6 +27,7 @@ from .errors import (
     ServerTimeoutError,
     UnknownModelError,
     WrongPortError,
+    WrongReplyPortError,
 )
 from .sync.client import BertClient
 from .sync.pool import ConcurrentBertClient
@@ -47,5 +48,6 @@ __all__ = [
     "ServerTimeoutError",
     "UnknownModelError",
     "WrongPortError",
+    "WrongReplyPortError",
     "__version__",
 ]
