@@ -96,7 +96,7 @@ class Pending:
         out = out if self.dimensions is None else self._cut(out)
         normalize = self.model_normalizes if self.normalize is None else self.normalize
         if normalize and out.ndim == 2:
-            rows = out.astype(np.float32)
+            rows = out.astype(np.float32, copy=False)  # out is this request's own: scaled in place
             rows /= np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-12)
             out = rows.astype(out.dtype, copy=False)
         return out
