@@ -73,7 +73,9 @@ def test_each_model_answers_with_its_own_vectors(server: Served, expected: dict[
             )
             assert answer.model == name
             assert_same([item.embedding for item in answer.data], expected[name])
-            packed = client.embeddings.create(model=name, input=TEXTS[:3], extra_body={"truncate": True})  # base64, the package's default
+            packed = client.embeddings.create(
+                model=name, input=TEXTS[:3], extra_body={"truncate": True}
+            )  # base64, the package's default
             assert_same([item.embedding for item in packed.data], expected[name][:3])
     with server.http() as http:
         default = http.post("/v1/embeddings", json={"input": TEXTS, "truncate": True}).json()
