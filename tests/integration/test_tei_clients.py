@@ -171,3 +171,30 @@ def test_zeromq_clients_reach_the_default_model_of_their_task(running: RunningSe
         with pytest.raises(ValueError, match=r"the served models of task rerank: 'other-ranker', 'ranker'"):
             client.rerank("a query", documents, model="embedder")
     assert [r.index for r in ranked] == ref["rank"][3].tolist()
+
+
+def test_the_root_answers_by_the_task_of_the_model_it_reaches(url: str, sentences: tuple) -> None:
+    import httpx
+
+    ref = reference(DATA / "tasks" / "rerank_bert")
+    documents = [str(d) for d in ref["documents"]]
+    texts, normalized, _ = sentences
+    with httpx.Client(base_url=url, timeout=60) as http:
+        ranked = http.post("/", json={"query": str(ref["queries"][3]), "texts": documents}).json()  # TEI's rerank
+        assert [r["index"] for r in ranked] == ref["rank"][3].tolist()
+        sparse = http.post("/invocations", json={"model": "splade", "inputs": texts[0], "truncate": True})
+        assert sparse.status_code == 200 and all({"index", "value"} == set(t) for t in sparse.json()[0])
+        named = http.post("/", json={"model": "other-embedder", "inputs": texts[:2]}).json()
+        assert np.asarray(named).shape == (2, 32)  # mpnet's vectors, not the default model's 24
+        np.testing.assert_allclose(http.post("/", json={"inputs": texts}).json(), normalized, atol=1e-5)
+        refusals = {
+            "not JSON": (http.post("/", content=b'{"inputs": "x",}'), 400, "the body is not valid JSON: "),
+            "not an object": (http.post("/", json=["x"]), 422, "the body must be a JSON object, not list"),
+            "unknown model": (http.post("/", json={"model": "nope", "inputs": "x"}), 404, "is not served here"),
+            "bad model": (http.post("/", json={"model": 3, "inputs": "x"}), 422, "model must be a string"),
+            "bad inputs": (http.post("/", json={"inputs": 3}), 422, "inputs"),
+            "bad parameters": (http.post("/", json={"inputs": "x", "parameters": {"k": 1}}), 422, "parameters.k"),
+            "bad similarity": (http.post("/", json={"inputs": {"source_sentence": "a"}}), 422, "sentences"),
+        }
+        for what, (answer, status, says) in refusals.items():
+            assert answer.status_code == status and says in answer.json()["error"], (what, answer.text)
