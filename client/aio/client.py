@@ -219,6 +219,9 @@ class AsyncBertClient:
         """
         if output is not None and output != "float":
             (kind,) = t.check_embedding_types(output, "output") if isinstance(output, str) else ("",)
+            await self._connection.open()
+            config = await self._connection.config_of(check_model(model) or self.model)
+            t.check_calibrated(kind, normalize, config)
             answer = await self.encode(
                 texts,
                 is_tokenized=is_tokenized,
@@ -233,7 +236,7 @@ class AsyncBertClient:
                 model=model,
             )
             vectors, tokens = answer if show_tokens else (answer, None)
-            compacted = t.compact(vectors, kind, await self._connection.config_of(check_model(model) or self.model))
+            compacted = t.compact(vectors, kind, config)
             return shaped(compacted.tolist() if self.output_fmt == "list" else compacted, tokens or [], show_tokens)
         options = EncodeOptions(
             is_tokenized=is_tokenized,

@@ -412,11 +412,12 @@ class BertClient:
         (kind,) = t.check_embedding_types(output, "output") if isinstance(output, str) else ("",)
         if not blocking:
             raise ValueError("output needs blocking=True: fetch() collects the float vectors")
+        with self._using():
+            config = self._connection.config_of(check_model(options.get("model")) or self.model)
+        t.check_calibrated(kind, options.get("normalize"), config)
         answer = self.encode(texts, **options)
         vectors, tokens = answer if options.get("show_tokens") else (answer, None)
-        compacted = t.compact(
-            vectors, kind, self._connection.config_of(check_model(options.get("model")) or self.model)
-        )
+        compacted = t.compact(vectors, kind, config)
         formatted = compacted.tolist() if self.output_fmt == "list" else compacted
         return (formatted, tokens) if tokens is not None else formatted
 

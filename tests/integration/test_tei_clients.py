@@ -170,6 +170,8 @@ def test_zeromq_clients_reach_the_default_model_of_their_task(running: RunningSe
         np.testing.assert_allclose(client.encode(texts, normalize=False), raw, atol=1e-5)
         with pytest.raises(ValueError, match=r"the served models of task rerank: 'other-ranker', 'ranker'"):
             client.rerank("a query", documents, model="embedder")
+        with pytest.raises(ValueError, match="output=int8 cuts ranges calibrated on the model's own vectors"):
+            client.encode(texts, output="int8", normalize=False)
     assert [r.index for r in ranked] == ref["rank"][3].tolist()
 
 
@@ -195,6 +197,11 @@ def test_the_root_answers_by_the_task_of_the_model_it_reaches(url: str, sentence
             "bad inputs": (http.post("/", json={"inputs": 3}), 422, "inputs"),
             "bad parameters": (http.post("/", json={"inputs": "x", "parameters": {"k": 1}}), 422, "parameters.k"),
             "bad similarity": (http.post("/", json={"inputs": {"source_sentence": "a"}}), 422, "sentences"),
+            "int8 of other vectors": (
+                http.post("/embed", json={"inputs": "x", "normalize": False, "embedding_types": ["int8"]}),
+                422,
+                "calibrated on the model's own vectors, which are normalized",
+            ),
         }
         for what, (answer, status, says) in refusals.items():
             assert answer.status_code == status and says in answer.json()["error"], (what, answer.text)
