@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             plain_headers = {"content-type": "application/json"}
 
             def over_plain_http(texts: list[str]) -> Any:
-                plain.request("POST", "/v1/embeddings", body=json.dumps({"input": texts}), headers=plain_headers)
+                plain.request(
+                    "POST", "/v1/embeddings", body=json.dumps({"input": texts, "truncate": True}), headers=plain_headers
+                )
                 response = plain.getresponse()
                 body = response.read()
                 if response.status != 200:
@@ -75,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                 return json.loads(body)
 
             def over_http(texts: list[str], encoding: str = "float") -> Any:
-                reply = session.post("/v1/embeddings", json={"input": texts, "encoding_format": encoding})
+                reply = session.post(
+                    "/v1/embeddings", json={"input": texts, "encoding_format": encoding, "truncate": True}
+                )
                 reply.raise_for_status()
                 return reply.json()
 
@@ -83,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                 "ZeroMQ, BertClient": bc.encode,
                 "HTTP, http.client": over_plain_http,
                 "HTTP, httpx": over_http,
-                "HTTP, openai package": lambda texts: openai.embeddings.create(model="all-MiniLM-L6-v2", input=texts),
+                "HTTP, openai package": lambda texts: openai.embeddings.create(
+                    model="all-MiniLM-L6-v2", input=texts, extra_body={"truncate": True}
+                ),
             }
             texts = corpus[: args.warmup + args.sentences]
             log(f"one sentence at a time: {len(texts)} sentences per path, in turns")

@@ -92,7 +92,7 @@ def bulk_rate(client: BertClient, texts: list[str]) -> float:
 
 def http_call(client: httpx.Client, port: int) -> Callable[[list[str]], Any]:
     def call(texts: list[str]) -> Any:
-        answer = client.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": texts})
+        answer = client.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": texts, "truncate": True})
         answer.raise_for_status()
         return answer
 

@@ -24,6 +24,7 @@ def test_public_names() -> None:
         "ServerTimeoutError",
         "UnknownModelError",
         "WrongPortError",
+        "WrongReplyPortError",
         "__version__",
     ]
     for name in bertserve.client.__all__:
