@@ -281,14 +281,19 @@ def compact(vectors: Any, kind: str, config: dict[str, Any]) -> np.ndarray:
     return quantize(floats, kind, None if ranges is None else ranges[:, : floats.shape[1]])
 
 
-def check_calibrated(kind: str, normalize: bool | None, config: Mapping[str, Any]) -> None:
-    """``ValueError`` for ``int8`` or ``uint8`` of vectors asked for with another ``normalize``
-    than the model's own (``config``): their ranges are calibrated on the model's own vectors."""
+def check_calibrated(
+    kinds: Sequence[str], normalize: bool | None, config: Mapping[str, Any], name: str = "output"
+) -> None:
+    """``ValueError`` for ``int8`` or ``uint8`` among ``kinds`` (the field ``name``) of vectors
+    asked for with another ``normalize`` than the model's own (``config``): their ranges are
+    calibrated on the model's own vectors."""
     own = bool(config.get("normalize"))
-    if kind in ("int8", "uint8") and normalize is not None and normalize != own:
+    kind = next((kind for kind in kinds if kind in ("int8", "uint8")), None)
+    if kind is not None and normalize is not None and normalize != own:
         raise ValueError(
-            f"output={kind} cuts ranges calibrated on the model's own vectors, which are "
-            f"{'' if own else 'not '}normalized: ask for it with normalize={own} or None, or ask for binary or ubinary"
+            f"{name}={kind} cuts ranges calibrated on the model's own vectors, which are "
+            f"{'' if own else 'not '}normalized: leave normalize as the model has it, or ask for float, binary "
+            "or ubinary"
         )
 
 

@@ -221,7 +221,7 @@ class AsyncBertClient:
             (kind,) = t.check_embedding_types(output, "output") if isinstance(output, str) else ("",)
             await self._connection.open()
             config = await self._connection.config_of(check_model(model) or self.model)
-            t.check_calibrated(kind, normalize, config)
+            t.check_calibrated([kind], normalize, config)
             answer = await self.encode(
                 texts,
                 is_tokenized=is_tokenized,

@@ -414,7 +414,7 @@ class BertClient:
             raise ValueError("output needs blocking=True: fetch() collects the float vectors")
         with self._using():
             config = self._connection.config_of(check_model(options.get("model")) or self.model)
-        t.check_calibrated(kind, options.get("normalize"), config)
+        t.check_calibrated([kind], options.get("normalize"), config)
         answer = self.encode(texts, **options)
         vectors, tokens = answer if options.get("show_tokens") else (answer, None)
         compacted = t.compact(vectors, kind, config)

@@ -31,7 +31,6 @@ from fastapi.responses import Response
 from fastapi_offline import FastAPIOffline
 
 from .. import metrics, tracing
-from ..model.prompts import apply_prompt
 from . import compact
 from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
@@ -40,7 +39,7 @@ from .front import caller
 from .gateway import FrameTooLarge, Gateway, GatewayError
 from .layers import add_layers
 from .lengths import check_text_limits, first_over_long, over_long
-from .options import Asked, asked, prompt_text
+from .options import Asked, asked, prompt_text, prompted
 from .schemas import (
     CLIENT_CLOSED,
     STATUS_OF_KIND,
@@ -322,15 +321,15 @@ class Endpoints:
         encoded in windows (``long_inputs=chunk``) are not cut."""
         if options.long_inputs == "chunk" or (options.long_inputs is None and info.get("long_inputs") == "chunk"):
             return 0
-        allowed = options.long_inputs == "truncate" or (self.settings.auto_truncate if truncate is None else truncate)
+        allowed = options.long_inputs == "truncate" or self.settings.cuts(truncate)
         tokenizer = model.tokenizer
         if is_tokenized:
             room = tokenizer.max_len - tokenizer.num_special_tokens()
             over = [i for i, tokens in enumerate(texts) if len(tokens) > room]
         else:
-            prompt = prompt_text(options.prompt_name, info)
-            prompted = apply_prompt(texts, prompt) if prompt else texts
-            over = await self.tokenized(request, over_long, tokenizer, prompted, first=not allowed)
+            over = await self.tokenized(
+                request, over_long, tokenizer, prompted(texts, options.prompt_name, info), first=not allowed
+            )
         if over and not allowed:
             raise HTTPError(
                 413,
@@ -355,8 +354,9 @@ class Endpoints:
         """413 for the first input longer than ``model`` takes, the prompt the workers put
         before it counted (``info``: the model's ``CONFIG`` answer)."""
         prompt = prompt_text(options.prompt_name, info)
-        prompted = apply_prompt(texts, prompt) if prompt else texts
-        first = await self.tokenized(request, first_over_long, model.tokenizer, prompted)
+        first = await self.tokenized(
+            request, first_over_long, model.tokenizer, prompted(texts, options.prompt_name, info)
+        )
         if first is not None:
             with_prompt = " with its prompt" if prompt else ""
             raise HTTPError(

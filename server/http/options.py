@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..model.prompts import apply_prompt
 from .schemas import HTTPError, quoted
 
 
@@ -100,3 +101,10 @@ def prompt_text(name: str | None, info: dict[str, Any]) -> str:
     the server's default prompt); "" for none."""
     chosen = name if name is not None else default_prompt_name(info)
     return prompts(info).get(chosen, "") if chosen is not None else ""
+
+
+def prompted(texts: list[Any], name: str | None, info: dict[str, Any]) -> list[Any]:
+    """``texts`` as the workers encode them: each after the text of the prompt ``name`` (None:
+    the server's default prompt, if any; see :func:`prompt_text`)."""
+    prompt = prompt_text(name, info)
+    return apply_prompt(texts, prompt) if prompt else texts

@@ -33,4 +33,9 @@ class Settings:
     max_request_tokens: int = REQUEST_TOKENS  # tokens of model work in one request, counted before work
     max_reply_bytes: int = REPLY_BYTES  # largest answer, as JSON, counted before work
     auto_truncate: bool = False  # cut an over-long input where a request does not say (--auto-truncate)
+
+    def cuts(self, truncate: bool | None) -> bool:
+        """Whether a request's over-long input is cut: as its ``truncate`` says, else ``--auto-truncate``."""
+        return self.auto_truncate if truncate is None else truncate
+
     traced: bool = False  # this process traces (tracing.setup ran): each request's span, its context sent on

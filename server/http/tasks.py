@@ -29,13 +29,12 @@ from bertserve.client.protocol import PAIR_SEPARATOR, Reply, one_sentence
 from fastapi import Request
 from fastapi.responses import Response
 
-from ..model.prompts import apply_prompt
 from ..model.tasks import wrong_task
 from ..serving.policy import costs
 from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
 from .lengths import check_pair_limits, rerank_sides
-from .options import Asked, checked_prompt_name, direction, prompt_text
+from .options import Asked, checked_prompt_name, direction, prompted
 from .schemas import HTTPError, json_response, quoted
 from .settings import Settings
 from .task_bodies import CohereRerankRequest, EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
@@ -73,10 +72,6 @@ class TaskEndpoints:
 
     def __init__(self, api: API) -> None:
         self.api = api
-
-    def _truncating(self, truncate: bool | None) -> bool:
-        """Whether an over-long input is cut: as the request says, else ``--auto-truncate``."""
-        return self.api.settings.auto_truncate if truncate is None else truncate
 
     async def _model(self, name: str | None, task: str) -> tuple[ModelSettings, dict[str, Any]]:
         """The model ``name`` picks and its ``CONFIG`` answer, once ready; 400 unless its task is ``task``."""
@@ -217,7 +212,7 @@ class TaskEndpoints:
         model, info = await self._model(body.model, "classify")
         options = Asked(truncation_direction=direction(body.truncation_direction), task="classify")
         self.api.bounds.request(model, info, texts, options, costs.JSON_FLOAT_BYTES + 24)  # each label's name and score
-        if not self._truncating(body.truncate):
+        if not self.api.settings.cuts(body.truncate):
             await self._truncated(request, model, texts, "inputs", refuse=True)
         reply = await self.api.encode(request, model, texts, options)
         logits = reply.array().astype(np.float32, copy=False).reshape(len(texts), -1)
@@ -260,9 +255,8 @@ class TaskEndpoints:
                 param="model",
             )
         options = await self._prompted_options(request, model, info, texts, body, "embed")
-        prompt = prompt_text(options.prompt_name, info)
         counts = await self.api.tokenized(
-            request, model.tokenizer.count_tokens, apply_prompt(texts, prompt) if prompt else texts
+            request, model.tokenizer.count_tokens, prompted(texts, options.prompt_name, info)
         )
         reply = await self.api.encode(request, model, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
@@ -291,7 +285,7 @@ class TaskEndpoints:
             self.api.bounds.request(model, info, texts, options, costs.SPARSE_TERM_BYTES)
         else:
             self.api.bounds.request(model, info, texts, options)
-        if not self._truncating(body.truncate):
+        if not self.api.settings.cuts(body.truncate):
             await self.api.refuse_over_long(request, model, info, texts, options, chunkable=task == "embed")
         return options
 

@@ -21,16 +21,16 @@ from typing import Any
 
 import numpy as np
 import orjson
+from bertserve.client import tasks as t
 from bertserve.client.protocol import Reply
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from ..model.prompts import apply_prompt
 from . import compact
 from .lengths import explain_bounded, tokens_answered
-from .options import asked, checked_prompt_name, direction, prompt_text
+from .options import asked, checked_prompt_name, direction, prompted
 from .schemas import EmbedRequest, HTTPError, SimilarityRequest, TokenizeRequest, checked_texts, json_response
 from .task_bodies import EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
 from .tasks import API, TaskEndpoints
@@ -50,10 +50,6 @@ class TEIEndpoints:
 
     def __init__(self, api: API, tasks: TaskEndpoints) -> None:
         self.api, self.tasks = api, tasks
-
-    def truncating(self, truncate: bool | None) -> bool:
-        """Whether an over-long input is cut: as the request says, else ``--auto-truncate``."""
-        return self.api.settings.auto_truncate if truncate is None else truncate
 
     async def embed(self, body: EmbedRequest, request: Request) -> Response:
         vectors, reply, info, types = await self._embedded(body, request)
@@ -79,17 +75,12 @@ class TEIEndpoints:
             )
         options = dataclasses.replace(asked(body, info), normalize=body.normalize)
         types = compact.requested(body.embedding_types)
-        own = bool(info.get("normalize"))
-        if body.normalize != own and types is not None and {"int8", "uint8"} & set(types):
-            raise HTTPError(
-                422,
-                f"embedding_types int8 and uint8 cut ranges calibrated on the model's own vectors, which are "
-                f"{'' if own else 'not '}normalized: ask for them with normalize={str(own).lower()}, or ask for "
-                "float, binary or ubinary",
-                param="embedding_types",
-            )
+        try:
+            t.check_calibrated(types or (), body.normalize, info, "embedding_types")
+        except ValueError as exc:
+            raise HTTPError(422, str(exc), param="embedding_types") from None
         api.bounds.request(model, info, texts, options, compact.json_value_bytes(types))
-        if not self.truncating(body.truncate) and body.long_inputs != "chunk":
+        if not api.settings.cuts(body.truncate) and body.long_inputs != "chunk":
             await api.refuse_over_long(request, model, info, texts, options)
         reply = await api.encode(request, model, texts, options)
         return reply.array().astype(np.float32, copy=False), reply, info, types
@@ -124,13 +115,11 @@ class TEIEndpoints:
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         texts = api.within_limits(checked_texts(texts, "inputs"), "inputs")
         info = await api.catalog.said(model)  # the prompts are the model's from the start; no worker is needed
-        prompt = prompt_text(checked_prompt_name(body.prompt_name, info), info)
-        prompted = apply_prompt(texts, prompt) if prompt else texts
         tokens = await api.tokenized(
             request,
             tokenized,
             model.tokenizer,
-            prompted,
+            prompted(texts, checked_prompt_name(body.prompt_name, info), info),
             add_special_tokens=body.add_special_tokens,
             truncate=bool(body.truncate),
             direction=direction(body.truncation_direction) or "right",
