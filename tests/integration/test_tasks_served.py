@@ -384,3 +384,18 @@ def test_ten_thousand_documents_are_one_request(served: Served) -> None:
     assert len(results) == 10_000 and sorted(r["index"] for r in results) == list(range(10_000))
     scores = {r["index"]: r["relevance_score"] for r in results}
     np.testing.assert_allclose([scores[i] for i in range(24)], ref["scores"][0], atol=1e-4)
+
+
+def test_every_post_route_the_api_describes_needs_the_key(served: Served) -> None:
+    """TEI's root, /invocations and /similarity among them: the routes are read from the
+    server's own OpenAPI description, so a route added later is held to the key too."""
+    import httpx
+
+    with httpx.Client(base_url=served.url, timeout=30) as anonymous:
+        paths = anonymous.get("/openapi.json").json()["paths"]
+        posts = sorted(path for path, methods in paths.items() if "post" in methods)
+        assert {"/", "/invocations", "/similarity", "/embed", "/rerank"} <= set(posts)
+        for path in posts:
+            for headers in ({}, {"Authorization": "Bearer not-the-key-0123456789"}):
+                answer = anonymous.post(path, json={"inputs": "x", "query": "q", "texts": ["a"]}, headers=headers)
+                assert answer.status_code == 401, (path, headers, answer.text)
