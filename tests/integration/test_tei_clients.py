@@ -205,3 +205,19 @@ def test_the_root_answers_by_the_task_of_the_model_it_reaches(url: str, sentence
         }
         for what, (answer, status, says) in refusals.items():
             assert answer.status_code == status and says in answer.json()["error"], (what, answer.text)
+
+
+def test_requests_of_both_normalizes_merged_into_one_run_never_cross(running: RunningServer, sentences: tuple) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bertserve.client import ConcurrentBertClient
+
+    texts, normalized, raw = sentences
+    with (
+        ConcurrentBertClient(port=running.port, port_out=running.port_out, max_concurrency=8, timeout=60_000) as pool,
+        ThreadPoolExecutor(8) as threads,
+    ):
+        asked = [(i % len(texts), i % 2 == 0) for i in range(64)]
+        answers = list(threads.map(lambda a: pool.encode([texts[a[0]]], normalize=a[1]), asked))
+    for (row, normal), answer in zip(asked, answers, strict=True):
+        np.testing.assert_allclose(answer[0], (normalized if normal else raw)[row], atol=1e-5)
