@@ -15,6 +15,8 @@ directory on ``PYTHONPATH`` (see :func:`pythonpath_env`)::
 - :class:`SlowStartModel` is :class:`FaultyModel` that takes seconds to load.
 - :class:`PacedModel` is :class:`FaultyModel` whose every model run takes 50 ms, so work
   is in flight long enough for a test to act on it.
+- :class:`CostlyModel` is :class:`FaultyModel` whose runs take a time in proportion to their
+  rows, as a real model's on a CPU.
 - :class:`RecordingModel` is :class:`PacedModel` that records when each run started and
   which texts it held, for tests of what ran after a deadline.
 """
@@ -168,3 +170,14 @@ class RecordingModel(PacedModel):
 def word_id(word: str) -> int:
     """The id :class:`HashingModel` gives ``word``."""
     return HashingModel._word_id(word)
+
+
+class CostlyModel(FaultyModel):
+    """:class:`FaultyModel` whose runs cost ``ROW_S`` seconds a row, as a real model's do on a
+    CPU: a batch of 256 takes seconds, so a stop finds a worker in the middle of one."""
+
+    ROW_S = 0.01
+
+    def run(self, batch: TokenizedBatch) -> np.ndarray:
+        time.sleep(self.ROW_S * len(batch.input_ids))
+        return super().run(batch)

@@ -239,7 +239,7 @@ WORKER_FLAGS = [
         Flag("--prefetch-size", "jobs a worker holds at once: its credits; give faster devices more", int, 1),
     ),
     *(server_flag(name) for name in ("--cpu", "--device-map", "--gpu-memory-fraction", "--threads-per-worker")),
-    *(server_flag(name) for name in ("--worker-nice", "--feed", "--max-restarts")),
+    *(server_flag(name) for name in ("--worker-nice", "--feed", "--max-restarts", "--stop-timeout")),
     *under(
         "security",
         Flag(

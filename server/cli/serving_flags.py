@@ -14,6 +14,7 @@ from ..config.limits import (
     REQUEST_SIZE,
     REQUEST_TOKENS,
 )
+from ..config.stopping import STOP_TIMEOUT_SECONDS
 from ..config.telemetry import LOG_FORMATS
 from .flag_help import Flag, boolean, under
 
@@ -166,6 +167,13 @@ DEVICE_FLAGS = under(
     ),
     Flag("--heartbeat-timeout-ms", "a worker silent this long is killed and replaced", int, 10_000, rare=True),
     Flag("--max-restarts", "failures in a row of one process before the server gives up", int, 5, rare=True),
+    Flag(
+        "--stop-timeout",
+        "SIGTERM to exit, at most; requests in flight get most of it to finish",
+        float,
+        STOP_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+    ),
 )
 
 TELEMETRY_FLAGS = under(

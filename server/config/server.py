@@ -15,6 +15,7 @@ from .limits import QUEUED_BYTES, REPLY_BYTES, REQUEST_TOKENS, Limits
 from .model import ModelConfig
 from .ports import Ports
 from .specs import check_models
+from .stopping import STOP_TIMEOUT_SECONDS, StopBudget
 
 HTTP_BODY_BYTES = 12 * 1024 * 1024
 """Default largest HTTP body: while it is read, parsed and sent on, one body costs the HTTP process
@@ -75,6 +76,7 @@ class ServerConfig:
     job_timeout_ms: int = 120_000
     heartbeat_timeout_ms: int = 10_000
     max_restarts: int = 5
+    stop_timeout: float = STOP_TIMEOUT_SECONDS  # the whole stop, from the signal to the exit (.stopping)
     curve_dir: str | None = None
     allow_terminate: bool | None = None
     legacy_clients: bool = True  # answer bert-as-service 1.x's client in its own wire format
@@ -119,7 +121,7 @@ class ServerConfig:
                 "num_worker must be at least 1 (0 only with worker_port, for a head whose workers join remotely)"
             )
         # Each concern is built, so checked, once: the HTTP body limits are checked against the frame limit.
-        ports, limits, _ = self.ports, self.limits, self.batching
+        ports, limits, _, _ = self.ports, self.limits, self.batching, self.stop_budget
         checks = [
             (self.api_key is None or len(self.api_key.strip()) >= 8, "api_key must be at least 8 characters"),
             (
@@ -175,6 +177,11 @@ class ServerConfig:
         if self.curve_dir is not None:
             object.__setattr__(self, "curve_dir", os.fspath(self.curve_dir))
         object.__setattr__(self, "model_version", str(self.model_version).lower())
+
+    @functools.cached_property
+    def stop_budget(self) -> StopBudget:
+        """The whole stop and its stages' shares (:class:`.stopping.StopBudget`)."""
+        return StopBudget(self.stop_timeout)
 
     @functools.cached_property
     def ports(self) -> Ports:

@@ -17,6 +17,7 @@ the budget's end.
 from __future__ import annotations
 
 import math
+import signal
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -27,6 +28,9 @@ MAX_STOP_TIMEOUT_SECONDS = 3600.0
 TAIL_SECONDS = (1.0, 3.0)
 """After the drain: at least this long (or half the budget, if less) to fail what is left and
 stop the children, and at most the second (a quarter of the budget in between)."""
+FRONT_END_STOP_SIGNAL = signal.SIGUSR1
+"""What a supervisor sends its HTTP front end to stop it: the front end leaves SIGTERM to its
+supervisor while that lives, as every child does (a signal to the process group reaches it too)."""
 EXIT_MARGIN_SECONDS = 0.25
 """Left at the end, for the process to exit once its children have."""
 
@@ -55,10 +59,10 @@ class StopBudget:
     def __post_init__(self) -> None:
         seconds = self.seconds
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
-            raise ConfigError(f"--stop-timeout must be a number of seconds, not {seconds!r}")
+            raise ConfigError(f"stop_timeout must be a number of seconds, not {seconds!r}")
         if not 0 < seconds <= MAX_STOP_TIMEOUT_SECONDS:
             raise ConfigError(
-                f"--stop-timeout must be more than 0 and at most {MAX_STOP_TIMEOUT_SECONDS:.0f} seconds, "
+                f"stop_timeout must be more than 0 and at most {MAX_STOP_TIMEOUT_SECONDS:.0f} seconds, "
                 f"not {seconds:g}: it is the whole stop, from the signal to the exit"
             )
 

@@ -383,7 +383,10 @@ class Endpoints:
         return json_response({"status": "ok"})
 
     async def ready(self) -> Response:
-        if not (await self.server_status()).get("ready"):
+        status = await self.server_status()
+        if status.get("stopping"):
+            raise HTTPError(503, "the server is shutting down", code="shutdown")
+        if not status.get("ready"):
             raise HTTPError(
                 503, "not every model has a worker with it loaded: the server is starting, or its workers restart"
             )

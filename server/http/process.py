@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
+import signal
+import threading
+from types import FrameType
 from typing import TYPE_CHECKING, Any
+
+import uvicorn
 
 from ..config.served import ServedModel, directory_name
 from ..config.server import ServerConfig
+from ..config.stopping import FRONT_END_STOP_SIGNAL
 from ..config.telemetry import Telemetry
 from .bodies import BodyPace
 from .gateway import Gateway, GatewayKeys
@@ -18,7 +26,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("bertserve.http")
 
 _GATEWAY_START_S = 30.0
-_GRACEFUL_S = 10  # in-flight HTTP requests get this long to finish when the server stops
 _KEEP_ALIVE_S = 75  # longer than a load balancer's usual 60 s idle timeout, so it never reuses a closed connection
 
 
@@ -57,8 +64,6 @@ def run_http(
     uvicorn_logger.setLevel(logging.INFO if telemetry.verbose or telemetry.json_logs else logging.WARNING)
     uvicorn_logger.propagate = False
 
-    import uvicorn
-
     from .app import Settings, create_app
 
     served = models or [ServedModel(served_names(config)[0], config)]
@@ -90,7 +95,7 @@ def run_http(
         await gw.start(_GATEWAY_START_S)
         return gw
 
-    server = uvicorn.Server(
+    server = _SupervisedServer(
         uvicorn.Config(
             create_app(settings, gateway),
             host=config.http_bind or config.bind,
@@ -98,15 +103,38 @@ def run_http(
             log_config=None,
             access_log=telemetry.verbose or telemetry.json_logs,
             lifespan="on",
-            timeout_graceful_shutdown=_GRACEFUL_S,
+            timeout_graceful_shutdown=max(1, math.ceil(config.stop_budget.tail)),
             timeout_keep_alive=_KEEP_ALIVE_S,
             server_header=False,
             **_edge_options(config),
         )
     )
-    server.run()  # SIGTERM (or Ctrl-C) stops it gracefully: in-flight requests get _GRACEFUL_S to finish
+    server.run()
     if not server.started:
         raise SystemExit(3)
+
+
+class _SupervisedServer(uvicorn.Server):
+    """uvicorn, stopped by its supervisor (:meth:`..serving.process.children.Children.stop_http`,
+    late in the stop: until then a new request gets the head's 503 ``shutdown``). A SIGTERM is
+    the supervisor's to act on while it lives: a signal to the whole process group reached this
+    process too. Once stopping, uvicorn closes its listeners and idle connections, and sends
+    each response it still owes with ``Connection: close``; what is still running after the
+    budget's tail is cancelled."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.supervisor = os.getppid()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(FRONT_END_STOP_SIGNAL, self._stop)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and os.getppid() == self.supervisor:
+            return
+        super().handle_exit(sig, frame)
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
+        self.should_exit = True
 
 
 def _edge_options(config: ServerConfig) -> dict[str, Any]:

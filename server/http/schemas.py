@@ -305,4 +305,6 @@ def error_response(path: str, error: HTTPError) -> Response:
         response.headers["Retry-After"] = "1"
     if error.status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
+    if error.code == "shutdown":  # the server is going: the caller's next request goes elsewhere
+        response.headers["Connection"] = "close"
     return response

@@ -7,6 +7,7 @@ warning of it (``--api-key`` on the command line) are JSON lines on stderr."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -90,7 +91,7 @@ def test_every_line_of_a_json_start_is_json_and_the_ready_line_has_its_facts(tin
         record["level"] == "WARNING" and record["message"].startswith("--api-key on the command line")
         for record in logged
     )
-    assert logged[-1]["message"] == "bertserve stopped"
+    assert re.fullmatch(r"bertserve stopped in \d+\.\d s", logged[-1]["message"]), logged[-1]
 
 
 def test_an_error_of_a_json_start_is_a_json_line(tiny_google: str, tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def test_a_second_ctrl_c_fails_what_is_in_flight_and_stops_within_two_seconds(ti
                     "the job on the worker",
                 )
             server.ctrl_c()
-            server.wait_for("stopping: 1 request in flight; Ctrl-C again to stop now", 5)
+            server.wait_for("stopping: 1 request in flight; they get 6.0 s to finish; Ctrl-C again to stop now", 5)
             time.sleep(1.0)
             assert server.process.poll() is None  # draining: it waits for the request
             asked = time.monotonic()

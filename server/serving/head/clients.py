@@ -31,16 +31,22 @@ from .requests import Requests
 
 logger = logging.getLogger("bertserve.ventilator")
 
+STOPPING = "the server is shutting down: it takes no new requests"
+
 _Command = Callable[[p.Request, bytes | None, ReplyFormat], None]
 
 
 class Head(Protocol):
     """What answering clients reads of the head: the models it serves (each one's queue,
-    prompts and the version new requests are pinned to), and the CONFIG and STATUS answers;
+    prompts and the version new requests are pinned to), whether it takes new requests (not
+    once it is stopping), and the CONFIG and STATUS answers;
     and the one thing it asks of it: to cancel."""
 
     @property
     def models(self) -> Models: ...
+
+    @property
+    def accepting(self) -> bool: ...
 
     def cancel(self, keys: set[str]) -> None: ...
 
@@ -144,6 +150,8 @@ class Clients:
     def _on_encode(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         who = admission.principal(request.client_id, user, self.gateway_key)
         self.received += 1
+        if not self.head.accepting:  # stopping: told at once, rather than left to its timeout
+            return self._refuse(request, fmt, Refusal(STOPPING, "shutdown"))
         model = self._model(request, fmt)
         if model is None:
             return None

@@ -142,14 +142,15 @@ class Ventilator:
         return self.control.terminate_requested
 
     def stop_accepting(self) -> None:
-        """Shutdown's first stage: no request is read from now on."""
+        """Shutdown's first stage: a new request is refused from now on (``shutdown``), and
+        STATUS says the server is not ready."""
         self.accepting = False
 
     # -- the loop ------------------------------------------------------------------------
 
     def poll_once(self, timeout_ms: int = 100) -> None:
         poller = zmq.Poller()
-        if self.accepting and not self.outbox.full:  # a stalled sink holds clients back
+        if not self.outbox.full:  # a stalled sink holds clients back
             poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         poller.register(self.credit_socket, zmq.POLLIN)
@@ -215,7 +216,8 @@ class Ventilator:
         queues = [model.scheduler.stats() for model in self.models]
         return {
             "server_version": __version__,
-            "ready": self.ready,
+            "ready": self.ready and self.accepting,
+            "stopping": not self.accepting,
             "uptime_s": round(time.time() - self.started, 3),
             **self.clients.stats(),
             "requests_pending": len(self.requests),

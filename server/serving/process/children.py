@@ -11,8 +11,8 @@ group must not cut that short: Ctrl-C at a terminal sends SIGINT to every proces
 group, and ``timeout`` and systemd's default ``KillMode`` send SIGTERM. A child starts with
 SIGINT blocked, and keeps it so. It starts with SIGTERM blocked too, until it has a handler
 (:func:`_child_main`) that leaves the stop to its supervisor while that lives, and stops the
-child as SIGTERM always did once it is an orphan. (The HTTP process's uvicorn takes SIGTERM
-over: it stops accepting and lets its requests finish, which is the shutdown's first stage.)
+child as SIGTERM always did once it is an orphan. The HTTP process keeps that rule under
+uvicorn (:mod:`...http.process`): its supervisor stops it with :meth:`Children.stop_http`.
 When to start a child again, and when to give up, is the :class:`.restarts.RestartPolicy`'s
 to say; what a death means (jobs handed on, the requests a sink held failed) is the supervisor's.
 """
@@ -31,7 +31,8 @@ from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from .lifecycle import FORCED_STOP_SECONDS, JOIN_SECONDS
+from ...config.stopping import FRONT_END_STOP_SIGNAL
+from .lifecycle import FORCED_STOP_SECONDS
 from .restarts import Exit, Fate, RestartPolicy
 
 _WORKER = "worker "
@@ -114,16 +115,31 @@ class Children:
         process.kill()
         return True
 
+    def stop_http(self) -> None:
+        """Tell the HTTP front end to stop: it stops accepting, answers what it holds (each
+        response with ``Connection: close``) and exits. SIGUSR1, since it leaves SIGTERM to
+        this process while it lives, as every child does."""
+        process = self._processes.get("http")
+        if process is not None and process.is_alive() and process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, FRONT_END_STOP_SIGNAL)
+
     def forgive(self, now: float) -> None:
         self.policy.forgive(now)
 
     def join(
-        self, names: list[str] | None = None, *, seconds: float = JOIN_SECONDS, hurry: Callable[[], bool] | None = None
+        self,
+        names: list[str] | None = None,
+        *,
+        seconds: float,
+        hurry: Callable[[], bool] | None = None,
+        warn: bool = True,
     ) -> None:
         """Give the children (``names``, else all) ``seconds`` together to exit, then kill
-        those still running, with a warning. Once ``hurry()`` is true (the user asked to stop
-        now) they get at most :data:`.lifecycle.FORCED_STOP_SECONDS` more, and are killed
-        without one."""
+        those still running, with a warning (``warn``; else a line of INFO: a stop that kills
+        what nobody waits for any more). Once ``hurry()`` is true (the user asked to stop now)
+        they get at most :data:`.lifecycle.FORCED_STOP_SECONDS` more, and are killed without a
+        word."""
         processes = [self._processes[n] for n in (self._processes if names is None else names) if n in self._processes]
         deadline = time.monotonic() + seconds
         hurried = False
@@ -136,8 +152,10 @@ class Children:
         hurried = hurried or (hurry is not None and hurry())
         for process in processes:
             if process.is_alive():
-                if not hurried:
+                if not hurried and warn:
                     self._logger.warning("%s did not stop in time; killing it", process.name)
+                elif not hurried:
+                    self._logger.info("%s was still running at its share of the stop budget; killing it", process.name)
                 process.kill()
                 process.join(5)
 

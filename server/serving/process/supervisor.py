@@ -6,9 +6,10 @@ and its jobs handed to another; one that stops answering (no heartbeat, or a job
 ``job_timeout_ms``) is killed and replaced. A sink that dies is restarted and the requests
 it held get error replies. Restarts of a process that keeps failing back off, and after
 ``max_restarts`` failures in a row the server stops with a message saying which process
-failed. Shutdown runs in stages (:mod:`.shutdown`): stop accepting, drain what is in flight
-(with a deadline), fail what is left with an error reply, stop the workers, then the sink; a
-process that does not stop in time is killed, and a second Ctrl-C stops everything at once.
+failed. Shutdown runs in stages within the stop budget (:mod:`.shutdown`): refuse what is
+new, drain what is in flight, fail what is left with an error reply, stop the workers (one
+still in a model run is killed), the sink and the HTTP front end; a process that does not stop
+in time is killed, and a second Ctrl-C stops everything at once.
 Every port is checked before any process starts, and a start that fails says why, once.
 Remote workers (``--worker-port``) are not this process's to start or stop: their hosts keep
 them alive (:mod:`..remote`) and join again when a head comes back. Several models are
@@ -115,7 +116,7 @@ class BertServer(ExitFlags):
             for model in self.models.values():
                 if model.swap is not None:
                     model.swap.close()
-            shut_down(ventilator, self.children, self, serving=self.serving)
+            shut_down(ventilator, self.children, self, self.config.stop_budget, serving=self.serving)
             frontend.close()
             if ventilator is not None:
                 ventilator.close()
@@ -295,9 +296,7 @@ class BertServer(ExitFlags):
                 logger.info("a client asked the server to stop")
                 self.should_exit.set()
             if self.should_exit.is_set():
-                # Stopping: a child that exits from now on is the shutdown's to join, not a failure
-                # (a signal to the whole process group reaches the HTTP process too, and stops it).
-                break
+                break  # a child that exits from now on is the shutdown's to join, not a failure
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + 0.25
                 self._supervise(ventilator, addresses)

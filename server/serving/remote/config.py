@@ -25,6 +25,7 @@ from bertserve.client.protocol import MODEL_NAME_PATTERN
 
 from ...config.model import ModelConfig
 from ...config.server import ServerConfig
+from ...config.stopping import STOP_TIMEOUT_SECONDS, StopBudget
 from ...errors import ConfigError
 from ..protocol import link_bodies as bodies
 
@@ -54,6 +55,7 @@ class HostConfig:
     health_port: int | None = None
     health_bind: str = "127.0.0.1"
     max_restarts: int = 5
+    stop_timeout: float = STOP_TIMEOUT_SECONDS  # the whole stop, from the signal to the exit
 
     def __post_init__(self) -> None:
         checks = [
@@ -79,9 +81,14 @@ class HostConfig:
         for ok, problem in checks:
             if not ok:
                 raise ConfigError(problem)
+        StopBudget(self.stop_timeout)
         object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
         welcome = bodies.Welcome(model=bodies.WelcomeModel(), model_class=self.model_class, heartbeat_timeout_ms=10_000)
         self.server_config(welcome)  # the worker options, checked now
+
+    @property
+    def stop_budget(self) -> StopBudget:
+        return StopBudget(self.stop_timeout)
 
     @property
     def address(self) -> str:

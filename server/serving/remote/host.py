@@ -18,7 +18,8 @@ draws the messages):
   restarted with the head's backoff rules; one the head forgot (FORGET: it stopped
   answering) is killed first.
 - SIGTERM or Ctrl-C: the host asks the head for nothing new (DRAIN), lets its workers finish
-  what they hold for up to 10 s, hands back the rest (BYE), and stops them (Ctrl-C again: now).
+  what they hold for the stop budget's drain (``--stop-timeout``), hands back the rest (BYE),
+  and stops them, killing one still in a model run (Ctrl-C again: now).
 
 ``--health-port`` serves container probes (:mod:`.probes`). The workers are
 :class:`..process.children.Children`, restarted by :mod:`..process.restarts`' rule, as the head's are.
@@ -58,12 +59,13 @@ import zmq
 from bertserve.client import __version__, protocol as p
 
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
+from ...config.stopping import StopPlan
 from ...config.telemetry import Telemetry
 from ...errors import ConfigError, StartupError
 from ...logs import Refusals
 from ...security import loopback_only
 from ..process.children import Children, worker_index, worker_name
-from ..process.lifecycle import DRAIN_SECONDS, ExitFlags
+from ..process.lifecycle import ExitFlags
 from ..process.restarts import Fate
 from ..protocol import link as schema, link_bodies as bodies, wire
 from ..protocol.sockets import bound, drain
@@ -434,21 +436,32 @@ class WorkerHost(ExitFlags):
         if not self.joined or self.link is None:
             return
         self._to_head([wire.DRAIN])
+        plan = self._stop_plan()
         if self.held and not self.force_exit:
-            logger.info("finishing %d job(s) before leaving (Ctrl-C again to hand them back now)", len(self.held))
-        deadline = time.monotonic() + DRAIN_SECONDS
-        while self.held and self.joined and not self.force_exit and time.monotonic() < deadline:
+            logger.info(
+                "finishing %d job(s) before leaving, for up to %.1f s (Ctrl-C again to hand them back now)",
+                len(self.held),
+                plan.left(plan.drain_until, time.monotonic()),
+            )
+        while self.held and self.joined and not self.force_exit and time.monotonic() < plan.drain_until:
             self._poll(50)
         if self.joined and self.link is not None:
             if self.held:
                 logger.warning("handing %d unfinished job(s) back to the head", len(self.held))
             self._to_head([wire.BYE])
 
+    def _stop_plan(self) -> StopPlan:
+        return self.config.stop_budget.plan(self.began_stopping())
+
     def _stop_workers(self) -> None:
+        """Tell the workers to stop; one still in a model run at its share of the stop budget
+        is killed (its jobs went back to the head), and every one by the budget's end."""
         for index, process in self.children.workers().items():
             with contextlib.suppress(zmq.ZMQError):
                 self.jobs.send_multipart([_identity(index, process), wire.STOP], zmq.NOBLOCK)
-        self.children.join(hurry=lambda: self.force_exit)
+        plan, hurry = self._stop_plan(), (lambda: self.force_exit)
+        self.children.join(seconds=plan.left(plan.workers_until, time.monotonic()), hurry=hurry, warn=False)
+        self.children.join(seconds=plan.left(plan.end, time.monotonic()), hurry=hurry)
 
     def _probe_state(self) -> dict[str, Any]:
         alive = time.monotonic() - self.loop_at < 10.0
