@@ -6,6 +6,8 @@ import pytest
 from bertserve.server import BertServeError, ConfigError, ModelConfig
 from bertserve.server.cli import flags, main as cli
 from bertserve.server.config.server import ServerConfig
+from bertserve.server.config.stopping import STOP_TIMEOUT_SECONDS
+from bertserve.server.serving.remote.config import HostConfig
 from bertserve.server.model import default
 
 
@@ -293,3 +295,22 @@ def test_the_command_line_wins_and_is_not_blamed_on_the_environment(monkeypatch:
     monkeypatch.setenv("BERTSERVE_API_KEY", "a-good-long-key")
     with pytest.raises(ConfigError, match=r"^api_key must be at least 8 characters"):
         _server_config(["--http-port", "8080", "--api-key", "short"])
+
+
+def test_the_stop_budget_comes_from_its_flag_or_the_environment_and_a_bad_one_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _server_config([]).stop_timeout == STOP_TIMEOUT_SECONDS
+    assert _server_config(["--stop-timeout", "2.5"]).stop_budget.seconds == 2.5
+    monkeypatch.setenv("BERTSERVE_STOP_TIMEOUT", "30")
+    assert _server_config([]).stop_timeout == 30 and _server_config(["--stop-timeout", "4"]).stop_timeout == 4
+    with pytest.raises(ConfigError, match=r"BERTSERVE_STOP_TIMEOUT='0': stop_timeout must be more than 0"):
+        monkeypatch.setenv("BERTSERVE_STOP_TIMEOUT", "0")
+        _server_config([])
+    monkeypatch.delenv("BERTSERVE_STOP_TIMEOUT")
+    with pytest.raises(ConfigError, match="stop_timeout must be more than 0 and at most 3600 seconds, not -1"):
+        _server_config(["--stop-timeout", "-1"])
+    worker = cli.build_parser().parse_args(["worker", "--server", "h", "--worker-port", "5557", "--stop-timeout", "3"])
+    assert HostConfig(**{**flags.worker_options_from_args(worker), "model_dir": "/m"}).stop_budget.seconds == 3
+    with pytest.raises(ConfigError, match="stop_timeout must be a number of seconds"):
+        HostConfig(server="h", worker_port=5557, model_dir="/m", stop_timeout=float("nan"))
