@@ -21,11 +21,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
-import psutil
 import pytest
 from bertserve.client import BertClient, ServerError
 from bertserve.server.config.stopping import STOP_TIMEOUT_SECONDS
 from bertserve.server.testing.launcher import RunningServer, free_port, start_head, start_server, start_worker_host
+from bertserve.server.testing.stop_callers import (
+    CALLER_TIMEOUT_S,
+    Answer,
+    http_caller,
+    start_callers,
+    stop_and_wait,
+    wait_in_flight,
+    zmq_caller,
+)
 from faulty_model import HANG_WORD, pythonpath_env, wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -33,15 +41,6 @@ pytestmark = pytest.mark.timeout(240)
 COSTLY = "faulty_model:CostlyModel"
 EXIT_S = 1.0  # after the budget: the interpreter's exit, and this machine's noise
 _FAILURE = re.compile(r"\b(ERROR|CRITICAL|Traceback)\b|\b([Dd]ied|[Dd]ead)\b|did not stop in time")
-CALLER_TIMEOUT_S = 60.0  # far past the budget: a caller left waiting shows as a timeout
-
-
-@dataclass
-class Answer:
-    caller: str
-    outcome: str  # "200", "503 shutdown", or what went wrong
-    connection: str | None = None  # HTTP's Connection header
-    at: float = 0.0  # time.monotonic() when it came
 
 
 def _server(tiny_google: str, *flags: str) -> tuple[RunningServer, int]:
@@ -61,68 +60,8 @@ def _server(tiny_google: str, *flags: str) -> tuple[RunningServer, int]:
     return server, http_port
 
 
-def _texts(caller: str, n: int) -> list[str]:
-    return [f"{caller} asks for text {i} of {n}" for i in range(n)]
-
-
-def _http_caller(http_port: int, name: str, n: int, answers: list[Answer]) -> None:
-    try:
-        reply = httpx.post(
-            f"http://127.0.0.1:{http_port}/v1/embeddings", json={"input": _texts(name, n)}, timeout=CALLER_TIMEOUT_S
-        )
-    except httpx.HTTPError as exc:
-        answers.append(Answer(name, f"{type(exc).__name__}: {exc}", at=time.monotonic()))
-        return
-    outcome = str(reply.status_code)
-    if reply.status_code != 200:
-        outcome += " " + str(reply.json()["error"]["code"])
-    elif len(reply.json()["data"]) != n:
-        outcome = f"200 with {len(reply.json()['data'])} of {n} vectors"
-    answers.append(Answer(name, outcome, reply.headers.get("connection"), time.monotonic()))
-
-
-def _zmq_caller(server: RunningServer, name: str, n: int, answers: list[Answer]) -> None:
-    try:
-        with BertClient(**server.client_kwargs, timeout=int(CALLER_TIMEOUT_S * 1000)) as client:
-            vectors = client.encode(_texts(name, n))
-    except ServerError as exc:
-        answers.append(Answer(name, f"503 {exc.kind}", at=time.monotonic()))
-        return
-    except Exception as exc:  # a timeout, a connection problem: what the test must never see
-        answers.append(Answer(name, f"{type(exc).__name__}: {exc}", at=time.monotonic()))
-        return
-    answers.append(Answer(name, "200" if vectors.shape[0] == n else f"{vectors.shape}", at=time.monotonic()))
-
-
-def _callers(server: RunningServer, http_port: int, n: int, answers: list[Answer]) -> list[threading.Thread]:
-    threads = [
-        *(threading.Thread(target=_http_caller, args=(http_port, f"http{i}", n, answers)) for i in range(2)),
-        *(threading.Thread(target=_zmq_caller, args=(server, f"zmq{i}", n, answers)) for i in range(2)),
-    ]
-    for thread in threads:
-        thread.start()
-    return threads
-
-
-def _in_flight(server: RunningServer, count: int) -> None:
-    """Wait until ``count`` requests are in the head's book and a worker runs a job."""
-    with BertClient(**server.client_kwargs, timeout=10_000) as watcher:
-        wait_for(lambda: watcher.server_status["requests_pending"] >= count, 20, f"{count} requests in flight")
-        wait_for(lambda: any(w["jobs_in_flight"] for w in watcher.server_status["workers"]), 20, "a job on a worker")
-
-
 def _stopped(server: RunningServer, ask: Callable[[], None], budget: float) -> tuple[float, int, str]:
-    """Ask the server to stop with ``ask``; how long it took, its exit code and its output.
-    Fails if it outlives its budget, or leaves a process behind."""
-    family = server.family()
-    asked = time.monotonic()
-    ask()
-    code = server.process.wait(budget + 30)
-    took = time.monotonic() - asked
-    server._output_done.wait(10)
-    _, alive = psutil.wait_procs(family, timeout=10)
-    output = "".join(server.output)
-    assert not alive, (alive, output)
+    took, code, output = stop_and_wait(server, ask, budget)
     assert took < budget + EXIT_S, f"stopped in {took:.1f} s, over its {budget} s budget\n{output}"
     return took, code, output
 
@@ -153,9 +92,9 @@ def test_a_sigterm_stops_within_the_default_budget_and_every_caller_is_told(
     server, http_port = _server(tiny_google)
     try:
         answers: list[Answer] = []
-        threads = _callers(server, http_port, texts, answers) if texts else []
+        threads = start_callers(server, http_port, texts, answers) if texts else []
         if texts:
-            _in_flight(server, 4)
+            wait_in_flight(server, 4)
         late = Late()
         ask = _sigterm(server) if texts < 400 else lambda: _ask_during_the_drain(server, http_port, late)
         _, code, output = _stopped(server, ask, STOP_TIMEOUT_SECONDS)
@@ -193,8 +132,8 @@ def _ask_during_the_drain(server: RunningServer, http_port: int, late: Late) -> 
     server.process.send_signal(signal.SIGTERM)
     wait_for(lambda: "stopping: 4 requests in flight" in "".join(server.output), 5, "the drain")
     asked = time.monotonic()
-    _http_caller(http_port, "http-late", 3, late.answers)
-    _zmq_caller(server, "zmq-late", 3, late.answers)
+    http_caller(http_port, "http-late", 3, late.answers)
+    zmq_caller(server, "zmq-late", 3, late.answers)
     with httpx.Client(timeout=10) as http:
         ready = http.get(f"http://127.0.0.1:{http_port}/ready")
         embedded = http.post(f"http://127.0.0.1:{http_port}/embed", json={"inputs": "late"})
@@ -208,8 +147,8 @@ def test_a_group_sigterm_and_a_double_ctrl_c_stop_cleanly_with_work_in_flight(ti
     server, http_port = _server(tiny_google)
     try:
         answers: list[Answer] = []
-        threads = _callers(server, http_port, 400, answers)
-        _in_flight(server, 4)
+        threads = start_callers(server, http_port, 400, answers)
+        wait_in_flight(server, 4)
         group = os.getpgid(server.process.pid)
 
         def ask() -> None:
@@ -238,8 +177,8 @@ def test_a_short_budget_is_kept_with_a_model_run_in_progress(tiny_google: str) -
     server, http_port = _server(tiny_google, "--stop-timeout", "2")
     try:
         answers: list[Answer] = []
-        threads = _callers(server, http_port, 400, answers)
-        _in_flight(server, 4)
+        threads = start_callers(server, http_port, 400, answers)
+        wait_in_flight(server, 4)
         _, code, output = _stopped(server, _sigterm(server), 2.0)
         stopped_at = time.monotonic()
         for thread in threads:
@@ -259,7 +198,7 @@ def test_a_worker_stuck_in_a_model_run_is_killed_at_its_share_of_the_budget(tiny
         answers: list[Answer] = []
         stuck = threading.Thread(target=_stuck_caller, args=(server, answers))
         stuck.start()
-        _in_flight(server, 1)
+        wait_in_flight(server, 1)
         _, code, output = _stopped(server, _sigterm(server), 3.0)
         stuck.join(CALLER_TIMEOUT_S)
         assert code == 0, output
@@ -323,7 +262,7 @@ def test_a_worker_host_stops_within_its_budget_and_its_jobs_go_back_to_the_head(
     answers: list[Answer] = []
     stuck = threading.Thread(target=_stuck_caller, args=(head, answers))
     stuck.start()
-    _in_flight(head, 1)
+    wait_in_flight(head, 1)
     _, code, output = _stopped(host, _sigterm(host), 3.0)
     assert code == 0, output
     assert not [line for line in output.splitlines() if _FAILURE.search(line)], output

@@ -7,8 +7,8 @@ from bertserve.server import BertServeError, ConfigError, ModelConfig
 from bertserve.server.cli import flags, main as cli
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.config.stopping import STOP_TIMEOUT_SECONDS
-from bertserve.server.serving.remote.config import HostConfig
 from bertserve.server.model import default
+from bertserve.server.serving.remote.config import HostConfig
 
 
 def _server_config(argv: list[str]):
