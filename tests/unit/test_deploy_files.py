@@ -5,8 +5,9 @@ schemas of one Kubernetes version in strict mode (an unknown field fails) by
 kubernetes-validate, pinned in setup.py since the schemas it ships decide what passes. Then
 what a schema cannot know: the promised resources exist, every container has probes, CPU
 and memory requests and limits and a non-root user, names and ports agree across files,
-and every command line is one the real ``bertserve`` parser accepts, with the flags the
-ConfigMaps set through the environment.
+every command line is one the real ``bertserve`` parser accepts, with the flags the
+ConfigMaps set through the environment, and every orchestrator's grace period outlasts the
+stop budget of the command it runs (``--stop-timeout``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import argparse
 import collections
 import http.server
+import itertools
 import json
 import os
 import re
+import shlex
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from bertserve.server.cli import main as cli
+from bertserve.server.config.stopping import STOP_TIMEOUT_SECONDS
 
 KUBERNETES_VERSION = "1.33.0"  # kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37
 
@@ -186,11 +190,6 @@ def test_every_container_runs_as_a_non_root_user_on_a_read_only_root(
     volumes = {volume["name"]: volume for volume in pod.get("volumes", [])}
     tmp = [mount for mount in container.get("volumeMounts", []) if mount["mountPath"] == "/tmp"]
     assert tmp and "emptyDir" in volumes[tmp[0]["name"]], f"{name}: no writable /tmp"
-
-
-def test_every_pod_gives_sigterm_time_to_drain() -> None:
-    for deployment in _all("Deployment"):
-        assert deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30) >= 30
 
 
 def test_one_head_replaced_whole_and_workers_rolled_without_losing_capacity() -> None:
@@ -395,7 +394,6 @@ def test_compose_runs_a_head_and_two_workers() -> None:
     for name, service in services.items():
         check = service["healthcheck"]["test"]
         assert check[0] == "CMD" and any("/health" in part for part in check), name
-        assert _seconds(service["stop_grace_period"]) >= 30, name
         assert service["restart"] in ("always", "unless-stopped", "on-failure"), name
 
 
@@ -546,3 +544,119 @@ def test_pip_reads_its_index_from_a_secret_mounted_for_the_install_alone() -> No
     assert install.startswith("--mount=type=secret,id=pip_index_url"), install
     assert "/run/secrets/pip_index_url" in install
     assert [arguments for arguments in runs if "pip_index_url" in arguments] == [install]
+
+
+# -- stopping: every grace period outlasts the stop budget ------------------------------------
+#
+# bertserve stops within --stop-timeout of SIGTERM (BERTSERVE_STOP_TIMEOUT; default
+# STOP_TIMEOUT_SECONDS): it drains, fails what is left with a shutdown error and exits. The
+# orchestrator kills it when its grace period ends, and a killed server answers nobody, so each
+# grace must be the budget of the command it runs and a margin more. Raising the default
+# without raising the graces fails here.
+
+STOP_MARGIN_SECONDS = 1.0  # after the budget: the runtime's own stop and the process's exit
+DOCKER_GRACE_SECONDS = 10.0  # docker and podman stop's default, and compose's stop_grace_period's
+KUBERNETES_GRACE_SECONDS = 30.0  # terminationGracePeriodSeconds' default
+README = DOCKER / "README.md"
+
+
+def _budget(parse: Any, argv: list[str], env: dict[str, str] | None = None) -> float:
+    """The stop budget of ``bertserve ARGV`` with the BERTSERVE_* variables ``env``."""
+    args = parse(argv, env)
+    assert args.command in ("start", "worker"), argv
+    return float(args.stop_timeout)
+
+
+def test_the_parser_default_is_the_stop_budget(parse: Any) -> None:
+    # the graces below are checked against the parser's default, which must be this one
+    assert _budget(parse, ["start"]) == STOP_TIMEOUT_SECONDS
+    if "worker" in _commands():
+        assert _budget(parse, ["worker"]) == STOP_TIMEOUT_SECONDS
+    assert _budget(parse, ["start"], {"BERTSERVE_STOP_TIMEOUT": "20"}) == 20  # the variable counts
+
+
+def _run_lines() -> list[list[str]]:
+    """Every ``docker run`` or ``podman run`` (``$P run``) of a server in docker/README.md's
+    shell blocks and in the Dockerfile's comments, as its words."""
+    text = README.read_text(encoding="utf-8")
+    lines = [
+        line
+        for block in re.findall(r"^```(?:bash|sh|shell)\n(.*?)^```", text, re.M | re.S)
+        for line in block.replace("\\\n", " ").splitlines()
+    ]
+    lines += [line.lstrip("# ") for line in (DOCKER / "Dockerfile").read_text(encoding="utf-8").splitlines()]
+    return [shlex.split(line.split(" # ")[0]) for line in lines if re.match(r"(docker|podman|\$P) run ", line)]
+
+
+def _run_image_command(words: list[str]) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """A run line's options before the image (``--flag value``), the command after it, and
+    its ``-e NAME=VALUE`` variables."""
+    (at,) = [i for i, word in enumerate(words) if re.fullmatch(r"(localhost/)?bertserve:[\w.]+", word)]
+    options: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for option, value in itertools.pairwise(words[2:at]):
+        if option in ("-e", "--env"):
+            name, _, env[name] = value.partition("=")
+        elif option.startswith("-"):
+            options[option] = value
+    return options, words[at + 1 :], env
+
+
+def test_every_docker_run_of_a_server_sets_a_stop_timeout_above_the_budget(parse: Any) -> None:
+    servers = 0
+    default_command = json.loads(_instruction("CMD")[-1])
+    for words in _run_lines():
+        options, command, env = _run_image_command(words)
+        command = command or default_command
+        if "--entrypoint" in options or command[0] not in ("start", "worker"):
+            continue  # bertserve embed, or no bertserve at all
+        servers += 1
+        line = shlex.join(words)
+        assert "--stop-timeout" in options, f"{line}: no --stop-timeout (docker run's grace for SIGTERM)"
+        grace = float(options["--stop-timeout"])
+        assert grace >= _budget(parse, command, env) + STOP_MARGIN_SECONDS, line
+    assert servers >= 2  # the image's own section and podman's, at least
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSE["services"]))
+def test_compose_stop_grace_period_outlasts_the_budget(name: str, parse: Any) -> None:
+    service = COMPOSE["services"][name]
+    environment = service.get("environment", {})
+    if isinstance(environment, list):
+        environment = dict(item.partition("=")[::2] for item in environment)
+    grace = _seconds(service["stop_grace_period"]) if "stop_grace_period" in service else DOCKER_GRACE_SECONDS
+    assert grace >= _budget(parse, service["command"], environment) + STOP_MARGIN_SECONDS
+
+
+def _pre_stop_seconds(container: dict[str, Any]) -> float:
+    """How long a container's preStop hook sleeps: the native ``sleep`` action or an exec of
+    ``sleep N``; 0 without one. A hook that does anything else fails: its time is unknown."""
+    hook = container.get("lifecycle", {}).get("preStop")
+    if hook is None:
+        return 0.0
+    if "sleep" in hook:
+        return float(hook["sleep"]["seconds"])
+    command = hook["exec"]["command"]
+    if command[:2] in (["/bin/sh", "-c"], ["sh", "-c"]):
+        command = shlex.split(command[2])
+    assert len(command) == 2 and Path(command[0]).name == "sleep", f"a preStop hook of unknown length: {hook}"
+    return float(command[1])
+
+
+@pytest.mark.parametrize(("name", "container", "pod"), CONTAINERS, ids=CONTAINER_IDS)
+def test_every_pod_grace_outlasts_its_pre_stop_hook_and_the_budget(
+    name: str, container: dict[str, Any], pod: dict[str, Any], parse: Any
+) -> None:
+    # terminationGracePeriodSeconds counts from the start of the preStop hook; SIGTERM comes
+    # only once the hook is over
+    grace = float(pod.get("terminationGracePeriodSeconds", KUBERNETES_GRACE_SECONDS))
+    pre_stop = _pre_stop_seconds(container)
+    budget = _budget(parse, _k8s_argv(container), _k8s_env(container))
+    assert grace >= pre_stop + budget + STOP_MARGIN_SECONDS, f"{name}: {grace} < {pre_stop} + {budget} + margin"
+
+
+def test_the_head_waits_for_its_endpoints_to_go_before_it_stops() -> None:
+    # the Services route to a terminating pod until every node has heard of it: the head
+    # keeps serving for a few seconds before SIGTERM
+    (container,) = _pod(HEAD)["containers"]
+    assert _pre_stop_seconds(container) >= 3
