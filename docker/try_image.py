@@ -4,16 +4,21 @@ For a machine with podman and no Docker engine, where base images cannot be pull
 
 1. the base: a Debian bookworm root made with debootstrap (python3, python3-venv, python3-pip)
    and imported as ``localhost/debian-py:bookworm``, unless that image exists already;
-2. the image: ``podman build --from BASE`` of docker/Dockerfile (its FROM line replaced),
-   timed, with the host's CA bundle mounted for pip;
-3. one container (``bertserve start``, HTTP published on a loopback port): the cold start from
-   ``podman run`` to ``/ready`` 200 and to the first ``/v1/embeddings`` reply, then a fixed set
-   of sentences compared, vector by vector, with the host's own ``Encoder`` (cosine >= 0.99999);
-4. docker/compose.yaml with podman-compose (the head and two workers): the same cold start,
+2. the image: ``podman build --from BASE`` of docker/Dockerfile (its first FROM replaced),
+   timed, with the host's CA bundle mounted for pip and pip's index as a build secret; then
+   ``podman history --no-trunc`` and the image's config are read, and a URL with a credential
+   in either fails the run;
+3. one container (``bertserve start``, its ports published on loopback ports): the cold start
+   from ``podman run`` to ``/ready`` 200 and to the first ``/v1/embeddings`` reply, then a fixed
+   set of sentences compared, vector by vector, with the host's own ``Encoder`` (cosine >= 0.99999);
+4. the stop check (docker/try_stop.py): ``podman stop`` of a fresh container with nothing, HTTP
+   requests or ZeroMQ clients in flight, and what each caller got;
+5. docker/compose.yaml with podman-compose (the head and two workers): the same cold start,
    both workers joined, the same sentences and check;
-5. a markdown report (``--report``): the CPU, podman's version, the image's size, the build
-   time, the cold starts and the cosines. Every container, network and volume it made is
-   removed at the end (the images stay, for ``--skip-build``).
+6. a markdown report (``--report``): the CPU, podman's version, the image's size and parts,
+   the commit it was built from, the build time, the cold starts, the cosines and the stop
+   table. Every container, network and volume it made is removed at the end (the images stay,
+   for ``--skip-build``).
 
     python docker/try_image.py                          # all of it
     python docker/try_image.py --skip-build             # the image built before
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import os
 import platform
@@ -71,10 +77,24 @@ ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SINGLE_NAME = "bertserve-try-single"
 PROJECT = "bertserve-try"
+COMPOSE_COPY = '"$COMPOSE_COPY"'  # the report's name for the copy of docker/compose.yaml podman-compose runs
+COMPOSE_GRACE_S = 10  # docker/compose.yaml's stop_grace_period, which podman-compose 1.0.3 does not read
 WORKERS = 2  # docker/compose.yaml's replicas
 MIN_COS = 0.99999
+#: `podman image inspect`'s size of the image docker/Dockerfile made before its build stage left
+#: out TensorFlow's headers, every package's tests and pip (commit c012e42, built the same way)
+UNPRUNED_IMAGE_BYTES = 2_761_625_846
+#: what the image's parts take (`du`), by the path they are at
+PARTS = {
+    "the venv": "/opt/venv",
+    "TensorFlow (in the venv)": "/opt/venv/lib/python3*/site-packages/tensorflow",
+    "the graph cache": "/var/cache/bertserve/graphs",
+}
+SOURCES = ["setup.py", "pyproject.toml", "README.md", "package", "client", "server"]  # what the build copies
+#: a URL with a user or password in it (https://user:token@host/simple)
+CREDENTIAL_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s@'\"]+@", re.IGNORECASE)
 
-INSTALL_HINT = "apt-get install podman runc debootstrap"
+INSTALL_HINT = "apt-get install podman runc debootstrap podman-compose"
 SKIP_NO_PODMAN = f"skipped: podman is not installed ({INSTALL_HINT})"
 
 # Short and long sentences: up to 64 tokens the server runs LiteRT in fp32, longer ones the
@@ -138,9 +158,13 @@ class Findings:
     build_load: float = 0.0
     build_steps: tuple[int, int] = (0, 0)  # (from cache, all)
     image_bytes: int = 0
+    image_parts: dict[str, int] = field(default_factory=dict)  # bytes, by PARTS' names
+    source: str = ""  # the commit the image's sources come from
     image_versions: dict[str, str] = field(default_factory=dict)
     reference: str = ""
     runs: list[Run] = field(default_factory=list)
+    stops: list[Any] = field(default_factory=list)  # try_stop.StopRow
+    stop_commands: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -344,8 +368,45 @@ def build_argv(podman: Podman, args: argparse.Namespace, index_secret: Path | No
     return argv
 
 
-def build_image(podman: Podman, args: argparse.Namespace, findings: Findings) -> None:
-    index = args.pip_index_url if args.pip_index_url is not None else pip_index_url()
+def redacted(text: str) -> str:
+    """``text`` with the user and password of every URL in it replaced by ``***``."""
+    return CREDENTIAL_URL.sub(lambda found: found.group(0).split("://")[0] + "://***@", text)
+
+
+def build_index(args: argparse.Namespace) -> str:
+    """pip's index for the build: ``--pip-index-url``, else the host's. A credential given on the
+    command line is used all the same (as a build secret), with a warning: ``ps`` shows it."""
+    if args.pip_index_url is None:
+        return pip_index_url()
+    if CREDENTIAL_URL.search(args.pip_index_url):
+        log(
+            f"warning: --pip-index-url {redacted(args.pip_index_url)} carries a credential, which `ps` shows "
+            "every user of this machine while this runs; the build gets it as a secret all the same. "
+            "Give it as PIP_INDEX_URL in the environment instead"
+        )
+    return args.pip_index_url
+
+
+def check_no_credential(podman: Podman, image: str, index: str) -> None:
+    """Fail when the image's history or config holds ``index`` or any URL with a credential:
+    whoever pulls the image reads both (``podman history --no-trunc``, ``podman inspect``)."""
+    history = podman.run("history", "--no-trunc", "--format", "{{.CreatedBy}}", image, record=True)
+    config = podman.run("image", "inspect", "--format", "{{json .Config}}", image)
+    for where, text in (("`podman history --no-trunc`", history), ("config (`podman image inspect`)", config)):
+        if (index and index in text) or CREDENTIAL_URL.search(text):
+            shown = CREDENTIAL_URL.search(text)
+            raise Failed(
+                f"CREDENTIAL IN THE IMAGE: {image}'s {where} holds "
+                + (f"a URL with a credential ({redacted(shown.group(0))}...)" if shown else "pip's index URL")
+                + f": do not push it; remove it (podman rmi {image}) and pass the index as a build secret only"
+            )
+
+
+def build_image(podman: Podman, args: argparse.Namespace, findings: Findings) -> str:
+    """Build the image, timed; pip's index it gave the build (a secret), for
+    :func:`check_no_credential`."""
+    index = build_index(args)
+    findings.source = source_state()
     with secret_file(index) as index_secret:
         argv = build_argv(podman, args, index_secret)
         log(f"building: {shlex.join(argv)}")
@@ -356,8 +417,9 @@ def build_image(podman: Podman, args: argparse.Namespace, findings: Findings) ->
     if status != 0:
         raise Failed(f"the build failed (`{shlex.join(argv)}` exited {status}):\n{_tail(output, 15)}")
     findings.build_s = time.perf_counter() - started
-    steps = re.findall(r"^STEP \d+/(\d+):", output, re.M)
-    findings.build_steps = (output.count("--> Using cache"), int(steps[-1]) if steps else 0)
+    steps = re.findall(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+:", output, re.M)  # "[2/3] STEP 8/8:" in a stage
+    findings.build_steps = (output.count("--> Using cache"), len(steps))
+    return index
 
 
 def inspect_image(podman: Podman, image: str, findings: Findings) -> None:
@@ -369,6 +431,28 @@ def inspect_image(podman: Podman, image: str, findings: Findings) -> None:
     )
     output = podman.run("run", "--rm", *ULIMITS, "--entrypoint", "python", image, "-c", script)
     findings.image_versions = json.loads(output.splitlines()[-1])
+    sizes = "; ".join(f"du -sk {path}" for path in PARTS.values())  # one du each: du counts a folder once
+    output = podman.run("run", "--rm", *ULIMITS, "--entrypoint", "sh", image, "-c", sizes)
+    for line in output.splitlines():
+        kib, _, path = line.partition("\t")
+        name = next((name for name, pattern in PARTS.items() if fnmatch.fnmatch(path, pattern)), None)
+        if name is not None and kib.isdigit():
+            findings.image_parts[name] = int(kib) * 1024
+
+
+def source_state() -> str:
+    """The commit the build's sources come from, and whether the working tree changes them."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("log", "-1", "--format=%h (%s)")
+    if not commit:
+        return "a tree outside git"
+    subject = commit if len(commit) <= 90 else commit[:86] + "...)"
+    changed = sorted({line[3:].split("/")[0] for line in git("status", "--porcelain", "--", *SOURCES).splitlines()})
+    return f"commit {subject}" + (f", with uncommitted changes in {', '.join(changed)}" if changed else "")
 
 
 # -- serving and checking ------------------------------------------------------------------
@@ -385,7 +469,9 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
 
 
 def embed(base_url: str, texts: Sequence[str], timeout: float = 60.0) -> list[list[float]]:
-    body = json.dumps({"input": list(texts), "model": "all-MiniLM-L6-v2"}).encode()
+    """The vectors of ``texts``, each cut at the model's window as the reference cuts it (a text
+    past it is a 413 unless the request asks for truncation)."""
+    body = json.dumps({"input": list(texts), "model": "all-MiniLM-L6-v2", "truncate": True}).encode()
     request = urllib.request.Request(
         f"{base_url}/v1/embeddings", data=body, headers={"Content-Type": "application/json"}
     )
@@ -480,30 +566,65 @@ def reference_vectors(findings: Findings) -> Any:
     return encoder.encode(SENTENCES)
 
 
+@dataclass(frozen=True)
+class Single:
+    """Where the one-container server listens on the host's loopback."""
+
+    http: int
+    requests: int
+    replies: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http}"
+
+
+def single_argv(args: argparse.Namespace, name: str) -> tuple[list[str], Single]:
+    """``podman run`` of the one-container server ``name``: the image's own command, its HTTP,
+    request and reply ports published on free loopback ports (with --host-network, listened on
+    there)."""
+    ports = Single(args.http_port or free_port(), free_port(), free_port())
+    if args.host_network:
+        network = ["--network", "host"]
+        command = ["start", "--bind", "127.0.0.1", "--port", str(ports.requests), "--port-out", str(ports.replies)]
+        command += ["--http-port", str(ports.http)]
+    else:
+        published = ((ports.http, 8080), (ports.requests, 5555), (ports.replies, 5556))
+        network = [arg for host, inside in published for arg in ("-p", f"127.0.0.1:{host}:{inside}")]
+        command = []  # the image's CMD: start --bind 0.0.0.0 --http-port 8080
+    return ["run", "-d", "--name", name, *ULIMITS, *network, args.image, *command], ports
+
+
+def start_single(podman: Podman, args: argparse.Namespace, name: str) -> Single:
+    """The one-container server ``name``, started afresh; ready (``/ready`` 200) when this returns."""
+    argv, ports = single_argv(args, name)
+    podman.run("rm", "-f", name, check=False)
+    podman.run(*argv)
+    try:
+        wait_served(ports.url, time.perf_counter(), Run(name), args.timeout)
+    except Failed:
+        log(f"{name}'s log:\n{_tail(podman.run('logs', name, check=False), 30)}")
+        podman.run("rm", "-f", name, check=False)
+        raise
+    return ports
+
+
 def run_single(podman: Podman, args: argparse.Namespace, reference: Any, findings: Findings) -> None:
     run = Run("one container (`bertserve start`)")
     findings.runs.append(run)
-    port = args.http_port or free_port()
-    if args.host_network:
-        zmq = free_port()
-        network = ["--network", "host"]
-        command = ["start", "--bind", "127.0.0.1", "--port", str(zmq), "--http-port", str(port)]
-    else:
-        network = ["-p", f"127.0.0.1:{port}:8080"]
-        command = []  # the image's CMD: start --bind 0.0.0.0 --http-port 8080
     podman.run("rm", "-f", SINGLE_NAME, check=False)
-    argv = ["run", "-d", "--name", SINGLE_NAME, *ULIMITS, *network, args.image, *command]
+    argv, ports = single_argv(args, SINGLE_NAME)
     podman.record(podman.argv(*argv))
     log(f"one container: {shlex.join(podman.argv(*argv))}")
     try:
         run.load, started = os.getloadavg()[0], time.perf_counter()
         podman.run(*argv)
         run.launched_s = time.perf_counter() - started
-        wait_served(f"http://127.0.0.1:{port}", started, run, args.timeout)
+        wait_served(ports.url, started, run, args.timeout)
         log(f"{run.name}: /ready after {run.ready_s:.1f} s, first embedding after {run.first_s:.1f} s")
-        check_vectors(f"http://127.0.0.1:{port}", reference, run, requests=2)
+        check_vectors(ports.url, reference, run, requests=2)
         started = time.perf_counter()
-        podman.run("stop", "-t", "30", SINGLE_NAME, record=True)
+        podman.run("stop", SINGLE_NAME, record=True)  # podman's default grace, 10 s
         run.stop_s = time.perf_counter() - started
     except Failed:
         log(f"{SINGLE_NAME}'s log:\n{_tail(podman.run('logs', SINGLE_NAME, check=False), 30)}")
@@ -514,9 +635,8 @@ def run_single(podman: Podman, args: argparse.Namespace, reference: Any, finding
 
 def compose_file(directory: Path, image: str, ports: tuple[int, int, int]) -> Path:
     """docker/compose.yaml with the head's host ports moved to ``ports`` (HTTP, requests,
-    replies) and the image named as built; written as JSON, which is YAML. podman-compose
-    1.0 drops the first word of a list-form healthcheck for each container it makes, so the
-    second worker's would read ``python``: the check is given as one shell string instead."""
+    replies), since 8080, 5555 and 5556 may be taken on a shared machine, and the image named
+    as built; written as JSON, which is YAML. Nothing else changes."""
     import yaml
 
     compose = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
@@ -525,9 +645,6 @@ def compose_file(directory: Path, image: str, ports: tuple[int, int, int]) -> Pa
     for service in compose["services"].values():
         service["image"] = image
         service["build"] = {**service["build"], "context": str(ROOT)}
-        test = service.get("healthcheck", {}).get("test")
-        if isinstance(test, list) and test[0] == "CMD":
-            service["healthcheck"]["test"] = shlex.join(test[1:])
     compose["services"]["head"]["ports"] = [
         f"127.0.0.1:{http}:8080",
         f"127.0.0.1:{requests}:5555",
@@ -571,7 +688,7 @@ def run_compose(podman: Podman, args: argparse.Namespace, reference: Any, findin
         path = compose_file(Path(directory), args.image, (port, free_port(), free_port()))
         base = compose_argv(podman, path)
         log(f"compose: {shlex.join([*base, 'up', '-d'])}")
-        podman.record([*base, "up", "-d"])
+        podman.record(shlex.join([*base, "up", "-d"]).replace(str(path), COMPOSE_COPY))  # no temporary folder
         try:
             run.load, started = os.getloadavg()[0], time.perf_counter()
             status, output = streamed([*base, "up", "-d"])
@@ -587,20 +704,19 @@ def run_compose(podman: Podman, args: argparse.Namespace, reference: Any, findin
             serving = [worker for worker in run.workers if worker.get("jobs_done")]
             run.note = (
                 f"compose: {len(serving)} of {len(run.workers)} workers encoded some of the {run.vectors} vectors. "
-                "podman-compose ran docker/compose.yaml with three changes: the head's host ports (free ones "
-                "instead of 8080, 5555 and 5556), the image's tag, and the health check as one shell string "
-                "(podman-compose 1.0 drops the first word of a list-form check for each container it makes, "
-                "so the second worker's would start with `python` and be refused)"
+                "podman-compose ran `$COMPOSE_COPY`, a copy of docker/compose.yaml in a temporary folder with two "
+                "changes: the head's host ports (free ones instead of 8080, 5555 and 5556) and the image's tag"
             )
         except Failed:
             for name in (f"{PROJECT}_head_1", *(f"{PROJECT}_worker_{i}" for i in range(1, WORKERS + 1))):
                 log(f"{name}'s log:\n{_tail(podman.run('logs', name, check=False), 15)}")
             raise
         finally:
+            down = [*base, "down", "-v", "-t", str(COMPOSE_GRACE_S)]  # podman-compose 1.0.3 ignores stop_grace_period
             started = time.perf_counter()
-            streamed([*base, "down", "-v", "-t", "30"])
+            streamed(down)
             run.stop_s = time.perf_counter() - started
-            podman.record([*base, "down", "-v", "-t", "30"])
+            podman.record(shlex.join(down).replace(str(path), COMPOSE_COPY))
             podman.run("network", "rm", "-f", f"{PROJECT}_default", check=False)
 
 
@@ -636,7 +752,12 @@ def report(findings: Findings, args: argparse.Namespace) -> str:
         "| in the image | "
         + ", ".join(f"{name} {version}" for name, version in findings.image_versions.items())
         + " |",
-        f"| image `{args.image}` | {size / 1e9:.2f} GB ({size / 2**30:.2f} GiB, `podman image inspect`) |",
+        f"| image `{args.image}` | {size / 1e9:.2f} GB ({size / 2**30:.2f} GiB, `podman image inspect`); "
+        f"{UNPRUNED_IMAGE_BYTES / 1e9:.2f} GB before its build stage left out TensorFlow's headers, tests and pip |",
+        "| in it (`du`) | "
+        + ", ".join(f"{name} {part / 1e9:.2f} GB" for name, part in findings.image_parts.items())
+        + " |",
+        f"| built from | {findings.source or '-'} |",
         f"| build | {built} |",
         f"| reference | {findings.reference or '-'} |",
         "",
@@ -662,8 +783,12 @@ def report(findings: Findings, args: argparse.Namespace) -> str:
     notes = [run.note for run in findings.runs if run.note] + findings.notes
     if notes:
         lines += ["", *(f"- {note}" for note in notes)]
-    lines += ["", "Commands, as run (from the repository's root):", "", "```bash", *findings.commands, "```", ""]
-    return "\n".join(lines)
+    lines += ["", "Commands, as run (from the repository's root):", "", "```bash", *findings.commands, "```"]
+    if findings.stops:
+        from try_stop import stop_report
+
+        lines += ["", *stop_report(findings.stops, findings.stop_commands)]
+    return "\n".join([*lines, ""])
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -684,6 +809,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-build", action="store_true", help="run the image built before")
     parser.add_argument("--no-cache", action="store_true", help="build every step again (podman build --no-cache)")
     parser.add_argument("--no-compose", action="store_true", help="only the one container, not docker/compose.yaml")
+    parser.add_argument(
+        "--no-stop",
+        action="store_true",
+        help="leave out the stop check (podman stop of a container with requests in flight, docker/try_stop.py)",
+    )
     parser.add_argument(
         "--report", type=Path, default=DEFAULT_REPORT, help="the markdown report (default: %(default)s)"
     )
@@ -741,6 +871,21 @@ def describe_machine(podman: Podman, findings: Findings) -> None:
         findings.compose_version = found.group(1) if found else "?"
 
 
+def try_image(podman: Podman, args: argparse.Namespace, findings: Findings) -> None:
+    """The image, built: what it holds, then what it serves and how it stops."""
+    inspect_image(podman, args.image, findings)
+    log(f"image {args.image}: {findings.image_bytes / 1e9:.2f} GB; {findings.image_versions}")
+    reference = reference_vectors(findings)
+    run_single(podman, args, reference, findings)
+    if not args.no_stop:
+        from try_stop import NAME, check_stop, commands  # next to this file, which is sys.path[0] when run
+
+        findings.stop_commands = commands(podman, podman.argv(*single_argv(args, NAME)[0]))
+        findings.stops = check_stop(podman, lambda name: start_single(podman, args, name), log)
+    if not args.no_compose:
+        run_compose(podman, args, reference, findings)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     findings = Findings()
@@ -756,17 +901,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not podman.ok("image", "exists", args.image):
                 raise Failed(f"--skip-build, but there is no image {args.image}: build it first")
             findings.base = "as built before (--skip-build)"
+            findings.source = "an earlier build (--skip-build)"
         elif podman.ok("image", "exists", args.base_image):
             check_runs_containers(podman, args.base_image)
-        if not args.skip_build:
-            build_image(podman, args, findings)
+        index = build_image(podman, args, findings) if not args.skip_build else ""
+        check_no_credential(podman, args.image, index)
         check_runs_containers(podman, args.image)
-        inspect_image(podman, args.image, findings)
-        log(f"image {args.image}: {findings.image_bytes / 1e9:.2f} GB; {findings.image_versions}")
-        reference = reference_vectors(findings)
-        run_single(podman, args, reference, findings)
-        if not args.no_compose:
-            run_compose(podman, args, reference, findings)
+        try_image(podman, args, findings)
     except Skip as exc:
         print(exc, flush=True)
         return 0
