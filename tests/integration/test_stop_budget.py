@@ -12,6 +12,7 @@ with ``Connection: close``); none saw a connection closed, and none waited for a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -43,27 +44,41 @@ EXIT_S = 1.0  # after the budget: the interpreter's exit, and this machine's noi
 _FAILURE = re.compile(r"\b(ERROR|CRITICAL|Traceback)\b|\b([Dd]ied|[Dd]ead)\b|did not stop in time")
 
 
-def _server(tiny_google: str, *flags: str) -> tuple[RunningServer, int]:
+def _model(tiny_google: str) -> tuple[str, ...]:
+    return ("--model-dir", tiny_google, "--model-class", COSTLY, "--max-seq-len", "32")
+
+
+@contextlib.contextmanager
+def _serving(tiny_google: str, *flags: str) -> Iterator[tuple[RunningServer, int]]:
+    """A server of :class:`faulty_model.CostlyModel` with HTTP, and its HTTP port; stopped
+    after a test that failed before it could."""
     http_port = free_port()
-    server = start_server(
-        "--model-dir",
-        tiny_google,
-        "--model-class",
-        COSTLY,
-        "--max-seq-len",
-        "32",
-        "--http-port",
-        str(http_port),
-        *flags,
-        env=pythonpath_env(),
-    )
-    return server, http_port
+    server = start_server(*_model(tiny_google), "--http-port", str(http_port), *flags, env=pythonpath_env())
+    try:
+        yield server, http_port
+    finally:
+        if server.process.poll() is None:
+            server.stop()
 
 
 def _stopped(server: RunningServer, ask: Callable[[], None], budget: float) -> tuple[float, int, str]:
     took, code, output = stop_and_wait(server, ask, budget)
     assert took < budget + EXIT_S, f"stopped in {took:.1f} s, over its {budget} s budget\n{output}"
     return took, code, output
+
+
+def _stopped_cleanly(
+    server: RunningServer, ask: Callable[[], None], budget: float, threads: list[threading.Thread]
+) -> tuple[float, str, float]:
+    """:func:`_stopped`, and its callers done: exit code 0, no ERROR; how long it took, its
+    output, and when it was gone."""
+    took, code, output = _stopped(server, ask, budget)
+    stopped_at = time.monotonic()
+    for thread in threads:
+        thread.join(CALLER_TIMEOUT_S)
+    assert code == 0, output
+    assert not [line for line in output.splitlines() if _FAILURE.search(line)], output
+    return took, output, stopped_at
 
 
 def _sigterm(server: RunningServer) -> Callable[[], None]:
@@ -89,31 +104,22 @@ def _told(answers: list[Answer], callers: int, *, stopped_at: float, allowed: se
 def test_a_sigterm_stops_within_the_default_budget_and_every_caller_is_told(
     tiny_google: str, texts: int, allowed: set[str]
 ) -> None:
-    server, http_port = _server(tiny_google)
-    try:
+    with _serving(tiny_google) as (server, http_port):
         answers: list[Answer] = []
         threads = start_callers(server, http_port, texts, answers) if texts else []
         if texts:
             wait_in_flight(server, 4)
         late = Late()
         ask = _sigterm(server) if texts < 400 else lambda: _ask_during_the_drain(server, http_port, late)
-        _, code, output = _stopped(server, ask, STOP_TIMEOUT_SECONDS)
-        stopped_at = time.monotonic()
-        for thread in threads:
-            thread.join(CALLER_TIMEOUT_S)
-        assert code == 0, output
-        assert not [line for line in output.splitlines() if _FAILURE.search(line)], output
-        _told(answers, 4 if texts else 0, stopped_at=stopped_at, allowed=allowed)
-        if texts == 400:  # 16 s of model runs: the drain ends, and what is left fails
-            assert any(answer.outcome == "503 shutdown" for answer in answers), answers
-            # Asked during the drain, a new request is refused at once, and /ready says the server is going.
-            assert [answer.outcome for answer in late.answers] == ["503 shutdown", "503 shutdown"], late
-            assert late.answers[0].connection == "close", late
-            assert late.ready == (503, "shutdown", "close") and late.embed == (503, "shutdown", "close"), late
-            assert late.seconds < 3, late  # at once, not at the drain's end (6 s)
-    finally:
-        if server.process.poll() is None:
-            server.stop()
+        _, _, stopped_at = _stopped_cleanly(server, ask, STOP_TIMEOUT_SECONDS, threads)
+    _told(answers, 4 if texts else 0, stopped_at=stopped_at, allowed=allowed)
+    if texts == 400:  # 16 s of model runs: the drain ends, and what is left fails
+        assert any(answer.outcome == "503 shutdown" for answer in answers), answers
+        # Asked during the drain, a new request is refused at once, and /ready says the server is going.
+        assert [answer.outcome for answer in late.answers] == ["503 shutdown", "503 shutdown"], late
+        assert late.answers[0].connection == "close", late
+        assert late.ready == (503, "shutdown", "close") and late.embed == (503, "shutdown", "close"), late
+        assert late.seconds < 3, late  # at once, not at the drain's end (6 s)
 
 
 @dataclass
@@ -144,8 +150,7 @@ def _ask_during_the_drain(server: RunningServer, http_port: int, late: Late) -> 
 
 @pytest.mark.parametrize("how", ["sigterm-to-the-group", "sigint-twice"])
 def test_a_group_sigterm_and_a_double_ctrl_c_stop_cleanly_with_work_in_flight(tiny_google: str, how: str) -> None:
-    server, http_port = _server(tiny_google)
-    try:
+    with _serving(tiny_google) as (server, http_port):
         answers: list[Answer] = []
         threads = start_callers(server, http_port, 400, answers)
         wait_in_flight(server, 4)
@@ -159,55 +164,32 @@ def test_a_group_sigterm_and_a_double_ctrl_c_stop_cleanly_with_work_in_flight(ti
             wait_for(lambda: "Ctrl-C again to stop now" in "".join(server.output), 5, "the first Ctrl-C's word")
             os.killpg(group, signal.SIGINT)
 
-        took, code, output = _stopped(server, ask, STOP_TIMEOUT_SECONDS)
-        stopped_at = time.monotonic()
-        for thread in threads:
-            thread.join(CALLER_TIMEOUT_S)
-        assert code == 0, output
-        assert not [line for line in output.splitlines() if _FAILURE.search(line)], output
-        _told(answers, 4, stopped_at=stopped_at, allowed={"200", "503 shutdown"})
-        if how == "sigint-twice":
-            assert took < 4, (took, output)  # at once: nothing waits for the model run
-    finally:
-        if server.process.poll() is None:
-            server.stop()
+        took, output, stopped_at = _stopped_cleanly(server, ask, STOP_TIMEOUT_SECONDS, threads)
+    _told(answers, 4, stopped_at=stopped_at, allowed={"200", "503 shutdown"})
+    if how == "sigint-twice":
+        assert took < 4, (took, output)  # at once: nothing waits for the model run
 
 
 def test_a_short_budget_is_kept_with_a_model_run_in_progress(tiny_google: str) -> None:
-    server, http_port = _server(tiny_google, "--stop-timeout", "2")
-    try:
+    with _serving(tiny_google, "--stop-timeout", "2") as (server, http_port):
         answers: list[Answer] = []
         threads = start_callers(server, http_port, 400, answers)
         wait_in_flight(server, 4)
-        _, code, output = _stopped(server, _sigterm(server), 2.0)
-        stopped_at = time.monotonic()
-        for thread in threads:
-            thread.join(CALLER_TIMEOUT_S)
-        assert code == 0, output
-        assert "they get 1.0 s to finish" in output, output
-        _told(answers, 4, stopped_at=stopped_at, allowed={"200", "503 shutdown"})
-        assert sum(answer.outcome == "503 shutdown" for answer in answers) >= 3, answers
-    finally:
-        if server.process.poll() is None:
-            server.stop()
+        _, output, stopped_at = _stopped_cleanly(server, _sigterm(server), 2.0, threads)
+    assert "they get 1.0 s to finish" in output, output
+    _told(answers, 4, stopped_at=stopped_at, allowed={"200", "503 shutdown"})
+    assert sum(answer.outcome == "503 shutdown" for answer in answers) >= 3, answers
 
 
 def test_a_worker_stuck_in_a_model_run_is_killed_at_its_share_of_the_budget(tiny_google: str) -> None:
-    server, _ = _server(tiny_google, "--stop-timeout", "3")
-    try:
+    with _serving(tiny_google, "--stop-timeout", "3") as (server, _):
         answers: list[Answer] = []
         stuck = threading.Thread(target=_stuck_caller, args=(server, answers))
         stuck.start()
         wait_in_flight(server, 1)
-        _, code, output = _stopped(server, _sigterm(server), 3.0)
-        stuck.join(CALLER_TIMEOUT_S)
-        assert code == 0, output
-        assert "bertserve-worker-0 was still running at its share of the stop budget; killing it" in output, output
-        assert not [line for line in output.splitlines() if _FAILURE.search(line)], output
-        assert [answer.outcome for answer in answers] == ["503 shutdown"], answers
-    finally:
-        if server.process.poll() is None:
-            server.stop()
+        _, output, _ = _stopped_cleanly(server, _sigterm(server), 3.0, [stuck])
+    assert "bertserve-worker-0 was still running at its share of the stop budget; killing it" in output, output
+    assert [answer.outcome for answer in answers] == ["503 shutdown"], answers
 
 
 def _stuck_caller(server: RunningServer, answers: list[Answer]) -> None:
@@ -225,17 +207,7 @@ def _stuck_caller(server: RunningServer, answers: list[Answer]) -> None:
 
 @pytest.fixture
 def head_and_host(tiny_google: str) -> Iterator[tuple[RunningServer, RunningServer]]:
-    head, worker_port = start_head(
-        "--model-dir",
-        tiny_google,
-        "--model-class",
-        COSTLY,
-        "--max-seq-len",
-        "32",
-        "--num-worker",
-        "0",
-        env=pythonpath_env(),
-    )
+    head, worker_port = start_head(*_model(tiny_google), "--num-worker", "0", env=pythonpath_env())
     host = None
     try:
         host = start_worker_host(
@@ -263,9 +235,7 @@ def test_a_worker_host_stops_within_its_budget_and_its_jobs_go_back_to_the_head(
     stuck = threading.Thread(target=_stuck_caller, args=(head, answers))
     stuck.start()
     wait_in_flight(head, 1)
-    _, code, output = _stopped(host, _sigterm(host), 3.0)
-    assert code == 0, output
-    assert not [line for line in output.splitlines() if _FAILURE.search(line)], output
+    _, output, _ = _stopped_cleanly(host, _sigterm(host), 3.0, [])
     assert "handing 1 unfinished job(s) back to the head" in output, output
     assert "still running at its share of the stop budget; killing it" in output, output
     # The head kept the request (its job was handed back): it fails, promptly, when the head stops.
