@@ -52,7 +52,8 @@ def shut_down(
             logger.info("%s", stopping_message(ventilator.in_flight, flags.stop_signal, plan))
             _drain(ventilator, flags, plan)
         ventilator.fail_everything(STOPPED_NOW if flags.force_exit else SHUTTING_DOWN)
-        ventilator.poll_once(0)  # a request that came meanwhile is refused now, not left to its timeout
+        if serving:
+            ventilator.poll_once(0)  # a request that came meanwhile is refused now, not left to its timeout
     quick = flags.force_exit or not serving
     workers = [worker_name(index) for index in children.workers()]
     if ventilator is not None:
