@@ -43,5 +43,6 @@ class ExitFlags:
             self.force_exit = True
         if self.stop_signal is None:
             self.stop_signal = signum
+        if self.stop_began is None:
             self.stop_began = time.monotonic()
         self.should_exit.set()
