@@ -58,7 +58,8 @@ def test_without_podman_it_skips_saying_what_to_install(tmp_path: Path) -> None:
     report = tmp_path / "container.md"
     done = _run(tmp_path, "--report", str(report))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "skipped: podman is not installed (apt-get install podman runc debootstrap podman-compose)"
+    hint = "apt-get install podman runc debootstrap podman-compose"
+    assert done.stdout.strip() == f"skipped: podman is not installed ({hint})"
     assert not report.exists()
 
 
