@@ -207,7 +207,10 @@ def _stuck_caller(server: RunningServer, answers: list[Answer]) -> None:
 
 @pytest.fixture
 def head_and_host(tiny_google: str) -> Iterator[tuple[RunningServer, RunningServer]]:
-    head, worker_port = start_head(*_model(tiny_google), "--num-worker", "0", env=pythonpath_env())
+    # The head's own stop is quick: with its one worker gone, nothing it holds can finish.
+    head, worker_port = start_head(
+        *_model(tiny_google), "--num-worker", "0", "--stop-timeout", "2", env=pythonpath_env()
+    )
     host = None
     try:
         host = start_worker_host(
