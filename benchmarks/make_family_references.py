@@ -1,6 +1,7 @@
-"""Build ``tests/data/families/``: a tiny random model of each encoder family, made and saved
-by the reference stack (transformers + sentence-transformers 6), with what that stack computes
-for it, for the tests to compare bertserve with.
+"""Build ``tests/data/families/``: a tiny random model of each family (the encoders, and the
+Qwen3 decoder of Qwen3-Embedding), made and saved by the reference stack (transformers +
+sentence-transformers 6), with what that stack computes for it, for the tests to compare
+bertserve with.
 
 Needs torch, transformers, sentence-transformers, tokenizers and sentencepiece (only for the
 normalization table XLM-R's tokenizer carries); no network, no downloaded weights::
@@ -27,14 +28,22 @@ post-processor. Each lands in ``families/<name>/`` as ``SentenceTransformer.save
     bert_st6     BERT, WordPiece uncased; weighted-mean pooling, as sentence-transformers 6 saves
                  it: ``"pooling_mode"`` in 1_Pooling/config.json, no ``max_seq_length`` in
                  sentence_bert_config.json (the limit is the tokenizer's ``model_max_length``, 40)
+    qwen3        Qwen3 as Qwen3-Embedding loads it (``AutoModel``: causal attention, no LM head);
+                 byte-level BPE with Qwen's split and specials (``A <|endoftext|>`` and
+                 ``A <|endoftext|> B <|endoftext|>``, ``<|endoftext|>`` also the pad token, padding
+                 on the left); 3 layers, 4 query heads of 12 on 2 key/value heads (q_proj 32 -> 48),
+                 q_norm/k_norm, RoPE theta 100 (the real 1000000 barely turns over 32 positions);
+                 last-token pooling, Normalize; Qwen3-Embedding's prompts (``query`` an instruction,
+                 ``document`` empty, no default)
 
 All but bert_st6 are rewritten in the format of the models on the Hub (saved by
 sentence-transformers before 6 and transformers 4): ``"max_seq_length": 32`` in
 sentence_bert_config.json (the tokenizer's ``model_max_length`` says 128, so a reader of the
 wrong file truncates elsewhere), the ``pooling_mode_*`` booleans in 1_Pooling/config.json, and
-ModernBERT's ``global_rope_theta``/``local_rope_theta`` in config.json instead of transformers
-5's ``layer_types``/``rope_parameters``. Every vector below is computed by
-sentence-transformers 6.3 loading the final directory, on the CPU, in float32.
+ModernBERT's ``global_rope_theta``/``local_rope_theta`` and Qwen3's ``rope_theta`` in config.json
+instead of transformers 5's ``layer_types``/``rope_parameters``. Every vector below is computed by
+sentence-transformers 6.3 loading the final directory, on the CPU, in float32; for qwen3 in
+left-padded batches, as its tokenizer pads (the arrays of ids are laid out as the others').
 
 The inputs: the N = 130 sentences of ``tests/data/sentences.json`` and P = 6 pairs of them
 (``PAIR_ROWS``; bertserve writes a pair as ``"first ||| second"``). Ids come from the model's own
@@ -54,6 +63,9 @@ the pad token's id, with ``lengths`` saying where it starts. The arrays of ``fam
                                              ``token_type_ids`` is in meta's model_input_names)
     st_default                 (N, D) float32  ``model.encode(sentences)`` with all its modules
     st_pairs                   (P, D) float32  ``model.encode([(first, second), ...])``
+    st_query                   (N, D) float32  ``model.encode(sentences, prompt_name="query")``,
+                               for a family with a query prompt (qwen3: the prompt takes 18 of
+                               the 32 tokens)
     pool_<mode>                (N, H) float32  the Transformer module, then only
                                ``Pooling(H, pooling_mode=<mode>)`` (no Dense, no Normalize), for
                                mode in cls, mean, max, mean_sqrt_len_tokens, weightedmean, lasttoken
@@ -61,16 +73,19 @@ the pad token's id, with ``lengths`` saying where it starts. The arrays of ``fam
                                (``output_hidden_states=True``; ``hidden_states[0]`` is the embedding
                                output, ``[i]`` the output of layer i, so ``[-2]`` is the output of
                                the second-to-last layer), averaged over the real tokens of ``ids``.
-                               For ModernBERT ``hidden_states[-1]`` equals ``last_hidden_state``
-                               (after ``final_norm``) but ``[-2]`` is a raw layer output: no
-                               final norm is applied to it
-    tokens_last                (8, T, H) float32  the last layer's (ModernBERT: after final_norm)
-                               vectors of the first 8 sentences, ``output_value="token_embeddings"``,
+                               For ModernBERT and Qwen3 ``hidden_states[-1]`` equals
+                               ``last_hidden_state`` (after the final norm) but ``[-2]`` is a raw
+                               layer output: no final norm is applied to it
+    tokens_last                (8, T, H) float32  the last layer's (ModernBERT, Qwen3: after the
+                               final norm) vectors of the first 8 sentences,
+                               ``output_value="token_embeddings"``,
                                zeros at padding
     meta                       () str        JSON: versions, the CPU, config.json, max_seq_length,
                                              the modules and pooling, the tokenizer's specials,
-                                             post-processor and model_input_names, the sensitivity
-                                             figures below
+                                             post-processor, model_input_names and padding
+                                             side, the prompts, the sensitivity figures below
+                                             (and for a tokenizer padding on the left, the min
+                                             cosine of right-padded batches to st_default)
 
 ``meta`` is also written beside the npz as ``families/<name>.json``.
 
@@ -85,13 +100,23 @@ and prints the min cosine to it over the sentences; each must be below 0.999 (th
     modernbert   the local layers with the global RoPE theta                  0.987
     distilbert   Dense without its tanh                                       0.989
     bert_st6     mean pooling instead of weighted mean                        0.996
+    qwen3        bidirectional attention, not causal                          0.225
+    qwen3        no q_norm/k_norm                                             0.157
+    qwen3        query head h with key/value head h % 2, not h // 2           -0.392
+    qwen3        RoPE theta 1000000 (Qwen3-Embedding's), not 100              -0.255
+    qwen3        no <|endoftext|> appended (the last word pooled)             -0.372
+    qwen3        truncated at 128 tokens instead of max_seq_length 32         0.023
     the others   truncated at 128 tokens instead of max_seq_length 32         0.934 to 0.985
 
-Two things to know. The trainers of ``tokenizers`` (WordPiece, Unigram) are not deterministic
+Three things to know. The trainers of ``tokenizers`` (WordPiece, Unigram) are not deterministic
 from run to run, so a new run writes other vocabularies and other figures, equally valid. And
 ``tokenizers`` alone on an XLM-R tokenizer.json can break a tie between equal-score
 segmentations ("0" "00000" against "00000" "0") the other way from ``AutoTokenizer``, which
 rebuilds the Unigram model in Python: meta's ``raw_tokenizer_mismatches`` lists those rows.
+And transformers' Qwen3 gives every row of a batch the positions 0 .. T-1, whatever its padding
+(no position ids made from the attention mask): a left-padded row's tokens start after its
+padding. RoPE sees only their differences, so right-padded batches, whose rows start at 0, give
+the same vectors but for rounding (meta's ``padded_right_min_cosine``, 1.0000000 this run).
 """
 
 from __future__ import annotations
@@ -102,7 +127,7 @@ import io
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +141,7 @@ from lib.reference_stack import (
     FAMILIES_DIR,
     PAIR_ROWS,
     SENTENCES,
+    SMALL,
     Family,
     overwritten,
     patched,
@@ -125,7 +151,10 @@ from lib.reference_stack import (
 from lib.references import cpu, padded
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import masking_utils
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+from transformers.models.qwen3 import modeling_qwen3
 
 MAX_SEQ_LENGTH = 32  # in sentence_bert_config.json, as the Hub's models have it
 TOKENIZER_MAX_LENGTH = 128  # what their tokenizer_config.json says instead
@@ -136,6 +165,29 @@ LEGACY_POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_
 LEGACY_POOLING_KEYS += ("lasttoken",)  # the booleans before sentence-transformers 6, in its order
 TOKEN_ROWS = 8
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+QWEN3_PROMPTS = {
+    "query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:",
+    "document": "",
+}
+QWEN3 = Family(
+    "qwen3",
+    dict(
+        model_type="qwen3",
+        **{**SMALL, "num_hidden_layers": 3},
+        num_key_value_heads=2,
+        head_dim=12,  # q_proj 32 -> 48: not hidden_size / heads, as in the real model (1024 -> 2048)
+        rope_theta=100.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=128,
+        hidden_act="silu",
+        attention_bias=False,
+        use_sliding_window=False,
+        tie_word_embeddings=True,
+    ),
+    pooling="lasttoken",
+)
+ALL_FAMILIES = (*FAMILIES, QWEN3)
+PROMPTS = {"qwen3": QWEN3_PROMPTS}  # config_sentence_transformers.json's, where a family ships some
 
 
 def _train(tokenizer: Tokenizer, trainer: Any, texts: list[str]) -> dict[str, Any]:
@@ -219,6 +271,37 @@ def _modernbert_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerF
     )
 
 
+def _qwen3_tokenizer(texts: list[str]) -> transformers.Qwen2Tokenizer:
+    """Qwen2's byte-level BPE as Qwen3-Embedding has it: NFC, Qwen's split (digits one by one),
+    <|endoftext|> <|im_start|> <|im_end|> after the vocabulary, <|endoftext|> appended by a template
+    (also the pad token; the eos token is <|im_end|>), padding on the left."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    # the query prompt's words whole, as in Qwen's vocabulary: 18 tokens, not 50 that would fill
+    # max_seq_length and leave every query the same
+    model = _train(tokenizer, trainer, texts + [QWEN3_PROMPTS["query"]] * 10)
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    qwen = transformers.Qwen2Tokenizer(
+        vocab=model["vocab"],
+        merges=merges,
+        unk_token=None,
+        eos_token="<|endoftext|>",  # <|endoftext|> first among the added tokens, then the chat's two
+        pad_token="<|endoftext|>",
+        extra_special_tokens=["<|im_start|>", "<|im_end|>"],
+        padding_side="left",
+    )
+    qwen.eos_token = "<|im_end|>"
+    end = ("<|endoftext|>", qwen.pad_token_id)
+    qwen.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A:0 <|endoftext|>:0", pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1", special_tokens=[end]
+    )
+    return qwen
+
+
 TOKENIZERS: dict[str, Callable[[list[str]], Any]] = {
     "distilbert": lambda texts: transformers.DistilBertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS)),
     "bert_st6": lambda texts: transformers.BertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS)),
@@ -231,6 +314,7 @@ TOKENIZERS: dict[str, Callable[[list[str]], Any]] = {
     ),
     "xlm_roberta": _xlm_roberta_tokenizer,
     "modernbert": _modernbert_tokenizer,
+    "qwen3": _qwen3_tokenizer,
 }
 
 
@@ -245,9 +329,12 @@ def build(family: Family, texts: list[str], out: Path) -> None:
         ids = dict(
             pad_token_id=tokenizer.pad_token_id, cls_token_id=cls, sep_token_id=sep, bos_token_id=cls, eos_token_id=sep
         )
+    if family.name == "qwen3":  # as Qwen3-Embedding's: no pad token id, which would zero its embedding row
+        end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        ids = dict(bos_token_id=end, eos_token_id=end)
     config = transformers.AutoConfig.for_model(**family.config, **ids, vocab_size=len(tokenizer), initializer_range=0.2)
     model = transformers.AutoModel.from_config(config, attn_implementation="eager")
-    with torch.no_grad():  # LayerNorm weights off 1, biases off 0: a reader that drops one is seen
+    with torch.no_grad():  # LayerNorm/RMSNorm weights off 1, biases off 0: a reader that drops one is seen
         for parameter in model.parameters():
             if parameter.ndim == 1:
                 parameter.add_(0.1 * torch.randn_like(parameter))
@@ -262,7 +349,8 @@ def build(family: Family, texts: list[str], out: Path) -> None:
         modules += [Dense(hidden, family.dense, activation_function=torch.nn.Tanh())] if family.dense else []
         modules += [Normalize()] if family.normalize else []
         shutil.rmtree(out, ignore_errors=True)
-        SentenceTransformer(modules=modules, device="cpu").save(str(out), create_model_card=False)
+        prompts = PROMPTS.get(family.name)
+        SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(str(out), create_model_card=False)
     if not family.st6:
         _rewrite_as_on_the_hub(out)
 
@@ -292,6 +380,10 @@ def _rewrite_as_on_the_hub(out: Path) -> None:
             del config["layer_types"]
             config["global_rope_theta"] = rope["full_attention"]["rope_theta"]
             config["local_rope_theta"] = rope["sliding_attention"]["rope_theta"]
+        if config["model_type"] == "qwen3":
+            config["rope_theta"] = config.pop("rope_parameters")["rope_theta"]
+            config["rope_scaling"] = None
+            del config["layer_types"]
         return dict(sorted(config.items()))
 
     rewrite_json(out / "config.json", transformers_4_keys)
@@ -319,6 +411,50 @@ def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(cos.min())
 
 
+@contextlib.contextmanager
+def _together(*contexts: Any) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
+        yield
+
+
+def _heads_paired_by_remainder(auto: Any) -> Any:
+    """Query head h read with key/value head h % kv_heads instead of h // (heads / kv_heads): a
+    model whose query heads are reordered (and o_proj's columns with them) computes just that."""
+    config = auto.config
+    heads, kv_heads, size = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    order = torch.arange(heads).view(heads // kv_heads, kv_heads).t().reshape(-1)
+    contexts = []
+    for layer in auto.layers:
+        q, o = layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight
+        contexts.append(overwritten(q, q.view(heads, size, -1)[order].reshape(q.shape)))
+        contexts.append(overwritten(o, o.view(o.shape[0], heads, size)[:, order].reshape(o.shape)))
+    return _together(*contexts)
+
+
+def _qwen3_checks(model: SentenceTransformer) -> list[tuple[str, Any, dict[str, Callable]]]:
+    auto = model[0].auto_model
+    bidirectional = _together(
+        patched(modeling_qwen3, "create_causal_mask", masking_utils.create_bidirectional_mask),
+        *(patched(layer.self_attn, "is_causal", False) for layer in auto.layers),
+    )
+    no_qk_norm = _together(
+        *(patched(layer.self_attn, n, torch.nn.Identity()) for layer in auto.layers for n in ("q_norm", "k_norm"))
+    )
+    halves = torch.arange(0, auto.config.head_dim, 2, dtype=torch.float) / auto.config.head_dim
+    real_theta = overwritten(auto.rotary_emb.inv_freq, 1.0 / 1_000_000.0**halves)
+    bare = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1")
+    no_end = patched(model[0].tokenizer.backend_tokenizer, "post_processor", bare)
+    return [
+        ("bidirectional attention, not causal", bidirectional, {}),
+        ("no q_norm/k_norm", no_qk_norm, {}),
+        ("query head h with key/value head h % 2, not h // 2", _heads_paired_by_remainder(auto), {}),
+        ("RoPE theta 1000000 (Qwen3-Embedding's), not 100", real_theta, {}),
+        ("no <|endoftext|> appended (the last word pooled)", no_end, {}),
+    ]
+
+
 def _checks(name: str, model: SentenceTransformer) -> list[tuple[str, Any, dict[str, Callable]]]:
     """(what is wrong, a context that makes it so, arguments for the transformers model)."""
     auto = model[0].auto_model
@@ -337,6 +473,8 @@ def _checks(name: str, model: SentenceTransformer) -> list[tuple[str, Any, dict[
         checks.append(("Dense without its tanh", patched(model[2], "activation_function", torch.nn.Identity()), {}))
     if name == "bert_st6":
         checks.append(("mean pooling instead of weighted mean", patched(model[1], "pooling_mode", "mean"), {}))
+    if name == "qwen3":
+        checks += _qwen3_checks(model)
     if model.max_seq_length == MAX_SEQ_LENGTH:
         label = f"truncated at {TOKENIZER_MAX_LENGTH} tokens instead of max_seq_length {MAX_SEQ_LENGTH}"
         checks.append((label, patched(model[0], "max_seq_length", TOKENIZER_MAX_LENGTH), {}))
@@ -383,10 +521,20 @@ def _raw_tokenizer_mismatches(out: Path, texts: list[str], max_length: int, arra
     return mismatches
 
 
+def _right_aligned(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Each row's real positions moved to its start, zeros after them: a left-padded batch laid
+    out as the arrays here are (a right-padded one stays as it is)."""
+    out = np.zeros_like(values)
+    for i, real in enumerate(mask.astype(bool)):
+        out[i, : real.sum()] = values[i][real]
+    return out
+
+
 def _token_arrays(model: SentenceTransformer, tokenizer: Any, texts: list[str], arrays: dict) -> dict[str, Any]:
     max_length = model.max_seq_length
     batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
-    np.testing.assert_array_equal(batch["input_ids"].numpy() * batch["attention_mask"].numpy(), arrays["ids"])
+    real = batch["attention_mask"].numpy()
+    np.testing.assert_array_equal(_right_aligned(batch["input_ids"].numpy(), real), arrays["ids"])
     with torch.inference_mode():
         output = model[0].auto_model(**batch, output_hidden_states=True)
     mask = batch["attention_mask"].unsqueeze(-1).float()
@@ -396,9 +544,8 @@ def _token_arrays(model: SentenceTransformer, tokenizer: Any, texts: list[str], 
     for i, vectors in enumerate(_encode(model, texts[:TOKEN_ROWS], output_value="token_embeddings")):
         assert len(vectors) == arrays["lengths"][i], "token_embeddings are not trimmed to the real tokens"
         tokens[i, : len(vectors)] = np.asarray(vectors)
-    np.testing.assert_allclose(
-        tokens, output.last_hidden_state[:TOKEN_ROWS].numpy() * mask[:TOKEN_ROWS].numpy(), atol=1e-5
-    )
+    last = _right_aligned(output.last_hidden_state[:TOKEN_ROWS].numpy(), real[:TOKEN_ROWS])
+    np.testing.assert_allclose(tokens, last, atol=1e-5)
     arrays["tokens_last"] = tokens
     last_is_final = bool(torch.equal(output.hidden_states[-1], output.last_hidden_state))
     return {"hidden_states_count": len(output.hidden_states), "hidden_states_last_is_last_hidden_state": last_is_final}
@@ -430,9 +577,12 @@ def references(family: Family, out: Path, sentences: list[str]) -> tuple[dict[st
     arrays["st_default"] = _encode(model, sentences)
     pair_features = model[0].preprocess(list(zip(first, second, strict=True)))
     np.testing.assert_array_equal(
-        pair_features["input_ids"].numpy() * pair_features["attention_mask"].numpy(), arrays["pair_ids"]
+        _right_aligned(pair_features["input_ids"].numpy(), pair_features["attention_mask"].numpy()),
+        arrays["pair_ids"],
     )
     arrays["st_pairs"] = _encode(model, list(zip(first, second, strict=True)))
+    if model.prompts.get("query"):
+        arrays["st_query"] = _encode(model, sentences, prompt_name="query")
     hidden = model[0].get_embedding_dimension()
     for mode in POOLING_MODES:
         pooled = SentenceTransformer(modules=[model[0], Pooling(hidden, pooling_mode=mode)], device="cpu")
@@ -447,25 +597,39 @@ def references(family: Family, out: Path, sentences: list[str]) -> tuple[dict[st
         "modules": modules,
         "pooling_config": json.loads((out / "1_Pooling" / "config.json").read_text()),
         "pooling": family.pooling,
-        "tokenizer": tokenizer_meta(out, tokenizer),
+        "tokenizer": {**tokenizer_meta(out, tokenizer), "padding_side": tokenizer.padding_side},
+        "prompts": model.prompts,
         "pair_rows": PAIR_ROWS,
         "raw_tokenizer_mismatches": raw_mismatches,
         "tokens_rows": TOKEN_ROWS,
         **hidden_meta,
         "sensitivity": sensitivity(family.name, model, sentences, arrays["st_default"]),
     }
+    if tokenizer.padding_side == "left":
+        meta["padded_right_min_cosine"] = _padded_right(family.name, model, sentences, arrays["st_default"])
     return arrays, meta
+
+
+def _padded_right(name: str, model: SentenceTransformer, texts: list[str], reference: np.ndarray) -> float:
+    """The min cosine to ``reference`` of the sentences encoded in right-padded batches: each
+    row's positions then start at 0, not after its padding, and RoPE, which sees only their
+    differences, gives the same vectors but for rounding."""
+    with patched(model[0].tokenizer, "padding_side", "right"):
+        figure = round(_min_cosine(_encode(model, texts), reference), 7)
+    print(f"  {name:12s} {'right-padded batches':70s} min cosine {figure:.7f}")
+    assert figure > 0.99999, f"{name}: right-padded batches give min cosine {figure}"
+    return figure
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=FAMILIES_DIR)
-    parser.add_argument("--only", choices=[f.name for f in FAMILIES], action="append")
+    parser.add_argument("--only", choices=[f.name for f in ALL_FAMILIES], action="append")
     args = parser.parse_args()
     sentences = json.loads(SENTENCES.read_text(encoding="utf-8"))
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    for family in FAMILIES:
+    for family in ALL_FAMILIES:
         if args.only and family.name not in args.only:
             continue
         out = args.out_dir / family.name
