@@ -15,6 +15,9 @@ mpnet         positions as RoBERTa's, no token types, and a bucketed relative po
               bias added to every layer's attention scores
 modernbert    pre-norm, no biases by default, rotary positions, GeGLU, every few layers
               global attention and the others a sliding window
+qwen3         a decoder (Qwen3-Embedding): pre-norm with RMSNorm, grouped-query attention
+              with its own head width and RMSNorm on each query and key head, rotary
+              positions, causal attention, SwiGLU; no token types, no pooler
 ============  =======================================================================
 """
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelError, ModelFileError, ModelShapeError
+from .config_guard import ROTARY_FAMILIES, refuse_unread_maths
 from .json_file import read_json
 
 #: ``model_type`` -> family. Sentence-transformers' models keep the base model's type.
@@ -35,6 +39,7 @@ _MODEL_TYPES = {
     "distilbert": "distilbert",
     "mpnet": "mpnet",
     "modernbert": "modernbert",
+    "qwen3": "qwen3",
 }
 #: ``architectures`` prefixes, for a config without ``model_type``, longest first.
 _ARCHITECTURES = (
@@ -43,11 +48,12 @@ _ARCHITECTURES = (
     ("Roberta", "roberta"),
     ("DistilBert", "distilbert"),
     ("ModernBert", "modernbert"),
+    ("Qwen3", "qwen3"),
     ("MPNet", "mpnet"),
     ("Bert", "bert"),
 )
-FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert")
-SUPPORTED = "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet and ModernBERT"
+FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert", "qwen3")
+SUPPORTED = "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet, ModernBERT and Qwen3"
 
 #: Bounds on a config's sizes, far above any encoder's (XLM-RoBERTa's vocabulary is 250,002,
 #: ModernBERT's positions 8,192), so that a damaged or hostile config.json is refused before
@@ -59,9 +65,12 @@ _LIMITS = {
     "num_attention_heads": 1024,
     "intermediate_size": 262_144,
     "max_position_embeddings": 1 << 20,
+    "num_key_value_heads": 1024,
+    "head_dim": 4096,
 }
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
+DECODER_ACTIVATIONS = ("silu",)  # Qwen3's SwiGLU
 
 
 @dataclass(frozen=True)
@@ -89,17 +98,21 @@ class EncoderConfig:
     norm_bias: bool = True
     attention_bias: bool = True
     mlp_bias: bool = True
+    # Qwen3: grouped-query attention (key and value heads), each head's width, one rotary base
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    rope_theta: float = 10_000.0
 
     @property
     def max_tokens(self) -> int:
         """The longest input the position table allows, special tokens included."""
-        if self.family == "modernbert":
+        if self.family in ROTARY_FAMILIES:
             return self.max_position_embeddings
         return self.max_position_embeddings - self.position_offset
 
     @property
     def has_pooler(self) -> bool:
-        return self.family not in ("distilbert", "modernbert")
+        return self.family not in ("distilbert", "modernbert", "qwen3")
 
     @classmethod
     def from_json(cls, path: str) -> EncoderConfig:
@@ -129,58 +142,6 @@ def family_of(path: str, raw: dict[str, Any]) -> str:
     return "bert"
 
 
-#: Keys that change an encoder's maths in ways the families here do not compute: a config that
-#: says ``bert`` or ``xlm-roberta`` and carries one is another model (jina-embeddings-v3 is an
-#: XLM-RoBERTa with rotary positions and LoRA adapters), and would be served wrong in silence.
-_ROTARY_KEYS = (
-    *("rotary_emb_base", "rotary_emb_dim", "rotary_emb_fraction", "rotary_emb_interleaved", "rotary_emb_scale_base"),
-    *("rope_theta", "rope_scaling", "rope_parameters"),
-)
-_ALIBI_KEYS = ("alibi", "use_alibi", "alibi_bias_max", "alibi_slopes")
-_LORA_KEYS = ("lora_adaptations", "lora_rank", "lora_alpha", "lora_dropout_p", "lora_main_params_trainable")
-ELSEWHERE = "sentence-transformers with trust_remote_code=True runs such a model with its own code"
-
-
-def refuse_unread_maths(path: str, raw: dict[str, Any], family: str) -> None:
-    """Raise a :class:`ModelError` naming the key when ``raw`` carries what changes the maths
-    beyond what the loader reads for ``family``: positions other than absolute, rotary or
-    ALiBi keys, LoRA adapters, or model code of its own (``auto_map``)."""
-    position = raw.get("position_embedding_type", "absolute")
-    if family != "modernbert" and position not in ("absolute", None):
-        raise ModelError(
-            f"{path}: position_embedding_type {position!r}: bertserve runs {family} with absolute positions only, "
-            f"and would compute this model wrong; {ELSEWHERE}"
-        )
-    rotary = [] if family == "modernbert" else [key for key in _ROTARY_KEYS if _given(raw, key)]
-    alibi = [key for key in _ALIBI_KEYS if _given(raw, key)]
-    for keys, what in ((rotary, "rotary positions"), (alibi, "ALiBi attention")):
-        if keys:
-            raise ModelError(
-                f"{path}: {keys[0]} says {what}, which bertserve's {family} does not compute; "
-                f"it would serve this model wrong; {ELSEWHERE}"
-            )
-    lora = [key for key in _LORA_KEYS if _given(raw, key)]
-    if lora:
-        raise ModelError(
-            f"{path}: {lora[0]} says the model carries LoRA adapters, which bertserve does not apply; "
-            f"merge the adapter you want into the weights (PEFT's merge_and_unload) and serve that, or: {ELSEWHERE}"
-        )
-    auto_map = raw.get("auto_map")
-    code = {k: v for k, v in auto_map.items() if str(k).startswith("AutoModel")} if isinstance(auto_map, dict) else {}
-    if code:
-        name, target = next(iter(code.items()))
-        raise ModelError(
-            f"{path}: auto_map names model code of its own ({name}: {str(target)[:120]}): the model computes what "
-            f"that code says, not what transformers' {family} does, and bertserve does not run it; {ELSEWHERE}"
-        )
-
-
-def _given(raw: dict[str, Any], key: str) -> bool:
-    """``key`` is in ``raw`` with a value that says something (not null, false or empty)."""
-    value = raw.get(key)
-    return value is not None and value is not False and value != [] and value != {}
-
-
 def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
     """``raw`` (the content of ``path``) as an :class:`EncoderConfig`, checked; a config whose
     maths the family here would not compute is refused (:func:`refuse_unread_maths`)."""
@@ -204,14 +165,15 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
         if not 1 <= raw[key] <= _LIMITS[key]:
             raise ModelShapeError(f"{path}: {key} {raw[key]} is outside 1 to {_LIMITS[key]:,}")
     values: dict[str, Any] = {key: raw[key] for key in required}
-    if values["hidden_size"] % values["num_attention_heads"]:
+    if values["hidden_size"] % values["num_attention_heads"] and family != "qwen3":  # Qwen3 says its head width
         raise ModelShapeError(
             f"{path}: hidden_size {values['hidden_size']} is not a multiple of "
             f"num_attention_heads {values['num_attention_heads']}"
         )
     act = raw.get("hidden_activation" if family == "modernbert" else "hidden_act", "gelu")
-    if act not in ACTIVATIONS:
-        raise ModelError(f"{path}: activation {act!r} is not supported ({', '.join(ACTIVATIONS)})")
+    allowed = DECODER_ACTIVATIONS if family == "qwen3" else ACTIVATIONS
+    if act not in allowed:
+        raise ModelError(f"{path}: activation {act!r} is not supported ({', '.join(allowed)})")
     values.update(family=family, hidden_act=act)
     values.update(_FAMILY_KEYS[family](path, raw))
     if not 0.0 <= values["layer_norm_eps"] < 1.0:
@@ -329,12 +291,52 @@ def _theta(path: str, rope: dict[str, Any], layer: str, default: Any) -> float:
     return float(value)
 
 
+def _qwen3_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    heads = int(raw["num_attention_heads"])
+    kv_heads = _int(path, raw, "num_key_value_heads", heads)
+    head_dim = _int(path, raw, "head_dim", int(raw["hidden_size"]) // heads)
+    for key, value in (("num_key_value_heads", kv_heads), ("head_dim", head_dim)):
+        if not 1 <= value <= _LIMITS[key]:
+            raise ModelShapeError(f"{path}: {key} {value} is outside 1 to {_LIMITS[key]:,}")
+    if heads % kv_heads:
+        raise ModelShapeError(
+            f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
+    if head_dim % 2:
+        raise ModelShapeError(f"{path}: head_dim {head_dim} is odd; rotary positions turn pairs of values")
+    if raw.get("use_sliding_window"):
+        raise ModelError(f"{path}: use_sliding_window is true; bertserve runs Qwen3 with full attention only")
+    layer_types = raw.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list) or set(layer_types) != {"full_attention"}):
+        raise ModelError(f"{path}: layer_types {layer_types!r}: bertserve runs Qwen3 with full attention only")
+    declared = raw.get("rope_parameters")
+    rope: dict[str, Any] = declared if isinstance(declared, dict) else {}
+    scaling = raw.get("rope_scaling")
+    kind = rope.get("rope_type", scaling.get("rope_type", "default") if isinstance(scaling, dict) else "default")
+    if kind != "default" or (scaling is not None and not isinstance(scaling, dict)):
+        raise ModelError(f"{path}: rope_type {kind!r} is not supported (only the default rotary positions)")
+    theta = rope.get("rope_theta", raw.get("rope_theta", 10_000.0))
+    if not isinstance(theta, int | float) or isinstance(theta, bool) or not 1.0 < theta < 1e12:
+        raise ModelFileError(f"{path}: rope_theta should be a number above 1, not {theta!r}")
+    return {
+        "type_vocab_size": 0,
+        "layer_norm_eps": _float(path, raw, "rms_norm_eps", 1e-6),
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "rope_theta": float(theta),
+        "attention_bias": bool(raw.get("attention_bias", False)),
+        "mlp_bias": False,
+        "norm_bias": False,
+    }
+
+
 _FAMILY_KEYS = {
     "bert": _bert_keys,
     "roberta": _roberta_keys,
     "distilbert": _distilbert_family_keys,
     "mpnet": _mpnet_keys,
     "modernbert": _modernbert_keys,
+    "qwen3": _qwen3_keys,
 }
 
 

@@ -3,7 +3,8 @@ checkpoint or safetensors files, with a fine-tuned checkpoint applied last.
 
 Weights come out under one name per role, whatever the family's own names
 (:func:`canonical_name`): Google's (``bert/encoder/layer_0/attention/self/query/kernel``) for
-the post-norm families, ``modernbert/layer_0/Wqkv/kernel`` and so on for ModernBERT, and
+the post-norm families, ``modernbert/layer_0/Wqkv/kernel`` and so on for ModernBERT, ``qwen3/layer_0/q_proj/kernel``
+for Qwen3, and
 ``head/dense_0/kernel`` for a sentence-transformers Dense module. Dense kernels are laid out
 ``[in, out]``, whatever the layout they came from, and every weight is checked against the
 shape the config implies.
@@ -163,13 +164,26 @@ _MODERNBERT_RENAMES = [
 ]
 
 
+_QWEN3_RENAMES = [
+    (r"^embed_tokens\.weight$", "qwen3/embeddings/word_embeddings"),
+    (r"^layers\.(\d+)\.input_layernorm\.weight$", r"qwen3/layer_\1/attn_norm/gamma"),
+    (r"^layers\.(\d+)\.post_attention_layernorm\.weight$", r"qwen3/layer_\1/mlp_norm/gamma"),
+    (r"^layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight$", r"qwen3/layer_\1/\2_proj/kernel"),
+    (r"^layers\.(\d+)\.self_attn\.([qkvo])_proj\.bias$", r"qwen3/layer_\1/\2_proj/bias"),
+    (r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$", r"qwen3/layer_\1/\2_norm/gamma"),
+    (r"^layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$", r"qwen3/layer_\1/\2_proj/kernel"),
+    (r"^norm\.weight$", "qwen3/final_norm/gamma"),
+]
+_RENAMES = {"modernbert": _MODERNBERT_RENAMES, "qwen3": _QWEN3_RENAMES}
+
+
 def canonical_name(name: str, family: str = "bert") -> str | None:
     """The name bertserve gives the tensor ``name`` of a Hugging Face checkpoint of ``family``
     (Google's for the post-norm families), or None for a tensor the encoder does not use."""
     name = _PREFIX.sub("", name, count=1)
     for pattern, replacement in _AS_BERT.get(family, []):
         name = re.sub(pattern, replacement, name)
-    for pattern, replacement in _MODERNBERT_RENAMES if family == "modernbert" else _BERT_RENAMES:
+    for pattern, replacement in _RENAMES.get(family, _BERT_RENAMES):
         canonical, count = re.subn(pattern, replacement, name)
         if count:
             return canonical.replace(".", "/")
@@ -182,6 +196,8 @@ def canonical_name(name: str, family: str = "bert") -> str | None:
 def _expected_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
     if config.family == "modernbert":
         return _modernbert_shapes(config)
+    if config.family == "qwen3":
+        return _qwen3_shapes(config)
     h, i = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "bert/embeddings/word_embeddings": (config.vocab_size, h),
@@ -232,6 +248,27 @@ def _modernbert_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
         shapes[norm + "/gamma"] = (h,)
         if config.norm_bias:
             shapes[norm + "/beta"] = (h,)
+    return shapes
+
+
+def _qwen3_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    shapes: dict[str, tuple[int, ...]] = {
+        "qwen3/embeddings/word_embeddings": (config.vocab_size, h),
+        "qwen3/final_norm/gamma": (h,),
+    }
+    for n in range(config.num_hidden_layers):
+        layer = f"qwen3/layer_{n}/"
+        products = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        products.update({"gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)})
+        shapes.update({f"{layer}{name}/kernel": shape for name, shape in products.items()})
+        shapes.update({f"{layer}{name}/gamma": (h,) for name in ("attn_norm", "mlp_norm")})
+        shapes.update({f"{layer}{name}/gamma": (d,) for name in ("q_norm", "k_norm")})
+        if config.attention_bias:
+            shapes.update(
+                {f"{layer}{name}/bias": (products[name][1],) for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
+            )
     return shapes
 
 

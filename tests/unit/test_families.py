@@ -159,7 +159,8 @@ def test_an_unknown_architecture_names_the_supported_families(tmp_path):
     config["architectures"] = ["T5EncoderModel"]
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        ModelError, match=r"architecture 'T5EncoderModel' is not one bertserve runs.*DistilBERT, MPNet and ModernBERT"
+        ModelError,
+        match=r"architecture 'T5EncoderModel' is not one bertserve runs.*DistilBERT, MPNet, ModernBERT and Qwen3",
     ):
         resolve_options(ModelConfig(model_dir=str(model)))
 
