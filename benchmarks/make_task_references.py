@@ -58,6 +58,8 @@ The models (a reranker has one label; its ``scores`` are its own activation's):
     rerank_mpnet             MPNetForSequenceClassification, WordPiece with <s> </s>; st5, Sigmoid
     rerank_modernbert        ModernBertForSequenceClassification, byte-level BPE; st6, Sigmoid;
                              transformers' default classifier_pooling, "cls"
+    rerank_qwen3             Qwen3ForCausalLM, Qwen's byte-level BPE; transformers; scored as
+                             Qwen3-Reranker's model card scores (the last section)
     classify_bert            BertForSequenceClassification, id2label negative/neutral/positive; st6
     classify_distilbert      DistilBertForSequenceClassification, NEGATIVE/POSITIVE; st5
     splade_bert              BertForMaskedLM; Transformer(transformer_task="fill-mask") and
@@ -141,6 +143,45 @@ above 1e-3 (this run):
     modernbert    classifier_pooling mean instead of cls                 13.7
     splade        sum pooling instead of max                             10.7, 8.3
     splade        padding positions not masked out                       0.83, 0.92
+
+``rerank_qwen3`` is a Qwen3-Reranker (0.6B/4B/8B): a Qwen3ForCausalLM whose score is what its
+model card computes, not a CrossEncoder's. The model: families/qwen3's sizes (hidden 32, 3
+layers, 4 query heads of 12 on 2 key/value heads, intermediate 64, RoPE theta 100, RMSNorm eps
+1e-6), max_position_embeddings 256, its LM head tied to the embeddings as Qwen3-Reranker-0.6B's
+(model.safetensors holds no lm_head.weight), bos <|endoftext|>, eos <|im_end|>, no pad token id;
+initialized as the others, then the final norm's weight set so that logit("yes") - logit("no")
+of the 120 pairs has mean 0 and standard deviation 1.5 (``_calibrate_yes_no``). The tokenizer:
+Qwen's byte-level BPE as families/qwen3's, trained again on the sentences, the template's text
+and "yes" and "no" (single tokens, 358 and 310), with <|endoftext|> <|im_start|> <|im_end|>
+(special) and <think> </think> (added) after its 700 entries, a ByteLevel post-processor that
+appends nothing, <|endoftext|> the pad token, <|im_end|> eos, padding on the left,
+model_max_length 128. Saved by transformers (``layout`` "transformers": config.json with
+transformers 5's keys, generation_config.json, model.safetensors, the tokenizer's two files), no
+sentence-transformers file. The scoring (``QWEN3_*``, also in meta's ``scoring``)::
+
+    body = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}"  # the instruction
+           # "Given a web search query, retrieve relevant passages that answer the query" by default
+    ids = prefix + tokenizer(body, truncation="longest_first", max_length=128 - 38 - 9) + suffix
+    logits = model(left-padded batch).logits[:, -1, :]
+    score = softmax([logits[no], logits[yes]])[1] = sigmoid(logits[yes] - logits[no])
+
+with the system prompt's prefix (38 tokens) and the assistant's empty thinking as suffix (9), in
+batches of one query's 24 documents; 32 of the 120 pairs are cut. ``tasks/rerank_qwen3.npz`` has
+the rerankers' arrays, where ``logits`` is logit("yes") - logit("no") at the last token (the
+``scores`` are its sigmoid, checked), ``pair_ids`` are the whole sequences (prefix, pair, suffix;
+at most 128) laid out as the others' (0-padded on the right, though the tokenizer pads on the
+left), ``pair_untruncated_lengths`` count prefix and suffix too, ``truncated`` says the formatted
+pair was cut, ``pair_type_ids`` are zeros; and one more:
+
+    scores_custom            (Q, D) float32  the scores with the instruction "Given a question, find
+                                             the passage that answers it" (meta's custom_instruction)
+
+Right-padded batches read at each row's last real token, one pair a batch, and
+sentence-transformers' CrossEncoder for a causal LM (Transformer "text-generation", LogitScore)
+on the same ids give the same logits but for rounding (below 1e-4). With one detail wrong (this
+run): bidirectional attention 5.9, no q_norm/k_norm 4.0, RoPE theta 1000000 5.3, the final norm
+without its weight 2.8, right-padded and read at the last column 5.2, the whole sequence cut at
+128 (the suffix lost) 7.2, the formatted pair cut at 128 rather than 81 5.3.
 """
 
 from __future__ import annotations
@@ -149,6 +190,7 @@ import argparse
 import contextlib
 import inspect
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -175,8 +217,13 @@ from lib.reference_stack import (
 from lib.references import cpu, padded
 from safetensors import safe_open
 from sentence_transformers import CrossEncoder, SparseEncoder, quantize_embeddings
+from sentence_transformers.cross_encoder.modules import LogitScore
 from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 from sentence_transformers.util import fullname, import_from_string, quantization
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import masking_utils
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+from transformers.models.qwen3 import modeling_qwen3
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "tests" / "data" / "tasks"
@@ -196,7 +243,22 @@ ST5_SPARSE_TYPES = {
 }
 IDENTITY = "torch.nn.modules.linear.Identity"
 SENSITIVE = 1e-3
+ROUNDING = 1e-4  # float32 over logits of a few units, summed in other orders
 _BATCH = dict(truncation="longest_first", max_length=MAX_LENGTH, padding=True, return_tensors="pt")
+
+# Qwen3-Reranker's scoring, as its model card publishes it
+YES_NO_MAX_LENGTH = 128  # the prefix and suffix take 47 tokens, leaving 81 to the formatted pair
+QWEN3_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+QWEN3_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+QWEN3_TEMPLATE = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}"
+QWEN3_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+QWEN3_CUSTOM_INSTRUCTION = "Given a question, find the passage that answers it"
+QWEN3_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN3_ADDED = ("<think>", "</think>")  # added tokens, not special ones, as in Qwen3's vocabulary
+QWEN3_VOCAB_SIZE = 700  # before the five tokens above
 
 _FAMILY_CONFIGS = {family.name: family.config for family in FAMILIES}
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -206,6 +268,19 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "xlm_roberta": {**_FAMILY_CONFIGS["xlm_roberta"], "hidden_size": SMALL["hidden_size"]},
     "mpnet": _FAMILY_CONFIGS["mpnet"],
     "modernbert": {**_FAMILY_CONFIGS["modernbert"], **SMALL},
+    "qwen3": dict(  # families/qwen3's sizes, with an LM head tied to the embeddings
+        model_type="qwen3",
+        **{**SMALL, "num_hidden_layers": 3},
+        num_key_value_heads=2,
+        head_dim=12,
+        rope_theta=100.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=256,
+        hidden_act="silu",
+        attention_bias=False,
+        use_sliding_window=False,
+        tie_word_embeddings=True,
+    ),
 }
 TOKENIZER_FAMILY = {"bert": "bert_st6"}  # where a family's tokenizer is, if not families/<family>/
 
@@ -220,6 +295,7 @@ class Task:
     activation: str | None = None  # given to the CrossEncoder as it is made; None: its default
     weights_of: str | None = None  # made with that task's seed, so with its weights
     config: dict[str, Any] = field(default_factory=dict)  # over the family's
+    scoring: str = "head"  # or "yes_no": a causal LM's logit("yes") - logit("no") at the last token
 
 
 TASKS = (
@@ -231,6 +307,7 @@ TASKS = (
     Task("rerank_distilbert", "distilbert", "rerank", "st5"),
     Task("rerank_mpnet", "mpnet", "rerank", "st5"),
     Task("rerank_modernbert", "modernbert", "rerank"),
+    Task("rerank_qwen3", "qwen3", "rerank", "transformers", scoring="yes_no"),
     Task("classify_bert", "bert", "classify", labels=("negative", "neutral", "positive")),
     Task("classify_distilbert", "distilbert", "classify", "st5", labels=("NEGATIVE", "POSITIVE")),
     Task("splade_bert", "bert", "splade"),
@@ -604,6 +681,303 @@ def references(task: Task, out: Path, sentences: list[str]) -> tuple[dict[str, n
     return arrays, {**head, **meta}
 
 
+def _qwen3_tokenizer(sentences: list[str]) -> transformers.Qwen2Tokenizer:
+    """Qwen's byte-level BPE as Qwen3-Reranker has it (families/qwen3's, trained again): NFC, Qwen's
+    split, <|endoftext|> <|im_start|> <|im_end|> (special) then <think> </think> (added, not
+    special) after the vocabulary, nothing appended (a ByteLevel post-processor, as Qwen3's
+    tokenizer.json has), <|endoftext|> the pad token, <|im_end|> the eos token, padding on the
+    left. Trained on the sentences, on the template's text (its words whole, as in Qwen's
+    vocabulary: 47 tokens around each pair, not a hundred) and on "yes" and "no" alone, which the
+    scoring reads as single tokens."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    trainer = trainers.BpeTrainer(vocab_size=QWEN3_VOCAB_SIZE, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    template = [QWEN3_PREFIX, QWEN3_SUFFIX]
+    template += [
+        QWEN3_TEMPLATE.format(instruction=i, query="", doc="") for i in (QWEN3_INSTRUCTION, QWEN3_CUSTOM_INSTRUCTION)
+    ]
+    specials = re.compile("|".join(map(re.escape, QWEN3_SPECIALS + QWEN3_ADDED)))  # not learnt as merges
+    pieces = [piece for text in template for piece in specials.split(text) if piece]
+    tokenizer.train_from_iterator(sentences + pieces * 10 + ["yes", "no"] * 10, trainer)
+    model = json.loads(tokenizer.to_str())["model"]
+    qwen = transformers.Qwen2Tokenizer(
+        vocab=model["vocab"],
+        merges=[tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]],
+        unk_token=None,
+        eos_token=QWEN3_SPECIALS[0],  # <|endoftext|> first among the added tokens, then the chat's two
+        pad_token=QWEN3_SPECIALS[0],
+        extra_special_tokens=list(QWEN3_SPECIALS[1:]),
+        padding_side="left",
+    )
+    qwen.eos_token = "<|im_end|>"
+    qwen.add_tokens([AddedToken(t, normalized=False, special=False) for t in QWEN3_ADDED])
+    qwen.backend_tokenizer.post_processor = processors.ByteLevel(
+        add_prefix_space=False, trim_offsets=False, use_regex=False
+    )
+    return qwen
+
+
+def _yes_no_ids(tokenizer: Any) -> tuple[int, int]:
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    assert isinstance(yes, int) and isinstance(no, int), "'yes' and 'no' are not tokens"
+    return yes, no
+
+
+def _yes_no_rows(
+    tokenizer: Any, queries: list[str], documents: list[str], instruction: str
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Every (query, document) pair, row-major, as the model card makes its ids: formatted,
+    tokenized alone with no special tokens, truncated at max_length less the prefix's and
+    suffix's tokens, between those; and the same uncut."""
+    prefix = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
+    suffix = tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)
+    bodies = [QWEN3_TEMPLATE.format(instruction=instruction, query=q, doc=d) for q in queries for d in documents]
+    limit = YES_NO_MAX_LENGTH - len(prefix) - len(suffix)
+    cut = tokenizer(bodies, padding=False, truncation="longest_first", return_attention_mask=False, max_length=limit)
+    whole = tokenizer(bodies, return_attention_mask=False)
+    return [prefix + ids + suffix for ids in cut["input_ids"]], [prefix + ids + suffix for ids in whole["input_ids"]]
+
+
+def _model_card_scores(model: Any, tokenizer: Any, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The model card's scores of one left-padded batch, and logit("yes") - logit("no") at its last
+    position. (The card also gives ``pad`` max_length, which does nothing with padding=True.)"""
+    inputs = tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        logits = model(**inputs).logits[:, -1, :]
+    yes, no = _yes_no_ids(tokenizer)
+    scores = torch.nn.functional.log_softmax(torch.stack([logits[:, no], logits[:, yes]], dim=1), dim=1)[:, 1].exp()
+    return scores.numpy(), (logits[:, yes] - logits[:, no]).numpy()
+
+
+def _yes_no_logits(
+    model: Any, tokenizer: Any, rows: list[list[int]], side: str = "left", batch: int = 0, last_column: bool = False
+) -> np.ndarray:
+    """logit("yes") - logit("no") of the rows in batches of ``batch`` (one query's documents by
+    default), padded on ``side``, read at each row's last real token (or at the batch's last
+    column, a padding position for a short right-padded row, if ``last_column``)."""
+    batch = batch or len(DOCUMENT_ROWS)
+    yes, no = _yes_no_ids(tokenizer)
+    out = []
+    with patched(tokenizer, "padding_side", side), torch.inference_mode():
+        for start in range(0, len(rows), batch):
+            inputs = tokenizer.pad({"input_ids": rows[start : start + batch]}, padding=True, return_tensors="pt")
+            mask = inputs["attention_mask"]
+            last = mask.sum(1) - 1 if side == "right" and not last_column else torch.full_like(mask[:, 0], -1)
+            logits = model(**inputs).logits[torch.arange(len(mask)), last]
+            out.append((logits[:, yes] - logits[:, no]).numpy())
+    return np.concatenate(out)
+
+
+def _calibrate_yes_no(model: Any, tokenizer: Any, sentences: list[str]) -> None:
+    """The final norm's weight w moved so that logit("yes") - logit("no") of the reference pairs
+    has mean 0 and standard deviation ``LOGIT_STD``. That difference is linear in w, the sum over
+    k of (E_yes - E_no)_k w_k n_k (E the tied embeddings, n the last token's vector normalized
+    before its weight): w loses its part along the pairs' mean of (E_yes - E_no) * n, which sets
+    the mean to 0, and is scaled. The norm feeds only the LM head, so the embeddings, "yes" and
+    "no" among them (the prefix holds both), and every hidden state stay as they were."""
+    rows = _yes_no_rows(
+        tokenizer, [sentences[i] for i in QUERY_ROWS], [sentences[i] for i in DOCUMENT_ROWS], QWEN3_INSTRUCTION
+    )[0]
+    inputs = tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
+    normed = model(**inputs, output_hidden_states=True).hidden_states[-1][:, -1]  # after the final norm
+    weight = model.model.norm.weight
+    yes, no = _yes_no_ids(tokenizer)
+    embeddings = model.get_input_embeddings().weight
+    terms = (embeddings[yes] - embeddings[no]) * normed / weight
+    mean = terms.mean(0)
+    centred = weight - (mean @ weight) / (mean @ mean) * mean
+    weight.copy_(centred * LOGIT_STD / (terms @ centred).std())
+    logits = _yes_no_logits(model, tokenizer, rows)
+    assert abs(logits.mean()) < 1e-3 and abs(logits.std(ddof=1) - LOGIT_STD) < 1e-3, (logits.mean(), logits.std())
+
+
+def build_yes_no(task: Task, sentences: list[str], out: Path) -> None:
+    """Make the tiny random Qwen3-Reranker and save it as transformers does: config.json,
+    generation_config.json, model.safetensors and the tokenizer's two files (Qwen3-Reranker ships
+    no sentence-transformers files)."""
+    torch.manual_seed(sum(map(ord, task.name)))
+    tokenizer = _qwen3_tokenizer(sentences)
+    tokenizer.model_max_length = YES_NO_MAX_LENGTH
+    # as Qwen3-Reranker's config: bos <|endoftext|>, eos <|im_end|>, no pad token id
+    ends = dict(bos_token_id=tokenizer.convert_tokens_to_ids(QWEN3_SPECIALS[0]), eos_token_id=tokenizer.eos_token_id)
+    config = transformers.AutoConfig.for_model(
+        **{**CONFIGS[task.family], **task.config}, **ends, vocab_size=len(tokenizer), initializer_range=0.2
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():  # RMSNorm weights off 1: a reader that drops one is seen
+        for parameter in model.parameters():
+            if parameter.ndim == 1:
+                parameter.add_(0.1 * torch.randn_like(parameter))
+        _calibrate_yes_no(model.eval(), tokenizer, sentences)
+    shutil.rmtree(out, ignore_errors=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+
+
+def _yes_no_checks(model: Any, tokenizer: Any, whole: list[list[int]]) -> list[tuple[str, Any, dict]]:
+    """(what is wrong, a context that makes it so, arguments for ``_yes_no_logits``); ``whole``
+    the rows uncut."""
+    auto = model.model
+    bidirectional, no_qk_norm = contextlib.ExitStack(), contextlib.ExitStack()
+    bidirectional.enter_context(patched(modeling_qwen3, "create_causal_mask", masking_utils.create_bidirectional_mask))
+    for layer in auto.layers:
+        bidirectional.enter_context(patched(layer.self_attn, "is_causal", False))
+        no_qk_norm.enter_context(patched(layer.self_attn, "q_norm", torch.nn.Identity()))
+        no_qk_norm.enter_context(patched(layer.self_attn, "k_norm", torch.nn.Identity()))
+    halves = torch.arange(0, auto.config.head_dim, 2, dtype=torch.float) / auto.config.head_dim
+    real_theta = overwritten(auto.rotary_emb.inv_freq, 1.0 / 1_000_000.0**halves)
+    prefix = len(tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False))
+    suffix = len(tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False))
+    pair_cut = [r[:prefix] + r[prefix:-suffix][:YES_NO_MAX_LENGTH] + r[-suffix:] for r in whole]
+    cut = [r[:YES_NO_MAX_LENGTH] for r in whole]
+    none = contextlib.nullcontext()
+    limit = YES_NO_MAX_LENGTH - prefix - suffix
+    return [
+        ("bidirectional attention, not causal", bidirectional, {}),
+        ("no q_norm/k_norm", no_qk_norm, {}),
+        ("RoPE theta 1000000 (Qwen3-Reranker's), not 100", real_theta, {}),
+        ("the final norm without its weight", overwritten(auto.norm.weight, 1.0), {}),
+        ("right-padded, read at the last column", none, dict(side="right", last_column=True)),
+        (f"the whole sequence truncated at {YES_NO_MAX_LENGTH} (the suffix cut off)", none, dict(rows=cut)),
+        (f"the formatted pair truncated at {YES_NO_MAX_LENGTH}, not {limit}", none, dict(rows=pair_cut)),
+    ]
+
+
+def _through_cross_encoder(out: Path, tokenizer: Any, rows: list[list[int]]) -> np.ndarray:
+    """sentence-transformers 6.3's CrossEncoder for a causal LM (Transformer "text-generation",
+    then LogitScore with "yes" and "no") on left-padded batches of the rows."""
+    encoder = CrossEncoder(str(out), device="cpu")
+    score = encoder[1]
+    assert isinstance(score, LogitScore) and (score.true_token_id, score.false_token_id) == _yes_no_ids(tokenizer)
+    logits = []
+    with torch.inference_mode():
+        for start in range(0, len(rows), len(DOCUMENT_ROWS)):
+            batch = rows[start : start + len(DOCUMENT_ROWS)]
+            features = dict(tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt"))
+            logits.append(score(encoder[0](features))["scores"][:, 0].numpy())
+    return np.concatenate(logits)
+
+
+def _yes_no_sensitivity(
+    task: Task,
+    out: Path,
+    model: Any,
+    tokenizer: Any,
+    rows: list[list[int]],
+    whole: list[list[int]],
+    reference: np.ndarray,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The logits again with one detail wrong (each must differ), and computed other ways that
+    must give the same but for rounding: right-padded batches read at each row's last real token
+    (transformers' Qwen3 gives a left-padded row positions that start after its padding, RoPE sees
+    only their differences), one pair a batch (no padding), and sentence-transformers'
+    CrossEncoder on the same ids."""
+    same = {
+        "right-padded, read at each row's last real token": _yes_no_logits(model, tokenizer, rows, side="right"),
+        "one pair a batch (no padding)": _yes_no_logits(model, tokenizer, rows, batch=1),
+        "sentence-transformers' CrossEncoder with LogitScore": _through_cross_encoder(out, tokenizer, rows),
+    }
+    rounding = {}
+    for label, logits in same.items():
+        rounding[label] = float(np.abs(logits - reference).max())
+        print(f"  {task.name:25s} {label:62s} max |difference| {rounding[label]:.2e}")
+        assert rounding[label] < ROUNDING, f"{task.name}: {label} gives other logits"
+    figures = {}
+    for label, context, arguments in _yes_no_checks(model, tokenizer, whole):
+        with context:
+            logits = _yes_no_logits(model, tokenizer, **{"rows": rows, **arguments})
+        figures[label] = round(float(np.abs(logits - reference).max()), 6)
+        print(f"  {task.name:25s} {label:62s} max |difference| {figures[label]:.4f}")
+        assert figures[label] > SENSITIVE, f"{task.name}: the references do not see {label!r}"
+    return figures, rounding
+
+
+def yes_no_references(task: Task, out: Path, sentences: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The model card's scores of the pairs (and with the custom instruction), the logits under
+    them, and the pairs' ids laid out as the other rerankers' (right-aligned, 0-padded)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer.padding_side == "left" and tokenizer.model_max_length == YES_NO_MAX_LENGTH
+    queries = [sentences[i] for i in QUERY_ROWS]
+    documents = [sentences[i] for i in DOCUMENT_ROWS]
+    shape = (len(queries), len(documents))
+    rows, whole = _yes_no_rows(tokenizer, queries, documents, QWEN3_INSTRUCTION)
+    custom_rows = _yes_no_rows(tokenizer, queries, documents, QWEN3_CUSTOM_INSTRUCTION)[0]
+    by_query = [slice(q * len(documents), (q + 1) * len(documents)) for q in range(len(queries))]
+    scores, logits = zip(*(_model_card_scores(model, tokenizer, rows[q]) for q in by_query), strict=True)
+    scores_custom = [_model_card_scores(model, tokenizer, custom_rows[q])[0] for q in by_query]
+    arrays: dict[str, np.ndarray] = {
+        "queries": np.asarray(queries, dtype=np.str_),
+        "documents": np.asarray(documents, dtype=np.str_),
+        "scores": np.stack(scores),
+        "logits": np.stack(logits),
+        "scores_custom": np.stack(scores_custom),
+    }
+    np.testing.assert_allclose(1 / (1 + np.exp(-arrays["logits"])), arrays["scores"], atol=1e-6, rtol=0)
+    arrays["rank"] = np.argsort(-arrays["scores"], axis=1, kind="stable").astype(np.int32)
+    arrays["pair_ids"], arrays["pair_lengths"] = padded(rows)
+    arrays["pair_type_ids"] = np.zeros_like(arrays["pair_ids"])
+    arrays["pair_untruncated_lengths"] = np.asarray([len(r) for r in whole], np.int32)
+    truncated = arrays["pair_untruncated_lengths"] > YES_NO_MAX_LENGTH
+    assert (arrays["pair_lengths"][truncated] == YES_NO_MAX_LENGTH).all()
+    assert (arrays["pair_lengths"][~truncated] == arrays["pair_untruncated_lengths"][~truncated]).all()
+    arrays["truncated"] = truncated.reshape(shape).astype(np.int32)
+    prefix = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
+    suffix = tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)
+    yes, no = _yes_no_ids(tokenizer)
+    sensitivity, rounding = _yes_no_sensitivity(task, out, model, tokenizer, rows, whole, arrays["logits"].reshape(-1))
+    with safe_open(str(out / "model.safetensors"), "np") as f:
+        tensors = {name: list(f.get_slice(name).get_shape()) for name in sorted(f.keys())}
+    gaps = np.diff(np.sort(arrays["scores"], axis=1), axis=1)
+    meta = {
+        "name": task.name,
+        "kind": task.kind,
+        "family": task.family,
+        "tokenizer_from": "trained here as families/qwen3's, on the sentences and the template's text",
+        "layout": task.layout,
+        "files": sorted(p.name for p in out.iterdir()),
+        "config": json.loads((out / "config.json").read_text()),
+        "generation_config": json.loads((out / "generation_config.json").read_text()),
+        "max_length": YES_NO_MAX_LENGTH,
+        "tokenizer": {**tokenizer_meta(out, tokenizer), "padding_side": tokenizer.padding_side},
+        "added_tokens": {
+            t: [tokenizer.convert_tokens_to_ids(t), t in tokenizer.all_special_tokens]
+            for t in QWEN3_SPECIALS + QWEN3_ADDED
+        },
+        "tensors": tensors,
+        "tied_weights": dict(type(model)._tied_weights_keys or {}),
+        "tied_weights_stored": {name: name in tensors for name in type(model)._tied_weights_keys or {}},
+        "scoring": {
+            "prefix": QWEN3_PREFIX,
+            "suffix": QWEN3_SUFFIX,
+            "template": QWEN3_TEMPLATE,
+            "instruction": QWEN3_INSTRUCTION,
+            "custom_instruction": QWEN3_CUSTOM_INSTRUCTION,
+            "prefix_ids": prefix,
+            "suffix_ids": suffix,
+            "pair_max_length": YES_NO_MAX_LENGTH - len(prefix) - len(suffix),
+            "yes_id": yes,
+            "no_id": no,
+            "logits": 'logit("yes") - logit("no") at the last position of a left-padded batch',
+            "scores": 'exp(log_softmax([logit("no"), logit("yes")])[1]) = sigmoid(logits)',
+            "batches": "one query's documents a batch",
+        },
+        "query_rows": QUERY_ROWS,
+        "document_rows": DOCUMENT_ROWS,
+        "truncated_pairs": int(truncated.sum()),
+        "logits_mean": float(arrays["logits"].mean()),
+        "logits_std": float(arrays["logits"].std(ddof=1)),
+        "smallest_gap_between_scores_of_a_query": float(gaps.min()),
+        "custom_instruction_max_score_difference": float(np.abs(arrays["scores_custom"] - arrays["scores"]).max()),
+        "same_but_for_rounding": rounding,
+        "sensitivity": sensitivity,
+    }
+    return arrays, meta
+
+
 def _quoted(function: Callable, *needles: str) -> list[str]:
     """The lines of ``function``'s source that hold one of ``needles``, stripped."""
     return [line.strip() for line in inspect.getsource(function).splitlines() if any(n in line for n in needles)]
@@ -675,8 +1049,12 @@ def main() -> None:
         if args.only and task.name not in args.only:
             continue
         out = args.out_dir / task.name
-        build(task, sentences, out)
-        arrays, meta = references(task, out, sentences)
+        if task.scoring == "yes_no":
+            build_yes_no(task, sentences, out)
+            arrays, meta = yes_no_references(task, out, sentences)
+        else:
+            build(task, sentences, out)
+            arrays, meta = references(task, out, sentences)
         if task.weights_of and (args.out_dir / f"{task.weights_of}.npz").exists():
             same = np.load(args.out_dir / f"{task.weights_of}.npz")["logits"]
             np.testing.assert_allclose(arrays["scores"], same, atol=1e-6, err_msg=f"{task.name}: not raw logits")
