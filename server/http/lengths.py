@@ -264,7 +264,13 @@ async def rerank_sides(
         if both_long(i) and counts[i] >= query_tokens and kept[i][1] < query_count:
             kept[i] = await run(kept_or_whole, tokenizer, documents[i], counts[i], direction, query_count - 1)
     truncated = np.fromiter((query_tokens + n > room for n in counts), dtype=bool, count=len(counts))
-    return query_kept, [text for text, _ in kept], truncated
+    cut = [text for text, _ in kept]
+    if getattr(tokenizer, "templated", False):  # the template's own words take room too: ask the tokenizer
+        flags: list[bool] = []
+        for group in side_groups(cut):
+            flags += (await run(tokenizer.truncated, [f"{query_kept}{PAIR_SEPARATOR}{cut[i]}" for i in group])).tolist()
+        truncated = np.array(flags, dtype=bool)
+    return query_kept, cut, truncated
 
 
 def _explain(

@@ -40,6 +40,7 @@ def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenize
         do_lower_case=model.do_lower_case,
         max_len=max_len,
         stride=config.chunk_stride,
+        pair_template=model.head.template,
     )
     largest, token = tokenizer.largest_id()
     if tokenizer.vocab_size > model.config.vocab_size or largest >= model.config.vocab_size:

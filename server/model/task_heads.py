@@ -14,7 +14,9 @@ distilbert    ``pre_classifier``, ReLU, then the classifier
 modernbert    dense, ``classifier_activation``, norm, then the classifier
 ============  ====================================================================
 
-SPLADE's head is the masked language model's (dense, GELU, layer norm, then the decoder, tied
+A causal language model reranking (Qwen3-Reranker, :mod:`.yes_no`) reads its last real token
+and ends in logit(yes) - logit(no), from its output layer's two rows (the word embeddings', when
+tied). SPLADE's head is the masked language model's (dense, GELU, layer norm, then the decoder, tied
 to the word embeddings unless the model has its own), then log(1 + ReLU(logits)) and the
 maximum over the real tokens. The heads run in fp32 whatever the encoder's dtype: they are a
 small part of the work, and the scores are what the caller compares.
@@ -68,6 +70,7 @@ _HEAD_NAMES: dict[str, list[tuple[str, str]]] = {
     ],
 }
 _NORM_PARTS = ("task/transform_ln", "task/dense_ln")
+ANSWER_TABLE = "qwen3/lm_head"  # a causal LM's output layer [vocab, hidden], when not tied to the word embeddings
 _SUFFIXES = {"weight": "kernel", "bias": "bias"}
 _NORM_SUFFIXES = {"weight": "gamma", "gamma": "gamma", "bias": "beta", "beta": "beta"}
 
@@ -88,7 +91,10 @@ def expected_shapes(config: EncoderConfig, head: TaskHead, present: set[str]) ->
     """The head weights ``head`` needs (a tied decoder only where the model has its own)."""
     h = config.hidden_size
     shapes: dict[str, tuple[int, ...]] = {}
-    if head.scores:
+    if head.answers:  # a causal LM's reranking: its output rows, or the word embeddings tied to them
+        if ANSWER_TABLE in present:
+            shapes[ANSWER_TABLE] = (config.vocab_size, h)
+    elif head.scores:
         labels = len(head.labels)
         shapes["task/classifier/kernel"], shapes["task/classifier/bias"] = (h, labels), (labels,)
         if config.family == "bert":
@@ -115,7 +121,17 @@ def task_output(w: Any, config: EncoderConfig, head: TaskHead, last: Any, input_
     [batch, labels] logits, or SPLADE's [batch, vocab] weights."""
     if head.task == "sparse":
         return _splade(w, config, last, input_mask)
+    if head.answers:
+        return _yes_no(w, last, input_mask)
     return _classifier(w, config, head, last, input_mask)
+
+
+def _yes_no(w: Any, last: Any, input_mask: Any) -> Any:
+    """logit(yes) - logit(no) at each input's last real token (the rows are right-padded)."""
+    import tensorflow as tf
+
+    lengths = tf.reduce_sum(input_mask, axis=1)
+    return tf.matmul(tf.gather(last, lengths - 1, batch_dims=1), w["task/answer/kernel"])
 
 
 def _dense(w: Any, x: Any, name: str, bias: bool = True) -> Any:
@@ -192,6 +208,11 @@ def prepare(weights: dict[str, np.ndarray], config: EncoderConfig, head: TaskHea
     if config.family == "bert" and head.scores:
         out["pooler/kernel"] = weights["bert/pooler/dense/kernel"].astype(np.float32)
         out["pooler/bias"] = weights["bert/pooler/dense/bias"].astype(np.float32)
+    if head.answers:  # one column: the "yes" row of the output layer less the "no" row
+        table = weights.get(ANSWER_TABLE, weights.get("qwen3/embeddings/word_embeddings"))
+        assert table is not None
+        yes, no = head.answers
+        out["task/answer/kernel"] = (table[yes] - table[no]).astype(np.float32)[:, None]
     if head.task == "sparse" and "task/decoder/kernel" not in out:
         out["task/decoder/kernel"] = np.ascontiguousarray(weights["bert/embeddings/word_embeddings"].T, np.float32)
     return out

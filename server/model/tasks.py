@@ -8,6 +8,8 @@ embed     an encoder (``BertModel``...) and its        the sentence vector
           sentence-transformers modules
 rerank    ``*ForSequenceClassification``, one label    the pair's logit (a cross-encoder: query and
           (sentence-transformers' ``CrossEncoder``)    document written as a sentence pair)
+          or Qwen3's ``*ForCausalLM`` without          logit(yes) - logit(no) at the last token of
+          sentence-transformers' Pooling               the model's template (:mod:`.yes_no`)
 classify  ``*ForSequenceClassification``, its labels   one logit per label (``id2label``)
 sparse    ``*ForMaskedLM`` with SPLADE pooling          log(1 + ReLU(logits)), the maximum over the
           (``SparseEncoder``)                          real tokens: one weight per vocabulary entry
@@ -29,6 +31,7 @@ from typing import Any
 
 from ..errors import ModelError, ModelFileError
 from .json_file import read_json
+from .yes_no import QWEN3_RERANKER, PairTemplate, answer_ids
 
 #: the task a request asks for, by what it calls; ENCODE without one asks for vectors
 TASK_NAMES = {
@@ -69,6 +72,9 @@ class TaskHead:
     pooling: str = "cls"  # ModernBERT's classifier_pooling: cls or mean
     head_act: str = "gelu"  # ModernBERT's classifier_activation
     head_bias: bool = True  # whether the head's dense layer has a bias (ModernBERT's classifier_bias)
+    # a causal language model as a reranker (.yes_no): its "yes" and "no" token ids, its template
+    answers: tuple[int, ...] = ()
+    template: PairTemplate | None = None
 
     @property
     def scores(self) -> bool:
@@ -91,13 +97,18 @@ def read_task(model_dir: str, family: str, requested: str | None) -> TaskHead:
     splade = _has_module(model_dir, "SpladePooling")
     pooling = _has_module(model_dir, ".Pooling")
     detected = "embed"
+    yes_no = kind == "causal_lm" and raw.get("model_type") == "qwen3"  # Qwen3-Reranker; Qwen3-Embedding has Pooling
     if kind == "classification":
         detected = "rerank" if len(_labels(path, raw)) == 1 else "classify"
     elif kind == "masked_lm" and (splade or not pooling):
         detected = "sparse"
+    elif yes_no and not pooling:
+        detected = "rerank"
     task = requested or detected
     if task == "embed":
         return TaskHead()
+    if task == "rerank" and yes_no:
+        return TaskHead("rerank", ("yes",), "sigmoid", answers=answer_ids(model_dir), template=QWEN3_RERANKER)
     if task in ("rerank", "classify"):
         if kind != "classification":
             raise ModelError(
@@ -166,6 +177,8 @@ def _kind(path: str, raw: dict[str, Any]) -> str:
         return "classification"
     if architecture.endswith("ForMaskedLM"):
         return "masked_lm"
+    if architecture.endswith("ForCausalLM"):
+        return "causal_lm"
     return "encoder"
 
 

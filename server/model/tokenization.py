@@ -23,8 +23,10 @@ import numpy as np
 from bertserve.client.protocol import PAIR_SEPARATOR, TRUNCATION_DIRECTIONS
 
 from ..errors import ModelOptionError
+from .explained import explained
 from .pair_cuts import cut_pair, cut_starts
 from .tokenizer_files import id_twin, read_tokenizer, special_tokens, unk_id
+from .yes_no import PairTemplate, template_processor
 
 logger = logging.getLogger("bertserve.tokenizer")
 
@@ -89,8 +91,12 @@ class ModelTokenizer:
         do_lower_case: bool,
         max_len: int,
         stride: int = 0,
+        pair_template: PairTemplate | None = None,
     ) -> None:
         tokenizer = read_tokenizer(vocab_path, tokenizer_json, do_lower_case)
+        if pair_template is not None:  # a causal LM reranking: its template's turns are kept as special tokens
+            tokenizer.post_processor = template_processor(tokenizer, pair_template)
+        self._pair_template = pair_template
         self._specials = specials = special_tokens(tokenizer, tokenizer_json or vocab_path)
         if max_len <= specials.pair:
             raise ModelOptionError(
@@ -115,6 +121,11 @@ class ModelTokenizer:
         self.sep_id: int = (specials.suffix or specials.prefix)[-1]
         self.unk_id: int | None = unk_id(tokenizer)
         self._vocab_size = tokenizer.get_vocab_size()
+
+    @property
+    def templated(self) -> bool:
+        """Whether a pair is written into the model's own template (:mod:`.yes_no`)."""
+        return self._pair_template is not None
 
     @property
     def vocab_size(self) -> int:
@@ -154,8 +165,13 @@ class ModelTokenizer:
         _check_direction(truncation_direction)
         if is_tokenized:
             inputs: list = [self._id_words(list(tokens)) for tokens in texts]
+            if self._pair_template is not None and any(isinstance(item, tuple) for item in inputs):
+                raise ModelOptionError(
+                    "this reranker writes a query and a document into its own template: send the pair as text "
+                    "(query ||| document), not as tokens"
+                )
         else:
-            inputs = self._cut_pairs([split_pair(text) for text in texts], truncation_direction)
+            inputs = self._cut_pairs([self._split(text) for text in texts], truncation_direction)
         encodings = self._encode_batch(inputs, truncation_direction, chunk, ids=is_tokenized)
         windows: list[list[Row]] = []
         for item, enc in zip(inputs, encodings, strict=True):
@@ -206,12 +222,15 @@ class ModelTokenizer:
         ids are those :meth:`tokenize` gives the model, cut as it cuts them when ``truncate``.
         """
         _check_direction(truncation_direction)
-        whole = [split_pair(text) for text in texts]
+        whole = [self._split(text) for text in texts]
         inputs = self._cut_pairs(whole, truncation_direction) if truncate else whole
         tokenizer = self._variant(truncation_direction if truncate else None)
         encodings = tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
-        return [
-            _explained(text, enc, cut_starts(side, cut, truncation_direction))
+        templated = self._pair_template is not None
+        return [  # a pair written into the model's template is shown as that text
+            explained(
+                side if templated and isinstance(side, str) else text, enc, cut_starts(side, cut, truncation_direction)
+            )
             for text, enc, side, cut in zip(texts, encodings, whole, inputs, strict=True)
         ]
 
@@ -287,7 +306,7 @@ class ModelTokenizer:
             return np.fromiter((min(len(t) + single, self.max_len) for t in texts), dtype=np.int32, count=len(texts))
         # Without character offsets (tokenizers >= 0.20): the same ids, a fifth less time.
         encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
-        inputs = self._cut_pairs([split_pair(text) for text in texts], "right")
+        inputs = self._cut_pairs([self._split(text) for text in texts], "right")
         encodings = encode(inputs)
         if chunk:  # a pair is truncated, not chunked
             counts = (
@@ -314,8 +333,16 @@ class ModelTokenizer:
 
     def truncated(self, texts: Sequence[str]) -> np.ndarray:
         """Which of ``texts`` are longer than ``max_len`` tokens and would be cut."""
-        encodings = self._tokenizer.encode_batch(self._cut_pairs([split_pair(text) for text in texts], "right"))
+        encodings = self._tokenizer.encode_batch(self._cut_pairs([self._split(text) for text in texts], "right"))
         return np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(texts))
+
+    def _split(self, text: str) -> str | tuple[str, str]:
+        """:func:`split_pair`'s answer; a pair written into the model's template, where it has
+        one (:mod:`.yes_no`), as one text."""
+        item = split_pair(text)
+        if self._pair_template is not None and isinstance(item, tuple):
+            return self._pair_template.text(*item)
+        return item
 
     def _cut_pairs(self, inputs: list, direction: str) -> list:
         """``inputs`` (as :func:`split_pair` gives them) with each long pair cut to what the
@@ -359,30 +386,6 @@ def _split_tokens(tokens: list[str]) -> list[list[str]]:
 def _check_direction(direction: str) -> None:
     if direction not in TRUNCATION_DIRECTIONS:
         raise ValueError(f"truncation_direction must be 'right' or 'left', not {direction!r}")
-
-
-def _explained(text: str, encoding: Any, starts: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
-    """One token dict per token of ``encoding`` (of ``text``, its pair's sides cut to begin
-    ``starts`` characters into their stripped selves), with offsets into ``text``."""
-    # tokenizers gives a pair's offsets within each side, as split_pair cut and stripped it
-    if PAIR_SEPARATOR in text:
-        first, second = text.split(PAIR_SEPARATOR, 1)
-        second_start = len(first) + len(PAIR_SEPARATOR)
-        shifts = [
-            len(first) - len(first.lstrip()) + starts[0],
-            second_start + len(second) - len(second.lstrip()) + starts[1],
-        ]
-    else:
-        shifts = [0]
-    tokens = []
-    columns = (encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, encoding.sequence_ids)
-    for token_id, token, (start, stop), special, side in zip(*columns, strict=True):
-        if special or side is None:
-            tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
-        else:
-            start, stop = start + shifts[side], stop + shifts[side]
-            tokens.append({"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop})
-    return tokens
 
 
 def split_pair(text: str) -> str | tuple[str, str]:

@@ -173,6 +173,7 @@ _QWEN3_RENAMES = [
     (r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$", r"qwen3/layer_\1/\2_norm/gamma"),
     (r"^layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$", r"qwen3/layer_\1/\2_proj/kernel"),
     (r"^norm\.weight$", "qwen3/final_norm/gamma"),
+    (r"^lm_head\.weight$", "qwen3/lm_head"),  # [vocab, hidden]: a reranker's yes/no rows (.task_heads)
 ]
 _RENAMES = {"modernbert": _MODERNBERT_RENAMES, "qwen3": _QWEN3_RENAMES}
 

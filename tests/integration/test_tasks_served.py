@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(600)
 DATA = Path(__file__).resolve().parent.parent / "data"
 KEY = "tasks-key-0123456789"
 RERANKER, CLASSIFIER, SPLADE, EMBEDDER = "rerank_bert", "classify_bert", "splade_bert", "roberta"
+YES_NO = "rerank_qwen3"  # Qwen3-Reranker: a causal LM's yes/no logits on its own template
 
 
 def reference(name: str) -> dict[str, np.ndarray]:
@@ -44,6 +45,7 @@ def served(session_graph_dir: str, tmp_path_factory: pytest.TempPathFactory) -> 
     calibration.write_text(json.dumps({"format": 1, "min": ranges[0].tolist(), "max": ranges[1].tolist()}))
     models = {
         RERANKER: DATA / "tasks" / RERANKER,
+        YES_NO: DATA / "tasks" / YES_NO,
         CLASSIFIER: DATA / "tasks" / CLASSIFIER,
         SPLADE: DATA / "tasks" / SPLADE,
         EMBEDDER: f"{DATA / 'families' / EMBEDDER},calibration={calibration}",
@@ -178,6 +180,37 @@ def test_bertserve_rerank_prints_the_ranking(served: Served, tmp_path: Path) -> 
     want = t.ranking(ref["scores"][0][:6])
     assert [row["index"] for row in rows] == want
     assert [row["line"] for row in rows] == [i + 1 for i in want]
+
+
+def test_a_yes_no_reranker_answers_every_rerank_shape_as_its_published_scoring(served: Served, tmp_path: Path) -> None:
+    """Qwen3-Reranker, served with no task named (a Qwen3 causal LM without sentence-transformers
+    modules is a reranker): TEI's /rerank, Cohere's v2, the ZeroMQ client and ``bertserve rerank``
+    give the scores of its model card's formula, cut pairs said to be truncated."""
+    cohere = pytest.importorskip("cohere")
+    ref = reference(YES_NO)
+    docs = documents(ref)
+    with served.http() as http:
+        for q, query in enumerate(ref["queries"]):
+            answer = http.post("/rerank", json={"model": YES_NO, "query": str(query), "texts": docs})
+            assert answer.status_code == 200, answer.text
+            results = answer.json()
+            assert [r["index"] for r in results] == ref["rank"][q].tolist()
+            np.testing.assert_allclose([r["score"] for r in results], ref["scores"][q][ref["rank"][q]], atol=1e-4)
+            assert [r["truncated"] for r in results] == [bool(ref["truncated"][q][i]) for i in ref["rank"][q]]
+    v2 = cohere.ClientV2(api_key=KEY, base_url=served.url).rerank(
+        model=YES_NO, query=str(ref["queries"][1]), documents=docs, top_n=5
+    )
+    assert [r.index for r in v2.results] == ref["rank"][1][:5].tolist()
+    with served.client(YES_NO) as client:
+        ranked = client.rerank(str(ref["queries"][3]), docs, raw_scores=True)
+    np.testing.assert_allclose([r.score for r in ranked], ref["logits"][3][ref["rank"][3]], atol=1e-4)
+    lines = tmp_path / "docs.txt"
+    lines.write_text("\n".join(docs[:6]) + "\n", encoding="utf-8")
+    cli = [sys.executable, "-m", "bertserve.server.cli", "rerank", str(ref["queries"][0]), str(lines), "--json"]
+    port_flags = ["--port", str(served.running.port), "--port-out", str(served.running.port_out)]
+    done = subprocess.run([*cli, *port_flags, "--model", YES_NO], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [row["index"] for row in json.loads(done.stdout)] == t.ranking(ref["scores"][0][:6])
 
 
 # -- predict and sparse -----------------------------------------------------------------
@@ -320,6 +353,7 @@ def test_a_request_to_a_model_of_another_task_names_its_task(served: Served) -> 
     assert sparse.status_code == 400 and "task sparse" in sparse.json()["message"]
     assert listed == {
         RERANKER: "rerank",
+        YES_NO: "rerank",
         CLASSIFIER: "classify",
         SPLADE: "sparse",
         EMBEDDER: "embed",

@@ -10,8 +10,9 @@ import random
 from pathlib import Path
 
 import pytest
+from bertserve.server.model.explained import explained as shown
 from bertserve.server.model.pair_cuts import cut_pair, cut_starts, long_side
-from bertserve.server.model.tokenization import ModelTokenizer, _explained, split_pair
+from bertserve.server.model.tokenization import ModelTokenizer, split_pair
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,7 +70,7 @@ def test_tokenize_explains_a_cut_pair_at_its_place_in_the_input(direction: str) 
     text = f"  {_text(1, 300)}  |||  {_text(2, 250)} "
     explained = tokenizer.explain([text], truncate=True, truncation_direction=direction)
     whole = tokenizer._variant(direction).encode_batch([split_pair(text)])  # the pair uncut, as before
-    assert explained == [_explained(text, whole[0])]
+    assert explained == [shown(text, whole[0])]
 
 
 def test_short_pairs_and_cut_starts_are_left_as_they_are() -> None:

@@ -106,7 +106,9 @@ def test_splade_terms_are_those_of_sparse_encoder(name: str, session_graph_dir: 
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "int8"])
-@pytest.mark.parametrize("name", ["rerank_bert", "rerank_xlm_roberta", "rerank_modernbert", "classify_distilbert"])
+@pytest.mark.parametrize(
+    "name", ["rerank_bert", "rerank_xlm_roberta", "rerank_modernbert", "rerank_qwen3", "classify_distilbert"]
+)
 def test_bf16_and_int8_stay_close(name: str, dtype: str, session_graph_dir: str) -> None:
     ref = reference(name)
     model = encoder(name, dtype, session_graph_dir)
