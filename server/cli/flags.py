@@ -122,6 +122,13 @@ MODEL_FLAGS = under(
         rare=True,
     ),
     Flag(
+        "--instruction",
+        "a yes/no reranker's task instruction (Qwen3-Reranker's <Instruct>)",
+        unset="its model card's web search one",
+        metavar="TEXT",
+        rare=True,
+    ),
+    Flag(
         "--calibration",
         "the int8/uint8 embedding types' ranges: a file `bertserve calibrate` wrote",
         unset="the model directory's calibration.json, if any",

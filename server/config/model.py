@@ -123,6 +123,7 @@ class ModelConfig:
     chunk_stride: int = 0
     task: str | None = None  # embed, rerank, classify, sparse; None (auto): what the model is
     calibration: str | None = None  # int8/uint8 embedding ranges (.calibration); None: the model dir's own
+    instruction: str | None = None  # a yes/no reranker's (Qwen3-Reranker's) task instruction; None: its default
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -150,6 +151,8 @@ class ModelConfig:
         set_(self, "task", parse_task(self.task))
         if isinstance(self.chunk_stride, bool) or not isinstance(self.chunk_stride, int) or self.chunk_stride < 0:
             raise ModelOptionError(f"chunk_stride must be 0 or more tokens, not {self.chunk_stride!r}")
+        if self.instruction is not None and (not isinstance(self.instruction, str) or not self.instruction.strip()):
+            raise ModelOptionError(f"instruction must be some text, not {self.instruction!r}")
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

@@ -9,6 +9,7 @@ keeps the dtype asked for, which :func:`describe` reports beside the one chosen 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..config.model import DYNAMIC, ModelConfig, PoolingStrategy
@@ -19,6 +20,7 @@ from .graph import GraphSpec
 from .model_dir import ModelFiles, inspect_model
 from .pooling import pooled_width
 from .tokenization import WordPieceTokenizer
+from .yes_no import PairTemplate
 
 
 def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTokenizer]:
@@ -40,7 +42,7 @@ def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenize
         do_lower_case=model.do_lower_case,
         max_len=max_len,
         stride=config.chunk_stride,
-        pair_template=model.head.template,
+        pair_template=_template(model, config),
     )
     largest, token = tokenizer.largest_id()
     if tokenizer.vocab_size > model.config.vocab_size or largest >= model.config.vocab_size:
@@ -49,6 +51,19 @@ def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenize
             f"embeds only vocab_size={model.config.vocab_size} (ids 0 to {model.config.vocab_size - 1})"
         )
     return tokenizer
+
+
+def _template(model: ModelFiles, config: ModelConfig) -> PairTemplate | None:
+    """The model's pair template (a yes/no reranker's) with the instruction asked for."""
+    template = model.head.template
+    if config.instruction is None:
+        return template
+    if template is None:
+        raise ModelError(
+            "instruction applies to a reranker that writes each pair into its own template with a task "
+            f"instruction (Qwen3-Reranker); this model's task is {model.head.task}, and it has none"
+        )
+    return dataclasses.replace(template, instruction=config.instruction)
 
 
 def describe(config: ModelConfig, spec: GraphSpec) -> dict[str, Any]:

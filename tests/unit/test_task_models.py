@@ -137,3 +137,17 @@ def test_a_reranker_serves_vectors_when_asked(session_graph_dir: str) -> None:
     model = Encoder(DATA / "rerank_bert", task="embed", graph_dir=session_graph_dir, dtype="fp32")
     assert model.describe()["task"] == "embed"
     assert model.encode(["a sentence"]).shape == (1, 32)
+
+
+def test_a_yes_no_rerankers_instruction_is_the_one_asked_for(session_graph_dir: str) -> None:
+    """Qwen3-Reranker's task instruction is part of its template: by default its model card's,
+    or the one ``instruction`` names, as its model card writes a custom one in."""
+    ref = reference("rerank_qwen3")
+    meta = json.loads(str(ref["meta"]))
+    custom = meta["scoring"]["custom_instruction"]
+    model = Encoder(DATA / "rerank_qwen3", dtype="fp32", graph_dir=session_graph_dir, instruction=custom)
+    logits = model.encode(all_pairs(ref))[:, 0].reshape(ref["scores_custom"].shape)
+    np.testing.assert_allclose(t.activate(logits, "sigmoid"), ref["scores_custom"], atol=1e-4)
+    assert np.abs(ref["scores_custom"] - ref["scores"]).max() > 0.1  # the instruction matters
+    with pytest.raises(ModelError, match="instruction applies to a reranker that writes each pair"):
+        Encoder(DATA / "rerank_bert", instruction=custom, graph_dir=session_graph_dir).encode(["a ||| b"])
