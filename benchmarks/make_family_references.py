@@ -35,15 +35,29 @@ post-processor. Each lands in ``families/<name>/`` as ``SentenceTransformer.save
                  q_norm/k_norm, RoPE theta 100 (the real 1000000 barely turns over 32 positions);
                  last-token pooling, Normalize; Qwen3-Embedding's prompts (``query`` an instruction,
                  ``document`` empty, no default)
+    gemma3       Gemma 3 as EmbeddingGemma loads it (``Gemma3TextModel`` with
+                 ``use_bidirectional_attention``); Gemma's SentencePiece BPE (spaces made "▁", byte
+                 fallback, <pad> <eos> <bos> <unk> <mask> at ids 0 to 4, ``<bos> A <eos>`` and
+                 ``<bos> A <eos> <bos> B <eos>``, padding on the right; the emoji U+1F642 kept out of
+                 the vocabulary, so that it falls back to its 4 bytes); 4 layers (sliding, sliding,
+                 sliding, full), 4 query heads of 12 on 2 key/value heads (q_proj 32 -> 48),
+                 q_norm/k_norm, query_pre_attn_scalar 16 (not head_dim), sliding window 8, RoPE
+                 theta 100 full / 10 sliding (the real 1000000 / 10000 barely turn over 32
+                 positions); mean pooling, Dense 32 -> 48 and Dense 48 -> 32 (no bias, identity),
+                 Normalize; EmbeddingGemma's prompts (``query`` "task: search result | query: ",
+                 ``document`` "title: none | text: ", twelve more by task, no default)
 
 All but bert_st6 are rewritten in the format of the models on the Hub (saved by
 sentence-transformers before 6 and transformers 4): ``"max_seq_length": 32`` in
 sentence_bert_config.json (the tokenizer's ``model_max_length`` says 128, so a reader of the
 wrong file truncates elsewhere), the ``pooling_mode_*`` booleans in 1_Pooling/config.json, and
-ModernBERT's ``global_rope_theta``/``local_rope_theta`` and Qwen3's ``rope_theta`` in config.json
-instead of transformers 5's ``layer_types``/``rope_parameters``. Every vector below is computed by
-sentence-transformers 6.3 loading the final directory, on the CPU, in float32; for qwen3 in
-left-padded batches, as its tokenizer pads (the arrays of ids are laid out as the others').
+ModernBERT's ``global_rope_theta``/``local_rope_theta``, Qwen3's ``rope_theta`` and Gemma 3's
+``rope_theta``/``rope_local_base_freq`` (beside its ``layer_types``, with
+``_sliding_window_pattern`` 4 to agree with them) in config.json instead of transformers 5's
+``layer_types``/``rope_parameters``.
+Every vector below is computed by sentence-transformers 6.3 loading the final directory, on the
+CPU, in float32; for qwen3 in left-padded batches, as its tokenizer pads (the arrays of ids are
+laid out as the others').
 
 The inputs: the N = 130 sentences of ``tests/data/sentences.json`` and P = 6 pairs of them
 (``PAIR_ROWS``; bertserve writes a pair as ``"first ||| second"``). Ids come from the model's own
@@ -65,7 +79,7 @@ the pad token's id, with ``lengths`` saying where it starts. The arrays of ``fam
     st_pairs                   (P, D) float32  ``model.encode([(first, second), ...])``
     st_query                   (N, D) float32  ``model.encode(sentences, prompt_name="query")``,
                                for a family with a query prompt (qwen3: the prompt takes 18 of
-                               the 32 tokens)
+                               the 32 tokens; gemma3: 6 of them)
     pool_<mode>                (N, H) float32  the Transformer module, then only
                                ``Pooling(H, pooling_mode=<mode>)`` (no Dense, no Normalize), for
                                mode in cls, mean, max, mean_sqrt_len_tokens, weightedmean, lasttoken
@@ -73,11 +87,11 @@ the pad token's id, with ``lengths`` saying where it starts. The arrays of ``fam
                                (``output_hidden_states=True``; ``hidden_states[0]`` is the embedding
                                output, ``[i]`` the output of layer i, so ``[-2]`` is the output of
                                the second-to-last layer), averaged over the real tokens of ``ids``.
-                               For ModernBERT and Qwen3 ``hidden_states[-1]`` equals
+                               For ModernBERT, Qwen3 and Gemma 3 ``hidden_states[-1]`` equals
                                ``last_hidden_state`` (after the final norm) but ``[-2]`` is a raw
                                layer output: no final norm is applied to it
-    tokens_last                (8, T, H) float32  the last layer's (ModernBERT, Qwen3: after the
-                               final norm) vectors of the first 8 sentences,
+    tokens_last                (8, T, H) float32  the last layer's (ModernBERT, Qwen3, Gemma 3:
+                               after the final norm) vectors of the first 8 sentences,
                                ``output_value="token_embeddings"``,
                                zeros at padding
     meta                       () str        JSON: versions, the CPU, config.json, max_seq_length,
@@ -106,6 +120,16 @@ and prints the min cosine to it over the sentences; each must be below 0.999 (th
     qwen3        RoPE theta 1000000 (Qwen3-Embedding's), not 100              -0.255
     qwen3        no <|endoftext|> appended (the last word pooled)             -0.372
     qwen3        truncated at 128 tokens instead of max_seq_length 32         0.023
+    gemma3       causal attention, not bidirectional                          0.029
+    gemma3       no sliding window (every layer sees every token)             0.292
+    gemma3       sliding window |i - j| < 8, the config's 8 not halved to 5   0.572
+    gemma3       scores scaled by head_dim ** -0.5, not query_pre_attn_scalar 0.979
+    gemma3       every RMSNorm scaling by weight, not 1 + weight (25 norms)   -0.459
+    gemma3       embeddings not scaled by sqrt(hidden_size)                   0.061
+    gemma3       the sliding layers with the full layers' RoPE theta          0.760
+    gemma3       query head h with key/value head h % 2, not h // 2           -0.569
+    gemma3       no <bos> and <eos> added                                     0.567
+    gemma3       truncated at 128 tokens instead of max_seq_length 32         0.151
     the others   truncated at 128 tokens instead of max_seq_length 32         0.934 to 0.985
 
 Three things to know. The trainers of ``tokenizers`` (WordPiece, Unigram) are not deterministic
@@ -117,6 +141,31 @@ And transformers' Qwen3 gives every row of a batch the positions 0 .. T-1, whate
 (no position ids made from the attention mask): a left-padded row's tokens start after its
 padding. RoPE sees only their differences, so right-padded batches, whose rows start at 0, give
 the same vectors but for rounding (meta's ``padded_right_min_cosine``, 1.0000000 this run).
+
+What transformers 5.25 computes for Gemma 3 (modeling_gemma3.py, configuration_gemma3.py and
+masking_utils.py, each checked on this model; meta's ``gemma3_loaded`` has the values loaded):
+
+- the embedding: ``embed_tokens(ids) * sqrt(hidden_size)``, the scale a float32 tensor cast to
+  the weights' dtype before the product (in bfloat16 sqrt(32) = 5.65685 is 5.65625, EmbeddingGemma's
+  sqrt(768) = 27.7128 is 27.75; in float16 27.71875); ``hidden_states[0]`` is the scaled embedding;
+- the norm: ``x / sqrt(mean(x ** 2) + eps) * (1 + weight)`` in float32, cast back to the input's
+  dtype after the product, its weights starting at 0; four around each layer's two blocks
+  (input_layernorm before attention, post_attention_layernorm on its output before the residual
+  add, pre_feedforward_layernorm before the MLP, post_feedforward_layernorm on its output before the
+  residual add), q_norm and k_norm on each head's 12 values before RoPE, and the final norm;
+- attention: scores ``q . k * query_pre_attn_scalar ** -0.5`` (0.25 here, not 12 ** -0.5), no soft
+  capping, query head h with key/value head h // 2; the full layers see every real token, the
+  sliding ones a band: ``use_bidirectional_attention`` turns the config's window w into
+  w // 2 + 1 on loading (and back into (w // 2) * 2 on saving), and token i sees token j if
+  |i - j| < w // 2 + 1, that is |i - j| <= w // 2: 4 here, 256 for EmbeddingGemma's 512; no query
+  sees a padding key;
+- RoPE (rotate-half, over head_dim, positions 0 .. T-1): the full_attention layers with
+  ``rope_theta``, the sliding_attention layers with ``rope_local_base_freq``;
+- the MLP: ``down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))``, gelu_pytorch_tanh being GELU's
+  tanh approximation;
+- ``hidden_states``: 5 of them, the embedding then each layer's output; ``[-1]`` is
+  ``last_hidden_state`` (the fourth layer's output after the final norm), ``[-2]`` the third
+  layer's raw output.
 """
 
 from __future__ import annotations
@@ -124,6 +173,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import shutil
 import tempfile
@@ -153,6 +203,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import masking_utils
+from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 from transformers.models.qwen3 import modeling_qwen3
 
@@ -186,8 +237,50 @@ QWEN3 = Family(
     ),
     pooling="lasttoken",
 )
-ALL_FAMILIES = (*FAMILIES, QWEN3)
-PROMPTS = {"qwen3": QWEN3_PROMPTS}  # config_sentence_transformers.json's, where a family ships some
+GEMMA3_PROMPTS = {  # EmbeddingGemma's, in its order
+    "query": "task: search result | query: ",
+    "document": "title: none | text: ",
+    "BitextMining": "task: search result | query: ",
+    "Clustering": "task: clustering | query: ",
+    "Classification": "task: classification | query: ",
+    "InstructionRetrieval": "task: code retrieval | query: ",
+    "MultilabelClassification": "task: classification | query: ",
+    "PairClassification": "task: sentence similarity | query: ",
+    "Reranking": "task: search result | query: ",
+    "Retrieval": "task: search result | query: ",
+    "Retrieval-query": "task: search result | query: ",
+    "Retrieval-document": "title: none | text: ",
+    "STS": "task: sentence similarity | query: ",
+    "Summarization": "task: summarization | query: ",
+}
+GEMMA3_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # ids 0 to 4, as in Gemma's vocabulary
+GEMMA3_LEFT_OUT = "\N{SLIGHTLY SMILING FACE}"  # not in the vocabulary: falls back to its 4 bytes
+GEMMA3 = Family(
+    "gemma3",
+    dict(
+        model_type="gemma3_text",
+        **{**SMALL, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        head_dim=12,  # q_proj 32 -> 48, as EmbeddingGemma's 768 -> 768 (3 heads of 256)
+        query_pre_attn_scalar=16,  # the scores scaled by 16 ** -0.5, not head_dim ** -0.5
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],  # EmbeddingGemma: 5 sliding, 1 full
+        sliding_window=8,  # bidirectional: |i - j| <= 4
+        use_bidirectional_attention=True,
+        rope_theta=100.0,  # the full layers' (EmbeddingGemma's 1000000)
+        rope_local_base_freq=10.0,  # the sliding layers' (EmbeddingGemma's 10000)
+        rms_norm_eps=1e-6,
+        max_position_embeddings=128,
+        hidden_activation="gelu_pytorch_tanh",
+        attention_bias=False,
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+        tie_word_embeddings=True,
+    ),
+)
+GEMMA3_DENSE = (48, 32)  # EmbeddingGemma's 768 -> 3072 -> 768: no bias, no activation
+ALL_FAMILIES = (*FAMILIES, QWEN3, GEMMA3)
+# config_sentence_transformers.json's, where a family ships some
+PROMPTS = {"qwen3": QWEN3_PROMPTS, "gemma3": GEMMA3_PROMPTS}
 
 
 def _train(tokenizer: Tokenizer, trainer: Any, texts: list[str]) -> dict[str, Any]:
@@ -302,6 +395,24 @@ def _qwen3_tokenizer(texts: list[str]) -> transformers.Qwen2Tokenizer:
     return qwen
 
 
+def _gemma3_tokenizer(texts: list[str]) -> transformers.GemmaTokenizer:
+    """Gemma's SentencePiece BPE as EmbeddingGemma has it: spaces made "▁" and kept at the start
+    of a word, byte fallback (the 256 byte tokens after the specials), <pad> <eos> <bos> <unk>
+    <mask> at ids 0 to 4, <bos> A <eos> (<bos> B <eos>) added by a template, padding on the right."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")  # no merge across words
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE + len(bytes_), special_tokens=GEMMA3_SPECIALS + bytes_)
+    # the prompts' words whole, as in Gemma's vocabulary; one emoji left out, for the byte fallback
+    seen = [t.replace(GEMMA3_LEFT_OUT, "") for t in texts] + list(GEMMA3_PROMPTS.values()) * 10
+    model = _train(tokenizer, trainer, seen)
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return transformers.GemmaTokenizer(
+        vocab=model["vocab"], merges=merges, add_bos_token=True, add_eos_token=True, padding_side="right"
+    )
+
+
 TOKENIZERS: dict[str, Callable[[list[str]], Any]] = {
     "distilbert": lambda texts: transformers.DistilBertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS)),
     "bert_st6": lambda texts: transformers.BertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS)),
@@ -315,6 +426,7 @@ TOKENIZERS: dict[str, Callable[[list[str]], Any]] = {
     "xlm_roberta": _xlm_roberta_tokenizer,
     "modernbert": _modernbert_tokenizer,
     "qwen3": _qwen3_tokenizer,
+    "gemma3": _gemma3_tokenizer,
 }
 
 
@@ -332,9 +444,14 @@ def build(family: Family, texts: list[str], out: Path) -> None:
     if family.name == "qwen3":  # as Qwen3-Embedding's: no pad token id, which would zero its embedding row
         end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
         ids = dict(bos_token_id=end, eos_token_id=end)
+    if family.name == "gemma3":
+        specials = ("pad", "bos", "eos")
+        ids = {f"{n}_token_id": getattr(tokenizer, f"{n}_token_id") for n in specials}
     config = transformers.AutoConfig.for_model(**family.config, **ids, vocab_size=len(tokenizer), initializer_range=0.2)
     model = transformers.AutoModel.from_config(config, attn_implementation="eager")
-    with torch.no_grad():  # LayerNorm/RMSNorm weights off 1, biases off 0: a reader that drops one is seen
+    # LayerNorm/RMSNorm weights off 1 (Gemma's off 0, its norms scaling by 1 + weight), biases off 0:
+    # a reader that drops one is seen
+    with torch.no_grad():
         for parameter in model.parameters():
             if parameter.ndim == 1:
                 parameter.add_(0.1 * torch.randn_like(parameter))
@@ -347,6 +464,10 @@ def build(family: Family, texts: list[str], out: Path) -> None:
         hidden = transformer.get_embedding_dimension()
         modules: list[torch.nn.Module] = [transformer, Pooling(hidden, pooling_mode=family.pooling)]
         modules += [Dense(hidden, family.dense, activation_function=torch.nn.Tanh())] if family.dense else []
+        if family.name == "gemma3":
+            identity = torch.nn.Identity()
+            sizes = (hidden, *GEMMA3_DENSE)
+            modules += [Dense(a, b, bias=False, activation_function=identity) for a, b in itertools.pairwise(sizes)]
         modules += [Normalize()] if family.normalize else []
         shutil.rmtree(out, ignore_errors=True)
         prompts = PROMPTS.get(family.name)
@@ -384,6 +505,13 @@ def _rewrite_as_on_the_hub(out: Path) -> None:
             config["rope_theta"] = config.pop("rope_parameters")["rope_theta"]
             config["rope_scaling"] = None
             del config["layer_types"]
+        if config["model_type"] == "gemma3_text":  # EmbeddingGemma's config.json keeps its layer_types
+            rope = config.pop("rope_parameters")
+            config["rope_theta"] = rope["full_attention"]["rope_theta"]
+            config["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+            config["rope_scaling"] = None
+            # one full layer in every 4, as its layer_types say (EmbeddingGemma's 6 for 5 sliding, 1 full)
+            config["_sliding_window_pattern"] = config["layer_types"].index("full_attention") + 1
         return dict(sorted(config.items()))
 
     rewrite_json(out / "config.json", transformers_4_keys)
@@ -455,6 +583,57 @@ def _qwen3_checks(model: SentenceTransformer) -> list[tuple[str, Any, dict[str, 
     ]
 
 
+def _gemma3_checks(model: SentenceTransformer) -> list[tuple[str, Any, dict[str, Callable]]]:
+    auto = model[0].auto_model
+    config = auto.config
+    causal = _together(
+        patched(config, "use_bidirectional_attention", False),
+        *(patched(layer.self_attn, "is_causal", True) for layer in auto.layers),
+    )
+    # the config holds the window as transformers uses it: 8 // 2 + 1 = 5, for |i - j| < 5
+    no_window = patched(config, "sliding_window", 4096)
+    not_halved = patched(config, "sliding_window", 8)
+    head_dim_scaling = _together(*(patched(layer.self_attn, "scaling", config.head_dim**-0.5) for layer in auto.layers))
+    norms = [module for module in auto.modules() if isinstance(module, modeling_gemma3.Gemma3RMSNorm)]
+    no_plus_one = _together(*(overwritten(norm.weight, norm.weight.detach() - 1.0) for norm in norms))
+    rotary = auto.rotary_emb
+    global_theta = overwritten(rotary.sliding_attention_inv_freq, rotary.full_attention_inv_freq)
+    bare = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1")
+    no_specials = patched(model[0].tokenizer.backend_tokenizer, "post_processor", bare)
+    return [
+        ("causal attention, not bidirectional", causal, {}),
+        ("no sliding window (every layer sees every token)", no_window, {}),
+        ("sliding window |i - j| < 8, the config's 8 not halved to 5", not_halved, {}),
+        ("scores scaled by head_dim ** -0.5, not query_pre_attn_scalar ** -0.5", head_dim_scaling, {}),
+        ("every RMSNorm scaling by weight, not 1 + weight (25 norms)", no_plus_one, {}),
+        ("embeddings not scaled by sqrt(hidden_size)", overwritten(auto.embed_tokens.embed_scale, 1.0), {}),
+        ("the sliding layers with the full layers' RoPE theta", global_theta, {}),
+        ("query head h with key/value head h % 2, not h // 2", _heads_paired_by_remainder(auto), {}),
+        ("no <bos> and <eos> added", no_specials, {}),
+    ]
+
+
+def _gemma3_loaded(model: SentenceTransformer) -> dict[str, Any]:
+    """The values the loaded model computes with, beside those config.json says."""
+    auto = model[0].auto_model
+    config, rotary = auto.config, auto.rotary_emb
+    halves = torch.arange(0, config.head_dim, 2, dtype=torch.float) / config.head_dim
+    theta = {
+        kind: float((1.0 / getattr(rotary, f"{kind}_inv_freq")[1]) ** (1.0 / halves[1]))
+        for kind in ("full_attention", "sliding_attention")
+    }
+    scale = auto.embed_tokens.embed_scale
+    return {
+        "embed_scale": float(scale),
+        "embed_scale_bfloat16": float(scale.to(torch.bfloat16)),
+        "sliding_window_loaded": config.sliding_window,
+        "sliding_rule": f"|i - j| < {config.sliding_window}",
+        "attention_scaling": [layer.self_attn.scaling for layer in auto.layers],
+        "rope_theta_by_layer": [round(theta[kind], 3) for kind in config.layer_types],
+        "hidden_act": config.hidden_activation,
+    }
+
+
 def _checks(name: str, model: SentenceTransformer) -> list[tuple[str, Any, dict[str, Callable]]]:
     """(what is wrong, a context that makes it so, arguments for the transformers model)."""
     auto = model[0].auto_model
@@ -475,6 +654,8 @@ def _checks(name: str, model: SentenceTransformer) -> list[tuple[str, Any, dict[
         checks.append(("mean pooling instead of weighted mean", patched(model[1], "pooling_mode", "mean"), {}))
     if name == "qwen3":
         checks += _qwen3_checks(model)
+    if name == "gemma3":
+        checks += _gemma3_checks(model)
     if model.max_seq_length == MAX_SEQ_LENGTH:
         label = f"truncated at {TOKENIZER_MAX_LENGTH} tokens instead of max_seq_length {MAX_SEQ_LENGTH}"
         checks.append((label, patched(model[0], "max_seq_length", TOKENIZER_MAX_LENGTH), {}))
@@ -605,6 +786,8 @@ def references(family: Family, out: Path, sentences: list[str]) -> tuple[dict[st
         **hidden_meta,
         "sensitivity": sensitivity(family.name, model, sentences, arrays["st_default"]),
     }
+    if family.name == "gemma3":
+        meta["gemma3_loaded"] = _gemma3_loaded(model)
     if tokenizer.padding_side == "left":
         meta["padded_right_min_cosine"] = _padded_right(family.name, model, sentences, arrays["st_default"])
     return arrays, meta
