@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ModelError
 
-ROTARY_FAMILIES = ("modernbert", "qwen3")  # their rotary keys are read, not refused
+ROTARY_FAMILIES = ("modernbert", "qwen3", "gemma3")  # their rotary keys are read, not refused
 
 _ROTARY_KEYS = (
     *("rotary_emb_base", "rotary_emb_dim", "rotary_emb_fraction", "rotary_emb_interleaved", "rotary_emb_scale_base"),

@@ -18,6 +18,9 @@ modernbert    pre-norm, no biases by default, rotary positions, GeGLU, every few
 qwen3         a decoder (Qwen3-Embedding): pre-norm with RMSNorm, grouped-query attention
               with its own head width and RMSNorm on each query and key head, rotary
               positions, causal attention, SwiGLU; no token types, no pooler
+gemma3        Gemma3's text model (EmbeddingGemma): as qwen3, with bidirectional attention
+              in a window on most layers, GeGLU, norms after attention and the feed-forward
+              too, scaled embeddings (:mod:`.decoder` says how each differs)
 ============  =======================================================================
 """
 
@@ -28,6 +31,8 @@ from typing import Any
 
 from ..errors import ModelError, ModelFileError, ModelShapeError
 from .config_guard import ROTARY_FAMILIES, refuse_unread_maths
+from .config_values import LIMITS, float_key, int_key
+from .decoder_config import gemma3_keys, qwen3_keys
 from .json_file import read_json
 
 #: ``model_type`` -> family. Sentence-transformers' models keep the base model's type.
@@ -40,6 +45,7 @@ _MODEL_TYPES = {
     "mpnet": "mpnet",
     "modernbert": "modernbert",
     "qwen3": "qwen3",
+    "gemma3-text": "gemma3",
 }
 #: ``architectures`` prefixes, for a config without ``model_type``, longest first.
 _ARCHITECTURES = (
@@ -49,28 +55,16 @@ _ARCHITECTURES = (
     ("DistilBert", "distilbert"),
     ("ModernBert", "modernbert"),
     ("Qwen3", "qwen3"),
+    ("Gemma3Text", "gemma3"),
     ("MPNet", "mpnet"),
     ("Bert", "bert"),
 )
-FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert", "qwen3")
-SUPPORTED = "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet, ModernBERT and Qwen3"
-
-#: Bounds on a config's sizes, far above any encoder's (XLM-RoBERTa's vocabulary is 250,002,
-#: ModernBERT's positions 8,192), so that a damaged or hostile config.json is refused before
-#: anything is allocated for it.
-_LIMITS = {
-    "vocab_size": 4_000_000,
-    "hidden_size": 65_536,
-    "num_hidden_layers": 1024,
-    "num_attention_heads": 1024,
-    "intermediate_size": 262_144,
-    "max_position_embeddings": 1 << 20,
-    "num_key_value_heads": 1024,
-    "head_dim": 4096,
-}
+FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert", "qwen3", "gemma3")
+SUPPORTED = "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet, ModernBERT, Qwen3 and Gemma3"
+DECODERS = ("qwen3", "gemma3")  # run by .decoder
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
-DECODER_ACTIVATIONS = ("silu",)  # Qwen3's SwiGLU
+DECODER_ACTIVATIONS = {"qwen3": ("silu",), "gemma3": ("gelu_pytorch_tanh",)}  # SwiGLU, GeGLU
 
 
 @dataclass(frozen=True)
@@ -98,10 +92,16 @@ class EncoderConfig:
     norm_bias: bool = True
     attention_bias: bool = True
     mlp_bias: bool = True
-    # Qwen3: grouped-query attention (key and value heads), each head's width, one rotary base
+    # The decoders (.decoder): grouped-query attention (key and value heads), each head's width,
+    # causal or not, the scores' and the embeddings' scales, norms scaling by offset + weight,
+    # and norms after attention and the feed-forward too (Gemma3)
     num_key_value_heads: int = 0
     head_dim: int = 0
-    rope_theta: float = 10_000.0
+    causal: bool = False
+    attention_scale: float = 0.0  # 0: head_dim ** -0.5
+    embedding_scale: float = 1.0
+    norm_offset: float = 0.0
+    post_norms: bool = False
 
     @property
     def max_tokens(self) -> int:
@@ -112,7 +112,7 @@ class EncoderConfig:
 
     @property
     def has_pooler(self) -> bool:
-        return self.family not in ("distilbert", "modernbert", "qwen3")
+        return self.family not in ("distilbert", "modernbert", *DECODERS)
 
     @classmethod
     def from_json(cls, path: str) -> EncoderConfig:
@@ -162,16 +162,16 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
         named = [_DISTILBERT_NAMES.get(key, key) if family == "distilbert" else key for key in missing]
         raise ModelFileError(f"{path}: missing or non-integer {', '.join(named)}")
     for key in required:
-        if not 1 <= raw[key] <= _LIMITS[key]:
-            raise ModelShapeError(f"{path}: {key} {raw[key]} is outside 1 to {_LIMITS[key]:,}")
+        if not 1 <= raw[key] <= LIMITS[key]:
+            raise ModelShapeError(f"{path}: {key} {raw[key]} is outside 1 to {LIMITS[key]:,}")
     values: dict[str, Any] = {key: raw[key] for key in required}
-    if values["hidden_size"] % values["num_attention_heads"] and family != "qwen3":  # Qwen3 says its head width
+    if values["hidden_size"] % values["num_attention_heads"] and family not in DECODERS:  # they say their head width
         raise ModelShapeError(
             f"{path}: hidden_size {values['hidden_size']} is not a multiple of "
             f"num_attention_heads {values['num_attention_heads']}"
         )
-    act = raw.get("hidden_activation" if family == "modernbert" else "hidden_act", "gelu")
-    allowed = DECODER_ACTIVATIONS if family == "qwen3" else ACTIVATIONS
+    act = raw.get("hidden_activation" if family in ("modernbert", "gemma3") else "hidden_act", "gelu")
+    allowed = DECODER_ACTIVATIONS.get(family, ACTIVATIONS)
     if act not in allowed:
         raise ModelError(f"{path}: activation {act!r} is not supported ({', '.join(allowed)})")
     values.update(family=family, hidden_act=act)
@@ -183,23 +183,23 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
 
 def _bert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     return {
-        "type_vocab_size": _int(path, raw, "type_vocab_size", 2),
-        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-12),
+        "type_vocab_size": int_key(path, raw, "type_vocab_size", 2),
+        "layer_norm_eps": float_key(path, raw, "layer_norm_eps", 1e-12),
     }
 
 
 def _roberta_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     # transformers' defaults for a key left out (its published configs say 1 and 1e-5)
     return {
-        "type_vocab_size": _int(path, raw, "type_vocab_size", 2),
-        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-12),
+        "type_vocab_size": int_key(path, raw, "type_vocab_size", 2),
+        "layer_norm_eps": float_key(path, raw, "layer_norm_eps", 1e-12),
         "position_offset": _offset(path, raw),
     }
 
 
 def _offset(path: str, raw: dict[str, Any]) -> int:
     """Where RoBERTa's positions start: past the padding index, inside the position table."""
-    pad = _int(path, raw, "pad_token_id", 1)
+    pad = int_key(path, raw, "pad_token_id", 1)
     if not 0 <= pad < raw["max_position_embeddings"] - 1:
         raise ModelShapeError(
             f"{path}: pad_token_id {pad} leaves no position in the {raw['max_position_embeddings']} the model has"
@@ -232,7 +232,7 @@ def _mpnet_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     # MPNet's embeddings hard-code padding index 1, whatever pad_token_id says.
     return {
         "type_vocab_size": 0,
-        "layer_norm_eps": _float(path, raw, "layer_norm_eps", 1e-12),
+        "layer_norm_eps": float_key(path, raw, "layer_norm_eps", 1e-12),
         "position_offset": 2,
         "relative_attention_buckets": _buckets(path, raw),
     }
@@ -240,7 +240,7 @@ def _mpnet_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
 
 def _buckets(path: str, raw: dict[str, Any]) -> int:
     """MPNet's relative position table: it computes buckets 0 to 31 whatever the config says."""
-    buckets = _int(path, raw, "relative_attention_num_buckets", 32)
+    buckets = int_key(path, raw, "relative_attention_num_buckets", 32)
     if not 32 <= buckets <= 4096:
         raise ModelShapeError(f"{path}: relative_attention_num_buckets {buckets} is outside 32 to 4096")
     return buckets
@@ -248,7 +248,7 @@ def _buckets(path: str, raw: dict[str, Any]) -> int:
 
 def _modernbert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
     layers = int(raw["num_hidden_layers"])
-    local = _int(path, raw, "local_attention", 128)
+    local = int_key(path, raw, "local_attention", 128)
     if not 2 <= local <= 1 << 21:
         raise ModelShapeError(f"{path}: local_attention {local} is outside 2 to {1 << 21:,}")
     half_window = local // 2
@@ -259,7 +259,7 @@ def _modernbert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
             raise ModelFileError(f"{path}: layer_types should list {layers} of {' or '.join(kinds)}")
         windows = tuple(half_window if kind == "sliding_attention" else 0 for kind in layer_types)
     else:
-        every = max(_int(path, raw, "global_attn_every_n_layers", 3), 1)
+        every = max(int_key(path, raw, "global_attn_every_n_layers", 3), 1)
         windows = tuple(half_window if i % every else 0 for i in range(layers))
     declared = raw.get("rope_parameters")
     rope: dict[str, Any] = declared if isinstance(declared, dict) else {}
@@ -272,7 +272,7 @@ def _modernbert_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
             raise ModelError(f"{path}: rope_type {kind!r} is not supported (only the default rotary positions)")
     return {
         "type_vocab_size": 0,
-        "layer_norm_eps": _float(path, raw, "norm_eps", 1e-5),
+        "layer_norm_eps": float_key(path, raw, "norm_eps", 1e-5),
         "layer_windows": windows,
         "rope_theta_global": theta_global,
         "rope_theta_local": theta_local,
@@ -291,66 +291,12 @@ def _theta(path: str, rope: dict[str, Any], layer: str, default: Any) -> float:
     return float(value)
 
 
-def _qwen3_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
-    heads = int(raw["num_attention_heads"])
-    kv_heads = _int(path, raw, "num_key_value_heads", heads)
-    head_dim = _int(path, raw, "head_dim", int(raw["hidden_size"]) // heads)
-    for key, value in (("num_key_value_heads", kv_heads), ("head_dim", head_dim)):
-        if not 1 <= value <= _LIMITS[key]:
-            raise ModelShapeError(f"{path}: {key} {value} is outside 1 to {_LIMITS[key]:,}")
-    if heads % kv_heads:
-        raise ModelShapeError(
-            f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-        )
-    if head_dim % 2:
-        raise ModelShapeError(f"{path}: head_dim {head_dim} is odd; rotary positions turn pairs of values")
-    if raw.get("use_sliding_window"):
-        raise ModelError(f"{path}: use_sliding_window is true; bertserve runs Qwen3 with full attention only")
-    layer_types = raw.get("layer_types")
-    if layer_types is not None and (not isinstance(layer_types, list) or set(layer_types) != {"full_attention"}):
-        raise ModelError(f"{path}: layer_types {layer_types!r}: bertserve runs Qwen3 with full attention only")
-    declared = raw.get("rope_parameters")
-    rope: dict[str, Any] = declared if isinstance(declared, dict) else {}
-    scaling = raw.get("rope_scaling")
-    kind = rope.get("rope_type", scaling.get("rope_type", "default") if isinstance(scaling, dict) else "default")
-    if kind != "default" or (scaling is not None and not isinstance(scaling, dict)):
-        raise ModelError(f"{path}: rope_type {kind!r} is not supported (only the default rotary positions)")
-    theta = rope.get("rope_theta", raw.get("rope_theta", 10_000.0))
-    if not isinstance(theta, int | float) or isinstance(theta, bool) or not 1.0 < theta < 1e12:
-        raise ModelFileError(f"{path}: rope_theta should be a number above 1, not {theta!r}")
-    return {
-        "type_vocab_size": 0,
-        "layer_norm_eps": _float(path, raw, "rms_norm_eps", 1e-6),
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "rope_theta": float(theta),
-        "attention_bias": bool(raw.get("attention_bias", False)),
-        "mlp_bias": False,
-        "norm_bias": False,
-    }
-
-
 _FAMILY_KEYS = {
     "bert": _bert_keys,
     "roberta": _roberta_keys,
     "distilbert": _distilbert_family_keys,
     "mpnet": _mpnet_keys,
     "modernbert": _modernbert_keys,
-    "qwen3": _qwen3_keys,
+    "qwen3": qwen3_keys,
+    "gemma3": gemma3_keys,
 }
-
-
-def _int(path: str, raw: dict[str, Any], key: str, default: int) -> int:
-    value = raw.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ModelFileError(f"{path}: {key} should be an integer, not {value!r}")
-    return value
-
-
-def _float(path: str, raw: dict[str, Any], key: str, default: float) -> float:
-    value = raw.get(key, default)
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise ModelFileError(f"{path}: {key} should be a number, not {value!r}")
-    return float(value)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..config.model import PoolingStrategy
-from . import bert, modernbert, norm, qwen3, task_heads
+from . import bert, decoder, modernbert, norm, task_heads
 from .model_dir import ModelFiles
 from .weights import read_weights
 
@@ -192,7 +192,7 @@ def build_graph(
     """
     import tensorflow as tf
 
-    family = {"modernbert": modernbert, "qwen3": qwen3}.get(model.config.family, bert)
+    family = {"modernbert": modernbert, "qwen3": decoder, "gemma3": decoder}.get(model.config.family, bert)
     weights = read_weights(model)
     prepared = family.prepare_weights(weights, model.config, spec)
     if spec.task != "embed":

@@ -175,7 +175,19 @@ _QWEN3_RENAMES = [
     (r"^norm\.weight$", "qwen3/final_norm/gamma"),
     (r"^lm_head\.weight$", "qwen3/lm_head"),  # [vocab, hidden]: a reranker's yes/no rows (.task_heads)
 ]
-_RENAMES = {"modernbert": _MODERNBERT_RENAMES, "qwen3": _QWEN3_RENAMES}
+_GEMMA3_RENAMES = [
+    (r"^embed_tokens\.weight$", "gemma3/embeddings/word_embeddings"),
+    (r"^layers\.(\d+)\.input_layernorm\.weight$", r"gemma3/layer_\1/attn_norm/gamma"),
+    (r"^layers\.(\d+)\.post_attention_layernorm\.weight$", r"gemma3/layer_\1/attn_post_norm/gamma"),
+    (r"^layers\.(\d+)\.pre_feedforward_layernorm\.weight$", r"gemma3/layer_\1/mlp_norm/gamma"),
+    (r"^layers\.(\d+)\.post_feedforward_layernorm\.weight$", r"gemma3/layer_\1/mlp_post_norm/gamma"),
+    (r"^layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight$", r"gemma3/layer_\1/\2_proj/kernel"),
+    (r"^layers\.(\d+)\.self_attn\.([qkvo])_proj\.bias$", r"gemma3/layer_\1/\2_proj/bias"),
+    (r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$", r"gemma3/layer_\1/\2_norm/gamma"),
+    (r"^layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$", r"gemma3/layer_\1/\2_proj/kernel"),
+    (r"^norm\.weight$", "gemma3/final_norm/gamma"),
+]
+_RENAMES = {"modernbert": _MODERNBERT_RENAMES, "qwen3": _QWEN3_RENAMES, "gemma3": _GEMMA3_RENAMES}
 
 
 def canonical_name(name: str, family: str = "bert") -> str | None:
@@ -197,8 +209,8 @@ def canonical_name(name: str, family: str = "bert") -> str | None:
 def _expected_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
     if config.family == "modernbert":
         return _modernbert_shapes(config)
-    if config.family == "qwen3":
-        return _qwen3_shapes(config)
+    if config.family in ("qwen3", "gemma3"):
+        return _decoder_shapes(config)
     h, i = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "bert/embeddings/word_embeddings": (config.vocab_size, h),
@@ -252,19 +264,21 @@ def _modernbert_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _qwen3_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
+def _decoder_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    family = config.family
     shapes: dict[str, tuple[int, ...]] = {
-        "qwen3/embeddings/word_embeddings": (config.vocab_size, h),
-        "qwen3/final_norm/gamma": (h,),
+        f"{family}/embeddings/word_embeddings": (config.vocab_size, h),
+        f"{family}/final_norm/gamma": (h,),
     }
+    norms = ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm")[: 4 if config.post_norms else 2]
     for n in range(config.num_hidden_layers):
-        layer = f"qwen3/layer_{n}/"
+        layer = f"{family}/layer_{n}/"
         products = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
         products.update({"gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)})
         shapes.update({f"{layer}{name}/kernel": shape for name, shape in products.items()})
-        shapes.update({f"{layer}{name}/gamma": (h,) for name in ("attn_norm", "mlp_norm")})
+        shapes.update({f"{layer}{name}/gamma": (h,) for name in norms})
         shapes.update({f"{layer}{name}/gamma": (d,) for name in ("q_norm", "k_norm")})
         if config.attention_bias:
             shapes.update(

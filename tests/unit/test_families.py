@@ -160,7 +160,7 @@ def test_an_unknown_architecture_names_the_supported_families(tmp_path):
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         ModelError,
-        match=r"architecture 'T5EncoderModel' is not one bertserve runs.*DistilBERT, MPNet, ModernBERT and Qwen3",
+        match=r"architecture 'T5EncoderModel' is not one bertserve runs.*MPNet, ModernBERT, Qwen3 and Gemma3",
     ):
         resolve_options(ModelConfig(model_dir=str(model)))
 

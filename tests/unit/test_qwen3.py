@@ -66,7 +66,8 @@ def _config(tmp_path: Path, **changes: Any) -> EncoderConfig:
 
 def test_its_config_is_read_whole(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    assert (config.family, config.num_key_value_heads, config.head_dim, config.rope_theta) == ("qwen3", 2, 12, 100.0)
+    assert (config.family, config.num_key_value_heads, config.head_dim) == ("qwen3", 2, 12)
+    assert config.rope_theta_global == 100.0 and config.causal and config.layer_windows == (0, 0, 0)
     assert config.max_tokens == 128 and not config.has_pooler and config.layer_norm_eps == 1e-6
     # transformers 5 writes the rotary base in rope_parameters, and the attention of each layer
     modern = _config(
@@ -75,7 +76,7 @@ def test_its_config_is_read_whole(tmp_path: Path) -> None:
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
         layer_types=["full_attention"] * 3,
     )
-    assert modern.rope_theta == 1_000_000.0
+    assert modern.rope_theta_global == 1_000_000.0
 
 
 @pytest.mark.parametrize(
