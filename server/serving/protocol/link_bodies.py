@@ -267,6 +267,7 @@ class WelcomeModel(_Schema):
     long_inputs: Label | None = None
     chunk_stride: int | None = Field(default=None, ge=0, le=1 << 20)
     task: Literal["embed", "rerank", "classify", "sparse"] | None = None
+    instruction: Text1024 | None = None  # a yes/no reranker's task instruction
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments for ``ModelConfig`` (a ``null`` option is left at its default)."""
