@@ -164,29 +164,32 @@ _MODERNBERT_RENAMES = [
 ]
 
 
+def _decoder_renames(family: str, norms: dict[str, str]) -> list[tuple[str, str]]:
+    """A decoder's tensors (transformers' ``Qwen3Model``, ``Gemma3TextModel``) under bertserve's
+    names, its layers' norms named by the role ``norms`` gives each."""
+    layer, ours = r"^layers\.(\d+)\.", family + r"/layer_\1/"
+    return [
+        (r"^embed_tokens\.weight$", f"{family}/embeddings/word_embeddings"),
+        *((rf"{layer}{theirs}\.weight$", rf"{ours}{role}/gamma") for theirs, role in norms.items()),
+        (layer + r"self_attn\.([qkvo])_proj\.weight$", ours + r"\2_proj/kernel"),
+        (layer + r"self_attn\.([qkvo])_proj\.bias$", ours + r"\2_proj/bias"),
+        (layer + r"self_attn\.([qk])_norm\.weight$", ours + r"\2_norm/gamma"),
+        (layer + r"mlp\.(gate|up|down)_proj\.weight$", ours + r"\2_proj/kernel"),
+        (r"^norm\.weight$", f"{family}/final_norm/gamma"),
+    ]
+
+
 _QWEN3_RENAMES = [
-    (r"^embed_tokens\.weight$", "qwen3/embeddings/word_embeddings"),
-    (r"^layers\.(\d+)\.input_layernorm\.weight$", r"qwen3/layer_\1/attn_norm/gamma"),
-    (r"^layers\.(\d+)\.post_attention_layernorm\.weight$", r"qwen3/layer_\1/mlp_norm/gamma"),
-    (r"^layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight$", r"qwen3/layer_\1/\2_proj/kernel"),
-    (r"^layers\.(\d+)\.self_attn\.([qkvo])_proj\.bias$", r"qwen3/layer_\1/\2_proj/bias"),
-    (r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$", r"qwen3/layer_\1/\2_norm/gamma"),
-    (r"^layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$", r"qwen3/layer_\1/\2_proj/kernel"),
-    (r"^norm\.weight$", "qwen3/final_norm/gamma"),
+    *_decoder_renames("qwen3", {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}),
     (r"^lm_head\.weight$", "qwen3/lm_head"),  # [vocab, hidden]: a reranker's yes/no rows (.task_heads)
 ]
-_GEMMA3_RENAMES = [
-    (r"^embed_tokens\.weight$", "gemma3/embeddings/word_embeddings"),
-    (r"^layers\.(\d+)\.input_layernorm\.weight$", r"gemma3/layer_\1/attn_norm/gamma"),
-    (r"^layers\.(\d+)\.post_attention_layernorm\.weight$", r"gemma3/layer_\1/attn_post_norm/gamma"),
-    (r"^layers\.(\d+)\.pre_feedforward_layernorm\.weight$", r"gemma3/layer_\1/mlp_norm/gamma"),
-    (r"^layers\.(\d+)\.post_feedforward_layernorm\.weight$", r"gemma3/layer_\1/mlp_post_norm/gamma"),
-    (r"^layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight$", r"gemma3/layer_\1/\2_proj/kernel"),
-    (r"^layers\.(\d+)\.self_attn\.([qkvo])_proj\.bias$", r"gemma3/layer_\1/\2_proj/bias"),
-    (r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$", r"gemma3/layer_\1/\2_norm/gamma"),
-    (r"^layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$", r"gemma3/layer_\1/\2_proj/kernel"),
-    (r"^norm\.weight$", "gemma3/final_norm/gamma"),
-]
+_GEMMA3_NORMS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "attn_post_norm",  # Gemma3's is on attention's output; Qwen3's before the MLP
+    "pre_feedforward_layernorm": "mlp_norm",
+    "post_feedforward_layernorm": "mlp_post_norm",
+}
+_GEMMA3_RENAMES = _decoder_renames("gemma3", _GEMMA3_NORMS)
 _RENAMES = {"modernbert": _MODERNBERT_RENAMES, "qwen3": _QWEN3_RENAMES, "gemma3": _GEMMA3_RENAMES}
 
 
