@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..config.model import PoolingStrategy
+from ..errors import ModelError
 from . import bert, decoder, modernbert, norm, task_heads
 from .model_dir import ModelFiles
 from .weights import read_weights
@@ -198,6 +199,7 @@ def build_graph(
     if spec.task != "embed":
         prepared.update(task_heads.prepare(weights, model.config, model.head))
     del weights
+    _check_graph_bytes(prepared, spec)
     constants = _Constants(prepared)
     graph = tf.Graph()
     with graph.as_default(), norm.building_for_lite(for_lite):
@@ -226,6 +228,23 @@ def build_graph(
         family=model.config.family,
     )
     return graph_bytes, meta
+
+
+GRAPH_BYTES = (1 << 31) - (64 << 20)
+"""The most weights a frozen graph holds: it is one protobuf message, at most 2 GiB, and the
+ops around the weights take some of that."""
+
+
+def _check_graph_bytes(prepared: dict[str, np.ndarray], spec: GraphSpec) -> None:
+    """Refuse, saying what fits, a model whose weights in ``spec.dtype`` a graph cannot hold."""
+    total = sum(value.nbytes for value in prepared.values())
+    if total > GRAPH_BYTES:
+        fits = "serve it in bf16 (--dtype bf16), which halves the matrices" if spec.dtype == "fp32" else ""
+        raise ModelError(
+            f"the model's weights in {spec.dtype} take {total / 2**30:.2f} GiB, past the "
+            f"{GRAPH_BYTES / 2**30:.2f} GiB a frozen TensorFlow graph can hold; "
+            + (fits or "bertserve does not serve a model this large yet")
+        )
 
 
 class _Constants(dict):

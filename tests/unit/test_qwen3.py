@@ -10,6 +10,7 @@ the left, as Qwen3-Embedding's does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -120,3 +121,19 @@ def test_a_causal_lm_checkpoint_of_it_is_read_as_the_same_encoder(tmp_path: Path
 def test_cls_pooled_is_refused_since_it_has_no_pooler(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="Qwen3 has none; use LAST_TOKEN"):
         Encoder(str(MODEL), pooling_strategy="CLS_POOLED", dtype="fp32", graph_dir=str(tmp_path)).encode(["x"])
+
+
+def test_weights_past_what_a_graph_holds_are_refused_saying_what_fits() -> None:
+    """Qwen3-Embedding-0.6B's 2.4 GB of fp32 weights are past the 2 GiB a frozen graph is: a
+    clear refusal rather than protobuf's "Wire format was corrupt"."""
+    from bertserve.server.config.model import PoolingStrategy
+    from bertserve.server.model.graph import GRAPH_BYTES, GraphSpec, _check_graph_bytes
+
+    spec = GraphSpec(PoolingStrategy.SEP_TOKEN, (2,), False, True, "fp32", "float32")
+    big = {"embeddings": np.broadcast_to(np.zeros(1, np.float32), (600_000_000,))}  # 2.4 GB, none of it allocated
+    with pytest.raises(ModelError, match=r"take 2\.24 GiB, past the 1\.94 GiB .*serve it in bf16 \(--dtype bf16\)"):
+        _check_graph_bytes(big, spec)
+    bf16 = dataclasses.replace(spec, dtype="bf16")
+    with pytest.raises(ModelError, match="does not serve a model this large yet"):
+        _check_graph_bytes({"weights": np.broadcast_to(np.zeros(1, np.float32), (GRAPH_BYTES,))}, bf16)
+    _check_graph_bytes({"embeddings": np.broadcast_to(np.zeros(1, np.uint8), (GRAPH_BYTES,))}, spec)
