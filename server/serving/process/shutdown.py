@@ -62,11 +62,12 @@ def shut_down(
         for name in workers:  # a run in progress is lost, and nothing waits for it
             children.kill(name)
     if ventilator is not None:
-        ventilator.stop_sink(FORCED_STOP_SECONDS / 2 if quick else _left(plan.sink_until))
+        ventilator.stop_sink(FORCED_STOP_SECONDS / 2 if quick else plan.left(plan.sink_until, time.monotonic()))
     children.stop_http()  # it answers what it holds (the sink sent the failures), then exits
     if not quick:
-        children.join(workers, seconds=_left(plan.workers_until), hurry=lambda: flags.force_exit, warn=False)
-    seconds = FORCED_STOP_SECONDS if quick else _left(plan.end)
+        share = plan.left(plan.workers_until, time.monotonic())
+        children.join(workers, seconds=share, hurry=lambda: flags.force_exit, warn=False)
+    seconds = FORCED_STOP_SECONDS if quick else plan.left(plan.end, time.monotonic())
     children.join([*workers, "http", "sink"], seconds=seconds, hurry=lambda: quick or flags.force_exit)
     if serving:
         logger.info("bertserve stopped in %.1f s", time.monotonic() - plan.began)
@@ -96,13 +97,9 @@ def _drain(ventilator: Ventilator, flags: ExitFlags, plan: StopPlan) -> None:
                     "it" if count == 1 else "them",
                 )
             return
-        ventilator.poll_once(int(min(50.0, _left(plan.drain_until) * 1000)) + 1)
+        ventilator.poll_once(int(min(50.0, plan.left(plan.drain_until, time.monotonic()) * 1000)) + 1)
     if flags.force_exit and ventilator.in_flight:
         logger.warning("stopping now: failing %s in flight", _requests(ventilator.in_flight))
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())
 
 
 def _requests(count: int) -> str:
