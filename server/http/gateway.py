@@ -259,6 +259,8 @@ class Gateway:
                 continue
             if self._window.answered(reply.request_id):
                 self._places.hand_out()
+            if not reply.ok and reply.header.get("kind") == "shutdown":
+                self._status = None  # the server began to stop: a cached "ready" is stale
             future = self._waiting.pop((reply.client_id, reply.request_id), None)
             if future is not None and not future.done():
                 future.set_result(reply)
