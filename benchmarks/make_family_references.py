@@ -8,6 +8,11 @@ normalization table XLM-R's tokenizer carries); no network, no downloaded weight
 
     python benchmarks/make_family_references.py                 # every family
     python benchmarks/make_family_references.py --only roberta   # one family
+    python benchmarks/make_family_references.py --code CODE --only gte --only nomic_bert --only jina_bert
+
+The BERT variants that ship their own model code (GTE's "new" model, NomicBERT, JinaBERT) are
+made and run by that code, which ``--code`` holds (:mod:`lib.variant_models` says what each
+tiny model is and where its code comes from).
 
 Each model is randomly initialized (seeded, ``initializer_range`` 0.2, every 1-d weight and
 bias moved off its 1/0 start) so that its vectors are far from trivial. Its tokenizer is trained
@@ -186,6 +191,7 @@ import sentence_transformers
 import tokenizers
 import torch
 import transformers
+from lib import variant_models
 from lib.reference_stack import (
     FAMILIES,
     FAMILIES_DIR,
@@ -733,8 +739,9 @@ def _token_arrays(model: SentenceTransformer, tokenizer: Any, texts: list[str], 
 
 
 def references(family: Family, out: Path, sentences: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    model = SentenceTransformer(str(out), device="cpu")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    remote = family.name in variant_models.CODE  # run by the code in ``out``
+    model = variant_models.loaded(str(out), device="cpu") if remote else SentenceTransformer(str(out), device="cpu")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out), trust_remote_code=remote)
     max_length = model.max_seq_length
     assert max_length == (ST6_MAX_LENGTH if family.st6 else MAX_SEQ_LENGTH), max_length
     first = [sentences[a] for a, _ in PAIR_ROWS]
@@ -804,20 +811,38 @@ def _padded_right(name: str, model: SentenceTransformer, texts: list[str], refer
     return figure
 
 
+def build_variant(family: Family, code: Path, texts: list[str], out: Path) -> None:
+    """A BERT variant's tiny random model, made by its own code (:mod:`lib.variant_models`), with
+    a BERT WordPiece tokenizer, in the format of the models on the Hub."""
+    tokenizer = transformers.BertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS))
+    tokenizer.model_max_length = MAX_SEQ_LENGTH
+    variant_models.build(family, code, tokenizer, out)
+    _rewrite_as_on_the_hub(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=FAMILIES_DIR)
-    parser.add_argument("--only", choices=[f.name for f in ALL_FAMILIES], action="append")
+    parser.add_argument("--only", choices=[f.name for f in (*ALL_FAMILIES, *variant_models.VARIANTS)], action="append")
+    parser.add_argument("--code", type=Path, help="the BERT variants' code: gte/, nomic_bert/, jina_bert/")
     args = parser.parse_args()
     sentences = json.loads(SENTENCES.read_text(encoding="utf-8"))
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    for family in ALL_FAMILIES:
-        if args.only and family.name not in args.only:
+    for family in (*ALL_FAMILIES, *variant_models.VARIANTS):
+        variant = family in variant_models.VARIANTS
+        if (args.only and family.name not in args.only) or (variant and args.code is None):
             continue
         out = args.out_dir / family.name
-        build(family, sentences, out)
+        if variant:
+            build_variant(family, args.code, sentences, out)
+        else:
+            build(family, sentences, out)
         arrays, meta = references(family, out, sentences)
+        if variant:
+            meta["config"] = variant_models.as_downloaded(out, family.name)
+            meta["code"] = variant_models.CODE[family.name][0]
+            meta["hidden_states_from"] = "forward hooks" if family.name == "nomic_bert" else "the model"
         versions = {lib.__name__: lib.__version__ for lib in (sentence_transformers, transformers, torch, tokenizers)}
         meta.update(versions, cpu=cpu()[0], cpu_flags=cpu()[1], torch_threads=torch.get_num_threads())
         arrays["meta"] = np.asarray(json.dumps(meta, ensure_ascii=False))

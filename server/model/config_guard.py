@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelError
+from .bert_variants import CODE
 
-ROTARY_FAMILIES = ("modernbert", "qwen3", "gemma3")  # their rotary keys are read, not refused
+ROTARY_FAMILIES = ("modernbert", "qwen3", "gemma3", "gte", "nomic_bert")  # their rotary keys are read, not refused
+_OWN_POSITIONS = {"gte": "rope", "jina_bert": "alibi"}  # the position_embedding_type each family's code reads
 
 _ROTARY_KEYS = (
     *("rotary_emb_base", "rotary_emb_dim", "rotary_emb_fraction", "rotary_emb_interleaved", "rotary_emb_scale_base"),
@@ -29,13 +31,13 @@ def refuse_unread_maths(path: str, raw: dict[str, Any], family: str) -> None:
     beyond what the loader reads for ``family``: positions other than absolute, rotary or
     ALiBi keys, LoRA adapters, or model code of its own (``auto_map``)."""
     position = raw.get("position_embedding_type", "absolute")
-    if family not in ROTARY_FAMILIES and position not in ("absolute", None):
+    if family not in ROTARY_FAMILIES and position not in ("absolute", None, _OWN_POSITIONS.get(family)):
         raise ModelError(
             f"{path}: position_embedding_type {position!r}: bertserve runs {family} with absolute positions only, "
             f"and would compute this model wrong; {ELSEWHERE}"
         )
     rotary = [] if family in ROTARY_FAMILIES else [key for key in _ROTARY_KEYS if _given(raw, key)]
-    alibi = [key for key in _ALIBI_KEYS if _given(raw, key)]
+    alibi = [] if family == "jina_bert" else [key for key in _ALIBI_KEYS if _given(raw, key)]
     for keys, what in ((rotary, "rotary positions"), (alibi, "ALiBi attention")):
         if keys:
             raise ModelError(
@@ -50,6 +52,8 @@ def refuse_unread_maths(path: str, raw: dict[str, Any], family: str) -> None:
         )
     auto_map = raw.get("auto_map")
     code = {k: v for k, v in auto_map.items() if str(k).startswith("AutoModel")} if isinstance(auto_map, dict) else {}
+    if family in CODE:  # the family's own published code is what bertserve computes
+        code = {k: v for k, v in code.items() if not str(v).startswith(CODE[family] + "--")}
     if code:
         name, target = next(iter(code.items()))
         raise ModelError(

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
-from .modernbert import _rotary, _rotate
+from . import rotary
 from .pooling import ForwardSpec, pooled_output
 from .precision import compute_dtype, numpy_dtype
 from .task_heads import task_output
@@ -143,7 +143,7 @@ def forward(
     for window in set(config.layer_windows) - {0}:  # |i - j| <= window
         near = tf.reshape(tf.cast(tf.abs(rows - columns) <= window, f32), [1, 1, length, length])
         masks[window] = (1.0 - seen * near) * -1e9
-    rotations = {theta: _rotary(theta, head_dim, length) for theta in _thetas(config)}
+    rotations = {theta: rotary.angles(theta, head_dim, length) for theta in _thetas(config)}
     group = heads // kv_heads
 
     def heads_of(t, count, norm, rotation):
@@ -151,7 +151,7 @@ def forward(
         RMS-normed (queries and keys) and turned by its position."""
         t = tf.reshape(tf.cast(t, f32), [batch, length, count, head_dim])
         if norm is not None:
-            t = _rotate(tf.transpose(rms_norm(t, norm), [0, 2, 1, 3]), *rotation)
+            t = rotary.rotate(tf.transpose(rms_norm(t, norm), [0, 2, 1, 3]), *rotation)
             return tf.cast(t, compute)
         return tf.cast(tf.transpose(t, [0, 2, 1, 3]), compute)
 

@@ -21,6 +21,9 @@ qwen3         a decoder (Qwen3-Embedding): pre-norm with RMSNorm, grouped-query 
 gemma3        Gemma3's text model (EmbeddingGemma): as qwen3, with bidirectional attention
               in a window on most layers, GeGLU, norms after attention and the feed-forward
               too, scaled embeddings (:mod:`.decoder` says how each differs)
+gte           GTE's "new" model, NomicBERT and JinaBERT: post-norm BERTs with rotary positions
+nomic_bert    or ALiBi and gated feed-forwards, each shipping code of its own
+jina_bert     (:mod:`.bert_variants` says how each differs)
 ============  =======================================================================
 """
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelError, ModelFileError, ModelShapeError
+from . import bert_variants
 from .config_guard import ROTARY_FAMILIES, refuse_unread_maths
 from .config_values import LIMITS, float_key, int_key
 from .decoder_config import gemma3_keys, qwen3_keys
@@ -46,6 +50,8 @@ _MODEL_TYPES = {
     "modernbert": "modernbert",
     "qwen3": "qwen3",
     "gemma3-text": "gemma3",
+    "new": "gte",
+    "nomic-bert": "nomic_bert",
 }
 #: ``architectures`` prefixes, for a config without ``model_type``, longest first.
 _ARCHITECTURES = (
@@ -56,15 +62,22 @@ _ARCHITECTURES = (
     ("ModernBert", "modernbert"),
     ("Qwen3", "qwen3"),
     ("Gemma3Text", "gemma3"),
+    ("NewModel", "gte"),
+    ("NomicBert", "nomic_bert"),
+    ("JinaBert", "jina_bert"),
     ("MPNet", "mpnet"),
     ("Bert", "bert"),
 )
-FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert", "qwen3", "gemma3")
-SUPPORTED = "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet, ModernBERT, Qwen3 and Gemma3"
+FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert", "qwen3", "gemma3", *bert_variants.VARIANTS)
+SUPPORTED = (
+    "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet, ModernBERT, Qwen3, Gemma3, GTE (new), NomicBERT "
+    "and JinaBERT"
+)
 DECODERS = ("qwen3", "gemma3")  # run by .decoder
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 DECODER_ACTIVATIONS = {"qwen3": ("silu",), "gemma3": ("gelu_pytorch_tanh",)}  # SwiGLU, GeGLU
+VARIANT_ACTIVATIONS = {"nomic_bert": ("silu", "gelu", "gelu_new")}  # SwiGLU, GeGLU, or an ungated MLP
 
 
 @dataclass(frozen=True)
@@ -102,17 +115,24 @@ class EncoderConfig:
     embedding_scale: float = 1.0
     norm_offset: float = 0.0
     post_norms: bool = False
+    # The BERT variants (.bert_variants): rotary positions over the first rotary_dim values of
+    # each head (0: none; rope_theta_global their base, NTK-scaled by rope_ntk_factor), ALiBi,
+    # and a gated feed-forward (act(gate) * up)
+    rotary_dim: int = 0
+    rope_ntk_factor: float = 1.0
+    alibi: bool = False
+    glu: bool = False
 
     @property
     def max_tokens(self) -> int:
         """The longest input the position table allows, special tokens included."""
-        if self.family in ROTARY_FAMILIES:
+        if self.family in ROTARY_FAMILIES or self.family == "jina_bert":
             return self.max_position_embeddings
         return self.max_position_embeddings - self.position_offset
 
     @property
     def has_pooler(self) -> bool:
-        return self.family not in ("distilbert", "modernbert", *DECODERS)
+        return self.family not in ("distilbert", "modernbert", "gte", "nomic_bert", *DECODERS)
 
     @classmethod
     def from_json(cls, path: str) -> EncoderConfig:
@@ -131,7 +151,7 @@ def family_of(path: str, raw: dict[str, Any]) -> str:
             raise ModelError(
                 f"{path}: model_type {model_type!r} is not a family bertserve runs; it runs {SUPPORTED} encoders"
             )
-        return family
+        return "jina_bert" if family == "bert" and bert_variants.jina_bert(raw) else family
     architectures = raw.get("architectures")
     if isinstance(architectures, list) and architectures:
         name = str(architectures[0])
@@ -149,6 +169,8 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
     refuse_unread_maths(path, raw, family)
     if family == "distilbert":
         raw = _distilbert_keys(raw)
+    if family == "nomic_bert":
+        raw = bert_variants.nomic_as_bert(raw)
     required = (
         "vocab_size",
         "hidden_size",
@@ -159,7 +181,8 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
     )
     missing = [key for key in required if not isinstance(raw.get(key), int) or isinstance(raw.get(key), bool)]
     if missing:
-        named = [_DISTILBERT_NAMES.get(key, key) if family == "distilbert" else key for key in missing]
+        theirs = {"distilbert": _DISTILBERT_NAMES, "nomic_bert": bert_variants.NOMIC_NAMES}.get(family, {})
+        named = [theirs.get(key, key) for key in missing]
         raise ModelFileError(f"{path}: missing or non-integer {', '.join(named)}")
     for key in required:
         if not 1 <= raw[key] <= LIMITS[key]:
@@ -171,7 +194,7 @@ def read_config(path: str, raw: dict[str, Any]) -> EncoderConfig:
             f"num_attention_heads {values['num_attention_heads']}"
         )
     act = raw.get("hidden_activation" if family in ("modernbert", "gemma3") else "hidden_act", "gelu")
-    allowed = DECODER_ACTIVATIONS.get(family, ACTIVATIONS)
+    allowed = DECODER_ACTIVATIONS.get(family, VARIANT_ACTIVATIONS.get(family, ACTIVATIONS))
     if act not in allowed:
         raise ModelError(f"{path}: activation {act!r} is not supported ({', '.join(allowed)})")
     values.update(family=family, hidden_act=act)
@@ -299,4 +322,7 @@ _FAMILY_KEYS = {
     "modernbert": _modernbert_keys,
     "qwen3": qwen3_keys,
     "gemma3": gemma3_keys,
+    "gte": bert_variants.gte_keys,
+    "nomic_bert": bert_variants.nomic_keys,
+    "jina_bert": bert_variants.jina_bert_keys,
 }

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
+from . import rotary
 from .norm import layer_norm
 from .pooling import ForwardSpec, pooled_output
 from .precision import compute_dtype, numpy_dtype
@@ -91,13 +92,13 @@ def forward(
 
     padding = tf.reshape((1.0 - mask) * -1e9, [batch, 1, 1, length])
     distance = tf.abs(tf.range(length)[None, :] - tf.range(length)[:, None])
-    rotations = {theta: _rotary(theta, head_dim, length) for theta in _thetas(config)}
+    rotations = {theta: rotary.angles(theta, head_dim, length) for theta in _thetas(config)}
 
     def attention(x, p, window: int):
         qkv = linear(x, p + "qkv", config.attention_bias)
         q, k, v = (split_heads(t) for t in tf.split(qkv, 3, axis=-1))
         cos, sin = rotations[config.rope_theta_local if window else config.rope_theta_global]
-        q, k = (tf.cast(_rotate(tf.cast(t, f32), cos, sin), compute) for t in (q, k))
+        q, k = (tf.cast(rotary.rotate(tf.cast(t, f32), cos, sin), compute) for t in (q, k))
         bias = padding
         if window:
             bias = bias + tf.where(distance <= window, 0.0, -1e9)[None, None]
@@ -129,23 +130,3 @@ def forward(
 
 def _thetas(config: EncoderConfig) -> set[float]:
     return {config.rope_theta_local if window else config.rope_theta_global for window in config.layer_windows}
-
-
-def _rotary(theta: float, head_dim: int, length):
-    """cos and sin [length, head_dim] of the rotary positions 0 .. length - 1."""
-    import tensorflow as tf
-
-    # in float32 throughout, as the reference computes it
-    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inverse = np.float32(1.0) / np.float32(theta) ** exponents
-    freqs = tf.cast(tf.range(length), tf.float32)[:, None] * tf.constant(inverse)[None, :]
-    angles = tf.concat([freqs, freqs], axis=-1)
-    return tf.cos(angles), tf.sin(angles)
-
-
-def _rotate(t, cos, sin):
-    """``t`` [batch, heads, length, head_dim] turned by the rotary angles."""
-    import tensorflow as tf
-
-    first, second = tf.split(t, 2, axis=-1)
-    return t * cos + tf.concat([-second, first], axis=-1) * sin

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ..errors import ModelFileError, ModelShapeError
+from . import bert_variants
 from .families import EncoderConfig
 from .model_dir import ModelFiles
 from .task_heads import expected_shapes, head_name
@@ -114,7 +115,7 @@ def _read_dense(model: ModelFiles) -> dict[str, np.ndarray]:
 
 
 #: The prefix a task model (``BertForMaskedLM``...) puts before the encoder's own names.
-_PREFIX = re.compile(r"^(?:bert|roberta|distilbert|mpnet|model|encoder_model)\.")
+_PREFIX = re.compile(r"^(?:bert|roberta|distilbert|mpnet|model|encoder_model|new)\.")
 
 #: DistilBERT's and MPNet's layer names, rewritten as BERT's.
 _AS_BERT = {
@@ -199,6 +200,12 @@ def canonical_name(name: str, family: str = "bert") -> str | None:
     name = _PREFIX.sub("", name, count=1)
     for pattern, replacement in _AS_BERT.get(family, []):
         name = re.sub(pattern, replacement, name)
+    if family in bert_variants.RENAMES:
+        for pattern, replacement in bert_variants.RENAMES[family]:
+            canonical, count = re.subn(pattern, replacement, name)
+            if count:
+                return bert_variants.final_name(canonical.replace(".", "/"))
+        return None
     for pattern, replacement in _RENAMES.get(family, _BERT_RENAMES):
         canonical, count = re.subn(pattern, replacement, name)
         if count:
@@ -209,7 +216,9 @@ def canonical_name(name: str, family: str = "bert") -> str | None:
 # -- checks ------------------------------------------------------------------------------
 
 
-def _expected_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(config: EncoderConfig, present: set[str]) -> dict[str, tuple[int, ...]]:
+    if config.family in bert_variants.VARIANTS:
+        return bert_variants.shapes(config, present)
     if config.family == "modernbert":
         return _modernbert_shapes(config)
     if config.family in ("qwen3", "gemma3"):
@@ -291,7 +300,7 @@ def _decoder_shapes(config: EncoderConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _check_shapes(model: ModelFiles, weights: dict[str, np.ndarray]) -> None:
-    expected = _expected_shapes(model.config)
+    expected = _expected_shapes(model.config, set(weights))
     expected.update(expected_shapes(model.config, model.head, set(weights)))
     if "bert/pooler/dense/kernel" in weights and model.config.has_pooler:
         h = model.config.hidden_size

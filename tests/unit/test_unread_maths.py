@@ -9,10 +9,12 @@ would load into bertserve's XLM-RoBERTa and give wrong vectors.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from bertserve.server import ModelConfig
 from bertserve.server.errors import ModelError
@@ -139,3 +141,59 @@ def test_a_model_directory_shaped_like_jina_v3_is_refused_before_anything_loads(
     (model / "config.json").write_text(json.dumps({**raw, **{key: JINA_V3[key] for key in keys}}), encoding="utf-8")
     with pytest.raises(ModelError, match="position_embedding_type 'rotary'"):
         inspect_model(ModelConfig(model_dir=str(model)))
+
+
+def _variant(name: str) -> dict[str, Any]:
+    return json.loads((DATA / "families" / name / "config.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "said"),
+    [
+        ("gte", {"auto_map": {"AutoModel": "someone/other-impl--modeling.NewModel"}}, "auto_map names model code"),
+        ("gte", {"layer_norm_type": "rms_norm"}, "layer_norm_type 'rms_norm'"),
+        ("gte", {"logn_attention_scale": True}, "logn_attention_scale"),
+        ("gte", {"rope_scaling": {"type": "ntk", "factor": 2.0, "mixed_b": 0.5}}, "rope_scaling"),
+        ("gte", {"position_embedding_type": "absolute"}, "position_embedding_type 'absolute'"),
+        ("gte", {"lora_rank": 4}, "lora_rank"),
+        ("nomic_bert", {"prenorm": True}, "prenorm True says pre-norm blocks"),
+        ("nomic_bert", {"rotary_emb_interleaved": True}, "interleaved"),
+        ("nomic_bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
+        ("nomic_bert", {"attn_pdrop": 0.1}, "attn_pdrop 0.1"),
+        ("nomic_bert", {"use_rms_norm": True}, "use_rms_norm"),
+        ("nomic_bert", {"mlp_fc2_bias": True}, "mlp_fc1_bias and mlp_fc2_bias differ"),
+        ("nomic_bert", {"alibi": True}, "alibi says ALiBi"),
+        (
+            "jina_bert",
+            {"auto_map": {"AutoModel": "jinaai/jina-bert-v2-qk-post-norm--modeling_bert.JinaBertModel"}},
+            "auto_map names model code",
+        ),
+        ("jina_bert", {"feed_forward_type": "swiglu"}, "feed_forward_type 'swiglu'"),
+        ("jina_bert", {"position_embedding_type": "absolute"}, "ALiBi only"),
+        ("jina_bert", {"rotary_emb_base": 10000.0}, "rotary_emb_base says rotary positions"),
+    ],
+    ids=lambda value: value if isinstance(value, str) and len(value) < 12 else None,
+)
+def test_a_bert_variant_with_what_its_code_would_compute_otherwise_is_refused(
+    tmp_path: Path, name: str, change: dict[str, Any], said: str
+) -> None:
+    raw = _variant(name)
+    assert _read(raw, tmp_path).family == name  # its own code, named in auto_map, is what bertserve computes
+    with pytest.raises(ModelError, match=re.escape(said)):
+        _read({**raw, **change}, tmp_path)
+
+
+def test_a_bert_that_says_alibi_without_jinaberts_code_is_refused(tmp_path: Path) -> None:
+    raw = _variant("jina_bert")
+    del raw["auto_map"]
+    raw["architectures"] = ["BertModel"]
+    with pytest.raises(ModelError, match="position_embedding_type 'alibi'"):
+        _read(raw, tmp_path)
+
+
+def test_alibis_slopes_for_a_head_count_that_is_not_a_power_of_two() -> None:
+    from bertserve.server.model.bert_variants import alibi_slopes
+
+    twelve = [2.0**-k for k in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
+    np.testing.assert_allclose(alibi_slopes(12), twelve)
+    np.testing.assert_allclose(alibi_slopes(2), [2.0**-4, 2.0**-8])
