@@ -814,7 +814,10 @@ def _padded_right(name: str, model: SentenceTransformer, texts: list[str], refer
 def build_variant(family: Family, code: Path, texts: list[str], out: Path) -> None:
     """A BERT variant's tiny random model, made by its own code (:mod:`lib.variant_models`), with
     a BERT WordPiece tokenizer, in the format of the models on the Hub."""
-    tokenizer = transformers.BertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS))
+    if family.name == "jina_v3":  # XLM-RoBERTa's
+        tokenizer = _xlm_roberta_tokenizer(texts)
+    else:
+        tokenizer = transformers.BertTokenizer(vocab=_wordpiece_vocab(texts, BERT_SPECIALS))
     tokenizer.model_max_length = MAX_SEQ_LENGTH
     variant_models.build(family, code, tokenizer, out)
     _rewrite_as_on_the_hub(out)
@@ -839,6 +842,9 @@ def main() -> None:
         else:
             build(family, sentences, out)
         arrays, meta = references(family, out, sentences)
+        if family.name == "jina_v3":  # before its code is left out
+            arrays.update(variant_models.adapter_references(out, sentences))
+            meta["adapters"] = list(variant_models.JINA_V3_PROMPTS)
         if variant:
             meta["config"] = variant_models.as_downloaded(out, family.name)
             meta["code"] = variant_models.CODE[family.name][0]

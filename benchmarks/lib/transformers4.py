@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import transformers
+import transformers.models.xlm_roberta.modeling_xlm_roberta as _xlm_roberta
 import transformers.pytorch_utils
 from transformers import PreTrainedModel
 
@@ -78,3 +79,13 @@ def _built_on_the_cpu(from_pretrained: Any) -> Any:
 
 
 PreTrainedModel.from_pretrained = _built_on_the_cpu(PreTrainedModel.from_pretrained)  # type: ignore[method-assign]
+
+
+def _position_ids(input_ids: torch.Tensor, padding_idx: int, past_key_values_length: int = 0) -> torch.Tensor:
+    """RoBERTa's absolute positions (imported, never used, by jina-embeddings-v3's rotary code)."""
+    real = input_ids.ne(padding_idx).int()
+    return ((torch.cumsum(real, dim=1).type_as(real) + past_key_values_length) * real).long() + padding_idx
+
+
+if not hasattr(_xlm_roberta, "create_position_ids_from_input_ids"):
+    _xlm_roberta.create_position_ids_from_input_ids = _position_ids  # type: ignore[attr-defined]

@@ -55,6 +55,18 @@ CODE = {
         "configuration_bert.JinaBertConfig",
         "modeling_bert.JinaBertModel",
     ),
+    "jina_v3": (
+        "jinaai/xlm-roberta-flash-implementation",
+        "configuration_xlm_roberta.XLMRobertaFlashConfig",
+        "modeling_lora.XLMRobertaLoRA",
+    ),
+}
+JINA_V3_PROMPTS = {  # jina-embeddings-v3's, one per adapter, in its order
+    "retrieval.query": "Represent the query for retrieving evidence documents: ",
+    "retrieval.passage": "Represent the document for retrieval: ",
+    "separation": "",
+    "classification": "",
+    "text-matching": "",
 }
 NOMIC_PROMPTS = {  # nomic-embed-text-v1.5's task prefixes
     "query": "search_query: ",
@@ -143,6 +155,35 @@ VARIANTS = (
             chunk_size_feed_forward=0,
         ),
     ),
+    Family(
+        "jina_v3",
+        dict(
+            model_type="xlm-roberta",
+            architectures=["XLMRobertaModel"],
+            **{**SMALL, "num_hidden_layers": 3},
+            max_position_embeddings=130,
+            position_embedding_type="rotary",
+            rotary_emb_base=100.0,
+            type_vocab_size=1,
+            hidden_act="gelu",
+            layer_norm_eps=1e-5,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            emb_pooler=None,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            load_trained_adapters=True,
+            lora_adaptations=list(JINA_V3_PROMPTS),
+            task_instructions=JINA_V3_PROMPTS,
+            lora_rank=4,
+            lora_alpha=1,
+            lora_dropout_p=0.0,
+            lora_main_params_trainable=False,
+            use_flash_attn=False,
+            torch_dtype="float32",
+        ),
+    ),
 )
 
 
@@ -162,9 +203,11 @@ def build(family: Family, code: Path, tokenizer: Any, out: Path) -> None:
         loaded = transformers.AutoConfig.from_pretrained(made, trust_remote_code=True)
         model = transformers.AutoModel.from_config(loaded, trust_remote_code=True)
         with torch.no_grad():  # norms off 1, biases off 0: a reader that drops one is seen
-            for parameter in model.parameters():
+            for name, parameter in model.named_parameters():
                 if parameter.ndim == 1:
                     parameter.add_(0.1 * torch.randn_like(parameter))
+                if "lora_" in name:  # each adapter starts as a no-op (one of its factors 0): made to matter
+                    parameter.copy_(0.3 * torch.randn_like(parameter))
         model.save_pretrained(saved)
         tokenizer.save_pretrained(saved)
         for source in (code / family.name).glob("*.py"):
@@ -175,7 +218,7 @@ def build(family: Family, code: Path, tokenizer: Any, out: Path) -> None:
         modules: list[torch.nn.Module] = [transformer, Pooling(hidden, pooling_mode=family.pooling)]
         modules += [Normalize()] if family.normalize else []
         shutil.rmtree(out, ignore_errors=True)
-        prompts = NOMIC_PROMPTS if family.name == "nomic_bert" else None
+        prompts = {"nomic_bert": NOMIC_PROMPTS, "jina_v3": JINA_V3_PROMPTS}.get(family.name)
         SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(str(out), create_model_card=False)
     for source in (code / family.name).glob("*.py"):
         shutil.copy(source, out)
@@ -193,7 +236,14 @@ def as_downloaded(out: Path, name: str) -> dict[str, Any]:
         return config
 
     rewrite_json(out / "config.json", hub_auto_map)
+    if name == "jina_v3":  # its Transformer module is its own code's, which takes the task
+        rewrite_json(out / "modules.json", _custom_transformer)
     return json.loads((out / "config.json").read_text())
+
+
+def _custom_transformer(modules: list) -> list:
+    first = {**modules[0], "name": "transformer", "type": "custom_st.Transformer", "kwargs": ["task"]}
+    return [first, *modules[1:]]
 
 
 def loaded(*args: Any, **kwargs: Any) -> SentenceTransformer:
@@ -207,8 +257,8 @@ def _hidden_states(auto: Any) -> Any:
     """``auto`` answering ``output_hidden_states=True`` as transformers' models do, where its code
     does not (NomicBERT's): the embedding norm's output, then each layer's, taken by hooks."""
     forward = auto.forward
-    if "output_hidden_states" in inspect.signature(forward).parameters:
-        return auto
+    if "output_hidden_states" in inspect.signature(forward).parameters or hasattr(auto, "roberta"):
+        return auto  # (jina-embeddings-v3's LoRA wrapper passes it on to its XLM-RoBERTa)
 
     def with_states(*args: Any, output_hidden_states: bool = False, **kwargs: Any) -> Any:
         states: list[torch.Tensor] = []
@@ -242,3 +292,23 @@ class Remote:
         @staticmethod
         def from_pretrained(path: str) -> Any:
             return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+
+
+def adapter_references(out: Path, sentences: list[str]) -> dict[str, Any]:
+    """jina-embeddings-v3's vectors with each task's adapter, as its ``encode(task=...)`` gives
+    them: the task's prompt before each sentence, and the adapter's LoRA on every product
+    (``st_adapter_<i>``, i the task's place in ``lora_adaptations``)."""
+    import numpy as np
+
+    model = loaded(str(out), device="cpu")
+    arrays = {}
+    for index, (name, prompt) in enumerate(JINA_V3_PROMPTS.items()):
+        with torch.inference_mode():
+            features = model[0].preprocess([prompt + s for s in sentences])
+            mask = torch.full((len(sentences),), index, dtype=torch.int32)
+            features = model[0](features, adapter_mask=mask)
+            for module in list(model)[1:]:
+                features = module(features)
+        arrays[f"st_adapter_{index}"] = features["sentence_embedding"].numpy().astype(np.float32)
+        print(f"  jina_v3      adapter {index} ({name})", flush=True)
+    return arrays

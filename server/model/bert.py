@@ -21,7 +21,7 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
-from . import rotary
+from . import lora, rotary
 from .bert_variants import alibi_slopes
 from .norm import layer_norm
 from .pooling import ForwardSpec, pooled_output
@@ -65,6 +65,7 @@ def prepare_weights(weights: dict[str, np.ndarray], config: EncoderConfig, spec:
         for block, name in (("attention/output", "attn_ln"), ("output", "ffn_ln")):
             out[f"{dst}{name}/gamma"] = weights[f"{src}{block}/LayerNorm/gamma"]
             out[f"{dst}{name}/beta"] = weights[f"{src}{block}/LayerNorm/beta"]
+    out.update(lora.prepare(weights, config, compute, scale))
     if spec.pooling_strategy is PoolingStrategy.CLS_POOLED and "bert/pooler/dense/kernel" not in weights:
         raise ModelError("CLS_POOLED needs the pooler weights, and this model has none")
     if "bert/pooler/dense/kernel" in weights:
@@ -123,13 +124,16 @@ def forward(
     lengths = tf.reduce_sum(input_mask, axis=1)
     mask = tf.cast(input_mask, f32)
     embeddings = _embeddings(w, config, input_ids, segment_ids, length)
+    adapters = lora.chosen(config, segment_ids) if config.adapters else None
+    if adapters is not None:
+        embeddings += lora.embedding_delta(w, config, input_ids, adapters)
     x = layer_norm(embeddings, w["embeddings/ln_gamma"], w["embeddings/ln_beta"], config.layer_norm_eps)
     attention_bias = tf.reshape((1.0 - mask) * -1e9, [tf.shape(input_ids)[0], 1, 1, length])
     if config.relative_attention_buckets:
         attention_bias = attention_bias + relative_position_bias(w["relative_bias"], config, length)
     if config.alibi:
         attention_bias = attention_bias + alibi_bias(config.num_attention_heads, length)
-    layers = _encoder_layers(w, config, spec, x, attention_bias, tf.shape(input_ids)[0], length)
+    layers = _encoder_layers(w, config, spec, x, attention_bias, tf.shape(input_ids)[0], length, adapters)
 
     pooler = None
     if spec.pooling_strategy is PoolingStrategy.CLS_POOLED:
@@ -193,8 +197,11 @@ def alibi_bias(heads: int, length):
     return -slopes[None, :, None, None] * distance[None, None]
 
 
-def _encoder_layers(w: dict, config: EncoderConfig, spec: ForwardSpec, x, attention_bias, batch, length) -> list:
-    """Every layer's output, [batch, length, hidden] in fp32."""
+def _encoder_layers(
+    w: dict, config: EncoderConfig, spec: ForwardSpec, x, attention_bias, batch, length, adapters=None
+) -> list:
+    """Every layer's output, [batch, length, hidden] in fp32; ``adapters``: each row's LoRA
+    adapter, one-hot (:mod:`.lora`), or None for a model without them."""
     import tensorflow as tf
 
     compute, f32 = compute_dtype(spec.dtype), tf.float32
@@ -203,9 +210,14 @@ def _encoder_layers(w: dict, config: EncoderConfig, spec: ForwardSpec, x, attent
     eps = config.layer_norm_eps
     x = tf.reshape(x, [-1, hidden])  # [batch * length, hidden], fp32 residual stream
 
+    keep = None if adapters is None else lora.kept(config, adapters, length, compute)
+
     def dense(x, prefix):
         """x in the compute dtype, [tokens, in] -> [tokens, out] in the compute dtype."""
-        return tf.nn.bias_add(tf.matmul(x, w[prefix + "/kernel"]), w[prefix + "/bias"])
+        out = tf.matmul(x, w[prefix + "/kernel"])
+        if keep is not None:
+            out += lora.product_delta(w, prefix, x, keep)
+        return tf.nn.bias_add(out, w[prefix + "/bias"])
 
     def activation(x):
         act = config.hidden_act

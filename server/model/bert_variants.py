@@ -16,6 +16,10 @@ nomic_bert  NomicBERT (``nomic-ai/nomic-bert-2048``: nomic-embed-text-v1, v1.5):
 jina_bert   JinaBERT (``jinaai/jina-bert-implementation``: jina-embeddings-v2): symmetric
             ALiBi in place of positions, a gated feed-forward (gate, then up: GTE's halves
             the other way round)
+jina_v3     jina-embeddings-v3 (``jinaai/xlm-roberta-flash-implementation``): XLM-RoBERTa with
+            rotary positions in place of absolute ones, Q, K and V fused, and LoRA task
+            adapters on every product and embedding table, one chosen per input (the
+            request's ``prompt_name``, as its ``encode(task=...)`` takes it) or none
 ==========  ==========================================================================
 
 What these configs can say that the forward pass does not compute (pre-norm blocks, RMSNorm,
@@ -30,7 +34,7 @@ from typing import Any
 from ..errors import ModelError, ModelFileError
 from .config_values import float_key, int_key
 
-VARIANTS = ("gte", "nomic_bert", "jina_bert")
+VARIANTS = ("gte", "nomic_bert", "jina_bert", "jina_v3")
 
 #: The Hub repository of each family's published code: an ``auto_map`` naming other code
 #: (``repo--module.Class``) is another model. (JinaBERT's variant for code,
@@ -39,6 +43,7 @@ CODE = {
     "gte": "Alibaba-NLP/new-impl",
     "nomic_bert": "nomic-ai/nomic-bert-2048",
     "jina_bert": "jinaai/jina-bert-implementation",
+    "jina_v3": "jinaai/xlm-roberta-flash-implementation",
 }
 
 
@@ -48,6 +53,51 @@ def jina_bert(raw: dict[str, Any]) -> bool:
     auto_map = raw.get("auto_map")
     code = " ".join(str(v) for v in auto_map.values()) if isinstance(auto_map, dict) else ""
     return "jina-bert" in code or "JinaBert" in code
+
+
+def jina_v3(raw: dict[str, Any]) -> bool:
+    """Whether a config that says ``xlm-roberta`` is jina-embeddings-v3's: its code in ``auto_map``."""
+    auto_map = raw.get("auto_map")
+    code = " ".join(str(v) for v in auto_map.values()) if isinstance(auto_map, dict) else ""
+    return CODE["jina_v3"] + "--" in code
+
+
+def jina_v3_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    if raw.get("position_embedding_type") != "rotary":
+        kind = raw.get("position_embedding_type")
+        raise ModelError(
+            f"{path}: position_embedding_type {kind!r}: bertserve runs jina-embeddings-v3 with rotary only"
+        )
+    for key, what in (("rotary_emb_interleaved", "interleaved rotary positions"), ("rotary_emb_scale_base", "xPos")):
+        if raw.get(key):
+            raise ModelError(f"{path}: {key} {raw[key]!r} says {what}, which bertserve does not compute")
+    head_dim = int(raw["hidden_size"]) // int(raw["num_attention_heads"])
+    rotary = int_key(path, raw, "rotary_emb_dim", head_dim) or head_dim
+    if not 0 < rotary <= head_dim or rotary % 2:
+        raise ModelError(f"{path}: rotary_emb_dim {rotary} is not an even part of each head's {head_dim} values")
+    return {
+        "type_vocab_size": int_key(path, raw, "type_vocab_size", 1),
+        "layer_norm_eps": float_key(path, raw, "layer_norm_eps", 1e-5),
+        "rotary_dim": rotary,
+        "rope_theta_global": _base(path, raw, "rotary_emb_base", 10_000.0),
+        **_adapters(path, raw),
+    }
+
+
+def _adapters(path: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """jina-embeddings-v3's LoRA task adapters: their names, rank and scale (alpha / rank)."""
+    names = raw.get("lora_adaptations") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) and 0 < len(n) <= 64 for n in names):
+        raise ModelFileError(f"{path}: lora_adaptations should list the adapters' names, not {names!r}")
+    if len(set(names)) != len(names) or len(names) > 64:
+        raise ModelFileError(f"{path}: lora_adaptations should name at most 64 adapters, each once")
+    if not names:
+        return {}
+    rank = int_key(path, raw, "lora_rank", 4)
+    alpha = float_key(path, raw, "lora_alpha", 1.0)
+    if not 1 <= rank <= 1024 or not 0 < alpha < 1e6:
+        raise ModelFileError(f"{path}: lora_rank {rank} or lora_alpha {alpha} is out of bounds")
+    return {"adapters": tuple(names), "lora_rank": rank, "lora_scaling": alpha / rank}
 
 
 def gte_keys(path: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -199,6 +249,9 @@ def alibi_slopes(heads: int) -> list[float]:
 
 _LAYER = r"^encoder\.layers?\.(\d+)\."
 _OURS = r"bert/encoder/layer_\1/"
+# jina-embeddings-v3's tensors under torch's parametrizations: the base weight, and each LoRA factor
+_BASE = r"(?:parametrizations\.weight\.original|weight)"
+_LORA = r"parametrizations\.weight\.0\.lora_(A|B)"
 RENAMES = {
     "gte": [
         (r"^embeddings\.(word|token_type)_embeddings\.weight$", r"bert/embeddings/\1_embeddings"),
@@ -239,6 +292,27 @@ RENAMES = {
         (_LAYER + r"mlp\.layernorm\.(weight|bias)$", _OURS + r"output/LayerNorm/\2"),
         (_LAYER + r"output\.LayerNorm\.(weight|bias)$", _OURS + r"output/LayerNorm/\2"),
         (r"^pooler\.dense\.(weight|bias)$", r"bert/pooler/dense/\1"),
+    ],
+    "jina_v3": [
+        (rf"^embeddings\.(word|token_type)_embeddings\.{_BASE}$", r"bert/embeddings/\1_embeddings"),
+        (rf"^embeddings\.(word|token_type)_embeddings\.{_LORA}$", r"lora/\1_embeddings/\2"),
+        (r"^emb_ln\.(weight|bias)$", r"bert/embeddings/LayerNorm/\1"),
+        *(
+            rename
+            for theirs, ours, role in (
+                (r"mixer\.Wqkv", "attention/self/qkv", "qkv"),
+                (r"mixer\.out_proj", "attention/output/dense", "attn_out"),
+                (r"mlp\.fc1", "intermediate/dense", "ffn_in"),
+                (r"mlp\.fc2", "output/dense", "ffn_out"),
+            )
+            for rename in (
+                (rf"{_LAYER}{theirs}\.{_BASE}$", rf"{_OURS}{ours}/weight"),
+                (rf"{_LAYER}{theirs}\.bias$", rf"{_OURS}{ours}/bias"),
+                (rf"{_LAYER}{theirs}\.{_LORA}$", rf"lora/layer_\1/{role}/\2"),
+            )
+        ),
+        (_LAYER + r"norm1\.(weight|bias)$", _OURS + r"attention/output/LayerNorm/\2"),
+        (_LAYER + r"norm2\.(weight|bias)$", _OURS + r"output/LayerNorm/\2"),
     ],
 }
 
@@ -285,6 +359,29 @@ def shapes(config: Any, present: set[str]) -> dict[str, tuple[int, ...]]:
             if _has_bias(config, name):
                 own[name.replace("/kernel", "/bias")] = (own[name][1],)
         out.update({layer + name: shape for name, shape in own.items()})
+    out.update(lora_shapes(config))
+    return out
+
+
+#: The products that carry LoRA adapters, by role, and their (in, out) widths' names.
+LORA_PRODUCTS = {"qkv": ("h", "3h"), "attn_out": ("h", "h"), "ffn_in": ("h", "i"), "ffn_out": ("i", "h")}
+
+
+def lora_shapes(config: Any) -> dict[str, tuple[int, ...]]:
+    """jina-embeddings-v3's LoRA factors, as its checkpoint holds them: for a product of
+    ``in`` to ``out``, A [adapters, rank, in] and B [adapters, out, rank]; for an embedding
+    table of ``rows``, A [adapters, rows, rank] and B [adapters, rank, hidden]."""
+    n, r, h = len(config.adapters), config.lora_rank, config.hidden_size
+    if not n:
+        return {}
+    width = {"h": h, "3h": 3 * h, "i": config.intermediate_size}
+    out: dict[str, tuple[int, ...]] = {}
+    for table, rows in (("word", config.vocab_size), ("token_type", config.type_vocab_size)):
+        out[f"lora/{table}_embeddings/A"], out[f"lora/{table}_embeddings/B"] = (n, rows, r), (n, r, h)
+    for layer in range(config.num_hidden_layers):
+        for role, (into, outof) in LORA_PRODUCTS.items():
+            out[f"lora/layer_{layer}/{role}/A"] = (n, r, width[into])
+            out[f"lora/layer_{layer}/{role}/B"] = (n, width[outof], r)
     return out
 
 

@@ -14,8 +14,8 @@ from typing import Any
 from ..errors import ModelError
 from .bert_variants import CODE
 
-ROTARY_FAMILIES = ("modernbert", "qwen3", "gemma3", "gte", "nomic_bert")  # their rotary keys are read, not refused
-_OWN_POSITIONS = {"gte": "rope", "jina_bert": "alibi"}  # the position_embedding_type each family's code reads
+ROTARY_FAMILIES = ("modernbert", "qwen3", "gemma3", "gte", "nomic_bert", "jina_v3")  # rotary keys read, not refused
+_OWN_POSITIONS = {"gte": "rope", "jina_bert": "alibi", "jina_v3": "rotary"}  # position_embedding_type as read
 
 _ROTARY_KEYS = (
     *("rotary_emb_base", "rotary_emb_dim", "rotary_emb_fraction", "rotary_emb_interleaved", "rotary_emb_scale_base"),
@@ -44,7 +44,7 @@ def refuse_unread_maths(path: str, raw: dict[str, Any], family: str) -> None:
                 f"{path}: {keys[0]} says {what}, which bertserve's {family} does not compute; "
                 f"it would serve this model wrong; {ELSEWHERE}"
             )
-    lora = [key for key in _LORA_KEYS if _given(raw, key)]
+    lora = [] if family == "jina_v3" else [key for key in _LORA_KEYS if _given(raw, key)]
     if lora:
         raise ModelError(
             f"{path}: {lora[0]} says the model carries LoRA adapters, which bertserve does not apply; "

@@ -81,6 +81,7 @@ class Encoder:
         started = time.perf_counter()
         model = inspect_model(requested)
         self.family: str = model.config.family
+        self.adapters: tuple[str, ...] = model.config.adapters  # LoRA task adapters (.lora), by name
         self.head = model.head  # the task (.tasks): embed, rerank, classify or sparse
         self.config, spec = resolve(requested, model)
         self.spec: GraphSpec = spec  # the model's options; its graph leaves the normalization to encode()
@@ -131,6 +132,7 @@ class Encoder:
             **self.head.describe(),
             **({"calibration_ranges": self.calibration.tolist()} if self.calibration is not None else {}),
             "family": self.family,
+            **({"adapters": list(self.adapters)} if self.adapters else {}),
             "output_dim": self.output_dim,
             "token_level": self.token_level,
             "layers_run": self.meta.layers_run,

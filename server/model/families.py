@@ -21,9 +21,10 @@ qwen3         a decoder (Qwen3-Embedding): pre-norm with RMSNorm, grouped-query 
 gemma3        Gemma3's text model (EmbeddingGemma): as qwen3, with bidirectional attention
               in a window on most layers, GeGLU, norms after attention and the feed-forward
               too, scaled embeddings (:mod:`.decoder` says how each differs)
-gte           GTE's "new" model, NomicBERT and JinaBERT: post-norm BERTs with rotary positions
-nomic_bert    or ALiBi and gated feed-forwards, each shipping code of its own
-jina_bert     (:mod:`.bert_variants` says how each differs)
+gte           GTE's "new" model, NomicBERT, JinaBERT and jina-embeddings-v3: post-norm BERTs
+nomic_bert    with rotary positions or ALiBi, gated feed-forwards or LoRA task adapters, each
+jina_bert     shipping code of its own (:mod:`.bert_variants` says how each differs)
+jina_v3
 ============  =======================================================================
 """
 
@@ -70,8 +71,8 @@ _ARCHITECTURES = (
 )
 FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "modernbert", "qwen3", "gemma3", *bert_variants.VARIANTS)
 SUPPORTED = (
-    "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet, ModernBERT, Qwen3, Gemma3, GTE (new), NomicBERT "
-    "and JinaBERT"
+    "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet, ModernBERT, Qwen3, Gemma3, GTE (new), NomicBERT, "
+    "JinaBERT and jina-embeddings-v3"
 )
 DECODERS = ("qwen3", "gemma3")  # run by .decoder
 
@@ -122,6 +123,10 @@ class EncoderConfig:
     rope_ntk_factor: float = 1.0
     alibi: bool = False
     glu: bool = False
+    # jina-embeddings-v3's LoRA task adapters: their names, rank, and scale (alpha / rank)
+    adapters: tuple[str, ...] = field(default_factory=tuple)
+    lora_rank: int = 0
+    lora_scaling: float = 0.0
 
     @property
     def max_tokens(self) -> int:
@@ -132,7 +137,7 @@ class EncoderConfig:
 
     @property
     def has_pooler(self) -> bool:
-        return self.family not in ("distilbert", "modernbert", "gte", "nomic_bert", *DECODERS)
+        return self.family not in ("distilbert", "modernbert", "gte", "nomic_bert", "jina_v3", *DECODERS)
 
     @classmethod
     def from_json(cls, path: str) -> EncoderConfig:
@@ -151,7 +156,9 @@ def family_of(path: str, raw: dict[str, Any]) -> str:
             raise ModelError(
                 f"{path}: model_type {model_type!r} is not a family bertserve runs; it runs {SUPPORTED} encoders"
             )
-        return "jina_bert" if family == "bert" and bert_variants.jina_bert(raw) else family
+        if family == "bert" and bert_variants.jina_bert(raw):
+            return "jina_bert"
+        return "jina_v3" if family == "roberta" and bert_variants.jina_v3(raw) else family
     architectures = raw.get("architectures")
     if isinstance(architectures, list) and architectures:
         name = str(architectures[0])
@@ -325,4 +332,5 @@ _FAMILY_KEYS = {
     "gte": bert_variants.gte_keys,
     "nomic_bert": bert_variants.nomic_keys,
     "jina_bert": bert_variants.jina_bert_keys,
+    "jina_v3": bert_variants.jina_v3_keys,
 }

@@ -28,9 +28,9 @@ def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTo
     the resolved options and the model's tokenizer."""
     model = inspect_model(requested)
     config, spec = resolve(requested, model)
-    return {**describe(config, spec), **model.head.describe(), "family": model.config.family}, build_tokenizer(
-        model, config
-    )
+    adapters = {"adapters": list(model.config.adapters)} if model.config.adapters else {}
+    info = {**describe(config, spec), **model.head.describe(), "family": model.config.family, **adapters}
+    return info, build_tokenizer(model, config)
 
 
 def build_tokenizer(model: ModelFiles, config: ModelConfig) -> WordPieceTokenizer:

@@ -33,6 +33,8 @@ class Prompts:
 
     texts: dict[str, str] = field(default_factory=dict)
     default: str | None = None
+    # a model's LoRA task adapters (jina-embeddings-v3's), each chosen by the prompt of its name
+    adapters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.default is not None and self.default not in self.texts:
@@ -51,6 +53,12 @@ class Prompts:
             )
         known = ", ".join(repr(known) for known in sorted(self.texts))
         raise UnknownPrompt(f"unknown prompt_name {name!r}: this server's prompts are {known}")
+
+    def adapter_of(self, name: str | None) -> int:
+        """The adapter that prompt ``name`` (None: the default's) chooses: its place in the
+        model's adapters plus one, or 0 for none (a prompt named like no adapter)."""
+        name = self.default if name is None else name
+        return self.adapters.index(name) + 1 if name in self.adapters else 0
 
     def describe(self) -> dict[str, Any]:
         """The prompts and the default's name, as the server reports them."""

@@ -9,6 +9,7 @@ input, with each family's tokenizer; ``/v1/models`` lists each with its own widt
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def served(session_graph_dir: str) -> Iterator[Served]:
         "--prompt",
         f"query={PROMPT}",
         *models,
+        timeout=60 + 30 * len(FAMILIES),  # each model's graphs are built in turn before its worker starts
     )
     yield Served(running, port, KEY)
     running.stop()
@@ -127,3 +129,34 @@ def test_a_prompt_is_its_text_before_the_input(served: Served, name: str) -> Non
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     plain = api.embeddings.create(model=name, input=sentences, extra_body=CUT)
     assert min_cosine(got, np.array([row.embedding for row in plain.data], dtype=np.float32)) < 0.99999
+
+
+ADAPTED = [name for name in FAMILIES if json.loads((DATA / f"{name}.json").read_text()).get("adapters")]
+
+
+@pytest.mark.parametrize("name", ADAPTED)
+def test_each_adapter_is_chosen_by_its_prompt_name_even_among_others_at_once(served: Served, name: str) -> None:
+    """jina-embeddings-v3: the prompt named like a task adapter puts its text before the input
+    and runs its LoRA adapter, as ``encode(task=...)`` does; requests for different adapters
+    sent at once, which the server may batch together, each get their own."""
+    ref = reference(name)
+    adapters = json.loads((DATA / f"{name}.json").read_text())["adapters"]
+    sentences = [str(s) for s in ref["sentences"]]
+    answers: dict[int, np.ndarray] = {}
+
+    def ask(index: int) -> None:
+        with served.client(name) as client:
+            answers[index] = client.encode(sentences, prompt_name=adapters[index])
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(adapters))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for index in range(len(adapters)):
+        assert min_cosine(answers[index], ref[f"st_adapter_{index}"]) >= 0.99999, adapters[index]
+    with served.http() as http:  # TEI's /embed, its prompt_name
+        body = {"inputs": sentences[:8], "model": name, "prompt_name": adapters[1], "truncate": True}
+        answer = http.post("/embed", json=body)
+    assert answer.status_code == 200, answer.text
+    assert min_cosine(np.array(answer.json(), dtype=np.float32), ref["st_adapter_1"][:8]) >= 0.99999

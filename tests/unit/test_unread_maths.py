@@ -73,9 +73,13 @@ def _read(raw: dict[str, Any], tmp_path: Path) -> EncoderConfig:
     return EncoderConfig.from_json(str(path))
 
 
-def test_jina_v3_which_says_xlm_roberta_is_refused_naming_its_positions(tmp_path: Path) -> None:
+def test_jina_v3_is_read_as_its_own_code_computes_it_and_without_that_code_refused(tmp_path: Path) -> None:
+    config = _read(JINA_V3, tmp_path)  # its auto_map names its published code: bertserve's jina_v3
+    assert (config.family, config.rotary_dim, config.rope_theta_global) == ("jina_v3", 64, 20000.0)
+    assert config.adapters == tuple(JINA_V3["lora_adaptations"]) and config.lora_scaling == 0.25
+    shaped = {key: value for key, value in JINA_V3.items() if key != "auto_map"}  # says xlm-roberta, and no more
     with pytest.raises(ModelError, match="position_embedding_type 'rotary'") as refused:
-        _read(JINA_V3, tmp_path)
+        _read(shaped, tmp_path)
     assert "trust_remote_code=True" in str(refused.value)  # what would serve it
 
 
@@ -84,12 +88,14 @@ def test_jina_v3_which_says_xlm_roberta_is_refused_naming_its_positions(tmp_path
     [
         ("rotary_emb_base", "rotary_emb_base says rotary positions"),
         ("lora_adaptations", "lora_adaptations says the model carries LoRA adapters"),
-        ("auto_map", "auto_map names model code of its own (AutoModel: jinaai/"),
+        ("auto_map", "auto_map names model code of its own (AutoModel: someone/"),
     ],
 )
 def test_each_key_alone_is_refused_by_its_name(tmp_path: Path, kept: str, said: str) -> None:
     others = {"position_embedding_type", "rotary_emb_base", "auto_map", *(k for k in JINA_V3 if k.startswith("lora_"))}
     raw = {key: value for key, value in JINA_V3.items() if key not in others - {kept}}
+    if kept == "auto_map":  # code other than jina-embeddings-v3's own
+        raw["auto_map"] = {"AutoModel": "someone/xlm-roberta-custom--modeling.XLMRobertaModel"}
     if kept == "lora_adaptations":
         raw.update({key: JINA_V3[key] for key in JINA_V3 if key.startswith("lora_")})
     with pytest.raises(ModelError, match=said.replace("(", r"\(")):
@@ -137,7 +143,7 @@ def test_a_model_directory_shaped_like_jina_v3_is_refused_before_anything_loads(
     model = tmp_path / "jina-like"
     shutil.copytree(DATA / "families" / "xlm_roberta", model)
     raw = json.loads((model / "config.json").read_text(encoding="utf-8"))
-    keys = ("position_embedding_type", "rotary_emb_base", "auto_map", "lora_adaptations", "lora_rank")
+    keys = ("position_embedding_type", "rotary_emb_base", "lora_adaptations", "lora_rank")  # not its code
     (model / "config.json").write_text(json.dumps({**raw, **{key: JINA_V3[key] for key in keys}}), encoding="utf-8")
     with pytest.raises(ModelError, match="position_embedding_type 'rotary'"):
         inspect_model(ModelConfig(model_dir=str(model)))

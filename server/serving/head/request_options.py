@@ -34,6 +34,7 @@ class EncodeOptions:
     task: str = "embed"  # what the request asks of the model (its own task: checked)
     trace: str | None = None  # the caller's W3C traceparent, which the head's span continues
     normalize: bool | None = None  # unit-length vectors or not; None: as the model's modules say
+    adapter: int = 0  # the LoRA task adapter the prompt chooses (.model.lora): its place + 1, 0 for none
 
 
 def read_options(
@@ -77,8 +78,9 @@ def read_options(
     if trace is not None and checked_traceparent(trace) is None:
         shown = repr(trace)[:80]
         return Refusal(f"traceparent must be a W3C traceparent, 00-<32 hex>-<16 hex>-<2 hex>, not {shown}", "protocol")
+    adapter = 0 if is_tokenized else prompts.adapter_of(header.get("prompt_name"))
     return EncodeOptions(
-        is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions, task, trace, normalize
+        is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions, task, trace, normalize, adapter
     )
 
 

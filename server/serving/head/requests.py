@@ -128,6 +128,7 @@ class Requests:
                 deadline=deadline,
                 truncation=options.truncation,
                 trace=trace,
+                adapter=options.adapter,
             )
         except Busy as exc:
             return _refused(span, Refusal(str(exc), admission.BUSY))

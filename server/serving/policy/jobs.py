@@ -34,12 +34,13 @@ class Piece:
     deadline: float = float("inf")  # past it the request is answered as expired: its work is not run
     truncation: str = "right"  # the side an over-long input is cut on
     trace: str | None = None  # the traceparent of the head's span of its request, when traced
+    adapter: int = 0  # the LoRA task adapter its prompt chose (its place + 1; 0: none)
 
     @property
-    def kind(self) -> tuple[bool, bool, int | None, str]:
-        """Pieces of one kind may share a job: the worker reads the input kind, chunking and
-        truncation side from the job, and only a worker of the version runs it."""
-        return self.is_tokenized, self.chunk, self.version, self.truncation
+    def kind(self) -> tuple[bool, bool, int | None, str, int]:
+        """Pieces of one kind may share a job: the worker reads the input kind, chunking,
+        truncation side and adapter from the job, and only a worker of the version runs it."""
+        return self.is_tokenized, self.chunk, self.version, self.truncation, self.adapter
 
 
 @dataclass
@@ -98,6 +99,7 @@ class Job:
             "bulk": self.bulk,
             **({"chunk": True} if first.chunk else {}),
             **({"truncation_direction": first.truncation} if first.truncation != "right" else {}),
+            **({"adapter": first.adapter} if first.adapter else {}),
         }
         if self.deadline != float("inf"):
             header["expires_in_s"] = round(self.deadline - now, 4)

@@ -106,6 +106,7 @@ class Scheduler:
         deadline: float = float("inf"),
         truncation: str = "right",
         trace: str | None = None,
+        adapter: int = 0,
     ) -> None:
         """Queue a checked, non-empty request, to run on model ``version`` before ``deadline``;
         raises :class:`Busy` or :class:`TooLarge` without queuing any of it."""
@@ -125,6 +126,7 @@ class Scheduler:
             deadline,
             truncation,
             trace,
+            adapter,
         )
         queue = self.clients.get(client)
         if queue is None:
@@ -324,7 +326,9 @@ class Scheduler:
         shares = merge_shares(heads, demands, room=room, queued=self.small_rows, short=self._short_rows)
         return self._take_pieces(shares, kind, room)
 
-    def _take_pieces(self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None, str], room: int) -> Job:
+    def _take_pieces(
+        self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None, str, int], room: int
+    ) -> Job:
         """A job of up to ``share`` rows of small requests from each client, in order, and of
         at most ``room`` rows in all."""
         pieces: list[Piece] = []

@@ -138,7 +138,7 @@ class BertServer(ExitFlags):
             counter = book.count_tokens if book.tokenizer is not None else None
             prefix = f"m{index}." if index else ""  # job ids of [A-Za-z0-9._:-]
             queue = Scheduler(config.batching, config.limits, counter, job_prefix=prefix)
-            prompts = Prompts(info.get("prompts", {}), info.get("default_prompt_name"))
+            prompts = Prompts(info.get("prompts", {}), info.get("default_prompt_name"), tuple(info.get("adapters", ())))
             head = HeadModel(served.name, config, queue, prompts, sha256, versions_view=book)
             self.models[served.name] = SupervisedModel(head, book, follow_latest, info)
 

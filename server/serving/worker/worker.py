@@ -165,6 +165,8 @@ class Worker:
                 keep_tokens=bool(header.get("show_tokens")),
                 **options,
             )
+            if "adapter" in header:  # the segment ids say a model with LoRA adapters which to run (.model.lora)
+                batch.segment_ids = np.full_like(batch.segment_ids, self._adapter(header["adapter"]))
         except Exception as exc:  # reported to the requests in this job, not fatal to the worker
             header["error"] = f"tokenization failed: {exc}"
             return job_id, p.dumps(header), empty, empty, np.zeros(0, np.int32)
@@ -176,6 +178,13 @@ class Worker:
         if batch.tokens is not None:
             header["tokens"] = tokens_per_input(batch)
         return job_id, p.dumps(header), batch.input_ids, batch.segment_ids, batch.lengths
+
+    def _adapter(self, adapter: Any) -> int:
+        """A job's adapter, checked against the model's: its place + 1."""
+        adapters = getattr(self.model, "adapters", ())
+        if isinstance(adapter, bool) or not isinstance(adapter, int) or not 1 <= adapter <= len(adapters):
+            raise ValueError(f"adapter {adapter!r} is not one of this model's {len(adapters)}")
+        return adapter
 
     # -- the main loop -------------------------------------------------------------------
 
