@@ -216,3 +216,11 @@ def test_all_minilm_l6_v2_has_no_prompts(minilm: str) -> None:
     """Its config_sentence_transformers.json holds versions only."""
     assert resolve_prompts(minilm, (), None) == Prompts()
     assert resolve_prompts(minilm, ("query=query: ",), "query").text_of(None) == "query: "
+
+
+def test_a_prompt_named_like_an_adapter_chooses_it_and_any_other_none() -> None:
+    adapters = ("retrieval.query", "retrieval.passage", "text-matching")
+    prompts = Prompts({"retrieval.query": "Represent the query: ", "query": "q: ", "text-matching": ""}, None, adapters)
+    assert [prompts.adapter_of(name) for name in ("retrieval.query", "text-matching", "query", None)] == [1, 3, 0, 0]
+    assert Prompts({"text-matching": ""}, "text-matching", adapters).adapter_of(None) == 3  # the default's
+    assert Prompts({"query": "q: "}, None).adapter_of("query") == 0  # a model without adapters

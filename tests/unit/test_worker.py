@@ -254,3 +254,18 @@ def test_the_hashing_model_cuts_either_end_and_refuses_what_it_cannot_do() -> No
         model.tokenize(["a"], chunk=True)
     with pytest.raises(ValueError, match="truncation_direction must be"):
         model.tokenize(["a"], truncation_direction="middle")
+
+
+@pytest.mark.parametrize("adapter", [1, 0, -1, "1", True, 10**30, None])
+def test_an_adapter_the_model_does_not_have_fails_only_its_job(hashing: Rig, adapter: object) -> None:
+    """A job header naming a LoRA adapter (a peer's, or a head's mistake) for a model that has
+    none, or none of that number: that job's requests get an error, the credit returns, and the
+    next job runs."""
+    header = {"parts": [{"key": "k#1", "rows": [0]}], "is_tokenized": False, "show_tokens": False, "adapter": adapter}
+    hashing.jobs.send_multipart([hashing.identity, wire.JOB, b"8", p.dumps(header), p.dumps(["some text"])])
+    assert hashing.sink.poll(5000)
+    kind, job_id, raw = hashing.sink.recv_multipart()[:3]
+    assert (kind, job_id) == (wire.JOB_ERROR, b"8") and "adapter" in p.loads(raw)["error"]
+    assert p.loads(hashing.credit()[1])["job"] == "8"
+    hashing.send_job(b"9", ["still here"], [{"key": "k#2", "rows": [0]}])
+    assert hashing.sink.poll(5000) and hashing.sink.recv_multipart()[:2] == [wire.RESULT, b"9"]
