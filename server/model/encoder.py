@@ -299,7 +299,7 @@ class Encoder:
         small = small_run_spec(self.config, self._graph)
         if small is None:
             return None
-        if "CPU" not in self._device.upper():
+        if "CPU" not in self._device.upper() or self.meta.graph_length:  # LiteRT holds no more than a graph
             return None
         if not lite.available():
             logger.info("ai-edge-litert is not installed: small runs stay on TensorFlow")

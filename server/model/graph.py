@@ -29,8 +29,9 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
-from . import bert, decoder, modernbert, norm, task_heads
+from . import bert, decoder, modernbert, norm, outside, task_heads
 from .model_dir import ModelFiles
+from .outside import GRAPH_BYTES, appended, names_outside
 from .weights import read_weights
 
 logger = logging.getLogger("bertserve.graph")
@@ -74,8 +75,11 @@ class GraphMeta:
     token_level: bool  # NONE pooling: one vector per token
     layers_run: int  # encoder layers left in the graph after pruning
     output_node: str
-    digest: str  # sha256 of the serialized GraphDef
+    digest: str  # sha256 of the serialized GraphDef (and of the weights after it)
     family: str = "bert"  # the encoder's family (.families), which sets the products int8 keeps in fp32
+    # a graph past GRAPH_BYTES (.outside): its GraphDef's length, then each weight after it
+    graph_length: int = 0
+    outside: list = dataclasses.field(default_factory=list)
 
 
 def cache_key(model: ModelFiles, spec: GraphSpec) -> str:
@@ -199,8 +203,9 @@ def build_graph(
     if spec.task != "embed":
         prepared.update(task_heads.prepare(weights, model.config, model.head))
     del weights
-    _check_graph_bytes(prepared, spec)
-    constants = _Constants(prepared)
+    kept_out = names_outside(prepared, spec.dtype, for_lite)
+    _check_graph_bytes({name: value for name, value in prepared.items() if name not in kept_out}, spec)
+    constants = _Constants(prepared, kept_out)
     graph = tf.Graph()
     with graph.as_default(), norm.building_for_lite(for_lite):
         inputs = [tf.compat.v1.placeholder(tf.int32, [None, None], name=name) for name in INPUT_NAMES]
@@ -209,6 +214,7 @@ def build_graph(
             family.forward(constants, model.config, spec, model.defaults.dense, *inputs, head=head), name=OUTPUT_NAME
         )
     output_dim = int(output.shape[-1])
+    placed = constants.placed
     del constants, output
     graph_def = graph.as_graph_def()
     del graph
@@ -218,6 +224,10 @@ def build_graph(
     pruned = tf.compat.v1.graph_util.extract_sub_graph(graph_def, [OUTPUT_NAME, *INPUT_NAMES])
     del graph_def
     graph_bytes = pruned.SerializeToString()
+    entries: list[list[Any]]
+    graph_length, entries = (len(graph_bytes), []) if placed else (0, [])
+    if placed:
+        graph_bytes, entries = appended(graph_bytes, pruned, placed)
     meta = GraphMeta(
         key=key,
         output_dim=output_dim,
@@ -226,41 +236,45 @@ def build_graph(
         output_node=OUTPUT_NAME,
         digest=hashlib.sha256(graph_bytes).hexdigest(),
         family=model.config.family,
+        graph_length=graph_length,
+        outside=entries,
     )
     return graph_bytes, meta
-
-
-GRAPH_BYTES = (1 << 31) - (64 << 20)
-"""The most weights a frozen graph holds: it is one protobuf message, at most 2 GiB, and the
-ops around the weights take some of that."""
 
 
 def _check_graph_bytes(prepared: dict[str, np.ndarray], spec: GraphSpec) -> None:
     """Refuse, saying what fits, a model whose weights in ``spec.dtype`` a graph cannot hold."""
     total = sum(value.nbytes for value in prepared.values())
-    if total > GRAPH_BYTES:
-        fits = "serve it in bf16 (--dtype bf16), which halves the matrices" if spec.dtype == "fp32" else ""
+    if total > GRAPH_BYTES:  # fp32 keeps its large weights outside the graph (.outside): not here
         raise ModelError(
             f"the model's weights in {spec.dtype} take {total / 2**30:.2f} GiB, past the "
-            f"{GRAPH_BYTES / 2**30:.2f} GiB a frozen TensorFlow graph can hold; "
-            + (fits or "bertserve does not serve a model this large yet")
+            f"{GRAPH_BYTES / 2**30:.2f} GiB a frozen graph (or a LiteRT model) holds in {spec.dtype}; "
+            "serve it in fp32 (--dtype fp32), whose weights are kept beside the graph"
         )
 
 
 class _Constants(dict):
     """The weights as graph constants, each made at its first use (so a weight the output
-    does not need never enters the graph) and its array let go of once it is in the graph."""
+    does not need never enters the graph) and its array let go of once it is in the graph;
+    those named in ``outside`` as placeholders, their arrays kept in ``placed`` (.outside)."""
 
-    def __init__(self, weights: dict[str, np.ndarray]) -> None:
+    def __init__(self, weights: dict[str, np.ndarray], outside: set[str] | None = None) -> None:
         super().__init__()
         self._weights = weights
+        self._outside = outside or set()
+        self.placed: dict[str, np.ndarray] = {}  # by node name
 
     def __missing__(self, name: str) -> Any:
         import tensorflow as tf
 
-        constant = tf.constant(self._weights.pop(name), name=_var_name(name))
-        self[name] = constant
-        return constant
+        value = self._weights.pop(name)
+        if name in self._outside:
+            tensor = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=_var_name(name))
+            self.placed[tensor.op.name] = value
+        else:
+            tensor = tf.constant(value, name=_var_name(name))
+        self[name] = tensor
+        return tensor
 
 
 def encoder_layers_in(graph_def) -> set[int]:
@@ -293,9 +307,11 @@ def load_function(graph_bytes: bytes | memoryview, meta: GraphMeta, *, xla: bool
     import tensorflow as tf
 
     graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString(graph_bytes)
+    graph_def.ParseFromString(memoryview(graph_bytes)[: meta.graph_length or len(graph_bytes)])
     matrices = _matrix_weight_dtypes(graph_def) == {tf.float32.as_datatype_enum}
     taken = _take_constants(graph_def, matrices=matrices)
+    if meta.graph_length:  # the weights after a graph past GRAPH_BYTES (.outside)
+        taken.update(outside.read(graph_bytes, meta.graph_length, meta.outside))
     fn = wrap_graph(graph_def, meta, {f"{name}:0": tf.constant(value) for name, value in taken.items()})
     del taken
     graph_def.Clear()  # traced: the function holds what it needs, the parsed copy can go

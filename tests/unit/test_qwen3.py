@@ -10,7 +10,6 @@ the left, as Qwen3-Embedding's does.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -123,17 +122,21 @@ def test_cls_pooled_is_refused_since_it_has_no_pooler(tmp_path: Path) -> None:
         Encoder(str(MODEL), pooling_strategy="CLS_POOLED", dtype="fp32", graph_dir=str(tmp_path)).encode(["x"])
 
 
-def test_weights_past_what_a_graph_holds_are_refused_saying_what_fits() -> None:
-    """Qwen3-Embedding-0.6B's 2.4 GB of fp32 weights are past the 2 GiB a frozen graph is: a
-    clear refusal rather than protobuf's "Wire format was corrupt"."""
+def test_weights_past_what_a_graph_holds_go_beside_it_in_fp32_and_are_refused_in_bf16() -> None:
+    """Qwen3-Embedding-0.6B's 2.4 GB of fp32 weights are past the 2 GiB a frozen graph is: in
+    fp32 its large weights are kept beside the graph (.outside); in bf16, whose weights stay
+    constants, a clear refusal rather than protobuf's "Wire format was corrupt"."""
     from bertserve.server.config.model import PoolingStrategy
     from bertserve.server.model.graph import GRAPH_BYTES, GraphSpec, _check_graph_bytes
+    from bertserve.server.model.outside import names_outside
 
-    spec = GraphSpec(PoolingStrategy.SEP_TOKEN, (2,), False, True, "fp32", "float32")
+    spec = GraphSpec(PoolingStrategy.SEP_TOKEN, (2,), False, True, "bf16", "float32")
     big = {"embeddings": np.broadcast_to(np.zeros(1, np.float32), (600_000_000,))}  # 2.4 GB, none of it allocated
-    with pytest.raises(ModelError, match=r"take 2\.24 GiB, past the 1\.94 GiB .*serve it in bf16 \(--dtype bf16\)"):
+    with pytest.raises(ModelError, match=r"take 2\.24 GiB, past the 1\.94 GiB .*serve it in fp32 \(--dtype fp32\)"):
         _check_graph_bytes(big, spec)
-    bf16 = dataclasses.replace(spec, dtype="bf16")
-    with pytest.raises(ModelError, match="does not serve a model this large yet"):
-        _check_graph_bytes({"weights": np.broadcast_to(np.zeros(1, np.float32), (GRAPH_BYTES,))}, bf16)
+    small = {"norm": np.zeros(8, np.float32)}
+    assert names_outside({**big, **small}, "fp32", for_lite=False) == {"embeddings"}
+    assert names_outside({**big, **small}, "fp32", for_lite=True) == set()  # LiteRT's model: refused as bf16's
+    assert names_outside({**big, **small}, "bf16", for_lite=False) == set()
+    assert names_outside(small, "fp32", for_lite=False) == set()  # a graph that holds its weights keeps them
     _check_graph_bytes({"embeddings": np.broadcast_to(np.zeros(1, np.uint8), (GRAPH_BYTES,))}, spec)
