@@ -74,6 +74,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from lib.variant_configs import CODE, TINY
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "benchmarks" / "data" / "corpus.txt"
 DEFAULT_CODE = Path("/tmp/pubcode")
@@ -98,103 +100,22 @@ class Variant:
 
 
 BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
-VARIANTS = (
-    Variant(
-        "gte",
-        "gte-base-en-v1.5",
-        ("Alibaba-NLP/new-impl", "configuration.NewConfig", "modeling.NewModel"),
-        dict(
-            model_type="new",
-            architectures=["NewModel"],
-            **BERT_BASE,
-            vocab_size=30528,
-            max_position_embeddings=8192,
-            type_vocab_size=0,
-            layer_norm_type="layer_norm",
-            layer_norm_eps=1e-12,
-            position_embedding_type="rope",
-            rope_theta=500000.0,
-            rope_scaling={"factor": 2.0, "type": "ntk"},
-            pack_qkv=True,
-            unpad_inputs=False,
-            use_memory_efficient_attention=False,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            hidden_act="gelu",
-            pad_token_id=0,
-        ),
-        pooling="cls",
-        normalize=False,
-    ),
-    Variant(
-        "nomic_bert",
+#: Each variant's real model, and what its shape changes of the tiny model's config
+#: (:mod:`lib.variant_configs`): the sizes, and the rotary bases and fraction the tiny ones lower.
+REAL = {
+    "gte": ("gte-base-en-v1.5", {**BERT_BASE, "max_position_embeddings": 8192, "rope_theta": 500000.0}, "cls", False),
+    "nomic_bert": (
         "nomic-embed-text-v1.5",
-        (
-            "nomic-ai/nomic-bert-2048",
-            "configuration_hf_nomic_bert.NomicBertConfig",
-            "modeling_hf_nomic_bert.NomicBertModel",
-        ),
-        dict(
-            model_type="nomic_bert",
-            architectures=["NomicBertModel"],
-            n_embd=768,
-            n_layer=12,
-            n_head=12,
-            n_inner=3072,
-            n_positions=8192,
-            vocab_size=30528,
-            activation_function="swiglu",
-            rotary_emb_fraction=1.0,
-            rotary_emb_base=1000,
-            rotary_emb_interleaved=False,
-            rotary_scaling_factor=None,
-            qkv_proj_bias=False,
-            mlp_fc1_bias=False,
-            mlp_fc2_bias=False,
-            prenorm=False,
-            causal=False,
-            use_rms_norm=False,
-            layer_norm_epsilon=1e-12,
-            type_vocab_size=2,
-            pad_vocab_size_multiple=64,
-            attn_pdrop=0.0,
-            embd_pdrop=0.0,
-            resid_pdrop=0.0,
-            summary_first_dropout=0.0,
-            max_trained_positions=2048,
-            bos_token_id=None,
-            eos_token_id=None,
-        ),
-        pooling="mean",
-        normalize=True,
+        dict(n_embd=768, n_layer=12, n_head=12, n_inner=3072, n_positions=8192, rotary_emb_fraction=1.0)
+        | {"rotary_emb_base": 1000},
+        "mean",
+        True,
     ),
-    Variant(
-        "jina_bert",
-        "jina-embeddings-v2-base-en",
-        ("jinaai/jina-bert-implementation", "configuration_bert.JinaBertConfig", "modeling_bert.JinaBertModel"),
-        dict(
-            model_type="bert",
-            architectures=["JinaBertForMaskedLM"],
-            **BERT_BASE,
-            vocab_size=30528,
-            max_position_embeddings=8192,
-            position_embedding_type="alibi",
-            feed_forward_type="geglu",
-            type_vocab_size=2,
-            hidden_act="gelu",
-            layer_norm_eps=1e-12,
-            emb_pooler=None,
-            attn_implementation="torch",
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            pad_token_id=0,
-            is_decoder=False,
-            add_cross_attention=False,
-            chunk_size_feed_forward=0,
-        ),
-        pooling="mean",
-        normalize=True,
-    ),
+    "jina_bert": ("jina-embeddings-v2-base-en", {**BERT_BASE, "max_position_embeddings": 8192}, "mean", True),
+}
+VARIANTS = tuple(
+    Variant(name, model, CODE[name], {**TINY[name], **shape, "vocab_size": 30528}, pooling, normalize)
+    for name, (model, shape, pooling, normalize) in REAL.items()
 )
 BY_NAME = {variant.name: variant for variant in VARIANTS}
 
