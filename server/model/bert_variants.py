@@ -148,6 +148,8 @@ _NOMIC_REFUSED = {
     "rotary_emb_scale_base": "xPos scaling",
     "rotary_scaling_factor": "dynamically scaled rotary positions",
     "causal": "causal attention",
+    "moe_every_n_layers": "mixture-of-experts layers (nomic-embed-text-v2-moe)",
+    "num_experts": "mixture-of-experts layers (nomic-embed-text-v2-moe)",
 }
 
 

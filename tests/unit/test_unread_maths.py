@@ -167,6 +167,7 @@ def _variant(name: str) -> dict[str, Any]:
         ("nomic_bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
         ("nomic_bert", {"attn_pdrop": 0.1}, "attn_pdrop 0.1"),
         ("nomic_bert", {"use_rms_norm": True}, "use_rms_norm"),
+        ("nomic_bert", {"moe_every_n_layers": 2, "num_experts": 8}, "moe_every_n_layers 2 says mixture-of-experts"),
         ("nomic_bert", {"mlp_fc2_bias": True}, "mlp_fc1_bias and mlp_fc2_bias differ"),
         ("nomic_bert", {"alibi": True}, "alibi says ALiBi"),
         (
