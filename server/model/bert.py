@@ -1,5 +1,6 @@
 """The forward pass of the post-norm encoder families (BERT, RoBERTa and XLM-RoBERTa,
-DistilBERT, MPNet, and the variants GTE, NomicBERT and JinaBERT: see :mod:`.families`) in plain
+DistilBERT, MPNet, and the variants GTE, NomicBERT, JinaBERT and jina-embeddings-v3: see
+:mod:`.families`) in plain
 TensorFlow ops, over weights prepared for it: Q, K and V fused into one matrix, a gated
 feed-forward's two halves into one, the matrices stored in the compute dtype. :mod:`.graph`
 builds it into a frozen graph; embeddings sums, softmax, layer norm, residuals, rotary
@@ -9,7 +10,8 @@ The families differ only at the edges of the layer stack: where positions start 
 padding index for RoBERTa's kind and MPNet), or that there are none in the embeddings but
 rotary ones on each query and key (GTE, NomicBERT) or ALiBi's bias on the scores (JinaBERT);
 whether there are token types; MPNet's relative position bias, one table of buckets shared by
-every layer's attention scores; and whether the feed-forward is gated.
+every layer's attention scores; whether the feed-forward is gated; and jina-embeddings-v3's LoRA
+task adapters beside every product and embedding table (:mod:`.lora`).
 """
 
 from __future__ import annotations
