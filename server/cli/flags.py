@@ -6,136 +6,38 @@ on the command line wins. :func:`server_config_from_args` and :func:`model_confi
 turn a parsed command line into the one frozen config the server's roles are given. What a
 flag is, and how ``--help`` shows it, is in :mod:`.flag_help`.
 
-The flags of ``bertserve start`` are tabled per concern: the model's here, how the head serves
-in :mod:`.serving_flags`, its HTTP and security edges in :mod:`.http_flags`; ``SERVER_FLAGS``
-puts them in the order ``--help`` shows them.
+The flags of ``bertserve start`` are written per concern: the model's in :mod:`.model_flags`,
+how each model is served and several models here, how the head serves in :mod:`.serving_flags`,
+its HTTP and security edges in :mod:`.http_flags`; ``SERVER_FLAGS`` puts them in the order
+``--help`` shows them, and :data:`PART_FLAGS` says which part of the server's config each sets.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..config.model import LONG_INPUTS, ModelConfig, PoolingStrategy
-from ..config.served import default_model_name, fetch_hub_models, hub_fields, task_defaults, with_default_model
+from ..config.batching import Batching
+from ..config.http import Http
+from ..config.limits import Limits
+from ..config.model import ModelConfig
+from ..config.ports import Ports
+from ..config.security import Legacy, Security
+from ..config.served import ModelServing, Routing
 from ..config.server import ServerConfig
 from ..config.telemetry import Telemetry, telemetry_from
-from ..errors import BertServeError, ConfigError, ModelOptionError
+from ..config.workers import Workers
+from ..errors import BertServeError, ConfigError
 from ..model.default import default_model_dir
-from ..model.hub import fetch_model
+from ..model.hub_specs import fetch_hub_model, fetch_hub_models
 from .flag_help import Flag, boolean, under
 from .http_flags import HTTP_FLAGS, SECURITY_FLAGS
+from .model_flags import MODEL_FLAGS
+from .served import resolve_models
 from .serving_flags import DEVICE_FLAGS, LIMIT_FLAGS, SERVING_FLAGS
-
-
-def _as_the_config_spells(field: str) -> Callable[[str], str]:
-    """A model option's value as :class:`ModelConfig` spells it (``half``: ``fp16``,
-    ``cls_token``: ``CLS_TOKEN``), so that its other spellings pass the flag's ``choices``;
-    a value the config refuses is left as given, for argparse to answer with the choices."""
-
-    def parse(value: str) -> str:
-        try:
-            options: dict[str, Any] = {field: value}
-            spelled = getattr(ModelConfig(model_dir="", **options), field)
-        except ModelOptionError:
-            return value
-        return str(getattr(spelled, "value", spelled))
-
-    return parse
-
-
-_MODEL_DEFAULT = "the model's, or "  # what a plain BERT directory gets when the model says nothing
-
-MODEL_FLAGS = under(
-    "model",
-    Flag("--model-dir", "BERT model directory", unset="all-MiniLM-L6-v2 if installed"),
-    Flag("--model-id", "ORG/NAME[@REV]: a Hugging Face Hub model, fetched once", unset="none", metavar="ID"),
-    Flag(
-        "--tuned-model-dir",
-        "fine-tuned checkpoint directory whose weights override the model's",
-        unset="none",
-        rare=True,
-    ),
-    Flag("--ckpt-name", "checkpoint prefix (Google layout)", default="bert_model.ckpt", rare=True),
-    Flag("--config-name", "config file name (Google layout)", default="bert_config.json", rare=True),
-    Flag("--vocab-name", "vocabulary file name", unset="vocab.txt, or tokenizer.json", rare=True),
-    Flag(
-        "--max-seq-len",
-        "longest input in tokens, or NONE for each batch's own longest",
-        unset=_MODEL_DEFAULT + "25",
-        metavar="N",
-    ),
-    Flag(
-        "--pooling-strategy",
-        "how the token vectors become one vector (also mean, max, cls)",
-        _as_the_config_spells("pooling_strategy"),
-        unset=_MODEL_DEFAULT + "REDUCE_MEAN",
-        choices=tuple(strategy.value for strategy in PoolingStrategy),
-    ),
-    Flag(
-        "--pooling-layer",
-        "encoder layer(s) to pool, -1 the last; several are concatenated",
-        int,
-        many=True,
-        unset=_MODEL_DEFAULT + "-2",
-    ),
-    Flag("--mask-cls-sep", "leave [CLS] and [SEP] out of pooling", boolean, False, rare=True),
-    Flag("--normalize", "L2-normalize the output", boolean, unset="what the model says"),
-    Flag("--do-lower-case", "lower-case the input", boolean, unset="what the vocabulary implies", rare=True),
-    Flag(
-        "--dtype",
-        "weights and matrix products; auto: fp16 on a GPU, bf16 on a CPU with amx_bf16 or avx512_bf16, "
-        "else fp32 (never int8)",
-        _as_the_config_spells("dtype"),
-        "auto",
-        choices=("auto", "fp32", "bf16", "fp16", "int8"),
-    ),
-    Flag(
-        "--output-dtype",
-        "the vectors' type",
-        _as_the_config_spells("output_dtype"),
-        "float32",
-        choices=("float32", "float16"),
-        rare=True,
-    ),
-    Flag("--xla", "XLA-compile the graph", boolean, False, rare=True),
-    Flag("--graph-dir", "where optimized graphs are cached", unset="the user cache dir"),
-    Flag("--batch-size", "most sentences in one model run", int, 64),
-    Flag(
-        "--lite-max-tokens", "fp32 runs of at most this many padded tokens run on LiteRT (0: never)", int, 64, rare=True
-    ),
-    Flag(
-        "--long-inputs",
-        "an input over max_seq_len tokens: truncate it, or chunk it (windows, vectors combined)",
-        _as_the_config_spells("long_inputs"),
-        "truncate",
-        choices=LONG_INPUTS,
-    ),
-    Flag("--chunk-stride", "tokens that consecutive windows of a chunked input share", int, 0, rare=True),
-    Flag(
-        "--task",
-        "what the model computes: embed, rerank, classify or sparse",
-        unset="what its config.json says",
-        choices=("embed", "rerank", "classify", "sparse"),
-        rare=True,
-    ),
-    Flag(
-        "--instruction",
-        "a yes/no reranker's task instruction (Qwen3-Reranker's <Instruct>)",
-        unset="its model card's web search one",
-        metavar="TEXT",
-        rare=True,
-    ),
-    Flag(
-        "--calibration",
-        "the int8/uint8 embedding types' ranges: a file `bertserve calibrate` wrote",
-        unset="the model directory's calibration.json, if any",
-        metavar="FILE",
-        rare=True,
-    ),
-)
 
 SERVER_FLAGS = [
     *under(
@@ -216,6 +118,92 @@ def server_flag(name: str) -> Flag:
     return next(flag for flag in [*SERVER_FLAGS, *MODEL_FLAGS] if flag.name == name)
 
 
+def _table(*names: str) -> tuple[Flag, ...]:
+    return tuple(server_flag(name) for name in names)
+
+
+PART_FLAGS: dict[str, tuple[Flag, ...]] = {
+    "ports": _table("--port", "--port-out", "--bind", "--http-port", "--metrics-port", "--worker-port"),
+    "workers": _table(
+        "--num-worker",
+        "--prefetch-size",
+        "--cpu",
+        "--device-map",
+        "--gpu-memory-fraction",
+        "--threads-per-worker",
+        "--worker-nice",
+        "--feed",
+        "--job-timeout-ms",
+        "--heartbeat-timeout-ms",
+        "--max-restarts",
+        "--stop-timeout",
+    ),
+    "batching": _table(
+        "--max-batch-size",
+        "--max-batch-tokens",
+        "--max-latency-ms",
+        "--merge-requests",
+        "--bulk-run-ms",
+        "--bulk-slowdown",
+    ),
+    "limits": _table(
+        "--max-request-size",
+        "--max-text-chars",
+        "--max-request-tokens",
+        "--max-reply-bytes",
+        "--request-timeout-ms",
+        "--max-queued-sentences",
+        "--max-client-queued-sentences",
+        "--max-queued-bytes",
+        "--max-message-bytes",
+        "--reply-hwm",
+    ),
+    "http": _table(
+        "--http-bind",
+        "--max-http-body-bytes",
+        "--max-http-body-bytes-total",
+        "--max-http-body-bytes-per-principal",
+        "--http-body-timeout-s",
+        "--http-body-min-rate",
+        "--max-http-connections",
+        "--max-http-header-bytes",
+        "--max-http-headers",
+        "--http-header-timeout-s",
+        "--forwarded-allow-ips",
+        "--metrics-principals",
+        "--cors-allow-origin",
+    ),
+    "security": _table("--curve-dir", "--allow-terminate", "--api-key", "--api-keys"),
+    "legacy": _table("--legacy-clients", "--show-tokens-to-client"),
+}
+"""The flags of each part of the server's config but its models, by the part's field."""
+PARTS: dict[str, Callable[..., Any]] = {
+    "ports": Ports,
+    "workers": Workers,
+    "batching": Batching,
+    "limits": Limits,
+    "http": Http,
+    "security": Security,
+    "legacy": Legacy,
+}
+SERVING_TABLE = _table(
+    "--served-model-name",
+    "--model-alias",
+    "--num-worker",
+    "--model-class",
+    "--prompt",
+    "--default-prompt-name",
+    "--model-version",
+    "--require-manifest",
+    "--poll-interval-s",
+    "--token-id-input",
+    "--auto-truncate",
+)
+"""How each model is served (:class:`..config.served.ModelServing`); a ``--model`` may say its own."""
+ROUTING_TABLE = _table("--model", "--models-dir", "--default-model")
+"""Several models, and the one a request gets (:class:`..config.served.Routing`)."""
+
+
 WORKER_FLAGS = [
     *under(
         "the head",
@@ -283,13 +271,14 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
             f"Hub (from the Hub cache), --model-dir {args.model_dir} the one in a directory; give one of them"
         )
     ModelConfig(**{**options, "model_id": None, "model_dir": ""})  # the other options checked before a download
-    return ModelConfig(**{**options, **hub_fields(fetch_model(args.model_id))})
+    return ModelConfig(**{**options, **fetch_hub_model(args.model_id)})
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
-    """The server's config; with several models (``--model``, ``--models-dir``) its ``model``
-    is the default model's, and the model flags are every model's defaults. A value it refuses
-    that came from a ``BERTSERVE_`` variable is refused by that variable's name."""
+    """The server's config, each part built from its own flags (:data:`PART_FLAGS`) and the
+    models resolved (:func:`.served.resolve_models`); with several models (``--model``,
+    ``--models-dir``) the model flags are every model's defaults. A value it refuses that came
+    from a ``BERTSERVE_`` variable is refused by that variable's name."""
     try:
         return _server_config(args)
     except ConfigError as exc:
@@ -314,17 +303,23 @@ def _named_by_environment(exc: ConfigError, args: argparse.Namespace) -> ConfigE
     return exc
 
 
+def _values(args: argparse.Namespace, table: Sequence[Flag]) -> dict[str, Any]:
+    return {flag.dest: getattr(args, flag.dest) for flag in table}
+
+
 def _server_config(args: argparse.Namespace) -> ServerConfig:
-    options = {flag.dest: getattr(args, flag.dest) for flag in SERVER_FLAGS}
-    options.update(_default_models(options.pop("default_models")))
-    several = "--model" if options["models"] else "--models-dir" if options["models_dir"] is not None else None
+    parts = {name: PARTS[name](**_values(args, table)) for name, table in PART_FLAGS.items()}
+    serving = _values(args, SERVING_TABLE)
+    given = _values(args, ROUTING_TABLE)
+    routing = {"models": given["models"], "models_dir": given["models_dir"], **_default_models(given["default_models"])}
+    several = "--model" if routing["models"] else "--models-dir" if routing["models_dir"] is not None else None
     if several is None:
+        Routing(**routing)
         if args.model_id is not None:  # every option checked before the model is fetched
-            ServerConfig(model=ModelConfig(model_dir=""), **options)
-        config = ServerConfig(model=model_config_from_args(args), **options)
-        default_model_name(config)  # a --default-model that is not the model served: refused now, not at start
-        task_defaults(config)
-        return config
+            ServerConfig(models=(ModelServing(model=ModelConfig(model_dir=""), **serving),), **parts)
+        flags = ModelServing(model=model_config_from_args(args), **serving)
+        models, resolved = resolve_models(flags, Routing(**routing))
+        return ServerConfig(models=models, routing=resolved, **parts)
     one = next((flag for flag in ("--model-dir", "--model-id") if getattr(args, flag[2:].replace("-", "_"))), None)
     if one is not None:
         what = (
@@ -333,12 +328,13 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
             else "serves every model of a folder"
         )
         raise ConfigError(f"{one} and {several} cannot be given together: {one} serves one model, {several} {what}")
-    flags = ModelConfig(**{**{flag.dest: getattr(args, flag.dest) for flag in MODEL_FLAGS}, "model_dir": ""})
-    ServerConfig(model=flags, **options)  # every option checked before a model is fetched
-    options["models"] = fetch_hub_models(options["models"])
-    config = with_default_model(ServerConfig(model=flags, **options))
-    task_defaults(config)  # a TASK=NAME of another task's model: refused now, not at start
-    return config
+    model = ModelConfig(**{**_values(args, MODEL_FLAGS), "model_dir": ""})
+    flags = ModelServing(model=model, **serving)
+    Routing(**routing, model_defaults=flags)
+    ServerConfig(models=(flags,), **parts)  # every option checked before a model is fetched
+    routing["models"] = fetch_hub_models(routing["models"])
+    models, resolved = resolve_models(flags, Routing(**routing, model_defaults=flags))
+    return ServerConfig(models=models, routing=resolved, **parts)
 
 
 def _default_models(values: list[str]) -> dict[str, Any]:
@@ -353,9 +349,15 @@ def _default_models(values: list[str]) -> dict[str, Any]:
     return {"default_model": plain[0] if plain else None, "task_defaults": tuple(v for v in values if "=" in v)}
 
 
+HOST_WORKERS_TABLE = tuple(flag for flag in WORKER_FLAGS if flag.dest in {f.name for f in dataclasses.fields(Workers)})
+"""The flags of a worker host's workers (:class:`..config.workers.Workers`, as ``bertserve start``'s)."""
+
+
 def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of a worker host's config (``bertserve worker``)."""
-    options = {flag.dest: getattr(args, flag.dest) for flag in WORKER_FLAGS}
+    """The keyword arguments of a worker host's config (``bertserve worker``), its workers a
+    part of their own."""
+    options = {flag.dest: getattr(args, flag.dest) for flag in WORKER_FLAGS if flag not in HOST_WORKERS_TABLE}
+    options["workers"] = Workers(**_values(args, HOST_WORKERS_TABLE))
     model_id = options.pop("model_id")
     if model_id is None:
         options["model_dir"] = args.model_dir or default_model_dir()
@@ -364,7 +366,7 @@ def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
             f"--model-id and --model-dir cannot be given together: give --model-id {model_id} or a directory"
         )
     else:
-        options["model_dir"] = fetch_model(model_id).directory  # the head checks its files' sha256
+        options["model_dir"] = fetch_hub_model(model_id)["model_dir"]  # the head checks its files' sha256
     return options
 
 

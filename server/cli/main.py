@@ -23,7 +23,6 @@ from bertserve.client.lines import numbered, read_lines, save, skipped_note, sou
 from bertserve.client.protocol import one_sentence
 from bertserve.client.terminal import paint, print_status
 
-from ..config.served import served_models
 from ..config.server import ServerConfig
 from ..config.telemetry import Telemetry
 from ..dependencies import install_command, missing_server_requirements
@@ -52,7 +51,7 @@ _ROLES = {"start": "head", "worker": "host"}  # what a JSON log line calls the p
 
 def _cmd_start(args: argparse.Namespace) -> int:
     config = server_config_from_args(args)
-    if config.api_key is not None and os.environ.get(server_flag("--api-key").env) != args.api_key:
+    if config.security.api_key is not None and os.environ.get(server_flag("--api-key").env) != args.api_key:
         logger.warning(
             "--api-key on the command line is visible to every user of this machine (ps); "
             "prefer BERTSERVE_API_KEY or --api-keys FILE"
@@ -97,10 +96,10 @@ def announce_ready(config: ServerConfig, info: dict[str, Any], *, json_logs: boo
     out among the log's green lines); scripts and tests wait for it. With several models,
     ``info`` describes the default one. With ``json_logs`` it is a JSON line like the log's,
     its facts as fields of their own (:func:`ready_fields`)."""
-    served = served_models(config)
+    served = config.models
     line = (
-        f"bertserve {__version__} ready: requests on tcp://{config.bind}:{config.port}, "
-        f"results on port {config.port_out}, {_workers_text(sum(entry.config.num_worker for entry in served))}, "
+        f"bertserve {__version__} ready: requests on tcp://{config.ports.bind}:{config.ports.port}, "
+        f"results on port {config.ports.out}, {_workers_text(sum(config.num_workers()))}, "
         f"{_output_text(info)}, {dtype_text(info)}, model {model_text(config, info)}"
     )
     if len(served) > 1:
@@ -109,10 +108,10 @@ def announce_ready(config: ServerConfig, info: dict[str, Any], *, json_logs: boo
         line += f" (the default of {len(served)} models: {names})"
     if str(info.get("model_version", "")).isdigit():  # a version of a model repository
         line += f" (version {info['model_version']})"
-    if config.http_port is not None:
-        line += f", HTTP on http://{config.http_bind or config.bind}:{config.http_port}"
-    if config.worker_port is not None:
-        line += f", remote workers join on tcp://{config.bind}:{config.worker_port}"
+    if config.ports.http_port is not None:
+        line += f", HTTP on http://{config.http.http_bind or config.ports.bind}:{config.ports.http_port}"
+    if config.ports.worker_port is not None:
+        line += f", remote workers join on tcp://{config.ports.bind}:{config.ports.worker_port}"
     if json_logs:
         print(json_line(line, role=_ROLES["start"], **ready_fields(config, info)), flush=True)
     else:
@@ -121,21 +120,23 @@ def announce_ready(config: ServerConfig, info: dict[str, Any], *, json_logs: boo
 
 def ready_fields(config: ServerConfig, info: dict[str, Any]) -> dict[str, Any]:
     """The ready line's facts, as the fields of its JSON line (``event``: ``ready``)."""
-    served = served_models(config)
+    served = config.models
     return {
         "event": "ready",
         "version": __version__,
-        "address": f"tcp://{config.bind}:{config.port}",
-        "port": config.port,
-        "port_out": config.port_out,
-        "workers": sum(entry.config.num_worker for entry in served),
+        "address": f"tcp://{config.ports.bind}:{config.ports.port}",
+        "port": config.ports.port,
+        "port_out": config.ports.out,
+        "workers": sum(config.num_workers()),
         "models": [entry.name for entry in served],
         "default_model": served[0].name,
         "model_dir": model_text(config, info),
         **{key: info.get(key) for key in ("task", "output_dim", "pooling_strategy", "pooling_layer", "dtype")},
-        "http": f"http://{config.http_bind or config.bind}:{config.http_port}" if config.http_port else None,
-        "http_port": config.http_port,
-        "worker_port": config.worker_port,
+        "http": f"http://{config.http.http_bind or config.ports.bind}:{config.ports.http_port}"
+        if config.ports.http_port
+        else None,
+        "http_port": config.ports.http_port,
+        "worker_port": config.ports.worker_port,
     }
 
 

@@ -1,7 +1,7 @@
 """What the head holds: inputs queued in all and per client, inputs in one request, the bytes
 of the texts queued and of one request frame, and how long a request may wait.
 
-Built once from the flags (:meth:`Limits.resolve`), which may leave out any of the three
+Built once from the flags, which may leave out any of the three
 sentence bounds: each left out takes its default, moved as far as the bounds given need, so
 that a request fits a client's queue and a client's queue the server's. The scheduler and
 admission take these values, not the server's whole config.
@@ -43,72 +43,83 @@ _FLAGS = {
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """The head's bounds, resolved: each an int, whatever the flags left out."""
+    """The head's bounds (their flags' names), checked when built. The three sentence bounds
+    left out follow those given, so once built each is an int (:attr:`queued_sentences`,
+    :attr:`client_queued_sentences`, :attr:`request_size`)."""
 
-    queued_sentences: int  # most inputs queued at once, all clients together
-    client_queued_sentences: int  # most inputs one client may have queued
-    request_size: int  # most inputs in one request
-    queued_bytes: int  # most bytes the texts of admitted requests hold
-    message_bytes: int  # largest frame the request socket accepts (ZeroMQ's MAXMSGSIZE)
-    text_chars: int  # most characters in one input
-    request_timeout_ms: int
-    request_tokens: int = REQUEST_TOKENS  # most tokens of model work in one HTTP request
-    reply_bytes: int = REPLY_BYTES  # largest answer, counted before any of its work runs
+    max_request_size: int | None = None  # None: REQUEST_SIZE, at most max_client_queued_sentences
+    max_text_chars: int = 100_000  # most characters in one input
+    max_request_tokens: int = REQUEST_TOKENS  # most tokens of model work in one HTTP request, counted before work
+    max_reply_bytes: int = REPLY_BYTES  # largest answer, counted before any of its work runs
+    request_timeout_ms: int = 600_000
+    max_queued_sentences: int | None = None  # None: QUEUED_SENTENCES, at least the two below
+    max_client_queued_sentences: int | None = None  # None: CLIENT_QUEUED_SENTENCES, within the two around it
+    max_queued_bytes: int = QUEUED_BYTES  # most bytes the texts of admitted requests hold
+    max_message_bytes: int | None = None  # None: what the size limits need (message_bytes)
+    reply_hwm: int = 100  # replies queued for one client connection
 
-    @classmethod
-    def resolve(
-        cls,
-        *,
-        max_queued_sentences: int | None,
-        max_client_queued_sentences: int | None,
-        max_request_size: int | None,
-        max_queued_bytes: int,
-        max_message_bytes: int | None,
-        max_text_chars: int,
-        request_timeout_ms: int,
-        max_request_tokens: int = REQUEST_TOKENS,
-        max_reply_bytes: int = REPLY_BYTES,
-    ) -> Limits:
-        """The limits the flags give, the bounds left out following those given; raises
-        :class:`ConfigError` naming the flag (or both flags) at fault."""
-        queued, client, request = _follow_bounds(max_queued_sentences, max_client_queued_sentences, max_request_size)
-        per_text = 4 * max_text_chars + 8  # UTF-8 bytes, quotes and comma
-        message = max_message_bytes
-        if message is None:
-            message = min(MESSAGE_BYTES, max_queued_bytes, request * per_text + 65_536)
+    def __post_init__(self) -> None:
+        queued, client, request = _follow_bounds(
+            self.max_queued_sentences, self.max_client_queued_sentences, self.max_request_size
+        )
+        given, queued_bytes = self.max_message_bytes, self.max_queued_bytes
         checks = [
-            (max_text_chars >= 1, "max_text_chars must be at least 1"),
-            (request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
-            (max_request_tokens >= 1, f"--max-request-tokens must be at least 1, not {max_request_tokens}"),
-            (max_reply_bytes >= 1024, f"--max-reply-bytes must be at least 1024, not {max_reply_bytes}"),
+            (self.max_text_chars >= 1, "max_text_chars must be at least 1"),
+            (self.request_timeout_ms >= 1, "request_timeout_ms must be at least 1"),
             (
-                max_message_bytes is None or 1024 <= max_message_bytes <= MAX_MESSAGE_BYTES,
-                f"--max-message-bytes must be between 1024 and {MAX_MESSAGE_BYTES}, not {max_message_bytes}",
+                self.max_request_tokens >= 1,
+                f"--max-request-tokens must be at least 1, not {self.max_request_tokens}",
+            ),
+            (self.max_reply_bytes >= 1024, f"--max-reply-bytes must be at least 1024, not {self.max_reply_bytes}"),
+            (
+                given is None or 1024 <= given <= MAX_MESSAGE_BYTES,
+                f"--max-message-bytes must be between 1024 and {MAX_MESSAGE_BYTES}, not {given}",
             ),
             (
-                max_queued_bytes >= 1024 * 1024,
-                f"--max-queued-bytes must be at least 1 MiB (1048576), not {max_queued_bytes}",
+                queued_bytes >= 1024 * 1024,
+                f"--max-queued-bytes must be at least 1 MiB (1048576), not {queued_bytes}",
             ),
             (
-                max_message_bytes is None or max_message_bytes <= max_queued_bytes,
-                f"--max-message-bytes {max_message_bytes} is more than --max-queued-bytes {max_queued_bytes}: a "
+                given is None or given <= queued_bytes,
+                f"--max-message-bytes {given} is more than --max-queued-bytes {queued_bytes}: a "
                 "request that large could never be queued; lower --max-message-bytes or raise --max-queued-bytes",
             ),
+            (self.reply_hwm >= 1, "reply_hwm must be at least 1"),
         ]
         for ok, problem in checks:
             if not ok:
                 raise ConfigError(problem)
-        return cls(
-            queued_sentences=queued,
-            client_queued_sentences=client,
-            request_size=request,
-            queued_bytes=max_queued_bytes,
-            message_bytes=message,
-            text_chars=max_text_chars,
-            request_timeout_ms=request_timeout_ms,
-            request_tokens=max_request_tokens,
-            reply_bytes=max_reply_bytes,
-        )
+        object.__setattr__(self, "max_queued_sentences", queued)
+        object.__setattr__(self, "max_client_queued_sentences", client)
+        object.__setattr__(self, "max_request_size", request)
+
+    @property
+    def queued_sentences(self) -> int:
+        """Most inputs queued at once, all clients together (``max_queued_sentences``, resolved)."""
+        assert self.max_queued_sentences is not None  # __post_init__ fills it in
+        return self.max_queued_sentences
+
+    @property
+    def client_queued_sentences(self) -> int:
+        """Most inputs one client may have queued (``max_client_queued_sentences``, resolved)."""
+        assert self.max_client_queued_sentences is not None
+        return self.max_client_queued_sentences
+
+    @property
+    def request_size(self) -> int:
+        """Most inputs in one request (``max_request_size``, resolved)."""
+        assert self.max_request_size is not None
+        return self.max_request_size
+
+    @property
+    def message_bytes(self) -> int:
+        """Largest frame the request socket accepts (ZeroMQ's MAXMSGSIZE): ``max_message_bytes``,
+        or what the largest allowed request can take as UTF-8 JSON, at most
+        :data:`MESSAGE_BYTES` and ``max_queued_bytes``."""
+        if self.max_message_bytes is not None:
+            return self.max_message_bytes
+        per_text = 4 * self.max_text_chars + 8  # UTF-8 bytes, quotes and comma
+        return min(MESSAGE_BYTES, self.max_queued_bytes, self.request_size * per_text + 65_536)
 
 
 def _follow_bounds(queued: int | None, client: int | None, request: int | None) -> tuple[int, int, int]:

@@ -10,33 +10,25 @@ from ..errors import ConfigError
 
 @dataclass(frozen=True, kw_only=True)
 class Ports:
-    """The server's ports, resolved: ``out`` always an int."""
+    """The server's address and ports (their flags' names); once built, ``port_out`` is an int."""
 
-    port: int  # takes requests
-    out: int  # publishes results
-    http: int | None  # the HTTP API
-    metrics: int | None  # Prometheus' /metrics
-    worker: int | None  # remote workers join on it
+    port: int = 5555  # takes requests
+    port_out: int | None = None  # publishes results; None: port + 1
+    bind: str = "127.0.0.1"
+    http_port: int | None = None  # the HTTP API
+    metrics_port: int | None = None  # Prometheus' /metrics
+    worker_port: int | None = None  # remote workers join on it
 
-    @classmethod
-    def resolve(
-        cls,
-        *,
-        port: int,
-        port_out: int | None,
-        http_port: int | None,
-        metrics_port: int | None,
-        worker_port: int | None,
-    ) -> Ports:
-        """The ports the flags give, ``port_out`` following ``port``; raises :class:`ConfigError`."""
-        out = port + 1 if port_out is None else port_out
-        extra = [p for p in (http_port, metrics_port, worker_port) if p is not None]
+    def __post_init__(self) -> None:
+        port, given = self.port, self.port_out
+        out = port + 1 if given is None else given
+        extra = [p for p in (self.http_port, self.metrics_port, self.worker_port) if p is not None]
         checks = [
             (1 <= port <= 65535, "port must be between 1 and 65535"),
             (
                 1 <= out <= 65535,
                 "port_out must be between 1 and 65535"
-                if port_out is not None
+                if given is not None
                 else f"port_out defaults to port + 1 = {out}, past 65535: set port_out",
             ),
             (port != out, "port and port_out must differ"),
@@ -52,4 +44,10 @@ class Ports:
         for ok, problem in checks:
             if not ok:
                 raise ConfigError(problem)
-        return cls(port=port, out=out, http=http_port, metrics=metrics_port, worker=worker_port)
+        object.__setattr__(self, "port_out", out)
+
+    @property
+    def out(self) -> int:
+        """The port results are published on (``port_out``, resolved)."""
+        assert self.port_out is not None  # __post_init__ fills it in
+        return self.port_out

@@ -2,7 +2,7 @@
 
 ``DIR`` may also be a model's Hugging Face Hub id, ``ORG/NAME[@REVISION]``, when no such
 directory exists (:func:`..model.hub.is_model_id`): the CLI fetches it and writes the spec
-again with its directory in the Hub cache (:func:`.served.fetch_hub_models`).
+again with its directory in the Hub cache (:func:`..model.hub_specs.fetch_hub_models`).
 
 A name is what requests and the HTTP API use to pick a model, so it must be safe in a URL
 path and a log line: a letter or digit, then up to 127 letters, digits and ``._:/-``

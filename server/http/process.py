@@ -12,11 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from ..config.served import ServedModel, directory_name
 from ..config.server import ServerConfig
 from ..config.stopping import FRONT_END_STOP_SIGNAL
 from ..config.telemetry import Telemetry
-from .bodies import BodyPace
 from .gateway import Gateway, GatewayKeys
 from .principals import Principals, load_principals
 
@@ -39,22 +37,15 @@ def connect_host(bind: str) -> str:
     return host
 
 
-def served_names(config: ServerConfig) -> tuple[str, tuple[str, ...]]:
-    """The name of ``config``'s model, and its aliases."""
-    name = directory_name(config) if config.served_model_name is None else config.served_model_name
-    aliases = tuple(alias for alias in dict.fromkeys(config.model_alias) if alias != name)
-    return name, aliases
-
-
 def run_http(
     config: ServerConfig,
     telemetry: Telemetry,
     keys: GatewayKeys | None,
     principals: Principals | None = None,
-    models: list[ServedModel] | None = None,
+    models: list[ServerConfig] | None = None,
 ) -> None:
     """Entry point of the HTTP process; ``principals`` as the supervisor read them (else read
-    here); ``models``: the models served, each with its config and version (else ``config``'s one).
+    here); ``models``: each served model's config, with its version (else ``config``'s one model).
     Each model's name and tokenizer are read here, once; the head says the rest (:mod:`.catalog`)."""
     from ..logs import child_telemetry
 
@@ -66,40 +57,31 @@ def run_http(
 
     from .app import Settings, create_app
 
-    served = models or [ServedModel(served_names(config)[0], config)]
+    served = models or [config]
     settings = Settings(
         models=tuple(_model_settings(model) for model in served),
-        principals=principals if principals is not None else load_principals(config.api_key, config.api_keys),
-        max_body_bytes=config.http_body_limit,
-        max_bodies_bytes=config.max_http_body_bytes_total,
-        max_inputs=config.request_size_limit,
-        request_timeout_s=config.request_timeout_ms / 1000,
-        token_id_input=config.token_id_input,
-        auto_truncate=config.auto_truncate,
-        max_text_chars=config.max_text_chars,
-        max_principal_bodies_bytes=config.http_principal_body_limit,
-        body_pace=BodyPace(timeout_s=config.http_body_timeout_s, min_rate=config.http_body_min_rate),
-        max_headers=config.max_http_headers,
-        metrics_principals=config.metrics_principals,
-        cors_origins=config.cors_allow_origin,
-        max_request_tokens=config.limits.request_tokens,
-        max_reply_bytes=config.limits.reply_bytes,
+        principals=principals
+        if principals is not None
+        else load_principals(config.security.api_key, config.security.api_keys),
+        http=config.http,
+        limits=config.limits,
+        token_id_input=config.serving.token_id_input,
+        auto_truncate=config.serving.auto_truncate,
         traced=telemetry.tracing,
     )
-    host = connect_host(config.bind)
-    port_out = config.port_out
-    assert port_out is not None  # ServerConfig fills it in
+    host = connect_host(config.ports.bind)
+    port_out = config.ports.out
 
     async def gateway() -> Gateway:
-        gw = Gateway(host, config.port, port_out, keys=keys)
+        gw = Gateway(host, config.ports.port, port_out, keys=keys)
         await gw.start(_GATEWAY_START_S)
         return gw
 
     server = _SupervisedServer(
         uvicorn.Config(
             create_app(settings, gateway),
-            host=config.http_bind or config.bind,
-            port=config.http_port or 0,
+            host=config.http.http_bind or config.ports.bind,
+            port=config.ports.http_port or 0,
             log_config=None,
             access_log=telemetry.verbose or telemetry.json_logs,
             lifespan="on",
@@ -145,25 +127,25 @@ def _edge_options(config: ServerConfig) -> dict[str, Any]:
     from .connections import ConnectionLimits, bounded_protocol  # uvicorn's: in the HTTP process only
 
     limits = ConnectionLimits(
-        max_connections=config.max_http_connections,
-        header_timeout_s=config.http_header_timeout_s,
-        discard_timeout_s=config.http_body_timeout_s,
+        max_connections=config.http.max_http_connections,
+        header_timeout_s=config.http.http_header_timeout_s,
+        discard_timeout_s=config.http.http_body_timeout_s,
     )
-    trusted = list(config.forwarded_allow_ips)
+    trusted = list(config.http.forwarded_allow_ips)
     return {
         "http": bounded_protocol(limits),
-        "h11_max_incomplete_event_size": config.max_http_header_bytes,
+        "h11_max_incomplete_event_size": config.http.max_http_header_bytes,
         "proxy_headers": bool(trusted),
         "forwarded_allow_ips": trusted,
     }
 
 
-def _model_settings(model: ServedModel) -> ModelSettings:
+def _model_settings(model: ServerConfig) -> ModelSettings:
     """What the HTTP API needs of one served model: its names, and the tokenizer its workers
     run (its own vocabulary and max_seq_len)."""
     from ..model.options import resolve_options
     from .catalog import ModelSettings
 
-    _, tokenizer = resolve_options(model.config.model)
-    _, aliases = served_names(model.config)  # --model-alias: a server of one model only
-    return ModelSettings(model.name, aliases, tokenizer)
+    _, tokenizer = resolve_options(model.model)
+    serving = model.serving  # --model-alias: a server of one model only
+    return ModelSettings(serving.name, serving.aliases, tokenizer)

@@ -26,11 +26,10 @@ import zmq
 from bertserve.client import AsyncBertClient, BertClient, ConcurrentBertClient, protocol as p
 from bertserve.client.security import announce, reply_socket
 from bertserve.server import security as s
-from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import formats
 from bertserve.server.serving.sink.held import MAX_HELD
 from bertserve.server.serving.sink.replies import Routed
+from bertserve.server.testing.config import server_config
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from faulty_model import expected, pythonpath_env
 from zmq.auth.certs import _write_key_file
@@ -226,7 +225,7 @@ def routed(tmp_path: Path) -> Iterator[tuple[Routed, str, dict[str, tuple[bytes,
     keys = s.CurveServerKeys(server_public, server_secret, clients)
     context = zmq.Context()
     authenticator = s.start_authenticator(context, keys)
-    replies = Routed(context, ServerConfig(model=ModelConfig(model_dir="unused"), reply_hwm=2), keys)
+    replies = Routed(context, server_config("unused", reply_hwm=2), keys)
     replies.socket.bind("tcp://127.0.0.1:0")
     endpoint = replies.socket.getsockopt(zmq.LAST_ENDPOINT).decode()
     try:

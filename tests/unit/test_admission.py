@@ -11,11 +11,11 @@ from bertserve.server.serving.head.control import Control
 from bertserve.server.serving.policy import admission
 from bertserve.server.serving.policy.admission import Refusal
 from bertserve.server.serving.policy.scheduler import Scheduler
+from bertserve.server.testing.config import server_config
 
 
 def _config(**options: object) -> ServerConfig:
-    options.setdefault("model", ModelConfig(model_dir="unused"))
-    return ServerConfig(**options)  # type: ignore[arg-type]
+    return server_config("unused", **options)
 
 
 def test_a_count_over_the_request_size_is_a_limit_and_over_the_queues_is_busy() -> None:

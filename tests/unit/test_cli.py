@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from bertserve.server import BertServeError, ConfigError, ModelConfig
 from bertserve.server.cli import flags, main as cli
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.config.stopping import STOP_TIMEOUT_SECONDS
+from bertserve.server.config.workers import Workers
 from bertserve.server.model import default
 from bertserve.server.serving.remote.config import HostConfig
+from bertserve.server.testing.config import server_config
 
 
 def _server_config(argv: list[str]):
@@ -35,7 +36,7 @@ def test_flags_become_the_config() -> None:
             "false",
         ]
     )
-    assert (config.num_worker, config.device_map, config.merge_requests) == (2, (0, 1), False)
+    assert (config.workers.num_worker, config.workers.device_map, config.batching.merge_requests) == (2, (0, 1), False)
     model = config.model
     assert (model.max_seq_len, model.pooling_layer, model.xla, model.dtype) == ("NONE", (-1, -2), True, "bf16")
     assert model.normalize is None and model.pooling_strategy is None  # left to the model
@@ -47,7 +48,7 @@ def test_environment_sets_flags_and_the_command_line_wins(monkeypatch: pytest.Mo
     monkeypatch.setenv("BERTSERVE_MASK_CLS_SEP", "yes")
     monkeypatch.setenv("BERTSERVE_PORT", "6000")
     config = _server_config(["--port", "7000"])
-    assert (config.num_worker, config.port, config.model.pooling_layer) == (3, 7000, (-2, -3))
+    assert (config.workers.num_worker, config.ports.port, config.model.pooling_layer) == (3, 7000, (-2, -3))
     assert config.model.mask_cls_sep is True
 
 
@@ -74,8 +75,8 @@ def test_without_the_default_model_one_line_says_how_to_get_it(monkeypatch: pyte
 def test_http_flags_and_the_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BERTSERVE_API_KEY", "secret-key-123")
     config = _server_config(["--http-port", "8080", "--model-alias", "a", "b", "--metrics-port", "9100"])
-    assert (config.http_port, config.metrics_port, config.model_alias) == (8080, 9100, ("a", "b"))
-    assert config.api_key == "secret-key-123"
+    assert (config.ports.http_port, config.ports.metrics_port, config.serving.model_alias) == (8080, 9100, ("a", "b"))
+    assert config.security.api_key == "secret-key-123"
     assert "secret-key-123" not in repr(config) and config.public()["api_key"] == "(set)"
 
 
@@ -96,14 +97,14 @@ def test_bad_http_flags_name_the_problem(argv: list[str], problem: str, capsys: 
 
 def test_the_reply_port_defaults_to_the_request_port_plus_one(monkeypatch: pytest.MonkeyPatch) -> None:
     model = ModelConfig(model_dir="/m")
-    assert ServerConfig(model=model).port_out == 5556
-    assert ServerConfig(model=model, port=6000).port_out == 6001
-    assert ServerConfig(model=model, port=6000, port_out=7000).port_out == 7000
-    assert ServerConfig(model=model, port=6000).public()["port_out"] == 6001
-    assert (_server_config(["--port", "6000"]).port_out, _server_config([]).port_out) == (6001, 5556)
-    assert _server_config(["--port", "6000", "--port-out", "5000"]).port_out == 5000
+    assert server_config(model=model).ports.port_out == 5556
+    assert server_config(model=model, port=6000).ports.port_out == 6001
+    assert server_config(model=model, port=6000, port_out=7000).ports.port_out == 7000
+    assert server_config(model=model, port=6000).public()["port_out"] == 6001
+    assert (_server_config(["--port", "6000"]).ports.port_out, _server_config([]).ports.port_out) == (6001, 5556)
+    assert _server_config(["--port", "6000", "--port-out", "5000"]).ports.port_out == 5000
     monkeypatch.setenv("BERTSERVE_PORT_OUT", "7100")
-    assert _server_config(["--port", "6000"]).port_out == 7100
+    assert _server_config(["--port", "6000"]).ports.port_out == 7100
 
 
 @pytest.mark.parametrize(
@@ -117,8 +118,8 @@ def test_the_reply_port_defaults_to_the_request_port_plus_one(monkeypatch: pytes
 )
 def test_bad_ports_are_refused(ports: dict[str, int], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem.replace("+", r"\+")):
-        ServerConfig(model=ModelConfig(model_dir="/m"), **ports)
-    assert ServerConfig(model=ModelConfig(model_dir="/m"), port=65534).port_out == 65535
+        server_config("/m", **ports)
+    assert server_config("/m", port=65534).ports.port_out == 65535
 
 
 def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -300,10 +301,13 @@ def test_the_command_line_wins_and_is_not_blamed_on_the_environment(monkeypatch:
 def test_the_stop_budget_comes_from_its_flag_or_the_environment_and_a_bad_one_is_refused_by_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert _server_config([]).stop_timeout == STOP_TIMEOUT_SECONDS
+    assert _server_config([]).workers.stop_timeout == STOP_TIMEOUT_SECONDS
     assert _server_config(["--stop-timeout", "2.5"]).stop_budget.seconds == 2.5
     monkeypatch.setenv("BERTSERVE_STOP_TIMEOUT", "30")
-    assert _server_config([]).stop_timeout == 30 and _server_config(["--stop-timeout", "4"]).stop_timeout == 4
+    assert (
+        _server_config([]).workers.stop_timeout == 30
+        and _server_config(["--stop-timeout", "4"]).workers.stop_timeout == 4
+    )
     with pytest.raises(ConfigError, match=r"BERTSERVE_STOP_TIMEOUT='0': stop_timeout must be more than 0"):
         monkeypatch.setenv("BERTSERVE_STOP_TIMEOUT", "0")
         _server_config([])
@@ -313,4 +317,4 @@ def test_the_stop_budget_comes_from_its_flag_or_the_environment_and_a_bad_one_is
     worker = cli.build_parser().parse_args(["worker", "--server", "h", "--worker-port", "5557", "--stop-timeout", "3"])
     assert HostConfig(**{**flags.worker_options_from_args(worker), "model_dir": "/m"}).stop_budget.seconds == 3
     with pytest.raises(ConfigError, match="stop_timeout must be a number of seconds"):
-        HostConfig(server="h", worker_port=5557, model_dir="/m", stop_timeout=float("nan"))
+        HostConfig(server="h", worker_port=5557, model_dir="/m", workers=Workers(stop_timeout=float("nan")))

@@ -13,7 +13,6 @@ import pytest
 from bertserve.server import BertServeError, ModelConfig
 from bertserve.server.cli import flags, main as cli, serving_flags
 from bertserve.server.config.model import PoolingStrategy
-from bertserve.server.config.served import served_models
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.errors import ModelOptionError
 
@@ -91,7 +90,7 @@ def test_a_models_options_take_any_case_and_the_short_names() -> None:
             ]
         )
     )
-    models = {served.name: served.config.model for served in served_models(config)}
+    models = {served.name: served.model for served in config.models}
     assert (models["a"].pooling_strategy, models["a"].dtype, models["a"].long_inputs, models["a"].task) == (
         PoolingStrategy.REDUCE_MEAN,
         "fp32",
@@ -122,4 +121,4 @@ def test_a_value_not_taken_from_the_environment_is_refused_with_the_choices(monk
 def test_a_models_option_not_taken_is_refused_with_the_choices() -> None:
     args = cli.build_parser().parse_args(["start", "--model", "a=/m/a,pooling_strategy=average"])
     with pytest.raises(BertServeError, match="--model a: unknown pooling_strategy 'average'; choose one of NONE"):
-        served_models(flags.server_config_from_args(args))
+        flags.server_config_from_args(args)

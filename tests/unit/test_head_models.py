@@ -7,7 +7,6 @@ and CONFIG, STATUS and the worker link see each model on its own."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 from bertserve.client import protocol as p
@@ -17,6 +16,7 @@ from bertserve.server.model.prompts import Prompts
 from bertserve.server.serving.head.models import HeadModel, Models
 from bertserve.server.serving.policy.scheduler import Scheduler
 from bertserve.server.serving.protocol import wire
+from bertserve.server.testing.config import server_config
 from rigs import Rig, ventilator_rig
 
 
@@ -29,7 +29,7 @@ def config_of(name: str, **options) -> ServerConfig:
         "max_queued_sentences": 80,
     }
     model = ModelConfig(model_dir=f"/models/{name}")
-    return ServerConfig(model=model, served_model_name=name, **{**defaults, **options})
+    return server_config(model=model, served_model_name=name, **{**defaults, **options})
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_a_lost_workers_jobs_go_back_to_its_own_models_queue(rig: Rig) -> None:
 
 def test_a_swap_of_one_model_pins_only_its_own_new_requests(rig: Rig) -> None:
     big = rig.ventilator.models.by_name["big"]
-    rig.ventilator.pool(big).serve_version(replace(big.config, model_version="4"))
+    rig.ventilator.pool(big).serve_version(big.config.with_version(big.config.model.model_dir, 4))
     assert rig.ventilator.models.by_name["big"].version == 4 and rig.ventilator.models.default.version is None
     rig.request(b"c", 1, ["x"], model="big")
     rig.request(b"d", 1, ["y"])

@@ -151,7 +151,7 @@ def _start(argv: list[str]):
 )
 def test_switches_take_the_no_form_and_the_word_form(argv: list[str], merge: bool, normalize: bool | None) -> None:
     config = _start(argv)
-    assert (config.merge_requests, config.model.normalize) == (merge, normalize)
+    assert (config.batching.merge_requests, config.model.normalize) == (merge, normalize)
 
 
 def test_other_spellings_the_config_takes_pass_the_choices() -> None:
@@ -187,8 +187,8 @@ def test_the_environment_still_sets_switches_and_choices(monkeypatch: pytest.Mon
     monkeypatch.setenv("BERTSERVE_CPU", "yes")
     monkeypatch.setenv("BERTSERVE_DTYPE", "bfloat16")
     config = _start([])
-    assert (config.merge_requests, config.cpu, config.model.dtype) == (False, True, "bf16")
-    assert _start(["--merge-requests"]).merge_requests is True
+    assert (config.batching.merge_requests, config.workers.cpu, config.model.dtype) == (False, True, "bf16")
+    assert _start(["--merge-requests"]).batching.merge_requests is True
     monkeypatch.setenv("BERTSERVE_DTYPE", "fp64")
     with pytest.raises(BertServeError, match="BERTSERVE_DTYPE='fp64': choose one of auto, fp32, bf16, fp16, int8"):
         cli.build_parser()

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from bertserve.server.cli.main import build_parser, server_config_from_args
-from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import HTTP_BODY_BYTES, HTTP_BODY_BYTES_TOTAL, ServerConfig
 from bertserve.server.errors import ConfigError
 from bertserve.server.http.bodies import ARRAY_COST, COMMA_COST, OBJECT_COST, BodyBudget, parse_cost
@@ -20,6 +19,7 @@ from bertserve.server.http.principals import (
     parse_key_file,
     read_key_file,
 )
+from bertserve.server.testing.config import server_config
 
 ALICE_KEY = "alice-key-0123456789"
 BOB_KEY = "bob:key/with+odd=chars~"
@@ -127,20 +127,24 @@ def _config(argv: list[str]) -> ServerConfig:
 
 def test_the_http_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     config = _config(["--http-port", "8080"])
-    assert config.api_keys is None and config.max_http_body_bytes_total == HTTP_BODY_BYTES_TOTAL
+    assert config.security.api_keys is None and config.http.max_http_body_bytes_total == HTTP_BODY_BYTES_TOTAL
     assert config.http_body_limit == HTTP_BODY_BYTES
     config = _config(
         ["--api-keys", "/etc/keys", "--max-http-body-bytes", "4096", "--max-http-body-bytes-total", "8192"]
     )
-    assert (config.api_keys, config.http_body_limit, config.max_http_body_bytes_total) == ("/etc/keys", 4096, 8192)
+    assert (config.security.api_keys, config.http_body_limit, config.http.max_http_body_bytes_total) == (
+        "/etc/keys",
+        4096,
+        8192,
+    )
     assert config.public()["api_keys"] == "(set)"
     monkeypatch.setenv("BERTSERVE_API_KEYS", "/run/secrets/keys")
-    assert _config([]).api_keys == "/run/secrets/keys"
+    assert _config([]).security.api_keys == "/run/secrets/keys"
     # a small frame limit or budget bounds the default body limit too
     assert _config(["--max-message-bytes", "2048"]).http_body_limit == 2048
     assert _config(["--max-http-body-bytes-total", "4096"]).http_body_limit == 4096
     under_curve = _config(["--http-port", "8080", "--curve-dir", "/keys", "--api-keys", "/etc/keys"])
-    assert under_curve.curve_dir == "/keys"
+    assert under_curve.security.curve_dir == "/keys"
 
 
 @pytest.mark.parametrize(
@@ -154,7 +158,7 @@ def test_the_http_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> Non
 )
 def test_bad_body_limits_are_refused(options: dict[str, int], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
-        ServerConfig(model=ModelConfig(model_dir="/m"), **options)  # type: ignore[arg-type]
+        server_config("/m", **options)  # type: ignore[arg-type]
 
 
 def test_an_api_key_on_the_command_line_is_warned_of(

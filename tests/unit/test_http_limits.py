@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.errors import ConfigError
 from bertserve.server.http.bodies import BodyBudget, BodyPace
@@ -20,6 +19,7 @@ from bertserve.server.http.principals import Principal, Principals
 from bertserve.server.http.process import _edge_options
 from bertserve.server.http.schemas import HTTPError, quoted
 from bertserve.server.model.tokenization import WordPieceTokenizer
+from bertserve.server.testing.config import server_config
 from bertserve.server.testing.tiny_bert import tiny_vocab
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -120,22 +120,22 @@ def test_errors_quote_a_bounded_prefix() -> None:
 
 
 def test_forwarded_headers_are_believed_only_from_the_proxies_listed(tmp_path: Path) -> None:
-    config = ServerConfig(model=ModelConfig(model_dir=str(tmp_path)))
+    config = server_config(str(tmp_path))
     options = _edge_options(config)
     assert options["proxy_headers"] is False and options["forwarded_allow_ips"] == []
     assert options["h11_max_incomplete_event_size"] == 16 * 1024
-    behind = ServerConfig(model=ModelConfig(model_dir=str(tmp_path)), forwarded_allow_ips=("10.0.0.1, 10.1.0.0/16",))
-    assert behind.forwarded_allow_ips == ("10.0.0.1", "10.1.0.0/16") and _edge_options(behind)["proxy_headers"]
+    behind = server_config(str(tmp_path), forwarded_allow_ips=("10.0.0.1, 10.1.0.0/16",))
+    assert behind.http.forwarded_allow_ips == ("10.0.0.1", "10.1.0.0/16") and _edge_options(behind)["proxy_headers"]
     with pytest.raises(ConfigError, match="forwarded-allow-ips"):
-        ServerConfig(model=ModelConfig(model_dir=str(tmp_path)), forwarded_allow_ips=("proxy.example",))
+        server_config(str(tmp_path), forwarded_allow_ips=("proxy.example",))
 
 
 def test_cors_origins_are_origins_or_a_star(tmp_path: Path) -> None:
     def config(*origins: str) -> ServerConfig:
-        return ServerConfig(model=ModelConfig(model_dir=str(tmp_path)), cors_allow_origin=origins)
+        return server_config(str(tmp_path), cors_allow_origin=origins)
 
     given = config("https://app.example.com, http://localhost:3000", "https://app.example.com", "*")
-    assert given.cors_allow_origin == ("https://app.example.com", "http://localhost:3000", "*")
+    assert given.http.cors_allow_origin == ("https://app.example.com", "http://localhost:3000", "*")
     for bad in (
         "app.example.com",
         "https://app.example.com/",

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 from bertserve.client import protocol as p
+from bertserve.server.config.http import Http
+from bertserve.server.config.limits import Limits
 from bertserve.server.http.app import Settings, create_app
 from bertserve.server.http.catalog import Catalog, ModelSettings
 from bertserve.server.http.principals import Principals
@@ -130,10 +132,8 @@ def serve(models: tuple[ModelSettings, ...], head: FakeHead) -> TestClient:
     settings = Settings(
         models=models,
         principals=Principals(),
-        max_body_bytes=1 << 20,
-        max_bodies_bytes=1 << 22,
-        max_inputs=100,
-        request_timeout_s=5.0,
+        http=Http(max_http_body_bytes=1 << 20, max_http_body_bytes_total=1 << 22),
+        limits=Limits(max_request_size=100, request_timeout_ms=5000),
     )
 
     async def gateway() -> Any:

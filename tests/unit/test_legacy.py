@@ -288,7 +288,7 @@ def _config(argv: list[str]) -> Any:
 
 def test_legacy_clients_are_on_and_tokens_off_by_default() -> None:
     config = _config([])
-    assert (config.legacy_clients, config.show_tokens_to_client) == (True, False)
+    assert (config.legacy.legacy_clients, config.legacy.show_tokens_to_client) == (True, False)
     config = _config(["--legacy-clients", "false", "--show-tokens-to-client"])
-    assert (config.legacy_clients, config.show_tokens_to_client) == (False, True)
+    assert (config.legacy.legacy_clients, config.legacy.show_tokens_to_client) == (False, True)
     assert config.public()["show_tokens_to_client"] is True

@@ -11,9 +11,10 @@ import pytest
 import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
+from bertserve.server.config.workers import Workers
 from bertserve.server.serving.protocol import link as link_schema, link_bodies as bodies, wire
 from bertserve.server.serving.remote.config import HostConfig
+from bertserve.server.testing.config import server_config
 from bertserve.server.testing.launcher import free_port
 from rigs import Rig, ventilator_rig
 
@@ -66,7 +67,7 @@ class Head(Rig):
 def head(tmp_path) -> Iterator[Head]:
     worker_port = free_port()
     model = ModelConfig(model_dir="/head/model", max_seq_len=40, pooling_layer=(-1, -2), dtype="bf16")
-    config = ServerConfig(model=model, num_worker=0, worker_port=worker_port, max_batch_size=4, max_latency_ms=0)
+    config = server_config(model=model, num_worker=0, worker_port=worker_port, max_batch_size=4, max_latency_ms=0)
     with ventilator_rig(tmp_path, config, Head, model_sha256=SHA) as rig:
         rig.worker_port = worker_port
         yield rig
@@ -75,12 +76,14 @@ def head(tmp_path) -> Iterator[Head]:
 def test_welcome_carries_the_heads_model_options_and_the_host_keeps_its_own_files(head: Head) -> None:
     kind, raw = head.hello(head.host())
     assert kind == wire.WELCOME
-    host = HostConfig(server="head", worker_port=1, model_dir="/here/model", graph_dir="/here/cache", num_worker=3)
+    host = HostConfig(
+        server="head", worker_port=1, model_dir="/here/model", graph_dir="/here/cache", workers=Workers(num_worker=3)
+    )
     welcome = link_schema.from_head([wire.WELCOME, raw])
     assert isinstance(welcome, bodies.Welcome)
     config = host.server_config(welcome)
     assert config.model == head.ventilator.config.model.replace(model_dir="/here/model", graph_dir="/here/cache")
-    assert config.num_worker == 3 and config.model.dtype == "bf16" and config.model.pooling_layer == (-1, -2)
+    assert config.serving.num_worker == 3 and config.model.dtype == "bf16" and config.model.pooling_layer == (-1, -2)
 
 
 def test_other_model_files_or_another_link_version_are_refused_with_the_reason(head: Head) -> None:
@@ -287,11 +290,10 @@ def test_a_job_error_fails_the_jobs_own_requests_with_a_known_kind(head: Head) -
 
 def test_welcome_carries_the_task_and_leaves_the_calibration_file_to_the_host() -> None:
     from bertserve.server.config.model import ModelConfig
-    from bertserve.server.config.server import ServerConfig
     from bertserve.server.serving.head.handshake import welcome_options
 
     model = ModelConfig(model_dir="/head/model", task="rerank", calibration="/head/ranges.json")
-    options = welcome_options(ServerConfig(model=model))
+    options = welcome_options(server_config(model=model))
     assert options["model"]["task"] == "rerank" and "calibration" not in options["model"]
     welcome = bodies.Welcome(**options)
     host = HostConfig(server="head", worker_port=1, model_dir="/here/model", graph_dir="/here/cache")

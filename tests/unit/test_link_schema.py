@@ -283,8 +283,8 @@ def test_a_host_imports_a_model_class_only_if_its_own_command_line_names_it() ->
         config("mine:Model").server_config(offer("evil:Model"))
     with pytest.raises(ConfigError, match="leave it out"):
         config("mine:Model").server_config(offer(None))
-    assert config("mine:Model").server_config(offer("mine:Model")).model_class == "mine:Model"
-    assert config(None).server_config(offer(None)).model_class is None
+    assert config("mine:Model").server_config(offer("mine:Model")).serving.model_class == "mine:Model"
+    assert config(None).server_config(offer(None)).serving.model_class is None
 
 
 def test_local_workers_ready_and_credits_use_the_same_schemas() -> None:

@@ -7,6 +7,8 @@ import re
 from typing import Any
 
 import pytest
+from bertserve.server.config.http import Http
+from bertserve.server.config.limits import Limits
 from bertserve.server.http.app import DOCS_ASSETS, Settings, create_app
 from bertserve.server.http.principals import Principal, Principals
 from starlette.testclient import TestClient
@@ -20,10 +22,8 @@ def http() -> TestClient:
     settings = Settings(
         models=(),
         principals=Principals([Principal.of("default", KEY)]),
-        max_body_bytes=1 << 20,
-        max_bodies_bytes=1 << 22,
-        max_inputs=100,
-        request_timeout_s=5.0,
+        http=Http(max_http_body_bytes=1 << 20, max_http_body_bytes_total=1 << 22),
+        limits=Limits(max_request_size=100, request_timeout_ms=5000),
     )
 
     async def no_gateway() -> Any:

@@ -12,9 +12,8 @@ import pytest
 import zmq
 from bertserve.client.security import announce, reply_socket
 from bertserve.server import security as s
-from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.sink.replies import Routed
+from bertserve.server.testing.config import server_config
 from zmq.auth.certs import _write_key_file
 
 pytestmark = pytest.mark.timeout(30)
@@ -50,7 +49,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     keys = s.CurveServerKeys(server_public, server_secret, clients)
     context = zmq.Context()
     authenticator = s.start_authenticator(context, keys)
-    config = ServerConfig(model=ModelConfig(model_dir="unused"))
+    config = server_config("unused")
     replies = Routed(context, config, keys)
     replies.socket.bind("tcp://127.0.0.1:0")
     endpoint = replies.socket.getsockopt(zmq.LAST_ENDPOINT).decode()

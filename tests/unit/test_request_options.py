@@ -6,13 +6,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.model.prompts import Prompts
 from bertserve.server.serving.head.request_options import EncodeOptions, read_options
 from bertserve.server.serving.policy.admission import Refusal
+from bertserve.server.testing.config import server_config
 
-CONFIG = ServerConfig(model=ModelConfig(model_dir="unused"), request_timeout_ms=10_000)
+CONFIG = server_config("unused", request_timeout_ms=10_000)
 MODEL = {"output_dim": 8, "normalize": True}
 PROMPTS = Prompts({"query": "query: ", "passage": "passage: "}, "query")
 

@@ -6,10 +6,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.policy.jobs import Busy, Job, TooLarge
 from bertserve.server.serving.policy.scheduler import Scheduler
+from bertserve.server.testing.config import server_config
 
 
 def make(**options) -> Scheduler:
@@ -21,7 +20,7 @@ def make(**options) -> Scheduler:
         "max_client_queued_sentences": 100,
         "max_queued_sentences": 1000,
     }
-    config = ServerConfig(model=ModelConfig(model_dir="unused"), **{**defaults, **options})
+    config = server_config("unused", **{**defaults, **options})
     return Scheduler(
         config.batching, config.limits, lambda texts, is_tokenized, chunk: np.asarray([len(t.split()) for t in texts])
     )

@@ -3,25 +3,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 from bertserve.server import ConfigError, ModelConfig
 from bertserve.server.cli import flags, main as cli
 from bertserve.server.config.model import PoolingStrategy
-from bertserve.server.config.served import (
-    ServedModel,
-    default_model_name,
-    directory_name,
-    option_types,
-    served_models,
-    with_default_model,
-)
+from bertserve.server.config.served import ModelServing, Routing, directory_name, option_types
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.config.specs import ModelSpec, parse_model_spec
 from bertserve.server.errors import ModelOptionError
-from bertserve.server.http.process import served_names
+from bertserve.server.testing.config import server_config
 
 ALLOWED = (
     "tuned_model_dir, ckpt_name, config_name, vocab_name, max_seq_len, pooling_strategy, pooling_layer, "
@@ -35,8 +27,8 @@ def _start(argv: list[str]) -> ServerConfig:
     return flags.server_config_from_args(cli.build_parser().parse_args(["start", *argv]))
 
 
-def _by_name(config: ServerConfig) -> dict[str, ServerConfig]:
-    return {served.name: served.config for served in served_models(config)}
+def _by_name(config: ServerConfig) -> dict[str, ModelServing]:
+    return {served.name: served for served in config.models}
 
 
 def test_a_spec_is_a_name_a_directory_and_options_as_written() -> None:
@@ -65,9 +57,8 @@ def test_each_model_takes_the_flags_and_overrides_them_with_its_own_options() ->
             "16",
         ]
     )
-    served = served_models(config)
-    assert [entry.name for entry in served] == ["fast", "big"]
-    fast, big = (entry.config for entry in served)
+    assert [entry.name for entry in config.models] == ["fast", "big"]
+    fast, big = config.models
     assert (fast.model.model_dir, fast.num_worker, fast.model.dtype, fast.model.pooling_strategy) == (
         "/m/a",
         2,
@@ -82,24 +73,24 @@ def test_each_model_takes_the_flags_and_overrides_them_with_its_own_options() ->
     )
     assert fast.model.pooling_layer == big.model.pooling_layer == (-1,)
     assert fast.model.batch_size == big.model.batch_size == 16
-    for entry in served:
-        assert entry.config.served_model_name == entry.name
-        assert (entry.config.models, entry.config.models_dir, entry.config.default_model) == ((), None, None)
-        assert entry.config.model_defaults is None and entry.config.port == config.port
+    for entry in config.model_configs():
+        assert entry.serving.served_model_name == entry.serving.name
+        assert entry.routing == Routing() and entry.ports == config.ports
 
 
 def test_the_default_model_is_the_first_unless_named_and_config_model_is_its() -> None:
     argv = ["--model", "fast=/m/a,dtype=int8", "--model", "big=/m/b", "--dtype", "bf16"]
     first = _start(argv)
-    assert default_model_name(first) == "fast"
+    assert first.default_name == "fast"
     assert (first.model.model_dir, first.model.dtype) == ("/m/a", "int8")
-    assert (first.model_defaults.model_dir, first.model_defaults.dtype) == ("/m/a", "bf16")
+    defaults = first.routing.model_defaults
+    assert defaults is not None and (defaults.model.model_dir, defaults.model.dtype) == ("/m/a", "bf16")
     named = _start([*argv, "--default-model", "big"])
-    assert default_model_name(named) == "big"
+    assert named.default_name == "big"
     assert (named.model.model_dir, named.model.dtype) == ("/m/b", "bf16")
     # The default model's own options are not the others' defaults: fast keeps int8, big keeps the flag's bf16.
     assert {name: c.model.dtype for name, c in _by_name(first).items()} == {"fast": "int8", "big": "bf16"}
-    assert with_default_model(first) == first  # built once, the same however often it is built again
+    assert _start(argv) == first  # built once, the same however often it is built again
 
 
 def test_values_are_parsed_as_their_fields_take_them() -> None:
@@ -125,9 +116,10 @@ def test_values_are_parsed_as_their_fields_take_them() -> None:
         False,
     )
     assert (model.batch_size, model.long_inputs, model.chunk_stride) == (8, "chunk", 4)
-    assert (a.poll_interval_s, a.require_manifest, a.model_version, a.version_number) == (0.5, True, "3", 3)
+    assert (a.poll_interval_s, a.require_manifest, a.model_version, a.asked_version) == (0.5, True, "3", 3)
     assert (a.default_prompt_name, a.model_class, a.num_worker) == ("query", "pkg.mod:Model", 0)
-    assert config.model.normalize is None and config.model_defaults.normalize is True
+    defaults = config.routing.model_defaults
+    assert config.model.normalize is None and defaults is not None and defaults.model.normalize is True
 
 
 def test_the_keys_a_model_takes() -> None:
@@ -253,13 +245,13 @@ def test_a_model_with_no_local_workers_needs_the_worker_port() -> None:
 
 def test_the_config_checks_the_specs_without_the_command_line() -> None:
     model = ModelConfig(model_dir="/m/a")
-    config = ServerConfig(model=model, models=["a=/m/a", "b=/m/b,dtype=fp16"])
-    assert config.models == ("a=/m/a", "b=/m/b,dtype=fp16")  # a list becomes a tuple: the config stays hashable
-    assert [(entry.name, entry.config.model.dtype) for entry in served_models(config)] == [("a", "auto"), ("b", "fp16")]
+    config = server_config(model=model, models=["a=/m/a", "b=/m/b,dtype=fp16"])
+    assert config.routing.models == ("a=/m/a", "b=/m/b,dtype=fp16")  # a list becomes a tuple: it stays hashable
+    assert [(entry.name, entry.model.dtype) for entry in config.models] == [("a", "auto"), ("b", "fp16")]
     with pytest.raises(ConfigError, match="--model and --models-dir cannot be given together"):
-        ServerConfig(model=model, models=("a=/m/a",), models_dir="/m")
+        server_config(model=model, models=("a=/m/a",), models_dir="/m")
     with pytest.raises(ConfigError, match=r"--default-model c names no model served \(served: a\)"):
-        ServerConfig(model=model, models=("a=/m/a",), default_model="c")
+        server_config(model=model, models=("a=/m/a",), default_model="c")
 
 
 @pytest.mark.parametrize(
@@ -274,21 +266,19 @@ def test_the_config_checks_the_specs_without_the_command_line() -> None:
     ],
 )
 def test_one_model_dir_is_one_model_named_as_the_http_api_names_it(model_dir: str, version: str, name: str) -> None:
-    config = ServerConfig(model=ModelConfig(model_dir=model_dir), model_version=version, model_alias=("e5",))
-    assert directory_name(config) == served_names(config)[0] == name
-    assert served_models(config) == [ServedModel(name, dataclasses.replace(config, served_model_name=name))]
-    assert default_model_name(config) == name
+    config = server_config(model_dir, model_version=version, model_alias=("e5",))
+    assert directory_name(config.serving) == config.serving.name == name
+    assert [entry.name for entry in config.models] == [name] and config.serving.aliases == ("e5",)
+    assert config.default_name == name
     # Before a version of a repository is chosen, its name is already the repository's.
-    assert directory_name(ServerConfig(model=ModelConfig(model_dir="/repo/minilm"), model_version="3")) == "minilm"
+    assert server_config("/repo/minilm", model_version="3").serving.name == "minilm"
 
 
 def test_one_model_keeps_its_served_name_and_the_cli_leaves_it_alone() -> None:
     config = _start(["--model-dir", "/m/one", "--served-model-name", "embedder", "--default-model", "embedder"])
-    assert (config.model.model_dir, config.models, config.models_dir) == ("/m/one", (), None)
-    assert config.model_defaults is None
-    assert [(entry.name, entry.config) for entry in served_models(config)] == [
-        ("embedder", dataclasses.replace(config, default_model=None))
-    ]
+    assert (config.model.model_dir, config.routing.models, config.routing.models_dir) == ("/m/one", (), None)
+    assert config.routing.model_defaults is None
+    assert [entry.name for entry in config.models] == ["embedder"]
 
 
 def _model_files(directory: Path) -> Path:
@@ -313,20 +303,20 @@ def models_dir(tmp_path: Path) -> Path:
 
 def test_a_models_dir_serves_each_subfolder_by_its_name_in_sorted_order(models_dir: Path) -> None:
     config = _start(["--models-dir", str(models_dir), "--dtype", "int8", "--num-worker", "2"])
-    served = served_models(config)
-    assert [(entry.name, entry.config.model.model_dir) for entry in served] == [
+    served = config.models
+    assert [(entry.name, entry.model.model_dir) for entry in served] == [
         ("Big.v2", str(models_dir / "Big.v2")),
         ("fast", str(models_dir / "fast")),
         ("minilm", str(models_dir / "minilm")),
     ]
-    assert {(entry.config.model.dtype, entry.config.num_worker) for entry in served} == {("int8", 2)}
-    assert (default_model_name(config), config.model.model_dir, config.models_dir) == (
+    assert {(entry.model.dtype, entry.num_worker) for entry in served} == {("int8", 2)}
+    assert (config.default_name, config.model.model_dir, config.routing.models_dir) == (
         "Big.v2",
         str(models_dir / "Big.v2"),
         str(models_dir),
     )
     chosen = _start(["--models-dir", str(models_dir), "--default-model", "minilm"])
-    assert (default_model_name(chosen), chosen.model.model_dir) == ("minilm", str(models_dir / "minilm"))
+    assert (chosen.default_name, chosen.model.model_dir) == ("minilm", str(models_dir / "minilm"))
 
 
 def test_a_models_dir_is_refused_when_it_cannot_be_what_it_says(models_dir: Path, tmp_path: Path) -> None:
@@ -364,16 +354,16 @@ def test_a_folder_named_by_a_number_among_named_ones_is_a_model(tmp_path: Path) 
     _model_files(tmp_path / "2024")
     _model_files(tmp_path / "minilm")
     config = _start(["--models-dir", str(tmp_path)])
-    assert [entry.name for entry in served_models(config)] == ["2024", "minilm"]
+    assert [entry.name for entry in config.models] == ["2024", "minilm"]
 
 
 def test_models_from_the_environment_are_separated_by_spaces_not_commas(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BERTSERVE_MODEL", "fast=/m/a,dtype=int8 big=/m/b")
     monkeypatch.setenv("BERTSERVE_DEFAULT_MODEL", "big")
     config = _start([])
-    assert config.models == ("fast=/m/a,dtype=int8", "big=/m/b")
+    assert config.routing.models == ("fast=/m/a,dtype=int8", "big=/m/b")
     assert {name: c.model.dtype for name, c in _by_name(config).items()} == {"fast": "int8", "big": "auto"}
-    assert default_model_name(config) == "big"
+    assert config.default_name == "big"
 
 
 def test_the_ready_line_counts_every_models_workers_and_names_them(capsys: pytest.CaptureFixture[str]) -> None:

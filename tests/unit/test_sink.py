@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import zmq
 from bertserve.client import protocol as p
-from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import sink as messages, wire
 from bertserve.server.serving.sink.pending import Pending
 from bertserve.server.serving.sink.sink import Sink
+from bertserve.server.testing.config import server_config
 from bertserve.server.testing.launcher import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -53,9 +52,7 @@ class Harness:
 @pytest.fixture
 def harness(tmp_path) -> Iterator[Harness]:
     port_out = free_port()
-    config = ServerConfig(
-        model=ModelConfig(model_dir="unused"), port=free_port(), port_out=port_out, request_timeout_ms=60_000
-    )
+    config = server_config("unused", port=free_port(), port_out=port_out, request_timeout_ms=60_000)
     context = zmq.Context()
     address = f"ipc://{tmp_path}/sink"
     sink = Sink(config, address, context)

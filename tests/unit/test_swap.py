@@ -12,6 +12,7 @@ from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.versions.book import VersionsBook
 from bertserve.server.serving.versions.swap import VersionSwap
+from bertserve.server.testing.config import server_config
 
 
 @dataclasses.dataclass
@@ -94,7 +95,7 @@ def repository(tmp_path: Path) -> Path:
 
 def version(repository: Path, number: int) -> ServerConfig:
     model = ModelConfig(model_dir=str(repository / str(number)))
-    return ServerConfig(model=model, model_version=str(number), num_worker=1, poll_interval_s=0)
+    return server_config(model=model, model_version=str(number), num_worker=1, poll_interval_s=0)
 
 
 def progress(book: VersionsBook) -> dict[str, Any]:

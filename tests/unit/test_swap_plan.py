@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.versions.plan import (
     LOAD_TIMEOUT_S,
@@ -25,12 +24,11 @@ from bertserve.server.serving.versions.plan import (
     on_death,
     plan,
 )
+from bertserve.server.testing.config import server_config
 
 
 def config(version: int, num_worker: int = 2) -> ServerConfig:
-    return ServerConfig(
-        model=ModelConfig(model_dir=f"/models/{version}"), model_version=str(version), num_worker=num_worker
-    )
+    return server_config(f"/models/{version}", model_version=str(version), num_worker=num_worker)
 
 
 class World:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from bertserve.client.terminal import colour_wanted, paint, print_status
-from bertserve.server import ModelConfig, logs
+from bertserve.server import logs
 from bertserve.server.cli import main as cli
-from bertserve.server.config.server import ServerConfig
+from bertserve.server.testing.config import server_config
 from bertserve.server.testing.launcher import free_port
 
 ESC = "\x1b["
@@ -87,7 +87,7 @@ def test_error_lines_are_red_on_a_terminal_and_plain_elsewhere(
 
 
 def test_the_ready_line_is_plain_in_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = ServerConfig(model=ModelConfig(model_dir="/m"), port=6000)
+    config = server_config("/m", port=6000)
     info = {"pooling_strategy": "REDUCE_MEAN", "pooling_layer": [-1], "output_dim": 384, "dtype": "fp32"}
     for stream, coloured in ((io.StringIO(), False), (Terminal(), True)):
         monkeypatch.setattr(sys, "stdout", stream)

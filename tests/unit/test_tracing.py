@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 from bertserve.client import protocol as p
 from bertserve.server import tracing
-from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.config.telemetry import Telemetry, telemetry_from
 from bertserve.server.errors import ConfigError
 from bertserve.server.model.prompts import Prompts
@@ -23,6 +21,7 @@ from bertserve.server.serving.head.request_options import read_options
 from bertserve.server.serving.policy.jobs import Job, Piece
 from bertserve.server.serving.protocol import sink
 from bertserve.server.serving.worker.traced import JobTimes, traces_of
+from bertserve.server.testing.config import server_config
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import ValidationError
@@ -80,7 +79,7 @@ def test_anything_else_is_not_followed(value: Any) -> None:
 
 
 def test_an_encode_header_with_a_malformed_traceparent_is_refused_by_name() -> None:
-    config = ServerConfig(model=ModelConfig(model_dir=""))
+    config = server_config("")
     good = read_options({p.TRACEPARENT_FIELD: PARENT}, config, {"task": "embed"}, Prompts())
     assert getattr(good, "trace", None) == PARENT
     for bad in ("00-zz", 7, {"a": 1}, "y" * 10_000):
@@ -163,7 +162,7 @@ def test_a_job_of_several_requests_shows_in_each_ones_trace(spans: InMemorySpanE
 
     class Worker:
         index = 3
-        config = ServerConfig(model=ModelConfig(model_dir=""), served_model_name="tiny")
+        config = server_config("", served_model_name="tiny")
 
     times.record(Worker(), b"job-9", np.zeros((5, 12), np.int32), 60, None)
     finished = spans.get_finished_spans()
@@ -183,7 +182,7 @@ def test_a_failed_job_marks_its_span(spans: InMemorySpanExporter) -> None:
 
     class Worker:
         index = 0
-        config = ServerConfig(model=ModelConfig(model_dir=""))
+        config = server_config("")
 
     times.record(Worker(), b"1", np.zeros((1, 4), np.int32), 0, "the worker failed on this request: boom")
     (job,) = spans.get_finished_spans()  # neither tokenized nor run: no steps

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 from bertserve.client import protocol as p
-from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.protocol import wire
+from bertserve.server.testing.config import server_config
 from rigs import Rig, ventilator_rig
 
 DEFAULT = "default"  # the name of a rig's one model
@@ -29,7 +27,7 @@ def rig(tmp_path, request) -> Iterator[Rig]:
         "max_queued_sentences": 20,
         **getattr(request, "param", {}),
     }
-    with ventilator_rig(tmp_path, ServerConfig(model=ModelConfig(model_dir="unused"), **options)) as rig:
+    with ventilator_rig(tmp_path, server_config("unused", **options)) as rig:
         yield rig
 
 
@@ -160,7 +158,7 @@ def test_a_silent_worker_is_reported_and_its_job_handed_on(rig: Rig, monkeypatch
 
 
 def test_terminate_is_refused_beyond_loopback(rig: Rig) -> None:
-    rig.ventilator.control.config = ServerConfig(model=ModelConfig(model_dir="unused"), bind="0.0.0.0")
+    rig.ventilator.control.config = server_config("unused", bind="0.0.0.0")
     rig.client.send_multipart(p.encode_request(b"c", p.TERMINATE, 1, {}))
     messages = rig.sink_messages()
     reply = p.decode_reply(messages[0][2:])
@@ -258,12 +256,14 @@ def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_th
 
 def test_a_job_goes_only_to_a_worker_of_the_model_version_it_was_admitted_under(rig: Rig) -> None:
     served = rig.ventilator.models.default
-    rig.ventilator.serve_version(served, replace(served.config, model_version="1"))
+    rig.ventilator.serve_version(served, served.config.with_version(served.config.model.model_dir, 1))
     old, _ = rig.worker(b"old", 0, version=1)
     rig.request(b"c1", 1, ["a", "b"])  # pinned to version 1
     _, header, _ = rig.job(old)  # the old worker now holds its one credit
     assert header["parts"][0]["key"].startswith(b"c1".hex())
-    rig.ventilator.serve_version(served, replace(served.config, model_version="2"))  # a swap: new requests run on 2
+    rig.ventilator.serve_version(
+        served, served.config.with_version(served.config.model.model_dir, 2)
+    )  # a swap: new requests run on 2
     rig.request(b"c2", 1, ["c"])
     assert not old.poll(200), "a version-2 job went to a version-1 worker"
     new, _ = rig.worker(b"new", 1, version=2)

@@ -12,11 +12,11 @@ import pytest
 import zmq
 from bertserve.client import protocol as p
 from bertserve.server.config.model import ModelConfig
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.model.interface import HashingModel, Model
 from bertserve.server.serving.protocol import wire
 from bertserve.server.serving.protocol.wire import Addresses
 from bertserve.server.serving.worker.worker import Worker
+from bertserve.server.testing.config import server_config
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,7 +74,7 @@ def rig(tmp_path, model: Model, **options) -> Iterator[Rig]:
     for socket, address in ((jobs, addresses.jobs), (credits, addresses.credits), (sink, addresses.sink)):
         socket.linger = 0
         socket.bind(address)
-    config = ServerConfig(model=ModelConfig(model_dir="unused"), **options)
+    config = server_config("unused", **options)
     worker = Worker(config, 3, addresses, model)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()

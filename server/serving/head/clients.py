@@ -99,10 +99,10 @@ class Clients:
     def handle(self, frames: list[zmq.Frame]) -> None:
         user_id = message_user_id(frames[0]) if self.curve and frames else None
         raw = [frame.bytes for frame in frames]
-        fmt = LEGACY if self.config.legacy_clients and legacy.is_legacy(raw) else NATIVE  # bert-as-service 1.x's
+        fmt = LEGACY if self.config.legacy.legacy_clients and legacy.is_legacy(raw) else NATIVE  # bert-as-service 1.x's
         try:
             if fmt is LEGACY:
-                request = legacy.decode_request(raw, show_tokens=self.config.show_tokens_to_client)
+                request = legacy.decode_request(raw, show_tokens=self.config.legacy.show_tokens_to_client)
             else:
                 request = p.decode_request(raw, payload=False)  # a busy server need not read the texts
         except p.ProtocolError as exc:
@@ -171,7 +171,7 @@ class Clients:
         if not texts:
             return self._answer_empty(request, fmt, options, model)
         too_large = costs.too_large_reply(
-            len(texts), costs.reply_row_bytes(info, options.dimensions), model.config.limits.reply_bytes
+            len(texts), costs.reply_row_bytes(info, options.dimensions), model.config.limits.max_reply_bytes
         )
         if too_large is not None:
             return self._refuse(request, fmt, Refusal(too_large, "limit"), model.name)
@@ -198,7 +198,7 @@ class Clients:
             if refusal is not None:
                 return refusal
         floor = admission.payload_floor(len(request.payload or b""))
-        return admission.check_bytes(floor, self.requests.queued_bytes, self.config.max_queued_bytes)
+        return admission.check_bytes(floor, self.requests.queued_bytes, self.config.limits.max_queued_bytes)
 
     def _read_texts(
         self, request: p.Request, model: HeadModel, who: bytes, options: EncodeOptions
@@ -220,7 +220,7 @@ class Clients:
                 refusal = Refusal(str(exc))
         refusal = (
             refusal
-            or admission.check_lengths(texts, config.max_text_chars)
+            or admission.check_lengths(texts, config.limits.max_text_chars)
             or admission.check_unique(request.request_id, self.requests.pending(request.key))
         )
         if refusal is not None:
@@ -228,7 +228,7 @@ class Clients:
         if options.prompt:  # the prompt's tokens count toward max_seq_len, as it runs
             texts = apply_prompt(texts, options.prompt)
         nbytes = admission.held_bytes(texts)
-        return admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.max_queued_bytes) or (
+        return admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.limits.max_queued_bytes) or (
             texts,
             nbytes,
         )

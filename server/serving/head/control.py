@@ -46,7 +46,7 @@ def describe(config: ServerConfig, *, curve: bool, ready: bool, model: dict[str,
         "ready": ready,
         "curve": curve,
         "max_message_bytes": config.message_limit,
-        "max_reply_rows": costs.reply_rows(config.limits.reply_bytes, costs.reply_row_bytes(model)),
+        "max_reply_rows": costs.reply_rows(config.limits.max_reply_bytes, costs.reply_row_bytes(model)),
     }
 
 
@@ -70,7 +70,7 @@ class Control:
         self.terminate_requested = False
         self.reloads = 0  # RELOAD commands taken, so a caller can tell when its own is answered
         self._reload: dict[str, str] = {}  # model -> "latest" or a version number, not yet taken by its swap
-        if self.curve and config.allow_terminate is not None:
+        if self.curve and config.security.allow_terminate is not None:
             logger.warning("--allow-terminate has no effect under CURVE: only the keys in admins/ may stop the server")
 
     def is_admin(self, user: bytes | None, allowed: bool | None = None) -> bool:
@@ -81,7 +81,7 @@ class Control:
             return user is not None and user in self.admins
         if allowed is not None:
             return allowed
-        return loopback_only(self.config.bind)
+        return loopback_only(self.config.ports.bind)
 
     def for_reader(self, answer: dict[str, Any], user: bytes | None) -> dict[str, Any]:
         """A CONFIG or STATUS answer as ``user`` may read it: whole for an admin key (or
@@ -95,7 +95,7 @@ class Control:
         return Refusal(f"this server does not accept {command} from clients: {why}", "forbidden")
 
     def terminate(self, user: bytes | None) -> Refusal | dict[str, Any]:
-        if not self.is_admin(user, self.config.allow_terminate):
+        if not self.is_admin(user, self.config.security.allow_terminate):
             return self._forbidden("TERMINATE")
         self.terminate_requested = True
         return {"stopping": True}

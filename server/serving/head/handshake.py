@@ -40,10 +40,10 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
     model = {key: value for key, value in config.public().items() if key in _MODEL_FIELDS and key not in _HOSTS_OWN}
     return {
         "model": model,
-        "model_class": config.model_class,
+        "model_class": config.serving.model_class,
         "tuned": config.model.tuned_model_dir is not None,
-        "heartbeat_timeout_ms": config.heartbeat_timeout_ms,
-        "model_name": config.served_model_name,  # what its workers' logs and spans call the model
+        "heartbeat_timeout_ms": config.workers.heartbeat_timeout_ms,
+        "model_name": config.serving.served_model_name,  # what its workers' logs and spans call the model
     }
 
 

@@ -85,11 +85,11 @@ class WorkerLink:
     :meth:`handle` with what it reads, and :meth:`tick` from its loop."""
 
     def __init__(self, config: ServerConfig, context: zmq.Context, head: Head, curve_keys: Any = None) -> None:
-        assert config.worker_port is not None
+        assert config.ports.worker_port is not None
         self.config = config
         self.head = head
         self.hosts: dict[bytes, Host] = {}
-        self.timeout_s = config.heartbeat_timeout_ms / 1000
+        self.timeout_s = config.workers.heartbeat_timeout_ms / 1000
         self._next_beat = 0.0
         self._told_to_rejoin: dict[bytes, float] = {}
         self._refusals = Refusals(logger, level=logging.ERROR)
@@ -102,7 +102,7 @@ class WorkerLink:
 
             make_curve_server(self.socket, curve_keys)
             self.socket.zap_domain = WORKER_DOMAIN.encode()
-        self.address = f"tcp://{config.bind}:{config.worker_port}"
+        self.address = f"tcp://{config.ports.bind}:{config.ports.worker_port}"
         self.socket.bind(self.address)
 
     def close(self) -> None:

@@ -12,7 +12,6 @@ model (``"model"`` in its header), or gets the default one.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,9 +62,7 @@ class HeadModel:
         """Its options with the version now served, as CONFIG shows them."""
         if self.version == self.config.version_number and self.model_dir == self.config.model.model_dir:
             return self.config
-        model = self.config.model.replace(model_dir=self.model_dir)
-        version = "latest" if self.version is None else str(self.version)
-        return dataclasses.replace(self.config, model=model, model_version=version)
+        return self.config.with_version(self.model_dir, self.version)
 
 
 class Models:
@@ -80,13 +77,13 @@ class Models:
         if len(self.by_name) != len(models):
             raise ValueError("two served models have the same name")
         self.default = self.by_name[default] if default is not None else models[0]
-        # A request of a task that names no model: the model of config.served.task_defaults
+        # A request of a task that names no model: its task's default (ServerConfig.routing.tasks)
         self.task_defaults = {task: self.by_name[name] for task, name in (task_defaults or {}).items()}
 
     @classmethod
     def single(cls, config: ServerConfig, scheduler: Scheduler, name: str = "", **options: Any) -> Models:
         """One model: the whole server's."""
-        return cls([HeadModel(name or config.served_model_name or "default", config, scheduler, **options)])
+        return cls([HeadModel(name or config.serving.served_model_name or "default", config, scheduler, **options)])
 
     def __iter__(self) -> Iterator[HeadModel]:
         return iter(self.by_name.values())

@@ -86,7 +86,7 @@ def read_options(
 
 def _timeout(raw: Any, config: ServerConfig) -> float | Refusal:
     """The request's deadline in seconds from its arrival: the client's, at most the server's."""
-    timeout_s = config.request_timeout_ms / 1000
+    timeout_s = config.limits.request_timeout_ms / 1000
     if raw is None:
         return timeout_s
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw > 0:
@@ -137,7 +137,7 @@ def _task(
     own = model.get("task") or model_task(config.model.model_dir, config.model.task)
     if task != own:
         served = of_task(task) if of_task is not None else None
-        return Refusal(wrong_task(name or config.served_model_name or "", own, task, served), p.WRONG_TASK)
+        return Refusal(wrong_task(name or config.serving.served_model_name or "", own, task, served), p.WRONG_TASK)
     return str(task)
 
 

@@ -70,9 +70,9 @@ class Ventilator:
             models = Models.single(config, models, prompts=prompts or Prompts({}, None), sha256=model_sha256)
         self.models = models
         self.registry = Registry(
-            job_timeout_s=config.job_timeout_ms / 1000,
-            heartbeat_timeout_s=config.heartbeat_timeout_ms / 1000,
-            max_credits=max(MAX_CREDITS, config.prefetch_size),
+            job_timeout_s=config.workers.job_timeout_ms / 1000,
+            heartbeat_timeout_s=config.workers.heartbeat_timeout_ms / 1000,
+            max_credits=max(MAX_CREDITS, config.workers.prefetch_size),
         )
         self.curve = curve_admins is not None
         self.frontend = frontend  # PULL from clients, bound by the server
@@ -85,7 +85,7 @@ class Ventilator:
         self.credit_socket.bind(addresses.credits)
         self.outbox = SinkOutbox(context, addresses.sink)
         self.requests = Requests(models, self.registry, self.outbox)
-        self.control = Control(config, admins=curve_admins, remote_workers=config.worker_port is not None)
+        self.control = Control(config, admins=curve_admins, remote_workers=config.ports.worker_port is not None)
         self.clients = Clients(
             config,
             self,
@@ -104,7 +104,7 @@ class Ventilator:
         self._next_gauges = 0.0
         self.dispatch = Dispatch(models, self.registry, self.expiry, self._send_frames, self.requests.worker_lost)
         self.link: WorkerLink | None = None  # remote workers join here (--worker-port)
-        if config.worker_port is not None:
+        if config.ports.worker_port is not None:
             self.link = WorkerLink(config, context, self, curve_keys)
 
     @property

@@ -60,7 +60,7 @@ class LocalWorkers:
 
     def of(self, model: str) -> dict[int, ServerConfig]:
         """The workers of served model ``model``, with the config each runs."""
-        return {index: config for index, config in self.configs.items() if config.served_model_name == model}
+        return {index: config for index, config in self.configs.items() if config.serving.served_model_name == model}
 
     def next_index(self) -> int:
         return max(self.configs, default=-1) + 1
@@ -86,7 +86,7 @@ class LocalWorkers:
         when the caller has looked already)."""
         from ...model.prepare import BACKGROUND_NICE, STEP_NAMES, Preparation, missing_steps
 
-        if config.model_class:
+        if config.serving.model_class:
             return None  # a model class loads itself
         try:
             steps = missing_steps(config.model) if steps is None else steps
@@ -99,11 +99,11 @@ class LocalWorkers:
         logger.info("building the %s of model %s before a worker loads it", names, config.model.model_dir)
         # A worker's share of the cores, and while other workers serve (a swap, a later model),
         # the lowest priority: the serving workers keep theirs.
-        nice = BACKGROUND_NICE if self.children.workers() else config.worker_nice
+        nice = BACKGROUND_NICE if self.children.workers() else config.workers.worker_nice
         return Preparation(
             config.model,
             steps,
-            cpu_only=config.cpu,
+            cpu_only=config.workers.cpu,
             threads=config.worker_threads(),
             telemetry=self.telemetry,
             nice=nice,

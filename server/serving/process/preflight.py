@@ -8,7 +8,6 @@ listens on is checked before any process starts; one in use is named with its fl
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import socket
@@ -38,15 +37,16 @@ def choose_version(config: ServerConfig, book: VersionsBook) -> tuple[ServerConf
         return config, True
     base = config.model.model_dir
     try:
-        version, refused = choose(base, config.model_version, config.model, require_manifest=config.require_manifest)
+        version, refused = choose(
+            base, config.serving.model_version, config.model, require_manifest=config.serving.require_manifest
+        )
     except (ValueError, OSError) as exc:
         raise StartupError(str(exc)) from exc
     book.repository = base
     book.record_refusals(refused)
     logger.info("serving version %d of %s", version.number, base)
-    model = config.model.replace(model_dir=version.path)
-    follow_latest = str(config.model_version) == "latest"
-    return dataclasses.replace(config, model=model, model_version=str(version.number)), follow_latest
+    follow_latest = str(config.serving.model_version) == "latest"
+    return config.with_version(version.path, version.number), follow_latest
 
 
 def check_model(config: ServerConfig, book: VersionsBook) -> tuple[dict[str, Any], str]:
@@ -59,17 +59,17 @@ def check_model(config: ServerConfig, book: VersionsBook) -> tuple[dict[str, Any
     model_sha256 = ""
     try:
         model_info, tokenizer = resolve_options(config.model)
-        prompts = resolve_prompts(config.model.model_dir, config.prompt, config.default_prompt_name)
+        prompts = resolve_prompts(config.model.model_dir, config.serving.prompt, config.serving.default_prompt_name)
         model_info.update(prompts.describe())
         book.serve_tokenizer(tokenizer)
-        if config.worker_port is not None:
+        if config.ports.worker_port is not None:
             from ...model.checksum import tree_sha256
 
             model_sha256 = tree_sha256(config.model.model_dir, config.model.tuned_model_dir)
-        if config.model_class:
+        if config.serving.model_class:
             from ...model.interface import load_model_class
 
-            load_model_class(config.model_class)
+            load_model_class(config.serving.model_class)
     except (ValueError, TypeError, OSError, ImportError) as exc:
         raise StartupError(str(exc)) from exc
     return model_info, model_sha256
@@ -78,61 +78,61 @@ def check_model(config: ServerConfig, book: VersionsBook) -> tuple[dict[str, Any
 def curve_keys(config: ServerConfig) -> Any:
     from ...security import load_curve_dir
 
-    assert config.curve_dir is not None
+    assert config.security.curve_dir is not None
     try:
-        keys = load_curve_dir(config.curve_dir)
+        keys = load_curve_dir(config.security.curve_dir)
     except (ValueError, OSError) as exc:
         raise StartupError(f"--curve-dir: {exc}") from exc
-    if config.worker_port is not None and not keys.workers:
+    if config.ports.worker_port is not None and not keys.workers:
         raise StartupError(
-            f"--curve-dir {config.curve_dir} has no workers/*.key, so no remote worker could join on "
+            f"--curve-dir {config.security.curve_dir} has no workers/*.key, so no remote worker could join on "
             f"--worker-port: copy each worker's public key (`bertserve keygen DIR --name NAME`) into "
-            f"{config.curve_dir}/workers/"
+            f"{config.security.curve_dir}/workers/"
         )
     return keys
 
 
 def warn_if_exposed(config: ServerConfig) -> None:
-    if not loopback_only(config.bind):
+    if not loopback_only(config.ports.bind):
         logger.warning(
             "LISTENING ON %s WITHOUT CURVE: anyone who reaches ports %d and %d can send requests and "
             "subscribe to replies%s%s. Serve with --curve-dir (see `bertserve keygen`) to authenticate "
             "and encrypt.",
-            config.bind,
-            config.port,
-            config.port_out,
-            ", and stop the server (--allow-terminate true)" if config.allow_terminate else "",
-            f"; on port {config.worker_port} anyone can join as a worker and read every request"
-            if config.worker_port is not None
+            config.ports.bind,
+            config.ports.port,
+            config.ports.out,
+            ", and stop the server (--allow-terminate true)" if config.security.allow_terminate else "",
+            f"; on port {config.ports.worker_port} anyone can join as a worker and read every request"
+            if config.ports.worker_port is not None
             else "",
         )
 
 
 def warn_if_http_exposed(config: ServerConfig) -> None:
-    http_bind = config.http_bind or config.bind
-    keyless = config.api_key is None and config.api_keys is None
-    if config.http_port is not None and keyless and not loopback_only(http_bind):
+    http_bind = config.http.http_bind or config.ports.bind
+    keyless = config.security.api_key is None and config.security.api_keys is None
+    if config.ports.http_port is not None and keyless and not loopback_only(http_bind):
         logger.warning(
             "SERVING HTTP ON %s:%d WITHOUT AN API KEY: anyone who reaches it can encode. Set --api-keys FILE "
             "or BERTSERVE_API_KEY.",
             http_bind,
-            config.http_port,
+            config.ports.http_port,
         )
 
 
 def check_ports(frontend: zmq.Socket, config: ServerConfig) -> None:
     """Bind ``frontend`` to the request port, and check that the other ports are free (their
     processes bind them later): the results port, the HTTP port and the workers' port."""
-    bind(frontend, config.bind, config.port, "--port")
-    assert config.port_out is not None  # ServerConfig made it port + 1
+    bind(frontend, config.ports.bind, config.ports.port, "--port")
+    assert config.ports.out is not None  # ServerConfig made it port + 1
     # Plain sockets, bound and closed at once: a ZeroMQ probe would take the connections of the
     # peers that keep dialling these ports (a results subscriber, a remote worker host) and let
     # its port go later, on its I/O thread, so the process's own bind could find it still held.
-    check_tcp_port_free(config.bind, config.port_out, "--port-out")
-    if config.http_port is not None:
-        check_tcp_port_free(config.http_bind or config.bind, config.http_port, "--http-port")
-    if config.worker_port is not None:
-        check_tcp_port_free(config.bind, config.worker_port, "--worker-port")
+    check_tcp_port_free(config.ports.bind, config.ports.out, "--port-out")
+    if config.ports.http_port is not None:
+        check_tcp_port_free(config.http.http_bind or config.ports.bind, config.ports.http_port, "--http-port")
+    if config.ports.worker_port is not None:
+        check_tcp_port_free(config.ports.bind, config.ports.worker_port, "--worker-port")
 
 
 def cannot_listen(host: str, port: int, flag: str, exc: OSError | zmq.ZMQError) -> StartupError:
@@ -180,8 +180,8 @@ def check_tcp_port_free(host: str, port: int, flag: str) -> None:
 
 
 def serve_metrics(config: ServerConfig) -> None:
-    assert config.metrics_port is not None
+    assert config.ports.metrics_port is not None
     try:
-        metrics.serve(config.metrics_port, config.bind)
+        metrics.serve(config.ports.metrics_port, config.ports.bind)
     except OSError as exc:
-        raise cannot_listen(config.bind, config.metrics_port, "--metrics-port", exc) from None
+        raise cannot_listen(config.ports.bind, config.ports.metrics_port, "--metrics-port", exc) from None

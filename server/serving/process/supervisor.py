@@ -34,7 +34,6 @@ from typing import Any
 import zmq
 
 from ... import metrics, tracing
-from ...config.served import ServedModel, default_model_name, served_models, share_cores, task_defaults
 from ...config.server import ServerConfig
 from ...config.telemetry import Telemetry
 from ...errors import StartupError
@@ -63,7 +62,7 @@ class BertServer(ExitFlags):
         self.config = config  # the server's options; each model's own are its HeadModel's
         self.telemetry = telemetry or Telemetry()
         super().__init__()
-        self.children = Children(config.max_restarts, logger)  # the sink, the HTTP front end, the workers
+        self.children = Children(config.workers.max_restarts, logger)  # the sink, the HTTP front end, the workers
         self.workers = LocalWorkers(self.children, self.telemetry)  # the config (model and version) each runs
         self.models: dict[str, SupervisedModel] = {}  # each served model, its versions and swap
         self.default = ""  # the model a request that names none gets
@@ -87,7 +86,7 @@ class BertServer(ExitFlags):
 
     def run(self, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Serve until told to stop (a signal, ``TERMINATE``, or ``should_exit``)."""
-        if self.config.http_port is not None:
+        if self.config.ports.http_port is not None:
             self._load_principals()
         self._choose_models()
         if self.telemetry.traces_endpoint is not None:  # before anything that must be closed
@@ -104,10 +103,10 @@ class BertServer(ExitFlags):
             authenticator, keys = self._secure(context, frontend)
             preflight.warn_if_http_exposed(self.config)
             preflight.check_ports(frontend, self.config)
-            if self.config.metrics_port is not None:
+            if self.config.ports.metrics_port is not None:
                 preflight.serve_metrics(self.config)
             self._start_sink(addresses)
-            if self.config.http_port is not None:
+            if self.config.ports.http_port is not None:
                 self._start_http()
             ventilator = self._ventilator(context, frontend, addresses, keys)
             self._start(ventilator, on_ready)
@@ -130,30 +129,31 @@ class BertServer(ExitFlags):
 
     def _choose_models(self) -> None:
         """Each served model's version chosen and checked (preflight), with its queue."""
-        self.default = default_model_name(self.config)
-        for index, served in enumerate(share_cores(served_models(self.config))):
+        self.default = self.config.default_name
+        for index, served in enumerate(self.config.model_configs()):
             book = VersionsBook()
-            config, follow_latest = preflight.choose_version(served.config, book)
+            config, follow_latest = preflight.choose_version(served, book)
             info, sha256 = preflight.check_model(config, book)
             counter = book.count_tokens if book.tokenizer is not None else None
             prefix = f"m{index}." if index else ""  # job ids of [A-Za-z0-9._:-]
             queue = Scheduler(config.batching, config.limits, counter, job_prefix=prefix)
             prompts = Prompts(info.get("prompts", {}), info.get("default_prompt_name"), tuple(info.get("adapters", ())))
-            head = HeadModel(served.name, config, queue, prompts, sha256, versions_view=book)
-            self.models[served.name] = SupervisedModel(head, book, follow_latest, info)
+            name = served.serving.name
+            head = HeadModel(name, config, queue, prompts, sha256, versions_view=book)
+            self.models[name] = SupervisedModel(head, book, follow_latest, info)
 
     def _secure(self, context: zmq.Context, frontend: zmq.Socket) -> tuple[Any, dict[str, Any]]:
         """Under CURVE, the authenticator started and the request socket a CURVE server: the
         authenticator, and the keys the ventilator is given; else a warning if the server
         listens past loopback (no authenticator, no keys)."""
-        if self.config.curve_dir is None:
+        if self.config.security.curve_dir is None:
             preflight.warn_if_exposed(self.config)
             return None, {}
         from ...security import make_curve_server, start_authenticator
 
         keys = preflight.curve_keys(self.config)
         gateway_public = None
-        if self.config.http_port is not None:
+        if self.config.ports.http_port is not None:
             from ...http.gateway import GatewayKeys
 
             gateway_public, secret = zmq.curve_keypair()
@@ -181,7 +181,7 @@ class BertServer(ExitFlags):
 
     def _start_swaps(self, ventilator: Ventilator) -> None:
         for model in self.models.values():
-            if model.book.repository and self.config.worker_port is None:
+            if model.book.repository and self.config.ports.worker_port is None:
                 model.swap = VersionSwap(
                     model.config,
                     pool=ventilator.pool(model.head),
@@ -189,7 +189,7 @@ class BertServer(ExitFlags):
                     book=model.book,
                     follow_latest=model.follow_latest,
                 )
-            elif model.book.repository and model.config.poll_interval_s:
+            elif model.book.repository and model.config.serving.poll_interval_s:
                 logger.warning(
                     "--poll-interval-s is ignored with --worker-port: remote workers' model files "
                     "cannot be swapped from here"
@@ -198,12 +198,14 @@ class BertServer(ExitFlags):
     def _ventilator(
         self, context: zmq.Context, frontend: zmq.Socket, addresses: Addresses, keys: dict[str, Any]
     ) -> Ventilator:
-        models = Models([model.head for model in self.models.values()], self.default, task_defaults(self.config))
+        models = Models([model.head for model in self.models.values()], self.default, dict(self.config.routing.tasks))
         try:
             return Ventilator(self.served, context, frontend, addresses, models, **keys)
         except zmq.ZMQError as exc:  # the worker link's port, taken since it was checked
-            assert self.config.worker_port is not None
-            raise preflight.cannot_listen(self.config.bind, self.config.worker_port, "--worker-port", exc) from None
+            assert self.config.ports.worker_port is not None
+            raise preflight.cannot_listen(
+                self.config.ports.bind, self.config.ports.worker_port, "--worker-port", exc
+            ) from None
 
     def _extra_client_keys(self) -> frozenset[bytes]:
         return frozenset([self.gateway_keys.public]) if self.gateway_keys is not None else frozenset()
@@ -216,13 +218,13 @@ class BertServer(ExitFlags):
         """Read the HTTP API's keys once, at start; a restarted HTTP process gets the same."""
         from ...http.principals import load_principals
 
-        self.principals = load_principals(self.config.api_key, self.config.api_keys)
+        self.principals = load_principals(self.config.security.api_key, self.config.security.api_keys)
 
     def _start_http(self) -> None:
         from ...http.process import run_http
 
         # The keys go to the child through multiprocessing's pipe (as SHA-256 digests), never its command line.
-        models = [ServedModel(model.name, model.config) for model in self.models.values()]
+        models = [model.config for model in self.models.values()]
         args = (self.served, self.telemetry, self.gateway_keys, self.principals, models)
         self.children.start("http", run_http, args, "bertserve-http")
 
@@ -231,15 +233,15 @@ class BertServer(ExitFlags):
         from ...http.process import connect_host
 
         http = self.children.get("http")
-        assert http is not None and self.config.http_port is not None
-        host = connect_host(self.config.http_bind or self.config.bind)
+        assert http is not None and self.config.ports.http_port is not None
+        host = connect_host(self.config.http.http_bind or self.config.ports.bind)
         while True:
             if self.should_exit.is_set():
                 raise StartupError("interrupted while the HTTP front end was starting")
             if not http.is_alive():
                 raise StartupError(f"the HTTP front end could not start (exit code {http.exitcode}); see above")
             try:
-                socket.create_connection((host, self.config.http_port), timeout=0.5).close()
+                socket.create_connection((host, self.config.ports.http_port), timeout=0.5).close()
                 return
             except OSError:
                 ventilator.poll_once(100)
@@ -248,11 +250,11 @@ class BertServer(ExitFlags):
         """What ``model``'s workers load is made first, in processes of its own (see
         :mod:`...model.prepare`); then its first worker, then the rest."""
         config = model.config
-        if config.num_worker == 0:
+        if config.serving.num_worker == 0:
             logger.info(
                 "no local workers for model %s: serving it once remote workers join on port %d",
                 model.name,
-                self.config.worker_port,
+                self.config.ports.worker_port,
             )
             return
         preparation = self.workers.prepare(config)
@@ -267,9 +269,9 @@ class BertServer(ExitFlags):
         first = self.workers.next_index()
         self.workers.start(first, config)
         self._wait_ready(ventilator, first + 1)
-        for index in range(first + 1, first + config.num_worker):
+        for index in range(first + 1, first + config.serving.num_worker):
             self.workers.start(index, config)
-        self._wait_ready(ventilator, first + config.num_worker)
+        self._wait_ready(ventilator, first + config.serving.num_worker)
 
     def _wait_ready(self, ventilator: Ventilator, count: int) -> None:
         while ventilator.local_workers < count:
@@ -340,7 +342,11 @@ class BertServer(ExitFlags):
         """Restart a worker that died, unless a swap retired it or no longer needs it."""
         config = self.workers.configs[index]
         name, version = worker_name(index), config.version_number
-        swap = self.models[config.served_model_name or ""].swap if config.served_model_name in self.models else None
+        swap = (
+            self.models[config.serving.served_model_name or ""].swap
+            if config.serving.served_model_name in self.models
+            else None
+        )
         wanted = None if swap is None else functools.partial(swap.keep, index, exitcode)
         verdict = self.children.exited(name, now, wanted=wanted)  # the swap sees the worker's jobs before they go
         if verdict.fate is Fate.RETIRED:
@@ -374,7 +380,7 @@ class BertServer(ExitFlags):
                 name,
                 verdict.delay,
                 verdict.failures,
-                self.config.max_restarts,
+                self.config.workers.max_restarts,
             )
 
 

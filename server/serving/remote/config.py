@@ -17,6 +17,7 @@ on every host.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -24,8 +25,10 @@ from dataclasses import dataclass
 from bertserve.client.protocol import MODEL_NAME_PATTERN
 
 from ...config.model import ModelConfig
+from ...config.served import ModelServing
 from ...config.server import ServerConfig
-from ...config.stopping import STOP_TIMEOUT_SECONDS, StopBudget
+from ...config.stopping import StopBudget
+from ...config.workers import Workers
 from ...errors import ConfigError
 from ..protocol import link_bodies as bodies
 
@@ -38,36 +41,26 @@ class HostConfig:
     server: str
     worker_port: int
     model_dir: str
-    num_worker: int = 1
     tuned_model_dir: str | None = None
     model_name: str | None = None  # the head's model its workers join for (None: the head's default)
     graph_dir: str | None = None
-    prefetch_size: int = 1
-    cpu: bool = False
-    device_map: tuple[int, ...] = ()
-    gpu_memory_fraction: float | None = None
-    threads_per_worker: int | None = None
-    worker_nice: int = 5
-    feed: str = "thread"
     model_class: str | None = None  # the only model class this host may import: the head must name the same
     client_cert: str | None = None
     server_key: str | None = None
     health_port: int | None = None
     health_bind: str = "127.0.0.1"
-    max_restarts: int = 5
-    stop_timeout: float = STOP_TIMEOUT_SECONDS  # the whole stop, from the signal to the exit
+    workers: Workers = dataclasses.field(default_factory=Workers)  # as `bertserve start` has them
 
     def __post_init__(self) -> None:
         checks = [
             (bool(self.server.strip()), "server must name the head's host"),
             (1 <= self.worker_port <= 65535, "worker_port must be between 1 and 65535"),
-            (self.num_worker >= 1, "num_worker must be at least 1"),
+            (self.workers.num_worker >= 1, "num_worker must be at least 1"),
             (self.health_port is None or 1 <= self.health_port <= 65535, "health_port must be between 1 and 65535"),
             (
                 (self.client_cert is None) == (self.server_key is None),
                 "CURVE needs both client_cert (this worker's NAME.key_secret) and server_key (the head's public key)",
             ),
-            (self.max_restarts >= 1, "max_restarts must be at least 1"),
             (
                 self.model_class is None or re.match(bodies.MODEL_CLASS_PATTERN, self.model_class) is not None,
                 f"model_class must be written package.module:Name, not {self.model_class!r}",
@@ -81,14 +74,12 @@ class HostConfig:
         for ok, problem in checks:
             if not ok:
                 raise ConfigError(problem)
-        StopBudget(self.stop_timeout)
-        object.__setattr__(self, "device_map", tuple(int(d) for d in self.device_map))
         welcome = bodies.Welcome(model=bodies.WelcomeModel(), model_class=self.model_class, heartbeat_timeout_ms=10_000)
         self.server_config(welcome)  # the worker options, checked now
 
     @property
     def stop_budget(self) -> StopBudget:
-        return StopBudget(self.stop_timeout)
+        return self.workers.stop_budget
 
     @property
     def address(self) -> str:
@@ -121,20 +112,14 @@ class HostConfig:
         model = ModelConfig(
             **options, model_dir=self.model_dir, tuned_model_dir=self.tuned_model_dir, graph_dir=self.graph_dir
         )
-        return ServerConfig(
+        serving = ModelServing(
             model=model,
-            num_worker=self.num_worker,
-            prefetch_size=self.prefetch_size,
-            cpu=self.cpu,
-            device_map=self.device_map,
-            gpu_memory_fraction=self.gpu_memory_fraction,
-            threads_per_worker=self.threads_per_worker,
-            worker_nice=self.worker_nice,
-            feed=self.feed,
-            model_class=self.model_class,
-            heartbeat_timeout_ms=welcome.heartbeat_timeout_ms,
             served_model_name=welcome.model_name,
+            num_worker=self.workers.num_worker,
+            model_class=self.model_class,
         )
+        workers = dataclasses.replace(self.workers, heartbeat_timeout_ms=welcome.heartbeat_timeout_ms)
+        return ServerConfig(models=(serving,), workers=workers)
 
 
 def _inside(directory: str, name: str) -> bool:

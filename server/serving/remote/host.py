@@ -58,9 +58,10 @@ from typing import Any
 import zmq
 from bertserve.client import __version__, protocol as p
 
-from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
+from ...config.server import ServerConfig
 from ...config.stopping import StopPlan
 from ...config.telemetry import Telemetry
+from ...config.workers import HEARTBEAT_INTERVAL_MS
 from ...errors import ConfigError, StartupError
 from ...logs import Refusals
 from ...security import loopback_only
@@ -102,7 +103,7 @@ class WorkerHost(ExitFlags):
             self.model_sha256 = tree_sha256(config.model_dir, config.tuned_model_dir)
         except OSError as exc:
             raise StartupError(f"cannot read the model files: {exc}") from None
-        self.children = Children(config.max_restarts, logger)  # this machine's workers
+        self.children = Children(config.workers.max_restarts, logger)  # this machine's workers
         self.server_config: ServerConfig | None = None
         self.welcome_options: bodies.Welcome | None = None
         self._refusals = Refusals(logger, level=logging.ERROR)
@@ -138,7 +139,7 @@ class WorkerHost(ExitFlags):
             logger.info(
                 "joining the head at %s (%d worker(s), model sha256 %s...)",
                 self.config.address,
-                self.config.num_worker,
+                self.config.workers.num_worker,
                 self.model_sha256[:16],
             )
             if self.config.server_key is None and not loopback_only(self.config.server):
@@ -233,7 +234,7 @@ class WorkerHost(ExitFlags):
                 "version": __version__,
                 "hostname": self.hostname,
                 "model_sha256": self.model_sha256,
-                "workers": self.config.num_worker,
+                "workers": self.config.workers.num_worker,
                 "model_name": self.config.model_name,
             }
             self._to_head([wire.HELLO, p.dumps(hello)])
@@ -256,7 +257,7 @@ class WorkerHost(ExitFlags):
 
     def _head_timeout_s(self) -> float:
         config = self.server_config
-        return (config.heartbeat_timeout_ms if config is not None else 10_000) / 1000
+        return (config.workers.heartbeat_timeout_ms if config is not None else 10_000) / 1000
 
     def _poll(self, timeout_ms: int) -> None:
         assert self.link is not None
@@ -403,8 +404,8 @@ class WorkerHost(ExitFlags):
     def _supervise(self, now: float) -> None:
         if self.server_config is None:
             return
-        if self.ready and len(self.children) < self.config.num_worker:
-            for index in range(self.config.num_worker):  # worker 0 built the graph: the rest load it
+        if self.ready and len(self.children) < self.config.workers.num_worker:
+            for index in range(self.config.workers.num_worker):  # worker 0 built the graph: the rest load it
                 if worker_name(index) not in self.children:
                     self._start_worker(index)
         for name in self.children.due(now):

@@ -126,11 +126,11 @@ class Replies(Protocol):
 
 def open_replies(config: ServerConfig, context: zmq.Context, keys: CurveServerKeys | None) -> Replies:
     """The reply socket of ``config`` (``Routed`` under CURVE, else ``Published``), bound
-    to ``config.port_out``; ``keys`` are the server's CURVE keys, with an authenticator
+    to ``config.ports.out``; ``keys`` are the server's CURVE keys, with an authenticator
     already running in ``context``."""
     replies: Replies = Published(context, config) if keys is None else Routed(context, config, keys)
     try:
-        replies.socket.bind(f"tcp://{config.bind}:{config.port_out}")
+        replies.socket.bind(f"tcp://{config.ports.bind}:{config.ports.out}")
     except BaseException:
         replies.close()
         raise
@@ -143,11 +143,11 @@ class Published:
     def __init__(self, context: zmq.Context, config: ServerConfig) -> None:
         self.socket = context.socket(zmq.XPUB)
         self.socket.linger = 1000
-        self.socket.sndhwm = socket_hwm(config.reply_hwm)  # per subscriber
+        self.socket.sndhwm = socket_hwm(config.limits.reply_hwm)  # per subscriber
         self.socket.maxmsgsize = MAX_INBOUND_BYTES
         self.socket.setsockopt(zmq.XPUB_MANUAL, 1)
         self.socket.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber fails the send, so its client is told
-        self._unread_why = _unread_why(config.reply_hwm)
+        self._unread_why = _unread_why(config.limits.reply_hwm)
         self._owed = Owed()
         self._refusals = Refusals(logger, _REFUSAL_LOG_S)
         # bert-as-service's client asks before it subscribes
@@ -197,8 +197,8 @@ class Routed:
     def __init__(self, context: zmq.Context, config: ServerConfig, keys: CurveServerKeys) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 1000
-        self.socket.sndhwm = socket_hwm(config.reply_hwm)  # per connection
-        self._unread_why = _unread_why(config.reply_hwm)
+        self.socket.sndhwm = socket_hwm(config.limits.reply_hwm)  # per connection
+        self._unread_why = _unread_why(config.limits.reply_hwm)
         self._owed = Owed(key_of=key_of)  # one key's owed errors cannot push out another's
         self.socket.maxmsgsize = MAX_INBOUND_BYTES
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone connection raises, so its routes go

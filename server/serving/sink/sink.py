@@ -55,10 +55,10 @@ class Sink:
         try:
             self.pull.bind(pull_address)
             keys = None
-            if config.curve_dir is not None:
+            if config.security.curve_dir is not None:
                 from ...security import load_curve_dir, start_authenticator
 
-                keys = load_curve_dir(config.curve_dir)
+                keys = load_curve_dir(config.security.curve_dir)
                 self.authenticator = start_authenticator(context, keys, extra_keys)
             self.replies: Replies = open_replies(config, context, keys)
         except BaseException:  # or context.term() would wait for these forever
@@ -360,10 +360,10 @@ def run_sink(
     sink = None
     try:
         sink = Sink(config, pull_address, context, extra_keys)
-        logger.debug("sink %d publishing on port %d", os.getpid(), config.port_out)
+        logger.debug("sink %d publishing on port %d", os.getpid(), config.ports.out)
         sink.run(grace_s)
     except zmq.ZMQError as exc:
-        logger.error("the sink cannot bind port %d: %s", config.port_out, exc)
+        logger.error("the sink cannot bind port %d: %s", config.ports.out, exc)
         raise SystemExit(3) from None
     except (ValueError, OSError) as exc:
         logger.error("the sink cannot start: %s", exc)

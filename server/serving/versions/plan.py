@@ -158,7 +158,7 @@ def plan(roll: Roll, seen: Seen) -> tuple[Roll, list[Step]]:
             leaving.add(i)
     if leaving or len(ready) < len(fresh):
         return roll, steps  # one at a time: a worker is leaving, or a new one is loading
-    if len(fresh) < roll.target.num_worker and len(workers) <= roll.target.num_worker:
+    if len(fresh) < roll.target.serving.num_worker and len(workers) <= roll.target.serving.num_worker:
         steps.append(StartWorker(roll.target))
     elif stale and not any(workers[i].draining for i in stale):
         steps.extend(_drain_one(stale, seen))

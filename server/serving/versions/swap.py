@@ -94,9 +94,9 @@ class VersionSwap:
         self.pool = pool
         self.processes = processes
         self.book = book
-        self.checker = Checker(book.repository, config.model, require_manifest=config.require_manifest)
+        self.checker = Checker(book.repository, config.model, require_manifest=config.serving.require_manifest)
         self.follow_latest = follow_latest  # --model-version latest (or reload): newer versions are taken
-        self.interval = config.poll_interval_s
+        self.interval = config.serving.poll_interval_s
         self.next_look = time.monotonic() + self.interval
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="bertserve-versions")
         self.look: Future[_Found] | None = None
@@ -165,23 +165,21 @@ class VersionSwap:
         from ...model.options import resolve_options
         from ...model.prepare import missing_steps
 
-        config = dataclasses.replace(
-            self.config, model=self.config.model.replace(model_dir=version.path), model_version=str(version.number)
-        )
+        config = self.config.with_version(version.path, version.number)
         try:
             _, tokenizer = resolve_options(config.model)
         except (ValueError, TypeError, OSError) as exc:
             reason = f"this server's options do not fit its model: {exc}"
             return self._refuse(version, reason, refused)
         served = self.book.tokenizer
-        if self.config.http_port is not None and served is not None and not served.same_vocabulary(tokenizer):
+        if self.config.ports.http_port is not None and served is not None and not served.same_vocabulary(tokenizer):
             reason = (
                 "its vocabulary differs from the served version's, with which the HTTP front end reads token "
                 "ids; restart the server to change vocabularies"
             )
             return self._refuse(version, reason, refused)
         try:
-            steps = [] if config.model_class else missing_steps(config.model)
+            steps = [] if config.serving.model_class else missing_steps(config.model)
         except (ValueError, TypeError, OSError) as exc:
             return self._refuse(version, f"cannot read it: {exc}", refused)
         return _Found(config, refused, tokenizer, steps)
@@ -235,7 +233,7 @@ class VersionSwap:
 
     def _refuse_config(self, config: ServerConfig, reason: str) -> None:
         """Refuse the version ``config`` serves, found sound but failed once tried."""
-        version = Version(int(config.model_version), config.model.model_dir)
+        version = Version(int(config.serving.model_version), config.model.model_dir)
         self.checker.refuse(version, reason)
         self.book.record_refusals([Refusal(version, reason)])
         self.tokenizers.pop(config.version_number, None)

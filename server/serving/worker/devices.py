@@ -21,18 +21,18 @@ def configure_device(config: ServerConfig, index: int) -> str:
     with held_native_output():  # TensorFlow's libraries log as they load
         import tensorflow as tf
 
-    if not config.cpu:
+    if not config.workers.cpu:
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
-            ids = config.device_map or tuple(range(len(gpus)))
+            ids = config.workers.device_map or tuple(range(len(gpus)))
             gpu_id = ids[index % len(ids)] % len(gpus)
             gpu = gpus[gpu_id]
             tf.config.set_visible_devices([gpu], "GPU")
-            total_mb = _gpu_memory_mb(gpu_id) if config.gpu_memory_fraction is not None else None
+            total_mb = _gpu_memory_mb(gpu_id) if config.workers.gpu_memory_fraction is not None else None
             if total_mb is None:
                 tf.config.experimental.set_memory_growth(gpu, True)
             else:
-                limit = int(total_mb * (config.gpu_memory_fraction or 1.0))
+                limit = int(total_mb * (config.workers.gpu_memory_fraction or 1.0))
                 tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(limit)])
             return "/GPU:0"
         logger.info("no GPU visible: worker %d runs on the CPU", index)

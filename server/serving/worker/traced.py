@@ -48,8 +48,8 @@ class JobTimes:
             "bertserve.padded_length": int(ids.shape[1]) if getattr(ids, "ndim", 0) == 2 else 0,
             "bertserve.token_slots": int(slots),
         }
-        if worker.config.served_model_name:
-            attributes["bertserve.model"] = worker.config.served_model_name
+        if worker.config.serving.served_model_name:
+            attributes["bertserve.model"] = worker.config.serving.served_model_name
         steps = []
         if self.tokenized is not None:
             steps.append(tracing.Step("bertserve.worker.tokenize", *self.tokenized))

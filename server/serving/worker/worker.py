@@ -113,12 +113,12 @@ class Worker:
             ready = {
                 "worker": self.index,
                 "pid": os.getpid(),
-                "credits": self.config.prefetch_size,
+                "credits": self.config.workers.prefetch_size,
                 "model": self.model.describe(),
                 "device": self.device,
                 "hostname": platform.node(),
                 "version": self.config.version_number,
-                "model_name": self.config.served_model_name,
+                "model_name": self.config.serving.served_model_name,
             }
             socket.send_multipart([wire.READY, p.dumps(ready)])
             if not self._heartbeat.is_alive():
@@ -191,7 +191,9 @@ class Worker:
     def run(self, feed: Iterable[tuple[Any, Any, Any, Any, Any]] | None = None) -> None:
         """Run every job ``feed`` yields (by default a :class:`ThreadFeed` of :meth:`jobs`)."""
         if feed is None:
-            feed = ThreadFeed(self, prefetch_size=self.config.prefetch_size, run_rows=self.config.model.batch_size)
+            feed = ThreadFeed(
+                self, prefetch_size=self.config.workers.prefetch_size, run_rows=self.config.model.batch_size
+            )
         self.feed = feed if isinstance(feed, ThreadFeed) else None
         for job_id_t, header_t, ids, segments, lengths in feed:
             self.process(as_numpy(job_id_t), as_numpy(header_t), as_numpy(ids), as_numpy(segments), as_numpy(lengths))
@@ -255,7 +257,7 @@ class Worker:
         """Rows of the planned run ``index`` to run now: all of them, or while short jobs are
         about, as many as take about ``bulk_run_ms``, and at least a quarter of ``batch_size``
         (smaller runs would spend more on each call than they save a short job)."""
-        budget = self.config.bulk_run_ms / 1000
+        budget = self.config.batching.bulk_run_ms / 1000
         if not budget or self.slot_seconds is None or not feed.short_recently():
             return len(index)
         longest = max(1, int(batch.lengths[index].max()))
@@ -337,11 +339,11 @@ class Expired(Exception):
 
 
 def load_model(config: ServerConfig, device: str) -> Model:
-    """The model this server serves: ``config.model_class`` if set, else the BERT ``Encoder``."""
-    if config.model_class:
+    """The model this server serves: ``config.serving.model_class`` if set, else the BERT ``Encoder``."""
+    if config.serving.model_class:
         from ...model.interface import load_model_class
 
-        model: Model = load_model_class(config.model_class)(config.model)
+        model: Model = load_model_class(config.serving.model_class)(config.model)
         return model
     from ...model.encoder import Encoder
 
@@ -352,14 +354,14 @@ def run_worker(config: ServerConfig, index: int, addresses: Addresses, telemetry
     """Entry point of a worker process (started with the ``spawn`` method)."""
     from ...logs import child_telemetry
 
-    child_telemetry(telemetry, "worker", config.served_model_name)
+    child_telemetry(telemetry, "worker", config.serving.served_model_name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when we stop
-    if config.worker_nice:
+    if config.workers.worker_nice:
         # The model takes every core it is given; the ventilator and sink need little CPU but
         # need it at once, or every request and reply waits behind a model run's time slice.
-        os.nice(config.worker_nice)
+        os.nice(config.workers.worker_nice)
     try:
-        device = "cpu" if config.model_class else configure_device(config, index)
+        device = "cpu" if config.serving.model_class else configure_device(config, index)
         model = load_model(config, device)
     except Exception as exc:
         logger.error("worker %d could not load the model: %s", index, exc)
@@ -367,7 +369,7 @@ def run_worker(config: ServerConfig, index: int, addresses: Addresses, telemetry
     worker = Worker(config, index, addresses, model, device)
     try:
         logger.info("worker %d ready on %s (pid %d)", index, device, os.getpid())
-        worker.run(tf_data_feed(worker, config.prefetch_size) if config.feed == "tfdata" else None)
+        worker.run(tf_data_feed(worker, config.workers.prefetch_size) if config.workers.feed == "tfdata" else None)
     except KeyboardInterrupt:
         pass
     finally:
