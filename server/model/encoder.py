@@ -21,14 +21,15 @@ from typing import Any
 import numpy as np
 from bertserve.client.protocol import check_texts
 
-from ..config.model import ModelConfig, default_graph_dir, parse_long_inputs
+from ..config.model import ModelConfig, parse_long_inputs
+from ..config.served import DEFAULT_MODEL_NAME
 from ..errors import BertServeError, ModelError
 from ..logs import held_native_output, quiet_tensorflow
 from ..memory import trim_heap
 from . import chunking, lite
 from .calibration import calibration_path, read_calibration
 from .chunking import check_chunkable
-from .default import DEFAULT_MODEL_NAME, default_model_dir
+from .default import default_graph_dir, default_model_dir
 from .graph import GraphSpec, load_function, load_or_build, serving_graph
 from .model_dir import ModelFiles, inspect_model
 from .options import build_tokenizer, describe, resolve

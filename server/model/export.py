@@ -18,7 +18,8 @@ import shutil
 import tempfile
 from typing import Any
 
-from ..config.model import ModelConfig, default_graph_dir
+from ..config.model import ModelConfig
+from .default import default_graph_dir
 from .graph import INPUT_NAMES, load_or_build, wrap_graph
 from .model_dir import inspect_model
 

@@ -28,8 +28,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.served import DEFAULT_MODEL_NAME
 from ..errors import BertServeError, ModelFileError
-from .default import DEFAULT_MODEL_INSTALL, DEFAULT_MODEL_NAME, default_model_dir
+from .default import DEFAULT_MODEL_INSTALL, default_model_dir
 from .json_file import read_json
 from .model_dir import detect_layout
 from .repository import is_repository, versions

@@ -24,8 +24,9 @@ import os
 import signal
 from multiprocessing.process import BaseProcess
 
-from ..config.model import ModelConfig, default_graph_dir
+from ..config.model import ModelConfig
 from ..config.telemetry import Telemetry
+from .default import default_graph_dir
 from .graph import GraphSpec, cache_key, load_or_build, serving_graph
 from .model_dir import inspect_model
 from .options import resolve
