@@ -27,13 +27,15 @@ Client and server (public, versioned by :data:`PROTOCOL_VERSION`)::
        [ANNOUNCE, client_id] from a DEALER whose routing id is 16 random bytes, and the sink
        routes replies to a client id only to connections of the key it belongs to)
         status    OK | ERROR
-        header    ENCODE: array header {"dtype", "shape", "token_count", "chunked"} (+ "tokens", and
-                  "model_version" from a model repository); CONFIG/STATUS/RELOAD: the answer;
-                  ERROR: {"error": message, "kind": short name}
+        header    ENCODE: array header {"dtype", "shape", "token_count", "chunked", "truncated"}
+                  (+ "tokens", and "model_version" from a model repository); CONFIG/STATUS/RELOAD:
+                  the answer; ERROR: {"error": message, "kind": short name}
         buffer    ENCODE: the vectors' raw bytes, C order
 
 ``token_count`` is how many tokens the request's inputs became, [CLS] and [SEP] included
-(after truncation).
+(after truncation). ``truncated`` lists the inputs (their indexes, ascending) the model cut to
+its length: of a sentence pair, either side. A client that does not know a header field
+ignores it.
 
 Error replies carry a ``kind``: ``input`` (bad texts), ``limit`` (over a size limit),
 ``busy`` (the server's queues are full: retry later), ``protocol``, ``forbidden``,

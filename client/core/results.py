@@ -14,7 +14,7 @@ from ..protocol import BUSY, UNKNOWN_MODEL, Reply
 Embedding: TypeAlias = "np.ndarray | list[Any]"
 """One request's vectors: an array, or nested lists with ``output_fmt="list"``."""
 
-_REPLY_INFO = ("token_count", "chunked", "model_version", "model")  # reply header fields kept in last_info
+_REPLY_INFO = ("token_count", "chunked", "truncated", "model_version", "model")  # reply header fields kept in last_info
 _ERRORS = {BUSY: ServerBusyError, UNKNOWN_MODEL: UnknownModelError}  # the kinds a caller may catch on their own
 
 
@@ -25,7 +25,7 @@ class EncodeResult:
     id: int
     embedding: Embedding
     tokens: list[list[str]] | None = None
-    info: dict[str, Any] = field(default_factory=dict)  # token_count, chunked, model: see BertClient.last_info
+    info: dict[str, Any] = field(default_factory=dict)  # token_count, chunked, truncated...: see BertClient.last_info
 
 
 def server_error(reply: Reply) -> ServerError:

@@ -137,8 +137,10 @@ class BertClient:
         self._lock = threading.Lock()
         self._closed = False
         #: What the last reply said beside its vectors: ``token_count`` (the tokens its inputs
-        #: became, [CLS] and [SEP] included), ``chunked`` (inputs encoded in windows) and, from a
-        #: server of a model repository, ``model_version``; from a server of several models, ``model``.
+        #: became, [CLS] and [SEP] included), ``chunked`` (inputs encoded in windows), ``truncated``
+        #: (the indexes of the inputs cut to the model's length: after :meth:`rerank`, the pairs
+        #: cut, by their documents' index) and, from a server of a model repository,
+        #: ``model_version``; from a server of several models, ``model``.
         self.last_info: dict[str, Any] = {}
         self._connection = self._connect()
         if check_version:

@@ -9,10 +9,10 @@ text is counted a piece of :data:`PIECE_CHARS` characters at a time (cut after a
 there is one, so no word is split), and counting stops once past the model's length. A
 ``/tokenize`` answer holds at most :data:`TOKENIZE_TOKENS` tokens, counted the same way before
 any is made; with ``truncate``, a text is cut to the pieces that hold the tokens kept before it
-is tokenized. A rerank's query and documents are tokenized once each, and cut to what their
-pairs keep before any pair is written (:func:`rerank_sides`), so no long query is tokenized
-again for every document. The HTTP process runs this work off its event loop, in turns
-(:class:`.turns.Tokenizing`).
+is tokenized. A rerank's long query and documents are tokenized once each, and cut to what
+their pairs keep before any pair is written (:func:`rerank_sides`), so no long query is
+tokenized again for every document; which pairs are cut, the workers say. The HTTP process
+runs this work off its event loop, in turns (:class:`.turns.Tokenizing`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from bertserve.client.protocol import PAIR_SEPARATOR
 
-from ..model.pair_cuts import kept_or_whole, kept_sides
+from ..model.pair_cuts import kept_or_whole, kept_sides, long_side
 from ..model.tokenization import split_pair
 from .schemas import HTTPError
 
@@ -236,23 +236,31 @@ Run = Callable[..., Awaitable[Any]]
 
 async def rerank_sides(
     run: Run, tokenizer: Any, query: str, documents: Sequence[str], direction: str
-) -> tuple[str, list[str], np.ndarray]:
-    """The query and documents of a rerank cut to what each pair keeps of them, and which pairs
-    the model cuts: the query tokenized once and each document once, whole, in turns that
-    ``run`` gives (``run(work, *args)``), each of at most :data:`GROUP_CHARS` characters.
+) -> tuple[str, list[str]]:
+    """The query and documents of a rerank cut to what each pair keeps of them: the query
+    tokenized once and each long document once, whole, in turns that ``run`` gives
+    (``run(work, *args)``), each of at most :data:`GROUP_CHARS` characters. A rerank with no
+    side long enough to be cut (:func:`..model.pair_cuts.long_side`) is not tokenized here at
+    all; which pairs the model cuts, the workers say with their scores.
 
     Each pair of a long query and a long document is cut as :func:`..model.pair_cuts.cut_pair`
     cuts one pair, with the query cut once for all: long enough to stay longer than each long
     document it is longer than, and each such document at least as long as the query where it
-    was, so every pair keeps the tokens it keeps whole."""
+    was, so every pair keeps the tokens it keeps whole. A short query is never cut, so then
+    only the long documents are counted."""
+    long_query = long_side(tokenizer, query)
+    counted = [i for i, document in enumerate(documents) if long_query or long_side(tokenizer, document)]
+    if not counted and not long_query:
+        return query, list(documents)
     room = tokenizer.max_len - tokenizer.num_special_tokens(pair=True)
+    sides = [documents[i] for i in counted]
     (query_tokens,) = await run(tokenizer.count_whole, [query])
     counts: list[int] = []
-    for group in side_groups(documents):
-        counts += await run(tokenizer.count_whole, [documents[i] for i in group])
+    for group in side_groups(sides):
+        counts += await run(tokenizer.count_whole, [sides[i] for i in group])
     kept: list[tuple[str, int]] = []
-    for group in side_groups(documents):
-        texts, wholes = [documents[i] for i in group], [counts[i] for i in group]
+    for group in side_groups(sides):
+        texts, wholes = [sides[i] for i in group], [counts[i] for i in group]
         kept += await run(kept_sides, tokenizer, texts, wholes, direction, room)
 
     def both_long(i: int) -> bool:
@@ -262,15 +270,24 @@ async def rerank_sides(
     query_kept, query_count = await run(kept_or_whole, tokenizer, query, query_tokens, direction, need)
     for i in range(len(kept)):
         if both_long(i) and counts[i] >= query_tokens and kept[i][1] < query_count:
-            kept[i] = await run(kept_or_whole, tokenizer, documents[i], counts[i], direction, query_count - 1)
-    truncated = np.fromiter((query_tokens + n > room for n in counts), dtype=bool, count=len(counts))
-    cut = [text for text, _ in kept]
-    if getattr(tokenizer, "templated", False):  # the template's own words take room too: ask the tokenizer
-        flags: list[bool] = []
-        for group in side_groups(cut):
-            flags += (await run(tokenizer.truncated, [f"{query_kept}{PAIR_SEPARATOR}{cut[i]}" for i in group])).tolist()
-        truncated = np.array(flags, dtype=bool)
-    return query_kept, cut, truncated
+            kept[i] = await run(kept_or_whole, tokenizer, sides[i], counts[i], direction, query_count - 1)
+    cut = list(documents)
+    for i, (text, _) in zip(counted, kept, strict=True):
+        cut[i] = text
+    return query_kept, cut
+
+
+async def first_cut_pair(run: Run, tokenizer: Any, query: str, documents: Sequence[str]) -> int | None:
+    """The index of the first pair of ``query`` and one of ``documents`` (as
+    :func:`rerank_sides` cut them) that the model cuts, or None: each pair tokenized as the
+    workers tokenize it, in turns that ``run`` gives. Only a rerank that refuses over-long
+    pairs (``truncate: false``) asks, before anything is sent."""
+    for group in side_groups(documents):
+        pairs = [f"{query}{PAIR_SEPARATOR}{documents[i]}" for i in group]
+        truncated = await run(tokenizer.truncated, pairs)
+        if truncated.any():
+            return group[int(np.argmax(truncated))]
+    return None
 
 
 def _explain(

@@ -8,7 +8,8 @@ documents is one request of N sentence pairs (:func:`bertserve.client.tasks.rera
 merged with other requests' pairs. The head refuses a request whose task is not its model's;
 this process refuses it first, with a 400 that names the model's task. A pair longer than the
 model takes is cut the longer side first, as sentence-transformers' CrossEncoder cuts it (the
-document, for a query shorter than half the length), and the result says ``truncated``.
+document, for a query shorter than half the length), and the result says ``truncated``, as
+the workers that tokenized the pair said it with its score.
 
 Every endpoint counts a request's cost before it tokenizes or sends anything
 (:mod:`..serving.policy.costs`): its tokens of model work (a rerank's query in every pair)
@@ -33,7 +34,7 @@ from ..model.tasks import wrong_task
 from ..serving.policy import costs
 from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
-from .lengths import check_pair_limits, rerank_sides
+from .lengths import check_pair_limits, first_cut_pair, rerank_sides
 from .options import Asked, checked_prompt_name, direction, prompted
 from .schemas import HTTPError, json_response, quoted
 from .settings import Settings
@@ -104,13 +105,14 @@ class TaskEndpoints:
         direction_: str | None,
         refuse_long: bool = False,
     ) -> tuple[ModelSettings, dict[str, Any], np.ndarray, np.ndarray, int]:
-        """The logits of ``documents`` against ``query``, which documents were cut, and the tokens.
+        """The logits of ``documents`` against ``query``, which pairs the model cut, and the tokens.
 
-        Its cost is counted before anything is tokenized, the query in every pair. Then the
-        query is tokenized once and each document once, each cut to what a pair can keep of
-        it, and whether a pair is cut is told from the two lengths (``longest_first``,
-        :func:`~.lengths.rerank_sides`): the pairs sent hold the cut sides, so the workers
-        never tokenize a long side whole again, once for each pair."""
+        Its cost is counted before anything is tokenized, the query in every pair. A long
+        query or document is tokenized once here and cut to what its pairs keep of it
+        (:func:`~.lengths.rerank_sides`), so the workers never tokenize a long side whole
+        again, once for each pair. Which pairs are cut, the workers say with the scores (the
+        reply's ``truncated``); only a request that refuses over-long pairs (``truncate:
+        false``) has its pairs tokenized here, to be refused before anything is sent."""
         try:
             query, texts = t.rerank_sides(query, documents)
         except ValueError as exc:
@@ -125,14 +127,14 @@ class TaskEndpoints:
         async def turn(work: Any, *args: Any) -> Any:
             return await self.api.tokenized(request, work, *args)
 
-        query, texts, truncated = await rerank_sides(turn, model.tokenizer, query, texts, direction_ or "right")
-        if refuse_long and truncated.any():
-            raise _too_long(model, field, int(np.argmax(truncated)))
+        query, texts = await rerank_sides(turn, model.tokenizer, query, texts, direction_ or "right")
+        if refuse_long and (first := await first_cut_pair(turn, model.tokenizer, query, texts)) is not None:
+            raise _too_long(model, field, first)
         self.api.bounds.frame(len(texts) * (costs.utf8_bytes(query) + 8) + sum(map(costs.utf8_bytes, texts)))
         pairs = [t.rerank_pair(query, document) for document in texts]
         reply = await self.api.encode(request, model, pairs, Asked(truncation_direction=direction_, task="rerank"))
         logits = reply.array().astype(np.float32, copy=False).reshape(len(pairs), -1)[:, 0]
-        return model, info, logits, truncated, int(reply.header.get("token_count", 0))
+        return model, info, logits, _pairs_cut(reply, len(pairs)), int(reply.header.get("token_count", 0))
 
     async def tei_rerank(self, body: TEIRerankRequest, request: Request) -> Response:
         top_n = _top(body.top_n, "top_n")
@@ -299,8 +301,15 @@ def _too_long(model: ModelSettings, name: str, first: int) -> HTTPError:
     )
 
 
-def _terms(row: t.SparseVector) -> list[dict[str, Any]]:
-    return [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
+def _pairs_cut(reply: Reply, count: int) -> np.ndarray:
+    """Which of a rerank's ``count`` pairs the model cut, as its reply says (``truncated``: the
+    indexes of the pairs cut); a 502 if it does not say it right."""
+    cut = reply.header.get("truncated")
+    flags = np.zeros(count, bool)
+    if not isinstance(cut, list) or not all(type(i) is int and 0 <= i < count for i in cut):
+        raise HTTPError(502, "the server's reply did not say which pairs the model cut", code="internal")
+    flags[cut] = True
+    return flags
 
 
 def _top(value: Any, name: str) -> int | None:

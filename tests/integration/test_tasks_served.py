@@ -408,6 +408,34 @@ def test_pairs_over_the_length_are_cut_or_refused(served: Served) -> None:
     assert cohere.json()["results"][0]["truncated"] is True
 
 
+def test_a_pair_cut_and_one_not_in_one_request_say_so_over_http_and_zeromq(served: Served) -> None:
+    """The workers say which pairs they cut, with the scores: in one request, a pair the model
+    cuts (the reference's, and one past a long document's first cut) and one it does not, over
+    TEI's, Infinity's and Cohere's shapes and over ZeroMQ (the reply's ``truncated``)."""
+    ref = reference(RERANKER)
+    query, flags = str(ref["queries"][0]), ref["truncated"][0]
+    cut, whole = int(np.argmax(flags)), int(np.argmin(flags))
+    assert flags[cut] and not flags[whole]
+    very_long = " ".join(f"word{i}" for i in range(3000))  # cut here, before it is sent
+    docs = [documents(ref)[whole], documents(ref)[cut], very_long]
+    want = {0: False, 1: True, 2: True}
+    with served.http() as http:
+        tei = http.post("/rerank", json={"model": RERANKER, "query": query, "texts": docs})
+        infinity = http.post("/rerank", json={"model": RERANKER, "query": query, "documents": docs})
+        cohere = http.post("/v2/rerank", json={"model": RERANKER, "query": query, "documents": docs})
+    assert {r["index"]: r["truncated"] for r in tei.json()} == want, tei.text
+    assert {r["index"]: r["truncated"] for r in infinity.json()["results"]} == want, infinity.text
+    assert {r["index"]: r["truncated"] for r in cohere.json()["results"]} == want, cohere.text
+    scores = {r["index"]: r["score"] for r in tei.json()}
+    np.testing.assert_allclose([scores[0], scores[1]], ref["scores"][0][[whole, cut]], atol=1e-4)
+    with served.client(RERANKER) as client:
+        ranked = client.rerank(query, docs)
+        assert client.last_info["truncated"] == [1, 2]
+        client.rerank(query, docs[:1])
+        assert client.last_info["truncated"] == []
+    np.testing.assert_allclose(sorted(r.score for r in ranked), sorted(scores.values()), atol=1e-4)
+
+
 def test_ten_thousand_documents_are_one_request(served: Served) -> None:
     ref = reference(RERANKER)
     many = [documents(ref)[i % 24] for i in range(10_000)]

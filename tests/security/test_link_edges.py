@@ -276,7 +276,7 @@ def test_a_result_header_larger_than_its_job_needs_is_refused_unread(
             assert forget[1] == worker, forget
             peer.ready(b"w0-2", {"output_dim": 16})  # its replacement: the job runs again there
             _, worker, job_id, raw_header, _ = peer.expect(wire.JOB)
-            header = {"parts": p.loads(raw_header)["parts"], "dtype": "float32", "shape": [1, 16]}
+            header = {"parts": p.loads(raw_header)["parts"], "dtype": "float32", "shape": [1, 16], "truncated": [False]}
             peer.send([wire.RESULT, worker, job_id, p.dumps(header), vectors])
             peer.send([wire.DONE, p.dumps({"job": job_id.decode(), "worker": worker.decode(), "seconds": 0.01})])
             np.testing.assert_allclose(bc.fetch_all(concat=True), expected(texts), atol=1e-6)

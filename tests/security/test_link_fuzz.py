@@ -227,7 +227,7 @@ class Fuzzer:
         worker, job_id, raw_header, payload = job
         parts = p.loads(raw_header)["parts"]
         texts = p.loads(payload)
-        header = {"parts": parts, "dtype": "float32", "shape": [len(texts), 16]}
+        header = {"parts": parts, "dtype": "float32", "shape": [len(texts), 16], "truncated": [False] * len(texts)}
         vectors = np.ascontiguousarray(expected(texts), dtype=np.float32).tobytes()
         result = [wire.RESULT, worker, job_id, p.dumps(header), vectors]
         done = [wire.DONE, p.dumps({"job": job_id.decode(), "worker": worker.decode(), "seconds": 0.01})]
@@ -250,7 +250,7 @@ class Fuzzer:
                     wire.RESULT,
                     worker,
                     job_id,
-                    p.dumps({**header, "parts": fewer_rows, "shape": shape}),
+                    p.dumps({**header, "parts": fewer_rows, "shape": shape, "truncated": [False] * shape[0]}),
                     vectors[: 64 * (len(texts) - 1)],
                 ],
                 done,

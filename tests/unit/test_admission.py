@@ -24,8 +24,8 @@ def test_a_count_over_the_request_size_is_a_limit_and_over_the_queues_is_busy() 
     assert admission.check_count(10, config.limits, scheduler, b"c") is None
     too_big = admission.check_count(11, config.limits, scheduler, b"c")
     assert too_big is not None and too_big.kind == "limit" and "at most 10 per request" in too_big.message
-    scheduler.admit("k", b"c", ["x"] * 10, is_tokenized=False, show_tokens=False, now=0.0, chunk=False)
-    scheduler.admit("k2", b"d", ["x"] * 10, is_tokenized=False, show_tokens=False, now=0.0, chunk=False)
+    scheduler.queue("k", b"c", ["x"] * 10, is_tokenized=False, show_tokens=False, now=0.0, chunk=False)
+    scheduler.queue("k2", b"d", ["x"] * 10, is_tokenized=False, show_tokens=False, now=0.0, chunk=False)
     full = admission.check_count(5, config.limits, scheduler, b"e")
     assert full is not None and full.kind == admission.BUSY
 
@@ -37,7 +37,6 @@ def test_bytes_that_never_fit_are_a_limit_and_bytes_that_fit_later_are_busy() ->
     later = admission.check_bytes(200, 900, 1000)
     assert never is not None and never.kind == "limit" and "--max-queued-bytes" in never.message
     assert later is not None and later.kind == admission.BUSY and "retry" in later.message
-    assert admission.payload_floor(600) == 100
 
 
 def test_held_bytes_count_every_text_and_token() -> None:

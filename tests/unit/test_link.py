@@ -153,7 +153,8 @@ def test_jobs_go_to_the_remote_worker_and_its_result_to_the_sink(head: Head) -> 
 def result_of(job_header: bytes, dim: int = 2) -> dict:
     """The header of a float32 result of ``dim`` values a row for the job of ``job_header``."""
     parts = p.loads(job_header)["parts"]
-    return {"parts": parts, "dtype": "float32", "shape": [sum(len(part["rows"]) for part in parts), dim]}
+    rows = sum(len(part["rows"]) for part in parts)
+    return {"parts": parts, "dtype": "float32", "shape": [rows, dim], "truncated": [False] * rows}
 
 
 def test_a_result_header_past_what_its_job_needs_breaks_its_worker_unread(head: Head) -> None:

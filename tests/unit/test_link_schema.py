@@ -17,6 +17,7 @@ RESULT = {
     "parts": [{"key": "a#1@0", "rows": [0, 1]}, {"key": "b#1@1", "rows": [0]}],
     "dtype": "float32",
     "shape": [3, 4],
+    "truncated": [False, True, False],
 }
 
 
@@ -75,7 +76,15 @@ def test_a_result_header_is_bounded_by_its_job() -> None:
     with_tokens = schema.result_header_bound(rows=2, parts=1, texts=["x" * 1000, ["tok", "ens"]])
     assert with_tokens >= plain + 16 * 1008
     assert schema.result_header_bound(rows=10**9, parts=1) == schema.MAX_RESULT_HEADER_BYTES
-    header = raw({"parts": [{"key": "k", "rows": [0]}], "dtype": "float32", "shape": [1, 4], "pad": "x" * 2000})
+    header = raw(
+        {
+            "parts": [{"key": "k", "rows": [0]}],
+            "dtype": "float32",
+            "shape": [1, 4],
+            "truncated": [False],
+            "pad": "x" * 2000,
+        }
+    )
     frames = [wire.RESULT, b"w0-1", b"1", header, b"\0" * 16]
     assert isinstance(schema.from_host(frames), schema.WorkerResult)
     assert "at most 1000" in refused(frames, lambda f: schema.from_host(f, result_header_bytes=1000))
@@ -190,11 +199,22 @@ def test_a_result_parses_when_its_rows_lists_and_buffer_agree() -> None:
         ({"parts": "all"}, 48, "parts"),
         ({"parts": [{"key": "a", "rows": [-1, 0, 1]}]}, 48, "rows"),
         ({"lengths": [1, math.inf, 1]}, 48, "lengths"),
+        ({"truncated": [True, False]}, 48, "truncated has 2 entries"),
+        ({"truncated": [0, 1, 0]}, 48, "truncated"),
+        ({"truncated": ["true", "false", "false"]}, 48, "truncated"),
+        ({"truncated": [None, None, None]}, 48, "truncated"),
+        ({"truncated": None}, 48, "truncated"),
+        ({"truncated": 3}, 48, "truncated"),
     ],
 )
 def test_a_result_that_does_not_add_up_is_refused(changes: dict[str, Any], buffer: int, said: str) -> None:
     body = json.dumps({**RESULT, **changes}).encode()
     assert said in refused([wire.RESULT, b"w0-7", b"3", body, b"\0" * buffer])
+
+
+def test_a_result_that_does_not_say_which_rows_were_cut_is_refused() -> None:
+    body = {key: value for key, value in RESULT.items() if key != "truncated"}
+    assert "truncated: Field required" in refused([wire.RESULT, b"w0-7", b"3", raw(body), b"\0" * 48])
 
 
 def test_a_job_errors_kind_is_one_of_a_fixed_set_and_its_text_is_cut() -> None:

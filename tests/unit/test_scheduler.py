@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -30,9 +31,17 @@ def texts(n: int, prefix: str = "t") -> list[str]:
     return [f"{prefix}{i} " + "w " * (i % 5) for i in range(n)]
 
 
+def take(s: Scheduler, key: str, client: bytes, inputs: list, *, now: float, deadline: float = math.inf, **kw) -> None:
+    """As the head takes a request: its room and its slowdown checked once (raising Busy or
+    TooLarge), then queued."""
+    s.check_room(client, len(inputs))
+    slot = s.check_slowdown(client, len(inputs), now, deadline)
+    s.queue(key, client, inputs, now=now, deadline=deadline, slot=slot, **kw)
+
+
 def admit(s: Scheduler, client: bytes, n: int, now: float = 0.0, key: str | None = None) -> str:
     key = key or f"{client.hex()}#{now}#{n}#{len(s.clients)}#{s.queued}"
-    s.admit(key, client, texts(n, client.decode()), is_tokenized=False, show_tokens=False, now=now)
+    take(s, key, client, texts(n, client.decode()), is_tokenized=False, show_tokens=False, now=now)
     return key
 
 
@@ -133,8 +142,8 @@ def test_a_bulk_request_is_cut_at_its_first_turn_not_on_arrival() -> None:
 
     made = make()
     s = Scheduler(made.batching, made.limits, count_tokens)
-    s.admit("bulk", b"a", texts(20), is_tokenized=False, show_tokens=False, now=0.0)
-    s.admit("next", b"b", texts(20), is_tokenized=False, show_tokens=False, now=0.0)
+    take(s, "bulk", b"a", texts(20), is_tokenized=False, show_tokens=False, now=0.0)
+    take(s, "next", b"b", texts(20), is_tokenized=False, show_tokens=False, now=0.0)
     assert counted == [] and s.queued == 40 and s.bulk_count == 2
     first = s.next_job(0.0)
     assert first is not None and first.keys == ["bulk"] and counted == [20]
@@ -295,8 +304,8 @@ def test_a_removed_short_request_leaves_the_others_in_their_order() -> None:
 
 def test_inputs_of_different_kinds_never_share_a_job() -> None:
     s = make()
-    s.admit("k1", b"a", ["plain text"], is_tokenized=False, show_tokens=False, now=0)
-    s.admit("k2", b"b", [["pre", "tokenized"]], is_tokenized=True, show_tokens=False, now=0)
+    take(s, "k1", b"a", ["plain text"], is_tokenized=False, show_tokens=False, now=0)
+    take(s, "k2", b"b", [["pre", "tokenized"]], is_tokenized=True, show_tokens=False, now=0)
     jobs = drain(s)
     assert [j.keys for j in jobs] == [["k1"], ["k2"]]
 
@@ -373,7 +382,7 @@ def test_every_admitted_row_runs_exactly_once_whatever_the_order_of_events(seed:
             n = int(rng.integers(1, 30))
             key = f"{client.decode()}#{step}"
             try:
-                s.admit(key, client, texts(n), is_tokenized=bool(rng.integers(0, 2)), show_tokens=False, now=now)
+                take(s, key, client, texts(n), is_tokenized=bool(rng.integers(0, 2)), show_tokens=False, now=now)
                 admitted[key] = n
             except Busy:
                 pass
@@ -403,7 +412,8 @@ def test_every_admitted_row_runs_exactly_once_whatever_the_order_of_events(seed:
 def test_requests_pinned_to_different_model_versions_never_share_a_job() -> None:
     s = make(merge_requests=True)
     for client, version in ((b"a", 1), (b"b", 2), (b"c", 1)):
-        s.admit(
+        take(
+            s,
             client.decode(),
             client,
             texts(2, client.decode()),
@@ -468,7 +478,7 @@ def test_bulk_admission_learns_from_bulk_requests_that_came_later_than_projected
     with pytest.raises(Busy, match=r"about 5 inputs/s left for it"):
         admit(s, b"c", 40, now=20.0)  # 24 s: refused, where four were admitted before the lag was known
     small = make(**bulk_options(bulk_slowdown=4.0))
-    small.admit("tiny", b"a", texts(4), is_tokenized=False, show_tokens=False, now=0.0)
+    take(small, "tiny", b"a", texts(4), is_tokenized=False, show_tokens=False, now=0.0)
     assert not small.throughput._expected  # only bulk requests are projected
 
 
@@ -486,8 +496,8 @@ def test_a_bulk_request_that_would_make_an_earlier_one_late_is_refused() -> None
 def test_a_bulk_request_that_cannot_finish_before_its_deadline_is_refused_at_once() -> None:
     s = measured(make(**bulk_options()), 10.0)
     with pytest.raises(Busy, match=r"could not finish before its deadline"):
-        s.admit("k", b"a", texts(40), is_tokenized=False, show_tokens=False, now=0.0, deadline=2.0)
-    s.admit("k", b"a", texts(40), is_tokenized=False, show_tokens=False, now=0.0, deadline=5.0)  # 4 s
+        take(s, "k", b"a", texts(40), is_tokenized=False, show_tokens=False, now=0.0, deadline=2.0)
+    take(s, "k", b"a", texts(40), is_tokenized=False, show_tokens=False, now=0.0, deadline=5.0)  # 4 s
 
 
 def test_bulk_requests_are_planned_with_the_time_small_work_leaves_them() -> None:
@@ -508,8 +518,8 @@ def test_bulk_requests_are_planned_with_the_time_small_work_leaves_them() -> Non
 
 def test_jobs_carry_the_truncation_side_and_the_time_left_and_never_mix_sides() -> None:
     s = make()
-    s.admit("l", b"a", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=5.0, truncation="left")
-    s.admit("r", b"b", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=9.0)
+    take(s, "l", b"a", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=5.0, truncation="left")
+    take(s, "r", b"b", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=9.0)
     first, second = s.next_job(1.0, idle=True), s.next_job(1.0, idle=True)
     assert first is not None and second is not None
     assert first.keys == ["l"] and second.keys == ["r"]
@@ -521,8 +531,8 @@ def test_jobs_carry_the_truncation_side_and_the_time_left_and_never_mix_sides() 
 
 def test_a_merged_job_drops_only_the_pieces_past_their_deadline() -> None:
     s = make()
-    s.admit("old", b"a", texts(3), is_tokenized=False, show_tokens=False, now=0.0, deadline=1.0)
-    s.admit("new", b"b", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=3.0)
+    take(s, "old", b"a", texts(3), is_tokenized=False, show_tokens=False, now=0.0, deadline=1.0)
+    take(s, "new", b"b", texts(2), is_tokenized=False, show_tokens=False, now=0.0, deadline=3.0)
     job = s.next_job(2.0, idle=True)
     assert job is not None and job.keys == ["old", "new"] and job.deadline == 3.0
     assert job.drop_expired(2.0) == 3 and job.keys == ["new"] and job.size == 2

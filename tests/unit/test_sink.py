@@ -35,8 +35,15 @@ class Harness:
         info = {"key": key, "client": client.hex(), "request_id": request_id, "count": count, "show_tokens": False}
         self.send(wire.REGISTER, p.dumps({"admitted": now, "deadline": now + 60, **info, **extra}))
 
-    def result(self, parts: list[tuple[str, list[int]]], vectors: np.ndarray, lengths: list[int] | None = None) -> None:
+    def result(
+        self,
+        parts: list[tuple[str, list[int]]],
+        vectors: np.ndarray,
+        lengths: list[int] | None = None,
+        truncated: list[bool] | None = None,
+    ) -> None:
         header = {"parts": [{"key": k, "rows": r} for k, r in parts], **p.array_header(vectors), "tokens": None}
+        header["truncated"] = truncated if truncated is not None else [False] * len(vectors)
         if lengths is not None:
             header["lengths"] = lengths
         self.send(wire.RESULT, b"job", p.dumps(header), np.ascontiguousarray(vectors).tobytes())
@@ -114,6 +121,45 @@ def test_the_reply_counts_each_rows_tokens_once(harness: Harness) -> None:
     replies = {reply.request_id: reply for reply in (receive(sub), receive(sub))}
     assert replies[2].header["token_count"] == 11
     assert replies[1].header["token_count"] == 5 + 7 + 3
+
+
+def test_the_reply_says_which_inputs_their_workers_cut_each_row_once(harness: Harness) -> None:
+    sub = subscribed(harness, b"r")
+    first, second = p.request_key(b"r", 1), p.request_key(b"r", 2)
+    harness.register(first, b"r", 1, 4)
+    harness.register(second, b"r", 2, 2)
+    vectors = np.ones((3, 1), np.float32)
+    harness.result([(first, [3, 0]), (second, [1])], vectors, truncated=[True, False, True])  # a merged job
+    harness.result([(first, [3])], vectors[:1], truncated=[False])  # row 3 again, from a retry: the first stays
+    harness.result([(first, [1, 2])], vectors[:2], truncated=[False, True])
+    harness.result([(second, [0])], vectors[:1])
+    replies = {reply.request_id: reply for reply in (receive(sub), receive(sub))}
+    assert replies[1].header["truncated"] == [2, 3]
+    assert replies[2].header["truncated"] == [1]
+
+
+@pytest.mark.parametrize(
+    "truncated",
+    [None, "missing", [True], [True, False, False], [1, 0], ["yes", "no"], "true", [None, False]],
+    ids=["null", "missing", "too-few", "too-many", "ints", "strings", "string", "nulls"],
+)
+def test_a_result_without_its_rows_cut_flags_right_is_dropped_and_the_request_still_ends(
+    harness: Harness, truncated: object
+) -> None:
+    sub = subscribed(harness, b"f")
+    key = p.request_key(b"f", 1)
+    harness.register(key, b"f", 1, 2)
+    vectors = np.ones((2, 1), np.float32)
+    header = {"parts": [{"key": key, "rows": [0, 1]}], **p.array_header(vectors), "truncated": truncated}
+    if truncated == "missing":
+        del header["truncated"]
+    with pytest.raises(p.ProtocolError, match="truncated"):
+        messages.read([wire.RESULT, b"job", p.dumps(header), vectors.tobytes()])
+    harness.send(wire.RESULT, b"job", p.dumps(header), vectors.tobytes())
+    assert receive(sub, 300) is None and harness.sink.running  # dropped at the edge, the sink goes on
+    harness.result([(key, [0, 1])], vectors, truncated=[False, True])  # the job, run again, answers right
+    reply = receive(sub)
+    assert reply is not None and reply.ok and reply.header["truncated"] == [1]
 
 
 def test_a_job_delivered_twice_can_neither_complete_nor_overwrite_a_request(harness: Harness) -> None:

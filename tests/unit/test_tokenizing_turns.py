@@ -9,8 +9,9 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from bertserve.server.http.lengths import GROUP_CHARS, rerank_sides, side_groups
+from bertserve.server.http.lengths import GROUP_CHARS, first_cut_pair, rerank_sides, side_groups
 from bertserve.server.http.turns import Tokenizing
 from bertserve.server.model.tokenization import ModelTokenizer
 
@@ -125,15 +126,39 @@ def test_rerank_sides_cut_to_what_each_pair_keeps_tokenize_as_the_whole_pairs(
     query: str, direction: str, max_len: int
 ) -> None:
     tokenizer = _tokenizer(max_len)
-    kept_query, kept, truncated = asyncio.run(rerank_sides(_now, tokenizer, query, DOCUMENTS, direction))
+    kept_query, kept = asyncio.run(rerank_sides(_now, tokenizer, query, DOCUMENTS, direction))
     whole = tokenizer.tokenize([f"{query} ||| {d}" for d in DOCUMENTS], truncation_direction=direction)
     cut = tokenizer.tokenize([f"{kept_query} ||| {d}" for d in kept], truncation_direction=direction)
     assert whole.lengths.tolist() == cut.lengths.tolist()
     for row in range(len(DOCUMENTS)):
         n = whole.lengths[row]
         assert whole.input_ids[row, :n].tolist() == cut.input_ids[row, :n].tolist(), row
-    assert truncated.tolist() == whole.truncated.tolist()
+    # the workers, tokenizing the pairs as sent, say of each what they would of the whole pair
+    assert cut.truncated.tolist() == whole.truncated.tolist()
+    first = asyncio.run(first_cut_pair(_now, tokenizer, kept_query, kept))
+    assert first == (int(np.argmax(whole.truncated)) if whole.truncated.any() else None)
     assert len(kept_query) + sum(map(len, kept)) < 40_000  # nothing long is sent whole
+
+
+class _Counting:
+    """A tokenizer that counts how often it tokenizes."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self._tokenizer, self.calls = tokenizer, 0
+
+    def __getattr__(self, name: str) -> object:
+        found = getattr(self._tokenizer, name)
+        if callable(found) and name in ("count_whole", "truncated", "tokenize"):
+            self.calls += 1
+        return found
+
+
+def test_a_rerank_with_no_side_long_enough_to_cut_is_not_tokenized_here() -> None:
+    tokenizer = _Counting(_tokenizer(128))
+    documents = ["short one", "y " * 30, "9 " * 127]  # 127 tokens in 254 characters: cut, with the query
+    query, kept = asyncio.run(rerank_sides(_now, tokenizer, "a short query", documents, "right"))
+    assert (query, kept, tokenizer.calls) == ("a short query", documents, 0)
+    assert asyncio.run(first_cut_pair(_now, tokenizer, query, kept)) == 2  # refusing asks, and tokenizes
 
 
 def test_side_groups_bound_a_turns_characters() -> None:

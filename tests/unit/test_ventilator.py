@@ -109,6 +109,29 @@ def test_a_request_over_the_bounds_is_refused_busy_at_once(rig: Rig) -> None:
     assert status["busy_rejections"] == 1 and status["rejections"] == {"busy": 1} and status["queued_sentences"] == 11
 
 
+def test_each_limit_is_reported_once_in_order_a_declared_count_before_the_texts_are_read(rig: Rig) -> None:
+    def send(request_id: int, header: dict, payload: bytes) -> None:
+        full = {"protocol": p.PROTOCOL_VERSION, **header}
+        rig.client.send_multipart([b"o", p.ENCODE, str(request_id).encode(), p.dumps(full), payload])
+
+    send(1, {"count": 11}, b"not json")  # over --max-request-size: refused unread
+    send(2, {}, b"not json")  # no count declared: read first, to be counted
+    send(3, {}, p.dumps(["x"] * 11))
+    send(4, {"count": 2}, p.dumps(["x", 7]))
+    send(5, {"count": 1}, p.dumps(["x" * 200_000]))  # past --max-text-chars
+    rig.request(b"o", 6, ["a"] * 10)  # queued: the client's queue is full
+    rig.request(b"o", 7, ["b"])
+    replies = [p.decode_reply(m[2:]) for m in rig.sink_messages() if m[0] == wire.PUBLISH]
+    said = {reply.request_id: (reply.header["kind"], reply.header["error"]) for reply in replies}
+    assert said[1] == ("limit", "the request has 11 inputs; this server takes at most 10 per request")
+    assert said[2][0] == "protocol" and said[2][1].startswith("malformed request:")
+    assert said[3] == ("limit", "the request has 11 inputs; this server takes at most 10 per request")
+    assert said[4][0] == "input"
+    assert said[5][0] == "limit" and "characters" in said[5][1]
+    assert said[7][0] == p.BUSY and 6 not in said
+    assert rig.ventilator.status()["busy_rejections"] == 1  # the room is asked once
+
+
 def test_a_lost_workers_job_goes_to_another_and_its_late_done_is_ignored(rig: Rig) -> None:
     first, first_push = rig.worker(b"w0-1", 0)
     rig.request(b"c", 1, ["hello"])

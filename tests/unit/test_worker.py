@@ -187,6 +187,17 @@ def test_a_job_goes_to_the_sink_and_its_credit_back(hashing: Rig) -> None:
     assert done["job"] == "42" and done["worker"] == hashing.identity.decode() and done["tokens"] > 0
 
 
+def test_a_result_says_of_each_row_whether_its_input_was_cut(hashing: Rig) -> None:
+    long = " ".join(f"w{i}" for i in range(600))  # past any length the model takes
+    texts = [f"a query ||| {long}", "a query ||| a short document", long, "short"]
+    parts = [{"key": "r#1", "rows": [1, 0]}, {"key": "e#1", "rows": [1, 0]}]
+    hashing.send_job(b"43", texts, parts)
+    assert hashing.sink.poll(5000)
+    kind, _, raw, _ = hashing.sink.recv_multipart()
+    assert kind == wire.RESULT and p.loads(raw)["truncated"] == [True, False, True, False]
+    assert p.loads(raw)["truncated"] == HashingModel().tokenize(texts).truncated.tolist()
+
+
 def test_the_worker_sends_heartbeats_from_its_own_thread(hashing: Rig) -> None:
     kind, identity = hashing.credit((wire.HEARTBEAT,))
     assert (kind, identity) == (wire.HEARTBEAT, hashing.identity)

@@ -16,17 +16,17 @@ from bertserve.client import protocol as p
 
 from ... import metrics
 from ...config.server import ServerConfig
-from ...model.prompts import apply_prompt
 from ...security import message_user_id, request_allowed
-from ..policy import admission, costs
+from ..policy import admission
 from ..policy.admission import Refusal
-from ..protocol import legacy, wire
+from ..protocol import legacy
 from ..protocol.formats import LEGACY, NATIVE, ReplyFormat
 from .control import Control
+from .intake import admit
 from .models import HeadModel, Models
 from .outbox import SinkOutbox
 from .registry import Registry
-from .request_options import EncodeOptions, read_options
+from .request_options import EncodeOptions
 from .requests import Requests
 
 logger = logging.getLogger("bertserve.ventilator")
@@ -148,90 +148,34 @@ class Clients:
         return model
 
     def _on_encode(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
-        who = admission.principal(request.client_id, user, self.gateway_key)
+        """An ENCODE, top to bottom: to a model the head serves and takes requests for; admitted
+        (every check, once: :func:`.intake.admit`); then planned and queued (:meth:`.requests.Requests.queue`).
+        A request refused, or empty, is answered at once."""
         self.received += 1
         if not self.head.accepting:  # stopping: told at once, rather than left to its timeout
             return self._refuse(request, fmt, Refusal(STOPPING, "shutdown"))
         model = self._model(request, fmt)
         if model is None:
             return None
-        return self._encode(request, fmt, who, model)
-
-    def _encode(self, request: p.Request, fmt: ReplyFormat, who: bytes, model: HeadModel) -> None:
+        who = admission.principal(request.client_id, user, self.gateway_key)
         info = self.registry.model_info(model.name, model.version)
-        options = read_options(request.header, model.config, info, model.prompts, model.name, self.head.models.of_task)
-        refusal = options if isinstance(options, Refusal) else self._check_unread(request, model, who)
-        if refusal is not None:
-            return self._refuse(request, fmt, refusal, model.name)
-        assert isinstance(options, EncodeOptions)
-        read = self._read_texts(request, model, who, options)
-        if isinstance(read, Refusal):
-            return self._refuse(request, fmt, read, model.name)
-        texts, nbytes = read
-        if not texts:
-            return self._answer_empty(request, fmt, options, model)
-        too_large = costs.too_large_reply(
-            len(texts), costs.reply_row_bytes(info, options.dimensions), model.config.limits.max_reply_bytes
-        )
-        if too_large is not None:
-            return self._refuse(request, fmt, Refusal(too_large, "limit"), model.name)
-        refusal = self.requests.admit(
+        taken = admit(
             request,
-            fmt,
-            model=model,
-            who=who,
-            texts=texts,
-            options=options,
-            nbytes=nbytes,
-            normalize=options.normalize,
+            model,
+            who,
+            info=info,
+            held=self.requests,
+            max_queued_bytes=self.config.limits.max_queued_bytes,
+            of_task=self.head.models.of_task,
         )
+        if isinstance(taken, Refusal):
+            return self._refuse(request, fmt, taken, model.name)
+        if not taken.texts:
+            return self._answer_empty(request, fmt, taken.options, model, info)
+        refusal = self.requests.queue(request, fmt, model, who, taken)
         if refusal is not None:
-            return self._refuse(request, fmt, refusal, model.name)
+            self._refuse(request, fmt, refusal, model.name)
         return None
-
-    def _check_unread(self, request: p.Request, model: HeadModel, who: bytes) -> Refusal | None:
-        """Why ``request`` is refused before its texts are read: the count its header
-        declares, or a full server."""
-        config, scheduler = model.config, model.scheduler
-        if request.count is not None:
-            refusal = admission.check_count(request.count, config.limits, scheduler, who)
-            if refusal is not None:
-                return refusal
-        floor = admission.payload_floor(len(request.payload or b""))
-        return admission.check_bytes(floor, self.requests.queued_bytes, self.config.limits.max_queued_bytes)
-
-    def _read_texts(
-        self, request: p.Request, model: HeadModel, who: bytes, options: EncodeOptions
-    ) -> tuple[list[Any], int] | Refusal:
-        """``request``'s texts, checked and with their prompt, and the bytes they hold; or why
-        it is refused."""
-        config, scheduler = model.config, model.scheduler
-        try:
-            texts = request.texts = p.decode_texts(request, request.payload)
-        except p.ProtocolError as exc:
-            return Refusal(f"malformed request: {exc}", "protocol")
-        refusal = None
-        if request.count is None:
-            refusal = admission.check_count(len(texts), config.limits, scheduler, who)
-        if refusal is None:
-            try:
-                p.check_texts(texts, options.is_tokenized)
-            except (TypeError, ValueError) as exc:
-                refusal = Refusal(str(exc))
-        refusal = (
-            refusal
-            or admission.check_lengths(texts, config.limits.max_text_chars)
-            or admission.check_unique(request.request_id, self.requests.pending(request.key))
-        )
-        if refusal is not None:
-            return refusal
-        if options.prompt:  # the prompt's tokens count toward max_seq_len, as it runs
-            texts = apply_prompt(texts, options.prompt)
-        nbytes = admission.held_bytes(texts)
-        return admission.check_bytes(nbytes, self.requests.queued_bytes, self.config.limits.max_queued_bytes) or (
-            texts,
-            nbytes,
-        )
 
     def _on_cancel(self, request: p.Request, user: bytes | None, fmt: ReplyFormat) -> None:
         """The client withdrew its request: its queued work is dropped, and it is answered as
@@ -240,8 +184,9 @@ class Clients:
         if key is not None:
             self.head.cancel({key})
 
-    def _answer_empty(self, request: p.Request, fmt: ReplyFormat, options: EncodeOptions, model: HeadModel) -> None:
-        info = self.registry.model_info(model.name, model.version)
+    def _answer_empty(
+        self, request: p.Request, fmt: ReplyFormat, options: EncodeOptions, model: HeadModel, info: dict[str, Any]
+    ) -> None:
         dim = options.dimensions or int(info.get("output_dim", 0))
         shape = [0, 0, dim] if info.get("token_level") else [0, dim]
         header: dict[str, Any] = {"dtype": info.get("output_dtype", "float32"), "shape": shape}
@@ -280,6 +225,3 @@ class Clients:
             self._refuse(request, fmt, answer)
         else:
             self.outbox.publish(fmt, fmt.answer(request, answer))
-
-    def _publish(self, fmt: ReplyFormat, frames: list[Any]) -> None:
-        self.outbox.send([wire.PUBLISH, fmt.name, *frames])

@@ -1,4 +1,4 @@
-"""The one owner of a request's lifecycle in the head: admitted, its rows done, its worker lost,
+"""The one owner of a request's lifecycle in the head: queued once admitted, its rows done, its worker lost,
 failed, expired, or ended by shutdown or by a sink that died.
 
 Each of these is written here once. A request that ends early ends the same way whatever
@@ -8,8 +8,8 @@ in a declared message (:mod:`..protocol.sink`). The clients' side (:mod:`.client
 link (:mod:`.link`), the deadline sweep (:mod:`.expiry`) and the ventilator call these methods;
 none of them writes the book, a queue's requests or the jobs a worker holds.
 
-A request's deadline is computed once, here, as it is admitted: the time it arrived plus its
-timeout, both ``time.monotonic()`` instants. Its queue, its jobs (each worker skips what is
+A request's deadline is computed once, as it is admitted (:func:`.intake.admit`): the time it
+arrived plus its timeout, both ``time.monotonic()`` instants. Its queue, its jobs (each worker skips what is
 past it) and the sink (in REGISTER) all carry that one instant: see :mod:`..protocol.sink`
 for why one clock serves both processes.
 """
@@ -24,18 +24,17 @@ from bertserve.client import protocol as p
 from pydantic import ValidationError
 
 from ... import metrics, tracing
-from ..policy import admission
 from ..policy.admission import Refusal
-from ..policy.jobs import Busy, Job, TooLarge
+from ..policy.jobs import Job
 from ..policy.scheduler import Scheduler
 from ..protocol import sink
 from ..protocol.formats import ReplyFormat
 from ..protocol.link_bodies import Done
 from .admitted import Admitted, AdmittedRequests
+from .intake import Taken
 from .models import HeadModel, Models
 from .outbox import SinkOutbox
 from .registry import Registry
-from .request_options import EncodeOptions
 
 logger = logging.getLogger("bertserve.ventilator")
 
@@ -71,25 +70,15 @@ class Requests:
         """The key of the client's pending request of this id."""
         return self.book.key_of(wire_key)
 
-    # -- admitted --------------------------------------------------------------------------
+    # -- queued ----------------------------------------------------------------------------
 
-    def admit(
-        self,
-        request: p.Request,
-        fmt: ReplyFormat,
-        *,
-        model: HeadModel,
-        who: bytes,
-        texts: list[Any],
-        options: EncodeOptions,
-        nbytes: int,
-        normalize: bool | None,
-    ) -> Refusal | None:
-        """Queue ``request`` (its ``texts``, checked) on ``model``, and tell the sink to expect
-        it; a refusal if its queue cannot take it."""
+    def queue(self, request: p.Request, fmt: ReplyFormat, model: HeadModel, who: bytes, taken: Taken) -> Refusal | None:
+        """Plan ``request``, admitted (:func:`.intake.admit`), and queue it on ``model``: its
+        key and the REGISTER that tells the sink to expect it, checked at the edge (a REGISTER
+        the sink would refuse is a refused request, and nothing is queued); then its texts go
+        to the scheduler, it joins the book, and the sink gets the REGISTER."""
+        options, texts, now = taken.options, taken.texts, taken.now
         key = self.book.new_key(request.key)
-        now = time.monotonic()
-        deadline = now + options.timeout_s
         span = tracing.start(
             "bertserve.head.request",
             parent=options.trace,
@@ -97,49 +86,48 @@ class Requests:
             caller=not _from_http(request.client_id, who),  # a ZeroMQ client's context: sampled as decided here
         )
         trace = tracing.recorded_traceparent(span)
-        try:  # checked before anything is queued: a register the sink would refuse is a refused request
+        try:
             register = sink.Register(
                 key=key,
                 client=request.client_id.hex(),
                 request_id=request.request_id,
                 count=len(texts),
-                deadline=deadline,
+                deadline=taken.deadline,
                 admitted=now,
                 show_tokens=options.show_tokens,
                 version=model.version,
                 format=fmt.name.decode(),
                 model=model.name,
                 dimensions=options.dimensions,
-                normalize=normalize,
+                normalize=options.normalize,
                 trace=trace,
             )
         except ValidationError as exc:
-            return _refused(span, Refusal(f"malformed request: {exc.errors(include_url=False)[0]['msg']}", "protocol"))
-        try:
-            model.scheduler.admit(
-                key,
-                who,
-                texts,
-                is_tokenized=options.is_tokenized,
-                show_tokens=options.show_tokens,
-                now=now,
-                chunk=options.chunk,
-                version=model.version,
-                deadline=deadline,
-                truncation=options.truncation,
-                trace=trace,
-                adapter=options.adapter,
-            )
-        except Busy as exc:
-            return _refused(span, Refusal(str(exc), admission.BUSY))
-        except TooLarge as exc:
-            return _refused(span, Refusal(str(exc), "limit"))
+            refusal = Refusal(f"malformed request: {exc.errors(include_url=False)[0]['msg']}", "protocol")
+            tracing.end(span, error=refusal.message)
+            return refusal
+        model.scheduler.queue(
+            key,
+            who,
+            texts,
+            is_tokenized=options.is_tokenized,
+            show_tokens=options.show_tokens,
+            now=now,
+            chunk=options.chunk,
+            version=model.version,
+            deadline=taken.deadline,
+            truncation=options.truncation,
+            trace=trace,
+            adapter=options.adapter,
+            slot=taken.slot,
+        )
         if span is not None:
             self.spans[key] = span
-        self.book.add(
-            key,
-            Admitted(request.client_id, request.request_id, request.key, len(texts), deadline, fmt, nbytes, model.name),
+        deadline, nbytes = taken.deadline, taken.nbytes
+        admitted = Admitted(
+            request.client_id, request.request_id, request.key, len(texts), deadline, fmt, nbytes, model.name
         )
+        self.book.add(key, admitted)
         self.outbox.send(register.frames())
         return None
 
@@ -252,12 +240,6 @@ class Requests:
             dropped += before - model.scheduler.queued
         ended = {key: request for key in keys if (request := self.book.finish(key)) is not None}
         return ended, dropped
-
-
-def _refused(span: Any, refusal: Refusal) -> Refusal:
-    """``refusal``, once the span of the request it refuses has ended with it."""
-    tracing.end(span, error=refusal.message)
-    return refusal
 
 
 def _count_job(size: int, done: Done, model: str) -> None:

@@ -2,10 +2,10 @@
 limits and what the server holds now. No sockets: the ventilator reads the request and sends
 the answer; these say what the answer is.
 
-A request is checked in the order that lets a busy server refuse it cheaply: on the count
-its header declares and the size of its payload before its texts are read, then on the
-texts themselves. Each check returns ``None`` when the request passes it, or the
-:class:`Refusal` its client gets.
+The head asks each of these once per request, in the order that lets a busy server refuse
+it cheaply (:mod:`..head.intake`): on the count its header declares before its texts are
+read, then on the texts themselves. Each check returns ``None`` when the request passes it,
+or the :class:`Refusal` its client gets.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from .jobs import Busy, TooLarge
 from .scheduler import Scheduler
 
 BUSY = "busy"  # the client may retry later (the kind of error reply, as the client protocol names it)
-
-_MIN_HELD_PER_JSON_BYTE = 6  # a text takes at least a sixth of its JSON's bytes in memory
 
 
 @dataclass(frozen=True)
@@ -69,11 +67,6 @@ def check_count(count: int, limits: Limits, scheduler: Scheduler, who: bytes) ->
     except TooLarge as exc:
         return Refusal(str(exc), "limit")
     return None
-
-
-def payload_floor(payload_bytes: int) -> int:
-    """The least memory the texts of a JSON payload of ``payload_bytes`` can hold once read."""
-    return payload_bytes // _MIN_HELD_PER_JSON_BYTE
 
 
 def check_bytes(nbytes: int, held: int, cap: int) -> Refusal | None:

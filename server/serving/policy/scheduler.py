@@ -2,10 +2,12 @@
 
 - **Admission.** Queued sentences are bounded in total (``max_queued_sentences``) and per
   client (``max_client_queued_sentences``). A request over a bound is refused whole with
-  :class:`Busy`, never half-queued; one larger than a client may ever queue is a
+  :class:`Busy` (:meth:`Scheduler.check_room`); one larger than a client may ever queue is a
   :class:`TooLarge`. So is a bulk request that would finish, or make an earlier one finish,
   past ``bulk_slowdown`` times its idle-server time (:meth:`Scheduler.check_slowdown`), at
   the speed measured and corrected by how late earlier bulk requests came (:mod:`.throughput`).
+  The head asks both once, as it admits a request, then queues it (:meth:`Scheduler.queue`),
+  so nothing is ever half-queued.
 - **Cutting.** A request of ``max_batch_size`` sentences or more is *bulk*: sorted by token
   count, so each job pads little, and cut into jobs of at most ``max_batch_size`` sentences
   and ``max_batch_tokens`` padded tokens. Smaller requests are *small*. A bulk request is cut
@@ -53,7 +55,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -63,6 +65,17 @@ from ...config.limits import Limits
 from .jobs import Busy, Job, Piece, TooLarge, cut_by_length
 from .lanes import BulkRequest, ClientQueue, merge_shares
 from .throughput import LEAST_BOUND_S, QueuedBulk, Throughput, bulk_seconds, late_bulk
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What :meth:`Scheduler.check_slowdown` found for a request: when it should be done
+    (a bulk request's bound; never for a small one), and the seconds it is projected to take,
+    if projected (a bulk request, once the workers' speed is measured)."""
+
+    due: float = float("inf")
+    seconds: float | None = None
+
 
 CountTokens = Callable[[list[Any], bool, bool], np.ndarray]
 """``(texts, is_tokenized, chunk) -> tokens per input`` (in all its windows with ``chunk``)."""
@@ -92,7 +105,7 @@ class Scheduler:
 
     # -- admission ---------------------------------------------------------------------
 
-    def admit(
+    def queue(
         self,
         key: str,
         client: bytes,
@@ -107,12 +120,15 @@ class Scheduler:
         truncation: str = "right",
         trace: str | None = None,
         adapter: int = 0,
+        slot: Slot | None = None,
     ) -> None:
-        """Queue a checked, non-empty request, to run on model ``version`` before ``deadline``;
-        raises :class:`Busy` or :class:`TooLarge` without queuing any of it."""
+        """Queue a checked, non-empty request admitted ``now``, to run on model ``version``
+        before ``deadline``. Nothing is checked here: the head admitted it, within the room
+        :meth:`check_room` found and in the ``slot`` :meth:`check_slowdown` gave it."""
         count = len(texts)
-        self.check_room(client, count)
-        due = self.check_slowdown(client, count, now, deadline, key)
+        slot = slot or Slot()
+        if slot.seconds is not None:
+            self.throughput.expect(key, slot.seconds, now)
         piece = Piece(
             key,
             client,
@@ -141,7 +157,7 @@ class Scheduler:
         else:
             if not queue.bulk:
                 self.bulk_turns.append(client)
-            queue.bulk.append(BulkRequest(piece, due=due))
+            queue.bulk.append(BulkRequest(piece, due=slot.due))
             self.bulk_count += 1
         queue.sentences += count
         self.queued += count
@@ -167,13 +183,11 @@ class Scheduler:
                 "may be; retry later"
             )
 
-    def check_slowdown(
-        self, client: bytes, count: int, now: float, deadline: float = float("inf"), key: str = ""
-    ) -> float:
+    def check_slowdown(self, client: bytes, count: int, now: float, deadline: float = float("inf")) -> Slot:
         """Raise :class:`Busy` for a bulk request that, taken now, would finish (or make a
         bulk request taken before it finish) later than ``bulk_slowdown`` times its time on an
-        idle server, or after its own deadline; else return when it should be done (and, given
-        its ``key``, note when it is projected to be, for the lag).
+        idle server, or after its own deadline; else return its :class:`Slot`: when it should
+        be done, and how long it is projected to take (which :meth:`queue` notes, for the lag).
 
         Finish times are projected from the workers' measured speed, the small traffic's share
         and the bulk work shared with (:mod:`.throughput`). A client's earlier bulk requests run
@@ -184,7 +198,7 @@ class Scheduler:
         capacity = self.throughput.capacity()
         rate = self.throughput.bulk_rate(now)
         if not slowdown or count < self.batching.max_batch_size or capacity is None or rate is None:
-            return float("inf")
+            return Slot()
         queue = self.clients.get(client)
         own = sum(item.rows for item in queue.bulk) if queue is not None else 0
         idle_s = (own + count) / capacity  # an idle server runs its client's earlier bulk requests first too
@@ -199,9 +213,7 @@ class Scheduler:
         extra = sum(job.size for job in self.retries) + self.throughput.held  # runs before any of it
         late = late_bulk(lanes, new, extra=extra, rate=rate, now=now)
         if late is None:
-            if key:
-                self.throughput.expect(key, bulk_seconds(lanes, new, extra=extra, rate=rate), now)
-            return due
+            return Slot(due, bulk_seconds(lanes, new, extra=extra, rate=rate))
         self.busy_rejections += 1
         if late is not new:
             why = "would make a bulk request taken before it late"

@@ -79,7 +79,7 @@ RESULT_HEADER_BASE_BYTES = 16 * 1024
 """What a RESULT header may hold beyond its rows: field names, dtype, shape, model version."""
 
 RESULT_HEADER_ROW_BYTES = 128
-"""What each row adds to a RESULT header: its index in its part, its length, its windows."""
+"""What each row adds to a RESULT header: its index in its part, its length, its windows, whether it was cut."""
 
 RESULT_HEADER_PART_BYTES = 512
 """What each part adds to a RESULT header: its request key (at most 256 characters), the

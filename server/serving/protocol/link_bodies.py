@@ -192,7 +192,9 @@ class Part(_Schema):
 
 
 class ResultHeader(_Schema):
-    """A RESULT's header: whose rows these are, and the vectors' array header."""
+    """A RESULT's header: whose rows these are, the vectors' array header, and which of the
+    rows' inputs the model cut (required: a reply to a rerank says of each pair whether it
+    was cut, and only the worker, which tokenized it, knows)."""
 
     parts: list[Part] = Field(min_length=1, max_length=1 << 20)
     dtype: Literal["float16", "float32", "float64"]
@@ -200,6 +202,7 @@ class ResultHeader(_Schema):
     tokens: list[list[str] | None] | None = None
     lengths: list[Count] | None = None
     windows: list[Count] | None = None
+    truncated: list[bool]  # each row's input was cut to the model's length (a pair: either side), or not
     model_version: int | None = Field(default=None, ge=0, le=2**63 - 1)
     # the model's modules end in a Normalize module, which its graph leaves to the sink (graph.serving_graph)
     normalizes: bool | None = None
@@ -209,7 +212,7 @@ class ResultHeader(_Schema):
         rows = sum(len(part.rows) for part in self.parts)
         if self.shape[0] != rows:
             raise ValueError(f"the array has {self.shape[0]} rows, the parts {rows}")
-        for name in ("tokens", "lengths", "windows"):
+        for name in ("tokens", "lengths", "windows", "truncated"):
             values = getattr(self, name)
             if values is not None and len(values) != rows:
                 raise ValueError(f"{name} has {len(values)} entries for {rows} rows")

@@ -16,8 +16,8 @@ Inside the server (same version, never seen by clients)::
         worker PUSH -> ventilator    [DONE, JSON {job, worker, seconds, tokens, slots}]   (returns the job's credit)
                                      [HEARTBEAT, worker identity]   (every second, from its own thread)
         ventilator -> worker         [JOB, job_id, JSON {parts, is_tokenized, show_tokens}, payload] | [STOP]
-    worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens, lengths, model_version},
-                                      buffer]
+    worker PUSH -> sink PULL         [RESULT, job_id, JSON {parts, dtype, shape, tokens, lengths, truncated,
+                                      model_version}, buffer]
                                      [JOB_ERROR, job_id, JSON {parts, error}]
 
 Head and remote-worker hosts (``bertserve worker``), over one tcp link on ``--worker-port``,
@@ -63,7 +63,7 @@ JOB_ERROR = b"JOB_ERROR"
 HEARTBEAT = b"HEARTBEAT"
 
 # between a head and the hosts of remote workers (``bertserve worker``), over --worker-port
-LINK_VERSION = 1
+LINK_VERSION = 2  # 2: a RESULT says which rows' inputs were cut (truncated)
 HELLO = b"HELLO"  # host -> head: {link, version, hostname, model_sha256, workers}
 WELCOME = b"WELCOME"  # head -> host: the model options every worker runs
 REFUSED = b"REFUSED"  # head -> host: {error}; the host exits

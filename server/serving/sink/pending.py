@@ -40,9 +40,11 @@ class Pending:
     model_normalizes: bool = False  # the model's modules end in a Normalize module, which the graph leaves to us
     model: str = ""  # the served model it runs on: a label of its metrics
     filled: np.ndarray = field(init=False)
+    truncated: np.ndarray = field(init=False)  # each row's input was cut to the model's length, as its worker said
 
     def __post_init__(self) -> None:
         self.filled = np.zeros(self.count, bool)
+        self.truncated = np.zeros(self.count, bool)
 
     @property
     def complete(self) -> bool:
@@ -58,8 +60,9 @@ class Pending:
         normalizes: bool = False,
     ) -> None:
         """Place the rows not placed yet; rows already in are duplicates and are skipped.
-        ``counts`` holds each row's tokens and whether it was chunked (0 or 1); ``normalizes``
-        says the worker's model ends in a Normalize module its graph left out."""
+        ``counts`` holds each row's tokens, whether it was chunked and whether it was cut
+        (0 or 1, :func:`row_counts`); ``normalizes`` says the worker's model ends in a
+        Normalize module its graph left out."""
         self.model_normalizes = self.model_normalizes or normalizes
         if len(rows) != len(vectors) or (len(rows) and (rows.min() < 0 or rows.max() >= self.count)):
             raise BadParts(f"rows {rows[:8].tolist()}... do not fit a request of {self.count}")
@@ -73,6 +76,7 @@ class Pending:
         if counts is not None and len(counts) == len(new):
             self.token_count += int(counts[new, 0].sum())
             self.chunked += int(counts[new, 1].sum())
+            self.truncated[rows] = counts[new, 2] > 0
         self.parts.append((rows, vectors))
         if self.show_tokens and tokens is not None:
             if self.tokens is None:
@@ -112,14 +116,14 @@ class Pending:
         return np.ascontiguousarray(out[..., :k])
 
 
-def row_counts(header: ResultHeader, rows: int) -> np.ndarray | None:
-    """Each row's token count and whether it was chunked, as ``[rows, 2]``; None if the
-    worker did not say (the reply then counts no tokens)."""
+def row_counts(header: ResultHeader, rows: int) -> np.ndarray:
+    """Each row's token count, whether it was chunked and whether it was cut, as ``[rows, 3]``
+    (no tokens counted where the worker did not say them)."""
     lengths, windows = header.lengths, header.windows
-    if not isinstance(lengths, list) or len(lengths) != rows:
-        return None
-    counts = np.zeros((rows, 2), np.int64)
-    counts[:, 0] = np.asarray(lengths, dtype=np.int64)
-    if isinstance(windows, list) and len(windows) == rows:
-        counts[:, 1] = np.asarray(windows, dtype=np.int64) > 1
+    counts = np.zeros((rows, 3), np.int64)
+    if isinstance(lengths, list) and len(lengths) == rows:
+        counts[:, 0] = np.asarray(lengths, dtype=np.int64)
+        if isinstance(windows, list) and len(windows) == rows:
+            counts[:, 1] = np.asarray(windows, dtype=np.int64) > 1
+    counts[:, 2] = np.asarray(header.truncated, dtype=bool)  # as many as the rows: checked by its schema
     return counts

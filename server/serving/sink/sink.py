@@ -197,7 +197,7 @@ class Sink:
             rows = np.asarray(part.rows, dtype=np.int64)
             chunk = vectors[offset : offset + len(rows)]
             chunk_tokens = tokens[offset : offset + len(rows)] if tokens is not None else None
-            part_counts = counts[offset : offset + len(rows)] if counts is not None else None
+            part_counts = counts[offset : offset + len(rows)]
             offset += len(rows)
             key = part.key
             pending = self.pending.get(key)
@@ -273,6 +273,7 @@ class Sink:
             header = p.array_header(array)
             header["token_count"] = pending.token_count
             header["chunked"] = pending.chunked
+            header["truncated"] = np.flatnonzero(pending.truncated).tolist()  # the inputs cut, by index
             if pending.version is not None:
                 header["model_version"] = pending.version
             if pending.model:

@@ -9,7 +9,9 @@ one model run, not for a whole mini-job. (``--feed tfdata`` feeds through
 ``tf.data.Dataset.from_generator`` and ``.prefetch`` instead, without overtaking; measured
 on a 2-core CPU, a one-sentence fp32 run took 38 ms inside ``tf.data``'s iteration against
 17 ms beside a plain thread.)
-Results go to the sink as ``[RESULT, job id, header, raw vectors]``; a job that fails
+Results go to the sink as ``[RESULT, job id, header, raw vectors]``, the header saying of each
+input its tokens and whether it was cut to the model's length (``truncated``: the worker
+tokenizes, so it is the one that knows); a job that fails
 becomes a ``JOB_ERROR`` for the requests it carried, and the worker carries on. Each
 finished job returns its credit to the ventilator over a separate PUSH socket (a socket
 belongs to one thread, and the generator runs on tf.data's threads), and a thread of its
@@ -292,8 +294,10 @@ class Worker:
                 vectors = np.ascontiguousarray(self.model.combine(batch, vectors))  # type: ignore[attr-defined]
                 out["windows"] = np.bincount(owners).tolist()
                 out["lengths"] = np.bincount(owners, weights=lengths).astype(np.int64).tolist()
+                out["truncated"] = (np.bincount(owners, weights=batch.truncated) > 0).tolist()
             else:
                 out["lengths"] = np.asarray(lengths).tolist()
+                out["truncated"] = batch.truncated.tolist()  # each input cut to the model's length, or not
             ran = len(vectors)  # inputs (a chunked input's windows are one)
             if self.sparse:
                 vectors = sparse_pairs(vectors)
