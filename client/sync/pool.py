@@ -71,17 +71,8 @@ class ConcurrentBertClient:
         """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress``, ``pairs`` and
         the request options, ``model`` among them, included); safe to call from any thread."""
         # Bad input or options fail before waiting for a client.
-        options = EncodeOptions(
-            is_tokenized=is_tokenized,
-            show_tokens=show_tokens,
-            long_inputs=long_inputs,
-            dimensions=dimensions,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            normalize=normalize,
-            model=check_model(model),
-            pairs=pairs,
-        )
+        asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
+        options = EncodeOptions.asked(check_model(model), *asked)
         texts = options.check_texts(texts)
         with self._client() as client:
             return client.encode(
