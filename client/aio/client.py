@@ -25,6 +25,7 @@ import numpy as np
 from ..core.api import BaseClient
 from ..core.chunking import ASYNC_WINDOW, Gathered, chunks
 from ..core.options import EncodeOptions, check_model, model_field
+from ..core.requests import encode_options
 from ..core.results import Embedding, EncodeResult, answer, encode_result
 from ..core.steps import Call, Chunks, Config, Plan, Step, Warn
 from ..errors import ServerError
@@ -171,7 +172,7 @@ class AsyncBertClient(BaseClient):
         client is closed meanwhile. Cancelling the call withdraws its request from the server.
         """
         asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        options = self._core.encode_options(model, *asked)
+        options = encode_options(check_model(model) or self.model, *asked)
         plan = self._core.encode(texts, options, show_progress=show_progress, output=output)
         return await self._run(plan)
 

@@ -25,7 +25,7 @@ from ..protocol import CANCEL, Reply, check_texts
 from ..tasks import Prediction, Ranked, SparseVector
 from .handshake import Handshake, check_server
 from .options import ClientOptions, EncodeOptions, check_model, check_timeout
-from .requests import check_size, plan_encode, request_frames
+from .requests import check_size, encode_options, plan_encode, request_frames
 from .results import in_format, shaped
 from .steps import Call, Chunks, Config, Encode, Warn
 
@@ -128,24 +128,6 @@ class ClientCore:
         return BertClientError(f"ZeroMQ failed talking to {self.address}: {exc}")
 
     # -- the calls, planned ------------------------------------------------------------
-
-    def encode_options(
-        self,
-        model: str | None,
-        is_tokenized: bool = False,
-        pairs: bool = True,
-        show_tokens: bool = False,
-        long_inputs: str | None = None,
-        dimensions: int | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        normalize: bool | None = None,
-    ) -> EncodeOptions:
-        """The options of an encode call (:meth:`EncodeOptions.asked`), sent to ``model`` or, if
-        it is ``None``, to the client's model."""
-        model = check_model(model) or self.options.model
-        asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        return EncodeOptions.asked(model, *asked)
 
     def encode(
         self,
@@ -254,9 +236,7 @@ class ClientCore:
         model = check_model(model) or self.options.model
         if model is None:  # the server's default model of the task
             model = t.task_default((yield Config(None)), task)
-        options = EncodeOptions.asked(
-            model, prompt_name=prompt_name, truncation_direction=truncation_direction, task=task
-        )
+        options = encode_options(model, prompt_name=prompt_name, truncation_direction=truncation_direction, task=task)
         config = yield Config(options.model)
         options.check_server(config)
         result = yield Encode(texts, options, "ndarray")

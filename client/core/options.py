@@ -289,37 +289,6 @@ class EncodeOptions:
         if self.task is not None and self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
 
-    @classmethod
-    def asked(
-        cls,
-        model: str | None,
-        is_tokenized: bool = False,
-        pairs: bool = True,
-        show_tokens: bool = False,
-        long_inputs: str | None = None,
-        dimensions: int | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        normalize: bool | None = None,
-        *,
-        task: str | None = None,
-    ) -> EncodeOptions:
-        """The options of one call as a client's method was given them, checked, ``model`` the
-        one its requests go to: every client builds its options here, in the order of
-        ``encode``'s keywords, so a call's caller writes them on one line."""
-        return cls(
-            is_tokenized=is_tokenized,
-            show_tokens=show_tokens,
-            long_inputs=long_inputs,
-            dimensions=dimensions,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            normalize=normalize,
-            model=model,
-            pairs=pairs,
-            task=task,
-        )
-
     def check_texts(self, texts: object) -> list[Any]:
         """``texts`` as a list, checked (:func:`~bertserve.client.protocol.check_texts`), each
         a sentence pair or not as ``pairs`` says."""

@@ -36,7 +36,7 @@ import zmq
 from ..core.api import BaseClient
 from ..core.chunking import checked, chunks, concatenated, gather, in_order
 from ..core.options import EncodeOptions, RequestOptions, check_model, model_field
-from ..core.requests import length_warning
+from ..core.requests import encode_options, length_warning
 from ..core.results import Embedding, EncodeResult
 from ..core.steps import Call, Chunks, Config, Plan, Step, Warn
 from ..errors import ClientClosedError, ConcurrentUseError, ProtocolVersionError
@@ -301,7 +301,7 @@ class BertClient(BaseClient):
         :class:`ServerError` when the server answers with an error.
         """
         asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        options = self._core.encode_options(model, *asked)
+        options = encode_options(check_model(model) or self.model, *asked)
         plan = self._core.encode(texts, options, blocking=blocking, show_progress=show_progress, output=output)
         return self._run(plan)
 
@@ -415,9 +415,8 @@ class BertClient(BaseClient):
         """
         if max_num_batch is not None and (isinstance(max_num_batch, bool) or max_num_batch < 0):
             raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
-        options = self._core.encode_options(
-            model, is_tokenized, pairs, False, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        )
+        asked = is_tokenized, pairs, False, long_inputs, dimensions, prompt_name, truncation_direction, normalize
+        options = encode_options(check_model(model) or self.model, *asked)
         with self._using():
             config = self._connection.config_of(options.model)
         options.check_server(config)

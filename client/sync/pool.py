@@ -16,7 +16,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, EncodeOptions, check_model, check_timeout
+from ..core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, check_model, check_timeout
+from ..core.requests import encode_options
 from ..core.results import Embedding
 from ..errors import ClientClosedError, ServerError, ServerTimeoutError
 from .client import BertClient
@@ -72,7 +73,7 @@ class ConcurrentBertClient:
         the request options, ``model`` among them, included); safe to call from any thread."""
         # Bad input or options fail before waiting for a client.
         asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        options = EncodeOptions.asked(check_model(model), *asked)
+        options = encode_options(check_model(model), *asked)
         texts = options.check_texts(texts)
         with self._client() as client:
             return client.encode(
