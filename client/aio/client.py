@@ -7,9 +7,10 @@ One client serves every task of its event loop: each ``encode`` is a request of 
 pair of sockets of an :class:`~bertserve.client.aio.transport.AsyncTransport`, whose reader hands each
 reply to the call waiting for it, with at most as many requests unanswered as the server queues replies
 (the rest wait their turn in the client). Its options, handshake, requests and the matching of replies
-are the client core's (:mod:`~bertserve.client.core`), shared with ``BertClient``, so it checks and
-raises as ``BertClient`` does; only the waiting is its own, on the loop. A call that is cancelled, or
-whose timeout runs out, withdraws its request from the server (CANCEL).
+are the client core's (:mod:`~bertserve.client.core`), shared with ``BertClient``, and so is the plan
+of each call (:mod:`~bertserve.client.core.steps`): it checks and raises as ``BertClient`` does; only
+the waiting is its own, on the loop. A call that is cancelled, or whose timeout runs out, withdraws its
+request from the server (CANCEL).
 """
 
 from __future__ import annotations

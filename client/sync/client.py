@@ -3,7 +3,9 @@
 This module is the client's API: it holds the caller to one thread, runs each call through
 the client core (:mod:`~bertserve.client.core`: options, handshake, request framing, reply
 matching, written once for this client and ``AsyncBertClient``), and translates low-level
-errors at its boundary. The waits are the sync driver's
+errors at its boundary. Each method asks the core for the plan of its call
+(:mod:`~bertserve.client.core.steps`) and does its steps (:meth:`BertClient._step`): the
+options, the requests and the answer are the core's. The waits are the sync driver's
 (:class:`~bertserve.client.sync.connection.Connection` over a
 :class:`~bertserve.client.sync.transport.Transport`), and the windows of requests behind
 ``encode_async`` and ``encode(show_progress=True)`` are :mod:`~bertserve.client.core.chunking`'s.
