@@ -164,7 +164,9 @@ class ClientCore:
             vectors, tokens = yield Chunks(texts, options, plan.chunk, plan.progress)
             return shaped(in_format(vectors, output_fmt), tokens, options.show_tokens)
         result = yield Encode(texts, options, output_fmt, fetchable=not blocking)
-        return result if not blocking else shaped(result.embedding, result.tokens, options.show_tokens)
+        if not blocking:
+            return result  # the request id: fetch() collects its answer
+        return shaped(result.embedding, result.tokens, options.show_tokens)
 
     def _encode_compact(
         self, texts: Sequence[Any], options: EncodeOptions, output: str, blocking: bool, show_progress: bool
