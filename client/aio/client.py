@@ -7,45 +7,38 @@ One client serves every task of its event loop: each ``encode`` is a request of 
 pair of sockets of an :class:`~bertserve.client.aio.transport.AsyncTransport`, whose reader hands each
 reply to the call waiting for it, with at most as many requests unanswered as the server queues replies
 (the rest wait their turn in the client). Its options, handshake, requests and the matching of replies
-are the client core's (:mod:`~bertserve.client.core`), shared with ``BertClient``, so it checks and
-raises as ``BertClient`` does; only the waiting is its own, on the loop. A call that is cancelled, or
-whose timeout runs out, withdraws its request from the server (CANCEL).
+are the client core's (:mod:`~bertserve.client.core`), shared with ``BertClient``, and so is the plan
+of each call (:mod:`~bertserve.client.core.steps`): it checks and raises as ``BertClient`` does; only
+the waiting is its own, on the loop. A call that is cancelled, or whose timeout runs out, withdraws its
+request from the server (CANCEL).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import warnings
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from .. import tasks as t
-from ..core.base import ClientCore
+from ..core.api import BaseClient
 from ..core.chunking import ASYNC_WINDOW, Gathered, chunks
-from ..core.options import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    DEFAULT_TIMEOUT_MS,
-    ClientOptions,
-    EncodeOptions,
-    check_model,
-    model_field,
-)
-from ..core.requests import plan_encode
-from ..core.results import Embedding, EncodeResult, answer, encode_result, in_format, shaped
+from ..core.options import EncodeOptions, check_model, model_field
+from ..core.requests import encode_options
+from ..core.results import Embedding, EncodeResult, answer, encode_result
+from ..core.steps import Call, Chunks, Config, Plan, Step, Warn
 from ..errors import ServerError
-from ..protocol import ENCODE, RELOAD, STATUS, TERMINATE, check_texts
-from ..security import KeySource
+from ..protocol import ENCODE, RELOAD, STATUS, TERMINATE
 from ..tasks import Prediction, Ranked, SparseVector
 from ..terminal import progress_bar
 from .connection import AsyncConnection
 
+T = TypeVar("T")
 
-class AsyncBertClient:
+
+class AsyncBertClient(BaseClient):
     """A connection to one bertserve server for the tasks of one asyncio event loop.
 
     The options are ``BertClient``'s: ``port_out`` (by default ``port + 1``), ``timeout``
@@ -64,45 +57,7 @@ class AsyncBertClient:
     nothing.
     """
 
-    def __init__(
-        self,
-        host: str = DEFAULT_HOST,
-        port: int = DEFAULT_PORT,
-        port_out: int | None = None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT_MS,
-        output_fmt: Literal["ndarray", "list"] = "ndarray",
-        identity: bytes | str | None = None,
-        check_version: bool = True,
-        check_length: bool = True,
-        show_server_config: bool = False,
-        server_key: KeySource | None = None,
-        client_cert: str | os.PathLike[str] | None = None,
-        model: str | None = None,
-    ) -> None:
-        options = ClientOptions.checked(
-            host,
-            port,
-            port_out,
-            timeout=timeout,
-            output_fmt=output_fmt,
-            identity=identity,
-            check_version=check_version,
-            check_length=check_length,
-            show_server_config=show_server_config,
-            server_key=server_key,
-            client_cert=client_cert,
-            model=model,
-        )
-        self.host, self.port, self.port_out = options.host, options.port, options.port_out
-        self.output_fmt = options.output_fmt
-        self.identity = options.identity
-        self.check_version = options.check_version
-        self.check_length = options.check_length
-        self.show_server_config = options.show_server_config
-        self.model = options.model
-        self._core = ClientCore(options)
-        self._address = self._core.address
+    def _open(self) -> None:
         self._connection = AsyncConnection(self._core)
 
     @property
@@ -217,58 +172,10 @@ class AsyncBertClient:
         busy) when the server answers with an error, and :class:`ClientClosedError` if the
         client is closed meanwhile. Cancelling the call withdraws its request from the server.
         """
-        if output is not None and output != "float":
-            (kind,) = t.check_embedding_types(output, "output") if isinstance(output, str) else ("",)
-            await self._connection.open()
-            config = await self._connection.config_of(check_model(model) or self.model)
-            t.check_calibrated([kind], normalize, config)
-            answer = await self.encode(
-                texts,
-                is_tokenized=is_tokenized,
-                pairs=pairs,
-                show_tokens=show_tokens,
-                show_progress=show_progress,
-                long_inputs=long_inputs,
-                dimensions=dimensions,
-                prompt_name=prompt_name,
-                truncation_direction=truncation_direction,
-                normalize=normalize,
-                model=model,
-            )
-            vectors, tokens = answer if show_tokens else (answer, None)
-            compacted = t.compact(vectors, kind, config)
-            return shaped(compacted.tolist() if self.output_fmt == "list" else compacted, tokens or [], show_tokens)
-        options = EncodeOptions(
-            is_tokenized=is_tokenized,
-            show_tokens=show_tokens,
-            long_inputs=long_inputs,
-            dimensions=dimensions,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            normalize=normalize,
-            model=check_model(model) or self.model,
-            pairs=pairs,
-        )
-        texts = options.check_texts(texts)
-        await self._connection.open()
-        config = await self._connection.config_of(options.model)
-        plan = plan_encode(
-            options,
-            texts,
-            config,
-            output_fmt=self.output_fmt,
-            check_length=self.check_length,
-            show_progress=show_progress,
-        )
-        if plan.warning:
-            warnings.warn(plan.warning, stacklevel=2)
-        if plan.empty is not None:
-            return shaped(plan.empty, [], show_tokens)
-        if plan.chunk is not None:
-            vectors, tokens = await self._encode_chunks(texts, options, plan.chunk, progress=plan.progress)
-            return shaped(in_format(vectors, self.output_fmt), tokens, show_tokens)
-        result = await self._encode(texts, options, self.output_fmt)
-        return shaped(result.embedding, result.tokens, show_tokens)
+        asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
+        options = encode_options(check_model(model) or self.model, *asked)
+        plan = self._core.encode(texts, options, show_progress=show_progress, output=output)
+        return await self._run(plan)
 
     # -- tasks beside embedding ------------------------------------------------------------
 
@@ -284,10 +191,8 @@ class AsyncBertClient:
         model: str | None = None,
     ) -> list[Ranked]:
         """``BertClient.rerank``, awaited: ``documents`` ranked by their relevance to ``query``."""
-        pairs = t.rerank_pairs(query, documents)
-        top_n = t.check_top(top_n, "top_n")
-        rows, config = await self._task_rows(pairs, "rerank", model, truncation_direction)
-        return t.rerank_answer(rows, config, documents, top_n, raw_scores=raw_scores, return_documents=return_documents)
+        plan = self._core.rerank(query, documents, top_n, raw_scores, return_documents, truncation_direction, model)
+        return await self._run(plan)
 
     async def predict(
         self,
@@ -298,9 +203,8 @@ class AsyncBertClient:
         model: str | None = None,
     ) -> list[list[Prediction]]:
         """``BertClient.predict``, awaited: each input's labels, best first, with their scores."""
-        texts = t.predict_inputs(inputs)
-        rows, config = await self._task_rows(texts, "classify", model, truncation_direction)
-        return t.predictions(rows, config.get("labels") or (), raw_scores=raw_scores)
+        plan = self._core.predict(inputs, raw_scores=raw_scores, truncation_direction=truncation_direction, model=model)
+        return await self._run(plan)
 
     async def encode_sparse(
         self,
@@ -312,32 +216,31 @@ class AsyncBertClient:
         model: str | None = None,
     ) -> list[SparseVector]:
         """``BertClient.encode_sparse``, awaited: each text's non-zero SPLADE weights."""
-        top_k = t.check_top(top_k, "top_k")
-        checked = check_texts(texts, pairs=False)
-        rows, _ = await self._task_rows(checked, "sparse", model, truncation_direction, prompt_name)
-        return t.sparse_rows(rows, top_k)
-
-    async def _task_rows(
-        self,
-        texts: list[str],
-        task: str,
-        model: str | None,
-        truncation_direction: str | None,
-        prompt_name: str | None = None,
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        model = check_model(model) or self.model
-        await self._connection.open()
-        if model is None:  # the server's default model of the task
-            model = t.task_default(await self._connection.config_of(None), task)
-        options = EncodeOptions(
-            task=task, model=model, truncation_direction=truncation_direction, prompt_name=prompt_name
+        plan = self._core.encode_sparse(
+            texts, top_k=top_k, prompt_name=prompt_name, truncation_direction=truncation_direction, model=model
         )
-        config = await self._connection.config_of(options.model)
-        options.check_server(config)
-        result = await self._encode(texts, options, "ndarray")
-        return np.asarray(result.embedding), config
+        return await self._run(plan)
 
     # -- internals ---------------------------------------------------------------------
+
+    async def _run(self, call: Call[T]) -> T:
+        """The answer of ``call``, planned by the core, each of its steps awaited in turn."""
+        plan = Plan(call)
+        for step in plan:
+            plan.answer(await self._step(step))
+        return plan.result
+
+    async def _step(self, step: Step) -> Any:
+        """What ``step`` of a call comes to, each answer awaited at most ``timeout`` ms."""
+        if isinstance(step, Config):
+            await self._connection.open()
+            return await self._connection.config_of(step.model)
+        if isinstance(step, Warn):
+            warnings.warn(step.message, stacklevel=4)  # past _step, _run and the client's method: its caller
+            return None
+        if isinstance(step, Chunks):
+            return await self._encode_chunks(step.texts, step.options, step.size, progress=step.progress)
+        return await self._encode(step.texts, step.options, step.output_fmt)
 
     async def _call(self, command: bytes, what: str, header: dict[str, Any] | None = None) -> dict[str, Any]:
         return answer(await self._connection.request(command, what, header))

@@ -27,7 +27,7 @@ from ..core.results import answer
 from ..errors import BertClientError, ClientClosedError
 from ..protocol import CONFIG, ENCODE, ProtocolError, Reply
 from ..reply_port import ReplyPortCheck
-from .transport import AsyncTransport
+from .transport import AsyncTransport, TimedOut
 
 logger = logging.getLogger("bertserve.client")
 
@@ -150,37 +150,20 @@ class AsyncConnection:
         from the server."""
         transport = await self.open()
         timeout = self.core.timeout
-        deadline = time.monotonic() + timeout / 1000
-        request_id, future = transport.expect()
-        sent = answered = False
-        timer: asyncio.TimerHandle | None = None
+        request_id = transport.book.new_id()
         try:
             frames = self.core.frames(command, request_id, header, texts)
-            if not await transport.send(request_id, frames, deadline):
-                raise self.core.timeout_error(
-                    f"{what} {request_id} (the send queue stayed full)", transport.refusal(), timeout
-                )
-            sent = True
-            timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), _expire, future)
-            try:
-                reply = await future
-            except _TimedOut:
-                raise self.core.timeout_error(f"{what} {request_id}", transport.refusal(), timeout) from None
-            answered = True
-            return reply
+            withdraw = self.core.cancel_frames(request_id) if command == ENCODE else None
+            return await transport.exchange(request_id, frames, time.monotonic() + timeout / 1000, withdraw)
+        except TimedOut as exc:
+            queue = "" if exc.sent else " (the send queue stayed full)"
+            raise self.core.timeout_error(f"{what} {request_id}{queue}", transport.refusal(), timeout) from None
         except ProtocolError as exc:
             raise self.core.malformed(exc) from exc
         except zmq.ZMQError as exc:
             if self.closed:
                 raise ClientClosedError("this AsyncBertClient was closed while the call was sent") from None
             raise self.core.zmq_failed(exc) from exc
-        finally:
-            if timer is not None:
-                timer.cancel()
-            if sent and not answered and command == ENCODE:
-                transport.cancel(request_id, self.core.cancel_frames(request_id))
-            else:
-                transport.forget(request_id)
 
     # -- closing -----------------------------------------------------------------------
 
@@ -197,12 +180,3 @@ class AsyncConnection:
         """Wait for the reader task to end, after :meth:`close`."""
         if self.transport is not None:
             await self.transport.wait_closed()
-
-
-class _TimedOut(Exception):
-    """The answer to a request did not come within the client's timeout."""
-
-
-def _expire(future: asyncio.Future[Reply]) -> None:
-    if not future.done():
-        future.set_exception(_TimedOut())

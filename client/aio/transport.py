@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -44,15 +45,38 @@ _ANNOUNCE_EVERY_S = 1.0  # how often a client with requests in flight announces 
 _SEND_CHECK_MS = 100  # how often a send waiting for room looks for a refused handshake
 
 
+class TimedOut(Exception):
+    """A request's deadline passed before its reply came: ``sent`` says whether it went out at
+    all (if not, the queue to the server stayed full)."""
+
+    def __init__(self, sent: bool) -> None:
+        super().__init__("sent, and not answered in time" if sent else "the send queue stayed full")
+        self.sent = sent
+
+
 class AsyncTransport:
     """The sockets of one asyncio client, connected to the server at ``host``: requests to
     ``port``, replies, addressed to ``identity``, from ``port_out``; CURVE sockets if ``curve``
     is given. :meth:`start` starts reading on the running loop; :meth:`close` ends it all.
 
+    With ``shared``, ``identity`` is the prefix of many client ids, whose replies all come in
+    here (the HTTP front end's callers: :class:`~bertserve.client.core.replies.ReplyBook`).
+    ``seen``, if given, is shown every reply as it is read, before its caller gets it.
+
     A failure while opening the sockets closes what was opened and raises the ``ZMQError``.
     """
 
-    def __init__(self, host: str, port: int, port_out: int, identity: bytes, curve: Curve | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        port_out: int,
+        identity: bytes,
+        curve: Curve | None,
+        *,
+        shared: bool = False,
+        seen: Callable[[Reply], None] | None = None,
+    ) -> None:
         # The sockets are made plain, for HandshakeWatch (its monitors are plain sockets of the same
         # context) and for the reads and sends that must not wait; asyncio wrappers share them to wait.
         self._sockets = sockets = open_sockets(host, port, port_out, identity, curve)
@@ -65,7 +89,8 @@ class AsyncTransport:
         self.identity = identity
         self.address, self.address_out = sockets.address, sockets.address_out
         self._watch, self._probe = sockets.watch, sockets.probe
-        self.book: ReplyBook[asyncio.Future[Reply]] = ReplyBook(identity, sockets.address)
+        self.book: ReplyBook[asyncio.Future[Reply]] = ReplyBook(identity, sockets.address, shared=shared)
+        self._seen = seen
         self._places = AsyncPlaces(self.book.window)
         self._reader: asyncio.Task[None] | None = None
         self._announcer: asyncio.TimerHandle | None = None
@@ -95,6 +120,36 @@ class AsyncTransport:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self.book.expect(request_id, future)
         return request_id, future
+
+    async def exchange(
+        self, request_id: int, frames: list[bytes], deadline: float, withdraw: list[bytes] | None = None
+    ) -> Reply:
+        """Send request ``request_id`` (its ``frames``) and await its reply; :class:`TimedOut` if
+        none came by ``deadline`` (``time.monotonic()``). If the caller gives up on a request
+        that went out (cancelled, or out of time), its ``withdraw`` frames (a CANCEL) are sent,
+        if given: the server drops its work before it runs."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.book.expect(request_id, future)
+        sent = answered = False
+        timer: asyncio.TimerHandle | None = None
+        try:
+            if not await self.send(request_id, frames, deadline):
+                raise TimedOut(sent=False)
+            sent = True
+            timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), _expire, future)
+            try:
+                reply = await future
+            except _Expired:
+                raise TimedOut(sent=True) from None
+            answered = True
+            return reply
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if sent and not answered and withdraw is not None:
+                self.cancel(request_id, withdraw)
+            else:
+                self.forget(request_id)
 
     def forget(self, request_id: int) -> None:
         """Stop waiting for the reply to ``request_id``: if it comes, it is dropped (a request
@@ -245,6 +300,17 @@ class AsyncTransport:
         if reply is None:
             return
         self._places.hand_out()  # its place is free
+        if self._seen is not None:
+            self._seen(reply)
         future = self.book.claim(reply)
         if future is not None and not future.done():
             future.set_result(reply)
+
+
+class _Expired(Exception):
+    """The answer to a request did not come by its deadline."""
+
+
+def _expire(future: asyncio.Future[Reply]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())

@@ -6,6 +6,10 @@ dimension, prompts, length), the frames of its requests, and the errors a wait e
 drivers (``sync/``, ``aio/``) own the sockets and the waiting, and ask the core what to send,
 what a reply means and which error to raise, as httpx's ``Client`` and ``AsyncClient`` ask
 their ``BaseClient``.
+
+Each call of the client API is planned here once (:meth:`ClientCore.encode`, :meth:`~ClientCore.rerank`,
+...): its options checked, its texts cut into requests, its answer made of the replies, as a
+sans-IO plan (:mod:`.steps`) that each driver steps through on its own sockets.
 """
 
 from __future__ import annotations
@@ -13,11 +17,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from .. import tasks as t
 from ..errors import BertClientError, ServerTimeoutError
-from ..protocol import CANCEL, Reply
+from ..protocol import CANCEL, Reply, check_texts
+from ..tasks import Prediction, Ranked, SparseVector
 from .handshake import Handshake, check_server
-from .options import ClientOptions, check_timeout
-from .requests import check_size, request_frames
+from .options import ClientOptions, EncodeOptions, check_model, check_timeout
+from .requests import check_size, encode_options, plan_encode, request_frames
+from .results import in_format, shaped
+from .steps import Call, Chunks, Config, Encode, Warn
 
 
 class ClientCore:
@@ -116,3 +126,120 @@ class ClientCore:
     def zmq_failed(self, exc: Exception) -> BertClientError:
         """The error for a socket that failed."""
         return BertClientError(f"ZeroMQ failed talking to {self.address}: {exc}")
+
+    # -- the calls, planned ------------------------------------------------------------
+
+    def encode(
+        self,
+        texts: Sequence[Any],
+        options: EncodeOptions,
+        *,
+        blocking: bool = True,
+        show_progress: bool = False,
+        output: str | None = None,
+    ) -> Call[Any]:
+        """``encode``: the vectors of ``texts`` (``(vectors, tokens)`` with ``show_tokens``), in
+        the client's ``output_fmt``; with ``blocking=False`` the request id."""
+        if show_progress and not blocking:
+            raise ValueError("show_progress needs blocking=True: fetch() collects a non-blocking request")
+        if output is not None and output != "float":
+            return (yield from self._encode_compact(texts, options, output, blocking, show_progress))
+        texts = options.check_texts(texts)
+        config = yield Config(options.model)
+        output_fmt, check_length = self.options.output_fmt, self.options.check_length
+        plan = plan_encode(
+            options,
+            texts,
+            config,
+            output_fmt=output_fmt,
+            check_length=check_length,
+            show_progress=show_progress,
+            blocking=blocking,
+        )
+        if plan.warning:
+            yield Warn(plan.warning)
+        if plan.empty is not None:
+            return shaped(plan.empty, [], options.show_tokens)
+        if plan.chunk is not None:
+            vectors, tokens = yield Chunks(texts, options, plan.chunk, plan.progress)
+            return shaped(in_format(vectors, output_fmt), tokens, options.show_tokens)
+        result = yield Encode(texts, options, output_fmt, fetchable=not blocking)
+        if not blocking:
+            return result  # the request id: fetch() collects its answer
+        return shaped(result.embedding, result.tokens, options.show_tokens)
+
+    def _encode_compact(
+        self, texts: Sequence[Any], options: EncodeOptions, output: str, blocking: bool, show_progress: bool
+    ) -> Call[Any]:
+        """``encode`` in a compact form (``output``: int8, uint8, binary or ubinary)."""
+        (kind,) = t.check_embedding_types(output, "output") if isinstance(output, str) else ("",)
+        if not blocking:
+            raise ValueError("output needs blocking=True: fetch() collects the float vectors")
+        config = yield Config(options.model)
+        t.check_calibrated([kind], options.normalize, config)
+        answer = yield from self.encode(texts, options, show_progress=show_progress)
+        vectors, tokens = answer if options.show_tokens else (answer, None)
+        compacted = in_format(t.compact(vectors, kind, config), self.options.output_fmt)
+        return shaped(compacted, tokens or [], options.show_tokens)
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None,
+        raw_scores: bool,
+        return_documents: bool,
+        truncation_direction: str | None,
+        model: str | None,
+    ) -> Call[list[Ranked]]:
+        """``rerank``: ``documents`` ranked by their relevance to ``query``, in one request."""
+        pairs = t.rerank_pairs(query, documents)
+        top_n = t.check_top(top_n, "top_n")
+        rows, config = yield from self._task_rows(pairs, "rerank", model, truncation_direction)
+        return t.rerank_answer(rows, config, documents, top_n, raw_scores=raw_scores, return_documents=return_documents)
+
+    def predict(
+        self,
+        inputs: Sequence[str | tuple[str, str]],
+        *,
+        raw_scores: bool,
+        truncation_direction: str | None,
+        model: str | None,
+    ) -> Call[list[list[Prediction]]]:
+        """``predict``: each input's labels, best first, with their scores."""
+        texts = t.predict_inputs(inputs)
+        rows, config = yield from self._task_rows(texts, "classify", model, truncation_direction)
+        return t.predictions(rows, config.get("labels") or (), raw_scores=raw_scores)
+
+    def encode_sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        top_k: int | None,
+        prompt_name: str | None,
+        truncation_direction: str | None,
+        model: str | None,
+    ) -> Call[list[SparseVector]]:
+        """``encode_sparse``: each text's non-zero SPLADE weights."""
+        top_k = t.check_top(top_k, "top_k")
+        checked = check_texts(texts, pairs=False)
+        rows, _ = yield from self._task_rows(checked, "sparse", model, truncation_direction, prompt_name)
+        return t.sparse_rows(rows, top_k)
+
+    def _task_rows(
+        self,
+        texts: list[str],
+        task: str,
+        model: str | None,
+        truncation_direction: str | None,
+        prompt_name: str | None = None,
+    ) -> Call[tuple[np.ndarray, dict[str, Any]]]:
+        """The rows a model of ``task`` answers for ``texts`` (one request), and its configuration."""
+        model = check_model(model) or self.options.model
+        if model is None:  # the server's default model of the task
+            model = t.task_default((yield Config(None)), task)
+        options = encode_options(model, prompt_name=prompt_name, truncation_direction=truncation_direction, task=task)
+        config = yield Config(options.model)
+        options.check_server(config)
+        result = yield Encode(texts, options, "ndarray")
+        return np.asarray(result.embedding), config

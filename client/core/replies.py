@@ -30,10 +30,15 @@ TagT = TypeVar("TagT")
 
 class ReplyBook(Generic[TagT]):
     """The requests of the client ``identity`` to the server at ``address`` whose replies are
-    awaited, each with a tag, and the :attr:`window` of those the server may still answer."""
+    awaited, each with a tag, and the :attr:`window` of those the server may still answer.
 
-    def __init__(self, identity: bytes, address: str) -> None:
+    With ``shared`` the connection is shared by many client ids, each ``identity`` and a
+    suffix (the HTTP front end's callers, one id a principal): a reply to any of them is
+    read, and its request id, unique over the connection, says which request it answers."""
+
+    def __init__(self, identity: bytes, address: str, *, shared: bool = False) -> None:
         self.identity = identity
+        self.shared = shared
         self.address = address
         self.window = ReplyWindow()  # sized by the server's CONFIG once the handshake is done
         self._ids = itertools.count(1)
@@ -80,10 +85,13 @@ class ReplyBook(Generic[TagT]):
         except ProtocolError as exc:
             logger.warning("ignoring a malformed reply from %s: %s", self.address, exc)
             return None
-        if reply.client_id != self.identity:  # another client whose id starts with ours
+        if not self._ours(reply.client_id):  # another client whose id starts with ours
             return None
         self.window.answered(reply.request_id)
         return reply
+
+    def _ours(self, client_id: bytes) -> bool:
+        return client_id.startswith(self.identity) if self.shared else client_id == self.identity
 
     # -- one wait at a time (the sync driver) ------------------------------------------
 

@@ -1,7 +1,8 @@
 """What a request carries, built and checked before it is sent.
 
 :func:`request_frames` frames a request, its header saying what it asks and which client
-version asks it; :func:`check_size` refuses frames larger than the server takes. Before an
+version asks it; :func:`check_size` refuses frames larger than the server takes;
+:func:`encode_options` builds the options of an encode call, for every client. Before an
 encode call sends anything, :func:`plan_encode` checks its options against the configuration
 of its model and says what to warn of, whether the answer is known without asking (no texts),
 and whether the input goes as one request or in chunks.
@@ -38,6 +39,36 @@ def check_size(frames: list[bytes], config: dict[str, Any]) -> None:
             f"the request is {len(frames[-1])} bytes as JSON; the server takes at most {limit} bytes per "
             "message (max_message_bytes): send fewer or shorter texts per request"
         )
+
+
+def encode_options(
+    model: str | None,
+    is_tokenized: bool = False,
+    pairs: bool = True,
+    show_tokens: bool = False,
+    long_inputs: str | None = None,
+    dimensions: int | None = None,
+    prompt_name: str | None = None,
+    truncation_direction: str | None = None,
+    normalize: bool | None = None,
+    *,
+    task: str | None = None,
+) -> EncodeOptions:
+    """The options of one call as a client's method was given them, checked, ``model`` the one
+    its requests go to. Every client builds its options here, the options in the order of
+    ``encode``'s keywords, so that a method passes them on in one line."""
+    return EncodeOptions(
+        is_tokenized=is_tokenized,
+        show_tokens=show_tokens,
+        long_inputs=long_inputs,
+        dimensions=dimensions,
+        prompt_name=prompt_name,
+        truncation_direction=truncation_direction,
+        normalize=normalize,
+        model=model,
+        pairs=pairs,
+        task=task,
+    )
 
 
 def length_warning(config: dict[str, Any], texts: list[Any], is_tokenized: bool, advice: Advice = PYTHON) -> str | None:

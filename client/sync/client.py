@@ -3,7 +3,9 @@
 This module is the client's API: it holds the caller to one thread, runs each call through
 the client core (:mod:`~bertserve.client.core`: options, handshake, request framing, reply
 matching, written once for this client and ``AsyncBertClient``), and translates low-level
-errors at its boundary. The waits are the sync driver's
+errors at its boundary. Each method asks the core for the plan of its call
+(:mod:`~bertserve.client.core.steps`) and does its steps (:meth:`BertClient._step`): the
+options, the requests and the answer are the core's. The waits are the sync driver's
 (:class:`~bertserve.client.sync.connection.Connection` over a
 :class:`~bertserve.client.sync.transport.Transport`), and the windows of requests behind
 ``encode_async`` and ``encode(show_progress=True)`` are :mod:`~bertserve.client.core.chunking`'s.
@@ -25,34 +27,22 @@ import functools
 import itertools
 import json
 import logging
-import os
 import threading
 import warnings
 from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-import numpy as np
 import zmq
 
-from .. import tasks as t
-from ..core.base import ClientCore
+from ..core.api import BaseClient
 from ..core.chunking import checked, chunks, concatenated, gather, in_order
-from ..core.options import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    DEFAULT_TIMEOUT_MS,
-    ClientOptions,
-    EncodeOptions,
-    RequestOptions,
-    check_model,
-    model_field,
-)
-from ..core.requests import length_warning, plan_encode
-from ..core.results import Embedding, EncodeResult, in_format, shaped
+from ..core.options import EncodeOptions, RequestOptions, check_model, model_field
+from ..core.requests import encode_options, length_warning
+from ..core.results import Embedding, EncodeResult
+from ..core.steps import Call, Chunks, Config, Plan, Step, Warn
 from ..errors import ClientClosedError, ConcurrentUseError, ProtocolVersionError
-from ..protocol import RELOAD, STATUS, TERMINATE, ProtocolError, check_texts
-from ..security import KeySource
+from ..protocol import RELOAD, STATUS, TERMINATE, ProtocolError
 from ..tasks import Prediction, Ranked, SparseVector
 from .connection import Connection
 
@@ -61,12 +51,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("bertserve.client")
 
+T = TypeVar("T")
+
 _CONCURRENT_USE = (
     "this BertClient is in use by another thread; use ConcurrentBertClient to share one server between threads"
 )
 
 
-class BertClient:
+class BertClient(BaseClient):
     """A connection to one bertserve server; not to be shared between threads.
 
     ``BertClient(host, port, port_out)`` connects to the server's request port ``port`` and
@@ -97,43 +89,7 @@ class BertClient:
     mismatch between a CURVE and a plain side, raises :class:`AuthenticationError`.
     """
 
-    def __init__(
-        self,
-        host: str = DEFAULT_HOST,
-        port: int = DEFAULT_PORT,
-        port_out: int | None = None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT_MS,
-        output_fmt: Literal["ndarray", "list"] = "ndarray",
-        identity: bytes | str | None = None,
-        check_version: bool = True,
-        check_length: bool = True,
-        show_server_config: bool = False,
-        server_key: KeySource | None = None,
-        client_cert: str | os.PathLike[str] | None = None,
-        model: str | None = None,
-    ) -> None:
-        options = ClientOptions.checked(
-            host,
-            port,
-            port_out,
-            timeout=timeout,
-            output_fmt=output_fmt,
-            identity=identity,
-            check_version=check_version,
-            check_length=check_length,
-            show_server_config=show_server_config,
-            server_key=server_key,
-            client_cert=client_cert,
-            model=model,
-        )
-        self.host, self.port, self.port_out = options.host, options.port, options.port_out
-        self.output_fmt = options.output_fmt
-        self.identity = options.identity
-        self.check_length = options.check_length
-        self.model = options.model
-        self._core = ClientCore(options)
-        self._address = self._core.address
+    def _open(self) -> None:
         self._lock = threading.Lock()
         self._closed = False
         #: What the last reply said beside its vectors: ``token_count`` (the tokens its inputs
@@ -143,13 +99,13 @@ class BertClient:
         #: ``model_version``; from a server of several models, ``model``.
         self.last_info: dict[str, Any] = {}
         self._connection = self._connect()
-        if check_version:
+        if self.check_version:
             try:
-                self._core.check_server(stacklevel=2)  # past __init__: its caller
+                self._core.check_server(stacklevel=3)  # past _open and __init__: their caller
             except ProtocolVersionError:
                 self.close()
                 raise
-        if show_server_config:
+        if self.show_server_config:
             logger.info("server config of %s:\n%s", self._address, json.dumps(self._core.config, indent=2))
 
     def _connect(self) -> Connection:
@@ -348,80 +304,10 @@ class BertClient:
         Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
         :class:`ServerError` when the server answers with an error.
         """
-        if show_progress and not blocking:
-            raise ValueError("show_progress needs blocking=True: fetch() collects a non-blocking request")
-        if output is not None and output != "float":
-            return self._encode_compact(
-                texts,
-                output,
-                blocking=blocking,
-                is_tokenized=is_tokenized,
-                pairs=pairs,
-                show_tokens=show_tokens,
-                show_progress=show_progress,
-                long_inputs=long_inputs,
-                dimensions=dimensions,
-                prompt_name=prompt_name,
-                truncation_direction=truncation_direction,
-                normalize=normalize,
-                model=model,
-            )
-        options = EncodeOptions(
-            is_tokenized=is_tokenized,
-            show_tokens=show_tokens,
-            long_inputs=long_inputs,
-            dimensions=dimensions,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            normalize=normalize,
-            model=check_model(model) or self.model,
-            pairs=pairs,
-        )
-        with self._using():
-            texts = options.check_texts(texts)
-            config = self._connection.config_of(options.model)
-            plan = plan_encode(
-                options,
-                texts,
-                config,
-                output_fmt=self.output_fmt,
-                check_length=self.check_length,
-                show_progress=show_progress,
-                blocking=blocking,
-            )
-            if plan.warning:
-                warnings.warn(plan.warning, stacklevel=2)
-            if plan.empty is not None:
-                return shaped(plan.empty, [], show_tokens)
-            if plan.chunk is not None:
-                # One request per chunk, a bar counting the answers, joined as the server joins parts.
-                answers = self._in_order(chunks(texts, plan.chunk), options, "ndarray")
-                vectors, tokens = gather(answers, len(texts), progress=plan.progress)
-                return shaped(in_format(vectors, self.output_fmt), tokens, show_tokens)
-            deadline = self._connection.deadline()
-            request_id = self._connection.send_encode(texts, deadline, options, fetchable=not blocking)
-            if not blocking:
-                return request_id
-            try:
-                result = self._collect({request_id}, deadline, f"request {request_id}")
-            except KeyboardInterrupt:  # the server drops what it has not computed yet
-                self._connection.give_up({request_id})
-                raise
-        return shaped(result.embedding, result.tokens, show_tokens)
-
-    def _encode_compact(self, texts: Sequence[Any], output: str, *, blocking: bool, **options: Any) -> Any:
-        """``encode`` in a compact form (``output``: int8, uint8, binary or ubinary)."""
-        (kind,) = t.check_embedding_types(output, "output") if isinstance(output, str) else ("",)
-        if not blocking:
-            raise ValueError("output needs blocking=True: fetch() collects the float vectors")
-        with self._using():
-            config = self._connection.config_of(check_model(options.get("model")) or self.model)
-        t.check_calibrated([kind], options.get("normalize"), config)
-        answer = self.encode(texts, **options)
-        vectors, tokens = answer if options.get("show_tokens") else (answer, None)
-        compacted = t.compact(vectors, kind, config)
-        formatted = compacted.tolist() if self.output_fmt == "list" else compacted
-        return (formatted, tokens) if tokens is not None else formatted
+        asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
+        options = encode_options(check_model(model) or self.model, *asked)
+        plan = self._core.encode(texts, options, blocking=blocking, show_progress=show_progress, output=output)
+        return self._run(plan)
 
     # -- tasks beside embedding ------------------------------------------------------------
 
@@ -443,10 +329,8 @@ class BertClient:
         with ``raw_scores``), and its text with ``return_documents``. One request, whose rows
         are the ``len(documents)`` pairs; a pair longer than the model takes is cut, the longer
         side first."""
-        pairs = t.rerank_pairs(query, documents)
-        top_n = t.check_top(top_n, "top_n")
-        rows, config = self._task_rows(pairs, "rerank", model, truncation_direction)
-        return t.rerank_answer(rows, config, documents, top_n, raw_scores=raw_scores, return_documents=return_documents)
+        plan = self._core.rerank(query, documents, top_n, raw_scores, return_documents, truncation_direction, model)
+        return self._run(plan)
 
     def predict(
         self,
@@ -460,9 +344,8 @@ class BertClient:
         the server serves: each input's labels, best first, with their probabilities (a
         softmax over the labels; a sigmoid for a model of one label), or their logits with
         ``raw_scores``."""
-        texts = t.predict_inputs(inputs)
-        rows, config = self._task_rows(texts, "classify", model, truncation_direction)
-        return t.predictions(rows, config.get("labels") or (), raw_scores=raw_scores)
+        plan = self._core.predict(inputs, raw_scores=raw_scores, truncation_direction=truncation_direction, model=model)
+        return self._run(plan)
 
     def encode_sparse(
         self,
@@ -475,33 +358,10 @@ class BertClient:
     ) -> list[SparseVector]:
         """Each of ``texts`` as a sparse vector of a SPLADE model the server serves: its
         non-zero vocabulary weights (ids ascending), only the ``top_k`` largest if given."""
-        top_k = t.check_top(top_k, "top_k")
-        checked = check_texts(texts, pairs=False)
-        rows, _ = self._task_rows(checked, "sparse", model, truncation_direction, prompt_name)
-        return t.sparse_rows(rows, top_k)
-
-    def _task_rows(
-        self,
-        texts: list[str],
-        task: str,
-        model: str | None,
-        truncation_direction: str | None,
-        prompt_name: str | None = None,
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        """The rows a model of ``task`` answers for ``texts`` (one request), and its configuration."""
-        model = check_model(model) or self.model
-        with self._using():
-            if model is None:  # the server's default model of the task
-                model = t.task_default(self._connection.config_of(None), task)
-            options = EncodeOptions(
-                task=task, model=model, truncation_direction=truncation_direction, prompt_name=prompt_name
-            )
-            config = self._connection.config_of(options.model)
-            options.check_server(config)
-            deadline = self._connection.deadline()
-            request_id = self._connection.send_encode(texts, deadline, options, fetchable=False)
-            result = self._collect({request_id}, deadline, f"request {request_id}", "ndarray")
-        return np.asarray(result.embedding), config
+        plan = self._core.encode_sparse(
+            texts, top_k=top_k, prompt_name=prompt_name, truncation_direction=truncation_direction, model=model
+        )
+        return self._run(plan)
 
     def fetch(self) -> Iterator[EncodeResult]:
         """Yield the answers to the outstanding ``blocking=False`` requests as they arrive.
@@ -559,16 +419,8 @@ class BertClient:
         """
         if max_num_batch is not None and (isinstance(max_num_batch, bool) or max_num_batch < 0):
             raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
-        options = EncodeOptions(
-            is_tokenized=is_tokenized,
-            long_inputs=long_inputs,
-            dimensions=dimensions,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            normalize=normalize,
-            model=check_model(model) or self.model,
-            pairs=pairs,
-        )
+        asked = is_tokenized, pairs, False, long_inputs, dimensions, prompt_name, truncation_direction, normalize
+        options = encode_options(check_model(model) or self.model, *asked)
         with self._using():
             config = self._connection.config_of(options.model)
         options.check_server(config)
@@ -603,6 +455,37 @@ class BertClient:
             raise self._core.zmq_failed(exc) from exc
         finally:
             self._lock.release()
+
+    def _run(self, call: Call[T]) -> T:
+        """The answer of ``call``, planned by the core, each of its steps done in turn while
+        holding the client."""
+        plan = Plan(call)
+        with self._using():
+            for step in plan:
+                plan.answer(self._step(step))
+        return plan.result
+
+    def _step(self, step: Step) -> Any:
+        """What ``step`` of a call comes to, each wait at most ``timeout`` ms."""
+        connection = self._connection
+        if isinstance(step, Config):
+            return connection.config_of(step.model)
+        if isinstance(step, Warn):
+            warnings.warn(step.message, stacklevel=4)  # past _step, _run and the client's method: its caller
+            return None
+        if isinstance(step, Chunks):
+            # One request per chunk, a bar counting the answers, joined as the server joins parts.
+            answers = self._in_order(chunks(step.texts, step.size), step.options, "ndarray")
+            return gather(answers, len(step.texts), progress=step.progress)
+        deadline = connection.deadline()
+        request_id = connection.send_encode(step.texts, deadline, step.options, fetchable=step.fetchable)
+        if step.fetchable:
+            return request_id
+        try:
+            return self._collect({request_id}, deadline, f"request {request_id}", step.output_fmt)
+        except KeyboardInterrupt:  # the server drops what it has not computed yet
+            connection.give_up({request_id})
+            raise
 
     def _in_order(
         self, batches: Iterator[list[Any]], options: EncodeOptions, output_fmt: Literal["ndarray", "list"] | None = None

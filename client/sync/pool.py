@@ -16,7 +16,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, EncodeOptions, check_model, check_timeout
+from ..core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, check_model, check_timeout
+from ..core.requests import encode_options
 from ..core.results import Embedding
 from ..errors import ClientClosedError, ServerError, ServerTimeoutError
 from .client import BertClient
@@ -71,17 +72,8 @@ class ConcurrentBertClient:
         """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress``, ``pairs`` and
         the request options, ``model`` among them, included); safe to call from any thread."""
         # Bad input or options fail before waiting for a client.
-        options = EncodeOptions(
-            is_tokenized=is_tokenized,
-            show_tokens=show_tokens,
-            long_inputs=long_inputs,
-            dimensions=dimensions,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            normalize=normalize,
-            model=check_model(model),
-            pairs=pairs,
-        )
+        asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
+        options = encode_options(check_model(model), *asked)
         texts = options.check_texts(texts)
         with self._client() as client:
             return client.encode(

@@ -239,7 +239,7 @@ def test_the_gateway_never_sends_a_frame_the_head_would_drop() -> None:
             with pytest.raises(FrameTooLarge, match="at most 4096 bytes"):
                 await gateway.request(b"x", p.ENCODE, ["y" * 5000], timeout_s=30)
             assert time.monotonic() - started < 1.0
-            assert not gateway._waiting  # nothing left waiting for a reply that cannot come
+            assert not gateway._transport.in_flight  # nothing left waiting for a reply that cannot come
         finally:
             await gateway.close()
 
