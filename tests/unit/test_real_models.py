@@ -69,11 +69,10 @@ def test_the_token_ids_are_the_models_own(real_model):
 @pytest.mark.parametrize(
     ("dtype", "bound", "mean_bound"), [("fp32", 0.99999, 0.99999), ("bf16", 0.999, 0.9999), ("int8", 0.99, 0.998)]
 )
-def test_the_vectors_are_sentence_transformers(real_model, dtype, bound, mean_bound, tmp_path_factory):
+def test_the_vectors_are_sentence_transformers(real_model, dtype, bound, mean_bound, session_graph_dir):
     model, directory = real_model
     ref = reference(model)
-    graphs = tmp_path_factory.mktemp(f"graphs-{model.name}")
-    encoder = Encoder(directory, max_seq_len=MAX_SEQ_LEN, dtype=dtype, graph_dir=str(graphs))
+    encoder = Encoder(directory, max_seq_len=MAX_SEQ_LEN, dtype=dtype, graph_dir=session_graph_dir)
     vectors = encoder.encode(sentences())
     assert vectors.shape == ref["st_plain"].shape
     assert min_cosine(vectors, ref["st_plain"]) >= bound, model.family

@@ -81,6 +81,10 @@ class LocalWorkers:
         """Worker ``index`` is gone for good (a swap retired it, or no longer needs it)."""
         del self.configs[index]
 
+    def prepare_for(self, model: SupervisedModel | None) -> Preparation | None:
+        """The steps that make what ``model``'s local workers load, if it has any and one is missing."""
+        return self.prepare(model.config) if model is not None and model.config.serving.num_worker else None
+
     def prepare(self, config: ServerConfig, steps: list[str] | None = None) -> Preparation | None:
         """The steps that make what ``config``'s workers load, if any is missing (``steps``
         when the caller has looked already)."""

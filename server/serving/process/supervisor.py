@@ -29,7 +29,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -41,6 +41,7 @@ from ...model.prompts import Prompts
 from ..head.models import HeadModel, Models
 from ..head.ventilator import Ventilator
 from ..policy.scheduler import Scheduler
+from ..protocol.sockets import request_socket
 from ..protocol.wire import Addresses
 from ..sink.sink import run_sink
 from ..versions.book import VersionsBook
@@ -51,6 +52,9 @@ from .lifecycle import ExitFlags
 from .model_processes import LocalWorkers, ModelProcesses, SupervisedModel
 from .restarts import Exit, Fate
 from .shutdown import shut_down
+
+if TYPE_CHECKING:
+    from ...model.prepare import Preparation
 
 logger = logging.getLogger("bertserve.server")
 
@@ -96,7 +100,7 @@ class BertServer(ExitFlags):
         addresses = self.workers.addresses = Addresses(
             f"ipc://{ipc_dir}/jobs", f"ipc://{ipc_dir}/credits", f"ipc://{ipc_dir}/sink"
         )
-        frontend = _request_socket(context, self.config)
+        frontend = request_socket(context, self.config.message_limit)
         ventilator: Ventilator | None = None
         authenticator = None
         try:
@@ -166,8 +170,15 @@ class BertServer(ExitFlags):
         """Every model's workers started, its swap made and the HTTP front end waited for;
         then ``on_ready`` told what CONFIG says."""
         metrics.MODEL_VERSION.set(self.served.version_number or 0)
-        for model in self.models.values():
-            self._start_workers(ventilator, model)
+        preparing = self.workers.prepare_for(next(iter(self.models.values())))
+        try:  # the next model's graph is built while this one's workers load: two processes at once
+            for model, following in zip(self.models.values(), (*tuple(self.models.values())[1:], None), strict=True):
+                self._wait_prepared(ventilator, model, preparing)
+                preparing = self.workers.prepare_for(following)
+                self._start_workers(ventilator, model)
+        finally:
+            if preparing is not None:
+                preparing.stop()  # a model before it could not start
         self._start_swaps(ventilator)
         if "http" in self.children:
             self._wait_http(ventilator)
@@ -246,18 +257,7 @@ class BertServer(ExitFlags):
             except OSError:
                 ventilator.poll_once(100)
 
-    def _start_workers(self, ventilator: Ventilator, model: SupervisedModel) -> None:
-        """What ``model``'s workers load is made first, in processes of its own (see
-        :mod:`...model.prepare`); then its first worker, then the rest."""
-        config = model.config
-        if config.serving.num_worker == 0:
-            logger.info(
-                "no local workers for model %s: serving it once remote workers join on port %d",
-                model.name,
-                self.config.ports.worker_port,
-            )
-            return
-        preparation = self.workers.prepare(config)
+    def _wait_prepared(self, ventilator: Ventilator, model: SupervisedModel, preparation: Preparation | None) -> None:
         while preparation is not None and (done := preparation.poll()) is None:
             if self.should_exit.is_set():
                 preparation.stop()
@@ -266,6 +266,17 @@ class BertServer(ExitFlags):
         if preparation is not None and not done:
             which = f"the model {model.name}" if len(self.models) > 1 else "the model"
             raise StartupError(f"{which} cannot be served: {preparation.failure}")
+
+    def _start_workers(self, ventilator: Ventilator, model: SupervisedModel) -> None:
+        """``model``'s first worker (once what it loads is made), then the rest."""
+        config = model.config
+        if config.serving.num_worker == 0:
+            logger.info(
+                "no local workers for model %s: serving it once remote workers join on port %d",
+                model.name,
+                self.config.ports.worker_port,
+            )
+            return
         first = self.workers.next_index()
         self.workers.start(first, config)
         self._wait_ready(ventilator, first + 1)
@@ -382,15 +393,3 @@ class BertServer(ExitFlags):
                 verdict.failures,
                 self.config.workers.max_restarts,
             )
-
-
-def _request_socket(context: zmq.Context, config: ServerConfig) -> zmq.Socket:
-    """The socket requests come in on, bounded by ``config``'s frame limit (not bound yet)."""
-    frontend = context.socket(zmq.PULL)
-    frontend.linger = 0
-    frontend.maxmsgsize = config.message_limit  # a larger frame is dropped unread
-    # Requests one connection may have waiting in this process, read but not yet taken: at most
-    # ~64 MiB of them. ZeroMQ bounds this per connection only; the ventilator takes them as they
-    # come, and refuses what does not fit --max-queued-bytes.
-    frontend.rcvhwm = max(1, min(1000, 64 * 2**20 // config.message_limit))
-    return frontend

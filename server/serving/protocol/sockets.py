@@ -17,6 +17,18 @@ def bound(context: zmq.Context, kind: int, address: str) -> zmq.Socket:
     return sock
 
 
+def request_socket(context: zmq.Context, message_limit: int) -> zmq.Socket:
+    """The socket requests come in on, taking frames of at most ``message_limit`` bytes (not bound yet)."""
+    frontend = context.socket(zmq.PULL)
+    frontend.linger = 0
+    frontend.maxmsgsize = message_limit  # a larger frame is dropped unread
+    # Requests one connection may have waiting in this process, read but not yet taken: at most
+    # ~64 MiB of them. ZeroMQ bounds this per connection only; the ventilator takes them as they
+    # come, and refuses what does not fit --max-queued-bytes.
+    frontend.rcvhwm = max(1, min(1000, 64 * 2**20 // message_limit))
+    return frontend
+
+
 def drain(sock: zmq.Socket, handle: Callable[[list[Any]], None], *, copy: bool = True, seconds: float = 1.0) -> None:
     """Handle what ``sock`` holds, for at most ``seconds`` so the other sockets get a turn,
     and not once a handler has closed it."""
