@@ -172,11 +172,11 @@ class ServerConfig:
             **_fields(self.http),
             **_fields(flags, leave=("model",)),
             **_fields(self.routing, leave=("tasks", "model_defaults")),
-            "model_defaults": _fields(flags.model) if self.routing.model_defaults is not None else None,
+            "model_defaults": flags.model.flat() if self.routing.model_defaults is not None else None,
         }
         data["api_key"] = "(set)" if self.security.api_key is not None else None  # never the key itself
         data["api_keys"] = "(set)" if self.security.api_keys is not None else None
-        model = _fields(serving.model)
+        model = serving.model.flat()
         model["pooling_strategy"] = serving.model.pooling_strategy.value if serving.model.pooling_strategy else None
         return {**data, **{f"model_{k}" if k in data else k: v for k, v in model.items()}}
 

@@ -28,7 +28,7 @@ def config_of(name: str, **options) -> ServerConfig:
         "max_client_queued_sentences": 40,
         "max_queued_sentences": 80,
     }
-    model = ModelConfig(model_dir=f"/models/{name}")
+    model = ModelConfig.of(model_dir=f"/models/{name}")
     return server_config(model=model, served_model_name=name, **{**defaults, **options})
 
 

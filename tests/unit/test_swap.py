@@ -94,7 +94,7 @@ def repository(tmp_path: Path) -> Path:
 
 
 def version(repository: Path, number: int) -> ServerConfig:
-    model = ModelConfig(model_dir=str(repository / str(number)))
+    model = ModelConfig.of(model_dir=str(repository / str(number)))
     return server_config(model=model, model_version=str(number), num_worker=1, poll_interval_s=0)
 
 
