@@ -64,7 +64,7 @@ def tiny_rows() -> list[dict]:
             ref = {key: data[key] for key in data.files}
         directory = str(FAMILIES / path.stem)
         sentences = [str(s) for s in ref["sentences"]]
-        info, tokenizer = resolve_options(ModelConfig(model_dir=directory))
+        info, tokenizer = resolve_options(ModelConfig.of(model_dir=directory))
         batch = tokenizer.tokenize(sentences)
         same = bool(
             np.array_equal(batch.lengths, ref["lengths"])
@@ -90,7 +90,7 @@ def real_rows() -> list[dict]:
             continue
         with np.load(reference) as data:
             ref = {key: data[key] for key in data.files}
-        _, tokenizer = resolve_options(ModelConfig(model_dir=directory, max_seq_len=128))
+        _, tokenizer = resolve_options(ModelConfig.of(model_dir=directory, max_seq_len=128))
         batch = tokenizer.tokenize(sentences)
         same = bool(np.array_equal(batch.lengths, ref["hf_lengths_right128"])) and all(
             np.array_equal(batch.input_ids[i, :n], ref["hf_ids_right128"][i, :n]) for i, n in enumerate(batch.lengths)

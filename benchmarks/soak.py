@@ -67,7 +67,7 @@ def expected_vectors(model_dir: Path, corpus: list[str], args: argparse.Namespac
         from bertserve.server.config.model import ModelConfig
         from bertserve.server.model.interface import load_model_class
 
-        model = load_model_class(args.model_class)(ModelConfig(model_dir=str(model_dir), max_seq_len=max_seq_len))
+        model = load_model_class(args.model_class)(ModelConfig.of(model_dir=str(model_dir), max_seq_len=max_seq_len))
         return Expected(np.asarray(model.run(model.tokenize(corpus))))
     from bertserve.server import Encoder
 

@@ -61,7 +61,7 @@ def sentences(n: int, seed: int = 0) -> list[str]:
 
 def expected(texts: list[str], dim: int = 16) -> np.ndarray:
     """What a server of these models answers for ``texts`` (without CRASHME or HANGME)."""
-    model = HashingModel(ModelConfig(model_dir="unused", max_seq_len=32), dim=dim)
+    model = HashingModel(ModelConfig.of(model_dir="unused", max_seq_len=32), dim=dim)
     return model.run(model.tokenize(texts))
 
 

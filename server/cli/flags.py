@@ -264,14 +264,14 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
     options = {flag.dest: getattr(args, flag.dest) for flag in MODEL_FLAGS}
     if args.model_id is None:
         options["model_dir"] = args.model_dir or default_model_dir()
-        return ModelConfig(**options)
+        return ModelConfig.of(**options)
     if args.model_dir is not None:
         raise ConfigError(
             f"--model-id and --model-dir cannot be given together: --model-id {args.model_id} serves a model of the "
             f"Hub (from the Hub cache), --model-dir {args.model_dir} the one in a directory; give one of them"
         )
-    ModelConfig(**{**options, "model_id": None, "model_dir": ""})  # the other options checked before a download
-    return ModelConfig(**{**options, **fetch_hub_model(args.model_id)})
+    ModelConfig.of(**{**options, "model_id": None, "model_dir": ""})  # the other options checked before a download
+    return ModelConfig.of(**{**options, **fetch_hub_model(args.model_id)})
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -316,7 +316,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
     if several is None:
         Routing(**routing)
         if args.model_id is not None:  # every option checked before the model is fetched
-            ServerConfig(models=(ModelServing(model=ModelConfig(model_dir=""), **serving),), **parts)
+            ServerConfig(models=(ModelServing(model=ModelConfig.of(model_dir=""), **serving),), **parts)
         flags = ModelServing(model=model_config_from_args(args), **serving)
         models, resolved = resolve_models(flags, Routing(**routing))
         return ServerConfig(models=models, routing=resolved, **parts)
@@ -328,7 +328,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
             else "serves every model of a folder"
         )
         raise ConfigError(f"{one} and {several} cannot be given together: {one} serves one model, {several} {what}")
-    model = ModelConfig(**{**_values(args, MODEL_FLAGS), "model_dir": ""})
+    model = ModelConfig.of(**{**_values(args, MODEL_FLAGS), "model_dir": ""})
     flags = ModelServing(model=model, **serving)
     Routing(**routing, model_defaults=flags)
     ServerConfig(models=(flags,), **parts)  # every option checked before a model is fetched

@@ -19,7 +19,7 @@ def _as_the_config_spells(field: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
         try:
             options: dict[str, Any] = {field: value}
-            spelled = getattr(ModelConfig(model_dir="", **options), field)
+            spelled = getattr(ModelConfig.of(model_dir="", **options), field)
         except ModelOptionError:
             return value
         return str(getattr(spelled, "value", spelled))

@@ -1,213 +1,242 @@
-"""Model options: one frozen, keyword-only dataclass, validated once.
+"""A model's options (:class:`ModelConfig`): its parts, one a concern (:mod:`.model_parts`),
+each checked when built.
 
-``None`` in ``max_seq_len``, ``pooling_strategy``, ``pooling_layer`` and ``normalize``
-means "what the model directory says": a sentence-transformers directory brings its own
-pooling, sequence length and normalization; a plain BERT directory gets bert-as-service's
-defaults (REDUCE_MEAN over layer -2, ``max_seq_len`` 25, no normalization).
-``max_seq_len="NONE"`` pads each batch to its own longest member instead.
+Every option also goes by its flat name, the ``bertserve start`` flag with ``-`` written ``_``
+(``model.dtype``, ``model.max_seq_len``): :meth:`ModelConfig.of` builds the options from those
+names, as ``--model`` specs, the command line, a head's WELCOME and the tests give them,
+:meth:`ModelConfig.replace` changes them, and :meth:`ModelConfig.flat` lists them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import os
-from collections.abc import Sequence
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_type_hints
 
-from ..errors import ModelOptionError
+from .model_parts import (
+    DTYPE_CHOICES,
+    DYNAMIC,
+    LONG_INPUTS,
+    TASKS,
+    Inputs,
+    ModelSource,
+    Output,
+    PoolingStrategy,
+    Runtime,
+    parse_long_inputs,
+    parse_task,
+)
 
+__all__ = [
+    "DTYPE_CHOICES",
+    "DYNAMIC",
+    "FIELDS",
+    "HUB_FIELDS",
+    "LONG_INPUTS",
+    "TASKS",
+    "Inputs",
+    "ModelConfig",
+    "ModelSource",
+    "Output",
+    "PoolingStrategy",
+    "Runtime",
+    "parse_long_inputs",
+    "parse_task",
+]
 
-class PoolingStrategy(str, enum.Enum):
-    NONE = "NONE"
-    REDUCE_MEAN = "REDUCE_MEAN"
-    REDUCE_MAX = "REDUCE_MAX"
-    REDUCE_MEAN_MAX = "REDUCE_MEAN_MAX"
-    REDUCE_MEAN_SQRT_LEN = "REDUCE_MEAN_SQRT_LEN"  # the sum over the tokens / sqrt(their count)
-    WEIGHTED_MEAN = "WEIGHTED_MEAN"  # the mean weighted by position: the i-th token (from 1) counts i
-    CLS_TOKEN = "CLS_TOKEN"
-    SEP_TOKEN = "SEP_TOKEN"
-    CLS_POOLED = "CLS_POOLED"
+_PARTS: dict[str, Any] = {"source": ModelSource, "inputs": Inputs, "output": Output, "runtime": Runtime}
+"""Each part of a model's options, by its field of :class:`ModelConfig`: the class that builds it."""
 
-    @classmethod
-    def parse(cls, value: str | PoolingStrategy) -> PoolingStrategy:
-        if isinstance(value, PoolingStrategy):
-            return value
-        name = str(value).strip().upper().replace("-", "_")
-        name = _POOLING_ALIASES.get(name, name)
-        try:
-            return cls(name)
-        except ValueError:
-            choices = ", ".join([*cls.__members__, *_POOLING_ALIASES])
-            raise ModelOptionError(f"unknown pooling_strategy {value!r}; choose one of {choices}") from None
+FIELDS = (
+    "model_dir",
+    "model_id",
+    "model_revision",
+    "model_commit",
+    "tuned_model_dir",
+    "ckpt_name",
+    "config_name",
+    "vocab_name",
+    "max_seq_len",
+    "pooling_strategy",
+    "pooling_layer",
+    "mask_cls_sep",
+    "normalize",
+    "do_lower_case",
+    "dtype",
+    "output_dtype",
+    "xla",
+    "graph_dir",
+    "batch_size",
+    "lite_max_tokens",
+    "device",
+    "long_inputs",
+    "chunk_stride",
+    "task",
+    "calibration",
+    "instruction",
+)
+"""The options' flat names, in the order CONFIG lists them."""
 
-
-#: Other names of a strategy, in any case: sentence-transformers' pooling modes and TEI's
-#: ``--pooling`` values (``mean``, ``max``, ``cls``, ``last-token``) where one means the same.
-_POOLING_ALIASES = {
-    "MEAN": "REDUCE_MEAN",
-    "MAX": "REDUCE_MAX",
-    "CLS": "CLS_TOKEN",
-    "FIRST_TOKEN": "CLS_TOKEN",
-    "LAST_TOKEN": "SEP_TOKEN",
-    "LASTTOKEN": "SEP_TOKEN",
-    "MEAN_SQRT_LEN": "REDUCE_MEAN_SQRT_LEN",
-    "MEAN_SQRT_LEN_TOKENS": "REDUCE_MEAN_SQRT_LEN",
-    "WEIGHTEDMEAN": "WEIGHTED_MEAN",
-}
-
-#: Accepted spellings of each dtype, mapped to the canonical short name. ``auto`` is resolved
-#: for the model's device by ``model.options.resolve`` (see ``model/hardware.py``).
-_DTYPES = {
-    "auto": "auto",
-    "fp32": "fp32",
-    "float32": "fp32",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "int8": "int8",
-    "qint8": "int8",
-}
-DTYPE_CHOICES = "auto, fp32, bf16, fp16 or int8"
-_OUTPUT_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16"}
-
-DYNAMIC = "NONE"
-"""``max_seq_len`` value that pads each batch to its own longest member."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """Everything that decides which model is loaded and which graph is built.
-
-    The field names are the ``bertserve start`` flags with ``-`` written ``_``. A model given
-    by its Hub id (``--model-id ORG/NAME@REVISION``) is fetched once, by the CLI, before any
-    process starts: ``model_dir`` is then its directory in the Hub cache, and
-    :data:`HUB_FIELDS` say which model and commit it is.
-    """
-
-    model_dir: str
-    model_id: str | None = None  # ORG/NAME on the Hugging Face Hub, whose snapshot in the Hub cache model_dir is
-    model_revision: str | None = None  # the revision of model_id asked for: a branch, tag or commit
-    model_commit: str | None = None  # the commit model_revision resolved to: the version of the model served
-    tuned_model_dir: str | None = None
-    ckpt_name: str = "bert_model.ckpt"
-    config_name: str = "bert_config.json"
-    vocab_name: str | None = None
-    max_seq_len: int | str | None = None
-    pooling_strategy: PoolingStrategy | None = None
-    pooling_layer: tuple[int, ...] | None = None
-    mask_cls_sep: bool = False
-    normalize: bool | None = None
-    do_lower_case: bool | None = None
-    dtype: str = "auto"  # chosen for the device and CPU when the options are resolved
-    output_dtype: str = "float32"
-    xla: bool = False
-    graph_dir: str | None = None
-    batch_size: int = 64
-    lite_max_tokens: int = 64
-    device: str | None = None
-    long_inputs: str = "truncate"
-    chunk_stride: int = 0
-    task: str | None = None  # embed, rerank, classify, sparse; None (auto): what the model is
-    calibration: str | None = None  # int8/uint8 embedding ranges (.calibration); None: the model dir's own
-    instruction: str | None = None  # a yes/no reranker's (Qwen3-Reranker's) task instruction; None: its default
-
-    def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        set_(self, "model_dir", os.fspath(self.model_dir))
-        if self.tuned_model_dir is not None:
-            set_(self, "tuned_model_dir", os.fspath(self.tuned_model_dir))
-        set_(self, "max_seq_len", _parse_max_seq_len(self.max_seq_len))
-        if self.pooling_strategy is not None:
-            set_(self, "pooling_strategy", PoolingStrategy.parse(self.pooling_strategy))
-        if self.pooling_layer is not None:
-            set_(self, "pooling_layer", _parse_layers(self.pooling_layer))
-        dtype = _DTYPES.get(str(self.dtype).lower())
-        if dtype is None:
-            raise ModelOptionError(f"unknown dtype {self.dtype!r}; choose {DTYPE_CHOICES}")
-        set_(self, "dtype", dtype)
-        output_dtype = _OUTPUT_DTYPES.get(str(self.output_dtype).lower())
-        if output_dtype is None:
-            raise ModelOptionError(f"unknown output_dtype {self.output_dtype!r}; choose float32 or float16")
-        set_(self, "output_dtype", output_dtype)
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ModelOptionError(f"batch_size must be a positive integer, not {self.batch_size!r}")
-        if not isinstance(self.lite_max_tokens, int) or self.lite_max_tokens < 0:
-            raise ModelOptionError(f"lite_max_tokens must be 0 or more, not {self.lite_max_tokens!r}")
-        set_(self, "long_inputs", parse_long_inputs(self.long_inputs))
-        set_(self, "task", parse_task(self.task))
-        if isinstance(self.chunk_stride, bool) or not isinstance(self.chunk_stride, int) or self.chunk_stride < 0:
-            raise ModelOptionError(f"chunk_stride must be 0 or more tokens, not {self.chunk_stride!r}")
-        if self.instruction is not None and (not isinstance(self.instruction, str) or not self.instruction.strip()):
-            raise ModelOptionError(f"instruction must be some text, not {self.instruction!r}")
-
-    def replace(self, **changes: Any) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
-
-    @property
-    def dynamic_length(self) -> bool:
-        return self.max_seq_len == DYNAMIC
-
+_PART_OF = {name: part for part, kind in _PARTS.items() for name in (f.name for f in dataclasses.fields(kind))}
 
 HUB_FIELDS = ("model_id", "model_revision", "model_commit")
 """The fields that say which model of the Hub ``model_dir`` holds: not options of a model, and
 not a remote worker's business (its files are checked by their sha256)."""
 
-TASKS = ("embed", "rerank", "classify", "sparse")
-"""What a model computes (see :mod:`..model.tasks`): sentence vectors, a cross-encoder's
-relevance scores, a classifier's label scores, or SPLADE's sparse vectors."""
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Everything that decides which model is loaded and which graph is built, one part a
+    concern: where its files are (:class:`.model_parts.ModelSource`), how an input is made
+    tokens (:class:`.model_parts.Inputs`), what it returns (:class:`.model_parts.Output`) and
+    what runs it (:class:`.model_parts.Runtime`). Each option is also a read-only property of
+    its flat name, forwarded to its part."""
+
+    source: ModelSource
+    inputs: Inputs = dataclasses.field(default_factory=Inputs)
+    output: Output = dataclasses.field(default_factory=Output)
+    runtime: Runtime = dataclasses.field(default_factory=Runtime)
+
+    @classmethod
+    def of(cls, **options: Any) -> ModelConfig:
+        """The options named by their flat names (``model_dir`` among them), each in its part.
+        Raises ``TypeError`` for a name that is no option, and what the parts raise for a value
+        they refuse."""
+        return cls(**{part: kind(**_take(options, part)) for part, kind in _PARTS.items()})
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """These options with those ``changes``, named by their flat names."""
+        parts = {
+            part: dataclasses.replace(getattr(self, part), **own) for part in _PARTS if (own := _take(changes, part))
+        }
+        return dataclasses.replace(self, **parts)
+
+    def flat(self) -> dict[str, Any]:
+        """The options by their flat names, in :data:`FIELDS`' order, as ``dataclasses.asdict``
+        gives them."""
+        values = {key: value for part in _PARTS for key, value in dataclasses.asdict(getattr(self, part)).items()}
+        return {name: values[name] for name in FIELDS}
+
+    @property
+    def dynamic_length(self) -> bool:
+        return self.max_seq_len == DYNAMIC
+
+    @property
+    def model_dir(self) -> str:
+        return self.source.model_dir
+
+    @property
+    def model_id(self) -> str | None:
+        return self.source.model_id
+
+    @property
+    def model_revision(self) -> str | None:
+        return self.source.model_revision
+
+    @property
+    def model_commit(self) -> str | None:
+        return self.source.model_commit
+
+    @property
+    def tuned_model_dir(self) -> str | None:
+        return self.source.tuned_model_dir
+
+    @property
+    def ckpt_name(self) -> str:
+        return self.source.ckpt_name
+
+    @property
+    def config_name(self) -> str:
+        return self.source.config_name
+
+    @property
+    def vocab_name(self) -> str | None:
+        return self.source.vocab_name
+
+    @property
+    def calibration(self) -> str | None:
+        return self.source.calibration
+
+    @property
+    def max_seq_len(self) -> int | str | None:
+        return self.inputs.max_seq_len
+
+    @property
+    def do_lower_case(self) -> bool | None:
+        return self.inputs.do_lower_case
+
+    @property
+    def long_inputs(self) -> str:
+        return self.inputs.long_inputs
+
+    @property
+    def chunk_stride(self) -> int:
+        return self.inputs.chunk_stride
+
+    @property
+    def instruction(self) -> str | None:
+        return self.inputs.instruction
+
+    @property
+    def task(self) -> str | None:
+        return self.output.task
+
+    @property
+    def pooling_strategy(self) -> PoolingStrategy | None:
+        return self.output.pooling_strategy
+
+    @property
+    def pooling_layer(self) -> tuple[int, ...] | None:
+        return self.output.pooling_layer
+
+    @property
+    def mask_cls_sep(self) -> bool:
+        return self.output.mask_cls_sep
+
+    @property
+    def normalize(self) -> bool | None:
+        return self.output.normalize
+
+    @property
+    def output_dtype(self) -> str:
+        return self.output.output_dtype
+
+    @property
+    def dtype(self) -> str:
+        return self.runtime.dtype
+
+    @property
+    def device(self) -> str | None:
+        return self.runtime.device
+
+    @property
+    def xla(self) -> bool:
+        return self.runtime.xla
+
+    @property
+    def graph_dir(self) -> str | None:
+        return self.runtime.graph_dir
+
+    @property
+    def batch_size(self) -> int:
+        return self.runtime.batch_size
+
+    @property
+    def lite_max_tokens(self) -> int:
+        return self.runtime.lite_max_tokens
 
 
-def parse_task(value: object) -> str | None:
-    """A task named by the user, checked; None (or ``auto``) leaves it to the model."""
-    if value is None:
-        return None
-    lowered = str(value).strip().lower()
-    if lowered in ("", "auto"):
-        return None
-    if lowered not in TASKS:
-        raise ModelOptionError(f"task must be one of {', '.join(TASKS)} (or auto: what the model is), not {value!r}")
-    return lowered
+def _take(options: dict[str, Any], part: str) -> dict[str, Any]:
+    """The options of ``part`` in ``options``; raises ``TypeError`` for one that is no option."""
+    unknown = [name for name in options if name not in _PART_OF]
+    if unknown:
+        raise TypeError(f"ModelConfig takes no option {unknown[0]!r}")
+    return {name: value for name, value in options.items() if _PART_OF[name] == part}
 
 
-LONG_INPUTS = ("truncate", "chunk")
-"""What happens to an input longer than ``max_seq_len``: cut to fit, or encoded in windows."""
-
-
-def parse_long_inputs(value: object) -> str:
-    lowered = str(value).strip().lower()
-    if lowered not in LONG_INPUTS:
-        raise ModelOptionError(f"long_inputs must be truncate or chunk, not {value!r}")
-    return lowered
-
-
-def _parse_max_seq_len(value: object) -> int | str | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if value.strip().upper() == DYNAMIC:
-            return DYNAMIC
-        try:
-            value = int(value)
-        except ValueError:
-            raise ModelOptionError(f"max_seq_len must be an integer or NONE, not {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 3:
-        raise ModelOptionError(f"max_seq_len must be an integer >= 3 or NONE, not {value!r}")
-    return value
-
-
-def _parse_layers(value: object) -> tuple[int, ...]:
-    if isinstance(value, (int, str)):
-        value = [value]
-    if not isinstance(value, Sequence) or not value:
-        raise ModelOptionError(f"pooling_layer must be a layer index or a list of them, not {value!r}")
-    layers = []
-    for item in value:
-        try:
-            layers.append(int(item))
-        except (TypeError, ValueError):
-            raise ModelOptionError(f"pooling_layer entries must be integers, not {item!r}") from None
-    return tuple(layers)
+@functools.cache
+def option_types() -> dict[str, Any]:
+    """Each option's type, by its flat name, in :data:`FIELDS`' order."""
+    types = {name: kind for part in _PARTS.values() for name, kind in get_type_hints(part).items()}
+    return {name: types[name] for name in FIELDS}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
-from .model import HUB_FIELDS, ModelConfig
+from .model import HUB_FIELDS, ModelConfig, option_types as model_option_types
 from .specs import ModelSpec, check_models
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"  # what the server lists the default model as
@@ -148,7 +148,7 @@ class Routing:
 def option_types() -> dict[str, Any]:
     """The keys a ``--model`` takes, each with the type of the field it sets."""
     serving = get_type_hints(ModelServing)
-    types = {key: kind for key, kind in get_type_hints(ModelConfig).items() if key not in ("model_dir", *HUB_FIELDS)}
+    types = {key: kind for key, kind in model_option_types().items() if key not in ("model_dir", *HUB_FIELDS)}
     return {**types, **{key: serving[key] for key in SERVER_OPTIONS}}
 
 

@@ -101,11 +101,6 @@ class ServerConfig:
         return self.serving.name
 
     @property
-    def version_number(self) -> int | None:
-        """The version of a model repository this config's model serves, once chosen; else None."""
-        return self.serving.asked_version
-
-    @property
     def stop_budget(self) -> StopBudget:
         """The whole stop and its stages' shares (:class:`.stopping.StopBudget`)."""
         return self.workers.stop_budget
@@ -130,12 +125,13 @@ class ServerConfig:
         named (``served_model_name`` its :attr:`.served.ModelServing.name`)."""
         return dataclasses.replace(self, models=(model.replace(served_model_name=model.name),), routing=Routing())
 
-    def with_version(self, model_dir: str, version: int | None) -> ServerConfig:
-        """The config of this config's model at ``version`` of its repository, in ``model_dir``."""
+    def in_dir(self, model_dir: str) -> ServerConfig:
+        """The config of this config's model with its files in ``model_dir`` (a version of its
+        repository), under the same name. Which version that is, is not the config's business:
+        ``model_version`` stays what was asked."""
         serving = self.serving
         model = serving.model.replace(model_dir=model_dir)
-        asked = "latest" if version is None else str(version)
-        return self.serving_of(serving.replace(model=model, model_version=asked))
+        return self.serving_of(serving.replace(served_model_name=serving.name, model=model))
 
     def model_configs(self) -> list[ServerConfig]:
         """Each model's config (:meth:`serving_of`), in the order served; with several models the
@@ -172,11 +168,11 @@ class ServerConfig:
             **_fields(self.http),
             **_fields(flags, leave=("model",)),
             **_fields(self.routing, leave=("tasks", "model_defaults")),
-            "model_defaults": _fields(flags.model) if self.routing.model_defaults is not None else None,
+            "model_defaults": flags.model.flat() if self.routing.model_defaults is not None else None,
         }
         data["api_key"] = "(set)" if self.security.api_key is not None else None  # never the key itself
         data["api_keys"] = "(set)" if self.security.api_keys is not None else None
-        model = _fields(serving.model)
+        model = serving.model.flat()
         model["pooling_strategy"] = serving.model.pooling_strategy.value if serving.model.pooling_strategy else None
         return {**data, **{f"model_{k}" if k in data else k: v for k, v in model.items()}}
 

@@ -78,7 +78,7 @@ class Encoder:
         if isinstance(model_dir, ModelConfig):
             requested = model_dir.replace(**options) if options else model_dir
         else:
-            requested = ModelConfig(model_dir=_model_dir(model_dir), **options)
+            requested = ModelConfig.of(model_dir=_model_dir(model_dir), **options)
         started = time.perf_counter()
         model = inspect_model(requested)
         self.family: str = model.config.family

@@ -31,7 +31,7 @@ def server_config(
     their defaults. Raises ``TypeError`` for a name that is no option, and what the parts raise
     for a value they refuse."""
     if model is None:
-        model = ModelConfig(model_dir=os.fspath(model_dir) if model_dir is not None else "unused")
+        model = ModelConfig.of(model_dir=os.fspath(model_dir) if model_dir is not None else "unused")
     parts = {name: kind(**_take(named, kind, keep=("num_worker",))) for name, kind in _PARTS.items()}
     serving = ModelServing(model=model, **_take(named, ModelServing))
     routing = Routing(**_take(named, Routing))

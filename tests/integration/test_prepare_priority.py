@@ -29,7 +29,7 @@ def nice_of(pid: int) -> int | None:
 def test_a_build_while_workers_serve_runs_at_the_lowest_priority_and_still_builds(
     tiny_google: str, tmp_path: Path
 ) -> None:
-    config = ModelConfig(model_dir=tiny_google, graph_dir=str(tmp_path))
+    config = ModelConfig.of(model_dir=tiny_google, graph_dir=str(tmp_path))
     steps = missing_steps(config)
     assert "graph" in steps  # a fresh cache: there is something to build
     ours = os.nice(0)

@@ -83,7 +83,7 @@ def test_remote_workers_give_the_encoders_vectors_and_share_the_work(tiny_google
             wait_for(lambda: len(remote_workers(client)) == 2, 120, "both remote workers registering")
             vectors = client.encode(texts)
             workers = remote_workers(client)
-        reference = Encoder(ModelConfig(model_dir=tiny_google, graph_dir=session_graph_dir)).encode(texts)
+        reference = Encoder(ModelConfig.of(model_dir=tiny_google, graph_dir=session_graph_dir)).encode(texts)
         np.testing.assert_allclose(vectors, reference, atol=1e-5)
         assert all(w["jobs_done"] > 0 for w in workers), workers
         assert {w["device"] for w in workers} == {"/CPU:0"} or all(w["device"] for w in workers), workers

@@ -61,7 +61,7 @@ def test_a_pending_request_id_is_refused_as_a_duplicate() -> None:
 
 
 def test_chunking_follows_the_request_then_the_server_and_the_model_may_refuse_it() -> None:
-    chunks = _config(model=ModelConfig(model_dir="unused", long_inputs="chunk")).model.long_inputs
+    chunks = _config(model=ModelConfig.of(model_dir="unused", long_inputs="chunk")).model.long_inputs
     assert admission.chunking(None, chunks, {}) == (True, None)
     assert admission.chunking("truncate", chunks, {"chunking": False}) == (False, None)
     assert admission.chunking("chunk", chunks, {"chunking": True}) == (True, None)

@@ -19,7 +19,7 @@ TEXTS = [LONG, "a short one", LONG[: len(LONG) // 2], "the end"]
 
 def word_pieces(model_dir: str, text: str) -> list[str]:
     """Every word piece of ``text``, uncut."""
-    model = inspect_model(ModelConfig(model_dir=model_dir))
+    model = inspect_model(ModelConfig.of(model_dir=model_dir))
     whole = WordPieceTokenizer(
         vocab_path=model.vocab_path,
         tokenizer_json=model.tokenizer_json,
@@ -106,7 +106,7 @@ def test_poolings_of_one_position_or_every_token_refuse_to_chunk(
 
 
 def test_the_tokenizer_cuts_text_and_token_lists_into_the_same_windows(tiny_hf: str) -> None:
-    model = inspect_model(ModelConfig(model_dir=tiny_hf))
+    model = inspect_model(ModelConfig.of(model_dir=tiny_hf))
     tokenizer = WordPieceTokenizer(
         vocab_path=model.vocab_path,
         tokenizer_json=model.tokenizer_json,

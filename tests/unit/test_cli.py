@@ -96,7 +96,7 @@ def test_bad_http_flags_name_the_problem(argv: list[str], problem: str, capsys: 
 
 
 def test_the_reply_port_defaults_to_the_request_port_plus_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = ModelConfig(model_dir="/m")
+    model = ModelConfig.of(model_dir="/m")
     assert server_config(model=model).ports.port_out == 5556
     assert server_config(model=model, port=6000).ports.port_out == 6001
     assert server_config(model=model, port=6000, port_out=7000).ports.port_out == 7000

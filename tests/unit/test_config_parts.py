@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
+import pytest
 from bertserve.server.cli import flags
+from bertserve.server.config.model import FIELDS, ModelConfig
 from bertserve.server.config.served import ModelServing, Routing
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.config.workers import Workers
@@ -41,5 +44,17 @@ def test_a_worker_host_takes_the_workers_part_of_the_head() -> None:
 def test_the_server_config_and_its_parts_are_small() -> None:
     parts = [field.type for field in dataclasses.fields(ServerConfig)]
     assert len(parts) <= 20
-    for kind in [*flags.PARTS.values(), ModelServing, Routing]:
+    model_parts = list(typing.get_type_hints(ModelConfig).values())
+    for kind in [*flags.PARTS.values(), ModelServing, Routing, ModelConfig, *model_parts]:
         assert len(dataclasses.fields(kind)) <= 20, kind.__name__
+
+
+def test_a_models_options_are_its_parts_and_go_by_their_flat_names() -> None:
+    model = ModelConfig.of(model_dir="/m", dtype="half", max_seq_len="none", pooling_layer=-1, graph_dir="/g")
+    assert (model.runtime.dtype, model.inputs.max_seq_len, model.output.pooling_layer) == ("fp16", "NONE", (-1,))
+    assert (model.dtype, model.max_seq_len, model.pooling_layer, model.graph_dir) == ("fp16", "NONE", (-1,), "/g")
+    assert list(model.flat()) == list(FIELDS) and model.flat()["pooling_layer"] == (-1,)
+    changed = model.replace(batch_size=8, normalize=True)
+    assert (changed.batch_size, changed.normalize, changed.source) == (8, True, model.source)
+    with pytest.raises(TypeError, match="no option 'dtpye'"):
+        ModelConfig.of(model_dir="/m", dtpye="fp16")

@@ -48,7 +48,7 @@ def test_without_the_default_model_the_error_says_how_to_get_it(monkeypatch: pyt
 
 
 def test_a_directory_or_a_config_is_taken_as_before() -> None:
-    for given in (MISSING, ModelConfig(model_dir=MISSING)):
+    for given in (MISSING, ModelConfig.of(model_dir=MISSING)):
         with pytest.raises(ModelFileError, match=MISSING):
             Encoder(given, max_seq_len=64)
 

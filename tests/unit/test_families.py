@@ -70,7 +70,7 @@ def bare_models(tmp_path_factory) -> dict[str, str]:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_token_ids_are_the_models_own(name):
     ref = reference(name)
-    _, tokenizer = resolve_options(ModelConfig(model_dir=str(DATA / name)))
+    _, tokenizer = resolve_options(ModelConfig.of(model_dir=str(DATA / name)))
     sentences = [str(s) for s in ref["sentences"]]
     for direction, ids, lengths in (("right", "ids", "lengths"), ("left", "ids_left", "lengths_left")):
         batch = tokenizer.tokenize(sentences, truncation_direction=direction)
@@ -155,7 +155,7 @@ def test_an_unknown_architecture_names_the_supported_families(tmp_path):
     with pytest.raises(
         ModelError, match=r"model_type 'deberta-v2' is not a family bertserve runs; it runs BERT, RoBERTa"
     ):
-        resolve_options(ModelConfig(model_dir=str(model)))
+        resolve_options(ModelConfig.of(model_dir=str(model)))
     del config["model_type"]
     config["architectures"] = ["T5EncoderModel"]
     (model / "config.json").write_text(json.dumps(config))
@@ -163,16 +163,16 @@ def test_an_unknown_architecture_names_the_supported_families(tmp_path):
         ModelError,
         match=r"architecture .T5EncoderModel. is not one bertserve runs.*GTE.*JinaBERT and jina-embeddings-v3",
     ):
-        resolve_options(ModelConfig(model_dir=str(model)))
+        resolve_options(ModelConfig.of(model_dir=str(model)))
 
 
 def test_a_dense_module_refuses_a_pooling_of_another_width(tmp_path):
     if "distilbert" not in FAMILIES:
         pytest.skip("no DistilBERT reference model")
     with pytest.raises(ModelError, match=r"Dense module .* takes 32-wide vectors, and REDUCE_MEAN_MAX over 1 layer"):
-        resolve_options(ModelConfig(model_dir=str(DATA / "distilbert"), pooling_strategy="REDUCE_MEAN_MAX"))
+        resolve_options(ModelConfig.of(model_dir=str(DATA / "distilbert"), pooling_strategy="REDUCE_MEAN_MAX"))
     with pytest.raises(ModelError, match="long_inputs=chunk cannot be used with this model's Dense module"):
-        resolve_options(ModelConfig(model_dir=str(DATA / "distilbert"), long_inputs="chunk"))
+        resolve_options(ModelConfig.of(model_dir=str(DATA / "distilbert"), long_inputs="chunk"))
 
 
 def test_a_max_seq_len_past_the_positions_is_refused():
@@ -180,14 +180,14 @@ def test_a_max_seq_len_past_the_positions_is_refused():
         pytest.skip("no RoBERTa reference model")
     config = json.loads((DATA / "roberta" / "config.json").read_text())
     limit = config["max_position_embeddings"] - config["pad_token_id"] - 1
-    resolve_options(ModelConfig(model_dir=str(DATA / "roberta"), max_seq_len=limit))
+    resolve_options(ModelConfig.of(model_dir=str(DATA / "roberta"), max_seq_len=limit))
     with pytest.raises(ModelError, match=f"max_seq_len {limit + 1} is above the {limit} tokens"):
-        resolve_options(ModelConfig(model_dir=str(DATA / "roberta"), max_seq_len=limit + 1))
+        resolve_options(ModelConfig.of(model_dir=str(DATA / "roberta"), max_seq_len=limit + 1))
 
 
 def test_the_model_defaults_come_from_its_own_files():
     for name in FAMILIES:
-        info, _ = resolve_options(ModelConfig(model_dir=str(DATA / name)))
+        info, _ = resolve_options(ModelConfig.of(model_dir=str(DATA / name)))
         meta = json.loads(str(reference(name)["meta"]))
         assert info["max_seq_len"] == meta["max_seq_length"], name
     assert os.path.isdir(DATA)
@@ -224,7 +224,7 @@ def test_chunked_long_inputs_are_the_weighted_mean_of_their_windows(name, bare_m
     options = {"pooling_strategy": "REDUCE_MEAN", "normalize": False, "dtype": "fp32", "graph_dir": graph_dir}
     chunked = Encoder(bare_models[name], long_inputs="chunk", chunk_stride=4, **options)
     plain = Encoder(bare_models[name], **options)
-    _, tokenizer = resolve_options(ModelConfig(model_dir=bare_models[name], chunk_stride=4))
+    _, tokenizer = resolve_options(ModelConfig.of(model_dir=bare_models[name], chunk_stride=4))
     batch = tokenizer.tokenize([longest], chunk=True)
     assert len(batch) > 1
     cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
@@ -275,7 +275,7 @@ def test_a_damaged_or_hostile_config_is_refused_naming_the_key(name, change, mes
     config.update(change)
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelError, match=re.escape(message)):
-        resolve_options(ModelConfig(model_dir=str(model)))
+        resolve_options(ModelConfig.of(model_dir=str(model)))
 
 
 def test_an_id_past_the_embeddings_is_refused_before_the_model_runs(tmp_path):
@@ -290,7 +290,7 @@ def test_an_id_past_the_embeddings_is_refused_before_the_model_runs(tmp_path):
     tokenizer["post_processor"]["cls"] = ["<s>", vocab_size + 7]
     (model / "tokenizer.json").write_text(json.dumps(tokenizer))
     with pytest.raises(ModelError, match=rf"up to id {vocab_size + 7} \(.*\), but the model embeds only vocab_size"):
-        resolve_options(ModelConfig(model_dir=str(model)))
+        resolve_options(ModelConfig.of(model_dir=str(model)))
 
 
 def test_a_cased_tokenizer_json_is_not_lowercased_without_a_vocab_txt(tmp_path):
@@ -307,7 +307,7 @@ def test_a_cased_tokenizer_json_is_not_lowercased_without_a_vocab_txt(tmp_path):
     config.pop("do_lower_case", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     assert not (model / "vocab.txt").exists()
-    info, tokenizer_ = resolve_options(ModelConfig(model_dir=str(model)))
+    info, tokenizer_ = resolve_options(ModelConfig.of(model_dir=str(model)))
     assert info["do_lower_case"] is False
     assert tokenizer_.tokenize(["Hello"]).input_ids.tolist() != tokenizer_.tokenize(["hello"]).input_ids.tolist()
 
@@ -315,4 +315,6 @@ def test_a_cased_tokenizer_json_is_not_lowercased_without_a_vocab_txt(tmp_path):
 @pytest.mark.parametrize("strategy", ["REDUCE_MEAN_SQRT_LEN", "WEIGHTED_MEAN"])
 def test_the_new_poolings_are_not_chunked_and_say_why(strategy):
     with pytest.raises(ModelError, match=f"{strategy} reads every token, but its windows' vectors cannot be merged"):
-        resolve_options(ModelConfig(model_dir=str(DATA / FAMILIES[0]), pooling_strategy=strategy, long_inputs="chunk"))
+        resolve_options(
+            ModelConfig.of(model_dir=str(DATA / FAMILIES[0]), pooling_strategy=strategy, long_inputs="chunk")
+        )

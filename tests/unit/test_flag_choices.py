@@ -71,7 +71,7 @@ def test_a_choice_is_taken_in_any_case_from_the_environment(flag: flags.Flag, mo
     ],
 )
 def test_the_pooling_strategy_takes_the_short_names(given: str, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ModelConfig(model_dir="", pooling_strategy=given).pooling_strategy is PoolingStrategy(strategy)
+    assert ModelConfig.of(model_dir="", pooling_strategy=given).pooling_strategy is PoolingStrategy(strategy)
     model = _start(["--pooling-strategy", given]).model
     assert model.pooling_strategy is PoolingStrategy(strategy)
     monkeypatch.setenv("BERTSERVE_POOLING_STRATEGY", given)
@@ -109,7 +109,7 @@ def test_a_value_not_taken_is_refused_with_the_choices() -> None:
     assert "argument --pooling-strategy: invalid choice: 'average'" in said
     assert "'REDUCE_MEAN'" in said and "'CLS_TOKEN'" in said
     with pytest.raises(ModelOptionError, match="unknown pooling_strategy 'average'; choose one of NONE, REDUCE_MEAN"):
-        ModelConfig(model_dir="", pooling_strategy="average")
+        ModelConfig.of(model_dir="", pooling_strategy="average")
 
 
 def test_a_value_not_taken_from_the_environment_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:

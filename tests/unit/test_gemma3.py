@@ -36,7 +36,7 @@ def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
 def test_the_query_prompt_gives_sentence_transformers_query_vectors(tmp_path: Path) -> None:
     with np.load(DATA / "gemma3.npz") as data:
         sentences, st_query, st_default = [str(s) for s in data["sentences"]], data["st_query"], data["st_default"]
-    info, _ = resolve_options(ModelConfig(model_dir=str(MODEL)))
+    info, _ = resolve_options(ModelConfig.of(model_dir=str(MODEL)))
     assert info["pooling_strategy"] == "REDUCE_MEAN" and info["normalize"] is True
     prompts = json.loads((MODEL / "config_sentence_transformers.json").read_text(encoding="utf-8"))["prompts"]
     encoder = Encoder(str(MODEL), dtype="fp32", graph_dir=str(tmp_path))

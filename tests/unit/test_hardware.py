@@ -118,12 +118,12 @@ def test_a_dtype_asked_for_is_kept_and_auto_never_picks_int8(monkeypatch: pytest
 
 
 def test_model_config_takes_auto_and_int8() -> None:
-    assert ModelConfig(model_dir="/m").dtype == "auto"
-    assert ModelConfig(model_dir="/m", dtype="AUTO").dtype == "auto"
-    assert ModelConfig(model_dir="/m", dtype="qint8").dtype == "int8"
-    assert ModelConfig(model_dir="/m", dtype="int8").dtype == "int8"
+    assert ModelConfig.of(model_dir="/m").dtype == "auto"
+    assert ModelConfig.of(model_dir="/m", dtype="AUTO").dtype == "auto"
+    assert ModelConfig.of(model_dir="/m", dtype="qint8").dtype == "int8"
+    assert ModelConfig.of(model_dir="/m", dtype="int8").dtype == "int8"
     with pytest.raises(ModelOptionError, match="unknown dtype 'int4'; choose auto, fp32, bf16, fp16 or int8"):
-        ModelConfig(model_dir="/m", dtype="int4")
+        ModelConfig.of(model_dir="/m", dtype="int4")
 
 
 @pytest.mark.parametrize(("cpuinfo", "dtype"), [(XEON_AMX, "bf16"), (EPYC_BF16, "bf16"), (EPYC_AVX2, "fp32")])
@@ -132,7 +132,7 @@ def test_resolve_turns_auto_into_the_cpus_dtype(
 ) -> None:
     monkeypatch.delenv(hardware.FLAGS_ENV, raising=False)
     monkeypatch.setattr(hardware, "_read_cpuinfo", lambda: hardware.parse_cpuinfo(cpuinfo))
-    requested = ModelConfig(model_dir=tiny_hf)
+    requested = ModelConfig.of(model_dir=tiny_hf)
     config, spec = resolve(requested, inspect_model(requested))
     assert spec.dtype == dtype  # the graph, and its cache key, are the concrete dtype's
     info = describe(config, spec)
@@ -147,14 +147,14 @@ def test_autos_bf16_is_the_graph_the_reference_tests_hold(tiny_hf: str, monkeypa
     monkeypatch.setenv(hardware.FLAGS_ENV, "avx2 amx_tile amx_bf16")
     specs = {}
     for dtype in ("auto", "bf16"):
-        requested = ModelConfig(model_dir=tiny_hf, dtype=dtype)
+        requested = ModelConfig.of(model_dir=tiny_hf, dtype=dtype)
         model = inspect_model(requested)
         specs[dtype] = (resolve(requested, model)[1], cache_key(model, resolve(requested, model)[1]))
     assert specs["auto"] == specs["bf16"]  # the same spec, so the same cached graph
 
 
 def test_a_dtype_asked_for_is_described_as_asked(tiny_hf: str) -> None:
-    requested = ModelConfig(model_dir=tiny_hf, dtype="bfloat16")
+    requested = ModelConfig.of(model_dir=tiny_hf, dtype="bfloat16")
     config, spec = resolve(requested, inspect_model(requested))
     info = describe(config, spec)
     assert (spec.dtype, info["dtype"], info["dtype_requested"], info["dtype_reason"]) == (

@@ -28,7 +28,7 @@ def config_of(name: str, **options) -> ServerConfig:
         "max_client_queued_sentences": 40,
         "max_queued_sentences": 80,
     }
-    model = ModelConfig(model_dir=f"/models/{name}")
+    model = ModelConfig.of(model_dir=f"/models/{name}")
     return server_config(model=model, served_model_name=name, **{**defaults, **options})
 
 
@@ -44,7 +44,7 @@ def rig(tmp_path) -> Iterator[Rig]:
                 Prompts({"query": "query: "}, None),
                 sha256="aa" * 32,
             ),
-            HeadModel("big", big, Scheduler(big.batching, big.limits, job_prefix="m1."), sha256="bb" * 32),
+            HeadModel("big", big, Scheduler(big.batching, big.limits, job_prefix="m1."), sha256="bb" * 32, version=3),
         ]
     )
     with ventilator_rig(tmp_path, fast, models=models) as rig:
@@ -147,7 +147,7 @@ def test_a_lost_workers_jobs_go_back_to_its_own_models_queue(rig: Rig) -> None:
 
 def test_a_swap_of_one_model_pins_only_its_own_new_requests(rig: Rig) -> None:
     big = rig.ventilator.models.by_name["big"]
-    rig.ventilator.pool(big).serve_version(big.config.with_version(big.config.model.model_dir, 4))
+    rig.ventilator.pool(big).serve_version(4, big.config.model.model_dir)
     assert rig.ventilator.models.by_name["big"].version == 4 and rig.ventilator.models.default.version is None
     rig.request(b"c", 1, ["x"], model="big")
     rig.request(b"d", 1, ["y"])

@@ -72,7 +72,7 @@ def test_a_model_is_fetched_with_only_the_files_it_needs(hub: HubStandIn, tmp_pa
     assert _files(model.directory) == NEEDED
     for path in _files(model.directory):
         assert (Path(model.directory) / path).read_bytes() == repo.files[path], path
-    assert inspect_model(ModelConfig(model_dir=model.directory)).layout == "huggingface"
+    assert inspect_model(ModelConfig.of(model_dir=model.directory)).layout == "huggingface"
     fetched = {
         path.split("/resolve/")[1].split("/", 1)[1]
         for method, path in hub.requests

@@ -66,7 +66,7 @@ class Head(Rig):
 @pytest.fixture
 def head(tmp_path) -> Iterator[Head]:
     worker_port = free_port()
-    model = ModelConfig(model_dir="/head/model", max_seq_len=40, pooling_layer=(-1, -2), dtype="bf16")
+    model = ModelConfig.of(model_dir="/head/model", max_seq_len=40, pooling_layer=(-1, -2), dtype="bf16")
     config = server_config(model=model, num_worker=0, worker_port=worker_port, max_batch_size=4, max_latency_ms=0)
     with ventilator_rig(tmp_path, config, Head, model_sha256=SHA) as rig:
         rig.worker_port = worker_port
@@ -293,7 +293,7 @@ def test_welcome_carries_the_task_and_leaves_the_calibration_file_to_the_host() 
     from bertserve.server.config.model import ModelConfig
     from bertserve.server.serving.head.handshake import welcome_options
 
-    model = ModelConfig(model_dir="/head/model", task="rerank", calibration="/head/ranges.json")
+    model = ModelConfig.of(model_dir="/head/model", task="rerank", calibration="/head/ranges.json")
     options = welcome_options(server_config(model=model))
     assert options["model"]["task"] == "rerank" and "calibration" not in options["model"]
     welcome = bodies.Welcome(**options)

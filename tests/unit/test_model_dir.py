@@ -17,7 +17,7 @@ DISTILBERT = Path(__file__).resolve().parents[1] / "data" / "families" / "distil
 
 
 def _inspect(model_dir: str, **options: object):
-    return inspect_model(ModelConfig(model_dir=model_dir, **options))
+    return inspect_model(ModelConfig.of(model_dir=model_dir, **options))
 
 
 def test_layouts_are_detected(tiny_google: str, tiny_hf: str) -> None:

@@ -41,7 +41,7 @@ def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_the_query_instruction_is_read_and_gives_sentence_transformers_query_vectors(tmp_path: Path) -> None:
     ref = _reference()
-    info, _ = resolve_options(ModelConfig(model_dir=str(MODEL)))
+    info, _ = resolve_options(ModelConfig.of(model_dir=str(MODEL)))
     prompts = json.loads((MODEL / "config_sentence_transformers.json").read_text(encoding="utf-8"))["prompts"]
     assert info["pooling_strategy"] == "SEP_TOKEN" and info["normalize"] is True  # LAST_TOKEN, as bertserve spells it
     encoder = Encoder(str(MODEL), dtype="fp32", graph_dir=str(tmp_path))

@@ -56,7 +56,7 @@ def real_model(request) -> tuple[RealModel, str]:
 def test_the_token_ids_are_the_models_own(real_model):
     model, directory = real_model
     ref = reference(model)
-    _, tokenizer = resolve_options(ModelConfig(model_dir=directory, max_seq_len=MAX_SEQ_LEN))
+    _, tokenizer = resolve_options(ModelConfig.of(model_dir=directory, max_seq_len=MAX_SEQ_LEN))
     batch = tokenizer.tokenize(sentences())
     np.testing.assert_array_equal(batch.lengths, ref["hf_lengths_right128"])
     for row, length in enumerate(batch.lengths):

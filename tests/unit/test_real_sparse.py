@@ -109,7 +109,7 @@ def test_the_task_is_read_from_the_model_directory(encoded, reference):
 
 def test_the_token_counts_are_the_tokenizers(splade_dir, reference):
     """No text is cut at 512 tokens, so the weights do not depend on where truncation falls."""
-    _, tokenizer = resolve_options(ModelConfig(model_dir=splade_dir, max_seq_len=MAX_SEQ_LEN))
+    _, tokenizer = resolve_options(ModelConfig.of(model_dir=splade_dir, max_seq_len=MAX_SEQ_LEN))
     counts = np.asarray(tokenizer.count_whole(reference["texts"])) + tokenizer.num_special_tokens()
     np.testing.assert_array_equal(counts, reference["lengths"])
     assert counts.max() <= MAX_SEQ_LEN

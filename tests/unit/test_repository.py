@@ -15,7 +15,7 @@ from bertserve.server.model import repository as repository_module
 from bertserve.server.model.checksum import write_manifest
 from bertserve.server.model.repository import Checker, choose, is_repository, versions
 
-OPTIONS = ModelConfig(model_dir="unused")
+OPTIONS = ModelConfig.of(model_dir="unused")
 
 
 def settled(directory: Path, age_s: float = 60.0) -> None:

@@ -244,7 +244,7 @@ def test_a_model_with_no_local_workers_needs_the_worker_port() -> None:
 
 
 def test_the_config_checks_the_specs_without_the_command_line() -> None:
-    model = ModelConfig(model_dir="/m/a")
+    model = ModelConfig.of(model_dir="/m/a")
     config = server_config(model=model, models=["a=/m/a", "b=/m/b,dtype=fp16"])
     assert config.routing.models == ("a=/m/a", "b=/m/b,dtype=fp16")  # a list becomes a tuple: it stays hashable
     assert [(entry.name, entry.model.dtype) for entry in config.models] == [("a", "auto"), ("b", "fp16")]

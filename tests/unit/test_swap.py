@@ -11,6 +11,7 @@ import pytest
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.versions.book import VersionsBook
+from bertserve.server.serving.versions.plan import Release
 from bertserve.server.serving.versions.swap import VersionSwap
 from bertserve.server.testing.config import server_config
 
@@ -38,8 +39,8 @@ class FakeHead:
     def serving_version(self) -> int | None:
         return self.serving
 
-    def serve_version(self, config: ServerConfig) -> None:
-        self.serving = config.version_number or 0
+    def serve_version(self, version: int | None, model_dir: str) -> None:
+        self.serving = version or 0
 
     def queued_versions(self) -> set[int | None]:
         return set()
@@ -71,9 +72,9 @@ class FakeHead:
     def retiring_workers(self) -> set[int]:
         return {index for index, worker in self.workers.items() if worker.retiring}
 
-    def add_worker(self, config: ServerConfig) -> int:
+    def add_worker(self, release: Release) -> int:
         index = max(self.workers, default=-1) + 1
-        self.workers[index] = FakeWorker(config.version_number, ready=False)
+        self.workers[index] = FakeWorker(release.version, ready=False)
         return index
 
     def retire_worker(self, index: int) -> None:
@@ -93,9 +94,9 @@ def repository(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def version(repository: Path, number: int) -> ServerConfig:
-    model = ModelConfig(model_dir=str(repository / str(number)))
-    return server_config(model=model, model_version=str(number), num_worker=1, poll_interval_s=0)
+def version(repository: Path, number: int) -> Release:
+    model = ModelConfig.of(model_dir=str(repository / str(number)))
+    return Release(server_config(model=model, num_worker=1, poll_interval_s=0), number)
 
 
 def progress(book: VersionsBook) -> dict[str, Any]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from bertserve.server.config.server import ServerConfig
 from bertserve.server.serving.versions.plan import (
     LOAD_TIMEOUT_S,
     Death,
     DrainWorker,
     Finish,
     KillWorker,
+    Release,
     RetireWorker,
     Roll,
     Seen,
@@ -27,8 +27,8 @@ from bertserve.server.serving.versions.plan import (
 from bertserve.server.testing.config import server_config
 
 
-def config(version: int, num_worker: int = 2) -> ServerConfig:
-    return server_config(f"/models/{version}", model_version=str(version), num_worker=num_worker)
+def config(version: int, num_worker: int = 2) -> Release:
+    return Release(server_config(f"/models/{version}", model_version=str(version), num_worker=num_worker), version)
 
 
 class World:
@@ -52,10 +52,10 @@ class World:
         for step in steps:
             if isinstance(step, StartWorker):
                 index = max(self.workers, default=-1) + 1
-                self.workers[index] = Worker(step.config.version_number)
+                self.workers[index] = Worker(step.target.version)
                 roll = roll.started(index, now)
             elif isinstance(step, ServeTarget):
-                self.serving = step.config.version_number
+                self.serving = step.target.version
             elif isinstance(step, DrainWorker):
                 self.change(step.index, draining=True)
             elif isinstance(step, RetireWorker):

@@ -146,7 +146,7 @@ def test_a_model_directory_shaped_like_jina_v3_is_refused_before_anything_loads(
     keys = ("position_embedding_type", "rotary_emb_base", "lora_adaptations", "lora_rank")  # not its code
     (model / "config.json").write_text(json.dumps({**raw, **{key: JINA_V3[key] for key in keys}}), encoding="utf-8")
     with pytest.raises(ModelError, match="position_embedding_type 'rotary'"):
-        inspect_model(ModelConfig(model_dir=str(model)))
+        inspect_model(ModelConfig.of(model_dir=str(model)))
 
 
 def _variant(name: str) -> dict[str, Any]:

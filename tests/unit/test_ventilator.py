@@ -279,14 +279,12 @@ def test_chunk_requests_go_to_workers_as_their_own_jobs_and_are_refused_where_th
 
 def test_a_job_goes_only_to_a_worker_of_the_model_version_it_was_admitted_under(rig: Rig) -> None:
     served = rig.ventilator.models.default
-    rig.ventilator.serve_version(served, served.config.with_version(served.config.model.model_dir, 1))
+    rig.ventilator.serve_version(served, 1, served.config.model.model_dir)
     old, _ = rig.worker(b"old", 0, version=1)
     rig.request(b"c1", 1, ["a", "b"])  # pinned to version 1
     _, header, _ = rig.job(old)  # the old worker now holds its one credit
     assert header["parts"][0]["key"].startswith(b"c1".hex())
-    rig.ventilator.serve_version(
-        served, served.config.with_version(served.config.model.model_dir, 2)
-    )  # a swap: new requests run on 2
+    rig.ventilator.serve_version(served, 2, served.config.model.model_dir)  # a swap: new requests run on 2
     rig.request(b"c2", 1, ["c"])
     assert not old.poll(200), "a version-2 job went to a version-1 worker"
     new, _ = rig.worker(b"new", 1, version=2)

@@ -253,7 +253,7 @@ def test_the_hashing_model_cuts_either_end_and_refuses_what_it_cannot_do() -> No
     """A request's truncation_direction reaches a model class as the Model protocol says:
     the numpy model keeps the last words when asked to cut on the left, and refuses an
     option it does not take by name, as any model class should (not with a TypeError)."""
-    model = HashingModel(ModelConfig(model_dir="", max_seq_len=5))
+    model = HashingModel(ModelConfig.of(model_dir="", max_seq_len=5))
     words = ["one", "two", "three", "four", "five", "six"]
     right = model.tokenize([" ".join(words)], keep_tokens=True)
     left = model.tokenize([" ".join(words)], keep_tokens=True, truncation_direction="left")

@@ -8,13 +8,12 @@ run (:func:`welcome_options`). The link (:mod:`.link`) keeps a :class:`Host` for
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from bertserve.client import __version__
 
-from ...config.model import HUB_FIELDS, ModelConfig
+from ...config.model import FIELDS, HUB_FIELDS
 from ...config.server import ServerConfig
 from ..protocol import link_bodies as bodies, wire
 from .models import HeadModel, Models
@@ -47,7 +46,7 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
     }
 
 
-_MODEL_FIELDS = frozenset(field.name for field in dataclasses.fields(ModelConfig))
+_MODEL_FIELDS = frozenset(FIELDS)
 _HOSTS_OWN = frozenset({"model_dir", "tuned_model_dir", "graph_dir", "device", "calibration", *HUB_FIELDS})
 """The model fields that name something of the machine a process runs on: a host has its own."""
 

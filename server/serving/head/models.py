@@ -37,19 +37,19 @@ class VersionsView(Protocol):
 class HeadModel:
     """One served model, as the head sees it: its options, fixed once built, and its state:
     its queue, and the model version new requests are pinned to, which a swap changes
-    (:meth:`serve`)."""
+    (:meth:`serve`). The version lives here only: the options' ``model_version`` is what was
+    asked (``latest`` or a number)."""
 
     name: str
-    config: ServerConfig  # its options, with the version served at start
+    config: ServerConfig  # its options, with the directory of the version served at start
     scheduler: Scheduler
     prompts: Prompts = field(default_factory=lambda: Prompts({}, None))
     sha256: str = ""  # of its files: a remote worker that joins for it must have the same
     versions_view: VersionsView | None = None  # its versions' side of the status
-    version: int | None = field(init=False)  # new requests are pinned to it (None: not from a repository)
+    version: int | None = None  # new requests are pinned to it (None: not from a repository)
     model_dir: str = field(init=False)  # the directory of that version
 
     def __post_init__(self) -> None:
-        self.version = self.config.version_number
         self.model_dir = self.config.model.model_dir
 
     def serve(self, version: int | None, model_dir: str) -> None:
@@ -59,10 +59,13 @@ class HeadModel:
 
     @property
     def served_config(self) -> ServerConfig:
-        """Its options with the version now served, as CONFIG shows them."""
-        if self.version == self.config.version_number and self.model_dir == self.config.model.model_dir:
-            return self.config
-        return self.config.with_version(self.model_dir, self.version)
+        """Its options with the directory of the version now served."""
+        return self.config if self.model_dir == self.config.model.model_dir else self.config.in_dir(self.model_dir)
+
+    @property
+    def model_version(self) -> str:
+        """CONFIG's ``model_version``: the version served, else what was asked (``latest``)."""
+        return self.config.serving.model_version if self.version is None else str(self.version)
 
 
 class Models:
@@ -122,7 +125,7 @@ class Workers(Protocol):
 
     control: Control
 
-    def serve_version(self, model: HeadModel, config: ServerConfig) -> None: ...
+    def serve_version(self, model: HeadModel, version: int | None, model_dir: str) -> None: ...
 
     def worker_ready(self, index: int) -> bool: ...
 
@@ -146,8 +149,8 @@ class ModelPool:
     def serving_version(self) -> int | None:
         return self.model.version
 
-    def serve_version(self, config: ServerConfig) -> None:
-        self.ventilator.serve_version(self.model, config)
+    def serve_version(self, version: int | None, model_dir: str) -> None:
+        self.ventilator.serve_version(self.model, version, model_dir)
 
     def queued_versions(self) -> set[int | None]:
         return self.model.scheduler.versions()

@@ -200,6 +200,7 @@ class Ventilator:
         model = model or self.models.default
         info = self.registry.model_info(model.name, model.version)
         answer = describe(model.served_config, curve=self.curve, ready=self.model_ready(model), model=info)
+        answer["model_version"] = model.model_version  # the head's: the options say what was asked
         answer.update(model.prompts.describe())
         answer.update(
             model_name=model.name,
@@ -356,9 +357,9 @@ class Ventilator:
         for worker in self.registry.by_index(index):
             self.registry.drain(worker.identity)
 
-    def serve_version(self, model: HeadModel, config: ServerConfig) -> None:
-        """Pin ``model``'s new requests to ``config``'s model version (a swap's workers of it are ready)."""
-        model.serve(config.version_number, config.model.model_dir)
+    def serve_version(self, model: HeadModel, version: int | None, model_dir: str) -> None:
+        """Pin ``model``'s new requests to ``version``, in ``model_dir`` (a swap's workers of it are ready)."""
+        model.serve(version, model_dir)
         if model is self.models.default:
             metrics.MODEL_VERSION.set(model.version or 0)
         self.gauges.model_changed(model.name)  # labelled again with the new version's model by update_gauges

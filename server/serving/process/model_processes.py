@@ -17,6 +17,7 @@ from ...config.telemetry import Telemetry
 from ..head.models import HeadModel
 from ..protocol.wire import Addresses
 from ..versions.book import VersionsBook
+from ..versions.plan import Release
 from ..versions.swap import VersionSwap
 from ..worker.worker import run_worker
 from .children import Children, worker_name
@@ -44,42 +45,48 @@ class SupervisedModel:
 
     @property
     def config(self) -> ServerConfig:
-        """Its options, with the version chosen at start."""
+        """Its options, with the directory of the version chosen at start."""
         return self.head.config
+
+    @property
+    def release(self) -> Release:
+        """What its workers run until a swap: its options and the head's version."""
+        return Release(self.head.config, self.head.version)
 
 
 class LocalWorkers:
-    """The local worker processes, by index (which runs on across the models), with the config
-    (model and version) each runs; started and stopped through the supervisor's children."""
+    """The local worker processes, by index (which runs on across the models), with the release
+    (options and version) each runs; started and stopped through the supervisor's children."""
 
     def __init__(self, children: Children, telemetry: Telemetry) -> None:
         self.children = children
         self.telemetry = telemetry
-        self.configs: dict[int, ServerConfig] = {}  # running, or waiting to start again
+        self.releases: dict[int, Release] = {}  # running, or waiting to start again
         self.addresses: Addresses | None = None  # set once the supervisor has made them
 
-    def of(self, model: str) -> dict[int, ServerConfig]:
-        """The workers of served model ``model``, with the config each runs."""
-        return {index: config for index, config in self.configs.items() if config.serving.served_model_name == model}
+    def of(self, model: str) -> dict[int, Release]:
+        """The workers of served model ``model``, with the release each runs."""
+        releases = self.releases.items()
+        return {index: release for index, release in releases if release.config.serving.served_model_name == model}
 
     def next_index(self) -> int:
-        return max(self.configs, default=-1) + 1
+        return max(self.releases, default=-1) + 1
 
-    def start(self, index: int, config: ServerConfig | None = None) -> None:
-        """Start worker ``index`` running ``config`` (default: what it ran before)."""
+    def start(self, index: int, release: Release | None = None) -> None:
+        """Start worker ``index`` running ``release`` (default: what it ran before)."""
         assert self.addresses is not None
-        config = self.configs[index] = config or self.configs[index]
-        args = (config, index, self.addresses, self.telemetry)
+        release = self.releases[index] = release or self.releases[index]
+        args = (release.config, index, self.addresses, self.telemetry, release.version)
         self.children.start(worker_name(index), run_worker, args, f"bertserve-worker-{index}")
 
-    def add(self, config: ServerConfig) -> int:
+    def add(self, release: Release) -> int:
         index = self.next_index()
-        self.start(index, config)
+        self.start(index, release)
         return index
 
     def forget(self, index: int) -> None:
         """Worker ``index`` is gone for good (a swap retired it, or no longer needs it)."""
-        del self.configs[index]
+        del self.releases[index]
 
     def prepare_for(self, model: SupervisedModel | None) -> Preparation | None:
         """The steps that make what ``model``'s local workers load, if it has any and one is missing."""
@@ -123,7 +130,7 @@ class ModelProcesses:
         self.model = model
 
     def worker_versions(self) -> dict[int, int | None]:
-        return {index: config.version_number for index, config in self.workers.of(self.model).items()}
+        return {index: release.version for index, release in self.workers.of(self.model).items()}
 
     def worker_alive(self, index: int) -> bool:
         return self.workers.children.alive(worker_name(index))
@@ -132,8 +139,8 @@ class ModelProcesses:
         children = self.workers.children
         return {index for index in self.workers.of(self.model) if children.retiring(worker_name(index))}
 
-    def add_worker(self, config: ServerConfig) -> int:
-        return self.workers.add(config)
+    def add_worker(self, release: Release) -> int:
+        return self.workers.add(release)
 
     def retire_worker(self, index: int) -> None:
         self.workers.children.retire(worker_name(index))

@@ -20,6 +20,7 @@ from ...config.server import ServerConfig
 from ...errors import StartupError
 from ...security import loopback_only
 from ..versions.book import VersionsBook
+from ..versions.plan import Release
 
 logger = logging.getLogger("bertserve.server")
 
@@ -27,14 +28,14 @@ logger = logging.getLogger("bertserve.server")
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "*", "::1", "[::1]", "::", "[::]")
 
 
-def choose_version(config: ServerConfig, book: VersionsBook) -> tuple[ServerConfig, bool]:
-    """With a model repository, the config of the version asked for, or of the newest that
-    is whole (the refusals on the way go in ``book``), and whether newer versions are taken
-    (``--model-version latest``). Else ``config`` as it is."""
+def choose_version(config: ServerConfig, book: VersionsBook) -> tuple[Release, bool]:
+    """With a model repository, the version asked for, or the newest that is whole (the
+    refusals on the way go in ``book``), with ``config`` in its directory, and whether newer
+    versions are taken (``--model-version latest``). Else ``config`` as it is."""
     from ...model.repository import choose, is_repository
 
     if not is_repository(config.model.model_dir):
-        return config, True
+        return Release(config, config.serving.asked_version), True
     base = config.model.model_dir
     try:
         version, refused = choose(
@@ -46,7 +47,7 @@ def choose_version(config: ServerConfig, book: VersionsBook) -> tuple[ServerConf
     book.record_refusals(refused)
     logger.info("serving version %d of %s", version.number, base)
     follow_latest = str(config.serving.model_version) == "latest"
-    return config.with_version(version.path, version.number), follow_latest
+    return Release(config.in_dir(version.path), version.number), follow_latest
 
 
 def check_model(config: ServerConfig, book: VersionsBook) -> tuple[dict[str, Any], str]:

@@ -82,7 +82,7 @@ class BertServer(ExitFlags):
 
     @property
     def served(self) -> ServerConfig:
-        """The default model's options, with the version chosen at start: what the sink, the
+        """The default model's options, in the version's directory chosen at start: what the sink, the
         HTTP front end and the ventilator are given (the server's options are every model's)."""
         return self.models[self.default].config
 
@@ -136,14 +136,15 @@ class BertServer(ExitFlags):
         self.default = self.config.default_name
         for index, served in enumerate(self.config.model_configs()):
             book = VersionsBook()
-            config, follow_latest = preflight.choose_version(served, book)
+            chosen, follow_latest = preflight.choose_version(served, book)
+            config = chosen.config
             info, sha256 = preflight.check_model(config, book)
             counter = book.count_tokens if book.tokenizer is not None else None
             prefix = f"m{index}." if index else ""  # job ids of [A-Za-z0-9._:-]
             queue = Scheduler(config.batching, config.limits, counter, job_prefix=prefix)
             prompts = Prompts(info.get("prompts", {}), info.get("default_prompt_name"), tuple(info.get("adapters", ())))
             name = served.serving.name
-            head = HeadModel(name, config, queue, prompts, sha256, versions_view=book)
+            head = HeadModel(name, config, queue, prompts, sha256, versions_view=book, version=chosen.version)
             self.models[name] = SupervisedModel(head, book, follow_latest, info)
 
     def _secure(self, context: zmq.Context, frontend: zmq.Socket) -> tuple[Any, dict[str, Any]]:
@@ -169,7 +170,7 @@ class BertServer(ExitFlags):
     def _start(self, ventilator: Ventilator, on_ready: Callable[[dict[str, Any]], None] | None) -> None:
         """Every model's workers started, its swap made and the HTTP front end waited for;
         then ``on_ready`` told what CONFIG says."""
-        metrics.MODEL_VERSION.set(self.served.version_number or 0)
+        metrics.MODEL_VERSION.set(self.models[self.default].head.version or 0)
         preparing = self.workers.prepare_for(next(iter(self.models.values())))
         try:  # the next model's graph is built while this one's workers load: two processes at once
             for model, following in zip(self.models.values(), (*tuple(self.models.values())[1:], None), strict=True):
@@ -194,7 +195,7 @@ class BertServer(ExitFlags):
         for model in self.models.values():
             if model.book.repository and self.config.ports.worker_port is None:
                 model.swap = VersionSwap(
-                    model.config,
+                    model.release,
                     pool=ventilator.pool(model.head),
                     processes=ModelProcesses(self.workers, model.name),
                     book=model.book,
@@ -222,7 +223,8 @@ class BertServer(ExitFlags):
         return frozenset([self.gateway_keys.public]) if self.gateway_keys is not None else frozenset()
 
     def _start_sink(self, addresses: Addresses, grace_s: float = 0.0) -> None:
-        args = (self.served, addresses.sink, self.telemetry, grace_s, self._extra_client_keys())
+        version = self.models[self.default].head.version  # the version served now, after a swap too
+        args = (self.served, addresses.sink, self.telemetry, grace_s, self._extra_client_keys(), version)
         self.children.start("sink", run_sink, args, "bertserve-sink")
 
     def _load_principals(self) -> None:
@@ -269,7 +271,8 @@ class BertServer(ExitFlags):
 
     def _start_workers(self, ventilator: Ventilator, model: SupervisedModel) -> None:
         """``model``'s first worker (once what it loads is made), then the rest."""
-        config = model.config
+        release = model.release
+        config = release.config
         if config.serving.num_worker == 0:
             logger.info(
                 "no local workers for model %s: serving it once remote workers join on port %d",
@@ -278,10 +281,10 @@ class BertServer(ExitFlags):
             )
             return
         first = self.workers.next_index()
-        self.workers.start(first, config)
+        self.workers.start(first, release)
         self._wait_ready(ventilator, first + 1)
         for index in range(first + 1, first + config.serving.num_worker):
-            self.workers.start(index, config)
+            self.workers.start(index, release)
         self._wait_ready(ventilator, first + config.serving.num_worker)
 
     def _wait_ready(self, ventilator: Ventilator, count: int) -> None:
@@ -351,8 +354,8 @@ class BertServer(ExitFlags):
 
     def _worker_died(self, ventilator: Ventilator, index: int, exitcode: int | None, now: float) -> None:
         """Restart a worker that died, unless a swap retired it or no longer needs it."""
-        config = self.workers.configs[index]
-        name, version = worker_name(index), config.version_number
+        release = self.workers.releases[index]
+        config, name, version = release.config, worker_name(index), release.version
         swap = (
             self.models[config.serving.served_model_name or ""].swap
             if config.serving.served_model_name in self.models

@@ -109,7 +109,7 @@ class HostConfig:
             for directory in (self.model_dir, self.tuned_model_dir):
                 if field in options and directory is not None and not _inside(directory, options[field]):
                     raise ConfigError(f"the head names {field} {options[field]!r}, which is not inside {directory}")
-        model = ModelConfig(
+        model = ModelConfig.of(
             **options, model_dir=self.model_dir, tuned_model_dir=self.tuned_model_dir, graph_dir=self.graph_dir
         )
         serving = ModelServing(

@@ -46,9 +46,16 @@ class Sink:
     """Runs in its own process: PULL from the ventilator and the workers, replies to clients (:mod:`.replies`)."""
 
     def __init__(
-        self, config: ServerConfig, pull_address: str, context: zmq.Context, extra_keys: frozenset[bytes] = frozenset()
+        self,
+        config: ServerConfig,
+        pull_address: str,
+        context: zmq.Context,
+        extra_keys: frozenset[bytes] = frozenset(),
+        *,
+        version: int | None = None,
     ) -> None:
         self.config = config
+        self.version = version  # the default model's version: a request's unless it says
         self.authenticator: Any = None
         self.pull = context.socket(zmq.PULL)
         self.pull.linger = 0
@@ -155,7 +162,7 @@ class Sink:
             message.show_tokens,
             message.deadline,
             admitted=message.admitted,
-            version=message.version if message.version is not None else self.config.version_number,
+            version=message.version if message.version is not None else self.version,
             format=formats.named(message.format),
             dimensions=message.dimensions,
             normalize=message.normalize,
@@ -351,8 +358,9 @@ def run_sink(
     telemetry: Telemetry,
     grace_s: float = 0.0,
     extra_keys: frozenset[bytes] = frozenset(),
+    version: int | None = None,
 ) -> None:
-    """Entry point of the sink process."""
+    """Entry point of the sink process; ``version`` is the default model's version served."""
     from ...logs import child_telemetry
 
     child_telemetry(telemetry, "sink")
@@ -360,7 +368,7 @@ def run_sink(
     context = zmq.Context()
     sink = None
     try:
-        sink = Sink(config, pull_address, context, extra_keys)
+        sink = Sink(config, pull_address, context, extra_keys, version=version)
         logger.debug("sink %d publishing on port %d", os.getpid(), config.ports.out)
         sink.run(grace_s)
     except zmq.ZMQError as exc:

@@ -23,6 +23,7 @@ from ...config.server import ServerConfig
 
 if TYPE_CHECKING:
     from ...model.prepare import Preparation
+    from .plan import Release
 
 
 class WorkerPool(Protocol):
@@ -33,8 +34,8 @@ class WorkerPool(Protocol):
         """The model version new requests are pinned to."""
         ...
 
-    def serve_version(self, config: ServerConfig) -> None:
-        """Pin new requests to ``config``'s version (its workers are ready)."""
+    def serve_version(self, version: int | None, model_dir: str) -> None:
+        """Pin new requests to ``version``, whose files are in ``model_dir`` (its workers are ready)."""
         ...
 
     def queued_versions(self) -> set[int | None]:
@@ -83,8 +84,8 @@ class WorkerProcesses(Protocol):
         """The workers told to stop for a swap that have not exited yet."""
         ...
 
-    def add_worker(self, config: ServerConfig) -> int:
-        """Start one more worker, running ``config``'s model version; returns its index."""
+    def add_worker(self, release: Release) -> int:
+        """Start one more worker, running ``release``; returns its index."""
         ...
 
     def retire_worker(self, index: int) -> None:

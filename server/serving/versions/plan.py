@@ -71,12 +71,22 @@ class Seen:
 
 
 @dataclass(frozen=True)
+class Release:
+    """A version of a model as its workers run it: its options (their model directory the
+    version's; their ``model_version`` what was asked) and its number (None: a model
+    directory, not a version of a repository)."""
+
+    config: ServerConfig
+    version: int | None
+
+
+@dataclass(frozen=True)
 class Roll:
-    """A swap under way: the config the workers converge on, the one served when it began,
+    """A swap under way: the release the workers converge on, the one served when it began,
     whether it is rolling back, and the new workers not ready yet (index -> started)."""
 
-    target: ServerConfig
-    previous: ServerConfig
+    target: Release
+    previous: Release
     back: bool = False
     loading: Mapping[int, float] = field(default_factory=dict)
 
@@ -94,12 +104,12 @@ class Roll:
 
 @dataclass(frozen=True)
 class StartWorker:
-    config: ServerConfig  # of the target version
+    target: Release
 
 
 @dataclass(frozen=True)
 class ServeTarget:
-    config: ServerConfig
+    target: Release
 
 
 @dataclass(frozen=True)
@@ -138,7 +148,7 @@ def plan(roll: Roll, seen: Seen) -> tuple[Roll, list[Step]]:
     """The steps of this turn towards ``--num-worker`` workers of the target version: kills
     of workers that did not load in time, serving the target, retiring drained workers, then
     at most one of starting a worker, draining one, or finishing."""
-    target = roll.target.version_number
+    target = roll.target.version
     workers = seen.workers
     fresh = [i for i, w in workers.items() if w.version == target]
     stale = sorted(i for i, w in workers.items() if w.version != target)
@@ -158,7 +168,7 @@ def plan(roll: Roll, seen: Seen) -> tuple[Roll, list[Step]]:
             leaving.add(i)
     if leaving or len(ready) < len(fresh):
         return roll, steps  # one at a time: a worker is leaving, or a new one is loading
-    if len(fresh) < roll.target.serving.num_worker and len(workers) <= roll.target.serving.num_worker:
+    if len(fresh) < roll.target.config.serving.num_worker and len(workers) <= roll.target.config.serving.num_worker:
         steps.append(StartWorker(roll.target))
     elif stale and not any(workers[i].draining for i in stale):
         steps.extend(_drain_one(stale, seen))
@@ -184,7 +194,7 @@ def _drain_one(stale: list[int], seen: Seen) -> list[Step]:
 
 def on_death(roll: Roll, seen: Seen, index: int) -> tuple[Roll, Death]:
     """Worker ``index`` died during a swap (``seen`` still shows it): whether it starts again."""
-    target = roll.target.version_number
+    target = roll.target.version
     worker = seen.workers[index]
     if index in roll.loading and worker.version == target:
         roll = roll._without({index})

@@ -40,11 +40,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...config.server import ServerConfig
 from ...errors import ModelError
 from ...model.repository import Checker, Refusal, Version
 from . import plan
-from .plan import Death, Roll, Seen, Step, SwapState
+from .plan import Death, Release, Roll, Seen, Step, SwapState
 
 if TYPE_CHECKING:
     from ...model.prepare import Preparation
@@ -56,10 +55,10 @@ logger = logging.getLogger("bertserve.server")
 
 @dataclass
 class _Found:
-    """What a look at the repository found: the config of a version to swap to (if any) and
-    its tokenizer, the versions refused on the way, and why nothing is to be done."""
+    """What a look at the repository found: a version to swap to (if any) and its tokenizer,
+    the versions refused on the way, and why nothing is to be done."""
 
-    config: ServerConfig | None
+    release: Release | None
     refused: list[Refusal]
     tokenizer: Any = None
     steps: list[str] = dataclasses.field(default_factory=list)  # what its workers load that is not cached yet
@@ -69,28 +68,28 @@ class _Found:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A version whose graph is being built: its config, the RELOAD it answers, and when."""
+    """A version whose graph is being built: the version, the RELOAD it answers, and when."""
 
-    config: ServerConfig
+    release: Release
     reload: int
     started: float
 
 
 class VersionSwap:
-    """Looks for versions in ``config``'s repository and rolls the local workers from one to
-    another."""
+    """Looks for versions in the repository of the version ``served`` and rolls the local
+    workers from one to another."""
 
     def __init__(
         self,
-        config: ServerConfig,
+        served: Release,
         *,
         pool: WorkerPool,
         processes: WorkerProcesses,
         book: VersionsBook,
         follow_latest: bool,
     ) -> None:
-        assert config.version_number is not None
-        self.config = config  # the server's options: a version found replaces its model directory
+        assert served.version is not None
+        config = self.config = served.config  # the options: a version found has them in its own directory
         self.pool = pool
         self.processes = processes
         self.book = book
@@ -101,7 +100,7 @@ class VersionSwap:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="bertserve-versions")
         self.look: Future[_Found] | None = None
         self.look_reload = 0  # the RELOAD the running look answers (0: a poll)
-        self.served = config  # what the workers run when no swap is under way
+        self.served = served  # what the workers run when no swap is under way
         self.roll: Roll | None = None  # the swap under way
         self.tokenizers: dict[int | None, Any] = {}  # version -> its tokenizer, until it is served
         self.preparing: Preparation | None = None  # building what a found version's workers load
@@ -165,7 +164,7 @@ class VersionSwap:
         from ...model.options import resolve_options
         from ...model.prepare import missing_steps
 
-        config = self.config.with_version(version.path, version.number)
+        config = self.config.in_dir(version.path)
         try:
             _, tokenizer = resolve_options(config.model)
         except (ValueError, TypeError, OSError) as exc:
@@ -182,7 +181,7 @@ class VersionSwap:
             steps = [] if config.serving.model_class else missing_steps(config.model)
         except (ValueError, TypeError, OSError) as exc:
             return self._refuse(version, f"cannot read it: {exc}", refused)
-        return _Found(config, refused, tokenizer, steps)
+        return _Found(Release(config, version.number), refused, tokenizer, steps)
 
     def _refuse(self, version: Version, reason: str, refused: list[Refusal]) -> _Found:
         self.checker.refuse(version, reason)
@@ -196,24 +195,24 @@ class VersionSwap:
             logger.exception("looking for model versions failed")
             found = _Found(None, [], note=f"looking for model versions failed: {exc}")
         self.book.record_refusals(found.refused)
-        if found.config is None:
+        if found.release is None:
             if self.look_reload:
                 self.book.swap_update(found.state, message=found.note, finished=time.time())
                 logger.info("reload: %s", found.note)
             return
-        self.tokenizers[found.config.version_number] = found.tokenizer
-        self.preparing = self.processes.prepare(found.config, found.steps)
+        self.tokenizers[found.release.version] = found.tokenizer
+        self.preparing = self.processes.prepare(found.release.config, found.steps)
         if self.preparing is None:
-            self.begin(found.config, self.look_reload)
+            self.begin(found.release, self.look_reload)
             return
-        self.prepared = _Prepared(found.config, self.look_reload, time.time())
+        self.prepared = _Prepared(found.release, self.look_reload, time.time())
         self.book.swap_begin(
             SwapState.PREPARING,
             reload=self.look_reload,
             version_from=self._serving,
-            version_to=found.config.version_number,
+            version_to=found.release.version,
             started=self.prepared.started,
-            message=f"building the graph of version {found.config.version_number}",
+            message=f"building the graph of version {found.release.version}",
         )
 
     def _prepared(self) -> None:
@@ -225,26 +224,27 @@ class VersionSwap:
         prepared, failure = self.prepared, self.preparing.failure
         self.preparing = self.prepared = None
         if done:
-            self.begin(prepared.config, prepared.reload, started=prepared.started)  # it starts with its preparation
+            self.begin(prepared.release, prepared.reload, started=prepared.started)  # it starts with its preparation
             return
-        self._refuse_config(prepared.config, failure)
-        message = f"version {prepared.config.version_number} is refused: {failure}"
+        self._refuse_release(prepared.release, failure)
+        message = f"version {prepared.release.version} is refused: {failure}"
         self.book.swap_update(SwapState.REFUSED, message=message, finished=time.time())
 
-    def _refuse_config(self, config: ServerConfig, reason: str) -> None:
-        """Refuse the version ``config`` serves, found sound but failed once tried."""
-        version = Version(int(config.serving.model_version), config.model.model_dir)
+    def _refuse_release(self, release: Release, reason: str) -> None:
+        """Refuse the version ``release``, found sound but failed once tried."""
+        assert release.version is not None
+        version = Version(release.version, release.config.model.model_dir)
         self.checker.refuse(version, reason)
         self.book.record_refusals([Refusal(version, reason)])
-        self.tokenizers.pop(config.version_number, None)
+        self.tokenizers.pop(release.version, None)
 
     # -- rolling -------------------------------------------------------------------------
 
-    def begin(self, config: ServerConfig, reload: int, started: float | None = None) -> None:
-        """Start rolling the workers to ``config`` (a version found, and prepared), for the
+    def begin(self, release: Release, reload: int, started: float | None = None) -> None:
+        """Start rolling the workers to ``release`` (a version found, and prepared), for the
         RELOAD ``reload`` (0: a poll), which started at ``started`` (default now)."""
-        old, new = self.served.version_number, config.version_number
-        self.roll = Roll(target=config, previous=self.served)
+        old, new = self.served.version, release.version
+        self.roll = Roll(target=release, previous=self.served)
         logger.info("swapping model version %s for %s, one worker at a time", old, new)
         self.book.forget_refusal(new)
         self.book.swap_begin(
@@ -287,20 +287,20 @@ class VersionSwap:
 
     def _carry_out(self, step: Step, now: float) -> None:
         assert self.roll is not None
-        target = self.roll.target.version_number
+        target = self.roll.target.version
         if isinstance(step, plan.KillWorker):
             logger.error(
                 "worker %d did not load version %s in %.0f s; killing it", step.index, target, plan.LOAD_TIMEOUT_S
             )
             self.processes.kill_worker(step.index)  # its exit rolls the swap back
         elif isinstance(step, plan.ServeTarget):
-            self._serve(step.config)
+            self._serve(step.target)
         elif isinstance(step, plan.RetireWorker):
             self.processes.retire_worker(step.index)
             self.pool.stop_worker(step.index)
             self.book.swap_replaced()
         elif isinstance(step, plan.StartWorker):
-            index = self.processes.add_worker(step.config)
+            index = self.processes.add_worker(step.target)
             self.roll = self.roll.started(index, now)
             self.book.swap_update(message=f"worker {index} is loading version {target}")
         elif isinstance(step, plan.DrainWorker):
@@ -309,23 +309,23 @@ class VersionSwap:
         elif isinstance(step, plan.Finish):
             self._finish(step.rolled_back)
 
-    def _serve(self, config: ServerConfig) -> None:
-        self.pool.serve_version(config)
-        tokenizer = self.tokenizers.pop(config.version_number, None)
+    def _serve(self, release: Release) -> None:
+        self.pool.serve_version(release.version, release.config.model.model_dir)
+        tokenizer = self.tokenizers.pop(release.version, None)
         if tokenizer is not None:
             self.book.serve_tokenizer(tokenizer)
-        logger.info("new requests run on model version %s", config.version_number)
+        logger.info("new requests run on model version %s", release.version)
 
     def _finish(self, rolled_back: bool) -> None:
         assert self.roll is not None
         self.served, self.roll = self.roll.target, None
         state = SwapState.ROLLED_BACK if rolled_back else SwapState.DONE
-        self.book.swap_update(state, finished=time.time(), message=f"serving version {self.served.version_number}")
+        self.book.swap_update(state, finished=time.time(), message=f"serving version {self.served.version}")
         logger.info(
             "%s: %d worker(s) serve model version %s",
             "rolled back" if rolled_back else "swap done",
             len(self.processes.worker_versions()),
-            self.served.version_number,
+            self.served.version,
         )
 
     # -- deaths --------------------------------------------------------------------------
@@ -340,7 +340,7 @@ class VersionSwap:
         self.roll, death = plan.on_death(self.roll, self._seen(time.monotonic()), index)
         if death is Death.ROLL_BACK:
             reason = f"its worker {index} could not load it (exit code {exitcode}; see the errors above)"
-            self._refuse_config(failed, reason)
-            logger.error("rolling back to model version %s", self.roll.target.version_number)
-            self.book.swap_update(SwapState.ROLLING_BACK, message=f"version {failed.version_number} failed: {reason}")
+            self._refuse_release(failed, reason)
+            logger.error("rolling back to model version %s", self.roll.target.version)
+            self.book.swap_update(SwapState.ROLLING_BACK, message=f"version {failed.version} failed: {reason}")
         return death is Death.RESTART

@@ -53,10 +53,21 @@ logger = logging.getLogger("bertserve.worker")
 
 
 class Worker:
-    """The loop of one worker process, around any :class:`~...model.interface.Model`."""
+    """The loop of one worker process, around any :class:`~...model.interface.Model`, running
+    model version ``version`` (None: a model directory, not a version of a repository)."""
 
-    def __init__(self, config: ServerConfig, index: int, addresses: Addresses, model: Model, device: str = "") -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        index: int,
+        addresses: Addresses,
+        model: Model,
+        device: str = "",
+        *,
+        version: int | None = None,
+    ) -> None:
         self.config = config
+        self.version = version
         self.device = device
         self.index = index
         self.addresses = addresses
@@ -119,7 +130,7 @@ class Worker:
                 "model": self.model.describe(),
                 "device": self.device,
                 "hostname": platform.node(),
-                "version": self.config.version_number,
+                "version": self.version,
                 "model_name": self.config.serving.served_model_name,
             }
             socket.send_multipart([wire.READY, p.dumps(ready)])
@@ -287,7 +298,7 @@ class Worker:
             times.ran(run_start)
             if len(vectors) != len(lengths):
                 raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
-            out = {"parts": parts, "tokens": header.get("tokens"), "model_version": self.config.version_number}
+            out = {"parts": parts, "tokens": header.get("tokens"), "model_version": self.version}
             if self.normalizes:
                 out["normalizes"] = True
             if owners is not None:  # windows of long inputs: one row per input again
@@ -354,8 +365,11 @@ def load_model(config: ServerConfig, device: str) -> Model:
     return Encoder(config.model.replace(device=device))
 
 
-def run_worker(config: ServerConfig, index: int, addresses: Addresses, telemetry: Telemetry) -> None:
-    """Entry point of a worker process (started with the ``spawn`` method)."""
+def run_worker(
+    config: ServerConfig, index: int, addresses: Addresses, telemetry: Telemetry, version: int | None = None
+) -> None:
+    """Entry point of a worker process (started with the ``spawn`` method), running model
+    version ``version`` of ``config``'s model."""
     from ...logs import child_telemetry
 
     child_telemetry(telemetry, "worker", config.serving.served_model_name)
@@ -370,7 +384,7 @@ def run_worker(config: ServerConfig, index: int, addresses: Addresses, telemetry
     except Exception as exc:
         logger.error("worker %d could not load the model: %s", index, exc)
         raise SystemExit(4) from None
-    worker = Worker(config, index, addresses, model, device)
+    worker = Worker(config, index, addresses, model, device, version=version)
     try:
         logger.info("worker %d ready on %s (pid %d)", index, device, os.getpid())
         worker.run(tf_data_feed(worker, config.workers.prefetch_size) if config.workers.feed == "tfdata" else None)
