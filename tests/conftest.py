@@ -17,7 +17,8 @@ import zmq
 from bertserve.server.testing import tiny_bert
 from late_server import LateServer
 
-DATA = Path(__file__).parent / "data"
+TESTS = Path(__file__).resolve().parent
+DATA = TESTS / "data"
 
 # The encoders and servers the suite starts run what ``--dtype auto`` picks on a CPU without
 # bf16 matrix instructions, whatever the CPU: the suite's tolerances for the default dtype are
@@ -30,7 +31,7 @@ os.environ.setdefault("BERTSERVE_CPU_FLAGS", "avx2 fma")
 # they are collected: these go first, so that no worker is left with a long file at the end
 # while the other has nothing to do.
 LONGEST_FILES = (
-    "unit/test_real_models.py",
+    "unit/server/model/test_real_models.py",
     "integration/test_doc_examples.py",
     "integration/test_model_swap.py",
     "integration/test_models.py",
@@ -38,7 +39,7 @@ LONGEST_FILES = (
     "integration/test_server.py",
     "integration/test_tei_clients.py",
     "integration/test_hub_server.py",
-    "unit/test_pair_cuts.py",
+    "unit/server/model/test_pair_cuts.py",
     "integration/test_tasks_served.py",
     "security/test_http_bodies.py",
     "security/test_reply_window.py",
@@ -52,7 +53,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests of LONGEST_FILES first, in its order; the others after them, as collected."""
     rank = {name: place for place, name in enumerate(LONGEST_FILES)}
 
-    items.sort(key=lambda item: rank.get("/".join(item.path.parts[-2:]), len(rank)))
+    items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
 
 
 def minilm_dir() -> str | None:

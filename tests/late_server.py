@@ -1,5 +1,5 @@
 """A stand-in for a bertserve server that answers the handshake late or at once, for the
-tests of a client that finds no server (tests/unit/test_no_server.py) and of ``bertserve
+tests of a client that finds no server (tests/unit/client/test_no_server.py) and of ``bertserve
 encode`` without one (tests/integration/test_encode_without_a_server.py)."""
 
 from __future__ import annotations

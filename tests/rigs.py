@@ -1,5 +1,5 @@
 """A real ventilator in this process, on ipc sockets: the test plays the client, the workers
-and the sink (``tests/unit/test_ventilator.py``, and the worker link's tests)."""
+and the sink (``tests/unit/server/serving/head/test_ventilator.py``, and the worker link's tests)."""
 
 from __future__ import annotations
 

@@ -134,17 +134,19 @@ SKIPPED = {
     ),
     ("docs/deployment.md", "benchmarks/routing.py"): BENCHMARK,
     ("docs/deployment.md", "benchmarks/remote_workers.py"): BENCHMARK,
-    ("docs/deployment.md", "docker build"): "Docker; tests/unit/test_deploy_files.py checks the image's files",
+    ("docs/deployment.md", "docker build"): "Docker; tests/unit/project/test_deploy_files.py checks the image's files",
     ("docs/server.md", "bertserve start --model-id BAAI/bge-small-en-v1.5"): (
-        "a download from the Hugging Face Hub; tests/unit/test_hub.py serves a stand-in Hub on loopback"
+        "a download from the Hugging Face Hub; tests/unit/server/model/test_hub.py serves a stand-in Hub on loopback"
     ),
     ("docs/server.md", "hf download"): "a download from the Hugging Face Hub",
     ("docs/server.md", "bertserve calibrate sentences.txt"): (
-        "encodes the reader's sentences with the real model in process; tests/unit/test_calibration.py runs it"
+        "encodes the reader's sentences with the real model in process; "
+        "tests/unit/server/model/test_calibration.py runs it"
     ),
     ("docs/server.md", "benchmarks/long_inputs.py"): BENCHMARK,
     ("docs/server.md", "tf.saved_model.load"): (
-        "needs `bertserve export` of the real model first; tests/unit/test_export.py loads an export as this does"
+        "needs `bertserve export` of the real model first; "
+        "tests/unit/server/model/test_export.py loads an export as this does"
     ),
     ("docs/bert-as-service.md", "bert-serving-start"): (
         "bert-as-service's own server (TensorFlow 1) and Google's BERT-Base checkpoint are not installed here"
