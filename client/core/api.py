@@ -56,7 +56,7 @@ class BaseClient:
         self.check_length = options.check_length
         self.show_server_config = options.show_server_config
         self.model = options.model
-        self._core = ClientCore(options)
+        self._core = ClientCore(options, type(self).__name__)
         self._address = self._core.address
         self._open()
 
