@@ -63,15 +63,6 @@ class AsyncBertClient(BaseClient):
     def _open(self) -> None:
         self._connection = AsyncConnection(self._core)
 
-    @property
-    def timeout(self) -> float:
-        """Milliseconds that each call waits for its answer; may be changed at any time."""
-        return self._core.timeout
-
-    @timeout.setter
-    def timeout(self, timeout: float) -> None:
-        self._core.timeout = timeout
-
     # -- lifecycle ---------------------------------------------------------------------
 
     @property
@@ -156,11 +147,10 @@ class AsyncBertClient(BaseClient):
         Returns the ``(len(texts), D)`` vectors, or ``(vectors, tokens)`` with ``show_tokens``.
         Bad texts or options raise ``ValueError``/``TypeError`` before anything is sent. With
         ``show_progress`` an input larger than one chunk goes as one request per chunk, four in
-        flight, counted on a tqdm bar. ``pairs``, ``long_inputs``, ``dimensions``, ``prompt_name`` and
-        ``truncation_direction`` are the request's options
-        (:class:`~bertserve.client.options.EncodeOptions`), sent with every chunk; ``model``
-        sends the call to another of the server's models than the client's; ``output`` answers
-        the vectors in a compact form (``BertClient.encode``'s).
+        flight, counted on a tqdm bar. The options (``is_tokenized``, ``pairs``, ``long_inputs``,
+        ``dimensions``, ``prompt_name``, ``truncation_direction``, ``normalize``, ``model`` and
+        ``output``) are ``BertClient.encode``'s, described in :mod:`~bertserve.client.core.keywords`;
+        the request's are sent with every chunk.
 
         Raises :class:`ServerTimeoutError` when no answer comes within ``timeout`` ms (each
         chunk's answer), :class:`ServerError` (:class:`ServerBusyError` for a refusal of kind

@@ -60,6 +60,16 @@ class BaseClient:
         self._address = self._core.address
         self._open()
 
+    @property
+    def timeout(self) -> float:
+        """Milliseconds that a wait for the server may take (``BertClient``'s every wait,
+        ``AsyncBertClient``'s each call's wait for its answer); may be changed between calls."""
+        return self._core.timeout
+
+    @timeout.setter
+    def timeout(self, timeout: float) -> None:
+        self._core.timeout = timeout
+
     def _open(self) -> None:
         """Make the client's connection, once its options are checked."""
         raise NotImplementedError

@@ -125,15 +125,6 @@ class BertClient(BaseClient):
             raise
         return connection
 
-    @property
-    def timeout(self) -> float:
-        """Milliseconds that any one wait may take; may be changed between calls."""
-        return self._core.timeout
-
-    @timeout.setter
-    def timeout(self, timeout: float) -> None:
-        self._core.timeout = timeout
-
     # -- lifecycle ---------------------------------------------------------------------
 
     @property
@@ -287,7 +278,9 @@ class BertClient(BaseClient):
         request's options (see :class:`~bertserve.client.core.options.EncodeOptions`); each is
         sent only when given, and checked before anything is sent. :attr:`last_info` has the
         reply's ``token_count`` and ``chunked`` (how many inputs were encoded in windows).
-        ``model`` sends this call to another of the server's models than the client's.
+        ``model`` sends this call to another of the server's models than the client's. The
+        options of every method are listed in :mod:`~bertserve.client.core.keywords`; one it
+        does not take raises ``TypeError``.
 
         ``output`` answers the vectors in a compact form, as sentence-transformers'
         ``quantize_embeddings`` makes it: ``"binary"`` or ``"ubinary"`` (sign bits, 8 to a byte,
