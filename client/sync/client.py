@@ -290,8 +290,10 @@ class BertClient(BaseClient):
         Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
         :class:`ServerError` when the server answers with an error.
         """
-        how = {"blocking": blocking, "show_tokens": show_tokens, "show_progress": show_progress}
-        return self._run(self._core.encode(texts, options, **how))
+        plan = self._core.encode(
+            texts, options, blocking=blocking, show_tokens=show_tokens, show_progress=show_progress
+        )
+        return self._run(plan)
 
     # -- tasks beside embedding ------------------------------------------------------------
 
