@@ -25,8 +25,8 @@ import numpy as np
 
 from .advice import Advice
 from .core.handshake import check_server
-from .core.options import tcp_address
-from .core.requests import encode_options, length_warning
+from .core.options import EncodeOptions, tcp_address
+from .core.requests import length_warning
 from .errors import BertClientError, NoServerError
 from .lines import (
     Lines,
@@ -166,7 +166,7 @@ def _check_server(
     ``--long-inputs chunk`` will cut even so."""
     advice = replace(CLI_ADVICE, line_numbers=lines.numbers)
     check_server(config, address, stacklevel=2, advice=advice)
-    if encode_options(None, long_inputs=args.long_inputs).chunks_long_inputs(config):
+    if EncodeOptions(long_inputs=args.long_inputs).chunks_long_inputs(config):
         limit = config.get("max_seq_len")
         if args.pairs and isinstance(limit, int) and (cut := long_pairs(lines, limit, args.is_tokenized)):
             are, they = ("is a sentence pair", "it") if len(cut) == 1 else ("are sentence pairs", "they")

@@ -19,14 +19,14 @@ import asyncio
 import warnings
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
 from ..core.api import BaseClient
 from ..core.chunking import ASYNC_WINDOW, Gathered, chunks
+from ..core.keywords import EncodeKeywords, PredictOptions, RerankOptions, SparseOptions
 from ..core.options import EncodeOptions, check_model, model_field
-from ..core.requests import encode_options
 from ..core.results import Embedding, EncodeResult, answer, encode_result
 from ..core.steps import Call, Chunks, Config, Plan, Step, Warn
 from ..errors import ServerError
@@ -34,6 +34,9 @@ from ..protocol import ENCODE, RELOAD, STATUS, TERMINATE
 from ..tasks import Prediction, Ranked, SparseVector
 from ..terminal import progress_bar
 from .connection import AsyncConnection
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; only type checkers read it
 
 T = TypeVar("T")
 
@@ -59,15 +62,6 @@ class AsyncBertClient(BaseClient):
 
     def _open(self) -> None:
         self._connection = AsyncConnection(self._core)
-
-    @property
-    def timeout(self) -> float:
-        """Milliseconds that each call waits for its answer; may be changed at any time."""
-        return self._core.timeout
-
-    @timeout.setter
-    def timeout(self, timeout: float) -> None:
-        self._core.timeout = timeout
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -143,17 +137,9 @@ class AsyncBertClient(BaseClient):
         self,
         texts: Sequence[Any],
         *,
-        is_tokenized: bool = False,
-        pairs: bool = True,
         show_tokens: bool = False,
         show_progress: bool = False,
-        long_inputs: str | None = None,
-        dimensions: int | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        normalize: bool | None = None,
-        model: str | None = None,
-        output: str | None = None,
+        **options: Unpack[EncodeKeywords],
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
         """Encode ``texts`` into one vector each, as ``BertClient.encode`` does (``blocking``
         aside: the caller awaits the answer, and other tasks run meanwhile).
@@ -161,20 +147,17 @@ class AsyncBertClient(BaseClient):
         Returns the ``(len(texts), D)`` vectors, or ``(vectors, tokens)`` with ``show_tokens``.
         Bad texts or options raise ``ValueError``/``TypeError`` before anything is sent. With
         ``show_progress`` an input larger than one chunk goes as one request per chunk, four in
-        flight, counted on a tqdm bar. ``pairs``, ``long_inputs``, ``dimensions``, ``prompt_name`` and
-        ``truncation_direction`` are the request's options
-        (:class:`~bertserve.client.options.EncodeOptions`), sent with every chunk; ``model``
-        sends the call to another of the server's models than the client's; ``output`` answers
-        the vectors in a compact form (``BertClient.encode``'s).
+        flight, counted on a tqdm bar. The options (``is_tokenized``, ``pairs``, ``long_inputs``,
+        ``dimensions``, ``prompt_name``, ``truncation_direction``, ``normalize``, ``model`` and
+        ``output``) are ``BertClient.encode``'s, described in :mod:`~bertserve.client.core.keywords`;
+        the request's are sent with every chunk.
 
         Raises :class:`ServerTimeoutError` when no answer comes within ``timeout`` ms (each
         chunk's answer), :class:`ServerError` (:class:`ServerBusyError` for a refusal of kind
         busy) when the server answers with an error, and :class:`ClientClosedError` if the
         client is closed meanwhile. Cancelling the call withdraws its request from the server.
         """
-        asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        options = encode_options(check_model(model) or self.model, *asked)
-        plan = self._core.encode(texts, options, show_progress=show_progress, output=output)
+        plan = self._core.encode(texts, options, show_tokens=show_tokens, show_progress=show_progress)
         return await self._run(plan)
 
     # -- tasks beside embedding ------------------------------------------------------------
@@ -184,42 +167,20 @@ class AsyncBertClient(BaseClient):
         query: str,
         documents: Sequence[str],
         top_n: int | None = None,
-        *,
-        raw_scores: bool = False,
-        return_documents: bool = False,
-        truncation_direction: str | None = None,
-        model: str | None = None,
+        **options: Unpack[RerankOptions],
     ) -> list[Ranked]:
         """``BertClient.rerank``, awaited: ``documents`` ranked by their relevance to ``query``."""
-        plan = self._core.rerank(query, documents, top_n, raw_scores, return_documents, truncation_direction, model)
-        return await self._run(plan)
+        return await self._run(self._core.rerank(query, documents, top_n, options))
 
     async def predict(
-        self,
-        inputs: Sequence[str | tuple[str, str]],
-        *,
-        raw_scores: bool = False,
-        truncation_direction: str | None = None,
-        model: str | None = None,
+        self, inputs: Sequence[str | tuple[str, str]], **options: Unpack[PredictOptions]
     ) -> list[list[Prediction]]:
         """``BertClient.predict``, awaited: each input's labels, best first, with their scores."""
-        plan = self._core.predict(inputs, raw_scores=raw_scores, truncation_direction=truncation_direction, model=model)
-        return await self._run(plan)
+        return await self._run(self._core.predict(inputs, options))
 
-    async def encode_sparse(
-        self,
-        texts: Sequence[str],
-        *,
-        top_k: int | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        model: str | None = None,
-    ) -> list[SparseVector]:
+    async def encode_sparse(self, texts: Sequence[str], **options: Unpack[SparseOptions]) -> list[SparseVector]:
         """``BertClient.encode_sparse``, awaited: each text's non-zero SPLADE weights."""
-        plan = self._core.encode_sparse(
-            texts, top_k=top_k, prompt_name=prompt_name, truncation_direction=truncation_direction, model=model
-        )
-        return await self._run(plan)
+        return await self._run(self._core.encode_sparse(texts, options))
 
     # -- internals ---------------------------------------------------------------------
 

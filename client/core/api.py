@@ -56,9 +56,19 @@ class BaseClient:
         self.check_length = options.check_length
         self.show_server_config = options.show_server_config
         self.model = options.model
-        self._core = ClientCore(options)
+        self._core = ClientCore(options, type(self).__name__)
         self._address = self._core.address
         self._open()
+
+    @property
+    def timeout(self) -> float:
+        """Milliseconds that a wait for the server may take (``BertClient``'s every wait,
+        ``AsyncBertClient``'s each call's wait for its answer); may be changed between calls."""
+        return self._core.timeout
+
+    @timeout.setter
+    def timeout(self, timeout: float) -> None:
+        self._core.timeout = timeout
 
     def _open(self) -> None:
         """Make the client's connection, once its options are checked."""

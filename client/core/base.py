@@ -14,7 +14,7 @@ sans-IO plan (:mod:`.steps`) that each driver steps through on its own sockets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from ..errors import BertClientError, ServerTimeoutError
 from ..protocol import CANCEL, Reply, check_texts
 from ..tasks import Prediction, Ranked, SparseVector
 from .handshake import Handshake, check_server
+from .keywords import ENCODE_DEFAULTS, PREDICT_DEFAULTS, RERANK_DEFAULTS, SPARSE_DEFAULTS, read_options
 from .options import ClientOptions, EncodeOptions, check_model, check_timeout
 from .requests import check_size, encode_options, plan_encode, request_frames
 from .results import in_format, shaped
@@ -33,8 +34,9 @@ from .steps import Call, Chunks, Config, Encode, Warn
 class ClientCore:
     """The shared state of one client of the server ``options`` name."""
 
-    def __init__(self, options: ClientOptions) -> None:
+    def __init__(self, options: ClientOptions, client: str = "BertClient") -> None:
         self.options = options
+        self.client = client  # the client's class, as its methods' errors name them
         self.address = options.address
         self._timeout = options.timeout
         self._configs: dict[str | None, dict[str, Any]] = {}  # by model name, None the server's default
@@ -132,14 +134,30 @@ class ClientCore:
     def encode(
         self,
         texts: Sequence[Any],
+        given: Mapping[str, Any],
+        *,
+        blocking: bool = True,
+        show_tokens: bool = False,
+        show_progress: bool = False,
+    ) -> Call[Any]:
+        """``encode`` with the options ``given`` to it (:class:`~.keywords.EncodeKeywords`), read
+        and checked here, before anything is sent: the vectors of ``texts`` (``(vectors, tokens)``
+        with ``show_tokens``), in the client's ``output_fmt``; with ``blocking=False`` the request id."""
+        asked = dict(given)
+        output = asked.pop("output", ENCODE_DEFAULTS["output"])
+        options = self.encode_options("encode", asked, show_tokens=show_tokens)
+        return self._encode(texts, options, blocking=blocking, show_progress=show_progress, output=output)
+
+    def _encode(
+        self,
+        texts: Sequence[Any],
         options: EncodeOptions,
         *,
         blocking: bool = True,
         show_progress: bool = False,
         output: str | None = None,
     ) -> Call[Any]:
-        """``encode``: the vectors of ``texts`` (``(vectors, tokens)`` with ``show_tokens``), in
-        the client's ``output_fmt``; with ``blocking=False`` the request id."""
+        """The plan of ``encode`` with ``options``, already checked."""
         if show_progress and not blocking:
             raise ValueError("show_progress needs blocking=True: fetch() collects a non-blocking request")
         if output is not None and output != "float":
@@ -177,28 +195,44 @@ class ClientCore:
             raise ValueError("output needs blocking=True: fetch() collects the float vectors")
         config = yield Config(options.model)
         t.check_calibrated([kind], options.normalize, config)
-        answer = yield from self.encode(texts, options, show_progress=show_progress)
+        answer = yield from self._encode(texts, options, show_progress=show_progress)
         vectors, tokens = answer if options.show_tokens else (answer, None)
         compacted = in_format(t.compact(vectors, kind, config), self.options.output_fmt)
         return shaped(compacted, tokens or [], options.show_tokens)
 
     def rerank(
+        self, query: str, documents: Sequence[str], top_n: int | None, given: Mapping[str, Any]
+    ) -> Call[list[Ranked]]:
+        """``rerank`` with the options ``given`` to it (:class:`~.keywords.RerankOptions`):
+        ``documents`` ranked by their relevance to ``query``, in one request."""
+        asked = read_options(self._method("rerank"), given, RERANK_DEFAULTS)
+        return self._rerank(query, documents, top_n, **asked)
+
+    def _rerank(
         self,
         query: str,
         documents: Sequence[str],
         top_n: int | None,
+        *,
         raw_scores: bool,
         return_documents: bool,
         truncation_direction: str | None,
         model: str | None,
     ) -> Call[list[Ranked]]:
-        """``rerank``: ``documents`` ranked by their relevance to ``query``, in one request."""
         pairs = t.rerank_pairs(query, documents)
         top_n = t.check_top(top_n, "top_n")
         rows, config = yield from self._task_rows(pairs, "rerank", model, truncation_direction)
         return t.rerank_answer(rows, config, documents, top_n, raw_scores=raw_scores, return_documents=return_documents)
 
     def predict(
+        self, inputs: Sequence[str | tuple[str, str]], given: Mapping[str, Any]
+    ) -> Call[list[list[Prediction]]]:
+        """``predict`` with the options ``given`` to it (:class:`~.keywords.PredictOptions`):
+        each input's labels, best first, with their scores."""
+        asked = read_options(self._method("predict"), given, PREDICT_DEFAULTS)
+        return self._predict(inputs, **asked)
+
+    def _predict(
         self,
         inputs: Sequence[str | tuple[str, str]],
         *,
@@ -206,12 +240,17 @@ class ClientCore:
         truncation_direction: str | None,
         model: str | None,
     ) -> Call[list[list[Prediction]]]:
-        """``predict``: each input's labels, best first, with their scores."""
         texts = t.predict_inputs(inputs)
         rows, config = yield from self._task_rows(texts, "classify", model, truncation_direction)
         return t.predictions(rows, config.get("labels") or (), raw_scores=raw_scores)
 
-    def encode_sparse(
+    def encode_sparse(self, texts: Sequence[str], given: Mapping[str, Any]) -> Call[list[SparseVector]]:
+        """``encode_sparse`` with the options ``given`` to it (:class:`~.keywords.SparseOptions`):
+        each text's non-zero SPLADE weights."""
+        asked = read_options(self._method("encode_sparse"), given, SPARSE_DEFAULTS)
+        return self._encode_sparse(texts, **asked)
+
+    def _encode_sparse(
         self,
         texts: Sequence[str],
         *,
@@ -220,11 +259,19 @@ class ClientCore:
         truncation_direction: str | None,
         model: str | None,
     ) -> Call[list[SparseVector]]:
-        """``encode_sparse``: each text's non-zero SPLADE weights."""
         top_k = t.check_top(top_k, "top_k")
         checked = check_texts(texts, pairs=False)
         rows, _ = yield from self._task_rows(checked, "sparse", model, truncation_direction, prompt_name)
         return t.sparse_rows(rows, top_k)
+
+    def encode_options(self, method: str, given: Mapping[str, Any], *, show_tokens: bool = False) -> EncodeOptions:
+        """The request options ``given`` to the client's ``method``, read and checked
+        (:func:`~.requests.encode_options`), the client's model if they name none."""
+        return encode_options(self._method(method), given, self.options.model, show_tokens=show_tokens)
+
+    def _method(self, name: str) -> str:
+        """The client's method ``name`` as Python names it in an error: ``"BertClient.encode"``."""
+        return f"{self.client}.{name}"
 
     def _task_rows(
         self,
@@ -238,7 +285,9 @@ class ClientCore:
         model = check_model(model) or self.options.model
         if model is None:  # the server's default model of the task
             model = t.task_default((yield Config(None)), task)
-        options = encode_options(model, prompt_name=prompt_name, truncation_direction=truncation_direction, task=task)
+        options = EncodeOptions(
+            prompt_name=prompt_name, truncation_direction=truncation_direction, model=model, task=task
+        )
         config = yield Config(options.model)
         options.check_server(config)
         result = yield Encode(texts, options, "ndarray")

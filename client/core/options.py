@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 from ..protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TASKS, TRUNCATION_DIRECTIONS, check_texts
 from ..security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
@@ -219,19 +219,6 @@ class ClientOptions:
 # -- the options of one encode call ------------------------------------------------------
 
 LONG_INPUTS = ("truncate", "chunk")
-
-
-class RequestOptions(TypedDict, total=False):
-    """The keyword options every ``encode`` passes to :class:`EncodeOptions` (for type checkers)."""
-
-    is_tokenized: bool
-    pairs: bool
-    long_inputs: str | None
-    dimensions: int | None
-    prompt_name: str | None
-    truncation_direction: str | None
-    normalize: bool | None
-    model: str | None
 
 
 @dataclass(frozen=True)

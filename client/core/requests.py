@@ -2,7 +2,7 @@
 
 :func:`request_frames` frames a request, its header saying what it asks and which client
 version asks it; :func:`check_size` refuses frames larger than the server takes;
-:func:`encode_options` builds the options of an encode call, for every client. Before an
+:func:`encode_options` reads and checks the options of an encode call, for every client. Before an
 encode call sends anything, :func:`plan_encode` checks its options against the configuration
 of its model and says what to warn of, whether the answer is known without asking (no texts),
 and whether the input goes as one request or in chunks.
@@ -10,7 +10,7 @@ and whether the input goes as one request or in chunks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,7 +18,8 @@ from .._version import __version__
 from ..advice import PYTHON, Advice
 from ..protocol import encode_request
 from .chunking import chunk_size, request_limit, split_size
-from .options import EncodeOptions
+from .keywords import REQUEST_DEFAULTS, read_options
+from .options import EncodeOptions, check_model
 from .results import Embedding, empty_embedding
 
 
@@ -42,33 +43,14 @@ def check_size(frames: list[bytes], config: dict[str, Any]) -> None:
 
 
 def encode_options(
-    model: str | None,
-    is_tokenized: bool = False,
-    pairs: bool = True,
-    show_tokens: bool = False,
-    long_inputs: str | None = None,
-    dimensions: int | None = None,
-    prompt_name: str | None = None,
-    truncation_direction: str | None = None,
-    normalize: bool | None = None,
-    *,
-    task: str | None = None,
+    where: str, given: Mapping[str, Any], model: str | None, *, show_tokens: bool = False
 ) -> EncodeOptions:
-    """The options of one call as a client's method was given them, checked, ``model`` the one
-    its requests go to. Every client builds its options here, the options in the order of
-    ``encode``'s keywords, so that a method passes them on in one line."""
-    return EncodeOptions(
-        is_tokenized=is_tokenized,
-        show_tokens=show_tokens,
-        long_inputs=long_inputs,
-        dimensions=dimensions,
-        prompt_name=prompt_name,
-        truncation_direction=truncation_direction,
-        normalize=normalize,
-        model=model,
-        pairs=pairs,
-        task=task,
-    )
+    """The options ``given`` to the client's method ``where`` (:data:`~.keywords.RequestOptions`),
+    read (:func:`~.keywords.read_options`) and checked; its requests go to their ``model``, or
+    if none to ``model`` (the client's). Every client builds its options here."""
+    asked = read_options(where, given, REQUEST_DEFAULTS)
+    asked["model"] = check_model(asked["model"]) or model
+    return EncodeOptions(**asked, show_tokens=show_tokens)
 
 
 def length_warning(config: dict[str, Any], texts: list[Any], is_tokenized: bool, advice: Advice = PYTHON) -> str | None:

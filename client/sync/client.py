@@ -37,8 +37,9 @@ import zmq
 
 from ..core.api import BaseClient
 from ..core.chunking import checked, chunks, concatenated, gather, in_order
-from ..core.options import EncodeOptions, RequestOptions, check_model, model_field
-from ..core.requests import encode_options, length_warning
+from ..core.keywords import EncodeKeywords, PredictOptions, RequestOptions, RerankOptions, SparseOptions
+from ..core.options import EncodeOptions, check_model, model_field
+from ..core.requests import length_warning
 from ..core.results import Embedding, EncodeResult
 from ..core.steps import Call, Chunks, Config, Plan, Step, Warn
 from ..errors import ClientClosedError, ConcurrentUseError, ProtocolVersionError
@@ -124,15 +125,6 @@ class BertClient(BaseClient):
             raise
         return connection
 
-    @property
-    def timeout(self) -> float:
-        """Milliseconds that any one wait may take; may be changed between calls."""
-        return self._core.timeout
-
-    @timeout.setter
-    def timeout(self, timeout: float) -> None:
-        self._core.timeout = timeout
-
     # -- lifecycle ---------------------------------------------------------------------
 
     @property
@@ -208,7 +200,7 @@ class BertClient(BaseClient):
         blocking: Literal[True] = ...,
         show_tokens: Literal[False] = ...,
         show_progress: bool = ...,
-        **options: Unpack[RequestOptions],
+        **options: Unpack[EncodeKeywords],
     ) -> Embedding: ...
 
     @overload
@@ -219,7 +211,7 @@ class BertClient(BaseClient):
         blocking: Literal[True] = ...,
         show_tokens: Literal[True],
         show_progress: bool = ...,
-        **options: Unpack[RequestOptions],
+        **options: Unpack[EncodeKeywords],
     ) -> tuple[Embedding, list[list[str]]]: ...
 
     @overload
@@ -230,7 +222,7 @@ class BertClient(BaseClient):
         blocking: Literal[False],
         show_tokens: bool = ...,
         show_progress: Literal[False] = ...,
-        **options: Unpack[RequestOptions],
+        **options: Unpack[EncodeKeywords],
     ) -> int: ...
 
     @overload
@@ -241,7 +233,7 @@ class BertClient(BaseClient):
         blocking: Literal[True] = ...,
         show_tokens: bool,
         show_progress: bool = ...,
-        **options: Unpack[RequestOptions],
+        **options: Unpack[EncodeKeywords],
     ) -> Embedding | tuple[Embedding, list[list[str]]]: ...
 
     @overload
@@ -252,7 +244,7 @@ class BertClient(BaseClient):
         blocking: bool = ...,
         show_tokens: bool = ...,
         show_progress: bool = ...,
-        **options: Unpack[RequestOptions],
+        **options: Unpack[EncodeKeywords],
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int: ...
 
     def encode(
@@ -260,17 +252,9 @@ class BertClient(BaseClient):
         texts: Sequence[Any],
         *,
         blocking: bool = True,
-        is_tokenized: bool = False,
-        pairs: bool = True,
         show_tokens: bool = False,
         show_progress: bool = False,
-        long_inputs: str | None = None,
-        dimensions: int | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        normalize: bool | None = None,
-        model: str | None = None,
-        output: str | None = None,
+        **options: Unpack[EncodeKeywords],
     ) -> Embedding | tuple[Embedding, list[list[str]]] | int:
         """Encode ``texts`` into one vector each (or one per token, if the server pools none).
 
@@ -294,7 +278,9 @@ class BertClient(BaseClient):
         request's options (see :class:`~bertserve.client.core.options.EncodeOptions`); each is
         sent only when given, and checked before anything is sent. :attr:`last_info` has the
         reply's ``token_count`` and ``chunked`` (how many inputs were encoded in windows).
-        ``model`` sends this call to another of the server's models than the client's.
+        ``model`` sends this call to another of the server's models than the client's. The
+        options of every method are listed in :mod:`~bertserve.client.core.keywords`; one it
+        does not take raises ``TypeError``.
 
         ``output`` answers the vectors in a compact form, as sentence-transformers'
         ``quantize_embeddings`` makes it: ``"binary"`` or ``"ubinary"`` (sign bits, 8 to a byte,
@@ -304,9 +290,9 @@ class BertClient(BaseClient):
         Raises :class:`ServerTimeoutError` when no answer comes within the timeout and
         :class:`ServerError` when the server answers with an error.
         """
-        asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        options = encode_options(check_model(model) or self.model, *asked)
-        plan = self._core.encode(texts, options, blocking=blocking, show_progress=show_progress, output=output)
+        plan = self._core.encode(
+            texts, options, blocking=blocking, show_tokens=show_tokens, show_progress=show_progress
+        )
         return self._run(plan)
 
     # -- tasks beside embedding ------------------------------------------------------------
@@ -316,11 +302,7 @@ class BertClient(BaseClient):
         query: str,
         documents: Sequence[str],
         top_n: int | None = None,
-        *,
-        raw_scores: bool = False,
-        return_documents: bool = False,
-        truncation_direction: str | None = None,
-        model: str | None = None,
+        **options: Unpack[RerankOptions],
     ) -> list[Ranked]:
         """Rank ``documents`` by their relevance to ``query`` with a reranker (a cross-encoder
         the server serves): the documents best first, the first ``top_n`` (by default all),
@@ -329,39 +311,21 @@ class BertClient(BaseClient):
         with ``raw_scores``), and its text with ``return_documents``. One request, whose rows
         are the ``len(documents)`` pairs; a pair longer than the model takes is cut, the longer
         side first."""
-        plan = self._core.rerank(query, documents, top_n, raw_scores, return_documents, truncation_direction, model)
-        return self._run(plan)
+        return self._run(self._core.rerank(query, documents, top_n, options))
 
     def predict(
-        self,
-        inputs: Sequence[str | tuple[str, str]],
-        *,
-        raw_scores: bool = False,
-        truncation_direction: str | None = None,
-        model: str | None = None,
+        self, inputs: Sequence[str | tuple[str, str]], **options: Unpack[PredictOptions]
     ) -> list[list[Prediction]]:
         """Classify each of ``inputs`` (a text, or a ``(first, second)`` pair) with a classifier
         the server serves: each input's labels, best first, with their probabilities (a
         softmax over the labels; a sigmoid for a model of one label), or their logits with
         ``raw_scores``."""
-        plan = self._core.predict(inputs, raw_scores=raw_scores, truncation_direction=truncation_direction, model=model)
-        return self._run(plan)
+        return self._run(self._core.predict(inputs, options))
 
-    def encode_sparse(
-        self,
-        texts: Sequence[str],
-        *,
-        top_k: int | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        model: str | None = None,
-    ) -> list[SparseVector]:
+    def encode_sparse(self, texts: Sequence[str], **options: Unpack[SparseOptions]) -> list[SparseVector]:
         """Each of ``texts`` as a sparse vector of a SPLADE model the server serves: its
         non-zero vocabulary weights (ids ascending), only the ``top_k`` largest if given."""
-        plan = self._core.encode_sparse(
-            texts, top_k=top_k, prompt_name=prompt_name, truncation_direction=truncation_direction, model=model
-        )
-        return self._run(plan)
+        return self._run(self._core.encode_sparse(texts, options))
 
     def fetch(self) -> Iterator[EncodeResult]:
         """Yield the answers to the outstanding ``blocking=False`` requests as they arrive.
@@ -402,14 +366,7 @@ class BertClient(BaseClient):
         batch_generator: Iterable[Sequence[Any]],
         *,
         max_num_batch: int | None = None,
-        is_tokenized: bool = False,
-        pairs: bool = True,
-        long_inputs: str | None = None,
-        dimensions: int | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        normalize: bool | None = None,
-        model: str | None = None,
+        **options: Unpack[RequestOptions],
     ) -> Iterator[Embedding]:
         """Encode the batches ``batch_generator`` yields, keeping a few requests in flight.
 
@@ -419,13 +376,19 @@ class BertClient(BaseClient):
         """
         if max_num_batch is not None and (isinstance(max_num_batch, bool) or max_num_batch < 0):
             raise ValueError(f"max_num_batch must be None or >= 0, not {max_num_batch!r}")
-        asked = is_tokenized, pairs, False, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        options = encode_options(check_model(model) or self.model, *asked)
+        return self._encode_batches(batch_generator, max_num_batch, self._core.encode_options("encode_async", options))
+
+    def _encode_batches(
+        self, batch_generator: Iterable[Sequence[Any]], max_num_batch: int | None, options: EncodeOptions
+    ) -> Iterator[Embedding]:
+        """:meth:`encode_async`'s vectors, its options read."""
         with self._using():
             config = self._connection.config_of(options.model)
         options.check_server(config)
         limit = functools.partial(length_warning, config) if self.check_length else None
-        batches = checked(itertools.islice(batch_generator, max_num_batch), is_tokenized, limit, pairs=pairs)
+        batches = checked(
+            itertools.islice(batch_generator, max_num_batch), options.is_tokenized, limit, pairs=options.pairs
+        )
         answers = self._in_order(batches, options)
         try:
             while True:

@@ -14,13 +14,17 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..core.keywords import RequestOptions
 from ..core.options import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TIMEOUT_MS, check_model, check_timeout
 from ..core.requests import encode_options
 from ..core.results import Embedding
 from ..errors import ClientClosedError, ServerError, ServerTimeoutError
 from .client import BertClient
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; only type checkers read it
 
 
 class ConcurrentBertClient:
@@ -58,37 +62,17 @@ class ConcurrentBertClient:
         self,
         texts: Sequence[Any],
         *,
-        is_tokenized: bool = False,
-        pairs: bool = True,
         show_tokens: bool = False,
         show_progress: bool = False,
-        long_inputs: str | None = None,
-        dimensions: int | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        normalize: bool | None = None,
-        model: str | None = None,
+        **options: Unpack[RequestOptions],
     ) -> Embedding | tuple[Embedding, list[list[str]]]:
         """Like :meth:`BertClient.encode` with ``blocking=True`` (``show_progress``, ``pairs`` and
         the request options, ``model`` among them, included); safe to call from any thread."""
         # Bad input or options fail before waiting for a client.
-        asked = is_tokenized, pairs, show_tokens, long_inputs, dimensions, prompt_name, truncation_direction, normalize
-        options = encode_options(check_model(model), *asked)
-        texts = options.check_texts(texts)
+        asked = encode_options("ConcurrentBertClient.encode", options, None, show_tokens=show_tokens)
+        texts = asked.check_texts(texts)
         with self._client() as client:
-            return client.encode(
-                texts,
-                show_tokens=show_tokens,
-                show_progress=show_progress,
-                is_tokenized=is_tokenized,
-                pairs=pairs,
-                long_inputs=long_inputs,
-                dimensions=options.dimensions,
-                prompt_name=options.prompt_name,
-                truncation_direction=options.truncation_direction,
-                normalize=options.normalize,
-                model=options.model,
-            )
+            return client.encode(texts, show_tokens=show_tokens, show_progress=show_progress, **options)
 
     @property
     def server_config(self) -> dict[str, Any]:

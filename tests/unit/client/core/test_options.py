@@ -132,6 +132,7 @@ def test_every_chunk_of_a_progress_request_carries_the_options(responder: Respon
         ({"dimensions": True}, TypeError, "dimensions must be an int"),
         ({"prompt_name": "doc"}, ValueError, "the server's prompts are 'passage', 'query'"),
         ({"truncation_direction": "middle"}, ValueError, "truncation_direction"),
+        ({"normalise": True}, TypeError, r"encode(_async)?\(\) got an unexpected keyword argument 'normalise'"),
     ],
 )
 def test_bad_options_fail_before_anything_is_sent(
@@ -152,6 +153,31 @@ def test_bad_options_fail_before_anything_is_sent(
         async with AsyncBertClient("127.0.0.1", responder.port, responder.port_out, timeout=5000) as client:
             with pytest.raises(error, match=message):
                 await client.encode(["hello"], **options)
+
+    asyncio.run(main())
+    assert not responder.commands(p.ENCODE)
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "unknown"),
+    [
+        ("encode", (["hello"],), "normalise"),
+        ("rerank", ("query", ["doc"]), "raw_score"),
+        ("predict", (["hello"],), "top_k"),
+        ("encode_sparse", (["hello"],), "pairs"),
+    ],
+)
+def test_an_unknown_keyword_is_a_type_error_naming_it(
+    responder: Responder, method: str, args: tuple[Any, ...], unknown: str
+) -> None:
+    said = rf"BertClient\.{method}\(\) got an unexpected keyword argument '{unknown}'$"
+    with responder.client() as bc, pytest.raises(TypeError, match=f"^{said}"):
+        getattr(bc, method)(*args, **{unknown: True})
+
+    async def main() -> None:
+        async with AsyncBertClient("127.0.0.1", responder.port, responder.port_out, timeout=5000) as client:
+            with pytest.raises(TypeError, match=f"^Async{said}"):
+                await getattr(client, method)(*args, **{unknown: True})
 
     asyncio.run(main())
     assert not responder.commands(p.ENCODE)
