@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import suite_order
 import zmq
 from bertserve.server.testing import tiny_bert
 from late_server import LateServer
@@ -26,34 +27,9 @@ DATA = TESTS / "data"
 os.environ.setdefault("BERTSERVE_CPU_FLAGS", "avx2 fma")
 
 
-# The files that take longest (each test's setup and call summed, as --durations gives them),
-# longest first. pytest-xdist's --dist loadfile hands whole files to the workers in the order
-# they are collected: these go first, so that no worker is left with a long file at the end
-# while the other has nothing to do.
-LONGEST_FILES = (
-    "unit/server/model/test_real_models.py",
-    "integration/test_doc_examples.py",
-    "integration/test_model_swap.py",
-    "integration/test_models.py",
-    "integration/test_families_served.py",
-    "integration/test_server.py",
-    "integration/test_tei_clients.py",
-    "integration/test_hub_server.py",
-    "unit/server/model/test_pair_cuts.py",
-    "integration/test_tasks_served.py",
-    "security/test_http_bodies.py",
-    "security/test_reply_window.py",
-    "integration/test_remote_workers.py",
-    "integration/test_readme_encoder.py",
-    "integration/test_models_client.py",
-)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests of LONGEST_FILES first, in its order; the others after them, as collected."""
-    rank = {name: place for place, name in enumerate(LONGEST_FILES)}
-
-    items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
+    """The longest files first (:mod:`suite_order`); the others after them, as collected."""
+    items.sort(key=lambda item: suite_order.rank(item.path))
 
 
 def minilm_dir() -> str | None:
