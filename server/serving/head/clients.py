@@ -165,7 +165,6 @@ class Clients:
             who,
             info=info,
             held=self.requests,
-            max_queued_bytes=self.config.limits.max_queued_bytes,
             of_task=self.head.models.of_task,
         )
         if isinstance(taken, Refusal):

@@ -65,7 +65,6 @@ def admit(
     *,
     info: dict[str, Any],
     held: Held,
-    max_queued_bytes: int,
     of_task: Callable[[str], list[str]],
 ) -> Taken | Refusal:
     """``request`` admitted on ``model`` for ``who``, or the :class:`Refusal` of the first
@@ -89,7 +88,7 @@ def admit(
     nbytes = admission.held_bytes(texts)
     row_bytes = costs.reply_row_bytes(info, options.dimensions)
     too_large = costs.too_large_reply(len(texts), row_bytes, limits.max_reply_bytes)
-    refusal = admission.check_bytes(nbytes, held.queued_bytes, max_queued_bytes) or (
+    refusal = admission.check_bytes(nbytes, held.queued_bytes, limits.max_queued_bytes) or (
         Refusal(too_large, "limit") if too_large is not None else None
     )
     if refusal is not None:
