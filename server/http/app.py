@@ -34,8 +34,8 @@ from .. import metrics, tracing
 from . import compact
 from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
-from .disconnects import ClientGone, unless_disconnected
-from .front import caller
+from .disconnects import Call, ClientGone, unless_disconnected
+from .front import http_call
 from .gateway import FrameTooLarge, Gateway, GatewayError
 from .layers import add_layers
 from .lengths import check_text_limits, first_over_long, over_long
@@ -48,13 +48,14 @@ from .schemas import (
     HTTPError,
     checked_texts,
     chunked_count,
-    error_response,
+    http_error,
+    invalid,
     json_response,
     openai_input,
 )
 from .settings import Settings
 from .tasks import TaskEndpoints
-from .tei import TEIEndpoints, not_json
+from .tei import TEIEndpoints
 from .turns import Tokenizing
 
 DOCS_ASSETS = "/docs/assets"
@@ -81,8 +82,8 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         static_url=DOCS_ASSETS,
         description="BERT sentence embeddings over HTTP: OpenAI-, TEI- and bert-as-service-compatible.",
     )
-    app.add_exception_handler(HTTPError, _http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPError, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
     routes: list[tuple[str, str, Callable[..., Any], str]] = [
         ("POST", "/v1/embeddings", api.embeddings, "OpenAI-compatible embeddings"),
         (
@@ -127,24 +128,6 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         app.add_api_route(path, endpoint, methods=[method], summary=summary)
     add_layers(app, settings)  # once the routes are there: the traces name them
     return app
-
-
-async def _http_error(request: Request, exc: HTTPError) -> Response:
-    return error_response(request.url.path, exc)
-
-
-async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-    """The first problem, by where it is and what pydantic says of it: never the input it
-    quotes (``input``, ``ctx``), which may be as large as the body. A body that is not JSON
-    is a 400 that says what the parser said, and where."""
-    first = exc.errors()[0] if exc.errors() else {}
-    if first.get("type") == "json_invalid":
-        loc = first.get("loc", ())
-        parser = str((first.get("ctx") or {}).get("error", "JSON decode error"))
-        return error_response(request.url.path, not_json(parser, loc[1] if len(loc) > 1 else None))
-    where = ".".join(str(part) for part in first.get("loc", ())[1:] if part != "body") or "body"
-    message = f"{where}: {first.get('msg', 'invalid request')}"
-    return error_response(request.url.path, HTTPError(422, message, param=where))
 
 
 class Endpoints:
@@ -195,27 +178,36 @@ class Endpoints:
         settings = self.settings
         return check_text_limits(texts, name, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
 
-    async def tokenized(self, request: Request, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``work`` run in the tokenizing pool, in a turn of the request's caller; a 499 if the
+    async def tokenized(self, call: Call, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``work`` run in the tokenizing pool, in a turn of the call's owner; a 499 if the
         caller leaves first (a turn not begun is given up, none is begun after)."""
-        turn = self.tokenizing.run(work, *args, owner=caller(request), **kwargs)
+        turn = self.tokenizing.run(work, *args, owner=call.owner, **kwargs)
         try:
-            return await unless_disconnected(turn, request.receive)
+            return await unless_disconnected(turn, call.left())
         except ClientGone:
             raise HTTPError(
                 CLIENT_CLOSED, "the client closed the connection; its request was withdrawn", code="cancelled"
             ) from None
 
     async def encode(
-        self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
+        self,
+        call: Call,
+        model: ModelSettings,
+        texts: list[Any],
+        options: Asked,
+        *,
+        is_tokenized: bool = False,
+        timeout_s: float | None = None,
     ) -> p.Reply:
+        """The reply to ``texts``, within ``timeout_s`` (else the request timeout): a gRPC
+        call's deadline may be shorter."""
         gw = self.gateway
-        timeout_s = self.settings.request_timeout_s
+        timeout_s = min(timeout_s, self.settings.request_timeout_s) if timeout_s else self.settings.request_timeout_s
         header = options.header(timeout_s)
         if self.settings.traced and (trace := tracing.current_traceparent()) is not None:
             header[p.TRACEPARENT_FIELD] = trace  # the head's span of it is this request's span's child
         ask = gw.request(
-            gw.client_id(caller(request)),
+            gw.client_id(call.owner),
             p.ENCODE,
             texts,
             is_tokenized=is_tokenized,
@@ -224,7 +216,7 @@ class Endpoints:
             timeout_s=timeout_s + 5,
         )
         try:
-            reply = await unless_disconnected(ask, request.receive)
+            reply = await unless_disconnected(ask, call.left())
         except FrameTooLarge as exc:
             raise HTTPError(413, str(exc), code="limit") from None
         except GatewayError as exc:
@@ -272,8 +264,9 @@ class Endpoints:
         types = compact.requested(body.embedding_types) or ("float",)
         options = asked(body, info)
         self.bounds.request(model, info, texts, options, compact.json_value_bytes(types, body.encoding_format))
-        truncated = await self.cut_or_refused(request, model, info, texts, options, body.truncate, is_tokenized)
-        reply = await self.encode(request, model, texts, options, is_tokenized=is_tokenized)
+        call = http_call(request)
+        truncated = await self.cut_or_refused(call, model, info, texts, options, body.truncate, is_tokenized)
+        reply = await self.encode(call, model, texts, options, is_tokenized=is_tokenized)
         vectors = reply.array().astype("<f4", copy=False)
         tokens = int(reply.header.get("token_count", 0))  # counted by the workers' tokenizer, prompts included
         data: list[dict[str, Any]] = [{"object": "embedding", "index": i} for i in range(len(vectors))]
@@ -307,7 +300,7 @@ class Endpoints:
 
     async def cut_or_refused(
         self,
-        request: Request,
+        call: Call,
         model: ModelSettings,
         info: dict[str, Any],
         texts: list[Any],
@@ -328,7 +321,7 @@ class Endpoints:
             over = [i for i, tokens in enumerate(texts) if len(tokens) > room]
         else:
             over = await self.tokenized(
-                request, over_long, tokenizer, prompted(texts, options.prompt_name, info), first=not allowed
+                call, over_long, tokenizer, prompted(texts, options.prompt_name, info), first=not allowed
             )
         if over and not allowed:
             raise HTTPError(
@@ -343,7 +336,7 @@ class Endpoints:
 
     async def refuse_over_long(
         self,
-        request: Request,
+        call: Call,
         model: ModelSettings,
         info: dict[str, Any],
         texts: list[str],
@@ -354,9 +347,7 @@ class Endpoints:
         """413 for the first input longer than ``model`` takes, the prompt the workers put
         before it counted (``info``: the model's ``CONFIG`` answer)."""
         prompt = prompt_text(options.prompt_name, info)
-        first = await self.tokenized(
-            request, first_over_long, model.tokenizer, prompted(texts, options.prompt_name, info)
-        )
+        first = await self.tokenized(call, first_over_long, model.tokenizer, prompted(texts, options.prompt_name, info))
         if first is not None:
             with_prompt = " with its prompt" if prompt else ""
             raise HTTPError(
@@ -373,7 +364,7 @@ class Endpoints:
         info = await self.catalog.info(model)
         options = asked(body, info)
         self.bounds.request(model, info, texts, options)
-        reply = await self.encode(request, model, texts, options, is_tokenized=body.is_tokenized)
+        reply = await self.encode(http_call(request), model, texts, options, is_tokenized=body.is_tokenized)
         result = reply.array().astype(np.float32, copy=False)
         return json_response({"id": body.id, "result": result, "chunked": chunked_count(reply)}, reply)
 

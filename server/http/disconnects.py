@@ -1,4 +1,5 @@
-"""Noticing an HTTP caller that leaves while its request waits on the server.
+"""Noticing a caller that leaves while its request waits on the server, and the :class:`Call`
+the API's checks and its gateway see of each request, whichever front end it came through.
 
 Neither uvicorn nor FastAPI cancels a handler when its client disconnects: the handler runs
 on, and the work it asked for is done for nobody. Once a request's body has been read,
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.types import Receive
@@ -21,18 +23,23 @@ T = TypeVar("T")
 
 
 class ClientGone(Exception):
-    """The HTTP client closed its connection before the answer was ready."""
+    """The client closed its connection before the answer was ready."""
 
 
-async def unless_disconnected(work: Awaitable[T], receive: Receive) -> T:
-    """The result of ``work``, unless the client disconnects first: then ``work`` is
-    cancelled (and has finished cancelling) and :class:`ClientGone` is raised.
+@dataclass(frozen=True)
+class Call:
+    """One request as the API sees it, over HTTP or gRPC: whom the server's bounds and turns
+    count it to (``key:NAME``, ``address:HOST``), and a wait that ends when its caller leaves."""
 
-    ``receive`` is the request's, its body already read: what it gives next tells of the
-    connection's end.
-    """
+    owner: str
+    left: Callable[[], Awaitable[object]]
+
+
+async def unless_disconnected(work: Awaitable[T], left: Awaitable[object]) -> T:
+    """The result of ``work``, unless the client leaves first (``left`` ends): then ``work``
+    is cancelled (and has finished cancelling) and :class:`ClientGone` is raised."""
     task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnect(receive))
+    watch = asyncio.ensure_future(left)
     try:
         await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
         if task.done():
@@ -48,6 +55,8 @@ async def unless_disconnected(work: Awaitable[T], receive: Receive) -> T:
             pending.cancel()
 
 
-async def _disconnect(receive: Receive) -> None:
+async def disconnected(receive: Receive) -> None:
+    """Ends when an HTTP request's connection does: its ``receive``, the body already read,
+    has nothing more to give until then."""
     while (await receive())["type"] != "http.disconnect":
         continue

@@ -4,6 +4,7 @@ and whom the server's bounds and turns count a request to (:func:`caller`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import metrics
 from ..config.http import HTTP_HEADERS
 from .bodies import ARRAY_COST, COMMA_COST, OBJECT_COST, BodyBudget, BodyPace, parse_cost
+from .disconnects import Call, disconnected
 from .principals import Principals
 from .schemas import HTTPError, error_response
 
@@ -280,6 +282,11 @@ def caller(request: Request) -> str:
     or without keys its peer address (never the body's ``user``, and never a forwarded header
     but from an address ``--forwarded-allow-ips`` lists)."""
     return _owner(request.scope)
+
+
+def http_call(request: Request) -> Call:
+    """An HTTP request as the API sees it: its :func:`caller`, and its connection's end."""
+    return Call(caller(request), functools.partial(disconnected, request.receive))
 
 
 def _mib(size: int) -> str:

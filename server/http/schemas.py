@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 import orjson
 from bertserve.client import protocol as p
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 
@@ -308,3 +310,30 @@ def error_response(path: str, error: HTTPError) -> Response:
     if error.code == "shutdown":  # the server is going: the caller's next request goes elsewhere
         response.headers["Connection"] = "close"
     return response
+
+
+JSON_ERROR = "the body is not valid JSON"
+
+
+def not_json(exc: Exception | str, at: object = None) -> HTTPError:
+    """The 400 for a body that is not JSON: what the parser says, and where."""
+    where = f" at character {at}" if isinstance(at, int) else ""
+    return HTTPError(400, f"{JSON_ERROR}: {exc}{where}", param="body", code="json_invalid")
+
+
+async def http_error(request: Request, exc: HTTPError) -> Response:
+    return error_response(request.url.path, exc)
+
+
+async def invalid(request: Request, exc: RequestValidationError) -> Response:
+    """The first problem, by where it is and what pydantic says of it: never the input it
+    quotes (``input``, ``ctx``), which may be as large as the body. A body that is not JSON
+    is a 400 that says what the parser said, and where."""
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        loc = first.get("loc", ())
+        parser = str((first.get("ctx") or {}).get("error", "JSON decode error"))
+        return error_response(request.url.path, not_json(parser, loc[1] if len(loc) > 1 else None))
+    where = ".".join(str(part) for part in first.get("loc", ())[1:] if part != "body") or "body"
+    message = f"{where}: {first.get('msg', 'invalid request')}"
+    return error_response(request.url.path, HTTPError(422, message, param=where))

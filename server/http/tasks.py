@@ -34,6 +34,8 @@ from ..model.tasks import wrong_task
 from ..serving.policy import costs
 from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
+from .disconnects import Call
+from .front import http_call
 from .lengths import check_pair_limits, first_cut_pair, rerank_sides
 from .options import Asked, checked_prompt_name, direction, prompted
 from .schemas import HTTPError, json_response, quoted
@@ -51,14 +53,21 @@ class API(Protocol):
     @property
     def bounds(self) -> Bounds: ...
     def within_limits(self, texts: list[Any], name: str) -> list[Any]: ...
-    async def tokenized(self, request: Request, work: Any, *args: Any, **kwargs: Any) -> Any: ...
+    async def tokenized(self, call: Call, work: Any, *args: Any, **kwargs: Any) -> Any: ...
     async def ready_or_503(self) -> None: ...
     async def encode(
-        self, request: Request, model: ModelSettings, texts: list[Any], options: Asked, *, is_tokenized: bool = False
+        self,
+        call: Call,
+        model: ModelSettings,
+        texts: list[Any],
+        options: Asked,
+        *,
+        is_tokenized: bool = False,
+        timeout_s: float | None = None,
     ) -> Reply: ...
     async def refuse_over_long(
         self,
-        request: Request,
+        call: Call,
         model: ModelSettings,
         info: dict[str, Any],
         texts: list[str],
@@ -74,7 +83,7 @@ class TaskEndpoints:
     def __init__(self, api: API) -> None:
         self.api = api
 
-    async def _model(self, name: str | None, task: str) -> tuple[ModelSettings, dict[str, Any]]:
+    async def model_for(self, name: str | None, task: str) -> tuple[ModelSettings, dict[str, Any]]:
         """The model ``name`` picks and its ``CONFIG`` answer, once ready; 400 unless its task is ``task``."""
         model = self.api.catalog.pick(name, task)
         await self.api.ready_or_503()
@@ -85,18 +94,18 @@ class TaskEndpoints:
             raise HTTPError(400, wrong_task(model.name, str(own), task, served), param="model", code="task")
         return model, info
 
-    async def _truncated(
-        self, request: Request, model: ModelSettings, texts: list[str], name: str, *, refuse: bool
+    async def truncated(
+        self, call: Call, model: ModelSettings, texts: list[str], name: str, *, refuse: bool
     ) -> np.ndarray:
         """Which of ``texts`` the model cuts; with ``refuse`` a 413 for the first."""
-        truncated = await self.api.tokenized(request, model.tokenizer.truncated, texts)
+        truncated = await self.api.tokenized(call, model.tokenizer.truncated, texts)
         if refuse and truncated.any():
             raise _too_long(model, name, int(np.argmax(truncated)))
         return truncated
 
-    async def _rerank(
+    async def rerank_logits(
         self,
-        request: Request,
+        call: Call,
         name: str | None,
         query: Any,
         documents: Any,
@@ -119,20 +128,20 @@ class TaskEndpoints:
             raise HTTPError(422, str(exc).replace("documents", field), param=field) from None
         settings = self.api.settings
         check_pair_limits(query, texts, field, max_inputs=settings.max_inputs, max_chars=settings.max_text_chars)
-        model, info = await self._model(name, "rerank")
+        model, info = await self.model_for(name, "rerank")
         rule = model.token_rule
         self.api.bounds.reply(len(texts), info, costs.JSON_FLOAT_BYTES, form=" as JSON")
         self.api.bounds.tokens(costs.pair_tokens(rule, costs.utf8_bytes(query), map(costs.utf8_bytes, texts)))
 
         async def turn(work: Any, *args: Any) -> Any:
-            return await self.api.tokenized(request, work, *args)
+            return await self.api.tokenized(call, work, *args)
 
         query, texts = await rerank_sides(turn, model.tokenizer, query, texts, direction_ or "right")
         if refuse_long and (first := await first_cut_pair(turn, model.tokenizer, query, texts)) is not None:
             raise _too_long(model, field, first)
         self.api.bounds.frame(len(texts) * (costs.utf8_bytes(query) + 8) + sum(map(costs.utf8_bytes, texts)))
         pairs = [t.rerank_pair(query, document) for document in texts]
-        reply = await self.api.encode(request, model, pairs, Asked(truncation_direction=direction_, task="rerank"))
+        reply = await self.api.encode(call, model, pairs, Asked(truncation_direction=direction_, task="rerank"))
         logits = reply.array().astype(np.float32, copy=False).reshape(len(pairs), -1)[:, 0]
         return model, info, logits, _pairs_cut(reply, len(pairs)), int(reply.header.get("token_count", 0))
 
@@ -144,8 +153,8 @@ class TaskEndpoints:
             )
         field = "texts" if body.texts is not None else "documents"
         texts = body.texts if body.texts is not None else body.documents
-        model, info, logits, truncated, tokens = await self._rerank(
-            request,
+        model, info, logits, truncated, tokens = await self.rerank_logits(
+            http_call(request),
             body.model,
             body.query,
             texts,
@@ -186,8 +195,8 @@ class TaskEndpoints:
     async def cohere_rerank(self, body: CohereRerankRequest, request: Request) -> Response:
         top_n = _top(body.top_n, "top_n")
         texts = _document_texts(body.documents)
-        model, info, logits, truncated, tokens = await self._rerank(
-            request, body.model, body.query, texts, "documents", direction_=None
+        model, info, logits, truncated, tokens = await self.rerank_logits(
+            http_call(request), body.model, body.query, texts, "documents", direction_=None
         )
         scores = t.activate(logits, str(info.get("activation", "identity")))
         results = []
@@ -211,12 +220,13 @@ class TaskEndpoints:
     async def predict(self, body: PredictRequest, request: Request) -> Response:
         texts, single = _predict_inputs(body.inputs)
         self.api.within_limits(texts, "inputs")
-        model, info = await self._model(body.model, "classify")
+        model, info = await self.model_for(body.model, "classify")
+        call = http_call(request)
         options = Asked(truncation_direction=direction(body.truncation_direction), task="classify")
         self.api.bounds.request(model, info, texts, options, costs.JSON_FLOAT_BYTES + 24)  # each label's name and score
         if not self.api.settings.cuts(body.truncate):
-            await self._truncated(request, model, texts, "inputs", refuse=True)
-        reply = await self.api.encode(request, model, texts, options)
+            await self.truncated(call, model, texts, "inputs", refuse=True)
+        reply = await self.api.encode(call, model, texts, options)
         logits = reply.array().astype(np.float32, copy=False).reshape(len(texts), -1)
         top_k, function = _classification_parameters(body.parameters)
         scores = logits if body.raw_scores or function == "none" else t.label_probabilities(logits)
@@ -231,9 +241,10 @@ class TaskEndpoints:
     async def embed_sparse(self, body: SparseRequest, request: Request) -> Response:
         top_k = _top(body.top_k, "top_k")
         texts = self._texts(body.inputs)
-        model, info = await self._model(body.model, "sparse")
-        options = await self._prompted_options(request, model, info, texts, body, "sparse")
-        reply = await self.api.encode(request, model, texts, options)
+        model, info = await self.model_for(body.model, "sparse")
+        call = http_call(request)
+        options = await self.prompted_options(call, model, info, texts, body, "sparse")
+        reply = await self.api.encode(call, model, texts, options)
         rows = t.sparse_rows(reply.array(), top_k)
         terms = sum(len(row.indices) for row in rows)  # counted before at every vocabulary entry: now known
         self.api.bounds.answer(
@@ -248,7 +259,7 @@ class TaskEndpoints:
 
     async def embed_all(self, body: EmbedAllRequest, request: Request) -> Response:
         texts = self._texts(body.inputs)
-        model, info = await self._model(body.model, "embed")
+        model, info = await self.model_for(body.model, "embed")
         if not info.get("token_level"):
             raise HTTPError(
                 422,
@@ -256,11 +267,12 @@ class TaskEndpoints:
                 "with pooling_strategy=NONE (serve the same directory again: --model NAME=DIR,pooling_strategy=NONE)",
                 param="model",
             )
-        options = await self._prompted_options(request, model, info, texts, body, "embed")
+        call = http_call(request)
+        options = await self.prompted_options(call, model, info, texts, body, "embed")
         counts = await self.api.tokenized(
-            request, model.tokenizer.count_tokens, prompted(texts, options.prompt_name, info)
+            call, model.tokenizer.count_tokens, prompted(texts, options.prompt_name, info)
         )
-        reply = await self.api.encode(request, model, texts, options)
+        reply = await self.api.encode(call, model, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
         return json_response([vectors[i, : int(n)] for i, n in enumerate(counts)])
 
@@ -272,8 +284,8 @@ class TaskEndpoints:
         self.api.within_limits(texts if all(isinstance(x, str) for x in texts) else [], "inputs")
         return [_text(item, f"inputs[{i}]") for i, item in enumerate(texts)]
 
-    async def _prompted_options(
-        self, request: Request, model: ModelSettings, info: dict[str, Any], texts: list[str], body: Any, task: str
+    async def prompted_options(
+        self, call: Call, model: ModelSettings, info: dict[str, Any], texts: list[str], body: Any, task: str
     ) -> Asked:
         """The options of a request of ``texts`` with a prompt, checked; its cost counted
         (a sparse answer at every vocabulary entry, as the workers may send it); and, unless
@@ -288,7 +300,7 @@ class TaskEndpoints:
         else:
             self.api.bounds.request(model, info, texts, options)
         if not self.api.settings.cuts(body.truncate):
-            await self.api.refuse_over_long(request, model, info, texts, options, chunkable=task == "embed")
+            await self.api.refuse_over_long(call, model, info, texts, options, chunkable=task == "embed")
         return options
 
 

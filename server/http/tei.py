@@ -29,19 +29,21 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from . import compact
+from .disconnects import Call
+from .front import http_call
 from .lengths import explain_bounded, tokens_answered
 from .options import asked, checked_prompt_name, direction, prompted
-from .schemas import EmbedRequest, HTTPError, SimilarityRequest, TokenizeRequest, checked_texts, json_response
+from .schemas import (
+    EmbedRequest,
+    HTTPError,
+    SimilarityRequest,
+    TokenizeRequest,
+    checked_texts,
+    json_response,
+    not_json,
+)
 from .task_bodies import EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
 from .tasks import API, TaskEndpoints
-
-JSON_ERROR = "the body is not valid JSON"
-
-
-def not_json(exc: Exception | str, at: object = None) -> HTTPError:
-    """The 400 for a body that is not JSON: what the parser says, and where."""
-    where = f" at character {at}" if isinstance(at, int) else ""
-    return HTTPError(400, f"{JSON_ERROR}: {exc}{where}", param="body", code="json_invalid")
 
 
 class TEIEndpoints:
@@ -52,14 +54,14 @@ class TEIEndpoints:
         self.api, self.tasks = api, tasks
 
     async def embed(self, body: EmbedRequest, request: Request) -> Response:
-        vectors, reply, info, types = await self._embedded(body, request)
+        vectors, reply, info, types = await self.embedded(body, http_call(request))
         if types is None:
             return json_response(vectors, reply)
         answered = compact.forms(vectors, types, info)
         return json_response(answered[types[0]] if isinstance(body.embedding_types, str) else answered, reply)
 
-    async def _embedded(
-        self, body: EmbedRequest, request: Request
+    async def embedded(
+        self, body: EmbedRequest, call: Call, timeout_s: float | None = None
     ) -> tuple[np.ndarray, Reply, dict[str, Any], tuple[str, ...] | None]:
         """``/embed``'s vectors, the reply they came in, the model's ``CONFIG`` answer, and the
         compact types asked for."""
@@ -81,8 +83,8 @@ class TEIEndpoints:
             raise HTTPError(422, str(exc), param="embedding_types") from None
         api.bounds.request(model, info, texts, options, compact.json_value_bytes(types))
         if not api.settings.cuts(body.truncate) and body.long_inputs != "chunk":
-            await api.refuse_over_long(request, model, info, texts, options)
-        reply = await api.encode(request, model, texts, options)
+            await api.refuse_over_long(call, model, info, texts, options)
+        reply = await api.encode(call, model, texts, options, timeout_s=timeout_s)
         return reply.array().astype(np.float32, copy=False), reply, info, types
 
     async def similarity(self, body: SimilarityRequest, request: Request) -> Response:
@@ -106,7 +108,7 @@ class TEIEndpoints:
             embed = EmbedRequest.model_validate({key: chosen.get(key) for key in fields} | {"inputs": texts})
         except ValidationError as exc:
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
-        rows, reply, _, _ = await self._embedded(embed, request)  # normalized: their products are cosines
+        rows, reply, _, _ = await self.embedded(embed, http_call(request))  # normalized: their products are cosines
         return json_response(rows[1:] @ rows[0], reply)
 
     async def tokenize(self, body: TokenizeRequest, request: Request) -> Response:
@@ -116,7 +118,7 @@ class TEIEndpoints:
         texts = api.within_limits(checked_texts(texts, "inputs"), "inputs")
         info = await api.catalog.said(model)  # the prompts are the model's from the start; no worker is needed
         tokens = await api.tokenized(
-            request,
+            http_call(request),
             tokenized,
             model.tokenizer,
             prompted(texts, checked_prompt_name(body.prompt_name, info), info),

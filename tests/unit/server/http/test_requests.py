@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import zmq
 from bertserve.client import protocol as p
-from bertserve.server.http.disconnects import ClientGone, unless_disconnected
+from bertserve.server.http.disconnects import ClientGone, disconnected, unless_disconnected
 from bertserve.server.http.gateway import Gateway, GatewayError
 from bertserve.server.http.options import Asked, asked, checked_dimensions, checked_prompt_name, prompt_text
 from bertserve.server.http.schemas import EmbeddingRequest, EmbedRequest, HTTPError, openai_input
@@ -171,7 +171,7 @@ def test_a_disconnect_cancels_the_wait() -> None:
                 raise
             return "late"
 
-        waiting = asyncio.ensure_future(unless_disconnected(work(), receive))
+        waiting = asyncio.ensure_future(unless_disconnected(work(), disconnected(receive)))
         await asyncio.sleep(0.05)
         assert not waiting.done()
         gone.set()
@@ -198,7 +198,7 @@ def test_work_that_ends_first_is_answered_and_the_watch_stops() -> None:
             await asyncio.sleep(0.01)
             return "vectors"
 
-        assert await unless_disconnected(work(), receive) == "vectors"
+        assert await unless_disconnected(work(), disconnected(receive)) == "vectors"
         await asyncio.sleep(0)
         assert watched == ["stopped"]
 
@@ -206,6 +206,6 @@ def test_work_that_ends_first_is_answered_and_the_watch_stops() -> None:
             raise GatewayError("no answer")
 
         with pytest.raises(GatewayError):
-            await unless_disconnected(failing(), receive)
+            await unless_disconnected(failing(), disconnected(receive))
 
     asyncio.run(run())
