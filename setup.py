@@ -46,8 +46,10 @@ setup(
         "bertserve.client.aio",
         "bertserve.client.core",
         "bertserve.client.sync",
+        "bertserve.client.tei",
         "bertserve.server",
         "bertserve.server.http",
+        "bertserve.server.rpc",
         "bertserve.server.model",
         "bertserve.server.serving",
         "bertserve.server.serving.head",
@@ -63,7 +65,11 @@ setup(
         "bertserve.server.testing",
     ],
     package_dir={"bertserve": "package", "bertserve.client": "client", "bertserve.server": "server"},
-    package_data={"bertserve.client": ["py.typed"], "bertserve.server": ["py.typed"]},
+    package_data={
+        "bertserve.client": ["py.typed"],
+        "bertserve.client.tei": ["tei.proto", "*.pyi"],
+        "bertserve.server": ["py.typed"],
+    },
     install_requires=["numpy>=1.24", "pyzmq>=25", "termcolor>=2.3", "tqdm>=4.60"],
     extras_require={
         "server": [
@@ -85,7 +91,15 @@ setup(
             # that, so that langchain-huggingface (huggingface_hub<2) shares one environment with the server
             "huggingface_hub>=1.26",
             "python-json-logger>=3.1",  # --log-format json (server/logs.py)
+            # --grpc-port (server/rpc/): the stubs' runtime, gRPC's health and reflection services
+            "grpcio>=1.85.4",
+            "protobuf>=7.35.1,<8",
+            "grpcio-health-checking>=1.85.1",
+            "grpcio-reflection>=1.85.1",
         ],
+        # bertserve.client.tei: the Python stubs of TEI's tei.v1 gRPC protocol, for a client (the
+        # generated code needs the grpcio and protobuf it was generated with, or newer)
+        "grpc": ["grpcio>=1.85.4", "protobuf>=7.35.1,<8"],
         # --otlp-endpoint: OpenTelemetry's SDK and its OTLP/HTTP exporter (server/tracing.py)
         "otel": ["opentelemetry-sdk>=1.30", "opentelemetry-exporter-otlp-proto-http>=1.30"],
         "test": [
@@ -109,6 +123,7 @@ setup(
             # (it needs huggingface_hub<2, so the suite runs on huggingface_hub 1.x)
             "langchain-huggingface==1.2.1",
             "llama-index-embeddings-text-embeddings-inference>=0.6",  # LlamaIndex's TextEmbeddingsInference
+            "grpcio-tools>=1.85.4",  # stubs generated from TEI's own tei.proto (tests/data/tei), as its users make them
         ],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },

@@ -9,7 +9,8 @@ processes inherit it. Without it (an in-process ``Ventilator`` in a test, say) t
 live in this process's default registry.
 
 Requests are labelled with their ``path``: ``http`` for those the HTTP front end sends
-(their client ids carry :data:`HTTP_ID_MARK`), ``zmq`` for every other client.
+(their client ids carry :data:`HTTP_ID_MARK`), ``grpc`` for the gRPC front end's
+(:data:`GRPC_ID_MARK`), ``zmq`` for every other client.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from prometheus_client import (
 _ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 HTTP_ID_MARK = b"http-"
+GRPC_ID_MARK = b"grpc-"
 """Client ids of the HTTP front end start with this (after ``<key>:`` under CURVE)."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
@@ -118,6 +120,15 @@ HTTP_PRINCIPAL_REQUESTS = Counter(
     "HTTP requests past the API key check, by principal (the key's name; anonymous without keys) and status code",
     ["principal", "status"],
 )
+GRPC_CALLS = Counter(
+    "bertserve_grpc_calls_total", "gRPC calls by method (tei.v1.Embed/Embed) and status code", ["method", "code"]
+)
+GRPC_SECONDS = Histogram(
+    "bertserve_grpc_call_duration_seconds", "gRPC call time by method", ["method"], buckets=_LATENCY_BUCKETS
+)
+GRPC_OPEN_CALLS = Gauge(
+    "bertserve_grpc_open_calls", "gRPC calls open now, streams included", multiprocess_mode="livesum"
+)
 HTTP_BODY_BYTES = Gauge(
     "bertserve_http_body_bytes",
     "What the HTTP bodies in flight hold of --max-http-body-bytes-total (their bytes, and 64 per comma, 232 per "
@@ -127,9 +138,12 @@ HTTP_BODY_BYTES = Gauge(
 
 
 def path_of(client_id: bytes) -> str:
-    """``http`` for a request the HTTP front end sent, ``zmq`` for any other."""
+    """``http`` for a request the HTTP front end sent, ``grpc`` for one the gRPC front end sent,
+    ``zmq`` for any other."""
     _, _, own = client_id.rpartition(b":")
-    return "http" if own.startswith(HTTP_ID_MARK) else "zmq"
+    if own.startswith(HTTP_ID_MARK):
+        return "http"
+    return "grpc" if own.startswith(GRPC_ID_MARK) else "zmq"
 
 
 def _registry() -> CollectorRegistry:

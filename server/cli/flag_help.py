@@ -28,7 +28,7 @@ GROUPS = (
     "serving",
     "limits and overload",
     "workers and devices",
-    "HTTP",
+    "HTTP and gRPC",
     "security",
     "several models and model versions",
     "health checks",

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config.batching import Batching
+from ..config.grpc import Grpc
 from ..config.http import Http
 from ..config.limits import Limits
 from ..config.model import ModelConfig
@@ -34,7 +35,7 @@ from ..errors import BertServeError, ConfigError
 from ..model.default import default_model_dir
 from ..model.hub_specs import fetch_hub_model, fetch_hub_models
 from .flag_help import Flag, boolean, under
-from .http_flags import HTTP_FLAGS, SECURITY_FLAGS
+from .http_flags import GRPC_FLAGS, HTTP_FLAGS, SECURITY_FLAGS
 from .model_flags import MODEL_FLAGS
 from .served import resolve_models
 from .serving_flags import DEVICE_FLAGS, LIMIT_FLAGS, SERVING_FLAGS
@@ -69,6 +70,7 @@ SERVER_FLAGS = [
     *LIMIT_FLAGS,
     *DEVICE_FLAGS,
     *HTTP_FLAGS,
+    *GRPC_FLAGS,
     *SECURITY_FLAGS,
     *under(
         "several models and model versions",
@@ -123,7 +125,7 @@ def _table(*names: str) -> tuple[Flag, ...]:
 
 
 PART_FLAGS: dict[str, tuple[Flag, ...]] = {
-    "ports": _table("--port", "--port-out", "--bind", "--http-port", "--metrics-port", "--worker-port"),
+    "ports": _table("--port", "--port-out", "--bind", "--http-port", "--grpc-port", "--metrics-port", "--worker-port"),
     "workers": _table(
         "--num-worker",
         "--prefetch-size",
@@ -173,6 +175,17 @@ PART_FLAGS: dict[str, tuple[Flag, ...]] = {
         "--metrics-principals",
         "--cors-allow-origin",
     ),
+    "grpc": _table(
+        "--grpc-bind",
+        "--grpc-tls-cert",
+        "--grpc-tls-key",
+        "--grpc-tls-client-ca",
+        "--max-grpc-message-bytes",
+        "--max-grpc-streams",
+        "--max-grpc-calls-per-principal",
+        "--max-grpc-calls",
+        "--grpc-idle-timeout-s",
+    ),
     "security": _table("--curve-dir", "--allow-terminate", "--api-key", "--api-keys"),
     "legacy": _table("--legacy-clients", "--show-tokens-to-client"),
 }
@@ -183,6 +196,7 @@ PARTS: dict[str, Callable[..., Any]] = {
     "batching": Batching,
     "limits": Limits,
     "http": Http,
+    "grpc": Grpc,
     "security": Security,
     "legacy": Legacy,
 }

@@ -1,9 +1,10 @@
 """The flags of ``bertserve start`` for its edges: the HTTP front end (its port, names, keys
-and the limits of its edge, :mod:`..config.http`) and security (CURVE, who may stop the
-server, the HTTP API's keys)."""
+and the limits of its edge, :mod:`..config.http`), the gRPC one (:mod:`..config.grpc`) and
+security (CURVE, who may stop the server, the API keys)."""
 
 from __future__ import annotations
 
+from ..config.grpc import GRPC_CALLS, GRPC_IDLE_S, GRPC_PRINCIPAL_CALLS, GRPC_STREAMS
 from ..config.http import (
     HTTP_BODY_MIN_RATE,
     HTTP_BODY_TIMEOUT_S,
@@ -16,7 +17,7 @@ from ..config.server import HTTP_BODY_BYTES_TOTAL
 from .flag_help import Flag, boolean, under
 
 HTTP_FLAGS = under(
-    "HTTP",
+    "HTTP and gRPC",
     Flag("--http-port", "also serve the HTTP API (OpenAI's /v1/embeddings, ...) on this port", int, unset="no HTTP"),
     Flag("--http-bind", "address the HTTP port listens on", unset="--bind"),
     Flag(
@@ -146,6 +147,50 @@ HTTP_FLAGS = under(
     ),
 )
 
+GRPC_FLAGS = under(
+    "HTTP and gRPC",
+    Flag("--grpc-port", "serve TEI's gRPC API on this port", int, unset="none"),
+    Flag("--grpc-bind", "address the gRPC port listens on", unset="--bind", rare=True),
+    Flag(
+        "--grpc-tls-cert",
+        "PEM certificate chain: the gRPC port speaks TLS only",
+        unset="plain",
+        metavar="FILE",
+        rare=True,
+    ),
+    Flag("--grpc-tls-key", "PEM private key of --grpc-tls-cert", unset="none", metavar="FILE", rare=True),
+    Flag(
+        "--grpc-tls-client-ca",
+        "PEM CAs: a gRPC caller must show a certificate one of them signed",
+        unset="none asked",
+        metavar="FILE",
+        rare=True,
+    ),
+    Flag(
+        "--max-grpc-message-bytes",
+        "largest gRPC message either way; larger is RESOURCE_EXHAUSTED",
+        int,
+        unset="the request frame limit",
+        rare=True,
+    ),
+    Flag("--max-grpc-streams", "gRPC calls open at once on one connection", int, GRPC_STREAMS, rare=True),
+    Flag(
+        "--max-grpc-calls-per-principal",
+        "gRPC calls one principal holds open; past it RESOURCE_EXHAUSTED",
+        int,
+        GRPC_PRINCIPAL_CALLS,
+        rare=True,
+    ),
+    Flag("--max-grpc-calls", "gRPC calls the process holds open", int, GRPC_CALLS, rare=True),
+    Flag(
+        "--grpc-idle-timeout-s",
+        "a gRPC stream that sends nothing this long is ended with DEADLINE_EXCEEDED",
+        float,
+        GRPC_IDLE_S,
+        rare=True,
+    ),
+)
+
 SECURITY_FLAGS = under(
     "security",
     Flag(
@@ -156,7 +201,7 @@ SECURITY_FLAGS = under(
     Flag("--allow-terminate", "let clients stop the server", boolean, unset="on loopback without CURVE, or admins"),
     Flag(
         "--api-key",
-        "HTTP callers must send Authorization: Bearer KEY; better as BERTSERVE_API_KEY, "
+        "HTTP and gRPC callers must send Authorization: Bearer KEY; better as BERTSERVE_API_KEY, "
         "since every user can see a command line",
         unset="none needed",
         metavar="KEY",

@@ -110,6 +110,9 @@ def announce_ready(config: ServerConfig, info: dict[str, Any], *, json_logs: boo
         line += f" (version {info['model_version']})"
     if config.ports.http_port is not None:
         line += f", HTTP on http://{config.http.http_bind or config.ports.bind}:{config.ports.http_port}"
+    if config.ports.grpc_port is not None:
+        scheme = "grpcs" if config.grpc.tls else "grpc"
+        line += f", gRPC on {scheme}://{config.grpc.grpc_bind or config.ports.bind}:{config.ports.grpc_port}"
     if config.ports.worker_port is not None:
         line += f", remote workers join on tcp://{config.ports.bind}:{config.ports.worker_port}"
     if json_logs:
@@ -136,6 +139,7 @@ def ready_fields(config: ServerConfig, info: dict[str, Any]) -> dict[str, Any]:
         if config.ports.http_port
         else None,
         "http_port": config.ports.http_port,
+        "grpc_port": config.ports.grpc_port,
         "worker_port": config.ports.worker_port,
     }
 

@@ -16,13 +16,14 @@ class Ports:
     port_out: int | None = None  # publishes results; None: port + 1
     bind: str = "127.0.0.1"
     http_port: int | None = None  # the HTTP API
+    grpc_port: int | None = None  # the gRPC API (TEI's tei.v1)
     metrics_port: int | None = None  # Prometheus' /metrics
     worker_port: int | None = None  # remote workers join on it
 
     def __post_init__(self) -> None:
         port, given = self.port, self.port_out
         out = port + 1 if given is None else given
-        extra = [p for p in (self.http_port, self.metrics_port, self.worker_port) if p is not None]
+        extra = [p for p in (self.http_port, self.grpc_port, self.metrics_port, self.worker_port) if p is not None]
         checks = [
             (1 <= port <= 65535, "port must be between 1 and 65535"),
             (
@@ -34,11 +35,11 @@ class Ports:
             (port != out, "port and port_out must differ"),
             (
                 all(1 <= p <= 65535 for p in extra),
-                "http_port, metrics_port and worker_port must be between 1 and 65535",
+                "http_port, grpc_port, metrics_port and worker_port must be between 1 and 65535",
             ),
             (
                 len({port, out, *extra}) == 2 + len(extra),
-                "port, port_out, http_port, metrics_port and worker_port must all differ",
+                "port, port_out, http_port, grpc_port, metrics_port and worker_port must all differ",
             ),
         ]
         for ok, problem in checks:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .batching import Batching
+from .grpc import Grpc
 from .http import HTTP_BODY_BYTES, HTTP_BODY_BYTES_TOTAL, Http
 from .limits import Limits
 from .model import ModelConfig
@@ -29,10 +30,11 @@ class ServerConfig:
     CLI (or by tests, through :func:`..testing.config.server_config`): where it listens
     (:class:`.ports.Ports`), its workers (:class:`.workers.Workers`), how the scheduler batches
     (:class:`.batching.Batching`), the head's bounds (:class:`.limits.Limits`), the HTTP front
-    end (:class:`.http.Http`), who may use it (:class:`.security.Security`), bert-as-service's
-    clients (:class:`.security.Legacy`), and each model served (:class:`.served.ModelServing`),
-    with which one a request gets unless it names one (:class:`.served.Routing`). A policy is
-    given the part it uses, not the whole config. What needs two parts is checked here.
+    end (:class:`.http.Http`) and the gRPC one (:class:`.grpc.Grpc`), who may use it
+    (:class:`.security.Security`), bert-as-service's clients (:class:`.security.Legacy`), and
+    each model served (:class:`.served.ModelServing`), with which one a request gets unless it
+    names one (:class:`.served.Routing`). A policy is given the part it uses, not the whole
+    config. What needs two parts is checked here.
 
     A role that serves one model is given the config of that model alone (:meth:`serving_of`):
     the same parts, its one model in :attr:`models`.
@@ -44,6 +46,7 @@ class ServerConfig:
     batching: Batching = dataclasses.field(default_factory=Batching)
     limits: Limits = dataclasses.field(default_factory=Limits)
     http: Http = dataclasses.field(default_factory=Http)
+    grpc: Grpc = dataclasses.field(default_factory=Grpc)
     security: Security = dataclasses.field(default_factory=Security)
     legacy: Legacy = dataclasses.field(default_factory=Legacy)
     routing: Routing = dataclasses.field(default_factory=Routing)
@@ -64,6 +67,11 @@ class ServerConfig:
             (
                 self.security.curve_dir is None or self.ports.http_port is None or self.security.http_keyed,
                 "with curve_dir, serving HTTP needs api_key (or api_keys) too: else HTTP would serve "
+                "anyone CURVE keeps out",
+            ),
+            (
+                self.security.curve_dir is None or self.ports.grpc_port is None or self.security.http_keyed,
+                "with curve_dir, serving gRPC needs api_key (or api_keys) too: else gRPC would serve "
                 "anyone CURVE keeps out",
             ),
             *self.http.body_checks(self.limits.message_bytes),
@@ -166,6 +174,7 @@ class ServerConfig:
             **_fields(self.legacy),
             "http_port": self.ports.http_port,
             **_fields(self.http),
+            **_fields(self.grpc),
             **_fields(flags, leave=("model",)),
             **_fields(self.routing, leave=("tasks", "model_defaults")),
             "model_defaults": flags.model.flat() if self.routing.model_defaults is not None else None,

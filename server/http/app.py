@@ -197,12 +197,12 @@ class Endpoints:
         options: Asked,
         *,
         is_tokenized: bool = False,
-        timeout_s: float | None = None,
     ) -> p.Reply:
-        """The reply to ``texts``, within ``timeout_s`` (else the request timeout): a gRPC
-        call's deadline may be shorter."""
+        """The reply to ``texts``, within the request timeout or the call's deadline if sooner."""
         gw = self.gateway
-        timeout_s = min(timeout_s, self.settings.request_timeout_s) if timeout_s else self.settings.request_timeout_s
+        timeout_s = call.timeout_s(self.settings.request_timeout_s)
+        if timeout_s <= 0:
+            raise HTTPError(504, "the call's deadline passed before its request was sent", code="expired")
         header = options.header(timeout_s)
         if self.settings.traced and (trace := tracing.current_traceparent()) is not None:
             header[p.TRACEPARENT_FIELD] = trace  # the head's span of it is this request's span's child

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,10 +30,16 @@ class ClientGone(Exception):
 @dataclass(frozen=True)
 class Call:
     """One request as the API sees it, over HTTP or gRPC: whom the server's bounds and turns
-    count it to (``key:NAME``, ``address:HOST``), and a wait that ends when its caller leaves."""
+    count it to (``key:NAME``, ``address:HOST``), a wait that ends when its caller leaves, and
+    the caller's own deadline, if it gave one (a gRPC call's, on the monotonic clock)."""
 
     owner: str
     left: Callable[[], Awaitable[object]]
+    deadline: float | None = None
+
+    def timeout_s(self, most: float) -> float:
+        """How long the call may wait for its answer: ``most``, or less if its deadline is sooner."""
+        return most if self.deadline is None else min(most, self.deadline - time.monotonic())
 
 
 async def unless_disconnected(work: Awaitable[T], left: Awaitable[object]) -> T:

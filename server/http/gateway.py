@@ -54,9 +54,11 @@ class FrameTooLarge(ValueError):
 class Gateway:
     """One connection to the ventilator, shared by every request of a front end's process."""
 
-    def __init__(self, host: str, port: int, port_out: int, *, keys: GatewayKeys | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, port_out: int, *, keys: GatewayKeys | None = None, mark: bytes = HTTP_ID_MARK
+    ) -> None:
         token = os.urandom(3).hex().encode()  # a restarted front end never reads its predecessor's replies
-        self.prefix = (keys.public + b":" if keys else b"") + HTTP_ID_MARK + token
+        self.prefix = (keys.public + b":" if keys else b"") + mark + token  # mark: the front end's, for metrics
         self._transport = AsyncTransport(host, port, port_out, self.prefix + b".", keys, shared=True, seen=self._seen)
         self.address = self._transport.address
         self._status: tuple[float, dict[str, Any]] | None = None

@@ -59,7 +59,7 @@ def run_http(
 
     served = models or [config]
     settings = Settings(
-        models=tuple(_model_settings(model) for model in served),
+        models=tuple(model_settings(model) for model in served),
         principals=principals
         if principals is not None
         else load_principals(config.security.api_key, config.security.api_keys),
@@ -97,7 +97,7 @@ def run_http(
 
 
 class _SupervisedServer(uvicorn.Server):
-    """uvicorn, stopped by its supervisor (:meth:`..serving.process.children.Children.stop_http`,
+    """uvicorn, stopped by its supervisor (:meth:`..serving.process.children.Children.stop_front_ends`,
     late in the stop: until then a new request gets the head's 503 ``shutdown``). A SIGTERM is
     the supervisor's to act on while it lives: a signal to the whole process group reached this
     process too. Once stopping, uvicorn closes its listeners and idle connections, and sends
@@ -140,7 +140,7 @@ def _edge_options(config: ServerConfig) -> dict[str, Any]:
     }
 
 
-def _model_settings(model: ServerConfig) -> ModelSettings:
+def model_settings(model: ServerConfig) -> ModelSettings:
     """What the HTTP API needs of one served model: its names, and the tokenizer its workers
     run (its own vocabulary and max_seq_len)."""
     from ..model.options import resolve_options

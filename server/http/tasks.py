@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 from bertserve.client import tasks as t
-from bertserve.client.protocol import PAIR_SEPARATOR, Reply, one_sentence
+from bertserve.client.protocol import Reply
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -38,9 +37,20 @@ from .disconnects import Call
 from .front import http_call
 from .lengths import check_pair_limits, first_cut_pair, rerank_sides
 from .options import Asked, checked_prompt_name, direction, prompted
-from .schemas import HTTPError, json_response, quoted
+from .schemas import HTTPError, json_response
 from .settings import Settings
-from .task_bodies import CohereRerankRequest, EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
+from .task_bodies import (
+    CohereRerankRequest,
+    EmbedAllRequest,
+    PredictRequest,
+    SparseRequest,
+    TEIRerankRequest,
+    classification_parameters,
+    document_texts,
+    one_text,
+    predict_inputs,
+    top,
+)
 
 
 class API(Protocol):
@@ -63,7 +73,6 @@ class API(Protocol):
         options: Asked,
         *,
         is_tokenized: bool = False,
-        timeout_s: float | None = None,
     ) -> Reply: ...
     async def refuse_over_long(
         self,
@@ -146,7 +155,7 @@ class TaskEndpoints:
         return model, info, logits, _pairs_cut(reply, len(pairs)), int(reply.header.get("token_count", 0))
 
     async def tei_rerank(self, body: TEIRerankRequest, request: Request) -> Response:
-        top_n = _top(body.top_n, "top_n")
+        top_n = top(body.top_n, "top_n")
         if (body.texts is None) == (body.documents is None):
             raise HTTPError(
                 422, "give the documents as texts (TEI's shape) or as documents (Infinity's)", param="texts"
@@ -193,8 +202,8 @@ class TaskEndpoints:
         return json_response(results)
 
     async def cohere_rerank(self, body: CohereRerankRequest, request: Request) -> Response:
-        top_n = _top(body.top_n, "top_n")
-        texts = _document_texts(body.documents)
+        top_n = top(body.top_n, "top_n")
+        texts = document_texts(body.documents)
         model, info, logits, truncated, tokens = await self.rerank_logits(
             http_call(request), body.model, body.query, texts, "documents", direction_=None
         )
@@ -218,34 +227,36 @@ class TaskEndpoints:
         )
 
     async def predict(self, body: PredictRequest, request: Request) -> Response:
-        texts, single = _predict_inputs(body.inputs)
+        texts, single = predict_inputs(body.inputs)
+        top_k, function = classification_parameters(body.parameters)
+        logits, labels, _ = await self.classified(http_call(request), texts, body)
+        scores = logits if body.raw_scores or function == "none" else t.label_probabilities(logits)
+        if function == "sigmoid" and not body.raw_scores:
+            scores = 1.0 / (1.0 + np.exp(-logits))
+        answers = [[{"label": labels[j], "score": float(row[j])} for j in t.ranking(row, top_k)] for row in scores]
+        # one input's labels as a list, as TEI answers; with parameters (huggingface_hub's shape) as the
+        # Inference API answers it, a list of one list, of which huggingface_hub reads the first
+        return json_response(answers[0] if single and body.parameters is None else answers)
+
+    async def classified(
+        self, call: Call, texts: list[str], body: PredictRequest
+    ) -> tuple[np.ndarray, list[str], Reply]:
+        """The logits of ``texts`` (inputs of :func:`predict_inputs`) by the classifier ``body``
+        names, its labels, and the reply they came in."""
         self.api.within_limits(texts, "inputs")
         model, info = await self.model_for(body.model, "classify")
-        call = http_call(request)
         options = Asked(truncation_direction=direction(body.truncation_direction), task="classify")
         self.api.bounds.request(model, info, texts, options, costs.JSON_FLOAT_BYTES + 24)  # each label's name and score
         if not self.api.settings.cuts(body.truncate):
             await self.truncated(call, model, texts, "inputs", refuse=True)
         reply = await self.api.encode(call, model, texts, options)
         logits = reply.array().astype(np.float32, copy=False).reshape(len(texts), -1)
-        top_k, function = _classification_parameters(body.parameters)
-        scores = logits if body.raw_scores or function == "none" else t.label_probabilities(logits)
-        if function == "sigmoid" and not body.raw_scores:
-            scores = 1.0 / (1.0 + np.exp(-logits))
         labels = [str(label) for label in info.get("labels") or ()] or [f"LABEL_{i}" for i in range(logits.shape[1])]
-        answers = [[{"label": labels[j], "score": float(row[j])} for j in t.ranking(row, top_k)] for row in scores]
-        # one input's labels as a list, as TEI answers; with parameters (huggingface_hub's shape) as the
-        # Inference API answers it, a list of one list, of which huggingface_hub reads the first
-        return json_response(answers[0] if single and body.parameters is None else answers)
+        return logits, labels, reply
 
     async def embed_sparse(self, body: SparseRequest, request: Request) -> Response:
-        top_k = _top(body.top_k, "top_k")
-        texts = self._texts(body.inputs)
-        model, info = await self.model_for(body.model, "sparse")
-        call = http_call(request)
-        options = await self.prompted_options(call, model, info, texts, body, "sparse")
-        reply = await self.api.encode(call, model, texts, options)
-        rows = t.sparse_rows(reply.array(), top_k)
+        top_k = top(body.top_k, "top_k")
+        rows, _ = await self.sparse(http_call(request), body, top_k)
         terms = sum(len(row.indices) for row in rows)  # counted before at every vocabulary entry: now known
         self.api.bounds.answer(
             terms * costs.JSON_SPARSE_TERM_BYTES, "send fewer inputs per request, or ask for each one's top_k terms"
@@ -257,7 +268,20 @@ class TaskEndpoints:
             ]
         )
 
+    async def sparse(self, call: Call, body: SparseRequest, top_k: int | None = None) -> tuple[list[Any], Reply]:
+        """The sparse rows of ``body``'s inputs (each its term indexes and weights), and their reply."""
+        texts = self._texts(body.inputs)
+        model, info = await self.model_for(body.model, "sparse")
+        options = await self.prompted_options(call, model, info, texts, body, "sparse")
+        reply = await self.api.encode(call, model, texts, options)
+        return t.sparse_rows(reply.array(), top_k), reply
+
     async def embed_all(self, body: EmbedAllRequest, request: Request) -> Response:
+        rows, _ = await self.token_vectors(http_call(request), body)
+        return json_response(rows)
+
+    async def token_vectors(self, call: Call, body: EmbedAllRequest) -> tuple[list[np.ndarray], Reply]:
+        """Each of ``body``'s inputs' token vectors (one row a token, specials included), and their reply."""
         texts = self._texts(body.inputs)
         model, info = await self.model_for(body.model, "embed")
         if not info.get("token_level"):
@@ -267,14 +291,13 @@ class TaskEndpoints:
                 "with pooling_strategy=NONE (serve the same directory again: --model NAME=DIR,pooling_strategy=NONE)",
                 param="model",
             )
-        call = http_call(request)
         options = await self.prompted_options(call, model, info, texts, body, "embed")
         counts = await self.api.tokenized(
             call, model.tokenizer.count_tokens, prompted(texts, options.prompt_name, info)
         )
         reply = await self.api.encode(call, model, texts, options)
         vectors = reply.array().astype(np.float32, copy=False)
-        return json_response([vectors[i, : int(n)] for i, n in enumerate(counts)])
+        return [vectors[i, : int(n)] for i, n in enumerate(counts)], reply
 
     def _texts(self, inputs: Any) -> list[str]:
         """TEI's ``inputs``: a text or a non-empty list of texts, each one sentence."""
@@ -282,7 +305,7 @@ class TaskEndpoints:
         if not isinstance(texts, list) or not texts:
             raise HTTPError(422, "inputs must be a text or a non-empty list of texts", param="inputs")
         self.api.within_limits(texts if all(isinstance(x, str) for x in texts) else [], "inputs")
-        return [_text(item, f"inputs[{i}]") for i, item in enumerate(texts)]
+        return [one_text(item, f"inputs[{i}]") for i, item in enumerate(texts)]
 
     async def prompted_options(
         self, call: Call, model: ModelSettings, info: dict[str, Any], texts: list[str], body: Any, task: str
@@ -322,82 +345,3 @@ def _pairs_cut(reply: Reply, count: int) -> np.ndarray:
         raise HTTPError(502, "the server's reply did not say which pairs the model cut", code="internal")
     flags[cut] = True
     return flags
-
-
-def _top(value: Any, name: str) -> int | None:
-    try:
-        return t.check_top(value, name)
-    except ValueError as exc:
-        raise HTTPError(422, str(exc), param=name) from None
-
-
-def _classification_parameters(parameters: Any) -> tuple[int | None, str | None]:
-    """``huggingface_hub``'s ``text_classification`` parameters: ``top_k`` (the k best labels)
-    and ``function_to_apply`` (``softmax``, the default; ``sigmoid``; ``none``: the logits)."""
-    if parameters is None:
-        return None, None
-    if not isinstance(parameters, dict):
-        raise HTTPError(422, "parameters must be an object: {top_k, function_to_apply}", param="parameters")
-    unknown = sorted(set(parameters) - {"top_k", "function_to_apply"})
-    if unknown:
-        raise HTTPError(
-            422, f"parameters.{unknown[0]} is not taken: /predict takes top_k and function_to_apply", param="parameters"
-        )
-    function = parameters.get("function_to_apply")
-    if function is not None and function not in ("softmax", "sigmoid", "none"):
-        raise HTTPError(
-            422,
-            f"parameters.function_to_apply must be softmax, sigmoid or none, not {quoted(function)}",
-            param="parameters",
-        )
-    return _top(parameters.get("top_k"), "top_k"), function
-
-
-def _document_texts(documents: Any) -> list[Any]:
-    """Cohere's documents, strings or objects with a ``text``, as strings (a bad one as it
-    is, for :func:`~bertserve.client.tasks.rerank_pairs` to name)."""
-    if not isinstance(documents, list):
-        return documents
-    return [doc["text"] if isinstance(doc, dict) and isinstance(doc.get("text"), str) else doc for doc in documents]
-
-
-def _predict_inputs(inputs: Any) -> tuple[list[str], bool]:
-    """TEI's ``/predict`` inputs as texts (a pair written ``first ||| second``), and whether
-    there was one input: a text, a list of one text, or a list of two texts (a pair). A batch
-    is a list of texts or of such lists: ``[["a"], ["b", "c"]]``."""
-    if isinstance(inputs, str):
-        return [_text(inputs, "inputs")], True
-    if isinstance(inputs, list) and 1 <= len(inputs) <= 2 and all(isinstance(side, str) for side in inputs):
-        return [_sequence(inputs, "inputs")], True
-    if not isinstance(inputs, list) or not inputs:
-        raise HTTPError(
-            422, "inputs must be a text, a pair [first, second], or a non-empty list of those", param="inputs"
-        )
-    texts = []
-    for i, item in enumerate(inputs):
-        if isinstance(item, list):
-            if not 1 <= len(item) <= 2:
-                raise HTTPError(422, f"inputs[{i}] must be [text] or a pair [first, second]", param="inputs")
-            texts.append(_sequence(item, f"inputs[{i}]"))
-        else:
-            texts.append(_text(item, f"inputs[{i}]"))
-    return texts, False
-
-
-def _sequence(sides: Sequence[Any], name: str) -> str:
-    """``[text]`` or ``[first, second]`` as one input."""
-    if len(sides) == 1:
-        return _text(sides[0], f"{name}[0]")
-    first, second = (_text(side, f"{name}[{j}]") for j, side in enumerate(sides))
-    return f"{first} {PAIR_SEPARATOR} {second}"
-
-
-def _text(item: Any, name: str) -> str:
-    """One text input, as one sentence whatever ``|||`` it holds."""
-    if not isinstance(item, str):
-        raise HTTPError(422, f"{name} must be a string, not {type(item).__name__}", param="inputs")
-    if not item.strip():
-        raise HTTPError(422, f"{name} is empty", param="inputs")
-    if any(0xD800 <= ord(c) <= 0xDFFF for c in item):
-        raise HTTPError(422, f"{name} holds a lone surrogate, which is not valid Unicode text", param="inputs")
-    return one_sentence(item)

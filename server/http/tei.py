@@ -61,7 +61,7 @@ class TEIEndpoints:
         return json_response(answered[types[0]] if isinstance(body.embedding_types, str) else answered, reply)
 
     async def embedded(
-        self, body: EmbedRequest, call: Call, timeout_s: float | None = None
+        self, body: EmbedRequest, call: Call
     ) -> tuple[np.ndarray, Reply, dict[str, Any], tuple[str, ...] | None]:
         """``/embed``'s vectors, the reply they came in, the model's ``CONFIG`` answer, and the
         compact types asked for."""
@@ -84,7 +84,7 @@ class TEIEndpoints:
         api.bounds.request(model, info, texts, options, compact.json_value_bytes(types))
         if not api.settings.cuts(body.truncate) and body.long_inputs != "chunk":
             await api.refuse_over_long(call, model, info, texts, options)
-        reply = await api.encode(call, model, texts, options, timeout_s=timeout_s)
+        reply = await api.encode(call, model, texts, options)
         return reply.array().astype(np.float32, copy=False), reply, info, types
 
     async def similarity(self, body: SimilarityRequest, request: Request) -> Response:

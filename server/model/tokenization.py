@@ -127,9 +127,13 @@ class ModelTokenizer:
         """Whether a pair is written into the model's own template (:mod:`.yes_no`)."""
         return self._pair_template is not None
 
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
+    vocab_size = property(lambda self: self._vocab_size)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        """The text of token ``ids`` (TEI's ``Decode``); a ValueError names an id past the largest."""
+        if ids and (most := self.largest_id()[0]) < (top := max(ids)):
+            raise ValueError(f"ids[{list(ids).index(top)}] = {top} is past this model's largest token id, {most}")
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def largest_id(self) -> tuple[int, str]:
         """The largest id the tokenizer can give, and its token: of the vocabulary (which may
@@ -292,8 +296,7 @@ class ModelTokenizer:
         return (sides[0], sides[1]) if len(sides) == 2 else sides[0]
 
     def same_vocabulary(self, other: ModelTokenizer) -> bool:
-        """Whether ``other`` maps every token to the same id and puts the same special tokens
-        around an input and a pair."""
+        """Whether ``other`` has the same ids for every token, and the same special tokens."""
         return bool(self._specials == other._specials and self._tokenizer.get_vocab() == other._tokenizer.get_vocab())
 
     def count_tokens(self, texts: Sequence, *, is_tokenized: bool = False, chunk: bool = False) -> np.ndarray:

@@ -27,6 +27,7 @@ logger = logging.getLogger("bertserve.control")
 
 PRIVATE_FIELDS = frozenset(
     {"model_dir", "tuned_model_dir", "graph_dir", "models_dir", "model_defaults", "pid", "host", "hostname"}
+    | {"grpc_tls_cert", "grpc_tls_key", "grpc_tls_client_ca"}
 )
 """Fields of CONFIG and STATUS, at any depth, that say where this server's files are and which
 processes and machines run it: under CURVE, for admin keys only."""

@@ -253,7 +253,7 @@ def _count_job(size: int, done: Done, model: str) -> None:
 
 
 def _from_http(client_id: bytes, who: bytes) -> bool:
-    """Whether a request came from this server's HTTP process, whose trace context the head
-    continues as it is: an HTTP client id, and under CURVE sent with the HTTP process's own
-    key (a request under any other key counts to that key: :func:`..policy.admission.principal`)."""
-    return metrics.path_of(client_id) == "http" and not who.startswith(b"key:")
+    """Whether a request came from this server's HTTP or gRPC process, whose trace context the
+    head continues as it is: a front end's client id, and under CURVE sent with the front ends'
+    own key (a request under any other key counts to that key: :func:`..policy.admission.principal`)."""
+    return metrics.path_of(client_id) in ("http", "grpc") and not who.startswith(b"key:")

@@ -1,7 +1,7 @@
 """The child processes of a supervising process: the head's sink, HTTP front end and workers
 (:mod:`.supervisor`), or a worker machine's workers (:mod:`..remote.host`).
 
-:class:`Children` owns the process objects, by name (``sink``, ``http``, ``worker 0``...): it
+:class:`Children` owns the process objects, by name (``sink``, ``http``, ``grpc``, ``worker 0``...): it
 starts each child in a fresh interpreter (spawn), tells which died and which are due to start
 again, and at the end joins them, killing what does not exit in time.
 
@@ -12,7 +12,7 @@ group, and ``timeout`` and systemd's default ``KillMode`` send SIGTERM. A child 
 SIGINT blocked, and keeps it so. It starts with SIGTERM blocked too, until it has a handler
 (:func:`_child_main`) that leaves the stop to its supervisor while that lives, and stops the
 child as SIGTERM always did once it is an orphan. The HTTP process keeps that rule under
-uvicorn (:mod:`...http.process`): its supervisor stops it with :meth:`Children.stop_http`.
+uvicorn (:mod:`...http.process`): its supervisor stops it with :meth:`Children.stop_front_ends`, as the gRPC process.
 When to start a child again, and when to give up, is the :class:`.restarts.RestartPolicy`'s
 to say; what a death means (jobs handed on, the requests a sink held failed) is the supervisor's.
 """
@@ -36,6 +36,8 @@ from .lifecycle import FORCED_STOP_SECONDS
 from .restarts import Exit, Fate, RestartPolicy
 
 _WORKER = "worker "
+FRONT_ENDS = ("http", "grpc")
+"""The front ends' children, by name."""
 
 
 def worker_name(index: int) -> str:
@@ -115,14 +117,15 @@ class Children:
         process.kill()
         return True
 
-    def stop_http(self) -> None:
-        """Tell the HTTP front end to stop: it stops accepting, answers what it holds (each
-        response with ``Connection: close``) and exits. SIGUSR1, since it leaves SIGTERM to
-        this process while it lives, as every child does."""
-        process = self._processes.get("http")
-        if process is not None and process.is_alive() and process.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, FRONT_END_STOP_SIGNAL)
+    def stop_front_ends(self) -> None:
+        """Tell the HTTP and gRPC front ends to stop: each stops accepting, answers what it holds
+        (an HTTP response with ``Connection: close``) and exits. SIGUSR1, since each leaves
+        SIGTERM to this process while it lives, as every child does."""
+        for name in FRONT_ENDS:
+            process = self._processes.get(name)
+            if process is not None and process.is_alive() and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, FRONT_END_STOP_SIGNAL)
 
     def forgive(self, now: float) -> None:
         self.policy.forgive(now)

@@ -110,20 +110,25 @@ def warn_if_exposed(config: ServerConfig) -> None:
 
 
 def warn_if_http_exposed(config: ServerConfig) -> None:
-    http_bind = config.http.http_bind or config.ports.bind
     keyless = config.security.api_key is None and config.security.api_keys is None
-    if config.ports.http_port is not None and keyless and not loopback_only(http_bind):
-        logger.warning(
-            "SERVING HTTP ON %s:%d WITHOUT AN API KEY: anyone who reaches it can encode. Set --api-keys FILE "
-            "or BERTSERVE_API_KEY.",
-            http_bind,
-            config.ports.http_port,
-        )
+    fronts = [
+        ("HTTP", config.http.http_bind or config.ports.bind, config.ports.http_port),
+        ("gRPC", config.grpc.grpc_bind or config.ports.bind, config.ports.grpc_port),
+    ]
+    for name, bind, port in fronts:
+        if port is not None and keyless and not loopback_only(bind):
+            logger.warning(
+                "SERVING %s ON %s:%d WITHOUT AN API KEY: anyone who reaches it can encode. Set --api-keys FILE "
+                "or BERTSERVE_API_KEY.",
+                name,
+                bind,
+                port,
+            )
 
 
 def check_ports(frontend: zmq.Socket, config: ServerConfig) -> None:
     """Bind ``frontend`` to the request port, and check that the other ports are free (their
-    processes bind them later): the results port, the HTTP port and the workers' port."""
+    processes bind them later): the results port, the HTTP and gRPC ports and the workers' port."""
     bind(frontend, config.ports.bind, config.ports.port, "--port")
     assert config.ports.out is not None  # ServerConfig made it port + 1
     # Plain sockets, bound and closed at once: a ZeroMQ probe would take the connections of the
@@ -132,6 +137,8 @@ def check_ports(frontend: zmq.Socket, config: ServerConfig) -> None:
     check_tcp_port_free(config.ports.bind, config.ports.out, "--port-out")
     if config.ports.http_port is not None:
         check_tcp_port_free(config.http.http_bind or config.ports.bind, config.ports.http_port, "--http-port")
+    if config.ports.grpc_port is not None:
+        check_tcp_port_free(config.grpc.grpc_bind or config.ports.bind, config.ports.grpc_port, "--grpc-port")
     if config.ports.worker_port is not None:
         check_tcp_port_free(config.ports.bind, config.ports.worker_port, "--worker-port")
 

@@ -27,7 +27,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from .children import Children, worker_name
+from .children import FRONT_ENDS, Children, worker_name
 from .lifecycle import FORCED_STOP_SECONDS, ExitFlags
 
 if TYPE_CHECKING:
@@ -63,12 +63,12 @@ def shut_down(
             children.kill(name)
     if ventilator is not None:
         ventilator.stop_sink(FORCED_STOP_SECONDS / 2 if quick else plan.left(plan.sink_until, time.monotonic()))
-    children.stop_http()  # it answers what it holds (the sink sent the failures), then exits
+    children.stop_front_ends()  # each answers what it holds (the sink sent the failures), then exits
     if not quick:
         share = plan.left(plan.workers_until, time.monotonic())
         children.join(workers, seconds=share, hurry=lambda: flags.force_exit, warn=False)
     seconds = FORCED_STOP_SECONDS if quick else plan.left(plan.end, time.monotonic())
-    children.join([*workers, "http", "sink"], seconds=seconds, hurry=lambda: quick or flags.force_exit)
+    children.join([*workers, *FRONT_ENDS, "sink"], seconds=seconds, hurry=lambda: quick or flags.force_exit)
     if serving:
         logger.info("bertserve stopped in %.1f s", time.monotonic() - plan.began)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,8 +45,9 @@ from ..protocol.wire import Addresses
 from ..sink.sink import run_sink
 from ..versions.book import VersionsBook
 from ..versions.swap import VersionSwap
-from . import preflight
+from . import front_ends as front_end, preflight
 from .children import Children, worker_index, worker_name
+from .front_ends import front_ends
 from .lifecycle import ExitFlags
 from .model_processes import LocalWorkers, ModelProcesses, SupervisedModel
 from .restarts import Exit, Fate
@@ -90,7 +90,7 @@ class BertServer(ExitFlags):
 
     def run(self, on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Serve until told to stop (a signal, ``TERMINATE``, or ``should_exit``)."""
-        if self.config.ports.http_port is not None:
+        if front_ends(self.config):
             self._load_principals()
         self._choose_models()
         if self.telemetry.traces_endpoint is not None:  # before anything that must be closed
@@ -110,8 +110,8 @@ class BertServer(ExitFlags):
             if self.config.ports.metrics_port is not None:
                 preflight.serve_metrics(self.config)
             self._start_sink(addresses)
-            if self.config.ports.http_port is not None:
-                self._start_http()
+            for front in front_ends(self.config):
+                self._start_front_end(front.name)
             ventilator = self._ventilator(context, frontend, addresses, keys)
             self._start(ventilator, on_ready)
             self._serve(ventilator, addresses)
@@ -158,7 +158,7 @@ class BertServer(ExitFlags):
 
         keys = preflight.curve_keys(self.config)
         gateway_public = None
-        if self.config.ports.http_port is not None:
+        if front_ends(self.config):
             from ...http.gateway import GatewayKeys
 
             gateway_public, secret = zmq.curve_keypair()
@@ -181,8 +181,8 @@ class BertServer(ExitFlags):
             if preparing is not None:
                 preparing.stop()  # a model before it could not start
         self._start_swaps(ventilator)
-        if "http" in self.children:
-            self._wait_http(ventilator)
+        fronts = [front for front in front_ends(self.config) if front.name in self.children]
+        front_end.wait_listening(self.children, fronts, self.should_exit.is_set, lambda: ventilator.poll_once(100))
         ventilator.update_gauges()
         self.serving = True
         if on_ready is not None:
@@ -228,36 +228,16 @@ class BertServer(ExitFlags):
         self.children.start("sink", run_sink, args, "bertserve-sink")
 
     def _load_principals(self) -> None:
-        """Read the HTTP API's keys once, at start; a restarted HTTP process gets the same."""
+        """Read the API keys once, at start; a restarted front end gets the same."""
         from ...http.principals import load_principals
 
         self.principals = load_principals(self.config.security.api_key, self.config.security.api_keys)
 
-    def _start_http(self) -> None:
-        from ...http.process import run_http
-
-        # The keys go to the child through multiprocessing's pipe (as SHA-256 digests), never its command line.
+    def _start_front_end(self, name: str) -> None:
+        front = next(front for front in front_ends(self.config) if front.name == name)
         models = [model.config for model in self.models.values()]
         args = (self.served, self.telemetry, self.gateway_keys, self.principals, models)
-        self.children.start("http", run_http, args, "bertserve-http")
-
-    def _wait_http(self, ventilator: Ventilator) -> None:
-        """Until the HTTP process accepts connections (its gateway has reached the ventilator)."""
-        from ...http.process import connect_host
-
-        http = self.children.get("http")
-        assert http is not None and self.config.ports.http_port is not None
-        host = connect_host(self.config.http.http_bind or self.config.ports.bind)
-        while True:
-            if self.should_exit.is_set():
-                raise StartupError("interrupted while the HTTP front end was starting")
-            if not http.is_alive():
-                raise StartupError(f"the HTTP front end could not start (exit code {http.exitcode}); see above")
-            try:
-                socket.create_connection((host, self.config.ports.http_port), timeout=0.5).close()
-                return
-            except OSError:
-                ventilator.poll_once(100)
+        front_end.start(self.children, front, args)
 
     def _wait_prepared(self, ventilator: Ventilator, model: SupervisedModel, preparation: Preparation | None) -> None:
         while preparation is not None and (done := preparation.poll()) is None:
@@ -338,7 +318,7 @@ class BertServer(ExitFlags):
         elif name == "sink":
             self._start_sink(addresses, grace_s=_RESUBSCRIBE_S)
         else:
-            self._start_http()
+            self._start_front_end(name)
 
     def _died(self, ventilator: Ventilator, name: str, exitcode: int | None, now: float) -> None:
         index = worker_index(name)
@@ -349,7 +329,8 @@ class BertServer(ExitFlags):
             logger.error("the sink died (exit code %s); restarting it", exitcode)
             ventilator.sink_lost()
         else:
-            logger.error("the HTTP front end died (exit code %s); restarting it", exitcode)
+            title = next((front.title for front in front_ends(self.config) if front.name == name), name)
+            logger.error("%s died (exit code %s); restarting it", title, exitcode)
         self._count_failure(name, self.children.exited(name, now))
 
     def _worker_died(self, ventilator: Ventilator, index: int, exitcode: int | None, now: float) -> None:

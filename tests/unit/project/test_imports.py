@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = {"client": "bertserve.client", "server": "bertserve.server"}
 MAX_LINES = 400
+GENERATED = "DO NOT EDIT!"  # the first lines of a module protoc generated
 LONG_REASON = "Over 400 lines:"  # a module longer than MAX_LINES says why in its docstring, after this
 
 
@@ -100,6 +101,8 @@ def test_no_module_is_longer_than_a_sitting_unless_it_says_why() -> None:
     long = {}
     for name, path in _modules().items():
         text = path.read_text(encoding="utf-8")
+        if GENERATED in text[:200]:
+            continue  # protoc's output (bertserve.client.tei), read as its .proto, not as Python
         docstring = ast.get_docstring(ast.parse(text)) or ""
         if len(text.splitlines()) > MAX_LINES and LONG_REASON not in docstring:
             long[name] = len(text.splitlines())

@@ -24,7 +24,7 @@ HEADINGS = [
     "serving",
     "limits and overload",
     "workers and devices",
-    "HTTP",
+    "HTTP and gRPC",
     "security",
     "several models and model versions",
 ]
@@ -59,7 +59,8 @@ def test_start_help_groups_the_flags_under_headings() -> None:
     text = _bertserve("start", "--help")
     places = [text.index(f"\n{heading}:\n") for heading in HEADINGS]
     assert places == sorted(places)
-    assert text.index("\nHTTP:\n") < text.index("--http-port PORT") < text.index("\nsecurity:\n")
+    assert text.index("\nHTTP and gRPC:\n") < text.index("--http-port PORT") < text.index("\nsecurity:\n")
+    assert text.index("--http-port PORT") < text.index("--grpc-port PORT") < text.index("\nsecurity:\n")
 
 
 def test_start_help_shows_choices_and_both_forms_of_a_switch() -> None:

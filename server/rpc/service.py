@@ -1,0 +1,112 @@
+"""What the gRPC services share: the API they call (:class:`Service`), a stream's messages
+answered in groups, and the messages' fields as the HTTP bodies' (TEI's meanings, :mod:`.tei`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+from bertserve.client import tasks as t
+from bertserve.client.tei import tei_pb2 as pb
+
+from ..http.app import Endpoints
+from ..http.disconnects import Call
+from ..http.options import prompted
+from ..http.schemas import HTTPError
+from ..http.task_bodies import pair_input
+from .calls import Guard
+from .streams import Messages, answered
+
+DIRECTIONS = {pb.TRUNCATION_DIRECTION_RIGHT: "right", pb.TRUNCATION_DIRECTION_LEFT: "left"}
+GROUP = 256
+"""Most stream messages sent to the head as one request."""
+
+
+class Service:
+    """A gRPC service over the HTTP API's endpoints and checks, its calls guarded by ``guard``."""
+
+    def __init__(self, api: Endpoints, guard: Guard) -> None:
+        self.api, self.guard = api, guard
+
+    def _stream(
+        self, requests: AsyncIterator[Any], answer: Callable[[Sequence[Any]], Awaitable[Sequence[Any]]]
+    ) -> AsyncIterator[Any]:
+        messages = Messages(requests, room=4 * GROUP, idle_s=self.guard.options.grpc_idle_timeout_s)
+        most = min(GROUP, self.api.settings.max_inputs)
+        return answered(messages, options_of, answer, most=most)
+
+    async def _tokens(
+        self,
+        call: Call,
+        requests: Sequence[Any],
+        header: dict[str, Any],
+        prompt: str | None,
+        name: str | None,
+        task: str,
+    ) -> list[int]:
+        """Each request's tokens: the reply's count for one, the model's tokenizer's for each of a
+        stream's group (the head counts a request's tokens, not each input's)."""
+        if len(requests) == 1:
+            return [int(header.get("token_count", 0))]
+        model = self.api.catalog.pick(name, task)
+        info = self.api.catalog.last(model)
+        texts = [predict_text(r.inputs, "inputs") if not isinstance(r.inputs, str) else r.inputs for r in requests]
+        counts = await self.api.tokenized(call, model.tokenizer.count_tokens, prompted(texts, prompt, info))
+        return [int(n) for n in counts]
+
+
+def options_of(message: Any) -> tuple[Any, ...]:
+    """What a stream's message asks beside its input: messages alike go as one request."""
+    return tuple((field.name, value) for field, value in message.ListFields() if field.name not in ("inputs", "ids"))
+
+
+def prompted_fields(request: Any, model: str | None, *, prompt: bool = True) -> dict[str, Any]:
+    """The HTTP body's fields of a message's ``truncate``, direction and prompt, for ``model``."""
+    fields = {
+        "truncate": True if request.truncate else None,
+        "truncation_direction": DIRECTIONS.get(request.truncation_direction, "right"),
+        "model": model,
+    }
+    if prompt:
+        fields["prompt_name"] = request.prompt_name if request.HasField("prompt_name") else None
+    return fields
+
+
+def predict_text(inputs: Any, name: str) -> str:
+    """A ``Predict``'s text, or a ``PredictPair``'s one or two texts as one input."""
+    if isinstance(inputs, str):
+        return one_text(inputs, name)
+    sides = list(inputs)
+    if not 1 <= len(sides) <= 2:
+        raise HTTPError(422, f"{name} must hold one text or a pair of two, not {len(sides)}", param="inputs")
+    return pair_input(sides, name)
+
+
+def one_text(text: str, name: str) -> str:
+    if not text.strip():
+        raise HTTPError(422, f"{name} is empty", param="inputs")
+    return text
+
+
+def decoded(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> str:
+    return str(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+
+def call_metadata(inputs: str | int, tokens: int, started_ns: int) -> pb.Metadata:
+    return pb.Metadata(
+        compute_chars=len(inputs) if isinstance(inputs, str) else inputs,
+        compute_tokens=tokens,
+        total_time_ns=time.monotonic_ns() - started_ns,
+    )
+
+
+def ranks(scores: np.ndarray, texts: list[str] | None, metadata: pb.Metadata) -> pb.RerankResponse:
+    return pb.RerankResponse(
+        ranks=[
+            pb.Rank(index=i, score=float(scores[i]), text=texts[i] if texts is not None else None)
+            for i in t.ranking(scores, None)
+        ],
+        metadata=metadata,
+    )
