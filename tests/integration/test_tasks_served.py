@@ -2,10 +2,13 @@
 of tests/data/tasks and tests/data/families, fp32), asked through every shape the clients send:
 TEI's /rerank, /predict and /embed_sparse (httpx and Haystack's HuggingFaceTEIRanker), Cohere's
 /v1/rerank and /v2/rerank (the cohere SDK and LangChain's CohereRerank), Infinity's /rerank, the
-ZeroMQ clients and ``bertserve rerank``. Each answer is what sentence-transformers computes (the
-references of tests/data/tasks), a request to a model of another task is a 400 that names the
-model's task, bad input is a 4xx that names the field, and pairs of concurrent requests merged
-into one model run never cross."""
+ZeroMQ clients and ``bertserve rerank``, and gRPC in TEI's ``tei.v1`` through stubs generated
+from TEI's own ``tei.proto`` (every method: the HTTP API's answer bit for bit, a stream each
+message's answer in order; health per model, reflection). Each answer is what
+sentence-transformers computes (the references of tests/data/tasks), a request to a model of
+another task is a 400 (gRPC: FAILED_PRECONDITION) that names the model's task, bad input is a
+4xx (INVALID_ARGUMENT) that names the field, and pairs of concurrent requests merged into one
+model run never cross."""
 
 from __future__ import annotations
 
@@ -16,19 +19,26 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from bertserve.client import AsyncBertClient, tasks as t
 from bertserve.client.errors import ServerError
 from bertserve.server.testing.launcher import free_port, start_server
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from served import Served
+from tei_stubs import tei_stubs
 
 pytestmark = pytest.mark.timeout(600)
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 KEY = "tasks-key-0123456789"
 RERANKER, CLASSIFIER, SPLADE, EMBEDDER = "rerank_bert", "classify_bert", "splade_bert", "roberta"
+TOKENS = "tokens"  # the embedder served with pooling NONE
+pb, services = tei_stubs()
 YES_NO = "rerank_qwen3"  # Qwen3-Reranker: a causal LM's yes/no logits on its own template
 
 
@@ -52,13 +62,15 @@ def served(session_graph_dir: str, tmp_path_factory: pytest.TempPathFactory) -> 
         "plain": DATA / "families" / "mpnet",
         "tokens": f"{DATA / 'families' / EMBEDDER},pooling_strategy=NONE",
     }
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     flags = [arg for name, where in models.items() for arg in ("--model", f"{name}={where},dtype=fp32")]
     running = start_server(
-        "--http-port", str(port), "--api-key", KEY, "--graph-dir", session_graph_dir, "--max-latency-ms", "2", *flags
+        *("--http-port", str(port), "--grpc-port", str(grpc_port), "--api-key", KEY),
+        *("--graph-dir", session_graph_dir, "--max-latency-ms", "2", *flags),
     )
-    yield Served(running, port, KEY)
-    running.stop()
+    served = Served(running, port, KEY, grpc_port)
+    yield served
+    served.stop()
 
 
 def documents(ref: dict[str, np.ndarray]) -> list[str]:
@@ -461,3 +473,243 @@ def test_every_post_route_the_api_describes_needs_the_key(served: Served) -> Non
             for headers in ({}, {"Authorization": "Bearer not-the-key-0123456789"}):
                 answer = anonymous.post(path, json={"inputs": "x", "query": "q", "texts": ["a"]}, headers=headers)
                 assert answer.status_code == 401, (path, headers, answer.text)
+
+
+# -- gRPC: TEI's tei.v1, through stubs generated from TEI's own tei.proto (tests/tei_stubs.py) --
+
+TEXTS = ["a tiny model reads this", "and this one is a little longer than the first", "short", "ünïcödé text ✓"]
+
+
+def _http(served: Served, path: str, body: dict[str, Any]) -> Any:
+    with served.http() as http:
+        answer = http.post(path, json=body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+
+def test_info_describes_each_model(served: Served) -> None:
+    info = services.InfoStub(served.channel)
+    kinds = {EMBEDDER: "MODEL_TYPE_EMBEDDING", RERANKER: "MODEL_TYPE_RERANKER", CLASSIFIER: "MODEL_TYPE_CLASSIFIER"}
+    for name, kind in kinds.items():
+        answer = info.Info(pb.InfoRequest(), metadata=served.metadata(name))
+        assert (answer.model_id, pb.ModelType.Name(answer.model_type)) == (name, kind)
+        assert answer.model_dtype == "fp32" and answer.max_input_length > 0 and answer.version
+
+
+def test_embed_is_the_http_answer_bit_for_bit(served: Served) -> None:
+    embed = services.EmbedStub(served.channel)
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({}, {}),
+        ({"normalize": False}, {"normalize": False}),
+        ({"dimensions": 8}, {"dimensions": 8}),
+        (
+            {"truncate": True, "truncation_direction": pb.TRUNCATION_DIRECTION_LEFT},
+            {"truncate": True, "truncation_direction": "Left"},
+        ),
+    ]
+    for asked, body in cases:
+        for text in [*TEXTS, " ".join(["long"] * 300)] if asked.get("truncate") else TEXTS:
+            answer = embed.Embed(pb.EmbedRequest(inputs=text, **asked), metadata=served.metadata(EMBEDDER))
+            expected = np.asarray(_http(served, "/embed", {"inputs": text, "model": EMBEDDER, **body})[0], np.float32)
+            np.testing.assert_array_equal(np.asarray(answer.embeddings, np.float32), expected)
+            assert answer.metadata.compute_chars == len(text) and answer.metadata.compute_tokens > 0
+    # without the metadata, the default model of the embed task
+    default = embed.Embed(pb.EmbedRequest(inputs=TEXTS[0]), metadata=served.metadata())
+    assert len(default.embeddings) == len(_http(served, "/embed", {"inputs": TEXTS[0], "model": EMBEDDER})[0])
+
+
+def test_a_stream_answers_each_message_in_order(served: Served) -> None:
+    embed = services.EmbedStub(served.channel)
+    texts = [f"message number {i} of the stream" for i in range(600)]
+    answers = list(
+        embed.EmbedStream(iter(pb.EmbedRequest(inputs=t) for t in texts), metadata=served.metadata(EMBEDDER))
+    )
+    assert len(answers) == len(texts)
+    alone = np.asarray(_http(served, "/embed", {"inputs": texts, "model": EMBEDDER}), np.float32)
+    # messages go to the head in groups as they arrive: a group's shape may move the last bits only
+    np.testing.assert_allclose(np.asarray([a.embeddings for a in answers], np.float32), alone, atol=1e-6)
+    assert [a.metadata.compute_chars for a in answers] == [len(t) for t in texts]
+    tokens = [a.metadata.compute_tokens for a in answers]
+    assert all(n > 2 for n in tokens) and tokens[0] < tokens[-1] + 2
+
+
+def test_sparse_and_token_vectors_are_the_http_answers(served: Served) -> None:
+    embed = services.EmbedStub(served.channel)
+    for text in TEXTS:
+        sparse = embed.EmbedSparse(pb.EmbedSparseRequest(inputs=text), metadata=served.metadata(SPLADE))
+        expected = _http(served, "/embed_sparse", {"inputs": text, "model": SPLADE})[0]
+        assert [v.index for v in sparse.sparse_embeddings] == [e["index"] for e in expected]
+        assert [v.value for v in sparse.sparse_embeddings] == [np.float32(e["value"]) for e in expected]
+        tokens = embed.EmbedAll(pb.EmbedAllRequest(inputs=text), metadata=served.metadata(TOKENS))
+        rows = np.asarray([t.embeddings for t in tokens.token_embeddings], np.float32)
+        np.testing.assert_array_equal(
+            rows, np.asarray(_http(served, "/embed_all", {"inputs": text, "model": TOKENS})[0], np.float32)
+        )
+    streamed = list(
+        embed.EmbedSparseStream(iter(pb.EmbedSparseRequest(inputs=t) for t in TEXTS), metadata=served.metadata(SPLADE))
+    )
+    assert [len(s.sparse_embeddings) for s in streamed] == [
+        len(e) for e in _http(served, "/embed_sparse", {"inputs": TEXTS, "model": SPLADE})
+    ]
+    every = list(
+        embed.EmbedAllStream(iter(pb.EmbedAllRequest(inputs=t) for t in TEXTS), metadata=served.metadata(TOKENS))
+    )
+    assert [len(e.token_embeddings) for e in every] == [
+        len(rows) for rows in _http(served, "/embed_all", {"inputs": TEXTS, "model": TOKENS})
+    ]
+
+
+def test_predict_is_the_http_answer(served: Served) -> None:
+    predict = services.PredictStub(served.channel)
+    for raw in (False, True):
+        for text in TEXTS:
+            answer = predict.Predict(
+                pb.PredictRequest(inputs=text, raw_scores=raw), metadata=served.metadata(CLASSIFIER)
+            )
+            expected = _http(served, "/predict", {"inputs": text, "model": CLASSIFIER, "raw_scores": raw})
+            assert [(p.label, p.score) for p in answer.predictions] == [
+                (e["label"], np.float32(e["score"])) for e in expected
+            ]
+        pair = predict.PredictPair(pb.PredictPairRequest(inputs=TEXTS[:2], raw_scores=raw), metadata=served.metadata())
+        expected = _http(served, "/predict", {"inputs": TEXTS[:2], "model": CLASSIFIER, "raw_scores": raw})
+        assert [(p.label, p.score) for p in pair.predictions] == [
+            (e["label"], np.float32(e["score"])) for e in expected
+        ]
+    streamed = list(predict.PredictStream(iter(pb.PredictRequest(inputs=t) for t in TEXTS), metadata=served.metadata()))
+    alone = [predict.Predict(pb.PredictRequest(inputs=t), metadata=served.metadata()) for t in TEXTS]
+    assert [[p.label for p in s.predictions] for s in streamed] == [[p.label for p in a.predictions] for a in alone]
+    pairs = list(
+        predict.PredictPairStream(
+            iter(pb.PredictPairRequest(inputs=[t, "x"]) for t in TEXTS), metadata=served.metadata()
+        )
+    )
+    assert len(pairs) == len(TEXTS) and all(len(p.predictions) == len(alone[0].predictions) for p in pairs)
+
+
+def test_rerank_ranks_as_the_cross_encoder_and_as_http(served: Served) -> None:
+    rerank = services.RerankStub(served.channel)
+    ref = reference(RERANKER)
+    docs = [str(d) for d in ref["documents"]]
+    for q, query in enumerate(ref["queries"]):
+        answer = rerank.Rerank(
+            pb.RerankRequest(query=str(query), texts=docs, return_text=True), metadata=served.metadata(RERANKER)
+        )
+        assert [r.index for r in answer.ranks] == ref["rank"][q].tolist()
+        np.testing.assert_allclose([r.score for r in answer.ranks], ref["scores"][q][ref["rank"][q]], atol=1e-4)
+        assert [r.text for r in answer.ranks] == [docs[i] for i in ref["rank"][q]]
+        expected = _http(served, "/rerank", {"query": str(query), "texts": docs, "model": RERANKER})
+        assert [(r.index, r.score) for r in answer.ranks] == [(e["index"], np.float32(e["score"])) for e in expected]
+    raw = rerank.Rerank(
+        pb.RerankRequest(query=str(ref["queries"][0]), texts=docs, raw_scores=True), metadata=served.metadata()
+    )
+    np.testing.assert_allclose([r.score for r in raw.ranks][:3], ref["logits"][0][ref["rank"][0][:3]], atol=1e-4)
+    assert not any(r.HasField("text") for r in raw.ranks)
+    pairs = [pb.RerankStreamRequest(query=str(ref["queries"][1]), text=d) for d in docs]
+    streamed = rerank.RerankStream(iter(pairs), metadata=served.metadata(RERANKER))
+    assert [r.index for r in streamed.ranks] == ref["rank"][1].tolist()
+
+
+def test_tokenize_and_decode_are_the_models_tokenizer(served: Served) -> None:
+    from tokenizers import Tokenizer
+
+    reader = Tokenizer.from_file(str(DATA / "families" / EMBEDDER / "tokenizer.json"))
+    tokenize = services.TokenizeStub(served.channel)
+    for text in TEXTS:
+        answer = tokenize.Tokenize(
+            pb.EncodeRequest(inputs=text, add_special_tokens=True), metadata=served.metadata(EMBEDDER)
+        )
+        expected = _http(served, "/tokenize", {"inputs": text, "model": EMBEDDER})[0]
+        assert [(t.id, t.text, t.special) for t in answer.tokens] == [
+            (e["id"], e["text"], e["special"]) for e in expected
+        ]
+        assert [t.start if t.HasField("start") else None for t in answer.tokens] == [e["start"] for e in expected]
+        ids = [t.id for t in answer.tokens]
+        decoded = tokenize.Decode(
+            pb.DecodeRequest(ids=ids, skip_special_tokens=True), metadata=served.metadata(EMBEDDER)
+        )
+        assert decoded.text == reader.decode(ids, skip_special_tokens=True)
+        assert decoded.text.strip() == text  # a byte-level BPE gives back the text it read
+    streamed = list(
+        tokenize.TokenizeStream(iter(pb.EncodeRequest(inputs=t) for t in TEXTS), metadata=served.metadata(EMBEDDER))
+    )
+    assert len(streamed) == len(TEXTS)
+    back = list(
+        tokenize.DecodeStream(
+            iter(pb.DecodeRequest(ids=[t.id for t in s.tokens]) for s in streamed), metadata=served.metadata(EMBEDDER)
+        )
+    )
+    assert len(back) == len(TEXTS)
+    with pytest.raises(grpc.RpcError) as past:
+        tokenize.Decode(pb.DecodeRequest(ids=[1, 10**9]), metadata=served.metadata(EMBEDDER))
+    assert past.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "ids[1]" in past.value.details()
+
+
+def test_each_error_has_its_status_and_names_the_field(served: Served) -> None:
+    embed, rerank = services.EmbedStub(served.channel), services.RerankStub(served.channel)
+    cases = [
+        (
+            lambda: embed.Embed(pb.EmbedRequest(inputs=""), metadata=served.metadata(EMBEDDER)),
+            "INVALID_ARGUMENT",
+            "inputs",
+        ),
+        (lambda: embed.Embed(pb.EmbedRequest(inputs="x"), metadata=served.metadata("nope")), "NOT_FOUND", "nope"),
+        (
+            lambda: rerank.Rerank(pb.RerankRequest(query="q", texts=["a"]), metadata=served.metadata(EMBEDDER)),
+            "FAILED_PRECONDITION",
+            "rerank",
+        ),
+        (
+            lambda: embed.Embed(pb.EmbedRequest(inputs="x", dimensions=10**6), metadata=served.metadata(EMBEDDER)),
+            "INVALID_ARGUMENT",
+            "dimensions",
+        ),
+        (
+            lambda: embed.Embed(pb.EmbedRequest(inputs="x", prompt_name="nope"), metadata=served.metadata(EMBEDDER)),
+            "INVALID_ARGUMENT",
+            "prompt",
+        ),
+        (
+            lambda: embed.Embed(pb.EmbedRequest(inputs=" ".join(["long"] * 300)), metadata=served.metadata(EMBEDDER)),
+            "INVALID_ARGUMENT",
+            "truncate",
+        ),
+        (
+            lambda: rerank.Rerank(pb.RerankRequest(query="q"), metadata=served.metadata(RERANKER)),
+            "INVALID_ARGUMENT",
+            "texts",
+        ),
+        (lambda: rerank.RerankStream(iter([]), metadata=served.metadata(RERANKER)), "INVALID_ARGUMENT", "no pair"),
+        (
+            lambda: embed.Embed(pb.EmbedRequest(inputs="x"), metadata=[("authorization", "Bearer wrong-key-0000")]),
+            "UNAUTHENTICATED",
+            "not valid",
+        ),
+        (lambda: embed.Embed(pb.EmbedRequest(inputs="x")), "UNAUTHENTICATED", "Bearer"),
+    ]
+    for call, status, named in cases:
+        with pytest.raises(grpc.RpcError) as failed:
+            call()
+        assert (failed.value.code().name, named in failed.value.details()) == (status, True), failed.value.details()
+
+
+def test_health_follows_readiness_and_reflection_lists_the_services(served: Served) -> None:
+    health = health_pb2_grpc.HealthStub(served.channel)
+    for service in ("", "tei.v1.Embed", "tei.v1.Rerank", EMBEDDER, RERANKER):
+        answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+    with pytest.raises(grpc.RpcError) as unknown:
+        health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+    assert unknown.value.code() is grpc.StatusCode.NOT_FOUND
+    reflect = reflection_pb2_grpc.ServerReflectionStub(served.channel)
+    answer = next(
+        reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+    )
+    names = {s.name for s in answer.list_services_response.service}
+    assert {
+        "tei.v1.Embed",
+        "tei.v1.Predict",
+        "tei.v1.Rerank",
+        "tei.v1.Tokenize",
+        "tei.v1.Info",
+        "grpc.health.v1.Health",
+    } <= names
