@@ -124,6 +124,7 @@ setup(
             "langchain-huggingface==1.2.1",
             "llama-index-embeddings-text-embeddings-inference>=0.6",  # LlamaIndex's TextEmbeddingsInference
             "grpcio-tools>=1.85.4",  # stubs generated from TEI's own tei.proto (tests/data/tei), as its users make them
+            "trustme>=1.1",  # a test CA: the gRPC port's mutual TLS (tests/security/test_grpc_edges.py)
         ],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from bertserve.client.tei import tei_pb2 as pb, tei_pb2_grpc as services
+from bertserve.client.tei import tei_pb2 as pb
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -39,6 +39,7 @@ from ..http.process import connect_host, model_settings
 from ..http.settings import Settings
 from ..metrics import GRPC_ID_MARK
 from .calls import Guard
+from .handlers import tei_handlers
 from .tei import Tei
 from .tokens import Tokens
 
@@ -126,11 +127,9 @@ def _server(config: ServerConfig, api: Endpoints, guard: Guard) -> tuple[grpc.ai
         ]
     )
     tei, tokens = Tei(api, guard), Tokens(api, guard)
-    services.add_EmbedServicer_to_server(tei, server)
-    services.add_PredictServicer_to_server(tei, server)
-    services.add_RerankServicer_to_server(tei, server)
-    services.add_InfoServicer_to_server(tokens, server)
-    services.add_TokenizeServicer_to_server(tokens, server)
+    server.add_generic_rpc_handlers(
+        tei_handlers({"Embed": tei, "Predict": tei, "Rerank": tei, "Info": tokens, "Tokenize": tokens})
+    )
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     reflection.enable_server_reflection(
