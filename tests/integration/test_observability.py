@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import grpc
 import httpx
 import pytest
 import zmq
@@ -29,6 +30,7 @@ from bertserve.server.testing.launcher import (
     start_worker_host,
 )
 from bertserve.server.testing.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
+from tei_stubs import tei_stubs
 
 pytestmark = pytest.mark.timeout(180)
 T = TypeVar("T")
@@ -55,10 +57,17 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
 
 
 @pytest.fixture(scope="module")
-def served(receiver: tuple[Receiver, str], tiny_google: str) -> Iterator[tuple[RunningServer, int]]:
+def grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def served(receiver: tuple[Receiver, str], tiny_google: str, grpc_port: int) -> Iterator[tuple[RunningServer, int]]:
     http_port = free_port()
     server = start_server(
         "-v",
+        "--grpc-port",
+        str(grpc_port),
         "--model-dir",
         tiny_google,
         "--model-class",
@@ -161,6 +170,23 @@ def test_a_traced_http_request_is_one_trace_across_four_processes(served, receiv
     roles = {span.resource["bertserve.role"] for span in spans}
     assert roles == {"http", "head", "worker", "sink"}
     assert len({span.resource["process.pid"] for span in spans}) == 4
+
+
+def test_a_traced_grpc_call_is_one_trace_its_span_the_child_of_the_metadatas(served, receiver, grpc_port) -> None:
+    pb, services = tei_stubs()
+    trace_id = "5cf92f3577b34da6a3ce929d0e0e4737"
+    metadata = [("authorization", f"Bearer {KEY}"), ("traceparent", f"00-{trace_id}-00f067aa0ba902b8-01")]
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        assert services.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="hello world"), metadata=metadata).embeddings
+    whole = (WHOLE - {"POST /v1/embeddings"}) | {"tei.v1.Embed/Embed"}
+    spans = receiver[0].wait_for(trace_id, whole)
+    named = _by_name(spans)
+    (call,) = named["tei.v1.Embed/Embed"]
+    (request,) = named["bertserve.head.request"]
+    assert call.parent_id == "00f067aa0ba902b8" and call.resource["bertserve.role"] == "grpc"
+    assert call.attributes["rpc.system"] == "grpc" and call.attributes["rpc.grpc.status_code"] == 0
+    assert request.parent_id == call.span_id
+    _assert_whole(spans, None, inputs=1)
 
 
 def test_concurrent_traced_requests_each_get_their_own_whole_trace(served, receiver) -> None:
