@@ -4,7 +4,7 @@
 * :func:`read_blocks` finds every fenced block, with its page, line and language.
 * :func:`make_fresh_venv` makes a venv with the checkout installed in it by pip, as a user's
   ``pip install .`` would, and bertserve's dependencies taken from the test's own venv.
-* :func:`point_at` rewrites an example's ports (5555, 5556, 8080, 5557) to free ones.
+* :func:`point_at` rewrites an example's ports (5555, 5556, 8080, 5557, 50051) to free ones.
 * :class:`Server` is one ``bertserve start`` line of a page, run in the background.
 * :class:`ShapedHashingModel` is ``HashingModel`` with all-MiniLM-L6-v2's 384 dimensions,
   which serves an embedding model where an example's point is not the model's numbers.
@@ -175,11 +175,12 @@ def same_command(command: str) -> str:
 
 @dataclass(frozen=True)
 class Ports:
-    """Where a server of the run listens; the pages say 5555 (and 5556), 8080 and 5557."""
+    """Where a server of the run listens; the pages say 5555 (and 5556), 8080, 5557 and 50051."""
 
     zmq: int  # requests; replies on zmq + 1
     http: int
     worker: int
+    grpc: int
 
 
 _CLIENT = r"\b((?:Async|Concurrent)?BertClient)\("
@@ -195,6 +196,7 @@ def point_at(code: str, ports: Ports) -> str:
     code = re.sub(r"\b5556\b", str(ports.zmq + 1), code)
     code = re.sub(r"\b8080\b", str(ports.http), code)
     code = re.sub(r"\b5557\b", str(ports.worker), code)
+    code = re.sub(r"\b50051\b", str(ports.grpc), code)
     code = code.replace("--bind 0.0.0.0", "--bind 127.0.0.1")
     # a host given and no port after it: the port goes after the host
     code = re.sub(_CLIENT + rf"(\s*(?:{_STRING}))\s*(?=\)|,\s*[A-Za-z_])", rf"\1(\2, port={ports.zmq}", code)

@@ -107,6 +107,9 @@ SERVED_BY = {
     ("README.md", "ConcurrentBertClient(max_concurrency=10)"): (  # its comment: "the server's --prompt"
         "bertserve start --prompt 'query=query: ' --prompt 'passage=passage: '"  # docs/client.md's
     ),
+    ("README.md", "tei_pb2_grpc.EmbedStub(channel).Embed("): "bertserve start --grpc-port 50051",  # the prose's
+    ("docs/grpc.md", "embed = tei_pb2_grpc.EmbedStub(channel)"): "bertserve start --grpc-port 50051",  # its first line
+    ("docs/grpc.md", 'metadata = [("bertserve-model"'): "bertserve start --grpc-port 50051",
     ("docs/http.md", "OpenAIEmbeddings("): (  # the server of the page's first block, with its key
         'BERTSERVE_API_KEY="$KEY" bertserve start --http-port 8080 --model-alias text-embedding-3-small'
     ),
@@ -148,6 +151,10 @@ SKIPPED = {
         "needs `bertserve export` of the real model first; "
         "tests/unit/server/model/test_export.py loads an export as this does"
     ),
+    ("docs/grpc.md", "grpcurl -plaintext"): (
+        "grpcurl is not installed here; tests/integration/test_tasks_served.py lists the services by reflection"
+    ),
+    ("docs/grpc.md", "--go_out"): "protoc's Go plugins are not installed here; the Python stubs are made the same way",
     ("docs/bert-as-service.md", "bert-serving-start"): (
         "bert-as-service's own server (TensorFlow 1) and Google's BERT-Base checkpoint are not installed here"
     ),
@@ -224,7 +231,7 @@ class Run:
             if had == named and server.process.poll() is None:
                 return server
             self.stop(server)
-        ports = Ports(free_port_pair(), free_port(), free_port())
+        ports = Ports(free_port_pair(), free_port(), free_port(), free_port())
         served = point_at(_stand_in(command, env, folder), ports)
         server_env = {**env, "BERTSERVE_PORT": str(ports.zmq), "PYTHONPATH": str(TESTS)}
         server = Server.start(served, ports, server_env, folder)
@@ -347,7 +354,8 @@ class Page:
         self.folder = folder
         self.env = run.reader_env()
         self.server: Server | None = None
-        self.idle = Ports(free_port_pair(), free_port(), free_port())  # while no server is up: nothing listens
+        # while no server is up: nothing listens
+        self.idle = Ports(free_port_pair(), free_port(), free_port(), free_port())
         self.python_blocks: list[Block] = []
 
     @property
