@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import psutil
 import pytest
@@ -94,4 +95,46 @@ def test_a_request_in_flight_is_answered_when_the_group_is_signalled(server: Run
     assert code == 0 and not alive, output
     assert len(answer) == 1 and answer[0].shape == (1, 16), output
     assert "stopping: 1 request in flight" in output, output
+    assert not [line for line in output.splitlines() if _FAILURE.search(line)], output
+
+
+def test_grpc_calls_in_flight_at_sigterm_are_answered_or_told_the_server_stops(tiny_google: str) -> None:
+    """The gRPC process stops with the group within the budget: a stream in flight gets its
+    answers or UNAVAILABLE, health turns NOT_SERVING, nothing hangs, nothing dies."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from tei_stubs import tei_stubs
+
+    pb, services = tei_stubs()
+    grpc_port = free_port()
+    running = start_server(
+        *("--model-dir", tiny_google, "--model-class", "faulty_model:PacedModel", "--max-seq-len", "32"),
+        *("--grpc-port", str(grpc_port)),
+        env=pythonpath_env(),
+    )
+    outcome: dict[str, object] = {}
+
+    def stream() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            answers = services.EmbedStub(channel).EmbedStream(
+                iter(pb.EmbedRequest(inputs=f"sentence {i}") for i in range(4000)), timeout=60
+            )
+            count = 0
+            try:
+                for _ in answers:
+                    count += 1
+                outcome["answered"] = count
+            except grpc.RpcError as exc:
+                outcome["answered"], outcome["code"], outcome["details"] = count, exc.code(), exc.details()
+
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+        asking = threading.Thread(target=stream)
+        asking.start()
+        time.sleep(1.0)  # the stream's first groups are on the workers
+        code, output, alive = _signal_group(running, signal.SIGTERM)
+        asking.join(30)
+    assert not asking.is_alive() and code == 0 and not alive, output
+    assert outcome.get("code") in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), outcome
+    assert outcome.get("answered", 0) > 0, outcome
     assert not [line for line in output.splitlines() if _FAILURE.search(line)], output
