@@ -130,6 +130,12 @@ def resolve_dtype(requested: str, device: str | None) -> tuple[str, str]:
     """The dtype a model asked for with ``requested`` runs on ``device``, and why."""
     if requested == "int8" and not on_gpu(device):
         return requested, f"{ASKED}; {int8_note(cpu().flags)}"
+    flags = cpu().flags
+    if requested == "bf16" and not on_gpu(device) and flags is not None and not set(BF16_FLAGS) & flags:
+        return requested, (
+            f"{ASKED}; this CPU has no bf16 matrix instructions (amx_bf16, avx512_bf16): bf16 is emulated here, "
+            "slower than fp32 and further from it"
+        )
     if requested != "auto":
         return requested, ASKED
     return choose_dtype(None if on_gpu(device) else cpu().flags, on_gpu(device))

@@ -15,7 +15,7 @@ from ..http.app import Endpoints
 from ..http.disconnects import Call
 from ..http.options import prompted
 from ..http.schemas import HTTPError
-from ..http.task_bodies import pair_input
+from ..http.task_bodies import one_text, pair_input
 from .calls import Guard
 from .streams import Messages, answered
 
@@ -75,19 +75,14 @@ def prompted_fields(request: Any, model: str | None, *, prompt: bool = True) -> 
 
 
 def predict_text(inputs: Any, name: str) -> str:
-    """A ``Predict``'s text, or a ``PredictPair``'s one or two texts as one input."""
+    """A ``Predict``'s text, or a ``PredictPair``'s one or two texts as one input, as ``/predict``
+    takes them (a text's ``|||`` is not a pair's separator)."""
     if isinstance(inputs, str):
         return one_text(inputs, name)
     sides = list(inputs)
     if not 1 <= len(sides) <= 2:
         raise HTTPError(422, f"{name} must hold one text or a pair of two, not {len(sides)}", param="inputs")
     return pair_input(sides, name)
-
-
-def one_text(text: str, name: str) -> str:
-    if not text.strip():
-        raise HTTPError(422, f"{name} is empty", param="inputs")
-    return text
 
 
 def decoded(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> str:

@@ -12,10 +12,10 @@ from bertserve.client.tei import tei_pb2 as pb
 
 from ..http.disconnects import Call
 from ..http.options import checked_prompt_name, prompted
-from ..http.schemas import HTTPError
+from ..http.schemas import HTTPError, checked_texts
 from ..http.tei import tokenized
 from ..http.turns import AT_ONCE
-from .service import Service, decoded, one_text
+from .service import Service, decoded
 
 _MODEL_TYPES = {"classify": pb.MODEL_TYPE_CLASSIFIER, "rerank": pb.MODEL_TYPE_RERANKER}
 
@@ -63,7 +63,7 @@ class Tokens(Service):
     ) -> list[pb.EncodeResponse]:
         api = self.api
         model = api.catalog.pick(name)
-        texts = api.within_limits([one_text(r.inputs, f"inputs[{i}]") for i, r in enumerate(requests)], "inputs")
+        texts = api.within_limits(checked_texts([r.inputs for r in requests], "inputs"), "inputs")
         info = await api.catalog.said(model)
         first = requests[0]
         prompt = first.prompt_name if first.HasField("prompt_name") else None

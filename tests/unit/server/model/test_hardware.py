@@ -108,7 +108,12 @@ def test_the_environment_stands_in_for_the_flags(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_dtype_asked_for_is_kept_and_auto_never_picks_int8(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(hardware.FLAGS_ENV, "avx2 fma amx_bf16")
     assert hardware.resolve_dtype("bf16", None) == ("bf16", hardware.ASKED)
+    monkeypatch.setenv(hardware.FLAGS_ENV, "avx2 fma")  # an EPYC of AVX2 only: kept, and said to be emulated
+    dtype, reason = hardware.resolve_dtype("bf16", None)
+    assert dtype == "bf16" and reason.startswith(hardware.ASKED) and "bf16 is emulated here" in reason
+    assert hardware.resolve_dtype("bf16", "/GPU:0") == ("bf16", hardware.ASKED)
     assert hardware.resolve_dtype("int8", "/GPU:0") == ("int8", hardware.ASKED)
     for text in (XEON_AMX, EPYC_BF16, EPYC_AVX2, ARM, ""):
         for gpu in (False, True):
@@ -153,7 +158,8 @@ def test_autos_bf16_is_the_graph_the_reference_tests_hold(tiny_hf: str, monkeypa
     assert specs["auto"] == specs["bf16"]  # the same spec, so the same cached graph
 
 
-def test_a_dtype_asked_for_is_described_as_asked(tiny_hf: str) -> None:
+def test_a_dtype_asked_for_is_described_as_asked(tiny_hf: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(hardware.FLAGS_ENV, "avx512f avx512_bf16")  # a CPU of bf16 instructions: nothing to add
     requested = ModelConfig.of(model_dir=tiny_hf, dtype="bfloat16")
     config, spec = resolve(requested, inspect_model(requested))
     info = describe(config, spec)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from bertserve.server import Encoder, ModelConfig
 from bertserve.server.model.options import resolve_options
+from checks import bf16_bound
 from real_models import REAL_MODELS, RealModel
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "real"
@@ -67,7 +68,8 @@ def test_the_token_ids_are_the_models_own(real_model):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "bound", "mean_bound"), [("fp32", 0.99999, 0.99999), ("bf16", 0.999, 0.9999), ("int8", 0.99, 0.998)]
+    ("dtype", "bound", "mean_bound"),
+    [("fp32", 0.99999, 0.99999), ("bf16", bf16_bound(0.999, 0.997), bf16_bound(0.9999, 0.9995)), ("int8", 0.99, 0.998)],
 )
 def test_the_vectors_are_sentence_transformers(real_model, dtype, bound, mean_bound, session_graph_dir):
     model, directory = real_model

@@ -17,6 +17,7 @@ import pytest
 from bertserve.client import tasks as t
 from bertserve.server import Encoder
 from bertserve.server.errors import ModelError
+from checks import bf16_bound
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -119,9 +120,11 @@ def test_bf16_and_int8_stay_close(name: str, dtype: str, session_graph_dir: str)
         got, want = model.encode(t.predict_inputs([str(x) for x in ref["texts"]])), ref["logits"]
     # These random models magnify rounding far more than trained ones do (all-MiniLM-L6-v2's bf16
     # vectors are at cosine 0.99996): bounds on these, in units of the logits' spread.
+    # Emulated bf16 (a CPU without bf16 instructions) rounds more: its bounds are looser (checks.bf16_bound).
     spread = float(np.std(want))
-    assert float(np.max(np.abs(got - want))) < (0.1 if dtype == "bf16" else 0.2) * spread, name
-    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > (0.9995 if dtype == "bf16" else 0.995), name
+    most, least = (bf16_bound(0.1, 0.3), bf16_bound(0.9995, 0.995)) if dtype == "bf16" else (0.2, 0.995)
+    assert float(np.max(np.abs(got - want))) < most * spread, name
+    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > least, name
 
 
 def test_task_options_that_do_not_apply_are_refused(session_graph_dir: str) -> None:
