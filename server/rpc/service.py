@@ -20,8 +20,12 @@ from .calls import Guard
 from .streams import Messages, answered
 
 DIRECTIONS = {pb.TRUNCATION_DIRECTION_RIGHT: "right", pb.TRUNCATION_DIRECTION_LEFT: "left"}
-GROUP = 256
-"""Most stream messages sent to the head as one request."""
+GROUP = 1000
+"""Most stream messages sent to the head as one request: as many as a bulk HTTP request holds,
+so that the head sorts them by length into model runs as it sorts a bulk request's."""
+DEFAULT_MESSAGE_BYTES = 16 * 2**20
+ROOM_BYTES = 2**20
+"""Most bytes of messages one stream reads ahead of its answers."""
 
 
 class Service:
@@ -33,9 +37,10 @@ class Service:
     def _stream(
         self, requests: AsyncIterator[Any], answer: Callable[[Sequence[Any]], Awaitable[Sequence[Any]]]
     ) -> AsyncIterator[Any]:
-        messages = Messages(requests, room=4 * GROUP, idle_s=self.guard.options.grpc_idle_timeout_s)
+        idle_s = self.guard.options.grpc_idle_timeout_s
+        messages = Messages(requests, room=GROUP, room_bytes=ROOM_BYTES, idle_s=idle_s)
         most = min(GROUP, self.api.settings.max_inputs)
-        return answered(messages, options_of, answer, most=most)
+        return answered(messages, options_of, answer, most=most, most_bytes=frame_bytes(self.api) // 2)
 
     async def _tokens(
         self,
@@ -55,6 +60,11 @@ class Service:
         texts = [predict_text(r.inputs, "inputs") if not isinstance(r.inputs, str) else r.inputs for r in requests]
         counts = await self.api.tokenized(call, model.tokenizer.count_tokens, prompted(texts, prompt, info))
         return [int(n) for n in counts]
+
+
+def frame_bytes(api: Endpoints) -> int:
+    """The largest request the head takes, in bytes, as it said (else its default)."""
+    return api.bounds.message_bytes or DEFAULT_MESSAGE_BYTES
 
 
 def options_of(message: Any) -> tuple[Any, ...]:

@@ -29,11 +29,25 @@ _END = object()
 
 
 class Messages(Generic[M]):
-    """A stream's incoming messages, read ahead into a bounded queue by a task of their own."""
+    """A stream's incoming messages, read ahead by a task of their own into a queue bounded in
+    messages (``room``) and bytes (``room_bytes``; a message larger than that is still taken
+    alone), so that a stream holds little whatever its caller sends; the caller's further
+    messages wait in gRPC's flow control."""
 
-    def __init__(self, requests: AsyncIterator[M], *, room: int, idle_s: float) -> None:
-        self._queue: asyncio.Queue[object] = asyncio.Queue(room)
-        self._idle_s = idle_s
+    def __init__(
+        self,
+        requests: AsyncIterator[M],
+        *,
+        room: int,
+        room_bytes: int,
+        idle_s: float,
+        weigh: Callable[[M], int] = lambda message: int(message.ByteSize()),  # type: ignore[attr-defined]
+    ) -> None:
+        self._held: deque[tuple[M, int]] = deque()
+        self._bytes = 0
+        self._room, self._room_bytes, self._idle_s, self._weigh = room, room_bytes, idle_s, weigh
+        self._arrived, self._taken = asyncio.Event(), asyncio.Event()
+        self._ended = False
         self._failure: Exception | None = None
         self._reader = asyncio.ensure_future(self._read(requests))
         self.count = 0  # messages taken so far
@@ -41,38 +55,46 @@ class Messages(Generic[M]):
     async def _read(self, requests: AsyncIterator[M]) -> None:
         try:
             async for message in requests:
-                await self._queue.put(message)
+                size = self._weigh(message)
+                while self._held and (len(self._held) >= self._room or self._bytes + size > self._room_bytes):
+                    self._taken.clear()
+                    await self._taken.wait()
+                self._held.append((message, size))
+                self._bytes += size
+                self._arrived.set()
         except Exception as exc:  # a stream that could not be read: told when its end is taken
             self._failure = exc
-        await self._queue.put(_END)  # not once cancelled: nobody takes it then
+        self._ended = True
+        self._arrived.set()
 
     async def next(self) -> M | None:
-        """The next message, waiting at most ``idle_s`` (None: the stream has ended)."""
-        try:
-            item = await asyncio.wait_for(self._queue.get(), self._idle_s)
-        except asyncio.TimeoutError:
-            raise CallError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"the stream sent nothing for {self._idle_s:g} s (--grpc-idle-timeout-s); it is ended",
-            ) from None
-        if item is _END:
-            if self._failure is not None:
-                raise self._failure
-            return None
-        self.count += 1
-        return item  # type: ignore[return-value]
+        """The next message, waiting at most ``idle_s`` for it (None: the stream has ended)."""
+        while not self._held and not self._ended:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), self._idle_s)
+            except asyncio.TimeoutError:
+                raise CallError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the stream sent nothing for {self._idle_s:g} s (--grpc-idle-timeout-s); it is ended",
+                ) from None
+        if self._held:
+            return self.take()
+        if self._failure is not None:
+            raise self._failure
+        return None
 
-    def waiting(self) -> M | None:
-        """A message already here, if any (never waits)."""
-        try:
-            item = self._queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
-        if item is _END:
-            self._queue.put_nowait(_END)  # seen again by next()
-            return None
+    def peek(self) -> tuple[M, int] | None:
+        """The next message already here and its size in bytes, if any (never waits)."""
+        return self._held[0] if self._held else None
+
+    def take(self) -> M:
+        """The message :meth:`peek` showed."""
+        message, size = self._held.popleft()
+        self._bytes -= size
         self.count += 1
-        return item  # type: ignore[return-value]
+        self._taken.set()
+        return message
 
     async def close(self) -> None:
         self._reader.cancel()
@@ -86,25 +108,23 @@ async def answered(
     answer: Callable[[Sequence[M]], Awaitable[Sequence[R]]],
     *,
     most: int,
+    most_bytes: int,
     ahead: int = 4,
 ) -> AsyncIterator[R]:
     """The answers to ``messages``, one a message and in their order, ``answer`` given groups of
-    at most ``most`` consecutive messages of one ``key`` (their options), ``ahead`` groups at once."""
+    consecutive messages of one ``key`` (their options), at most ``most`` of them and
+    ``most_bytes`` (but for a message larger alone), ``ahead`` groups at once."""
     pending: deque[tuple[int, int, asyncio.Future[Sequence[R]]]] = deque()
-    held: M | None = None  # a message taken that begins the next group
     try:
-        while True:
-            first = held if held is not None else await messages.next()
-            held = None
-            if first is None:
-                break
-            start = messages.count - 1
-            group, kind = [first], key(first)
-            while len(group) < most and (following := messages.waiting()) is not None:
-                if key(following) != kind:
-                    held = following
+        while (first := await messages.next()) is not None:
+            start, kind = messages.count - 1, key(first)
+            group, weight = [first], 0
+            while len(group) < most and (following := messages.peek()) is not None:
+                message, size = following
+                if key(message) != kind or weight + size > most_bytes:
                     break
-                group.append(following)
+                group.append(messages.take())
+                weight += size
             pending.append((start, len(group), asyncio.ensure_future(answer(group))))
             while pending and (len(pending) >= ahead or pending[0][2].done()):
                 for reply in await _done(*pending.popleft()):

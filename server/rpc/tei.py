@@ -29,7 +29,17 @@ from ..http.task_bodies import EmbedAllRequest, PredictRequest, SparseRequest
 from ..http.tasks import TaskEndpoints
 from ..http.tei import TEIEndpoints
 from .calls import Guard
-from .service import DIRECTIONS, GROUP, Service, call_metadata, predict_text, prompted_fields, ranks
+from .service import (
+    DIRECTIONS,
+    GROUP,
+    ROOM_BYTES,
+    Service,
+    call_metadata,
+    frame_bytes,
+    predict_text,
+    prompted_fields,
+    ranks,
+)
 from .status import CallError
 from .streams import Messages
 
@@ -201,14 +211,18 @@ class Tei(Service):
         message's ``raw_scores``, ``return_text``, ``truncate`` and direction hold for all."""
         async with self.guard.call(context, "tei.v1.Rerank/RerankStream") as call:
             started = time.monotonic_ns()
-            messages = Messages(requests, room=GROUP, idle_s=self.guard.options.grpc_idle_timeout_s)
+            idle_s, most = self.guard.options.grpc_idle_timeout_s, self.api.settings.max_inputs
+            messages = Messages(requests, room=GROUP, room_bytes=ROOM_BYTES, idle_s=idle_s)
             pairs: list[pb.RerankStreamRequest] = []
+            held, most_bytes = 0, frame_bytes(self.api)
             try:
                 while (message := await messages.next()) is not None:
-                    if len(pairs) >= self.api.settings.max_inputs:
+                    held += len(message.query) + len(message.text)
+                    if len(pairs) >= most or held > most_bytes:
                         raise CallError(
                             grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"the stream holds more than {self.api.settings.max_inputs} pairs (--max-request-size)",
+                            f"the stream holds more than {most} pairs (--max-request-size) or {most_bytes} "
+                            "characters (--max-message-bytes): rank fewer at once",
                         )
                     pairs.append(message)
             finally:

@@ -216,22 +216,28 @@ def test_ten_thousand_idle_streams_end_in_bounded_time_and_take_nothing_from_ano
 
 
 def test_a_stream_cancelled_half_way_withdraws_its_work(edge: Edge) -> None:
-    before = edge.status()["requests_cancelled"]
+    """10,000 messages whose model runs take a second each (SLOWME): answered whole, the head
+    would be busy with them for over half a minute; cancelled after 50 answers, what the head
+    held of them is withdrawn at once, and the server answers the next call."""
+    before = edge.status()
     with edge.channel() as channel:
         stream = services.EmbedStub(channel).EmbedStream(
-            iter(pb.EmbedRequest(inputs=f"sentence {i}") for i in range(5000)), metadata=key("alice"), timeout=120
+            iter(pb.EmbedRequest(inputs=f"{SLOW_WORD} sentence {i}") for i in range(10_000)),
+            metadata=key("alice"),
+            timeout=120,
         )
         for taken, _ in enumerate(stream, 1):
             if taken == 50:
                 stream.cancel()
                 break
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        cancelled_at = time.monotonic()
+        while time.monotonic() < cancelled_at + 8:  # the groups in flight alone would take 16 s
             status = edge.status()
-            if status["requests_pending"] == 0 and status["requests_cancelled"] > before:
+            if status["requests_pending"] == 0:
                 break
             time.sleep(0.2)
-        assert status["requests_pending"] == 0 and status["requests_cancelled"] > before, status
+        assert status["requests_pending"] == 0, status  # withdrawn, not worked through
+        assert status["requests_received"] - before["requests_received"] < 12  # groups, not 10,000 requests
         assert len(_embed(channel, "alice")) > 0
 
 
