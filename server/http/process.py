@@ -20,6 +20,7 @@ from .principals import Principals, load_principals
 
 if TYPE_CHECKING:
     from .catalog import ModelSettings
+    from .settings import Settings
 
 logger = logging.getLogger("bertserve.http")
 
@@ -55,20 +56,9 @@ def run_http(
     uvicorn_logger.setLevel(logging.INFO if telemetry.verbose or telemetry.json_logs else logging.WARNING)
     uvicorn_logger.propagate = False
 
-    from .app import Settings, create_app
+    from .app import create_app
 
-    served = models or [config]
-    settings = Settings(
-        models=tuple(model_settings(model) for model in served),
-        principals=principals
-        if principals is not None
-        else load_principals(config.security.api_key, config.security.api_keys),
-        http=config.http,
-        limits=config.limits,
-        token_id_input=config.serving.token_id_input,
-        auto_truncate=config.serving.auto_truncate,
-        traced=telemetry.tracing,
-    )
+    settings = front_end_settings(config, telemetry, principals, models)
     host = connect_host(config.ports.bind)
     port_out = config.ports.out
 
@@ -138,6 +128,29 @@ def _edge_options(config: ServerConfig) -> dict[str, Any]:
         "proxy_headers": bool(trusted),
         "forwarded_allow_ips": trusted,
     }
+
+
+def front_end_settings(
+    config: ServerConfig,
+    telemetry: Telemetry,
+    principals: Principals | None = None,
+    models: list[ServerConfig] | None = None,
+) -> Settings:
+    """What a front end (HTTP, gRPC) knows of the server: ``principals`` as the supervisor read
+    them (else read here), ``models`` each served model's config (else ``config``'s one model)."""
+    from .settings import Settings
+
+    return Settings(
+        models=tuple(model_settings(model) for model in models or [config]),
+        principals=principals
+        if principals is not None
+        else load_principals(config.security.api_key, config.security.api_keys),
+        http=config.http,
+        limits=config.limits,
+        token_id_input=config.serving.token_id_input,
+        auto_truncate=config.serving.auto_truncate,
+        traced=telemetry.tracing,
+    )
 
 
 def model_settings(model: ServerConfig) -> ModelSettings:

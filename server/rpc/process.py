@@ -34,8 +34,8 @@ from ..config.telemetry import Telemetry
 from ..errors import ConfigError
 from ..http.app import Endpoints
 from ..http.gateway import Gateway, GatewayError, GatewayKeys
-from ..http.principals import Principals, load_principals
-from ..http.process import connect_host, model_settings
+from ..http.principals import Principals
+from ..http.process import connect_host, front_end_settings
 from ..http.settings import Settings
 from ..metrics import GRPC_ID_MARK
 from .calls import Guard
@@ -62,18 +62,7 @@ def run_grpc(
     from ..logs import child_telemetry
 
     child_telemetry(telemetry, "grpc")
-    served = models or [config]
-    settings = Settings(
-        models=tuple(model_settings(model) for model in served),
-        principals=principals
-        if principals is not None
-        else load_principals(config.security.api_key, config.security.api_keys),
-        http=config.http,
-        limits=config.limits,
-        token_id_input=config.serving.token_id_input,
-        auto_truncate=config.serving.auto_truncate,
-        traced=telemetry.tracing,
-    )
+    settings = front_end_settings(config, telemetry, principals, models)
     try:
         asyncio.run(_serve(config, settings, keys))
     except (GatewayError, ConfigError, OSError) as exc:
