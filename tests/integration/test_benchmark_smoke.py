@@ -1,5 +1,6 @@
-"""Smoke tests of benchmarks/suite.py (both sub-commands with ``--quick``) and of
-benchmarks/models.py (seconds-long steps), on a tiny BERT.
+"""Smoke tests of benchmarks/suite.py (both sub-commands with ``--quick``), of
+benchmarks/models.py (seconds-long steps), on a tiny BERT, and of benchmarks/tracing.py and
+benchmarks/grpc_vs_http.py (a few requests a step), on its fast stand-in.
 
 Each runs as a subprocess, exactly as a user runs it; it starts its own servers on free
 ports. This checks that it finishes, and that its JSON, markdown and plots hold what they
@@ -250,3 +251,32 @@ def test_tracing_benchmark_runs_three_servers_and_gets_the_traces(tiny_google: s
     assert len(report["summary"]["targets"]) == 6
     assert report["traces"] >= 2 * 12 * 2  # every one-sentence request of the traced server, ZeroMQ and HTTP
     assert "CPU:" in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_grpc_vs_http_benchmark_measures_every_path(tiny_google: str, tmp_path: Path) -> None:
+    """benchmarks/grpc_vs_http.py on a server of the fast HashingModel, every step a few requests:
+    every path measured without an error, the targets judged, and the vectors of gRPC and HTTP
+    the same."""
+    script = SUITE.parent / "grpc_vs_http.py"
+    args = [sys.executable, str(script), "--model-dir", tiny_google, "--max-seq-len", "32"]
+    args += ["--model-class", "bertserve.server.model.interface:HashingModel", "--sentences", "10", "--warmup", "2"]
+    args += ["--bulk-sentences", "300", "--bulk-size", "100", "--bulk-rounds", "1", "--callers", "4"]
+    args += ["--seconds", "0.5", "--concurrent-rounds", "1", "--check", "8"]
+    args += ["--json", str(tmp_path / "grpc.json"), "--markdown", str(tmp_path / "grpc.md")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=230, cwd=tmp_path)
+    assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    report = json.loads((tmp_path / "grpc.json").read_text(encoding="utf-8"))
+    assert set(report["one_sentence"]) == {"gRPC Embed", "HTTP /embed, httpx", "HTTP /v1/embeddings, http.client"}
+    assert all(0 < row["p50_ms"] <= row["p99_ms"] and row["count"] == 10 for row in report["one_sentence"].values())
+    assert set(report["bulk"]) == {"gRPC EmbedStream", "HTTP /embed"}
+    for row in report["bulk"].values():
+        assert row["per_s"] > 0 and len(row["seconds"]) == 1 and row["jobs"] >= 1, row
+        assert set(row["cpu_s_per_1000"]) == {"client", "HTTP", "gRPC", "worker", "head and helpers"}, row
+    assert len(report["concurrent"]) == 3
+    for row in report["concurrent"].values():
+        assert row["requests_per_s"] > 0 and row["errors"] == {} and row["requests_per_job"] >= 1, row
+    assert report["identical"]["identical"] is True and report["identical"]["sentences"] == 8
+    assert len(report["targets"]) == 6 and report["targets"][-1]["passed"] is True
+    markdown = (tmp_path / "grpc.md").read_text(encoding="utf-8")
+    assert "| target | measured | goal | result |" in markdown and "CPU:" in markdown
