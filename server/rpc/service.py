@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+import grpc
 import numpy as np
 from bertserve.client import tasks as t
 from bertserve.client.tei import tei_pb2 as pb
@@ -18,6 +19,9 @@ from ..http.schemas import HTTPError
 from ..http.task_bodies import one_text, pair_input
 from .calls import Guard
 from .streams import Messages, answered
+
+Answer = Callable[[Call, str | None, Sequence[Any]], Awaitable[Sequence[Any]]]
+"""A method's answers to a group of its messages, for a call and the model it names."""
 
 DIRECTIONS = {pb.TRUNCATION_DIRECTION_RIGHT: "right", pb.TRUNCATION_DIRECTION_LEFT: "left"}
 GROUP = 1000
@@ -33,6 +37,20 @@ class Service:
 
     def __init__(self, api: Endpoints, guard: Guard) -> None:
         self.api, self.guard = api, guard
+
+    async def _one(self, context: grpc.aio.ServicerContext, method: str, answer: Answer, request: Any) -> Any:
+        """A unary call of ``method``: ``answer`` of its one request, guarded."""
+        async with self.guard.call(context, method) as call:
+            return (await answer(call, self.guard.model(context), [request]))[0]
+
+    async def _each(
+        self, context: grpc.aio.ServicerContext, method: str, answer: Answer, requests: AsyncIterator[Any]
+    ) -> AsyncIterator[Any]:
+        """A stream of ``method``: each message's answer, in order, ``answer`` given groups (:meth:`_stream`)."""
+        async with self.guard.call(context, method) as call:
+            model = self.guard.model(context)
+            async for reply in self._stream(requests, lambda group: answer(call, model, group)):
+                yield reply
 
     def _stream(
         self, requests: AsyncIterator[Any], answer: Callable[[Sequence[Any]], Awaitable[Sequence[Any]]]

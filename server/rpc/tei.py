@@ -56,16 +56,12 @@ class Tei(Service):
     # -- Embed --
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
-        async with self.guard.call(context, "tei.v1.Embed/Embed") as call:
-            return (await self._embed(call, self.guard.model(context), [request]))[0]
+        return await self._one(context, "tei.v1.Embed/Embed", self._embed, request)
 
-    async def EmbedStream(
+    def EmbedStream(
         self, requests: AsyncIterator[pb.EmbedRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EmbedResponse]:
-        async with self.guard.call(context, "tei.v1.Embed/EmbedStream") as call:
-            model = self.guard.model(context)
-            async for reply in self._stream(requests, lambda group: self._embed(call, model, group)):
-                yield reply
+        return self._each(context, "tei.v1.Embed/EmbedStream", self._embed, requests)
 
     async def _embed(
         self, call: Call, model: str | None, requests: Sequence[pb.EmbedRequest]
@@ -90,16 +86,12 @@ class Tei(Service):
     async def EmbedSparse(
         self, request: pb.EmbedSparseRequest, context: grpc.aio.ServicerContext
     ) -> pb.EmbedSparseResponse:
-        async with self.guard.call(context, "tei.v1.Embed/EmbedSparse") as call:
-            return (await self._sparse(call, self.guard.model(context), [request]))[0]
+        return await self._one(context, "tei.v1.Embed/EmbedSparse", self._sparse, request)
 
-    async def EmbedSparseStream(
+    def EmbedSparseStream(
         self, requests: AsyncIterator[pb.EmbedSparseRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EmbedSparseResponse]:
-        async with self.guard.call(context, "tei.v1.Embed/EmbedSparseStream") as call:
-            model = self.guard.model(context)
-            async for reply in self._stream(requests, lambda group: self._sparse(call, model, group)):
-                yield reply
+        return self._each(context, "tei.v1.Embed/EmbedSparseStream", self._sparse, requests)
 
     async def _sparse(
         self, call: Call, model: str | None, requests: Sequence[pb.EmbedSparseRequest]
@@ -121,16 +113,12 @@ class Tei(Service):
         ]
 
     async def EmbedAll(self, request: pb.EmbedAllRequest, context: grpc.aio.ServicerContext) -> pb.EmbedAllResponse:
-        async with self.guard.call(context, "tei.v1.Embed/EmbedAll") as call:
-            return (await self._all(call, self.guard.model(context), [request]))[0]
+        return await self._one(context, "tei.v1.Embed/EmbedAll", self._all, request)
 
-    async def EmbedAllStream(
+    def EmbedAllStream(
         self, requests: AsyncIterator[pb.EmbedAllRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EmbedAllResponse]:
-        async with self.guard.call(context, "tei.v1.Embed/EmbedAllStream") as call:
-            model = self.guard.model(context)
-            async for reply in self._stream(requests, lambda group: self._all(call, model, group)):
-                yield reply
+        return self._each(context, "tei.v1.Embed/EmbedAllStream", self._all, requests)
 
     async def _all(
         self, call: Call, model: str | None, requests: Sequence[pb.EmbedAllRequest]
@@ -151,30 +139,22 @@ class Tei(Service):
     # -- Predict --
 
     async def Predict(self, request: pb.PredictRequest, context: grpc.aio.ServicerContext) -> pb.PredictResponse:
-        async with self.guard.call(context, "tei.v1.Predict/Predict") as call:
-            return (await self._predict(call, self.guard.model(context), [request]))[0]
+        return await self._one(context, "tei.v1.Predict/Predict", self._predict, request)
 
     async def PredictPair(
         self, request: pb.PredictPairRequest, context: grpc.aio.ServicerContext
     ) -> pb.PredictResponse:
-        async with self.guard.call(context, "tei.v1.Predict/PredictPair") as call:
-            return (await self._predict(call, self.guard.model(context), [request]))[0]
+        return await self._one(context, "tei.v1.Predict/PredictPair", self._predict, request)
 
-    async def PredictStream(
+    def PredictStream(
         self, requests: AsyncIterator[pb.PredictRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PredictResponse]:
-        async with self.guard.call(context, "tei.v1.Predict/PredictStream") as call:
-            model = self.guard.model(context)
-            async for reply in self._stream(requests, lambda group: self._predict(call, model, group)):
-                yield reply
+        return self._each(context, "tei.v1.Predict/PredictStream", self._predict, requests)
 
-    async def PredictPairStream(
+    def PredictPairStream(
         self, requests: AsyncIterator[pb.PredictPairRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PredictResponse]:
-        async with self.guard.call(context, "tei.v1.Predict/PredictPairStream") as call:
-            model = self.guard.model(context)
-            async for reply in self._stream(requests, lambda group: self._predict(call, model, group)):
-                yield reply
+        return self._each(context, "tei.v1.Predict/PredictPairStream", self._predict, requests)
 
     async def _predict(self, call: Call, model: str | None, requests: Sequence[Any]) -> list[pb.PredictResponse]:
         started = time.monotonic_ns()

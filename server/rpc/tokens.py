@@ -47,16 +47,12 @@ class Tokens(Service):
     # -- Tokenize --
 
     async def Tokenize(self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext) -> pb.EncodeResponse:
-        async with self.guard.call(context, "tei.v1.Tokenize/Tokenize") as call:
-            return (await self._tokenize(call, self.guard.model(context), [request]))[0]
+        return await self._one(context, "tei.v1.Tokenize/Tokenize", self._tokenize, request)
 
-    async def TokenizeStream(
+    def TokenizeStream(
         self, requests: AsyncIterator[pb.EncodeRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeResponse]:
-        async with self.guard.call(context, "tei.v1.Tokenize/TokenizeStream") as call:
-            model = self.guard.model(context)
-            async for reply in self._stream(requests, lambda group: self._tokenize(call, model, group)):
-                yield reply
+        return self._each(context, "tei.v1.Tokenize/TokenizeStream", self._tokenize, requests)
 
     async def _tokenize(
         self, call: Call, name: str | None, requests: Sequence[pb.EncodeRequest]
@@ -79,16 +75,12 @@ class Tokens(Service):
         return [pb.EncodeResponse(tokens=[pb.SimpleToken(**token) for token in each]) for each in tokens]
 
     async def Decode(self, request: pb.DecodeRequest, context: grpc.aio.ServicerContext) -> pb.DecodeResponse:
-        async with self.guard.call(context, "tei.v1.Tokenize/Decode") as call:
-            return (await self._decode(call, self.guard.model(context), [request]))[0]
+        return await self._one(context, "tei.v1.Tokenize/Decode", self._decode, request)
 
-    async def DecodeStream(
+    def DecodeStream(
         self, requests: AsyncIterator[pb.DecodeRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DecodeResponse]:
-        async with self.guard.call(context, "tei.v1.Tokenize/DecodeStream") as call:
-            model = self.guard.model(context)
-            async for reply in self._stream(requests, lambda group: self._decode(call, model, group)):
-                yield reply
+        return self._each(context, "tei.v1.Tokenize/DecodeStream", self._decode, requests)
 
     async def _decode(
         self, call: Call, name: str | None, requests: Sequence[pb.DecodeRequest]
