@@ -220,6 +220,8 @@ class Endpoints:
         except FrameTooLarge as exc:
             raise HTTPError(413, str(exc), code="limit") from None
         except GatewayError as exc:
+            if gw.closed:  # this front end is stopping: the head has answered all it will
+                raise HTTPError(503, "the server is shutting down", code="shutdown") from None
             raise HTTPError(504, f"the server did not answer in time: {exc}") from None
         except ClientGone:  # nobody reads this answer; the metrics count it
             raise HTTPError(

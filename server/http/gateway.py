@@ -63,6 +63,7 @@ class Gateway:
         self.address = self._transport.address
         self._status: tuple[float, dict[str, Any]] | None = None
         self.config: dict[str, Any] = {}  # the head's CONFIG answer at start: its default model's
+        self.closed = False
 
     def client_id(self, caller: str) -> bytes:
         """The client id of one caller: ``key:NAME`` (an API key's principal), ``address:HOST``
@@ -95,6 +96,7 @@ class Gateway:
 
     async def close(self) -> None:
         """Fail the requests in flight with :class:`GatewayError` and close the sockets."""
+        self.closed = True
         self._transport.close("the front end's connection to the server was closed")
         await self._transport.wait_closed()
 

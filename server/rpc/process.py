@@ -92,8 +92,13 @@ async def _serve(config: ServerConfig, settings: Settings, keys: GatewayKeys | N
         await server.start()
         watch = asyncio.ensure_future(_follow_readiness(api, checks, settings, stopping))
         await stopping.wait()
-        checks.enter_graceful_shutdown()  # every service NOT_SERVING, and so it stays
-        await server.stop(grace=config.stop_budget.tail)
+        await checks.enter_graceful_shutdown()  # every service NOT_SERVING, and so it stays
+        stopped = asyncio.ensure_future(server.stop(grace=config.stop_budget.tail))  # no new call from here
+        await asyncio.sleep(0)
+        # The head has sent its failures before this process is told to stop: a call still waiting on
+        # it would wait out the grace and be cancelled; it is told the server is shutting down instead.
+        await api.close()
+        await stopped
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
