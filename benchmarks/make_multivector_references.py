@@ -380,7 +380,7 @@ def colbert_references(name: str, out: Path, sentences: list[str]) -> tuple[dict
     arrays["query_colbert"] = np.stack(query_vectors).astype(np.float32)
     document = [_tokenized(model, [t], is_query=False) for t in texts]
     arrays["document_ids"] = padded([d["input_ids"][0].tolist() for d in document], DOCUMENT_LENGTH)[0]
-    arrays["document_mask"], lengths = padded([d["attention_mask"][0].tolist() for d in document], DOCUMENT_LENGTH)
+    arrays["document_mask"] = padded([d["attention_mask"][0].tolist() for d in document], DOCUMENT_LENGTH)[0]
     skip = set(model.skiplist)
     arrays["document_kept"] = ((arrays["document_mask"] == 1) & ~np.isin(arrays["document_ids"], sorted(skip))).astype(
         np.int32
