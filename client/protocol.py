@@ -77,8 +77,10 @@ ENCODE_OPTIONS = {
     "vectors before its Normalize module (by default as the model's modules say)",
     "prompt_name": "the name of one of the server's prompts, put before every input",
     "truncation_direction": "'right' (the default) or 'left': which end of an over-long input is cut",
-    "task": "'embed' (the default), 'rerank', 'classify' or 'sparse': what the request asks of the model; "
-    "a model of another task refuses it (kind 'task')",
+    "task": "'embed' (the default), 'rerank', 'classify', 'sparse' or 'multivector': what the request asks of "
+    "the model; a model that does not answer it refuses it (kind 'task')",
+    "is_query": "true or false (the default): a multivector request's inputs are queries, read as the model reads "
+    "a query (ColBERT's query prefix and expansion), not documents",
 }
 """The optional fields of an ENCODE header, each checked by the server at the edge."""
 TRACEPARENT_FIELD = "traceparent"
@@ -86,10 +88,12 @@ TRACEPARENT_FIELD = "traceparent"
 server checks its form, refuses another with kind ``protocol``, and when it traces makes its
 spans of the request children of that span (``bertserve start --otlp-endpoint``)."""
 TRUNCATION_DIRECTIONS = ("right", "left")
-TASKS = ("embed", "rerank", "classify", "sparse")
-"""What a request asks of a model: vectors, a cross-encoder's scores of sentence pairs, a
-classifier's label scores, or SPLADE's sparse weights. Each row of the answer is the input's:
-``(N, D)`` vectors, ``(N, 1)`` or ``(N, labels)`` logits, ``(N, vocabulary)`` weights."""
+TASKS = ("embed", "rerank", "classify", "sparse", "multivector")
+"""What a request asks of a model: vectors, a cross-encoder's scores of sentence pairs (or a
+late-interaction model's MaxSim), a classifier's label scores, sparse weights, or one vector
+per token (ColBERT's, BGE-M3's). Each row of the answer is the input's: ``(N, D)`` vectors,
+``(N, 1)`` or ``(N, labels)`` logits, ``(N, K, 2)`` ``[id, weight]`` pairs, ``(N, T, D)``
+token vectors (zero rows pad an input's to the longest's)."""
 MODEL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}"
 """What a served model's name may be: letters, digits and ``._:/-``, at most 128 characters."""
 

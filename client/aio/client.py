@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.api import BaseClient
 from ..core.chunking import ASYNC_WINDOW, Gathered, chunks
-from ..core.keywords import EncodeKeywords, PredictOptions, RerankOptions, SparseOptions
+from ..core.keywords import EncodeKeywords, MultivectorOptions, PredictOptions, RerankOptions, SparseOptions
 from ..core.options import EncodeOptions, check_model, model_field
 from ..core.results import Embedding, EncodeResult, answer, encode_result
 from ..core.steps import Call, Chunks, Config, Plan, Step, Warn
@@ -181,6 +181,10 @@ class AsyncBertClient(BaseClient):
     async def encode_sparse(self, texts: Sequence[str], **options: Unpack[SparseOptions]) -> list[SparseVector]:
         """``BertClient.encode_sparse``, awaited: each text's non-zero SPLADE weights."""
         return await self._run(self._core.encode_sparse(texts, options))
+
+    async def encode_multivector(self, texts: Sequence[str], **options: Unpack[MultivectorOptions]) -> list[np.ndarray]:
+        """``BertClient.encode_multivector``, awaited: each text's token vectors."""
+        return await self._run(self._core.encode_multivector(texts, options))
 
     # -- internals ---------------------------------------------------------------------
 

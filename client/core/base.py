@@ -24,7 +24,14 @@ from ..errors import BertClientError, ServerTimeoutError
 from ..protocol import CANCEL, Reply, check_texts
 from ..tasks import Prediction, Ranked, SparseVector
 from .handshake import Handshake, check_server
-from .keywords import ENCODE_DEFAULTS, PREDICT_DEFAULTS, RERANK_DEFAULTS, SPARSE_DEFAULTS, read_options
+from .keywords import (
+    ENCODE_DEFAULTS,
+    MULTIVECTOR_DEFAULTS,
+    PREDICT_DEFAULTS,
+    RERANK_DEFAULTS,
+    SPARSE_DEFAULTS,
+    read_options,
+)
 from .options import ClientOptions, EncodeOptions, check_model, check_timeout
 from .requests import check_size, encode_options, plan_encode, request_frames
 from .results import in_format, shaped
@@ -264,6 +271,17 @@ class ClientCore:
         rows, _ = yield from self._task_rows(checked, "sparse", model, truncation_direction, prompt_name)
         return t.sparse_rows(rows, top_k)
 
+    def encode_multivector(self, texts: Sequence[str], given: Mapping[str, Any]) -> Call[list[np.ndarray]]:
+        """``encode_multivector`` with the options ``given`` to it (:class:`~.keywords.MultivectorOptions`):
+        each text's token vectors, ``(tokens, dim)`` float32 arrays."""
+        asked = read_options(self._method("encode_multivector"), given, MULTIVECTOR_DEFAULTS)
+        is_query = asked.pop("is_query")
+        if not isinstance(is_query, bool):
+            raise TypeError(f"is_query must be True or False, not {is_query!r}")
+        checked = check_texts(texts, pairs=False)
+        rows, _ = yield from self._task_rows(checked, "multivector", **asked, is_query=is_query)
+        return t.multivector_rows(rows)
+
     def encode_options(self, method: str, given: Mapping[str, Any], *, show_tokens: bool = False) -> EncodeOptions:
         """The request options ``given`` to the client's ``method``, read and checked
         (:func:`~.requests.encode_options`), the client's model if they name none."""
@@ -280,13 +298,18 @@ class ClientCore:
         model: str | None,
         truncation_direction: str | None,
         prompt_name: str | None = None,
+        is_query: bool = False,
     ) -> Call[tuple[np.ndarray, dict[str, Any]]]:
         """The rows a model of ``task`` answers for ``texts`` (one request), and its configuration."""
         model = check_model(model) or self.options.model
         if model is None:  # the server's default model of the task
             model = t.task_default((yield Config(None)), task)
         options = EncodeOptions(
-            prompt_name=prompt_name, truncation_direction=truncation_direction, model=model, task=task
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+            model=model,
+            task=task,
+            is_query=is_query or None,
         )
         config = yield Config(options.model)
         options.check_server(config)

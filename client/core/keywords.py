@@ -1,7 +1,7 @@
 """The keyword options of the client API's calls, written once for every client.
 
 ``encode`` (and ``encode_async``, and ``ConcurrentBertClient.encode``), ``rerank``, ``predict``
-and ``encode_sparse`` take their options as ``**options``, typed by a TypedDict here (PEP 692),
+``encode_sparse`` and ``encode_multivector`` take their options as ``**options``, typed by a TypedDict here (PEP 692),
 so that a type checker flags a misspelt or mistyped one; :func:`read_options` reads them where
 a call is planned, their defaults filled in from here, and refuses an unknown one with the
 ``TypeError`` Python raises for an explicit signature. The options:
@@ -16,7 +16,9 @@ a call is planned, their defaults filled in from here, and refuses an unknown on
   ``"ubinary"``; ``None`` or ``"float"``: as computed);
 - ``raw_scores``: a model's logits rather than its scores (``rerank``, ``predict``);
 - ``return_documents``: each ranked document's text with it (``rerank``);
-- ``top_k``: only the largest weights of each sparse vector (``encode_sparse``).
+- ``top_k``: only the largest weights of each sparse vector (``encode_sparse``);
+- ``is_query``: the texts are queries, read as the model reads a query (``encode_multivector``:
+  ColBERT's query prefix and expansion; default ``False``, documents).
 """
 
 from __future__ import annotations
@@ -70,6 +72,15 @@ class SparseOptions(TypedDict, total=False):
     model: str | None
 
 
+class MultivectorOptions(TypedDict, total=False):
+    """``encode_multivector``'s options."""
+
+    is_query: bool
+    prompt_name: str | None
+    truncation_direction: str | None
+    model: str | None
+
+
 REQUEST_DEFAULTS: RequestOptions = {
     "is_tokenized": False,
     "pairs": True,
@@ -89,6 +100,12 @@ RERANK_DEFAULTS: RerankOptions = {
 }
 PREDICT_DEFAULTS: PredictOptions = {"raw_scores": False, "truncation_direction": None, "model": None}
 SPARSE_DEFAULTS: SparseOptions = {"top_k": None, "prompt_name": None, "truncation_direction": None, "model": None}
+MULTIVECTOR_DEFAULTS: MultivectorOptions = {
+    "is_query": False,
+    "prompt_name": None,
+    "truncation_direction": None,
+    "model": None,
+}
 
 
 def read_options(where: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:

@@ -240,7 +240,9 @@ class EncodeOptions:
     - ``model``: the served model that encodes the texts (the client has already put its own
       in place of ``None``, which leaves it to the server's default);
     - ``task``: what the model is asked for (:data:`~bertserve.client.protocol.TASKS`); sent
-      by ``rerank``, ``predict`` and ``encode_sparse``, and left out by ``encode`` (vectors);
+      by ``rerank``, ``predict``, ``encode_sparse`` and ``encode_multivector``, and left out by
+      ``encode`` (vectors);
+    - ``is_query``: a multivector request's texts are queries (ColBERT reads them its own way);
     - ``pairs``: whether an input holding ``|||`` is a sentence pair (the default) or one
       sentence. Never sent: without it :meth:`check_texts` writes each input so that the
       server sees one sentence (:func:`~bertserve.client.protocol.one_sentence`).
@@ -260,6 +262,7 @@ class EncodeOptions:
     model: str | None = None
     pairs: bool = True
     task: str | None = None
+    is_query: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("is_tokenized", "show_tokens", "pairs"):
@@ -275,6 +278,8 @@ class EncodeOptions:
         check_model(self.model)
         if self.task is not None and self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
+        if self.is_query is not None and not isinstance(self.is_query, bool):
+            raise TypeError(f"is_query must be True, False or None, not {self.is_query!r}")
 
     def check_texts(self, texts: object) -> list[Any]:
         """``texts`` as a list, checked (:func:`~bertserve.client.protocol.check_texts`), each

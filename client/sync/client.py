@@ -33,11 +33,19 @@ from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
+import numpy as np
 import zmq
 
 from ..core.api import BaseClient
 from ..core.chunking import checked, chunks, concatenated, gather, in_order
-from ..core.keywords import EncodeKeywords, PredictOptions, RequestOptions, RerankOptions, SparseOptions
+from ..core.keywords import (
+    EncodeKeywords,
+    MultivectorOptions,
+    PredictOptions,
+    RequestOptions,
+    RerankOptions,
+    SparseOptions,
+)
 from ..core.options import EncodeOptions, check_model, model_field
 from ..core.requests import length_warning
 from ..core.results import Embedding, EncodeResult
@@ -326,6 +334,14 @@ class BertClient(BaseClient):
         """Each of ``texts`` as a sparse vector of a SPLADE model the server serves: its
         non-zero vocabulary weights (ids ascending), only the ``top_k`` largest if given."""
         return self._run(self._core.encode_sparse(texts, options))
+
+    def encode_multivector(self, texts: Sequence[str], **options: Unpack[MultivectorOptions]) -> list[np.ndarray]:
+        """Each of ``texts`` as its token vectors, by a late-interaction model the server serves
+        (a ColBERT model, BGE-M3): one ``(tokens, dim)`` float32 array a text, each vector of
+        unit length. ``is_query=True`` reads the texts as queries (ColBERT's query prefix and
+        ``[MASK]`` expansion), else as documents. Score a query against a document with
+        :func:`bertserve.client.tasks.maxsim`, or ask :meth:`rerank` to."""
+        return self._run(self._core.encode_multivector(texts, options))
 
     def fetch(self) -> Iterator[EncodeResult]:
         """Yield the answers to the outstanding ``blocking=False`` requests as they arrive.

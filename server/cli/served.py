@@ -25,7 +25,7 @@ from ..config.specs import ModelSpec, check_default, check_model_name, parse_mod
 from ..errors import ConfigError, ModelFileError
 from ..model.model_dir import detect_layout
 from ..model.repository import is_repository, versions
-from ..model.tasks import TASK_NAMES, model_task, served_with
+from ..model.tasks import TASK_NAMES, model_tasks, served_with
 
 
 def resolve_models(flags: ModelServing, routing: Routing) -> tuple[tuple[ModelServing, ...], Routing]:
@@ -54,7 +54,8 @@ def task_defaults(models: tuple[ModelServing, ...], routing: Routing) -> dict[st
     model if it has that task, else the first model served with it. Raises
     :class:`ConfigError` for a ``TASK=NAME`` whose task is not one, whose model is not
     served, or whose model has another task."""
-    tasks = {model.name: model_task(model.model.model_dir, model.model.task) for model in models}
+    answered = {model.name: model_tasks(model.model.model_dir, model.model.task) for model in models}
+    tasks = {name: own[0] for name, own in answered.items()}
     chosen: dict[str, str] = {}
     for item in routing.task_defaults:
         task, _, name = item.partition("=")
@@ -64,15 +65,18 @@ def task_defaults(models: tuple[ModelServing, ...], routing: Routing) -> dict[st
                 f"--default-model {item}: {task!r} is not a task; say TASK=NAME, TASK one of {', '.join(TASKS)}"
             )
         check_default(name, list(tasks))
-        if tasks[name] != task:
+        if task not in answered[name]:
             raise ConfigError(
                 f"--default-model {item}: the model {name!r} is {TASK_NAMES[tasks[name]]} (task {tasks[name]}), "
                 f"not of task {task}; {served_with(task, [n for n, own in tasks.items() if own == task])}"
             )
         chosen[task] = name
     default = routing.default_model or models[0].name
-    for name, task in [(default, tasks[default]), *tasks.items()]:
+    for name, task in [(default, tasks[default]), *tasks.items()]:  # a task's own models first
         chosen.setdefault(task, name)
+    for name, own in [(default, answered[default]), *answered.items()]:  # then those that answer it too
+        for task in own:
+            chosen.setdefault(task, name)
     return chosen
 
 

@@ -40,12 +40,23 @@ class Bounds:
             )
 
     def reply(
-        self, rows: int, info: dict[str, Any], value_bytes: float, dimensions: int | None = None, *, form: str = ""
+        self,
+        rows: int,
+        info: dict[str, Any],
+        value_bytes: float,
+        dimensions: int | None = None,
+        *,
+        form: str = "",
+        task: str | None = None,
+        how: str = "",
     ) -> None:
         """413 unless an answer of ``rows`` rows of the model of ``info`` (its ``CONFIG``
-        answer), each value ``value_bytes`` as it is answered, is within ``--max-reply-bytes``."""
-        row_bytes = math.ceil(costs.row_values(info, dimensions) * value_bytes)
+        answer) to a request of ``task``, each value ``value_bytes`` as it is answered, is
+        within ``--max-reply-bytes``; ``how`` adds a way to ask for less."""
+        row_bytes = math.ceil(costs.row_values(info, dimensions, task) * value_bytes)
         problem = costs.too_large_reply(rows, row_bytes, self.reply_bytes, form)
+        if problem is not None and how:
+            problem = f"{problem}, {how}"
         if problem is not None:
             raise HTTPError(413, problem, code="limit")
 
@@ -70,7 +81,7 @@ class Bounds:
     ) -> None:
         """413 unless the JSON answer of ``texts`` and their tokens of model work (their prompt
         counted) fit: the answer first, whose refusal says how many inputs fit."""
-        self.reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON")
+        self.reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON", task=options.task)
         chunk = (options.long_inputs or info.get("long_inputs")) == "chunk"
         prompt = costs.utf8_bytes(prompt_text(options.prompt_name, info))
         self.tokens(costs.input_tokens(model.token_rule, texts, chunk=chunk, prefix_bytes=prompt))

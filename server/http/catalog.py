@@ -86,7 +86,7 @@ class Catalog:
         self.models = (default, *(model for model in models if model is not default))
         said = gateway.config.get("models")
         summaries = [entry for entry in said if isinstance(entry, dict)] if isinstance(said, list) else []
-        self._tasks = {str(e.get("name")): str(e.get("task") or "embed") for e in summaries}  # as the head says
+        self._tasks = {str(e.get("name")): _tasks(e) for e in summaries}  # as the head says
         chosen = gateway.config.get("default_models")
         self._task_defaults = {
             task: self._by_name[name]
@@ -118,7 +118,7 @@ class Catalog:
 
     def of_task(self, task: str) -> list[str]:
         """The names of the served models of ``task``, as the head said at start."""
-        return [model.name for model in self.models if self._tasks.get(model.name) == task]
+        return [model.name for model in self.models if task in self._tasks.get(model.name, ())]
 
     def last(self, model: ModelSettings) -> dict[str, Any]:
         """What the head said of ``model`` last (empty: nothing yet)."""
@@ -188,3 +188,12 @@ class Catalog:
                 for name in model.names
             ]
         return entries
+
+
+def _tasks(summary: dict[str, Any]) -> tuple[str, ...]:
+    """The tasks a model answers, as the head's summary of it says: its ``tasks`` (a
+    late-interaction model's several), else its ``task``."""
+    tasks = summary.get("tasks")
+    if isinstance(tasks, list) and tasks:
+        return tuple(str(task) for task in tasks)
+    return (str(summary.get("task") or "embed"),)

@@ -28,6 +28,7 @@ class Asked:
     truncation_direction: str | None = None
     task: str | None = None  # what the request asks of the model; None: vectors
     normalize: bool | None = None  # unit-length vectors or not; None: as the model's modules say
+    is_query: bool | None = None  # a multivector request's inputs are queries (ColBERT's reading)
 
     def header(self, timeout_s: float) -> dict[str, Any]:
         """The ENCODE header fields: these options, and the request's deadline."""
@@ -38,6 +39,7 @@ class Asked:
             "truncation_direction": self.truncation_direction,
             "task": self.task,
             "normalize": self.normalize,
+            "is_query": self.is_query,
         }
         return {"timeout_ms": max(1, round(timeout_s * 1000)), **{k: v for k, v in fields.items() if v is not None}}
 

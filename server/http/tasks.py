@@ -29,7 +29,7 @@ from bertserve.client.protocol import Reply
 from fastapi import Request
 from fastapi.responses import Response
 
-from ..model.tasks import wrong_task
+from ..model.tasks import answers, wrong_task
 from ..serving.policy import costs
 from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
@@ -97,10 +97,10 @@ class TaskEndpoints:
         model = self.api.catalog.pick(name, task)
         await self.api.ready_or_503()
         info = await self.api.catalog.info(model)
-        own = info.get("task", "embed")
-        if own != task:
+        if not answers(info, task):
             served = self.api.catalog.of_task(task)
-            raise HTTPError(400, wrong_task(model.name, str(own), task, served), param="model", code="task")
+            own = str(info.get("task", "embed"))
+            raise HTTPError(400, wrong_task(model.name, own, task, served), param="model", code="task")
         return model, info
 
     async def truncated(

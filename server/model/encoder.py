@@ -246,7 +246,7 @@ class Encoder:
             return out
 
         def run(index: np.ndarray) -> None:
-            result = self._run_padded(batch.take(index))
+            result = self.run_padded(batch.take(index))
             if self.token_level:
                 out[index, : result.shape[1]] = result
             else:
@@ -336,7 +336,7 @@ class Encoder:
         result = self._lite(ids, mask, segments)
         return result[:, :width] if self.token_level else result
 
-    def _run_padded(self, batch: TokenizedBatch) -> np.ndarray:
+    def run_padded(self, batch: TokenizedBatch) -> np.ndarray:  # one model run of the rows as padded
         ids, segments, mask = batch.input_ids, batch.segment_ids, batch.input_mask
         rows, width = ids.shape
         if self._quantized:

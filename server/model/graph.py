@@ -53,6 +53,9 @@ class GraphSpec:
     dtype: str  # fp32, fp16, bf16, int8 (an fp32 graph whose LiteRT form has int8 weights)
     output_dtype: str  # float32, float16
     task: str = "embed"  # the head on the last layer in place of pooling (.tasks): rerank, classify, sparse
+    # NONE pooling: zeros at the positions past a row's length; False computes them as any other
+    # (a ColBERT query's [MASK] expansion, attended to by none and kept: .late)
+    zero_padding: bool = True
 
 
 def serving_graph(spec: GraphSpec) -> GraphSpec:

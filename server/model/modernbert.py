@@ -93,6 +93,15 @@ def forward(
     padding = tf.reshape((1.0 - mask) * -1e9, [batch, 1, 1, length])
     distance = tf.abs(tf.range(length)[None, :] - tf.range(length)[:, None])
     rotations = {theta: rotary.angles(theta, head_dim, length) for theta in _thetas(config)}
+    # A position whose window holds no attended token (a ColBERT query's [MASK] expansion, kept
+    # though attended to by none) gets no attention output, as PyTorch's SDPA gives a row it masks whole.
+    attended = tf.reshape(mask > 0, [batch, 1, length])
+    seen = {
+        window: tf.reshape(
+            tf.cast(tf.reduce_any(tf.expand_dims(distance <= window, 0) & attended, -1), compute), [batch, 1, length, 1]
+        )
+        for window in set(config.layer_windows) - {0}
+    }
 
     def attention(x, p, window: int):
         qkv = linear(x, p + "qkv", config.attention_bias)
@@ -104,6 +113,8 @@ def forward(
             bias = bias + tf.where(distance <= window, 0.0, -1e9)[None, None]
         scores = tf.cast(tf.matmul(q, k, transpose_b=True), f32) + bias
         probs = tf.cast(tf.nn.softmax(scores, axis=-1), compute)
+        if window:
+            probs = probs * seen[window]
         context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
         return tf.cast(linear(context, p + "attn_out", config.attention_bias), f32)
 

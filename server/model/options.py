@@ -109,7 +109,7 @@ def _check_dense(model: ModelFiles, strategy: PoolingStrategy, layers: int, long
 
 def resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, GraphSpec]:
     """Fill the options the user left out from the model's defaults, and check them."""
-    if model.head.task != "embed":
+    if model.head.task != "embed" and not model.head.late:  # a late-interaction model runs as an encoder (.late)
         return _resolve_task(requested, model)
     defaults = model.defaults
     num_layers = model.config.num_hidden_layers
@@ -148,6 +148,7 @@ def resolve(requested: ModelConfig, model: ModelFiles) -> tuple[ModelConfig, Gra
         normalize=normalize,
         dtype=hardware.resolve_dtype(requested.dtype, requested.device)[0],
         output_dtype=requested.output_dtype,
+        zero_padding=model.head.late != "colbert",
     )
     return resolved, spec
 

@@ -44,6 +44,8 @@ class ForwardSpec(Protocol):
     def dtype(self) -> str: ...
     @property
     def output_dtype(self) -> str: ...
+    @property
+    def zero_padding(self) -> bool: ...
 
 
 def pooled_output(
@@ -64,6 +66,8 @@ def pooled_output(
         vectors = pooler
     else:
         keep = pool_mask(input_mask, lengths, spec.mask_cls_sep)
+        if spec.pooling_strategy is PoolingStrategy.NONE and not spec.zero_padding:
+            keep = tf.ones_like(keep)
         pooled = [pool(layers[i], spec.pooling_strategy, keep, lengths) for i in spec.pooling_layer]
         vectors = pooled[0] if len(pooled) == 1 else tf.concat(pooled, axis=-1)
     if spec.pooling_strategy is PoolingStrategy.NONE:

@@ -91,6 +91,8 @@ def expected_shapes(config: EncoderConfig, head: TaskHead, present: set[str]) ->
     """The head weights ``head`` needs (a tied decoder only where the model has its own)."""
     h = config.hidden_size
     shapes: dict[str, tuple[int, ...]] = {}
+    if head.late:  # its heads are read beside the encoder's weights (.late)
+        return shapes
     if head.answers:  # a causal LM's reranking: its output rows, or the word embeddings tied to them
         if ANSWER_TABLE in present:
             shapes[ANSWER_TABLE] = (config.vocab_size, h)

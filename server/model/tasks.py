@@ -15,6 +15,11 @@ sparse    ``*ForMaskedLM`` with SPLADE pooling          log(1 + ReLU(logits)), t
           (``SparseEncoder``)                          real tokens: one weight per vocabulary entry
 ========  ==========================================  =============================================
 
+Two kinds of model answer several tasks from one model run (:mod:`.late`): BGE-M3
+(``colbert_linear.pt`` and ``sparse_linear.pt`` beside the encoder) answers embed, sparse,
+multivector (one vector per token) and rerank (MaxSim of its token vectors); a ColBERT model
+in PyLate's format answers multivector and rerank (MaxSim).
+
 Each task's graph is the encoder's, through the same path (frozen, pruned, cached; fp32, bf16
 and int8), with the task's head on its last layer in place of pooling (:mod:`.task_heads`).
 The activation a score gets (a reranker's sigmoid, a classifier's softmax) is applied where the
@@ -39,6 +44,7 @@ TASK_NAMES = {
     "rerank": "a reranker (cross-encoder)",
     "classify": "a classifier",
     "sparse": "a sparse (SPLADE) model",
+    "multivector": "a multi-vector (ColBERT) model",
 }
 
 #: what a request of each task is sent to, for the errors that name it
@@ -47,6 +53,13 @@ TASK_ENDPOINTS = {
     "rerank": "/rerank, /v1/rerank or BertClient.rerank",
     "classify": "/predict or BertClient.predict",
     "sparse": "/embed_sparse or BertClient.encode_sparse",
+    "multivector": "/embed_multivector or BertClient.encode_multivector",
+}
+
+#: the tasks each kind of late-interaction model answers, its own (its default) first
+LATE_TASKS = {
+    "bge-m3": ("embed", "sparse", "multivector", "rerank"),
+    "colbert": ("multivector", "rerank"),
 }
 
 #: the families whose masked-language-model head bertserve runs for SPLADE
@@ -75,15 +88,25 @@ class TaskHead:
     # a causal language model as a reranker (.yes_no): its "yes" and "no" token ids, its template
     answers: tuple[int, ...] = ()
     template: PairTemplate | None = None
+    late: str = ""  # a model of several outputs from one run (.late): "bge-m3" or "colbert"
 
     @property
     def scores(self) -> bool:
-        return self.task in ("rerank", "classify")
+        return self.task in ("rerank", "classify") and not self.late
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """Every task the model answers, its own first."""
+        if not self.late:
+            return (self.task,)
+        return (self.task, *(task for task in LATE_TASKS[self.late] if task != self.task))
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"task": self.task}
         if self.scores:
             out.update(labels=list(self.labels), activation=self.activation)
+        if self.late:  # MaxSim scores are answered as they are: no activation
+            out.update(tasks=list(self.tasks), late=self.late, labels=["score"], activation="identity")
         return out
 
 
@@ -104,6 +127,9 @@ def read_task(model_dir: str, family: str, requested: str | None) -> TaskHead:
         detected = "sparse"
     elif yes_no and not pooling:
         detected = "rerank"
+    late = late_kind(model_dir)
+    if late or requested == "multivector":
+        return _late_head(model_dir, late, requested, raw)
     task = requested or detected
     if task == "embed":
         return TaskHead()
@@ -131,16 +157,58 @@ def read_task(model_dir: str, family: str, requested: str | None) -> TaskHead:
 
 
 @functools.lru_cache(maxsize=64)
-def model_task(model_dir: str, requested: str | None) -> str:
-    """The task of the model in ``model_dir`` for the head's checks, without reading weights:
-    ``requested``, else what its files say (``embed`` for a directory that cannot say, whose
-    faults its workers report)."""
-    if requested is not None:
-        return requested
+def late_kind(model_dir: str) -> str:
+    """``"bge-m3"`` for FlagEmbedding's BGE-M3 layout (``colbert_linear.pt`` beside the
+    encoder), ``"colbert"`` for a ColBERT model in PyLate's format, else ``""``."""
+    if os.path.isfile(os.path.join(model_dir, "colbert_linear.pt")):
+        return "bge-m3"
+    path = os.path.join(model_dir, "config_sentence_transformers.json")
+    if os.path.isfile(path):
+        raw = read_json(path)
+        if all(key in raw for key in ("query_prefix", "document_prefix", "query_length", "document_length")):
+            return "colbert"
+    return ""
+
+
+def _late_head(model_dir: str, late: str, requested: str | None, raw: dict[str, Any]) -> TaskHead:
+    if not late:
+        raise ModelError(
+            f"task=multivector needs a late-interaction model (BGE-M3's colbert_linear.pt, or a ColBERT model in "
+            f"PyLate's format); {model_dir} is {_what(raw)}"
+        )
+    tasks = LATE_TASKS[late]
+    if late == "bge-m3" and not os.path.isfile(os.path.join(model_dir, "sparse_linear.pt")):
+        tasks = tuple(task for task in tasks if task != "sparse")
+    if requested is not None and requested not in tasks:
+        raise ModelError(
+            f"task={requested}: {model_dir} is {'BGE-M3' if late == 'bge-m3' else 'a ColBERT model'}, which answers "
+            f"{', '.join(tasks)}"
+        )
+    return TaskHead(requested or tasks[0], late=late)
+
+
+@functools.lru_cache(maxsize=64)
+def model_tasks(model_dir: str, requested: str | None) -> tuple[str, ...]:
+    """The tasks of the model in ``model_dir`` for the head's checks, without reading weights,
+    its own first: ``requested`` (and a late-interaction model's others), else what its files
+    say (``embed`` for a directory that cannot say, whose faults its workers report)."""
     try:
-        return read_task(model_dir, "bert", None).task
+        return read_task(model_dir, "bert", requested).tasks
     except (ValueError, TypeError, OSError):  # ModelError too: the head must not fail on a model's files
-        return "embed"
+        return (requested or "embed",)
+
+
+def model_task(model_dir: str, requested: str | None) -> str:
+    """The task of the model in ``model_dir`` (its own, of :func:`model_tasks`)."""
+    return model_tasks(model_dir, requested)[0]
+
+
+def answers(info: dict[str, Any], task: str) -> bool:
+    """Whether a model answers ``task``, by what its workers said (``info``)."""
+    tasks = info.get("tasks")
+    if isinstance(tasks, list):
+        return task in tasks
+    return (info.get("task") or "embed") == task
 
 
 def wrong_task(name: str, task: str, asked: str, served: Sequence[str] | None = None) -> str:

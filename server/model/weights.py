@@ -39,7 +39,7 @@ def read_weights(model: ModelFiles) -> dict[str, np.ndarray]:
         logger.info("%d tensors come from the fine-tuned checkpoint", len(tuned))
         weights.update(tuned)
     _check_shapes(model, weights)
-    weights.update(_read_dense(model))
+    weights.update(read_dense(model))
     return weights
 
 
@@ -94,7 +94,7 @@ def _safetensors_files(paths: Iterable[str]) -> Iterator[tuple[str, dict[str, np
             raise ModelFileError(f"cannot read {path}: {exc}") from exc
 
 
-def _read_dense(model: ModelFiles) -> dict[str, np.ndarray]:
+def read_dense(model: ModelFiles) -> dict[str, np.ndarray]:
     """The sentence-transformers Dense layers' weights, as ``head/dense_{i}/kernel`` [in, out]."""
     weights: dict[str, np.ndarray] = {}
     for i, layer in enumerate(model.defaults.dense):

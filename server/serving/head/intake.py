@@ -86,7 +86,7 @@ def admit(
     if options.prompt:  # the prompt's tokens count toward max_seq_len, as it runs
         texts = apply_prompt(texts, options.prompt)
     nbytes = admission.held_bytes(texts)
-    row_bytes = costs.reply_row_bytes(info, options.dimensions)
+    row_bytes = costs.reply_row_bytes(info, options.dimensions, options.task)
     too_large = costs.too_large_reply(len(texts), row_bytes, limits.max_reply_bytes)
     refusal = admission.check_bytes(nbytes, held.queued_bytes, limits.max_queued_bytes) or (
         Refusal(too_large, "limit") if too_large is not None else None

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ...config.server import ServerConfig
 from ...model.prompts import Prompts
-from ...model.tasks import model_task
+from ...model.tasks import model_task, model_tasks
 from ..policy.scheduler import Scheduler
 from .control import Control
 from .registry import Registry
@@ -107,7 +107,7 @@ class Models:
 
     def of_task(self, task: str) -> list[str]:
         """The names of the served models of ``task``, as their files say."""
-        return [model.name for model in self if model_task(model.model_dir, model.config.model.task) == task]
+        return [model.name for model in self if task in model_tasks(model.model_dir, model.config.model.task)]
 
     def default_names(self) -> dict[str, str]:
         """Each served task's default model, by name (CONFIG's ``default_models``)."""
@@ -192,6 +192,7 @@ def model_summary(model: HeadModel, registry: Registry) -> dict[str, Any]:
         "dtype": info.get("dtype"),
         "pooling_strategy": info.get("pooling_strategy"),
         "task": info.get("task") or model_task(model.config.model.model_dir, model.config.model.task),
+        "tasks": info.get("tasks") or list(model_tasks(model.config.model.model_dir, model.config.model.task)),
         "model_version": model.version,
         "workers": registry.serving_count(model.name),
         "prompts": sorted(model.prompts.texts),

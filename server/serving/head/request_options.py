@@ -17,7 +17,7 @@ from bertserve.client import protocol as p
 
 from ...config.server import ServerConfig
 from ...model.prompts import Prompts, UnknownPrompt
-from ...model.tasks import model_task, wrong_task
+from ...model.tasks import late_kind, model_tasks, wrong_task
 from ...tracing import checked_traceparent
 from ..policy.admission import Refusal, chunking
 
@@ -35,6 +35,7 @@ class EncodeOptions:
     trace: str | None = None  # the caller's W3C traceparent, which the head's span continues
     normalize: bool | None = None  # unit-length vectors or not; None: as the model's modules say
     adapter: int = 0  # the LoRA task adapter the prompt chooses (.model.lora): its place + 1, 0 for none
+    reads: str = ""  # how a late-interaction model reads the texts: as documents (""), "query" or "pairs"
 
 
 def read_options(
@@ -79,9 +80,41 @@ def read_options(
         shown = repr(trace)[:80]
         return Refusal(f"traceparent must be a W3C traceparent, 00-<32 hex>-<16 hex>-<2 hex>, not {shown}", "protocol")
     adapter = 0 if is_tokenized else prompts.adapter_of(header.get("prompt_name"))
+    reads = _reads(header, config, model, task)
+    if isinstance(reads, Refusal):
+        return reads
     return EncodeOptions(
-        is_tokenized, show_tokens, chunk, timeout_s, prompt, truncation, dimensions, task, trace, normalize, adapter
+        is_tokenized,
+        show_tokens,
+        chunk,
+        timeout_s,
+        prompt,
+        truncation,
+        dimensions,
+        task,
+        trace,
+        normalize,
+        adapter,
+        reads,
     )
+
+
+def _reads(header: dict[str, Any], config: ServerConfig, model: dict[str, Any], task: str) -> str | Refusal:
+    """How a late-interaction model reads the request's texts (``is_query``: a ColBERT query)."""
+    is_query = header.get("is_query", False)
+    if not isinstance(is_query, bool):
+        return Refusal(f"is_query must be true or false, not {is_query!r}")
+    if is_query and task != "multivector":
+        return Refusal(f"is_query applies to multivector requests, not to a {task} request")
+    try:
+        late = model.get("late") or late_kind(config.model.model_dir)
+    except (ValueError, OSError):  # a directory its workers will report on
+        late = ""
+    if not late:
+        return ""
+    if task == "rerank":
+        return "pairs"
+    return "query" if is_query and late == "colbert" else ""
 
 
 def _timeout(raw: Any, config: ServerConfig) -> float | Refusal:
@@ -134,8 +167,10 @@ def _task(
     task = header.get("task", "embed")
     if task not in p.TASKS:
         return Refusal(f"task must be one of {', '.join(p.TASKS)}, not {task!r}")
-    own = model.get("task") or model_task(config.model.model_dir, config.model.task)
-    if task != own:
+    tasks = model.get("tasks") or ([model["task"]] if model.get("task") else None)
+    tasks = tasks or model_tasks(config.model.model_dir, config.model.task)
+    own = tasks[0]
+    if task not in tasks:
         served = of_task(task) if of_task is not None else None
         return Refusal(wrong_task(name or config.serving.served_model_name or "", own, task, served), p.WRONG_TASK)
     return str(task)

@@ -119,6 +119,8 @@ class Requests:
             truncation=options.truncation,
             trace=trace,
             adapter=options.adapter,
+            task=options.task,
+            reads=options.reads,
             slot=taken.slot,
         )
         if span is not None:

@@ -10,9 +10,10 @@ counted for each pair. The count is an upper bound known before any tokenizer ru
 
 **Bytes.** An answer holds ``rows x values x bytes``: ``values`` is a vector's width (the
 ``dimensions`` asked for, else the model's), times the model's length for a model that returns
-one vector per token; a sparse (SPLADE) row is at most every vocabulary entry, each an id and
-a weight. The bytes of a value are those of the array the workers and the sink hold, or, for an
-HTTP answer, of the JSON text that carries it.
+one vector per token (a late-interaction model's multi-vector: its length's, of its token
+vectors' width); a sparse (SPLADE) row is at most every vocabulary entry, each an id and a
+weight (a late-interaction model's: a term a token). The bytes of a value are those of the
+array the workers and the sink hold, or, for an HTTP answer, of the JSON text that carries it.
 """
 
 from __future__ import annotations
@@ -91,12 +92,16 @@ def too_many_tokens(total: int, limit: int) -> str | None:
     )
 
 
-def row_values(info: Mapping[str, Any], dimensions: int | None = None) -> int:
-    """The most values one row of the answer holds, by what the model's workers said of it
-    (``output_dim``, ``token_level``, ``max_seq_len``, ``task``); 0 if they have not said."""
+def row_values(info: Mapping[str, Any], dimensions: int | None = None, task: str | None = None) -> int:
+    """The most values one row of the answer to a request of ``task`` (by default the model's
+    own) holds, by what the model's workers said of it (``output_dim``, ``token_level``,
+    ``max_seq_len``, ``task``; a late-interaction model's ``multivector_dim`` and
+    ``query_length``); 0 if they have not said."""
     width = info.get("output_dim")
     if not isinstance(width, int) or isinstance(width, bool) or width < 1:
         return 0
+    if info.get("late") and task not in (None, "embed"):
+        return _late_values(info, task)
     if dimensions is not None and 1 <= dimensions < width and info.get("task", "embed") == "embed":
         width = dimensions
     length = info.get("max_seq_len")
@@ -105,10 +110,24 @@ def row_values(info: Mapping[str, Any], dimensions: int | None = None) -> int:
     return width
 
 
-def reply_row_bytes(info: Mapping[str, Any], dimensions: int | None = None) -> int:
-    """The most bytes one row of the answer takes as the workers send it and the sink holds it."""
-    values = row_values(info, dimensions)
-    if info.get("task") == "sparse":
+def _late_values(info: Mapping[str, Any], task: str) -> int:
+    """A late-interaction model's row: a score, a term a token (an id and a weight: its
+    ``SPARSE_TERM_BYTES`` count it), or a vector a position."""
+    if task == "rerank":
+        return 1
+    positions = max(_count(info.get("max_seq_len")), _count(info.get("query_length")))
+    return positions if task == "sparse" else positions * _count(info.get("multivector_dim"))
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def reply_row_bytes(info: Mapping[str, Any], dimensions: int | None = None, task: str | None = None) -> int:
+    """The most bytes one row of the answer to a request of ``task`` (by default the model's
+    own) takes as the workers send it and the sink holds it."""
+    values = row_values(info, dimensions, task)
+    if (task or info.get("task")) == "sparse":
         return values * SPARSE_TERM_BYTES
     return values * (2 if info.get("output_dtype") == "float16" else 4)
 

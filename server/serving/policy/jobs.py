@@ -35,12 +35,15 @@ class Piece:
     truncation: str = "right"  # the side an over-long input is cut on
     trace: str | None = None  # the traceparent of the head's span of its request, when traced
     adapter: int = 0  # the LoRA task adapter its prompt chose (its place + 1; 0: none)
+    task: str = "embed"  # what it asks of the model: a late-interaction model answers several in one job
+    reads: str = ""  # how a late-interaction model reads its texts: as documents, "query" or "pairs"
 
     @property
-    def kind(self) -> tuple[bool, bool, int | None, str, int]:
+    def kind(self) -> tuple[bool, bool, int | None, str, int, str]:
         """Pieces of one kind may share a job: the worker reads the input kind, chunking,
-        truncation side and adapter from the job, and only a worker of the version runs it."""
-        return self.is_tokenized, self.chunk, self.version, self.truncation, self.adapter
+        truncation side, adapter and reading from the job, and only a worker of the version
+        runs it. Pieces of different tasks read alike share one: one run answers each."""
+        return self.is_tokenized, self.chunk, self.version, self.truncation, self.adapter, self.reads
 
 
 @dataclass
@@ -84,7 +87,12 @@ class Job:
         """Whose rows the job carries, in the order of its rows, with each traced request's
         traceparent (the parent of the worker's spans of it)."""
         return [
-            {"key": piece.key, "rows": piece.rows.tolist(), **({"trace": piece.trace} if piece.trace else {})}
+            {
+                "key": piece.key,
+                "rows": piece.rows.tolist(),
+                **({"trace": piece.trace} if piece.trace else {}),
+                **({"task": piece.task} if piece.task != "embed" else {}),
+            }
             for piece in self.pieces
         ]
 
@@ -100,6 +108,7 @@ class Job:
             **({"chunk": True} if first.chunk else {}),
             **({"truncation_direction": first.truncation} if first.truncation != "right" else {}),
             **({"adapter": first.adapter} if first.adapter else {}),
+            **({"reads": first.reads} if first.reads else {}),
         }
         if self.deadline != float("inf"):
             header["expires_in_s"] = round(self.deadline - now, 4)

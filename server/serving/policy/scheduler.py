@@ -120,6 +120,8 @@ class Scheduler:
         truncation: str = "right",
         trace: str | None = None,
         adapter: int = 0,
+        task: str = "embed",
+        reads: str = "",
         slot: Slot | None = None,
     ) -> None:
         """Queue a checked, non-empty request admitted ``now``, to run on model ``version``
@@ -143,6 +145,8 @@ class Scheduler:
             truncation,
             trace,
             adapter,
+            task,
+            reads,
         )
         queue = self.clients.get(client)
         if queue is None:

@@ -96,6 +96,9 @@ class Hello(_Schema):
     model_name: ModelName | None = None  # the served model its workers join for (None: the head's default)
 
 
+_Task = Literal["embed", "rerank", "classify", "sparse", "multivector"]
+
+
 class ModelInfo(_Schema):
     """What a worker's model says of itself (``Model.describe()``), allow-listed: the fields
     declared here, each typed and bounded, and nothing else (a READY whose description holds
@@ -128,7 +131,14 @@ class ModelInfo(_Schema):
     model_dir: Text4096 | None = None
     model_class: Text255 | None = None
     family: Label | None = None  # the encoder's family: bert, roberta, distilbert, mpnet, modernbert
-    task: Literal["embed", "rerank", "classify", "sparse"] | None = None  # what the model computes
+    task: _Task | None = None  # what the model computes
+    # a late-interaction model (.model.late): every task it answers, its own first; its kind; the
+    # width of its token vectors; a ColBERT query's positions and a document's most
+    tasks: list[_Task] | None = Field(default=None, min_length=1, max_length=8)
+    late: Literal["bge-m3", "colbert"] | None = None
+    multivector_dim: int | None = Field(default=None, ge=1, le=1 << 16)
+    query_length: int | None = Field(default=None, ge=1, le=1 << 20)
+    document_length: int | None = Field(default=None, ge=1, le=1 << 20)
     labels: list[Text255] | None = Field(default=None, max_length=MAX_LABELS)  # a classifier's, in id order
     activation: Literal["identity", "sigmoid", "tanh"] | None = None  # a reranker's, on its logits
     # the int8/uint8 embedding types' ranges (.model.calibration): [min, max], one value a dimension
@@ -185,10 +195,12 @@ class Done(_Schema):
 
 
 class Part(_Schema):
-    """The rows of one request a job carries, in the order of the job's rows."""
+    """The rows of one request a job carries, in the order of the job's rows, and the task
+    they ask of a model that answers several (a late-interaction model's)."""
 
     key: str = Field(max_length=256)
     rows: list[Row]
+    task: _Task = "embed"
 
 
 class ResultHeader(_Schema):

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import zmq
 from bertserve.client import protocol as p
-from bertserve.client.tasks import sparse_pairs
 
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ...config.telemetry import Telemetry
@@ -47,6 +46,7 @@ from ..protocol import wire
 from ..protocol.wire import Addresses
 from .devices import configure_device
 from .feeds import ThreadFeed, as_numpy, tf_data_feed
+from .outputs import job_result, task_results
 from .traced import JobTimes, now_if_tracing
 
 logger = logging.getLogger("bertserve.worker")
@@ -88,7 +88,8 @@ class Worker:
         self.slot_seconds: float | None = None  # a model run's seconds per token slot, smoothed
         described = model.describe()
         self.token_level = bool(described.get("token_level"))  # rows of unequal width: never sliced
-        self.sparse = described.get("task") == "sparse"  # rows sent as [id, weight] pairs, not vocabulary-wide
+        self.late = bool(described.get("late"))  # several tasks from one run, one RESULT each (.outputs)
+        self.sparse = described.get("task") == "sparse" and not self.late  # rows sent as [id, weight] pairs
         # sentence vectors whose Normalize module the graph leaves to the sink (graph.serving_graph)
         self.normalizes = bool(described.get("normalize")) and not self.token_level and not self.sparse
 
@@ -172,6 +173,8 @@ class Worker:
             options: dict[str, Any] = {"chunk": True} if header.get("chunk") else {}  # only models that chunk are asked
             if header.get("truncation_direction", "right") != "right":  # and only models that cut on the left
                 options["truncation_direction"] = header["truncation_direction"]
+            if header.get("reads"):  # a late-interaction model's queries or rerank pairs
+                options["reads"] = header["reads"]
             batch = self.model.tokenize(
                 texts,
                 is_tokenized=bool(header.get("is_tokenized")),
@@ -294,26 +297,18 @@ class Worker:
             owners = np.asarray(header["owners"], np.int64) if "owners" in header else None
             batch = TokenizedBatch(ids, segments, lengths, np.asarray(header["truncated"], bool), owners=owners)
             run_start = time.time_ns()
-            vectors, slots, lent = self._run_model(batch, expires_at)
-            times.ran(run_start)
-            if len(vectors) != len(lengths):
-                raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
-            out = {"parts": parts, "tokens": header.get("tokens"), "model_version": self.version}
-            if self.normalizes:
-                out["normalizes"] = True
-            if owners is not None:  # windows of long inputs: one row per input again
-                vectors = np.ascontiguousarray(self.model.combine(batch, vectors))  # type: ignore[attr-defined]
-                out["windows"] = np.bincount(owners).tolist()
-                out["lengths"] = np.bincount(owners, weights=lengths).astype(np.int64).tolist()
-                out["truncated"] = (np.bincount(owners, weights=batch.truncated) > 0).tolist()
+            if self.late:  # one run, a result for each task the job's parts ask for
+                results = list(task_results(self.model, batch, header, self.version))  # type: ignore[arg-type]
+                slots = self.model.token_slots(batch)
             else:
-                out["lengths"] = np.asarray(lengths).tolist()
-                out["truncated"] = batch.truncated.tolist()  # each input cut to the model's length, or not
-            ran = len(vectors)  # inputs (a chunked input's windows are one)
-            if self.sparse:
-                vectors = sparse_pairs(vectors)
-            out.update(p.array_header(vectors))
-            self.results.send_multipart([wire.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
+                vectors, slots, lent = self._run_model(batch, expires_at)
+                if len(vectors) != len(lengths):
+                    raise RuntimeError(f"the model returned {len(vectors)} rows for {len(lengths)} inputs")
+                results = [job_result(self.model, batch, header, vectors, self.version, self.normalizes, self.sparse)]
+                ran = len(results[0][1])  # inputs (a chunked input's windows are one)
+            times.ran(run_start)
+            for out, vectors in results:
+                self.results.send_multipart([wire.RESULT, job_id, p.dumps(out), vectors.data], copy=False)
             tokens = int(batch.lengths.sum())
         except Expired as expired:
             ran, skipped, slots, lent = expired.ran, expired.skipped, expired.slots, expired.lent
@@ -360,6 +355,12 @@ def load_model(config: ServerConfig, device: str) -> Model:
 
         model: Model = load_model_class(config.serving.model_class)(config.model)
         return model
+    from ...model.tasks import late_kind
+
+    if late_kind(config.model.model_dir):  # BGE-M3, ColBERT: several outputs from one run
+        from ...model.late import LateModel
+
+        return LateModel(config.model.replace(device=device))
     from ...model.encoder import Encoder
 
     return Encoder(config.model.replace(device=device))
