@@ -205,9 +205,9 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         print_status("warning", unpaired)
     texts = lines.texts if args.pairs else [one_sentence(text) for text in lines.texts]
     config = model_config_from_args(args)
-    from ..model.encoder import Encoder
+    from ..model.opening import open_model
 
-    vectors = Encoder(config).encode(texts)
+    vectors = open_model(config).encode(texts)
     written = save(args.output, vectors, lines.numbers)
     if skipped := skipped_note(lines, source, written):
         print(skipped, file=sys.stderr)

@@ -239,7 +239,8 @@ def openai_input(value: Any, tokenizer: Any, *, token_ids: bool) -> tuple[list[A
         if flat:
             return [_tokens_of(value, tokenizer, "input")], True
         return [_tokens_of(ids, tokenizer, f"input[{i}]") for i, ids in enumerate(value)], True
-    bad = next(i for i, item in enumerate(value) if not isinstance(item, type(value[0])) or isinstance(item, bool))
+    # the first item unlike the first (a bool is no id), else the first: all of one type none of these are
+    bad = next((i for i, item in enumerate(value) if not isinstance(item, type(value[0])) or isinstance(item, bool)), 0)
     raise HTTPError(
         422,
         f"input[{bad}] is a {type(value[bad]).__name__}; input must be a string, a list of "

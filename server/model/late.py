@@ -160,6 +160,17 @@ class LateModel:
             batch = _expanded(batch, heads.query_length, heads.expansion, heads.attend_expansion)
         return batch
 
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """BGE-M3's dense vectors of ``texts``, normalized, as ``Encoder.encode`` gives an
+        encoder's (``bertserve embed``); a ColBERT model has no sentence vector."""
+        if "embed" not in self.head.tasks:
+            raise ModelError(
+                f"{named(self.heads.kind)} gives token vectors, not one vector a sentence: serve it and ask "
+                "/embed_multivector or BertClient.encode_multivector"
+            )
+        dense = self.run_tasks(self.tokenize(list(texts)), {"embed": np.arange(len(texts))})["embed"]
+        return dense / np.maximum(np.linalg.norm(dense, axis=-1, keepdims=True), 1e-12)
+
     # -- model runs -------------------------------------------------------------------------
 
     def run(self, batch: TokenizedBatch) -> np.ndarray:

@@ -32,6 +32,7 @@ from .st_modules import (
     read_modules,
     sentence_transformers_defaults,
 )
+from .static import is_static_model
 from .tasks import TaskHead, read_task
 
 __all__ = ["EncoderConfig", "ModelDefaults", "ModelFiles", "inspect_model", "pooling_config", "read_json"]
@@ -96,6 +97,11 @@ def inspect_model(options: ModelConfig) -> ModelFiles:
         # base directory keeps Google's names unless it has only the given ones.
         config_name = _first_present(options.model_dir, [_GOOGLE_CONFIG, config_name])
         ckpt_name = _first_present(options.model_dir, [_GOOGLE_CKPT, ckpt_name], suffix=".index")
+    if is_static_model(options.model_dir):
+        raise ModelFileError(
+            f"{options.model_dir} holds a static model (model2vec), which runs no BERT graph: serve it with "
+            "`bertserve start --model-dir`, or encode with StaticEncoder (bertserve.server.model.static)"
+        )
     layout = detect_layout(options.model_dir, config_name)
     if layout == "google":
         model = _inspect_google(options.model_dir, config_name, ckpt_name, options.vocab_name or VOCAB)

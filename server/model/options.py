@@ -19,6 +19,7 @@ from .chunking import check_chunkable
 from .graph import GraphSpec
 from .model_dir import ModelFiles, inspect_model
 from .pooling import pooled_width
+from .static import is_static_model, resolve_static
 from .tokenization import WordPieceTokenizer
 from .yes_no import PairTemplate
 
@@ -26,6 +27,8 @@ from .yes_no import PairTemplate
 def resolve_options(requested: ModelConfig) -> tuple[dict[str, Any], WordPieceTokenizer]:
     """Check a model directory and options without loading weights or TensorFlow; returns
     the resolved options and the model's tokenizer."""
+    if is_static_model(requested.model_dir):
+        return resolve_static(requested)
     model = inspect_model(requested)
     config, spec = resolve(requested, model)
     adapters = {"adapters": list(model.config.adapters)} if model.config.adapters else {}

@@ -30,6 +30,7 @@ from .default import default_graph_dir
 from .graph import GraphSpec, cache_key, load_or_build, serving_graph
 from .model_dir import inspect_model
 from .options import resolve
+from .static import is_static_model
 
 logger = logging.getLogger("bertserve.prepare")
 
@@ -62,7 +63,8 @@ def small_run_spec(config: ModelConfig, spec: GraphSpec) -> GraphSpec | None:
 def missing_steps(requested: ModelConfig) -> list[str]:
     """The steps of :data:`STEPS` whose product is not in the graph cache yet. Reads and
     hashes the model files (for the cache key) but loads no TensorFlow."""
-
+    if is_static_model(requested.model_dir):
+        return []  # a table of vectors: no graph to build
     model = inspect_model(requested)
     config, spec = resolve(requested, model)
     spec = serving_graph(spec)  # the graph the workers run

@@ -75,9 +75,8 @@ def tokens_per_input(batch: TokenizedBatch) -> list[list[str]] | None:
 
 
 class ModelTokenizer:
-    """Turns strings (or token lists) into padded id arrays, truncating to ``max_len``, with
-    the model's own tokenizer: any of WordPiece, BPE and Unigram. (``WordPieceTokenizer``
-    is the same class, by the name it had when BERT's was the only one.)
+    """Turns strings (or token lists) into padded id arrays, truncating to ``max_len``, with the model's own
+    tokenizer: any of WordPiece, BPE and Unigram (``WordPieceTokenizer``, its name when BERT's was the only one).
 
     ``cls_id`` and ``sep_id`` are the first and last special tokens of a single input
     (``[CLS]``/``[SEP]``, ``<s>``/``</s>``); ``unk_id`` is the unknown token's id, None for a
@@ -92,12 +91,14 @@ class ModelTokenizer:
         max_len: int,
         stride: int = 0,
         pair_template: PairTemplate | None = None,
+        add_special_tokens: bool = True,  # False: a static model's, whose tokens are its text's (.static)
     ) -> None:
         tokenizer = read_tokenizer(vocab_path, tokenizer_json, do_lower_case)
+        tokenizer.post_processor = tokenizer.post_processor if add_special_tokens else None
         if pair_template is not None:  # a causal LM reranking: its template's turns are kept as special tokens
             tokenizer.post_processor = template_processor(tokenizer, pair_template)
         self._pair_template = pair_template
-        self._specials = specials = special_tokens(tokenizer, tokenizer_json or vocab_path)
+        self._specials = specials = special_tokens(tokenizer, tokenizer_json or vocab_path, add_special_tokens)
         if max_len <= specials.pair:
             raise ModelOptionError(
                 f"max_seq_len {max_len} leaves no room for text: the model adds {specials.pair} special "
@@ -117,8 +118,8 @@ class ModelTokenizer:
         # copies of the tokenizer cutting on the left ("left") or not at all (None), and its
         # twins reading ids ("ids-right", "ids-left"), each made when first asked for
         self._variants: dict[str | None, Any] = {"right": tokenizer}
-        self.cls_id: int = (specials.prefix or specials.suffix)[0]
-        self.sep_id: int = (specials.suffix or specials.prefix)[-1]
+        self.cls_id: int = (specials.prefix or specials.suffix or (-1,))[0]  # -1: none
+        self.sep_id: int = (specials.suffix or specials.prefix or (-1,))[-1]
         self.unk_id: int | None = unk_id(tokenizer)
         self._vocab_size = tokenizer.get_vocab_size()
 

@@ -46,9 +46,9 @@ def read_tokenizer(vocab_path: str | None, tokenizer_json: str | None, do_lower_
     raise ModelFileError("the model directory has neither tokenizer.json nor vocab.txt")
 
 
-def special_tokens(tokenizer: Any, source: str | None) -> Specials:
+def special_tokens(tokenizer: Any, source: str | None, required: bool = True) -> Specials:
     """The special tokens ``tokenizer`` (read from ``source``) adds, found by having its
-    post-processor process one word; refused if it adds none around an input."""
+    post-processor process one word; refused if it adds none around an input and they are ``required``."""
     from tokenizers import Tokenizer, models
 
     probe = Tokenizer(models.WordLevel({"w": 0}, unk_token="w"))
@@ -57,7 +57,7 @@ def special_tokens(tokenizer: Any, source: str | None) -> Specials:
     encoding = probe.encode(["w"], is_pretokenized=True)
     word = encoding.sequence_ids.index(0)
     prefix, suffix = tuple(encoding.ids[:word]), tuple(encoding.ids[word + 1 :])
-    if not prefix and not suffix:
+    if not prefix and not suffix and required:
         raise ModelFileError(
             f"{source} adds no special tokens around an input (its post_processor is "
             f"{type(tokenizer.post_processor).__name__}); the model's pooling needs its own first and last "

@@ -280,3 +280,26 @@ def test_grpc_vs_http_benchmark_measures_every_path(tiny_google: str, tmp_path: 
     assert len(report["targets"]) == 6 and report["targets"][-1]["passed"] is True
     markdown = (tmp_path / "grpc.md").read_text(encoding="utf-8")
     assert "| target | measured | goal | result |" in markdown and "CPU:" in markdown
+
+
+@pytest.mark.timeout(240)
+def test_static_vs_model2vec_benchmark_measures_both_sides(tmp_path: Path) -> None:
+    """benchmarks/static_vs_model2vec.py --quick: a tiny static model made by model2vec, served and
+    encoded in process; both sides measured, the ratio judged, the vectors the same."""
+    pytest.importorskip("model2vec")
+    script = SUITE.parent / "static_vs_model2vec.py"
+    args = [
+        sys.executable,
+        str(script),
+        "--quick",
+        "--json",
+        str(tmp_path / "s.json"),
+        "--markdown",
+        str(tmp_path / "s.md"),
+    ]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=230, cwd=tmp_path)
+    assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    report = json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))
+    assert all(row["per_s"] > 0 and len(row["seconds"]) == 2 for row in report["bulk"].values())
+    assert report["ratio"] > 0 and report["min_cosine"] > 0.99999
+    assert "CPU:" in (tmp_path / "s.md").read_text(encoding="utf-8")

@@ -41,6 +41,7 @@ from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ...config.telemetry import Telemetry
 from ...memory import trim_heap
 from ...model.interface import Model
+from ...model.opening import needs_tensorflow
 from ...model.tokenization import TokenizedBatch, tokens_per_input
 from ..protocol import wire
 from ..protocol.wire import Addresses
@@ -349,21 +350,15 @@ class Expired(Exception):
 
 
 def load_model(config: ServerConfig, device: str) -> Model:
-    """The model this server serves: ``config.serving.model_class`` if set, else the BERT ``Encoder``."""
+    """The model this server serves: ``config.serving.model_class`` if set, else the directory's (.model.opening)."""
     if config.serving.model_class:
         from ...model.interface import load_model_class
 
         model: Model = load_model_class(config.serving.model_class)(config.model)
         return model
-    from ...model.tasks import late_kind
+    from ...model.opening import open_model
 
-    if late_kind(config.model.model_dir):  # BGE-M3, ColBERT: several outputs from one run
-        from ...model.late import LateModel
-
-        return LateModel(config.model.replace(device=device))
-    from ...model.encoder import Encoder
-
-    return Encoder(config.model.replace(device=device))
+    return open_model(config.model.replace(device=device))
 
 
 def run_worker(
@@ -380,7 +375,8 @@ def run_worker(
         # need it at once, or every request and reply waits behind a model run's time slice.
         os.nice(config.workers.worker_nice)
     try:
-        device = "cpu" if config.serving.model_class else configure_device(config, index)
+        tensorflow = not config.serving.model_class and needs_tensorflow(config.model)
+        device = configure_device(config, index) if tensorflow else "cpu"
         model = load_model(config, device)
     except Exception as exc:
         logger.error("worker %d could not load the model: %s", index, exc)
