@@ -279,8 +279,8 @@ class LateModel:
             for i, (state, (ids, _)) in enumerate(zip(states, sequences, strict=True))
         ]
         scores = np.zeros((len(rows), 1), np.float32)
-        for place, (query, document) in enumerate(places):
-            best = (vectors[query] @ vectors[document].T).max(axis=1)
+        for place, (asked, answered) in enumerate(places):
+            best = (vectors[asked] @ vectors[answered].T).max(axis=1)
             scores[place, 0] = best.sum() if self.heads.kind == "colbert" else best.mean()
         return scores
 

@@ -80,6 +80,7 @@ def _colbert_heads(files: ModelFiles, model_dir: str, tokenizer: Any) -> Heads:
     lengths = [raw.get(name) for name in ("query_length", "document_length")]
     if not all(isinstance(n, int) and not isinstance(n, bool) and n > 2 for n in lengths):
         raise ModelFileError(f"{path}: query_length and document_length should be integers above 2, not {lengths}")
+    query_length, document_length = (int(n) for n in lengths if isinstance(n, int))
     if len(files.defaults.dense) != 1:
         raise ModelError(f"{model_dir}: a ColBERT model has one Dense module, not {len(files.defaults.dense)}")
     (layer,) = files.defaults.dense
@@ -102,8 +103,8 @@ def _colbert_heads(files: ModelFiles, model_dir: str, tokenizer: Any) -> Heads:
         dense.get("head/dense_0/bias"),
         query_prefix=token("query_prefix"),
         document_prefix=token("document_prefix"),
-        query_length=int(lengths[0]),
-        document_length=int(lengths[1]),
+        query_length=query_length,
+        document_length=document_length,
         expansion=mask if expand else None,
         attend_expansion=bool(raw.get("attend_to_expansion_tokens", False)),
         skipped=skipped,

@@ -343,7 +343,7 @@ class Scheduler:
         return self._take_pieces(shares, kind, room)
 
     def _take_pieces(
-        self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None, str, int], room: int
+        self, shares: list[tuple[bytes, int]], kind: tuple[bool, bool, int | None, str, int, str], room: int
     ) -> Job:
         """A job of up to ``share`` rows of small requests from each client, in order, and of
         at most ``room`` rows in all."""
