@@ -119,6 +119,7 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         ("POST", "/predict", tasks.predict, "Text Embeddings Inference-compatible sequence classification"),
         ("POST", "/embed_sparse", tasks.embed_sparse, "Text Embeddings Inference-compatible sparse (SPLADE) vectors"),
         ("POST", "/embed_all", tasks.embed_all, "Text Embeddings Inference-compatible token vectors (pooling NONE)"),
+        ("POST", "/embed_multivector", tasks.embed_multivector, "Multi-vectors of a ColBERT or BGE-M3 model"),
         ("GET", "/health", api.health, "Liveness: 200 while this process serves"),
         ("GET", "/ready", api.ready, "Readiness: 200 while every served model has a worker with it loaded, else 503"),
         ("GET", "/status", api.status, "The server's status, as `bertserve status` shows it"),

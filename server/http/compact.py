@@ -24,6 +24,29 @@ def requested(value: Any) -> tuple[str, ...] | None:
         raise HTTPError(422, str(exc), param="embedding_types") from None
 
 
+def requested_multivector(value: Any) -> tuple[str, ...] | None:
+    """The types a multi-vector request's ``embedding_types`` asks for
+    (:data:`~bertserve.client.tasks.MULTIVECTOR_TYPES`), checked; None when it is left out."""
+    if value is None:
+        return None
+    types = [value] if isinstance(value, str) else value
+    if not isinstance(types, list) or not types or len(set(map(repr, types))) != len(types):
+        raise HTTPError(
+            422,
+            f"embedding_types must be one of {', '.join(t.MULTIVECTOR_TYPES)} or a non-empty list of them, each once",
+            param="embedding_types",
+        )
+    for kind in types:
+        if kind not in t.MULTIVECTOR_TYPES:
+            raise HTTPError(
+                422,
+                f"embedding_types {str(kind)[:40]!r} is not answered for multi-vectors: "
+                f"one of {', '.join(t.MULTIVECTOR_TYPES)}",
+                param="embedding_types",
+            )
+    return tuple(types)
+
+
 def forms(vectors: np.ndarray, types: tuple[str, ...], info: dict[str, Any]) -> dict[str, np.ndarray]:
     """``vectors`` in each of ``types``; a 422 that says how to calibrate for int8 and uint8
     without ranges. The ranges of the first dimensions serve vectors cut to ``dimensions``."""
@@ -44,10 +67,17 @@ def encoded(array: np.ndarray, encoding_format: str) -> Any:
     return [base64.b64encode(row.tobytes()).decode() for row in little]
 
 
-_JSON_VALUE_BYTES = {"float": 16.0, "int8": 5.0, "uint8": 5.0, "binary": 5 / 8, "ubinary": 5 / 8}
+_JSON_VALUE_BYTES = {"float": 16.0, "float16": 12.0, "int8": 5.0, "uint8": 5.0, "binary": 5 / 8, "ubinary": 5 / 8}
 """The most bytes one value of a vector takes in a JSON answer, by type: a float32 as text with
 its comma; a byte as a number; binary types pack 8 values in a byte."""
-_BASE64_VALUE_BYTES = {"float": 16 / 3, "int8": 4 / 3, "uint8": 4 / 3, "binary": 1 / 6, "ubinary": 1 / 6}
+_BASE64_VALUE_BYTES = {
+    "float": 16 / 3,
+    "float16": 8 / 3,
+    "int8": 4 / 3,
+    "uint8": 4 / 3,
+    "binary": 1 / 6,
+    "ubinary": 1 / 6,
+}
 
 
 def json_value_bytes(types: tuple[str, ...] | None, encoding_format: str = "float") -> float:

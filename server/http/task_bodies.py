@@ -1,7 +1,8 @@
-"""The request bodies of the task endpoints (rerank, classification, sparse, token vectors),
-in the shapes the clients already send: TEI's ``/rerank``, ``/predict``, ``/embed_sparse`` and
-``/embed_all``, and Cohere's and Jina's ``/v1/rerank`` and ``/v2/rerank``. The inputs are
-``SkipValidation`` and checked by hand (here, and in :mod:`.tasks`), so that an error names the
+"""The request bodies of the task endpoints (rerank, classification, sparse, token vectors,
+multi-vectors), in the shapes the clients already send: TEI's ``/rerank``, ``/predict``,
+``/embed_sparse`` and ``/embed_all`` (and ``/embed_multivector`` in their shape), and Cohere's
+and Jina's ``/v1/rerank`` and ``/v2/rerank``. The inputs are ``SkipValidation`` and checked by
+hand (here, and in :mod:`.tasks`), so that an error names the
 element at fault; ``model`` is bertserve's own in TEI's shapes (a TEI server serves one model)."""
 
 from __future__ import annotations
@@ -90,6 +91,25 @@ class EmbedAllRequest(BaseModel):
     truncate: bool | None = Field(None, description=_TRUNCATE)
     truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
     prompt_name: str | None = Field(None, description=_PROMPT_NAME)
+    model: str | None = Field(None, description=_MODEL)
+
+
+class MultivectorRequest(BaseModel):
+    """``/embed_multivector``: each input's token vectors, by a late-interaction model (a
+    ColBERT model, BGE-M3), in TEI's shape of a request."""
+
+    inputs: SkipValidation[Any]
+    is_query: SkipValidation[Any] = Field(
+        False, description="the inputs are queries: a ColBERT model reads them with its query prefix and expansion"
+    )
+    truncate: bool | None = Field(None, description=_TRUNCATE)
+    truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME)
+    embedding_types: SkipValidation[Any] = Field(
+        None,
+        description="float (the default), float16, binary or ubinary, or a list of them: each asked for is answered, "
+        "by its name",
+    )
     model: str | None = Field(None, description=_MODEL)
 
 

@@ -42,7 +42,7 @@ from .schemas import (
     json_response,
     not_json,
 )
-from .task_bodies import EmbedAllRequest, PredictRequest, SparseRequest, TEIRerankRequest
+from .task_bodies import EmbedAllRequest, MultivectorRequest, PredictRequest, SparseRequest, TEIRerankRequest
 from .tasks import API, TaskEndpoints
 
 
@@ -155,6 +155,7 @@ class TEIEndpoints:
                 "rerank": (TEIRerankRequest, self.tasks.tei_rerank),
                 "classify": (PredictRequest, self.tasks.predict),
                 "sparse": (SparseRequest, self.tasks.embed_sparse),
+                "multivector": (MultivectorRequest, self.tasks.embed_multivector),
             }
             answer = by_task[task]
         schema, endpoint = answer

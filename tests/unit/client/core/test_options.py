@@ -77,8 +77,9 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
         dimensions=8,
         prompt_name="query",
         truncation_direction="left",
-        task="embed",
+        task="multivector",
         normalize=False,
+        is_query=True,
     ).header(60_000)
     assert full == {
         "is_tokenized": False,
@@ -88,8 +89,9 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
         "dimensions": 8,
         "prompt_name": "query",
         "truncation_direction": "left",
-        "task": "embed",
+        "task": "multivector",
         "normalize": False,
+        "is_query": True,
     }
     assert set(full) - {"is_tokenized", "show_tokens"} == set(p.ENCODE_OPTIONS)  # the protocol's names
 

@@ -52,6 +52,23 @@ def test_a_rows_bytes_by_what_the_model_answers(info: dict, dimensions: int | No
     assert costs.reply_row_bytes(info, dimensions) == row_bytes
 
 
+@pytest.mark.parametrize(
+    ("task", "row_bytes"),
+    [
+        (None, 1024 * 4),  # its own task: the dense vector
+        ("embed", 1024 * 4),
+        ("multivector", 8192 * 1024 * 4),  # a vector at every position of its length
+        ("sparse", 8192 * 8),  # a term a token, an id and a weight
+        ("rerank", 4),
+    ],
+)
+def test_a_late_models_row_is_counted_for_the_task_asked(task: str | None, row_bytes: int) -> None:
+    bge_m3 = {"output_dim": 1024, "multivector_dim": 1024, "max_seq_len": 8192, "late": "bge-m3", "task": "embed"}
+    assert costs.reply_row_bytes(bge_m3, None, task) == row_bytes
+    colbert = {"output_dim": 96, "multivector_dim": 96, "max_seq_len": 300, "query_length": 32, "late": "colbert"}
+    assert costs.reply_row_bytes({**colbert, "task": "multivector"}, None, "multivector") == 300 * 96 * 4
+
+
 def test_an_answer_past_the_limit_says_how_many_inputs_fit() -> None:
     limit = 32 << 20
     assert costs.too_large_reply(21_845, 384 * 4, limit) is None

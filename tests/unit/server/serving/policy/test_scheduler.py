@@ -310,6 +310,19 @@ def test_inputs_of_different_kinds_never_share_a_job() -> None:
     assert [j.keys for j in jobs] == [["k1"], ["k2"]]
 
 
+def test_a_late_models_tasks_read_alike_share_a_job_and_its_other_readings_do_not() -> None:
+    s = make()
+    for key, task in (("dense", "embed"), ("terms", "sparse"), ("tokens", "multivector")):
+        take(s, key, key.encode(), [f"a text for {key}"], is_tokenized=False, show_tokens=False, now=0, task=task)
+    take(s, "query", b"q", ["a query"], is_tokenized=False, show_tokens=False, now=0, task="multivector", reads="query")
+    take(s, "pairs", b"p", ["q ||| d"], is_tokenized=False, show_tokens=False, now=0, task="rerank", reads="pairs")
+    jobs = drain(s)
+    assert [j.keys for j in jobs] == [["dense", "terms", "tokens"], ["query"], ["pairs"]]
+    header = jobs[0].header(0.0)
+    assert [part.get("task", "embed") for part in header["parts"]] == ["embed", "sparse", "multivector"]
+    assert "reads" not in header and jobs[1].header(0.0)["reads"] == "query" and jobs[2].header(0.0)["reads"] == "pairs"
+
+
 def test_admission_refuses_whole_requests_over_the_bounds() -> None:
     s = make(max_client_queued_sentences=30, max_queued_sentences=50, max_request_size=30)
     admit(s, b"a", 20)
