@@ -83,7 +83,7 @@ class TEIEndpoints:
             raise HTTPError(422, str(exc), param="embedding_types") from None
         api.bounds.request(model, info, texts, options, compact.json_value_bytes(types))
         if not api.settings.cuts(body.truncate) and body.long_inputs != "chunk":
-            await api.refuse_over_long(call, model, info, texts, options)
+            await api.refuse_over_long(call, model, info, texts, options, chunkable=bool(info.get("chunking", True)))
         reply = await api.encode(call, model, texts, options)
         return reply.array().astype(np.float32, copy=False), reply, info, types
 

@@ -200,7 +200,7 @@ class Part(_Schema):
 
     key: str = Field(max_length=256)
     rows: list[Row]
-    task: _Task = "embed"
+    task: _Task | None = None  # None: embed
 
 
 class ResultHeader(_Schema):
