@@ -81,6 +81,8 @@ ENCODE_OPTIONS = {
     "the model; a model that does not answer it refuses it (kind 'task')",
     "is_query": "true or false (the default): a multivector request's inputs are queries, read as the model reads "
     "a query (ColBERT's query prefix and expansion), not documents",
+    "outputs": "a list of 'embed', 'sparse' and 'multivector' (instead of task): each of a late-interaction model's "
+    "outputs asked for, from one model run of each input, in one array (bertserve.client.late.unpack_outputs)",
 }
 """The optional fields of an ENCODE header, each checked by the server at the edge."""
 TRACEPARENT_FIELD = "traceparent"

@@ -165,41 +165,6 @@ def sparse_pairs(weights: np.ndarray) -> np.ndarray:
     return out
 
 
-MULTIVECTOR_TYPES = ("float", "float16", "binary", "ubinary")
-"""The forms a multi-vector answer can take over HTTP: float32 values, float16 values (rounded to
-half precision), or one bit a dimension packed 8 to a byte (``binary`` as int8, ``ubinary`` as
-uint8, as :data:`EMBEDDING_TYPES` packs a sentence vector)."""
-
-
-def multivector_rows(vectors: np.ndarray) -> list[np.ndarray]:
-    """``(N, T, D)`` token vectors as the server sends them, one ``(tokens, D)`` float32 array
-    an input: the zero rows that pad an input's vectors to the longest's left out (a token
-    vector is normalized, never zero)."""
-    vectors = np.asarray(vectors, dtype=np.float32)
-    rows = []
-    for row in vectors:
-        real = np.flatnonzero(np.any(row != 0, axis=-1))
-        rows.append(np.ascontiguousarray(row[: int(real[-1]) + 1 if len(real) else 0]))
-    return rows
-
-
-def multivector_form(vectors: np.ndarray, kind: str) -> np.ndarray:
-    """One input's ``(tokens, D)`` vectors in the form ``kind`` of :data:`MULTIVECTOR_TYPES`."""
-    if kind == "float16":
-        return np.asarray(vectors, np.float32).astype(np.float16)
-    if kind not in MULTIVECTOR_TYPES:
-        raise ValueError(f"unknown multivector type {kind!r}; one of {', '.join(MULTIVECTOR_TYPES)}")
-    return quantize(vectors, kind)
-
-
-def maxsim(query: np.ndarray, document: np.ndarray, *, mean: bool = False) -> float:
-    """Late interaction: for each query token vector its best dot product with any of the
-    document's, summed over the query's tokens (ColBERT's score), or with ``mean`` averaged
-    (BGE-M3's)."""
-    best = (np.asarray(query, np.float32) @ np.asarray(document, np.float32).T).max(axis=1)
-    return float(best.mean() if mean else best.sum())
-
-
 def sparse_rows(weights: np.ndarray, top_k: int | None = None) -> list[SparseVector]:
     """Each row of sparse ``weights`` as its non-zero terms, only the ``top_k`` largest if
     given (ties to the lower id): ``(N, vocabulary)`` weights, or ``(N, K, 2)`` ``[id, weight]``

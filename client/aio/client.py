@@ -25,7 +25,14 @@ import numpy as np
 
 from ..core.api import BaseClient
 from ..core.chunking import ASYNC_WINDOW, Gathered, chunks
-from ..core.keywords import EncodeKeywords, MultivectorOptions, PredictOptions, RerankOptions, SparseOptions
+from ..core.keywords import (
+    EncodeKeywords,
+    MultivectorOptions,
+    OutputsOptions,
+    PredictOptions,
+    RerankOptions,
+    SparseOptions,
+)
 from ..core.options import EncodeOptions, check_model, model_field
 from ..core.results import Embedding, EncodeResult, answer, encode_result
 from ..core.steps import Call, Chunks, Config, Plan, Step, Warn
@@ -185,6 +192,10 @@ class AsyncBertClient(BaseClient):
     async def encode_multivector(self, texts: Sequence[str], **options: Unpack[MultivectorOptions]) -> list[np.ndarray]:
         """``BertClient.encode_multivector``, awaited: each text's token vectors."""
         return await self._run(self._core.encode_multivector(texts, options))
+
+    async def encode_outputs(self, texts: Sequence[str], **options: Unpack[OutputsOptions]) -> list[dict[str, Any]]:
+        """``BertClient.encode_outputs``, awaited: several outputs of each text from one model run."""
+        return await self._run(self._core.encode_outputs(texts, options))
 
     # -- internals ---------------------------------------------------------------------
 

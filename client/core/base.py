@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import tasks as t
+from .. import late, tasks as t
 from ..errors import BertClientError, ServerTimeoutError
 from ..protocol import CANCEL, Reply, check_texts
 from ..tasks import Prediction, Ranked, SparseVector
@@ -27,6 +27,7 @@ from .handshake import Handshake, check_server
 from .keywords import (
     ENCODE_DEFAULTS,
     MULTIVECTOR_DEFAULTS,
+    OUTPUTS_DEFAULTS,
     PREDICT_DEFAULTS,
     RERANK_DEFAULTS,
     SPARSE_DEFAULTS,
@@ -280,7 +281,29 @@ class ClientCore:
             raise TypeError(f"is_query must be True or False, not {is_query!r}")
         checked = check_texts(texts, pairs=False)
         rows, _ = yield from self._task_rows(checked, "multivector", **asked, is_query=is_query)
-        return t.multivector_rows(rows)
+        return late.multivector_rows(rows)
+
+    def encode_outputs(self, texts: Sequence[str], given: Mapping[str, Any]) -> Call[list[dict[str, Any]]]:
+        """``encode_outputs`` with the options ``given`` to it (:class:`~.keywords.OutputsOptions`):
+        each text's outputs asked for, all from one model run, as a dict: ``embed`` its vector,
+        ``sparse`` a :class:`SparseVector`, ``multivector`` its ``(tokens, dim)`` array."""
+        asked = read_options(self._method("encode_outputs"), given, OUTPUTS_DEFAULTS)
+        outputs = late.check_outputs(asked["outputs"])
+        model = check_model(asked["model"]) or self.options.model
+        if model is None:  # the server's default model of the rarest output asked for
+            model = t.task_default((yield Config(None)), outputs[-1])
+        options = EncodeOptions(
+            prompt_name=asked["prompt_name"],
+            truncation_direction=asked["truncation_direction"],
+            model=model,
+            outputs=outputs,
+        )
+        config = yield Config(options.model)
+        for output in outputs:
+            t.check_task(config, output, options.model)
+        result = yield Encode(check_texts(texts, pairs=False), options, "ndarray")
+        dims = {"embed": config.get("output_dim"), "multivector": config.get("multivector_dim")}
+        return late.unpack_outputs(np.asarray(result.embedding), outputs, dims)
 
     def encode_options(self, method: str, given: Mapping[str, Any], *, show_tokens: bool = False) -> EncodeOptions:
         """The request options ``given`` to the client's ``method``, read and checked

@@ -1,8 +1,9 @@
 """The keyword options of the client API's calls, written once for every client.
 
-``encode`` (and ``encode_async``, and ``ConcurrentBertClient.encode``), ``rerank``, ``predict``
-``encode_sparse`` and ``encode_multivector`` take their options as ``**options``, typed by a TypedDict here (PEP 692),
-so that a type checker flags a misspelt or mistyped one; :func:`read_options` reads them where
+``encode`` (and ``encode_async``, and ``ConcurrentBertClient.encode``), ``rerank``, ``predict``,
+``encode_sparse``, ``encode_multivector`` and ``encode_outputs`` take their options as
+``**options``, typed by a TypedDict here (PEP 692), so that a type checker flags a misspelt or
+mistyped one; :func:`read_options` reads them where
 a call is planned, their defaults filled in from here, and refuses an unknown one with the
 ``TypeError`` Python raises for an explicit signature. The options:
 
@@ -18,7 +19,9 @@ a call is planned, their defaults filled in from here, and refuses an unknown on
 - ``return_documents``: each ranked document's text with it (``rerank``);
 - ``top_k``: only the largest weights of each sparse vector (``encode_sparse``);
 - ``is_query``: the texts are queries, read as the model reads a query (``encode_multivector``:
-  ColBERT's query prefix and expansion; default ``False``, documents).
+  ColBERT's query prefix and expansion; default ``False``, documents);
+- ``outputs``: which of a late-interaction model's outputs ``encode_outputs`` asks for, all from
+  one model run (default ``("embed", "sparse", "multivector")``).
 """
 
 from __future__ import annotations
@@ -81,6 +84,15 @@ class MultivectorOptions(TypedDict, total=False):
     model: str | None
 
 
+class OutputsOptions(TypedDict, total=False):
+    """``encode_outputs``' options."""
+
+    outputs: tuple[str, ...] | list[str]
+    prompt_name: str | None
+    truncation_direction: str | None
+    model: str | None
+
+
 REQUEST_DEFAULTS: RequestOptions = {
     "is_tokenized": False,
     "pairs": True,
@@ -100,6 +112,12 @@ RERANK_DEFAULTS: RerankOptions = {
 }
 PREDICT_DEFAULTS: PredictOptions = {"raw_scores": False, "truncation_direction": None, "model": None}
 SPARSE_DEFAULTS: SparseOptions = {"top_k": None, "prompt_name": None, "truncation_direction": None, "model": None}
+OUTPUTS_DEFAULTS: OutputsOptions = {
+    "outputs": ("embed", "sparse", "multivector"),
+    "prompt_name": None,
+    "truncation_direction": None,
+    "model": None,
+}
 MULTIVECTOR_DEFAULTS: MultivectorOptions = {
     "is_query": False,
     "prompt_name": None,

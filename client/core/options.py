@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..late import check_outputs
 from ..protocol import ENCODE_OPTIONS, MODEL_NAME_PATTERN, TASKS, TRUNCATION_DIRECTIONS, check_texts
 from ..security import CURVE_KEY_LENGTH, KeySource, load_public_key, load_secret_cert
 from ..tasks import check_task
@@ -243,6 +244,7 @@ class EncodeOptions:
       by ``rerank``, ``predict``, ``encode_sparse`` and ``encode_multivector``, and left out by
       ``encode`` (vectors);
     - ``is_query``: a multivector request's texts are queries (ColBERT reads them its own way);
+    - ``outputs``: several outputs of a late-interaction model from one run, in one answer;
     - ``pairs``: whether an input holding ``|||`` is a sentence pair (the default) or one
       sentence. Never sent: without it :meth:`check_texts` writes each input so that the
       server sees one sentence (:func:`~bertserve.client.protocol.one_sentence`).
@@ -263,6 +265,7 @@ class EncodeOptions:
     pairs: bool = True
     task: str | None = None
     is_query: bool | None = None
+    outputs: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("is_tokenized", "show_tokens", "pairs"):
@@ -280,6 +283,10 @@ class EncodeOptions:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, not {self.task!r}")
         if self.is_query is not None and not isinstance(self.is_query, bool):
             raise TypeError(f"is_query must be True, False or None, not {self.is_query!r}")
+        if self.outputs is not None:
+            check_outputs(self.outputs)
+            if self.task is not None:
+                raise ValueError("a request asks for a task or for outputs, not both")
 
     def check_texts(self, texts: object) -> list[Any]:
         """``texts`` as a list, checked (:func:`~bertserve.client.protocol.check_texts`), each

@@ -41,6 +41,7 @@ from ..core.chunking import checked, chunks, concatenated, gather, in_order
 from ..core.keywords import (
     EncodeKeywords,
     MultivectorOptions,
+    OutputsOptions,
     PredictOptions,
     RequestOptions,
     RerankOptions,
@@ -340,8 +341,16 @@ class BertClient(BaseClient):
         (a ColBERT model, BGE-M3): one ``(tokens, dim)`` float32 array a text, each vector of
         unit length. ``is_query=True`` reads the texts as queries (ColBERT's query prefix and
         ``[MASK]`` expansion), else as documents. Score a query against a document with
-        :func:`bertserve.client.tasks.maxsim`, or ask :meth:`rerank` to."""
+        :func:`bertserve.client.late.maxsim`, or ask :meth:`rerank` to."""
         return self._run(self._core.encode_multivector(texts, options))
+
+    def encode_outputs(self, texts: Sequence[str], **options: Unpack[OutputsOptions]) -> list[dict[str, Any]]:
+        """Several outputs of each of ``texts`` by a late-interaction model (BGE-M3), from one
+        model run of each: ``outputs`` names them (by default ``("embed", "sparse",
+        "multivector")``), and each text's answer is a dict of them: ``embed`` its normalized
+        vector, ``sparse`` a :class:`~bertserve.client.tasks.SparseVector`, ``multivector`` its
+        ``(tokens, dim)`` float32 array."""
+        return self._run(self._core.encode_outputs(texts, options))
 
     def fetch(self) -> Iterator[EncodeResult]:
         """Yield the answers to the outstanding ``blocking=False`` requests as they arrive.

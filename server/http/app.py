@@ -37,6 +37,7 @@ from .catalog import Catalog, ModelSettings
 from .disconnects import Call, ClientGone, unless_disconnected
 from .front import http_call
 from .gateway import FrameTooLarge, Gateway, GatewayError
+from .late import LateEndpoints
 from .layers import add_layers
 from .lengths import check_text_limits, first_over_long, over_long
 from .options import Asked, asked, prompt_text, prompted
@@ -65,7 +66,8 @@ DOCS_ASSETS = "/docs/assets"
 def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gateway]]) -> FastAPI:
     api = Endpoints(settings)
     tasks = TaskEndpoints(api)
-    tei = TEIEndpoints(api, tasks)
+    late = LateEndpoints(api, tasks)
+    tei = TEIEndpoints(api, tasks, late)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -119,7 +121,8 @@ def create_app(settings: Settings, gateway_factory: Callable[[], Awaitable[Gatew
         ("POST", "/predict", tasks.predict, "Text Embeddings Inference-compatible sequence classification"),
         ("POST", "/embed_sparse", tasks.embed_sparse, "Text Embeddings Inference-compatible sparse (SPLADE) vectors"),
         ("POST", "/embed_all", tasks.embed_all, "Text Embeddings Inference-compatible token vectors (pooling NONE)"),
-        ("POST", "/embed_multivector", tasks.embed_multivector, "Multi-vectors of a ColBERT or BGE-M3 model"),
+        ("POST", "/embed_multivector", late.embed_multivector, "Multi-vectors of a ColBERT or BGE-M3 model"),
+        ("POST", "/embed_outputs", late.embed_outputs, "Several outputs of BGE-M3 from one model run"),
         ("GET", "/health", api.health, "Liveness: 200 while this process serves"),
         ("GET", "/ready", api.ready, "Readiness: 200 while every served model has a worker with it loaded, else 503"),
         ("GET", "/status", api.status, "The server's status, as `bertserve status` shows it"),

@@ -84,7 +84,7 @@ class Bounds:
         """413 unless the JSON answer of ``texts`` and their tokens of model work (their prompt
         counted) fit: the answer first, whose refusal says how many inputs fit (and ``how``
         else to ask for less)."""
-        self.reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON", task=options.task, how=how)
+        self.reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON", task=options.answered, how=how)
         chunk = (options.long_inputs or info.get("long_inputs")) == "chunk"
         prompt = costs.utf8_bytes(prompt_text(options.prompt_name, info))
         self.tokens(costs.input_tokens(model.token_rule, texts, chunk=chunk, prefix_bytes=prompt))

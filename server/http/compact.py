@@ -9,7 +9,7 @@ import base64
 from typing import Any
 
 import numpy as np
-from bertserve.client import tasks as t
+from bertserve.client import late, tasks as t
 
 from .schemas import HTTPError
 
@@ -26,22 +26,23 @@ def requested(value: Any) -> tuple[str, ...] | None:
 
 def requested_multivector(value: Any) -> tuple[str, ...] | None:
     """The types a multi-vector request's ``embedding_types`` asks for
-    (:data:`~bertserve.client.tasks.MULTIVECTOR_TYPES`), checked; None when it is left out."""
+    (:data:`~bertserve.client.late.MULTIVECTOR_TYPES`), checked; None when it is left out."""
     if value is None:
         return None
     types = [value] if isinstance(value, str) else value
     if not isinstance(types, list) or not types or len(set(map(repr, types))) != len(types):
         raise HTTPError(
             422,
-            f"embedding_types must be one of {', '.join(t.MULTIVECTOR_TYPES)} or a non-empty list of them, each once",
+            f"embedding_types must be one of {', '.join(late.MULTIVECTOR_TYPES)} or a non-empty list of them, "
+            "each once",
             param="embedding_types",
         )
     for kind in types:
-        if kind not in t.MULTIVECTOR_TYPES:
+        if kind not in late.MULTIVECTOR_TYPES:
             raise HTTPError(
                 422,
                 f"embedding_types {str(kind)[:40]!r} is not answered for multi-vectors: "
-                f"one of {', '.join(t.MULTIVECTOR_TYPES)}",
+                f"one of {', '.join(late.MULTIVECTOR_TYPES)}",
                 param="embedding_types",
             )
     return tuple(types)

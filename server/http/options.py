@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bertserve.client.late import OUTPUTS_TASK
+
 from ..model.prompts import apply_prompt
 from .schemas import HTTPError, quoted
 
@@ -29,6 +31,13 @@ class Asked:
     task: str | None = None  # what the request asks of the model; None: vectors
     normalize: bool | None = None  # unit-length vectors or not; None: as the model's modules say
     is_query: bool | None = None  # a multivector request's inputs are queries (ColBERT's reading)
+    outputs: tuple[str, ...] | None = None  # several outputs of a late-interaction model, from one run
+
+    @property
+    def answered(self) -> str | None:
+        """The task the answer is counted as (:mod:`..serving.policy.costs`): a request for
+        several outputs, their packing (``outputs:embed,sparse``); else its task."""
+        return OUTPUTS_TASK + ",".join(self.outputs) if self.outputs else self.task
 
     def header(self, timeout_s: float) -> dict[str, Any]:
         """The ENCODE header fields: these options, and the request's deadline."""
@@ -40,6 +49,7 @@ class Asked:
             "task": self.task,
             "normalize": self.normalize,
             "is_query": self.is_query,
+            "outputs": list(self.outputs) if self.outputs else None,
         }
         return {"timeout_ms": max(1, round(timeout_s * 1000)), **{k: v for k, v in fields.items() if v is not None}}
 

@@ -113,6 +113,20 @@ class MultivectorRequest(BaseModel):
     model: str | None = Field(None, description=_MODEL)
 
 
+class OutputsRequest(BaseModel):
+    """``/embed_outputs``: several outputs of each input by a late-interaction model (BGE-M3),
+    all from one model run, in TEI's shape of a request."""
+
+    inputs: SkipValidation[Any]
+    outputs: SkipValidation[Any] = Field(
+        ["embed", "sparse", "multivector"], description="which of embed, sparse and multivector to answer"
+    )
+    truncate: bool | None = Field(None, description=_TRUNCATE)
+    truncation_direction: Truncation | None = Field(None, description=_TRUNCATION)
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME)
+    model: str | None = Field(None, description=_MODEL)
+
+
 def top(value: Any, name: str) -> int | None:
     try:
         return t.check_top(value, name)

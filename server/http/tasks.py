@@ -1,6 +1,6 @@
 """The task endpoints: rerank (TEI's ``/rerank``; Cohere's and Jina's ``/v1/rerank`` and
 ``/v2/rerank``), classification (``/predict``), sparse vectors (``/embed_sparse``), token
-vectors (``/embed_all``) and a late-interaction model's multi-vectors (``/embed_multivector``).
+vectors (``/embed_all``); a late-interaction model's are in :mod:`.late`.
 
 Each is an ENCODE request like any other, with the task it asks for in its header, so it
 shares the server's batching, fairness, deadlines and bounds: a rerank of one query and N
@@ -31,19 +31,17 @@ from fastapi.responses import Response
 
 from ..model.tasks import answers, wrong_task
 from ..serving.policy import costs
-from . import compact
 from .bounds import Bounds
 from .catalog import Catalog, ModelSettings
 from .disconnects import Call
 from .front import http_call
 from .lengths import check_pair_limits, first_cut_pair, rerank_sides
 from .options import Asked, checked_prompt_name, direction, prompted
-from .schemas import HTTPError, json_response, quoted
+from .schemas import HTTPError, json_response
 from .settings import Settings
 from .task_bodies import (
     CohereRerankRequest,
     EmbedAllRequest,
-    MultivectorRequest,
     PredictRequest,
     SparseRequest,
     TEIRerankRequest,
@@ -147,14 +145,19 @@ class TaskEndpoints:
         async def turn(work: Any, *args: Any) -> Any:
             return await self.api.tokenized(call, work, *args)
 
-        query, texts = await rerank_sides(turn, model.tokenizer, query, texts, direction_ or "right")
-        if refuse_long and (first := await first_cut_pair(turn, model.tokenizer, query, texts)) is not None:
-            raise _too_long(model, field, first)
+        late = bool(info.get("late"))  # MaxSim: the workers cut the query and each document on its own
+        if not late:
+            query, texts = await rerank_sides(turn, model.tokenizer, query, texts, direction_ or "right")
+            if refuse_long and (first := await first_cut_pair(turn, model.tokenizer, query, texts)) is not None:
+                raise _too_long(model, field, first)
         self.api.bounds.frame(len(texts) * (costs.utf8_bytes(query) + 8) + sum(map(costs.utf8_bytes, texts)))
         pairs = [t.rerank_pair(query, document) for document in texts]
         reply = await self.api.encode(call, model, pairs, Asked(truncation_direction=direction_, task="rerank"))
         logits = reply.array().astype(np.float32, copy=False).reshape(len(pairs), -1)[:, 0]
-        return model, info, logits, _pairs_cut(reply, len(pairs)), int(reply.header.get("token_count", 0))
+        cut = _pairs_cut(reply, len(pairs))
+        if refuse_long and late and cut.any():
+            raise _too_long(model, field, int(np.argmax(cut)), late=True)
+        return model, info, logits, cut, int(reply.header.get("token_count", 0))
 
     async def tei_rerank(self, body: TEIRerankRequest, request: Request) -> Response:
         top_n = top(body.top_n, "top_n")
@@ -272,7 +275,7 @@ class TaskEndpoints:
 
     async def sparse(self, call: Call, body: SparseRequest, top_k: int | None = None) -> tuple[list[Any], Reply]:
         """The sparse rows of ``body``'s inputs (each its term indexes and weights), and their reply."""
-        texts = self._texts(body.inputs)
+        texts = self.texts_of(body.inputs)
         model, info = await self.model_for(body.model, "sparse")
         options = await self.prompted_options(call, model, info, texts, body, "sparse")
         reply = await self.api.encode(call, model, texts, options)
@@ -284,7 +287,7 @@ class TaskEndpoints:
 
     async def token_vectors(self, call: Call, body: EmbedAllRequest) -> tuple[list[np.ndarray], Reply]:
         """Each of ``body``'s inputs' token vectors (one row a token, specials included), and their reply."""
-        texts = self._texts(body.inputs)
+        texts = self.texts_of(body.inputs)
         model, info = await self.model_for(body.model, "embed")
         if not info.get("token_level"):
             raise HTTPError(
@@ -301,46 +304,7 @@ class TaskEndpoints:
         vectors = reply.array().astype(np.float32, copy=False)
         return [vectors[i, : int(n)] for i, n in enumerate(counts)], reply
 
-    async def embed_multivector(self, body: MultivectorRequest, request: Request) -> Response:
-        types = compact.requested_multivector(body.embedding_types)
-        rows, _ = await self.multivectors(http_call(request), body, types)
-        answered = {kind: [t.multivector_form(row, kind) for row in rows] for kind in types or ("float",)}
-        if types is None or isinstance(body.embedding_types, str):
-            return json_response(answered[(types or ("float",))[0]])
-        return json_response(answered)
-
-    async def multivectors(
-        self, call: Call, body: MultivectorRequest, types: tuple[str, ...] | None = None
-    ) -> tuple[list[np.ndarray], Reply]:
-        """Each of ``body``'s inputs' token vectors (``(tokens, dim)`` float32), by a
-        late-interaction model, and their reply. The answer is counted before any work, at the
-        model's length for every input, in the JSON of the ``types`` asked for."""
-        texts = self._texts(body.inputs)
-        if not isinstance(body.is_query, bool):
-            raise HTTPError(422, f"is_query must be true or false, not {quoted(body.is_query)}", param="is_query")
-        model, info = await self.model_for(body.model, "multivector")
-        options = Asked(
-            prompt_name=checked_prompt_name(body.prompt_name, info),
-            truncation_direction=direction(body.truncation_direction),
-            task="multivector",
-            is_query=body.is_query or None,
-        )
-        smaller = "" if types == ("binary",) else "or ask for embedding_types binary (1/128 of float's JSON)"
-        self.api.bounds.request(model, info, texts, options, compact.json_value_bytes(types), how=smaller)
-        refuse = not self.api.settings.cuts(body.truncate)
-        if refuse and not info.get("query_length"):  # BGE-M3 reads as this process's tokenizer does
-            await self.api.refuse_over_long(call, model, info, texts, options, chunkable=False)
-        reply = await self.api.encode(call, model, texts, options)
-        cut = reply.header.get("truncated")
-        if refuse and isinstance(cut, list) and cut:  # a ColBERT model's own lengths: as its workers said
-            raise HTTPError(
-                413,
-                f"inputs[{cut[0]}] is longer than the model {model.name!r} takes"
-                f"{' for a query' if body.is_query else ''}; pass truncate=true to cut it",
-            )
-        return t.multivector_rows(reply.array()), reply
-
-    def _texts(self, inputs: Any) -> list[str]:
+    def texts_of(self, inputs: Any) -> list[str]:
         """TEI's ``inputs``: a text or a non-empty list of texts, each one sentence."""
         texts = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(texts, list) or not texts:
@@ -368,13 +332,11 @@ class TaskEndpoints:
         return options
 
 
-def _too_long(model: ModelSettings, name: str, first: int) -> HTTPError:
-    return HTTPError(
-        413,
-        f"{name}[{first}] is longer than the {model.tokenizer.max_len} tokens the model {model.name!r} "
-        "takes; pass truncate=true to cut it",
-        param=name,
-    )
+def _too_long(model: ModelSettings, name: str, first: int, late: bool = False) -> HTTPError:
+    what = f"is longer than the {model.tokenizer.max_len} tokens the model"
+    if late:  # a late-interaction model's own lengths: its query's and its documents'
+        what = "or the query is longer than the model"
+    return HTTPError(413, f"{name}[{first}] {what} {model.name!r} takes; pass truncate=true to cut it", param=name)
 
 
 def _pairs_cut(reply: Reply, count: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -45,13 +45,16 @@ from .schemas import (
 from .task_bodies import EmbedAllRequest, MultivectorRequest, PredictRequest, SparseRequest, TEIRerankRequest
 from .tasks import API, TaskEndpoints
 
+if TYPE_CHECKING:
+    from .late import LateEndpoints
+
 
 class TEIEndpoints:
     """TEI's endpoints, over the embedding API's gateway, catalog and checks, and the task
     endpoints the root answers for."""
 
-    def __init__(self, api: API, tasks: TaskEndpoints) -> None:
-        self.api, self.tasks = api, tasks
+    def __init__(self, api: API, tasks: TaskEndpoints, late: LateEndpoints | None = None) -> None:
+        self.api, self.tasks, self.late = api, tasks, late
 
     async def embed(self, body: EmbedRequest, request: Request) -> Response:
         vectors, reply, info, types = await self.embedded(body, http_call(request))
@@ -155,8 +158,11 @@ class TEIEndpoints:
                 "rerank": (TEIRerankRequest, self.tasks.tei_rerank),
                 "classify": (PredictRequest, self.tasks.predict),
                 "sparse": (SparseRequest, self.tasks.embed_sparse),
-                "multivector": (MultivectorRequest, self.tasks.embed_multivector),
             }
+            if self.late is not None:
+                by_task["multivector"] = (MultivectorRequest, self.late.embed_multivector)
+            if task not in by_task:
+                raise HTTPError(400, f"the root does not answer a {task} model here", param="model")
             answer = by_task[task]
         schema, endpoint = answer
         try:

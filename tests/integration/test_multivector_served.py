@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bertserve.client import AsyncBertClient, protocol as p, tasks as t
+from bertserve.client import AsyncBertClient, late, protocol as p, tasks as t
 from bertserve.client.errors import ServerError
 from bertserve.server.testing.launcher import free_port, start_server
 from served import Served
@@ -147,7 +147,7 @@ def test_compact_forms_are_the_clients_own_of_the_float_answer(served: Served) -
     assert set(forms) == {"float16", "binary", "ubinary"}
     for kind in ("float16", "binary", "ubinary"):
         for row, got in zip(floats, forms[kind], strict=True):
-            expected = t.multivector_form(row, kind)  # float16 as JSON: the shortest text that reads back to it
+            expected = late.multivector_form(row, kind)  # float16 as JSON: the shortest text that reads back to it
             np.testing.assert_array_equal(np.asarray(got).astype(expected.dtype), expected)
     assert alone == forms["binary"]  # one type named alone: its rows, as /embed answers it
 
@@ -168,6 +168,9 @@ def test_bad_input_is_a_4xx_that_names_the_field(served: Served) -> None:
             assert answer.json()["error"]["param"] == param, answer.text
         empty_query = http.post("/rerank", json={"model": "colbert", "query": " ", "texts": ["a"]})
         assert empty_query.status_code == 422 and "query" in empty_query.text
+        long_pair = {"model": "colbert", "query": "a query", "texts": ["short", "word " * 60], "truncate": False}
+        refused = http.post("/rerank", json=long_pair)  # the document alone is past ColBERT's document_length
+        assert refused.status_code == 413 and "texts[1]" in refused.text, refused.text
         dense = http.post("/embed", json={"model": "colbert", "inputs": ["a"]})
         assert dense.status_code == 400 and "/embed_multivector" in dense.text
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bertserve.client import protocol as p
+from bertserve.client.late import OUTPUTS_TASK, check_outputs
 
 from ...config.server import ServerConfig
 from ...model.prompts import Prompts, UnknownPrompt
@@ -164,6 +165,8 @@ def _task(
     of_task: Callable[[str], list[str]] | None,
 ) -> str | Refusal:
     """The task the request asks for (vectors unless it says), if it is the model's."""
+    if header.get("outputs") is not None:
+        return _outputs(header, config, model, name, of_task)
     task = header.get("task", "embed")
     if task not in p.TASKS:
         return Refusal(f"task must be one of {', '.join(p.TASKS)}, not {task!r}")
@@ -174,6 +177,28 @@ def _task(
         served = of_task(task) if of_task is not None else None
         return Refusal(wrong_task(name or config.serving.served_model_name or "", own, task, served), p.WRONG_TASK)
     return str(task)
+
+
+def _outputs(
+    header: dict[str, Any],
+    config: ServerConfig,
+    model: dict[str, Any],
+    name: str,
+    of_task: Callable[[str], list[str]] | None,
+) -> str | Refusal:
+    """The task of a request for several outputs of a late-interaction model (``outputs``):
+    ``outputs:`` and their names, each one the model answers."""
+    if header.get("task") is not None:
+        return Refusal("a request asks for a task or for outputs, not both: leave task out")
+    try:
+        outputs = check_outputs(header["outputs"])
+    except ValueError as exc:
+        return Refusal(str(exc))
+    for output in outputs:
+        refusal = _task({"task": output}, config, model, name, of_task)
+        if isinstance(refusal, Refusal):
+            return refusal
+    return OUTPUTS_TASK + ",".join(outputs)
 
 
 def _prompt(name: Any, is_tokenized: bool, prompts: Prompts) -> str | Refusal:

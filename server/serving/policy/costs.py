@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bertserve.client.late import OUTPUTS_TASK
+
 SPARSE_TERM_BYTES = 8
 """A sparse row's term as the workers send it: its vocabulary id and its weight, 4 bytes each."""
 JSON_FLOAT_BYTES = 16
@@ -116,6 +118,11 @@ def _late_values(info: Mapping[str, Any], task: str) -> int:
     if task == "rerank":
         return 1
     positions = max(_count(info.get("max_seq_len")), _count(info.get("query_length")))
+    if task.startswith(OUTPUTS_TASK):  # packed a row of the widest output's width each (client.late.pack_outputs)
+        outputs = task[len(OUTPUTS_TASK) :].split(",")
+        width = max(_count(info.get("output_dim")), _count(info.get("multivector_dim")), 2)
+        rows = 1 + ("embed" in outputs) + ("multivector" in outputs) * positions
+        return (rows + ("sparse" in outputs) * -(-2 * positions // width)) * width
     return positions if task == "sparse" else positions * _count(info.get("multivector_dim"))
 
 

@@ -200,7 +200,8 @@ class Part(_Schema):
 
     key: str = Field(max_length=256)
     rows: list[Row]
-    task: _Task | None = None  # None: embed
+    # None: embed; a request for several outputs of a late-interaction model: outputs:embed,sparse...
+    task: str | None = Field(default=None, pattern=r"^(embed|rerank|classify|sparse|multivector|outputs:[a-z,]{1,40})$")
 
 
 class ResultHeader(_Schema):

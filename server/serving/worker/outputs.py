@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from bertserve.client import protocol as p
+from bertserve.client.late import OUTPUTS_TASK, pack_outputs
 from bertserve.client.tasks import sparse_pairs
 
 from ...model.tokenization import TokenizedBatch
@@ -55,24 +56,34 @@ def task_results(
     model: Answers, batch: TokenizedBatch, header: dict[str, Any], version: int | None
 ) -> Iterator[tuple[dict[str, Any], np.ndarray]]:
     """The header and array of each RESULT of the job ``header`` describes, ``batch`` its
-    tokenized rows: every task asked is computed in one run of the rows (:meth:`run_tasks`)."""
+    tokenized rows: every task asked is computed in one run of the rows (:meth:`run_tasks`);
+    a request for several outputs (``outputs:embed,sparse``) gets them packed in one array
+    (:func:`bertserve.client.late.pack_outputs`), its dense vectors normalized."""
     rows: dict[str, list[int]] = {}
     parts: dict[str, list[dict[str, Any]]] = {}
     offset = 0
     for part in header["parts"]:
         count = len(part["rows"])
-        task = str(part.get("task", "embed"))
+        task = str(part.get("task") or "embed")
         rows.setdefault(task, []).extend(range(offset, offset + count))
         parts.setdefault(task, []).append(part)
         offset += count
     if offset != len(batch):
         raise RuntimeError(f"the job's parts hold {offset} rows and its batch {len(batch)}")
-    answers = model.run_tasks(batch, {task: np.asarray(index, np.int64) for task, index in rows.items()})
+    wanted: dict[str, list[int]] = {}
+    for task, index in rows.items():
+        for output in _outputs(task):
+            wanted.setdefault(output, []).extend(index)
+    answers = model.run_tasks(batch, {task: np.asarray(index, np.int64) for task, index in wanted.items()})
+    for task, answer in answers.items():
+        if len(answer) != len(wanted[task]):
+            raise RuntimeError(f"the model returned {len(answer)} rows of {task} for {len(wanted[task])} inputs")
+    places = {task: {row: place for place, row in enumerate(index)} for task, index in wanted.items()}
     tokens = header.get("tokens")
     for task, index in rows.items():
-        vectors = np.ascontiguousarray(answers[task])
-        if len(vectors) != len(index):
-            raise RuntimeError(f"the model returned {len(vectors)} rows of {task} for {len(index)} inputs")
+        outputs = _outputs(task)
+        mine = {output: answers[output][[places[output][row] for row in index]] for output in outputs}
+        vectors = _packed(mine, outputs) if task.startswith(OUTPUTS_TASK) else np.ascontiguousarray(mine[task])
         out: dict[str, Any] = {
             "parts": parts[task],
             "tokens": [tokens[i] for i in index] if tokens is not None else None,
@@ -83,3 +94,18 @@ def task_results(
         }
         out.update(p.array_header(vectors))
         yield out, vectors
+
+
+def _outputs(task: str) -> list[str]:
+    """The tasks the model computes for a part's ``task``: itself, or a request's outputs."""
+    return task[len(OUTPUTS_TASK) :].split(",") if task.startswith(OUTPUTS_TASK) else [task]
+
+
+def _packed(answers: dict[str, np.ndarray], outputs: list[str]) -> np.ndarray:
+    """Several outputs of each row in one array, the dense vectors normalized (the sink
+    normalizes sentence vectors only)."""
+    if "embed" in answers:
+        dense = answers["embed"].astype(np.float32)
+        answers = {**answers, "embed": dense / np.maximum(np.linalg.norm(dense, axis=-1, keepdims=True), 1e-12)}
+    width = max(2, *(array.shape[-1] for output, array in answers.items() if output != "sparse"))
+    return pack_outputs(answers, outputs, width)

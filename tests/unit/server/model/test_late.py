@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bertserve.client import tasks as t
+from bertserve.client import late, tasks as t
 from bertserve.server.config.model import ModelConfig
 from bertserve.server.errors import ModelError
 from bertserve.server.model.late import LateModel
@@ -77,7 +77,7 @@ def test_bge_m3_gives_flagembeddings_three_outputs_from_one_run(session_graph_di
         order = np.argsort(ref["sparse_ids"][i, :count])
         assert row.indices.tolist() == ref["sparse_ids"][i, :count][order].tolist(), i
         np.testing.assert_allclose(row.values, ref["sparse_weights"][i, :count][order], rtol=1e-4, atol=5e-6)
-    vectors = t.multivector_rows(out["multivector"])
+    vectors = late.multivector_rows(out["multivector"])
     assert min_cosine(vectors, ref["colbert"][1::2], ref["colbert_counts"][1::2]) >= 0.99999
 
 
@@ -97,10 +97,10 @@ def test_colbert_reads_queries_and_documents_as_pylate(name: str, session_graph_
     width = documents.input_ids.shape[1]
     assert np.array_equal(documents.input_ids, ref["document_ids"][:, :width])
     everyone = np.arange(len(inputs))
-    query_vectors = t.multivector_rows(colbert.run_tasks(queries, {"multivector": everyone})["multivector"])
+    query_vectors = late.multivector_rows(colbert.run_tasks(queries, {"multivector": everyone})["multivector"])
     full = np.full(len(inputs), ref["query_colbert"].shape[1])
     assert min_cosine(query_vectors, ref["query_colbert"], full) >= 0.99999  # the [MASK] rows too
-    document_vectors = t.multivector_rows(colbert.run_tasks(documents, {"multivector": everyone})["multivector"])
+    document_vectors = late.multivector_rows(colbert.run_tasks(documents, {"multivector": everyone})["multivector"])
     assert min_cosine(document_vectors, ref["document_colbert"], ref["document_counts"]) >= 0.99999  # skiplist out
 
 
@@ -119,9 +119,9 @@ def test_maxsim_reranks_as_the_library_scores(name: str, scores: str, session_gr
 def test_maxsim_of_the_clients_is_the_servers(session_graph_dir: str) -> None:
     ref, colbert = reference("colbert_bert"), model("colbert_bert", session_graph_dir)
     query, document = texts(ref["queries"])[:1], texts(ref["documents"])[:1]
-    q = t.multivector_rows(colbert.run(colbert.tokenize(query, reads="query")))[0]
-    d = t.multivector_rows(colbert.run(colbert.tokenize(document)))[0]
-    np.testing.assert_allclose(t.maxsim(q, d), ref["scores"][0, 0], atol=1e-4)
+    q = late.multivector_rows(colbert.run(colbert.tokenize(query, reads="query")))[0]
+    d = late.multivector_rows(colbert.run(colbert.tokenize(document)))[0]
+    np.testing.assert_allclose(late.maxsim(q, d), ref["scores"][0, 0], atol=1e-4)
 
 
 def test_a_run_holds_at_most_batch_size_rows(session_graph_dir: str) -> None:
