@@ -1,11 +1,12 @@
 """One server of BGE-M3, two ColBERT models and a plain encoder (the tiny models of
 tests/data/multivector and tests/data/families, fp32), asked as users ask: BGE-M3's three
 outputs over HTTP (/embed, /embed_sparse, /embed_multivector) and ZeroMQ (``BertClient``,
-``AsyncBertClient``); ColBERT queries and documents; MaxSim on every rerank shape (TEI's /rerank,
-Cohere's /v2/rerank through the cohere SDK, ``BertClient.rerank``, gRPC's ``Rerank`` in TEI's
-protocol). Each answer is what FlagEmbedding and PyLate compute (tests/data/multivector). The
-compact forms of multi-vectors equal the client's own of the float answer. Bad input is a 4xx
-that names the field, over HTTP and in a ZeroMQ header the client would not send; an answer past
+``AsyncBertClient``), and all three from one request (``encode_outputs``, /embed_outputs);
+ColBERT queries and documents; MaxSim on every rerank shape (TEI's /rerank, Cohere's /v2/rerank
+through the cohere SDK, ``BertClient.rerank``, gRPC's ``Rerank`` in TEI's protocol). Each answer
+is what FlagEmbedding and PyLate compute (tests/data/multivector). The compact forms of
+multi-vectors equal the client's own of the float answer. Bad input is a 4xx that names the
+field, over HTTP and in a ZeroMQ header the client would not send; an answer past
 ``--max-reply-bytes`` is a 413 that says how many inputs fit and that binary is smaller."""
 
 from __future__ import annotations
@@ -103,6 +104,29 @@ def test_bge_m3_answers_its_three_outputs_over_http_and_zeromq(served: Served) -
     assert_vectors(asyncio.run(asynchronous()), ref["colbert"], ref["colbert_counts"])
 
 
+def test_one_request_answers_several_outputs_each_as_alone(served: Served) -> None:
+    ref = reference("bge_m3")
+    inputs = texts(ref["texts"])[:10]
+    with served.client("m3") as client:
+        client.check_length = False
+        every = client.encode_outputs(inputs)
+        some = client.encode_outputs(inputs, outputs=["multivector", "sparse"])
+    assert (np.stack([answer["embed"] for answer in every]) * ref["dense"][:10]).sum(axis=1).min() >= 0.99999
+    assert_vectors([answer["multivector"] for answer in every], ref["colbert"], ref["colbert_counts"][:10])
+    for i, (answer, other) in enumerate(zip(every, some, strict=True)):
+        count = int(ref["sparse_counts"][i])
+        assert answer["sparse"].indices.tolist() == sorted(ref["sparse_ids"][i, :count].tolist())
+        assert set(other) == {"multivector", "sparse"}
+        np.testing.assert_array_equal(other["sparse"].values, answer["sparse"].values)
+    with served.http() as http:
+        answer = http.post("/embed_outputs", json={"model": "m3", "inputs": inputs, "truncate": True})
+        assert answer.status_code == 200, answer.text
+    for got, expected in zip(answer.json(), every, strict=True):
+        np.testing.assert_allclose(got["embed"], expected["embed"], atol=1e-6)
+        assert [term["index"] for term in got["sparse"]] == expected["sparse"].indices.tolist()
+        np.testing.assert_allclose(got["multivector"], expected["multivector"], atol=1e-6)
+
+
 @pytest.mark.parametrize(("model", "name"), [("colbert", "colbert_bert"), ("modern", "colbert_modernbert")])
 def test_colbert_queries_and_documents_are_pylates(served: Served, model: str, name: str) -> None:
     ref = reference(name)
@@ -184,6 +208,12 @@ def test_bad_input_is_a_4xx_that_names_the_field(served: Served) -> None:
     assert "is_query must be true or false" in asyncio.run(raw(not_boolean))
     assert "is_query applies to multivector" in asyncio.run(raw({"model": "m3", "task": "sparse", "is_query": True}))
     assert "does not answer multivector" in asyncio.run(raw({"model": "plain", "task": "multivector"}))
+    assert "not 'dense'" in asyncio.run(raw({"model": "m3", "outputs": ["dense"]}))
+    assert "not both" in asyncio.run(raw({"model": "m3", "task": "embed", "outputs": ["embed"]}))
+    assert "does not answer embed" in asyncio.run(raw({"model": "colbert", "outputs": ["multivector", "embed"]}))
+    with served.http() as http:
+        answer = http.post("/embed_outputs", json={"model": "m3", "inputs": ["a"], "outputs": "embed"})
+        assert answer.status_code == 422 and answer.json()["error"]["param"] == "outputs"
 
 
 def test_an_answer_past_the_reply_bound_is_refused_first_with_how_to_fit_it(served: Served) -> None:
