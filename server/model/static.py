@@ -24,6 +24,7 @@ Options for TensorFlow's graph (``pooling_strategy``, ``pooling_layer``, ``mask_
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -179,6 +180,7 @@ def describe_static(config: ModelConfig, files: StaticFiles) -> dict[str, Any]:
         "max_seq_len": config.max_seq_len,
         "normalize": bool(config.normalize),
         "dtype": files.dtype,
+        "pads": False,  # a run reads each input's own tokens: the head need not sort bulk work by length
     }
 
 
@@ -273,15 +275,27 @@ class StaticEncoder:
             ids, cut = self._token_ids(texts, left)
         else:
             ids, cut = self._text_ids([str(text) for text in texts], left)
-        if self._unk is not None:  # as model2vec does: word-level vocabularies leave many
-            ids = [[i for i in row if i != self._unk] for row in ids]
-        lengths = np.fromiter((len(row) for row in ids), np.int32, count=len(ids))
-        input_ids = np.zeros((len(ids), max(int(lengths.max(initial=0)), 1)), np.int32)
-        for row, row_ids in enumerate(ids):
-            input_ids[row, : len(row_ids)] = row_ids
+        input_ids, lengths = self._pack(ids)
         tokenizer = self._tokenizers["right"]
-        tokens = [[str(tokenizer.id_to_token(i)) for i in row] for row in ids] if keep_tokens else None
+        tokens = None
+        if keep_tokens:
+            rows = zip(input_ids.tolist(), lengths.tolist(), strict=True)
+            tokens = [[str(tokenizer.id_to_token(i)) for i in row[:n]] for row, n in rows]
         return TokenizedBatch(input_ids, np.zeros_like(input_ids), lengths, np.asarray(cut, bool), tokens)
+
+    def _pack(self, ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """``ids`` as rows of a zero-padded matrix and their lengths, without the unknown token
+        (as model2vec drops it: word-level vocabularies leave many), in numpy, not per token."""
+        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lengths.sum()))
+        if self._unk is not None:
+            known = flat != self._unk
+            if not known.all():
+                owner = np.repeat(np.arange(len(ids)), lengths)
+                flat, lengths = flat[known], np.bincount(owner[known], minlength=len(ids))
+        input_ids = np.zeros((len(ids), max(int(lengths.max(initial=0)), 1)), np.int32)
+        input_ids[np.arange(input_ids.shape[1])[None, :] < lengths[:, None]] = flat  # row by row, in order
+        return input_ids, lengths.astype(np.int32)
 
     def _text_ids(self, texts: list[str], left: bool) -> tuple[list[list[int]], list[bool]]:
         chars = self._chars

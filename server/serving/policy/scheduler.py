@@ -12,7 +12,10 @@
   count, so each job pads little, and cut into jobs of at most ``max_batch_size`` sentences
   and ``max_batch_tokens`` padded tokens. Smaller requests are *small*. A bulk request is cut
   when its first turn comes, not when it arrives: counting its tokens is the costliest step
-  of admission, and the requests (and ``busy`` refusals) behind it need not wait for it.
+  of admission, and the requests (and ``busy`` refusals) behind it need not wait for it. A
+  model that pads nothing (``pads`` false: its runs read each input's own tokens, as a static
+  model's do) gains nothing from the sorting: its bulk requests are cut in order, into jobs of
+  ``max_batch_size`` sentences, without counting a token (its worker tokenizes them anyway).
 - **Merging.** Small requests from different clients share one job, up to one model run
   (``batch_size``, at most ``max_batch_size``; while other work waits, about ``bulk_run_ms``
   of it) of one input kind, since every request in it is answered when the job is; when they
@@ -85,12 +88,19 @@ class Scheduler:
     """Per-client queues, admission, cutting, merging and turns. No sockets, no clocks."""
 
     def __init__(
-        self, batching: Batching, limits: Limits, count_tokens: CountTokens | None = None, job_prefix: str = ""
+        self,
+        batching: Batching,
+        limits: Limits,
+        count_tokens: CountTokens | None = None,
+        job_prefix: str = "",
+        *,
+        pads: bool = True,
     ) -> None:
         self.batching = batching
         self.limits = limits
         self.prefix = job_prefix  # the models' queues each have their own, so job ids never meet
         self.count_tokens = count_tokens
+        self.pads = pads  # the model's runs pad inputs to the longest: bulk jobs are sorted by length
         self.clients: dict[bytes, ClientQueue] = {}
         self.small_turns: deque[bytes] = deque()  # clients with small requests queued, next turn first
         self.bulk_turns: deque[bytes] = deque()  # clients with bulk requests queued, next turn first
@@ -243,6 +253,9 @@ class Scheduler:
         )
 
     def _chunks(self, texts: list[Any], is_tokenized: bool, chunk: bool = False) -> list[np.ndarray]:
+        if not self.pads:  # nothing to save by sorting, and each input's tokens are its worker's to count
+            size = self.batching.max_batch_size
+            return [np.arange(start, min(start + size, len(texts))) for start in range(0, len(texts), size)]
         lengths = self._lengths(texts, is_tokenized, chunk)
         return cut_by_length(lengths, self.batching.max_batch_size, self.batching.max_batch_tokens)
 

@@ -141,7 +141,9 @@ class BertServer(ExitFlags):
             info, sha256 = preflight.check_model(config, book)
             counter = book.count_tokens if book.tokenizer is not None else None
             prefix = f"m{index}." if index else ""  # job ids of [A-Za-z0-9._:-]
-            queue = Scheduler(config.batching, config.limits, counter, job_prefix=prefix)
+            queue = Scheduler(
+                config.batching, config.limits, counter, job_prefix=prefix, pads=bool(info.get("pads", True))
+            )
             prompts = Prompts(info.get("prompts", {}), info.get("default_prompt_name"), tuple(info.get("adapters", ())))
             name = served.serving.name
             head = HeadModel(name, config, queue, prompts, sha256, versions_view=book, version=chosen.version)

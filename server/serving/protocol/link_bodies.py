@@ -112,6 +112,7 @@ class ModelInfo(_Schema):
     output_dtype: Literal["float16", "float32", "float64"] = "float32"
     token_level: bool = False
     chunking: bool = False
+    pads: bool | None = None  # False: a run reads each input's own tokens (no padding), so bulk work is not sorted
     pooling_strategy: Label | None = None
     pooling_layer: list[Annotated[int, Field(ge=-1024, le=1024)]] | None = Field(default=None, max_length=64)
     mask_cls_sep: bool | None = None

@@ -89,6 +89,7 @@ def test_it_is_a_model_and_describes_itself_as_the_link_allows() -> None:
     ModelInfo.model_validate(described)  # what a worker may say of its model
     assert described["output_dim"] == 32 and described["normalize"] is True and described["task"] == "embed"
     assert described["max_seq_len"] == 512 and not described["token_level"] and not described["chunking"]
+    assert described["pads"] is False  # the head need not sort its bulk work by length
     batch = model.tokenize(["a b c", "a"])
     assert model.token_slots(batch) == int(batch.lengths.sum())
     assert [run.tolist() for run in model.plan(batch)] == [[0, 1]]

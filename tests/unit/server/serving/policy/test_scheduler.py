@@ -153,6 +153,23 @@ def test_a_bulk_request_is_cut_at_its_first_turn_not_on_arrival() -> None:
     assert s.empty and s.queued == 0 and s.bulk_count == 0
 
 
+def test_a_model_that_pads_nothing_has_its_bulk_requests_cut_in_order_uncounted() -> None:
+    counted: list[int] = []
+
+    def count_tokens(texts, is_tokenized, chunk):
+        counted.append(len(texts))
+        return np.asarray([len(t.split()) for t in texts])
+
+    made = make(max_batch_tokens=4)  # a bound on padded tokens: nothing to bound where nothing pads
+    s = Scheduler(made.batching, made.limits, count_tokens, pads=False)
+    inputs = texts(20)
+    take(s, "bulk", b"a", inputs, is_tokenized=False, show_tokens=False, now=0.0)
+    jobs = drain(s)
+    assert [job.size for job in jobs] == [8, 8, 4] and counted == []  # max_batch_size rows each, nothing tokenized
+    assert [text for job in jobs for text in job.texts] == inputs  # in order: sorting saves no padding
+    assert [row for job in jobs for row in job.pieces[0].rows.tolist()] == list(range(20))
+
+
 def test_small_requests_are_merged_out_of_turn_for_an_overtaking_slot() -> None:
     s = make(max_client_queued_sentences=1000)
     admit(s, b"bulk", 40, key="bulk")
