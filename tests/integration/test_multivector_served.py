@@ -209,6 +209,7 @@ def test_bad_input_is_a_4xx_that_names_the_field(served: Served) -> None:
     assert "is_query applies to multivector" in asyncio.run(raw({"model": "m3", "task": "sparse", "is_query": True}))
     assert "does not answer multivector" in asyncio.run(raw({"model": "plain", "task": "multivector"}))
     assert "not 'dense'" in asyncio.run(raw({"model": "m3", "outputs": ["dense"]}))
+    assert "texts[0] is not a pair" in asyncio.run(raw({"model": "colbert", "task": "rerank"}))  # ["a"]
     assert "not both" in asyncio.run(raw({"model": "m3", "task": "embed", "outputs": ["embed"]}))
     assert "does not answer embed" in asyncio.run(raw({"model": "colbert", "outputs": ["multivector", "embed"]}))
     with served.http() as http:

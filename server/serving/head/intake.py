@@ -125,9 +125,17 @@ def _read(request: p.Request) -> list[Any] | Refusal:
 
 
 def _form(texts: list[Any], options: EncodeOptions) -> Refusal | None:
-    """Whether ``texts`` are texts (or token lists, for a tokenized request)."""
+    """Whether ``texts`` are texts (or token lists, for a tokenized request); a rerank of a
+    late-interaction model, pairs of texts (its workers read each side on its own, so a job of
+    them holds nothing else)."""
     try:
         p.check_texts(texts, options.is_tokenized)
     except (TypeError, ValueError) as exc:
         return Refusal(str(exc))
+    if options.reads == "pairs":
+        if options.is_tokenized:
+            return Refusal("a rerank by a late-interaction model takes pairs of texts, not tokens")
+        for i, text in enumerate(texts):
+            if p.PAIR_SEPARATOR not in text:
+                return Refusal(f"texts[{i}] is not a pair: a rerank input is 'query {p.PAIR_SEPARATOR} document'")
     return None
