@@ -84,7 +84,15 @@ class Bounds:
         """413 unless the JSON answer of ``texts`` and their tokens of model work (their prompt
         counted) fit: the answer first, whose refusal says how many inputs fit (and ``how``
         else to ask for less)."""
-        self.reply(len(texts), info, value_bytes, options.dimensions, form=" as JSON", task=options.answered, how=how)
+        if costs.answers_by_token(info, options.answered):  # a late-interaction model's vectors a token
+            query = bool(options.is_query) and bool(info.get("query_length"))
+            sizes = costs.token_answer_bytes(info, texts, str(options.answered), value_bytes, query=query)
+            problem = costs.too_large_answer(sizes, self.reply_bytes, " as JSON", how)
+            if problem is not None:
+                raise HTTPError(413, problem, code="limit")
+        else:
+            dimensions, task = options.dimensions, options.answered
+            self.reply(len(texts), info, value_bytes, dimensions, form=" as JSON", task=task, how=how)
         chunk = (options.long_inputs or info.get("long_inputs")) == "chunk"
         prompt = costs.utf8_bytes(prompt_text(options.prompt_name, info))
         self.tokens(costs.input_tokens(model.token_rule, texts, chunk=chunk, prefix_bytes=prompt))

@@ -218,14 +218,15 @@ def test_bad_input_is_a_4xx_that_names_the_field(served: Served) -> None:
 
 
 def test_an_answer_past_the_reply_bound_is_refused_first_with_how_to_fit_it(served: Served) -> None:
-    inputs = ["a short text"] * 13  # 13 x 16 KiB of JSON floats > 200,000 bytes
+    long, short = "word " * 40, "a short text"  # a vector for each of at most 32 positions, or of 12 + 4
     with served.http() as http:
-        answer = http.post("/embed_multivector", json={"model": "m3", "inputs": inputs, "truncate": True})
-        assert answer.status_code == 413, answer.text
-        message = answer.json()["error"]["message"]
-        assert "send at most 12 inputs" in message and "binary" in message
-        assert http.post("/embed_multivector", json={"model": "m3", "inputs": inputs[:12]}).status_code == 200
-        binary = {"model": "m3", "inputs": inputs, "embedding_types": "binary"}
-        assert http.post("/embed_multivector", json=binary).status_code == 200
-    with served.client("m3") as client, pytest.raises(ServerError, match="send at most 48 inputs"):
-        client.encode_multivector(["a short text"] * 49)  # 49 x 32 x 32 float32 > 200,000 bytes
+        for text, fit in ((long, 12), (short, 24)):  # 200,000 bytes of JSON: 16 KiB an input, or 8 KiB
+            body = {"model": "m3", "inputs": [text] * (fit + 1), "truncate": True}
+            answer = http.post("/embed_multivector", json=body)
+            assert answer.status_code == 413, answer.text
+            message = answer.json()["error"]["message"]
+            assert f"send at most {fit} of these inputs" in message and "binary" in message
+            assert http.post("/embed_multivector", json={**body, "inputs": [text] * fit}).status_code == 200
+            assert http.post("/embed_multivector", json={**body, "embedding_types": "binary"}).status_code == 200
+    with served.client("m3") as client, pytest.raises(ServerError, match="send at most 48 of these inputs"):
+        client.encode_multivector([long] * 49)  # 49 x 32 x 32 float32 > 200,000 bytes

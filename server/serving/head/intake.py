@@ -86,8 +86,7 @@ def admit(
     if options.prompt:  # the prompt's tokens count toward max_seq_len, as it runs
         texts = apply_prompt(texts, options.prompt)
     nbytes = admission.held_bytes(texts)
-    row_bytes = costs.reply_row_bytes(info, options.dimensions, options.task)
-    too_large = costs.too_large_reply(len(texts), row_bytes, limits.max_reply_bytes)
+    too_large = _too_large(texts, options, info, limits.max_reply_bytes)
     refusal = admission.check_bytes(nbytes, held.queued_bytes, limits.max_queued_bytes) or (
         Refusal(too_large, "limit") if too_large is not None else None
     )
@@ -100,6 +99,15 @@ def admit(
     except Busy as exc:
         return Refusal(str(exc), admission.BUSY)
     return Taken(options, texts, nbytes, now, deadline, slot)
+
+
+def _too_large(texts: list[Any], options: EncodeOptions, info: dict[str, Any], limit: int) -> str | None:
+    """Why the answer to ``texts`` would pass the reply bound, counted before any work: a row
+    a text at the model's widest, or a late-interaction model's vectors a token by each text's size."""
+    if costs.answers_by_token(info, options.task):
+        sizes = costs.token_answer_bytes(info, texts, options.task, 4, query=options.reads == "query")
+        return costs.too_large_answer(sizes, limit)
+    return costs.too_large_reply(len(texts), costs.reply_row_bytes(info, options.dimensions, options.task), limit)
 
 
 def _counted(request: p.Request, check: Callable[[int], Refusal | None]) -> list[Any] | Refusal:

@@ -18,10 +18,12 @@ array the workers and the sink hold, or, for an HTTP answer, of the JSON text th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from bertserve.client.late import OUTPUTS_TASK
 
 SPARSE_TERM_BYTES = 8
@@ -112,18 +114,65 @@ def row_values(info: Mapping[str, Any], dimensions: int | None = None, task: str
     return width
 
 
-def _late_values(info: Mapping[str, Any], task: str) -> int:
+def _late_values(info: Mapping[str, Any], task: str, positions: int | None = None) -> int:
     """A late-interaction model's row: a score, a term a token (an id and a weight: its
-    ``SPARSE_TERM_BYTES`` count it), or a vector a position."""
+    ``SPARSE_TERM_BYTES`` count it), or a vector a position, of at most ``positions`` (by
+    default its length) token positions."""
     if task == "rerank":
         return 1
-    positions = max(_count(info.get("max_seq_len")), _count(info.get("query_length")))
+    if positions is None:
+        positions = max(_count(info.get("max_seq_len")), _count(info.get("query_length")))
     if task.startswith(OUTPUTS_TASK):  # packed a row of the widest output's width each (client.late.pack_outputs)
         outputs = task[len(OUTPUTS_TASK) :].split(",")
         width = max(_count(info.get("output_dim")), _count(info.get("multivector_dim")), 2)
         rows = 1 + ("embed" in outputs) + ("multivector" in outputs) * positions
         return (rows + ("sparse" in outputs) * -(-2 * positions // width)) * width
     return positions if task == "sparse" else positions * _count(info.get("multivector_dim"))
+
+
+LATE_EXTRA_TOKENS = 4
+"""The most tokens a late-interaction model adds to a text beyond one a UTF-8 byte: ColBERT's
+[CLS], prefix and [SEP] (BGE-M3's ``<s>`` and ``</s>``), and one to spare."""
+
+
+def token_answer_bytes(
+    info: Mapping[str, Any], texts: Iterable[Any], task: str, value_bytes: float, *, query: bool = False
+) -> list[int]:
+    """The most bytes of each input's answer to a request of ``task`` of a late-interaction
+    model whose answer is a vector a token (``multivector``, or ``outputs`` holding it): one
+    for each of its positions, at most its UTF-8 bytes and :data:`LATE_EXTRA_TOKENS`, at most
+    the model's length (a ColBERT query: its query length, every position a vector); each
+    value ``value_bytes``."""
+    length, query_length = _count(info.get("max_seq_len")), _count(info.get("query_length"))
+    sizes = []
+    for text in texts:
+        if query and query_length:
+            positions = query_length
+        else:
+            size = utf8_bytes(text) if isinstance(text, str) else len(list(text))
+            positions = min(length, size + LATE_EXTRA_TOKENS) if length else size + LATE_EXTRA_TOKENS
+        sizes.append(math.ceil(_late_values(info, task, positions) * value_bytes))
+    return sizes
+
+
+def answers_by_token(info: Mapping[str, Any], task: str | None) -> bool:
+    """Whether a request of ``task`` gets a late-interaction model's vectors a token, whose
+    answer is counted by its inputs' sizes (:func:`token_answer_bytes`)."""
+    return bool(info.get("late")) and task is not None and (task == "multivector" or task.startswith(OUTPUTS_TASK))
+
+
+def too_large_answer(sizes: Sequence[int], limit: int, what: str = "", how: str = "") -> str | None:
+    """Why an answer of inputs of ``sizes`` bytes is refused, or None: past ``limit``, how many
+    of its first inputs would fit (at least one, which is always answered)."""
+    total = sum(sizes)
+    if total <= limit or len(sizes) == 1:  # a request of one input is always answered, as by too_large_reply
+        return None
+    fits = max(1, int(np.searchsorted(np.cumsum(sizes), limit, side="right")))
+    return (
+        f"the answer would take up to {total / 2**20:.1f} MiB{what} ({len(sizes)} inputs, a vector for each "
+        f"of their tokens); this server answers at most {limit / 2**20:.1f} MiB per request (--max-reply-bytes): "
+        f"send at most {fits} of these inputs per request" + (f", {how}" if how else "")
+    )
 
 
 def _count(value: Any) -> int:

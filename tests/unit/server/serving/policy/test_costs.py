@@ -99,3 +99,20 @@ def test_sparse_rows_travel_as_pairs_and_read_back_as_the_dense_rows() -> None:
     big = np.zeros((1, 250_002), np.float32)
     big[0, 250_001] = 1.5
     assert t.sparse_rows(t.sparse_pairs(big))[0].indices.tolist() == [250_001]  # ids past 2**16 exact
+
+
+def test_a_late_models_token_vectors_are_counted_by_each_inputs_size() -> None:
+    bge_m3 = {"output_dim": 1024, "multivector_dim": 1024, "max_seq_len": 8192, "late": "bge-m3"}
+    sizes = costs.token_answer_bytes(bge_m3, ["a short text", "x" * 100_000], "multivector", 4)
+    assert sizes == [(12 + costs.LATE_EXTRA_TOKENS) * 1024 * 4, 8192 * 1024 * 4]  # at most the model's length
+    colbert = {"output_dim": 96, "multivector_dim": 96, "max_seq_len": 300, "query_length": 32, "late": "colbert"}
+    assert costs.token_answer_bytes(colbert, ["q"], "multivector", 4, query=True) == [32 * 96 * 4]  # expanded
+    packed = costs.token_answer_bytes(bge_m3, ["ab"], "outputs:embed,sparse,multivector", 4)
+    assert packed == [(1 + 1 + 6 + 1) * 1024 * 4]  # counts, dense, 6 vectors, 12 sparse values in a row
+    assert costs.answers_by_token(bge_m3, "multivector") and not costs.answers_by_token(bge_m3, "sparse")
+    assert not costs.answers_by_token({"task": "embed"}, "multivector")
+    assert costs.too_large_answer([10, 20, 30], 60) is None
+    message = costs.too_large_answer([10, 20, 30, 40], 60, how="or ask for binary")
+    assert message is not None and "send at most 3 of these inputs" in message and message.endswith("binary")
+    assert costs.too_large_answer([100], 60) is None  # one input is always answered
+    assert "send at most 1 of" in (costs.too_large_answer([100, 1], 60) or "")
