@@ -29,7 +29,7 @@ Rows of one job are run together whatever outputs their requests ask for: the wo
 A job's memory is bounded by its model runs: each holds at most ``batch_size`` rows of
 ``max_seq_len`` tokens of the encoder's hidden width, and the answer of a multi-vector job
 ``rows x max_seq_len x dim`` float32 (the head refuses, before any work, a request whose
-answer could pass ``--max-reply-bytes``).
+answer could pass ``--max-reply-bytes``: :func:`...serving.policy.costs.token_answer_bytes`).
 """
 
 from __future__ import annotations
@@ -107,10 +107,6 @@ class LateModel:
         if colbert:
             out.update(query_length=self.heads.query_length, document_length=self.max_len)
         return out
-
-    @property
-    def output_dim(self) -> int:
-        return int(self.describe()["output_dim"])
 
     # -- tokens ---------------------------------------------------------------------------
 
