@@ -62,10 +62,11 @@ def length_warning(config: dict[str, Any], texts: list[Any], is_tokenized: bool,
     for i, item in enumerate(texts):
         if (words := len(item) if is_tokenized else len(item.split())) > limit:
             silence = f", or {advice.silence_length} to silence this" if advice.silence_length else ""
+            chunk = f"{advice.chunk} to encode it in windows, " if config.get("chunking", True) is not False else ""
             return (
                 f"{advice.name(i)} has {words} words, more than the server's max_seq_len={limit} tokens: "
-                f"it and any other long {advice.input} will be truncated; {advice.chunk} to encode it in "
-                f"windows{',' if silence else ' or'} start the server with a larger {advice.max_seq_len}{silence}"
+                f"it and any other long {advice.input} will be truncated; {chunk}"
+                f"{'' if silence else 'or '}start the server with a larger {advice.max_seq_len}{silence}"
             )
     return None
 
