@@ -9,6 +9,8 @@
   writing reports and plots;
 - ``instant_model``: a model that costs nothing, for a server's worker processes
   (``--model-class lib.instant_model:InstantModel`` with ``benchmarks/`` on ``PYTHONPATH``);
+- ``bge_m3_shape``: random weights of BGE-M3's shape in FlagEmbedding's layout, made once
+  into a cache folder (with PyTorch and transformers, imported only then);
 - ``reference_stack``: the tiny families and helpers of the scripts that make the tests'
   reference models with transformers and sentence-transformers (it imports PyTorch: only
   ``make_family_references.py`` and ``make_task_references.py`` import it).

@@ -203,8 +203,8 @@ class LateModel:
             elif task == "sparse":
                 out[task] = self._sparse([states[row] for row in kept], [ids[row] for row in kept])
             else:
-                vectors = [self._vectors(states[row], ids[row], query=bool(queries[row])) for row in kept]
-                out[task] = _padded(vectors, self.heads.dim)
+                kept_states = [self._kept(states[row], ids[row], query=bool(queries[row])) for row in kept]
+                out[task] = self._padded_vectors(kept_states)
         return out
 
     def _hidden(self, sequences: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
@@ -229,16 +229,34 @@ class LateModel:
                 out[row] = states[place, : widths[row]]
         return out
 
-    def _vectors(self, state: np.ndarray, ids: np.ndarray, *, query: bool) -> np.ndarray:
-        """A sequence's token vectors: BGE-M3's all but the first; a ColBERT query's all (its
-        expansion among them), a ColBERT document's all but its skiplist's."""
+    def _kept(self, state: np.ndarray, ids: np.ndarray, *, query: bool) -> np.ndarray:
+        """The states of a sequence's positions that get a vector: BGE-M3's all but the first; a
+        ColBERT query's all (its expansion among them), a ColBERT document's all but its skiplist's."""
         heads = self.heads
-        skipped = heads.kind == "colbert" and not query
-        keep = state[1:] if heads.kind == "bge-m3" else state[~np.isin(ids, list(heads.skipped))] if skipped else state
-        vectors = keep @ heads.kernel
-        if heads.bias is not None:
-            vectors += heads.bias
-        return (vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+        if heads.kind == "bge-m3":
+            return state[1:]
+        return state[~np.isin(ids, list(heads.skipped))] if not query else state
+
+    def _project(self, kept: np.ndarray) -> np.ndarray:
+        """Token vectors of ``kept`` states, normalized, float32."""
+        vectors = kept @ self.heads.kernel
+        if self.heads.bias is not None:
+            vectors += self.heads.bias
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+        return vectors.astype(np.float32, copy=False)
+
+    def _vectors(self, state: np.ndarray, ids: np.ndarray, *, query: bool) -> np.ndarray:
+        """A sequence's token vectors (:meth:`_kept`'s positions)."""
+        return self._project(self._kept(state, ids, query=query))
+
+    def _padded_vectors(self, kept: list[np.ndarray]) -> np.ndarray:
+        """``(n, T, dim)``: the token vectors of each row's ``kept`` states, zero rows after them.
+        One product for every row's tokens: a product per row costs several times more in bulk."""
+        lengths = np.asarray([len(states) for states in kept], np.int64)
+        out = np.zeros((len(kept), int(lengths.max(initial=0)), self.heads.dim), np.float32)
+        if lengths.sum():
+            out[np.arange(out.shape[1]) < lengths[:, None]] = self._project(np.concatenate(kept))
+        return out
 
     def _sparse(self, states: list[np.ndarray], ids: list[np.ndarray]) -> np.ndarray:
         """Each row's ``[id, weight]`` pairs, ids ascending: the largest weight of each id."""

@@ -1,6 +1,7 @@
 """Smoke tests of benchmarks/suite.py (both sub-commands with ``--quick``), of
 benchmarks/models.py (seconds-long steps), on a tiny BERT, and of benchmarks/tracing.py and
-benchmarks/grpc_vs_http.py (a few requests a step), on its fast stand-in.
+benchmarks/grpc_vs_http.py (a few requests a step), on its fast stand-in, and of
+benchmarks/static_vs_model2vec.py and benchmarks/multivector.py on tiny models of their own.
 
 Each runs as a subprocess, exactly as a user runs it; it starts its own servers on free
 ports. This checks that it finishes, and that its JSON, markdown and plots hold what they
@@ -303,3 +304,23 @@ def test_static_vs_model2vec_benchmark_measures_both_sides(tmp_path: Path) -> No
     assert all(row["per_s"] > 0 and len(row["seconds"]) == 2 for row in report["bulk"].values())
     assert report["ratio"] > 0 and report["min_cosine"] > 0.99999
     assert "CPU:" in (tmp_path / "s.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.timeout(240)
+def test_multivector_benchmark_measures_dense_against_all_three(tmp_path: Path) -> None:
+    """benchmarks/multivector.py --quick: the tiny BGE-M3 of tests/data/multivector (no PyTorch),
+    dense alone against all three outputs, in process and through a server; both sides timed in
+    every round, the ratio reported and judged."""
+    script = SUITE.parent / "multivector.py"
+    out = [str(tmp_path / "m.json"), str(tmp_path / "m.md")]
+    args = [sys.executable, str(script), "--quick", "--json", out[0], "--markdown", out[1]]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=230, cwd=tmp_path)
+    assert done.returncode == 0, f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    report = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))
+    assert set(report["results"]) == {"in process, fp32", "server, fp32"}
+    for row in report["results"].values():
+        assert all(len(side["seconds"]) == 2 and side["median_s"] > 0 for side in row["sides"].values())
+        assert row["ratio"] > 0 and len(row["round_ratios"]) == 2
+    assert report["tokens"] > 0 and isinstance(report["met"], bool)
+    markdown = (tmp_path / "m.md").read_text(encoding="utf-8")
+    assert "all three / dense" in markdown and "CPU:" in markdown

@@ -81,6 +81,7 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
         normalize=False,
         is_query=True,
     ).header(60_000)
+    outputs = EncodeOptions(outputs=("embed", "sparse")).header(1)["outputs"]
     assert full == {
         "is_tokenized": False,
         "show_tokens": True,
@@ -93,7 +94,8 @@ def test_the_header_carries_the_deadline_and_only_the_options_given() -> None:
         "normalize": False,
         "is_query": True,
     }
-    assert set(full) - {"is_tokenized", "show_tokens"} == set(p.ENCODE_OPTIONS)  # the protocol's names
+    assert set(full) - {"is_tokenized", "show_tokens"} | {"outputs"} == set(p.ENCODE_OPTIONS)  # the protocol's names
+    assert outputs == ("embed", "sparse")  # a request asks a task or outputs, not both
 
 
 # -- through the clients -----------------------------------------------------------------
