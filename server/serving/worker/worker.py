@@ -90,6 +90,10 @@ class Worker:
         described = model.describe()
         self.token_level = bool(described.get("token_level"))  # rows of unequal width: never sliced
         self.late = bool(described.get("late"))  # several tasks from one run, one RESULT each (.outputs)
+        # Jobs held at once. A model whose runs read each input alone (a static model: pads=false)
+        # runs a job in milliseconds, so a second one in hand costs a small request little, and
+        # lets the feed tokenize it while the first runs: its bulk went 0.53x to 0.65x of in-process.
+        self.holds = max(config.workers.prefetch_size, 2 if described.get("pads") is False else 1)
         self.sparse = described.get("task") == "sparse" and not self.late  # rows sent as [id, weight] pairs
         # sentence vectors whose Normalize module the graph leaves to the sink (graph.serving_graph)
         self.normalizes = bool(described.get("normalize")) and not self.token_level and not self.sparse
@@ -128,7 +132,7 @@ class Worker:
             ready = {
                 "worker": self.index,
                 "pid": os.getpid(),
-                "credits": self.config.workers.prefetch_size,
+                "credits": self.holds,
                 "model": self.model.describe(),
                 "device": self.device,
                 "hostname": platform.node(),
@@ -208,9 +212,7 @@ class Worker:
     def run(self, feed: Iterable[tuple[Any, Any, Any, Any, Any]] | None = None) -> None:
         """Run every job ``feed`` yields (by default a :class:`ThreadFeed` of :meth:`jobs`)."""
         if feed is None:
-            feed = ThreadFeed(
-                self, prefetch_size=self.config.workers.prefetch_size, run_rows=self.config.model.batch_size
-            )
+            feed = ThreadFeed(self, prefetch_size=self.holds, run_rows=self.config.model.batch_size)
         self.feed = feed if isinstance(feed, ThreadFeed) else None
         for job_id_t, header_t, ids, segments, lengths in feed:
             self.process(as_numpy(job_id_t), as_numpy(header_t), as_numpy(ids), as_numpy(segments), as_numpy(lengths))
