@@ -107,5 +107,5 @@ def _packed(answers: dict[str, np.ndarray], outputs: list[str]) -> np.ndarray:
     if "embed" in answers:
         dense = answers["embed"].astype(np.float32)
         answers = {**answers, "embed": dense / np.maximum(np.linalg.norm(dense, axis=-1, keepdims=True), 1e-12)}
-    width = max(2, *(array.shape[-1] for output, array in answers.items() if output != "sparse"))
+    width = max([2, *(array.shape[-1] for output, array in answers.items() if output != "sparse")])
     return pack_outputs(answers, outputs, width)

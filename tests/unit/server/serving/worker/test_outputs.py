@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from bertserve.client import late
 from bertserve.server.model.tokenization import TokenizedBatch
 from bertserve.server.serving.worker.outputs import task_results
 
@@ -64,3 +65,23 @@ def test_a_model_that_answers_too_few_rows_fails_the_job() -> None:
         list(task_results(Answering(short=True), batch_of(2), header, version=None))
     with pytest.raises(RuntimeError, match="hold 2 rows and its batch 3"):
         list(task_results(Answering(), batch_of(3), header, version=None))
+
+
+@pytest.mark.parametrize("outputs", [["sparse"], ["embed", "multivector"], ["multivector", "sparse", "embed"]])
+def test_a_request_for_several_outputs_gets_them_packed_from_the_same_run(outputs: list[str]) -> None:
+    model = Answering()
+    task = "outputs:" + ",".join(outputs)
+    header = {"parts": [{"key": "a", "rows": [0, 1], "task": task}, {"key": "b", "rows": [0], "task": "sparse"}]}
+    results = {out["parts"][0]["key"]: (out, array) for out, array in task_results(model, batch_of(3), header, None)}
+    expected = {output: [0, 1] for output in outputs}
+    expected["sparse"] = [*expected.get("sparse", []), 2]  # b's row too, in the same run
+    assert model.calls == [expected]
+    out, packed = results["a"]
+    assert "normalizes" not in out and packed.ndim == 3  # packed: the worker normalized the dense vectors
+    answers = late.unpack_outputs(packed, outputs, {"embed": 4, "multivector": 4})
+    assert [sorted(answer) for answer in answers] == [sorted(outputs)] * 2
+    if "embed" in outputs:
+        assert [float(np.linalg.norm(answer["embed"])) for answer in answers] == pytest.approx([0.0, 1.0])
+    if "multivector" in outputs:
+        assert answers[1]["multivector"].shape == (5, 4) and answers[0]["multivector"].shape == (0, 4)  # row 0: zeros
+    assert results["b"][1].shape == (1, 3, 2)
