@@ -288,22 +288,12 @@ class ClientCore:
         each text's outputs asked for, all from one model run, as a dict: ``embed`` its vector,
         ``sparse`` a :class:`SparseVector`, ``multivector`` its ``(tokens, dim)`` array."""
         asked = read_options(self._method("encode_outputs"), given, OUTPUTS_DEFAULTS)
-        outputs = late.check_outputs(asked["outputs"])
-        model = check_model(asked["model"]) or self.options.model
-        if model is None:  # the server's default model of the rarest output asked for
-            model = t.task_default((yield Config(None)), outputs[-1])
-        options = EncodeOptions(
-            prompt_name=asked["prompt_name"],
-            truncation_direction=asked["truncation_direction"],
-            model=model,
-            outputs=outputs,
-        )
-        config = yield Config(options.model)
-        for output in outputs:
-            t.check_task(config, output, options.model)
-        result = yield Encode(check_texts(texts, pairs=False), options, "ndarray")
-        dims = {"embed": config.get("output_dim"), "multivector": config.get("multivector_dim")}
-        return late.unpack_outputs(np.asarray(result.embedding), outputs, dims)
+        outputs = late.check_outputs(asked.pop("outputs"))
+        # without a model, the server's default model of the rarest output asked for
+        checked = check_texts(texts, pairs=False)
+        rows, config = yield from self._task_rows(checked, outputs[-1], **asked, outputs=outputs)
+        dims = {"embed": int(config.get("output_dim") or 0), "multivector": int(config.get("multivector_dim") or 0)}
+        return late.unpack_outputs(rows, outputs, dims)
 
     def encode_options(self, method: str, given: Mapping[str, Any], *, show_tokens: bool = False) -> EncodeOptions:
         """The request options ``given`` to the client's ``method``, read and checked
@@ -322,8 +312,11 @@ class ClientCore:
         truncation_direction: str | None,
         prompt_name: str | None = None,
         is_query: bool = False,
+        outputs: tuple[str, ...] | None = None,
     ) -> Call[tuple[np.ndarray, dict[str, Any]]]:
-        """The rows a model of ``task`` answers for ``texts`` (one request), and its configuration."""
+        """The rows a model of ``task`` answers for ``texts`` (one request), and its configuration;
+        with ``outputs``, the packed outputs of a late-interaction model (``task``: the one
+        whose default model is asked, when none is named)."""
         model = check_model(model) or self.options.model
         if model is None:  # the server's default model of the task
             model = t.task_default((yield Config(None)), task)
@@ -331,8 +324,9 @@ class ClientCore:
             prompt_name=prompt_name,
             truncation_direction=truncation_direction,
             model=model,
-            task=task,
+            task=None if outputs else task,
             is_query=is_query or None,
+            outputs=outputs,
         )
         config = yield Config(options.model)
         options.check_server(config)

@@ -297,8 +297,8 @@ class EncodeOptions:
         """Raise ``ValueError`` if ``config``, the server's configuration of the model these
         options go to, says it cannot do what they ask: more dimensions than the model has, or
         a prompt it does not have. A server that does not say is left to answer for itself."""
-        if self.task is not None:
-            check_task(config, self.task, self.model)
+        for task in [self.task] if self.task is not None else self.outputs or ():
+            check_task(config, task, self.model)
         dim = config.get("output_dim")
         if (
             self.dimensions is not None
