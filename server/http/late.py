@@ -56,7 +56,8 @@ class LateEndpoints:
         )
         smaller = "" if types == ("binary",) else "or ask for embedding_types binary (1/128 of float's JSON)"
         self.api.bounds.request(model, info, texts, options, compact.json_value_bytes(types), how=smaller)
-        refuse = not self.api.settings.cuts(body.truncate)
+        # a ColBERT query is cut to its query length as PyLate cuts it, unless truncate=false says otherwise
+        refuse = body.truncate is False if body.is_query else not self.api.settings.cuts(body.truncate)
         if refuse and not info.get("query_length"):  # BGE-M3 reads as this process's tokenizer does
             await self.api.refuse_over_long(call, model, info, texts, options, chunkable=False)
         reply = await self.api.encode(call, model, texts, options)

@@ -131,7 +131,7 @@ def test_one_request_answers_several_outputs_each_as_alone(served: Served) -> No
 def test_colbert_queries_and_documents_are_pylates(served: Served, model: str, name: str) -> None:
     ref = reference(name)
     inputs = texts(ref["texts"])
-    queries = multivectors(served, model, inputs, is_query=True, truncate=True)
+    queries = multivectors(served, model, inputs, is_query=True)  # cut to the query length, as PyLate cuts
     assert_vectors(queries, ref["query_colbert"], np.full(len(inputs), ref["query_colbert"].shape[1]))
     documents = multivectors(served, model, inputs, truncate=True)
     assert_vectors(documents, ref["document_colbert"], ref["document_counts"])
@@ -184,6 +184,7 @@ def test_bad_input_is_a_4xx_that_names_the_field(served: Served) -> None:
         ({"model": "colbert", "inputs": ["a"], "embedding_types": "int8"}, 422, "embedding_types"),
         ({"model": "plain", "inputs": ["a"]}, 400, "model"),
         ({"model": "colbert", "inputs": ["word " * 60], "truncate": False}, 413, None),
+        ({"model": "colbert", "inputs": ["word " * 60], "is_query": True, "truncate": False}, 413, None),
     ]
     with served.http() as http:
         for body, status, param in cases:
