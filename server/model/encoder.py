@@ -34,18 +34,12 @@ from .graph import GraphSpec, load_function, load_or_build, serving_graph
 from .model_dir import ModelFiles, inspect_model
 from .options import build_tokenizer, describe, resolve
 from .prepare import small_run_spec
+from .runs import CONCURRENT_RUNS, plan_runs
 from .tokenization import TokenizedBatch, tokens_per_input
 
 logger = logging.getLogger("bertserve.encoder")
 
 _XLA_LENGTH_BUCKET = 16  # XLA compiles once per shape: round lengths up to limit recompiles
-# What one more model run costs beyond its tokens, in padded token positions: plan() pads a
-# run rather than start another only while the padding is cheaper than this. A TensorFlow run
-# costs 6 ms (bf16) to 10 ms (fp32) before its first token on a 2-core Xeon with AMX, 120 to
-# 200 tokens' time in bulk. At 160 the benchmark corpus pads 4.3% in bulk (1.5% at 32) in 41
-# runs (46), and a merged job of 17 random sentences takes 1.4 runs (2.4).
-_RUN_COST_TOKENS = 160
-_CONCURRENT_RUNS = 2  # model runs of one batch at once on the CPU (Encoder._runner)
 
 
 class Encoder:
@@ -265,22 +259,17 @@ class Encoder:
         small ops leave idle: on a 2-core Xeon with AMX bulk bf16 went from 1,517 to 1,936
         sentences/s, fp32 from 522 to 579 (three: no better). LiteRT keeps its lock."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(_CONCURRENT_RUNS, thread_name_prefix="model-run")
+            self._pool = ThreadPoolExecutor(CONCURRENT_RUNS, thread_name_prefix="model-run")
         return self._pool
 
     def plan(self, batch: TokenizedBatch) -> list[np.ndarray]:
-        """The row indexes of each model run: sorted by length, at most ``batch_size`` each,
-        and cut where padding the run to the next length would cost more than a run does."""
-        order = np.argsort(batch.lengths, kind="stable")
-        lengths = batch.lengths[order].tolist()
-        runs, start = [], 0
-        for i in range(1, len(order)):
-            rows = i - start
-            if rows >= self.config.batch_size or rows * (lengths[i] - lengths[i - 1]) > _RUN_COST_TOKENS:
-                runs.append(order[start:i])
-                start = i
-        runs.append(order[start:])
-        return runs
+        """The row indexes of each model run (:func:`.runs.plan_runs`): on the CPU, a batch of
+        enough rows goes as two runs side by side, unless LiteRT would run it whole (one run
+        at a time, under its lock)."""
+        widest = int(batch.lengths.max()) if len(batch) else 0
+        on_lite = self._quantized or (self._small_runs and len(batch) * widest <= self.config.lite_max_tokens)
+        side_by_side = "CPU" in self._device.upper() and not on_lite
+        return plan_runs(batch.lengths, self.config.batch_size, side_by_side=side_by_side)
 
     def token_slots(self, batch: TokenizedBatch) -> int:
         """Token positions the model computes for ``batch``, padding included."""

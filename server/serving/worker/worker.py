@@ -226,7 +226,8 @@ class Worker:
         ``expires_at`` has passed (every request of the job is past it) the runs left are skipped."""
         feed = self.feed
         runs: deque[np.ndarray] = deque()
-        if feed is not None and not self.lending and not self.token_level:
+        long = len(batch) > self.config.model.batch_size  # a short job's runs (two side by side) go at once
+        if feed is not None and long and not self.lending and not self.token_level:
             runs.extend(self.model.plan(batch))
         if feed is None or len(runs) < 2:
             return self._run(batch), self.model.token_slots(batch), 0.0

@@ -172,6 +172,33 @@ def test_while_short_jobs_are_about_a_long_jobs_runs_are_cut_to_the_time_asked(t
     np.testing.assert_allclose(found[b"bulk"], HashingModel().run(HashingModel().tokenize(bulk)), rtol=1e-6)
 
 
+class HalvingModel(TimedModel):
+    """Plans any batch of six rows or more as two runs, as the Encoder does on the CPU."""
+
+    def plan(self, batch):  # type: ignore[no-untyped-def]
+        half = len(batch.lengths) // 2
+        return [np.arange(half), np.arange(half, len(batch.lengths))] if half >= 3 else super().plan(batch)
+
+
+@pytest.fixture
+def halving(tmp_path) -> Iterator[Rig]:
+    yield from rig(tmp_path, HalvingModel(), bulk_run_ms=150.0)
+
+
+def test_a_job_of_one_model_runs_rows_runs_whole_though_short_jobs_are_about(halving: Rig) -> None:
+    """A merged job of a few clients' sentences is one call of the model (its two halves side by
+    side there), not two runs with other jobs let in between: it is a short job itself."""
+    model = halving.worker.model
+    assert isinstance(model, HalvingModel)
+    halving.send_job(b"short", ["just one"], [{"key": "s#1", "rows": [0]}])
+    results(halving, 1)
+    merged = [f"client {i} sentence" for i in range(16)]
+    halving.send_job(b"merged", merged, [{"key": f"c{i}#1", "rows": [i]} for i in range(16)])
+    found = results(halving, 1)
+    assert model.runs == [1, 16]
+    np.testing.assert_allclose(found[b"merged"], HashingModel().run(HashingModel().tokenize(merged)), rtol=1e-6)
+
+
 def test_a_job_goes_to_the_sink_and_its_credit_back(hashing: Rig) -> None:
     texts = ["first do it", "then do it right", "x"]
     parts = [{"key": "a#1", "rows": [1, 0]}, {"key": "b#1", "rows": [0]}]
