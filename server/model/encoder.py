@@ -297,7 +297,7 @@ class Encoder:
         flatbuffer = lite.load_or_convert(model, small, graph_dir, self.meta.key if small == self._graph else None)
         if flatbuffer is None:
             return None
-        return lite.LiteRunner(flatbuffer, self._threads())
+        return lite.LiteRunner(flatbuffer, lite.SMALL_RUN_THREADS)
 
     def _int8_runner(self, model: ModelFiles, graph_dir: str) -> lite.LiteRunner:
         """LiteRT over the int8 model; a clear error where it cannot run."""

@@ -57,7 +57,7 @@ class Dispatch:
         queue, name = model.scheduler, model.name
         queue.throughput.serving(self.registry.serving_count(name), self.registry.held_rows(name))
         while (worker := self.registry.pick(model=name)) is not None:
-            job = queue.next_job(now, idle=not worker.jobs)
+            job = queue.next_job(now, idle=not worker.jobs, free_at=self.registry.free_at(worker))
             if job is None:
                 break
             if not self.expiry.live(job, now):

@@ -32,6 +32,12 @@ from ..protocol.link_bodies import Done, Ready
 MAX_CREDITS = 8
 """The most credits (jobs held at once) a worker gets, unless the head's own ``--prefetch-size``
 is larger: a worker on the link cannot claim every job by asking for more."""
+HAND_OFF_S = 0.002
+HAND_OFF_SHARE = 0.15
+"""A busy worker's next small job is sent this long before its job in hand should end (the
+larger of the two): time for it to arrive and be tokenized. Measured with all-MiniLM-L6-v2 on a
+2-core AMD EPYC under 32 one-sentence clients, a worker given its next job only when the last
+ended sat idle 7-9% of the time, between jobs of about 80 ms."""
 
 
 @dataclass
@@ -58,6 +64,8 @@ class WorkerState:
     busy_seconds: float = 0.0
     tokens: int = 0
     slots: int = 0
+    short_seconds: float | None = None  # a small job's run time on it, smoothed (Registry.free_at)
+    last_done: float = 0.0  # when its last job's credit came back
 
     @property
     def free(self) -> int:
@@ -197,7 +205,30 @@ class Registry:
         worker.tokens += done.tokens
         worker.slots += done.slots
         self.recent_jobs.append((done.seconds, job.size, job.bulk))
+        worker.last_done = now
+        if not job.bulk:
+            before = worker.short_seconds
+            worker.short_seconds = done.seconds if before is None else 0.7 * before + 0.3 * done.seconds
         return job
+
+    def free_at(self, worker: WorkerState) -> float | None:
+        """When ``worker``, busy with small jobs, should be sent its next one: its jobs in hand
+        each taking its smoothed small job's time from when the one before ended, less a
+        hand-off (:data:`HAND_OFF_S`, or :data:`HAND_OFF_SHARE` of a job) for the job to reach
+        it and be tokenized. ``None`` when it holds nothing or bulk work, or before it has run
+        a small job: the scheduler's ``max_latency_ms`` decides then."""
+        seconds = worker.short_seconds
+        if not worker.jobs or seconds is None or any(job.bulk for job, _ in worker.jobs.values()):
+            return None
+        end = worker.last_done
+        for _, sent in sorted(worker.jobs.values(), key=lambda item: item[1]):
+            end = max(end, sent) + seconds
+        return end - max(HAND_OFF_S, HAND_OFF_SHARE * seconds)
+
+    def next_free_at(self, model: str) -> float | None:
+        """The soonest :meth:`free_at` of the workers of ``model`` with a credit free."""
+        times = [self.free_at(w) for w in self.workers.values() if w.model == model and w.free > 0 and not w.draining]
+        return min((t for t in times if t is not None), default=None)
 
     def remove(self, identity: bytes) -> list[Job]:
         """Forget a worker; returns the jobs it held, oldest first."""

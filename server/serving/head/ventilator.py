@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -158,12 +159,7 @@ class Ventilator:
             poller.register(self.link.socket, zmq.POLLIN)
         if self.outbox:
             poller.register(self.outbox.socket, zmq.POLLOUT)
-        wait = timeout_ms
-        for model in self.models:
-            due = model.scheduler.wake_in(time.monotonic())
-            if due is not None and self.registry.pick(model=model.name) is not None:
-                wait = min(wait, int(due * 1000) + 1)  # a waiting small request falls due
-        events = dict(poller.poll(wait))
+        events = dict(poller.poll(self._wait_ms(timeout_ms)))
         if self.backend in events:
             drain(self.backend, self._on_worker_message)
         if self.credit_socket in events:
@@ -181,6 +177,20 @@ class Ventilator:
         if now >= self._next_gauges:
             self._next_gauges = now + _GAUGE_INTERVAL_S
             self.update_gauges()
+
+    def _wait_ms(self, timeout_ms: int) -> int:
+        """How long the loop may sleep: ``timeout_ms``, or until a small request waiting for
+        company falls due, or a busy worker with a credit free is about to be free."""
+        wait, now = timeout_ms, time.monotonic()
+        for model in self.models:
+            due = model.scheduler.wake_in(now)
+            if due is None or self.registry.pick(model=model.name) is None:
+                continue
+            wait = min(wait, int(due * 1000) + 1)
+            free_at = self.registry.next_free_at(model.name)
+            if free_at is not None:
+                wait = min(wait, max(1, math.ceil((free_at - now) * 1000)))
+        return wait
 
     def cancel(self, keys: set[str]) -> None:
         """Requests their clients withdrew: their queued work is dropped and each is answered

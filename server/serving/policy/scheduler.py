@@ -273,14 +273,16 @@ class Scheduler:
     def empty(self) -> bool:  # nothing queued
         return not self.clients and not self.retries
 
-    def next_job(self, now: float, *, idle: bool = False) -> Job | None:
+    def next_job(self, now: float, *, idle: bool = False, free_at: float | None = None) -> Job | None:
         """The job to run next, or ``None`` when nothing should run yet.
 
         Small jobs go first, unless bulk work waits and has had less than its least share
         of the workers' time (:data:`.throughput.BULK_SHARE`). ``idle`` says the worker it goes to
         holds no job: small requests then go at once, as many as have gathered (continuous
-        batching). A job for a busy worker's prefetch slot waits up to ``max_latency_ms`` for
-        company, since it could not start before then anyway.
+        batching). A job for a busy worker's prefetch slot could not start before that worker is
+        free anyway, so it waits for company: until ``free_at``, when the worker should be about
+        to finish (its job in hand and tokenized as the last one ends), or where that is not
+        known, up to ``max_latency_ms``.
         """
         if self.retries:
             job = self.retries.popleft()
@@ -288,7 +290,7 @@ class Scheduler:
             return job
         if self.bulk_turns and (not self.small_turns or self.throughput.bulk_due(now)):
             return self._take_bulk(self.bulk_turns[0])
-        if not self.small_turns or not (idle or self._small_due(now)):
+        if not self.small_turns or not (idle or self._small_due(now, free_at)):
             return None  # nothing waits, or small requests wait for company
         return self._take_small(self.small_turns[0])
 
@@ -306,11 +308,13 @@ class Scheduler:
         oldest = min(self.clients[c].oldest_small() for c in self.small_turns)
         return max(0.0, oldest + self.batching.max_latency_ms / 1000 - now)
 
-    def _small_due(self, now: float) -> bool:
-        if self.bulk_count or self.retries or not self.batching.merge_requests:
+    def _small_due(self, now: float, free_at: float | None = None) -> bool:
+        if self.bulk_count or self.retries or not self.batching.merge_requests or self.small_rows >= self._merge_room:
             return True
+        if free_at is not None:
+            return now >= free_at
         wait = self.wake_in(now)
-        return (wait is not None and wait <= 0) or self.small_rows >= self._merge_room
+        return wait is not None and wait <= 0
 
     @property
     def _merge_room(self) -> int:

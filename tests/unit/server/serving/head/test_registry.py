@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from bertserve.server.serving.head.registry import MAX_CREDITS, Registry
 from bertserve.server.serving.policy.jobs import Job, Piece
 from bertserve.server.serving.protocol.link_bodies import Done, Ready
@@ -154,3 +155,34 @@ def test_a_workers_word_on_its_model_leaves_with_it_and_a_local_workers_comes_fi
     r2.add(b"h-1/w0-1", ready(output_dim=99), now=0.0, host=b"h-1")
     r2.lose(b"h-1/w0-1")
     assert r2.model_info("", None) == {}  # gone with the only worker that said it
+
+
+def test_a_busy_worker_is_sent_its_next_small_job_a_hand_off_before_its_job_in_hand_ends() -> None:
+    r = registry()
+    w0 = r.workers[b"w0-1"]
+    r.assign(w0, job("1"), now=0.0)
+    assert r.free_at(w0) is None  # no small job run yet: the scheduler's max_latency_ms decides
+    r.done(b"w0-1", done("1", "w0-1", seconds=0.100), now=0.11)
+    assert r.free_at(w0) is None  # holds nothing: it takes its next job at once
+    r.assign(w0, job("2"), now=0.12)
+    assert r.free_at(w0) == pytest.approx(0.12 + 0.100 - 0.015)  # 15% of a job ahead
+    assert r.next_free_at("") == pytest.approx(0.205) and r.next_free_at("other") is None
+    r.done(b"w0-1", done("2", "w0-1", seconds=0.200), now=0.33)
+    assert w0.short_seconds == pytest.approx(0.7 * 0.100 + 0.3 * 0.200)  # smoothed
+    r.assign(w0, job("3"), now=0.30)  # sent before the last ended: it starts when that one did
+    assert r.free_at(w0) == pytest.approx(0.33 + 0.13 - 0.15 * 0.13)
+    r.assign(w0, job("4"), now=0.31)
+    assert r.next_free_at("") is None  # no credit free
+    r.done(b"w0-1", done("3", "w0-1", seconds=0.001), now=0.34)
+    assert r.free_at(w0) == pytest.approx(0.34 + w0.short_seconds - max(0.002, 0.15 * w0.short_seconds))
+
+
+def test_a_worker_holding_bulk_work_has_no_time_to_wait_for() -> None:
+    r = registry()
+    w0 = r.workers[b"w0-1"]
+    r.assign(w0, job("1"), now=0.0)
+    r.done(b"w0-1", done("1", "w0-1", seconds=0.05), now=0.05)
+    r.assign(w0, job("b", size=100, bulk=True), now=0.06)
+    assert r.free_at(w0) is None
+    r.done(b"w0-1", done("b", "w0-1", seconds=2.0), now=2.1)
+    assert w0.short_seconds == pytest.approx(0.05)  # a bulk job's time is not a small job's

@@ -603,3 +603,27 @@ def test_a_few_sentences_wait_for_a_short_job_not_a_whole_run_of_larger_requests
     job = s.next_job(0.01, idle=True)
     assert job is not None and job.pieces[0].client == b"tiny" and len(job.pieces[0].rows) == 3
     assert job.size <= 16
+
+
+def test_a_busy_workers_next_job_waits_until_that_worker_is_about_to_be_free() -> None:
+    """Not max_latency_ms: it could not start sooner, and what comes meanwhile rides along."""
+    s = make(max_batch_size=64)
+    admit(s, b"a", 1, now=0.0)
+    assert s.next_job(0.02, free_at=0.05) is None  # past max_latency_ms, but the worker is busy till then
+    admit(s, b"b", 2, now=0.03)
+    job = s.next_job(0.05, free_at=0.05)
+    assert job is not None and job.size == 3
+    admit(s, b"c", 1, now=0.06)
+    assert s.next_job(0.061, idle=True, free_at=1.0) is not None  # an idle worker takes it at once
+
+
+def test_a_busy_workers_next_job_goes_early_once_a_model_run_has_gathered_or_bulk_waits() -> None:
+    s = make()  # a model run: 8 rows
+    for i in range(8):
+        admit(s, bytes([97 + i]), 1, now=0.0)
+    job = s.next_job(0.001, free_at=1.0)
+    assert job is not None and job.size == 8  # a full model run: nothing more to wait for
+    admit(s, b"a", 1, now=0.002)
+    admit(s, b"z", 8, now=0.002)  # bulk work is queued
+    first = s.next_job(0.003, free_at=1.0)
+    assert first is not None
