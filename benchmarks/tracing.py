@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -45,43 +43,15 @@ import httpx
 from bertserve.client import BertClient
 from bertserve.server.testing.launcher import RunningServer, free_port, start_server
 from bertserve.server.testing.otlp_receiver import otlp_receiver
+from lib.baseline import baseline_python
 from lib.inputs import cycle_take, model_dir_or_exit, model_parser, read_corpus
 from lib.load import take_turns
 from lib.report import describe_cpu, environment, tagged_log, write_report
 from lib.stats import fmt
 
 log = tagged_log("tracing")
-ROOT = Path(__file__).resolve().parents[1]
 BASELINE, OFF, ON = "baseline", "traces off", "traces on"
 EXPORT_EVERY_MS = 5000  # OpenTelemetry SDK's default OTEL_BSP_SCHEDULE_DELAY
-
-
-def baseline_python(revision: str, folder: Path) -> str:
-    """A Python that imports ``bertserve`` from ``revision``'s ``client/`` and ``server/``
-    (this interpreter, with this environment's packages after them): a folder holding the
-    package, put first on its path by a ``.pth`` of a new venv without pip."""
-    package = folder / "site" / "bertserve"
-    package.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", revision, "client", "server"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(package)], input=archive, check=True)
-    venv = folder / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = _says(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    # Only the first line's folder holds bertserve; this environment's packages come after it (a
-    # folder named in a .pth has its own .pth files left unread: not this checkout's editable finder).
-    (Path(site) / "baseline.pth").write_text(f"{folder / 'site'}\n{sysconfig.get_paths()['purelib']}\n")
-    imported = _says(python, "import bertserve.server; print(bertserve.server.__file__)")
-    if not imported.startswith(str(package)):
-        raise SystemExit(f"the baseline imports bertserve from {imported}, not from {package}")
-    return str(python)
-
-
-def _says(python: Path, code: str) -> str:
-    """What ``code`` prints, run by ``python``."""
-    return subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def bulk_rate(client: BertClient, texts: list[str]) -> float:
