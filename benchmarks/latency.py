@@ -12,7 +12,8 @@ In one run, on the same corpus and model (all-MiniLM-L6-v2 by default):
 2. **In process**, one sentence per call: sentence-transformers (when installed), the
    ``Encoder`` at its default dtype (``auto``), at fp32 (and at fp32 with every run on
    TensorFlow, ``lite_max_tokens=0``), bf16 and int8, each in a process of its own, in two
-   rounds that take turns, so noise on a shared machine falls on all of them alike.
+   rounds that take turns, so noise on a shared machine falls on all of them alike
+   (``lib/in_process.py``).
 3. **Through a server** (one worker, ``--cpu``): the default (no ``--dtype``: auto), fp32,
    bf16 and int8, and a server of a model that costs nothing (the plumbing floor):
    ``BertClient.encode([s])``, the servers taking turns sentence by sentence. Each server's
@@ -24,31 +25,38 @@ In one run, on the same corpus and model (all-MiniLM-L6-v2 by default):
    serving adds (the plumbing floor and the rest).
 5. **Under bulk load**: the one-sentence latency while another client keeps the default
    server busy with bulk requests, against the server's own median bulk mini-job time.
-6. **Many small clients**: 32 threads sending one sentence at a time to the default server,
-   against one client sending the same sentences in bulk.
-7. **Start and memory**: time to ready with an empty graph cache (cold) and a filled one
+6. **One paced query** (``lib/paced.py``; ``--no-paced`` leaves it out): one query, then a
+   pause of ``--pause-ms`` (50), as users send them, at exactly 16, 64, 128 and 256 tokens:
+   the default server (alone, with its HTTP port, ``--max-seq-len 256``) over ZeroMQ and over
+   HTTP, against ``Encoder`` auto and ONNX Runtime fp32 in process, paced the same.
+7. **Many one-sentence clients** (``lib/client_sweep.py``; ``--no-sweep``): 1 to 128 clients
+   at once (``--sweep-clients``) on that server, over ZeroMQ and over HTTP, spread over up to 8
+   processes so that the benchmark's own GIL does not cap the load; per level sentences/s,
+   p50 and p99, the machine's idle share and each server process's CPU; and one bulk client.
+8. **Start and memory**: time to ready with an empty graph cache (cold) and a filled one
    (warm), the first request after ready, and the worker's RSS (default dtype) after a
    3,000-sentence bulk request next to the RSS of a process that only imported TensorFlow.
-8. **Targets**, PASS or MISS (n/a where not measured): the default server against server
-   fp32, the compute floor and Encoder auto; int8 against fp32; RSS; many clients.
+9. **Targets**, PASS or MISS (n/a where not measured): the default server against server
+   fp32, the compute floor and Encoder auto; int8 against fp32; RSS; the paced query against
+   Encoder auto + 1.5 ms and ONNX Runtime fp32 at each length; 32 clients against one bulk
+   client, and the idle share under them, over each protocol.
 
 Every latency is a median (p50) with p90 and p99 over ``--sentences`` different sentences,
-after ``--warmup`` sentences of warm-up. ``--idle-only`` keeps to 1 to 4 (and the targets
-they decide): for a large model, where the bulk requests of 5 to 7 take minutes.
+after ``--warmup`` sentences of warm-up. ``--idle-only`` keeps to 1 to 4 and 6 (and the
+targets they decide): for a large model, where the bulk requests of 5, 7 and 8 take minutes.
+``--quick`` is a smoke run of every section: few sentences and queries, three short levels.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import json
 import math
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from argparse import SUPPRESS, Namespace
+from argparse import Namespace
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
@@ -61,19 +69,17 @@ from bertserve.client import BertClient
 from bertserve.server.testing.launcher import RunningServer, ServerStartError, start_server
 from comparing.roofline import RooflineRun, Shapes
 from comparing.targets import Target, target, targets_markdown
-from lib import one_sentence
-from lib.contenders import encoder_contender, st_contender
+from lib import client_sweep, in_process, one_sentence, paced
+from lib.in_process import ST
 from lib.inputs import cycle_take, mean_tokens, model_dir_or_exit, model_parser, read_corpus
 from lib.load import take_turns, timed
-from lib.report import describe_cpu, environment, pyplot, tagged_log, write_report
+from lib.protocols import start_default_server
+from lib.report import describe_cpu, environment, last_line, pyplot, tagged_log, write_report
 from lib.rss import max_rss_mib
-from lib.stats import latency_row, ratio
+from lib.stats import ratio
 
 MAX_SEQ_LEN = 128
 SERVER_FLAGS = ("--num-worker", "1", "--cpu", "--max-seq-len", str(MAX_SEQ_LEN))
-ST = "sentence-transformers"
-NO_LITE = "Encoder fp32, TensorFlow only"  # --lite-max-tokens 0: every run on oneDNN
-ENCODERS = ("Encoder auto", "Encoder fp32", NO_LITE, "Encoder bf16", "Encoder int8")  # auto: the default dtype
 SERVER_DTYPES = ("auto", "fp32", "bf16", "int8")  # auto: no --dtype flag, the server's default
 DEFAULT = "server auto"
 PLUMBING = "server of a model that costs nothing"
@@ -101,61 +107,6 @@ def fp32_floor(model_dir: Path, texts: list[str]) -> dict[str, Any] | None:
     return floor
 
 
-def in_process(args: Namespace, model_dir: Path, texts: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
-    """Each in-process contender in a process of its own (PyTorch's OpenMP threads spin after
-    a call and would slow TensorFlow's next one in a shared process), in two rounds that take
-    turns, each round on half of the sentences after the warm-up. Returns the rows, and the
-    contenders that cannot run here with the reason each gave."""
-    names = list(ENCODERS)
-    if not args.no_sentence_transformers and importlib.util.find_spec("sentence_transformers") is not None:
-        names.insert(0, ST)
-    else:
-        log("sentence-transformers left out (pip install -r requirements-bench.txt)")
-    timed_texts = texts[args.warmup :]
-    halves = [timed_texts[: len(timed_texts) // 2], timed_texts[len(timed_texts) // 2 :]]
-    times: dict[str, list[float]] = {name: [] for name in names}
-    left_out: dict[str, str] = {}
-    for half in halves:
-        for name in [n for n in names if n not in left_out]:
-            log(f"in process: {name}, {len(half)} sentences")
-            request = {"name": name, "model_dir": str(model_dir), "graph_dir": args.graph_dir and str(args.graph_dir)}
-            request |= {"warmup": texts[: args.warmup], "texts": half}
-            command = [sys.executable, __file__, "--child"]
-            child = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True)
-            if child.returncode != 0:
-                left_out[name] = last_line(child.stderr)
-                log(f"{name} left out: {left_out[name]}")
-                continue
-            times[name] += json.loads(child.stdout.strip().splitlines()[-1])
-    return {name: latency_row(values) for name, values in times.items() if name not in left_out}, left_out
-
-
-def last_line(output: str) -> str:
-    """The last non-empty line of a process's output: why it stopped."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
-
-
-def child() -> int:
-    """One in-process contender: read what to time on stdin, print the seconds as JSON."""
-    request = json.loads(sys.stdin.read())
-    model_dir, name = Path(request["model_dir"]), request["name"]
-    if name == ST:
-        contender = st_contender(model_dir, max_seq_len=MAX_SEQ_LEN, batch_size=32)
-        assert contender is not None
-    else:
-        graph_dir = Path(request["graph_dir"]) if request["graph_dir"] else None
-        dtype = name.split()[1].rstrip(",")
-        lite = 0 if name == NO_LITE else None
-        contender = encoder_contender(
-            model_dir, dtype, max_seq_len=MAX_SEQ_LEN, batch_size=None, graph_dir=graph_dir, lite_max_tokens=lite
-        )
-    for text in request["warmup"]:
-        contender.encode([text])
-    print(json.dumps([timed(partial(contender.encode, [text]))[0] for text in request["texts"]]))
-    return 0
-
-
 def server(model_dir: Path, graph_dir: Path | None, *flags: str) -> RunningServer:
     extra = ("--graph-dir", str(graph_dir)) if graph_dir is not None else ()
     return start_server("--model-dir", str(model_dir), *SERVER_FLAGS, *extra, *flags, echo=False)
@@ -172,7 +123,7 @@ def server_starts(args: Namespace, model_dir: Path) -> dict[str, Callable[[], Ru
 
 def through_servers(args: Namespace, model_dir: Path, texts: list[str]) -> dict[str, Any]:
     """The servers up at once, taking turns sentence by sentence; then the default server's
-    hops, and (without ``--idle-only``) its latency under bulk load and its many clients."""
+    hops, and (without ``--idle-only``) its latency under bulk load."""
     with contextlib.ExitStack() as stack:
         running: dict[str, RunningServer] = {}
         left_out: dict[str, str] = {}
@@ -202,9 +153,26 @@ def through_servers(args: Namespace, model_dir: Path, texts: list[str]) -> dict[
             result["under_bulk_load"] = one_sentence.under_bulk(
                 clients[DEFAULT], running[DEFAULT], texts, args.loaded_sentences
             )
-            log(f"{DEFAULT}: 32 one-sentence clients, then one bulk client")
-            result["many_clients"] = one_sentence.many_clients(running[DEFAULT], texts)
     return result
+
+
+def paced_and_sweep(args: Namespace, model_dir: Path, corpus: list[str]) -> dict[str, Any]:
+    """The paced queries and the client sweep on one default server with its HTTP port, up
+    alone (the servers above are stopped), at ``--max-seq-len 256`` for the longest input."""
+    pacing, sweep = paced.Pacing.of(args), client_sweep.Sweep.of(args)
+    found: dict[str, Any] = {"paced": None, "sweep": None}
+    if pacing is None and sweep is None:
+        return found
+    log(f"starting the default server with its HTTP port, --max-seq-len {paced.MAX_SEQ_LEN}")
+    running, doors = start_default_server(model_dir, args.graph_dir, paced.MAX_SEQ_LEN)
+    try:
+        if pacing is not None:
+            found["paced"] = paced.measure(doors, model_dir, args.graph_dir, corpus, pacing, log)
+        if sweep is not None:
+            found["sweep"] = client_sweep.measure(running, doors, corpus, sweep, log)
+    finally:
+        running.stop()
+    return found
 
 
 def start_and_memory(model_dir: Path, texts: list[str]) -> dict[str, Any]:
@@ -246,7 +214,7 @@ def targets(report: dict[str, Any]) -> list[Target]:
         return report["latency"].get(name, {}).get("p50_ms", math.nan)
 
     auto, fp32, floor = p50(DEFAULT), p50("server fp32"), (report["compute_floor"] or {}).get("floor_ms", math.nan)
-    start, many = report["start"] or {}, report["many_clients"] or {}
+    start = report["start"] or {}
     rss_goal = start.get("import_tensorflow_rss_mib", math.nan) + 400
     goals = [
         ("default server p50 <= server fp32 p50, ms", auto, "<=", fp32, "one sentence, idle, in turns"),
@@ -255,14 +223,9 @@ def targets(report: dict[str, Any]) -> list[Target]:
         ("server int8 p50 / server fp32 p50", ratio(p50("server int8"), fp32), "<=", 0.6, "one sentence, idle"),
         ("Encoder int8 p50 / Encoder fp32 p50", ratio(p50("Encoder int8"), p50("Encoder fp32")), "<=", 0.6, ""),
         ("worker RSS after 3,000 sentences, MiB", start.get("worker_rss_mib", math.nan), "<=", rss_goal, RSS_GOAL),
-        ("32 one-sentence clients / one bulk client", many.get("ratio", math.nan), ">=", 0.6, "default server"),
     ]
-    return [
-        target(name, measured, op, round(bound, 2), detail)
-        if not math.isnan(bound)  # a bound not measured: n/a, not MISS
-        else Target(name, None if math.isnan(measured) else round(measured, 3), f"{op} n/a", None, detail)
-        for name, measured, op, bound, detail in goals
-    ]
+    found = [target(name, measured, op, round(bound, 2), detail) for name, measured, op, bound, detail in goals]
+    return found + paced.targets(report["paced"]) + client_sweep.targets(report["sweep"])
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -274,6 +237,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Where one sentence's time goes", "", "Through the default server (no `--dtype`: auto).", ""]
     lines += [*one_sentence.hops_markdown(report["hops"]), "", *one_sentence.floor_markdown(report["compute_floor"])]
     lines += [] if report["start"] is None else _loaded_lines(report)
+    lines += [*paced.markdown(report["paced"]), *client_sweep.markdown(report["sweep"])]
     lines += ["", "## Targets", "", targets_markdown(report["targets"])]
     ratio_rows = [f"| {name} | {value:.2f} |" for name, value in report["ratios"].items()]
     lines += ["", "| ratio | measured |", "| --- | ---: |", *ratio_rows] if ratio_rows else []
@@ -292,16 +256,13 @@ def _server_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _loaded_lines(report: dict[str, Any]) -> list[str]:
-    """The paragraphs on bulk load, many clients, start and memory (not with ``--idle-only``)."""
-    loaded, many, start = report["under_bulk_load"], report["many_clients"], report["start"]
+    """The paragraphs on bulk load, start and memory (not with ``--idle-only``)."""
+    loaded, start = report["under_bulk_load"], report["start"]
     return [
         "",
         f"Under a saturating bulk client (the default server, {report['servers'][DEFAULT].get('dtype')}): p50 "
         f"{loaded['p50_ms']:.0f} ms, p99 {loaded['p99_ms']:.0f} ms; the server's median bulk mini-job took "
         f"{loaded['bulk_job_median_ms']:.0f} ms.",
-        "",
-        f"{many['clients']} one-sentence clients (the default server): {many['small_per_s']:.0f} sentences/s "
-        f"against {many['bulk_per_s']:.0f} for one bulk client ({many['ratio']:.2f}).",
         "",
         f"Start (the default server): ready in {start['ready_cold_s']:.1f} s cold, {start['ready_warm_s']:.1f} s warm "
         f"({start['warm_over_cold']:.2f}); first request after ready {start['first_request_ms']['warm']:.0f} ms "
@@ -321,7 +282,6 @@ def ratios(report: dict[str, Any]) -> dict[str, float]:
     loaded = report["under_bulk_load"]
     bound = lat[DEFAULT]["p50_ms"] + 1.5 * loaded["bulk_job_median_ms"]
     out["loaded p99 / (idle p50 + 1.5 x bulk mini-job), default server"] = loaded["p99_ms"] / bound
-    out["32 one-sentence clients / one bulk client"] = report["many_clients"]["ratio"]
     out["ready warm / cold"] = start["warm_over_cold"]
     out["first request after ready / steady p50"] = ratio(start["first_request_ms"]["warm"], start["steady_p50_ms"])
     return out
@@ -351,22 +311,33 @@ def main(argv: list[str] | None = None) -> int:
     add("--sentences", type=int, default=300, help="timed sentences per contender")
     add("--warmup", type=int, default=60)
     add("--loaded-sentences", type=int, default=100)
-    add("--idle-only", action="store_true", help="the idle latencies and hops only: no bulk load, many clients, start")
+    add("--idle-only", action="store_true", help="the idle latencies, hops and paced queries: no load, no start")
+    paced.add_options(parser)
+    client_sweep.add_options(parser)
+    add("--quick", action="store_true", help="a smoke run: 20 sentences, 6 paced queries, 1, 8, 32 clients for 2 s")
     add("--no-sentence-transformers", action="store_true")
     add("--no-roofline", action="store_true", help="leave out the fp32 compute floor (the machine's matmul rate)")
     add("--plot", type=Path)
-    add("--child", action="store_true", help=SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        return child()
+    if args.quick:  # every section, briefly: it shows that each runs, not what it measures
+        args.sentences, args.warmup, args.loaded_sentences = 20, 4, 8
     model_dir = model_dir_or_exit(parser, args.model_dir)
     corpus = read_corpus(args.corpus)
     texts = corpus[: args.warmup + args.sentences]
     started = time.perf_counter()
     floor = None if args.no_roofline else fp32_floor(model_dir, texts[args.warmup :])  # first, with nothing else up
-    latency, left_out = in_process(args, model_dir, texts)
+    latency, left_out = in_process.measure(
+        model_dir,
+        args.graph_dir,
+        texts,
+        warmup=args.warmup,
+        max_seq_len=MAX_SEQ_LEN,
+        st=not args.no_sentence_transformers,
+        log=log,
+    )
     served = through_servers(args, model_dir, texts)
     latency |= served["latency"]
+    alone = paced_and_sweep(args, model_dir, corpus)
     report: dict[str, Any] = {
         "command": "python benchmarks/latency.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "environment": environment(),
@@ -378,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "compute_floor": floor,
         "under_bulk_load": served.get("under_bulk_load"),
-        "many_clients": served.get("many_clients"),
+        "paced": alone["paced"],
+        "sweep": alone["sweep"],
         "start": None if args.idle_only else start_and_memory(model_dir, corpus),
     }
     report["setup"] = (

@@ -43,12 +43,13 @@ import psutil
 from bertserve.client import BertClient
 from bertserve.server.testing.launcher import start_server
 from lengthwise.children import check_counts, child, start_children
-from lengthwise.inputs import TokenStream, length_inputs
+from lengthwise.inputs import length_inputs
 from lengthwise.plan import AUTO, FULL, MAX_SEQ_LEN, QUICK, SERVER_FLAGS, Plan, log
 from lengthwise.report import markdown, plot
 from lengthwise.sweep import sweep
 from lib.inputs import model_dir_or_exit, model_parser, model_tokenizer, read_corpus
 from lib.report import environment, format_load, write_report
+from lib.token_lengths import TokenStream
 
 
 def parse_lengths(text: str) -> tuple[int, ...]:

@@ -51,7 +51,10 @@ class TargetInputs:
 
 
 def target(name: str, measured: float, op: str, bound: float, detail: str) -> Target:
-    """A target row; ``op`` is ``>=`` or ``<=``; NaN (not measured) is neither PASS nor MISS."""
+    """A target row; ``op`` is ``>=`` or ``<=``; NaN (not measured), on either side, is neither
+    PASS nor MISS."""
+    if math.isnan(bound):  # a bound measured on a contender left out
+        return Target(name, None if math.isnan(measured) else round(measured, 3), f"{op} n/a", None, detail)
     if math.isnan(measured):
         return Target(name, None, f"{op} {bound:g}", None, detail)
     passed = measured >= bound if op == ">=" else measured <= bound

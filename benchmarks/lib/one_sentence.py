@@ -1,5 +1,5 @@
 """One-sentence requests through a server: where their time goes, and how they fare under
-bulk load and many at once (``latency.py``'s server parts).
+bulk load (``latency.py``'s server parts).
 
 Where the time goes, each hop of a one-sentence request timed on its own:
 
@@ -17,15 +17,13 @@ Where the time goes, each hop of a one-sentence request timed on its own:
 :func:`summary` puts them together and splits the server's p50 into the model in process and
 what serving adds, and that into the plumbing floor and the rest; :func:`hops_markdown`
 prints both tables. Then :func:`under_bulk`, one-sentence latency while another client keeps
-the server busy in bulk, and :func:`many_clients`, many one-sentence clients against one
-bulk client.
+the server busy in bulk (many one-sentence clients at once are :mod:`lib.client_sweep`'s).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import statistics
 import threading
 import time
 from functools import partial
@@ -177,32 +175,3 @@ def under_bulk(client: BertClient, running: RunningServer, texts: list[str], sen
         stop.set()
         thread.join(120)
     return {**latency_row(times), "bulk_job_median_ms": 1000 * float(status["recent_jobs"]["bulk_median_seconds"])}
-
-
-def many_clients(running: RunningServer, texts: list[str], clients: int = 32, seconds: float = 15.0) -> dict:
-    """Sentences per second of ``clients`` threads sending one sentence at a time, and of one
-    client sending the same number of sentences in one request."""
-    counts = [0] * clients
-    stop = threading.Event()
-
-    def one(i: int) -> None:
-        with BertClient(**running.client_kwargs, timeout=60_000) as bc:
-            while not stop.is_set():
-                bc.encode([texts[(i * 7919 + counts[i]) % len(texts)]])
-                counts[i] += 1
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    time.sleep(2.0)
-    before, started = sum(counts), time.perf_counter()
-    time.sleep(seconds)
-    small_rate = (sum(counts) - before) / (time.perf_counter() - started)
-    stop.set()
-    for thread in threads:
-        thread.join(60)
-    bulk = cycle_take(texts, 0, 2000)
-    with BertClient(**running.client_kwargs, timeout=120_000) as bc:
-        bc.encode(bulk[:500])
-        bulk_rate = statistics.median(len(bulk) / timed(partial(bc.encode, bulk))[0] for _ in range(3))
-    return {"clients": clients, "small_per_s": small_rate, "bulk_per_s": bulk_rate, "ratio": small_rate / bulk_rate}

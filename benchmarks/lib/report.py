@@ -36,6 +36,12 @@ def tagged_log(tag: str) -> Callable[[str], None]:
     return log
 
 
+def last_line(output: str) -> str:
+    """The last non-empty line of a process's output (at most 300 characters): why it stopped."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
 def format_load(load: Sequence[float]) -> str:
     return "/".join(f"{x:.2f}" for x in load)
 
