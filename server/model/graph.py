@@ -29,6 +29,7 @@ import numpy as np
 
 from ..config.model import PoolingStrategy
 from ..errors import ModelError
+from ..memory import weights_frozen
 from . import bert, decoder, modernbert, norm, outside, task_heads
 from .model_dir import ModelFiles
 from .outside import GRAPH_BYTES, appended, names_outside
@@ -303,15 +304,24 @@ def load_function(graph_bytes: bytes | memoryview, meta: GraphMeta, *, xla: bool
     product's reordered weight between runs only when it comes from a ``Const``. Measured
     with all-MiniLM-L6-v2 on a 2-core AMD EPYC (TensorFlow 2.21), capturing the fp32 matrix
     weights too costs nothing: bulk 0.98-1.02x, one to sixteen sentences a call within 6%
-    either way, the same vectors, and an encoder's RSS falls from ~1,140 to ~890 MiB. bf16 and
-    fp16 weights stay constants: their blocked reorders (AMX's, a GPU's) could not be
-    measured here, and they weigh half as much.
+    either way, the same vectors, and an encoder's RSS falls from ~1,140 to ~890 MiB.
+
+    bf16 matrix weights are captured too where oneDNN is told the weights are frozen, as in a
+    worker (:func:`..memory.prepare_worker_process`). As constants all-MiniLM-L6-v2's 20 MiB of
+    them cost a bf16 encoder ~190 MiB (RSS once ready 1,149 against 962 MiB, on the AVX-512
+    EPYC; neither grappler's constant folding nor its remapper held the difference). Captured
+    without that flag, every run reorders them: 4-6 ms more a run (2x40 tokens: 22 against
+    18 ms, 64x64: 690 against 660); with it, the same time as constants, the same vectors.
+    fp16 weights stay constants: a GPU's reorders could not be measured here.
     """
     import tensorflow as tf
 
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(memoryview(graph_bytes)[: meta.graph_length or len(graph_bytes)])
-    matrices = _matrix_weight_dtypes(graph_def) == {tf.float32.as_datatype_enum}
+    dtypes, captured = _matrix_weight_dtypes(graph_def), {tf.float32.as_datatype_enum}
+    if weights_frozen():  # a worker's (.memory): oneDNN keeps its reorder of a captured weight
+        captured.add(tf.bfloat16.as_datatype_enum)
+    matrices = bool(dtypes) and dtypes <= captured
     taken = _take_constants(graph_def, matrices=matrices)
     if meta.graph_length:  # the weights after a graph past GRAPH_BYTES (.outside)
         taken.update(outside.read(graph_bytes, meta.graph_length, meta.outside))

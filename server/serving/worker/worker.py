@@ -39,7 +39,8 @@ from bertserve.client import protocol as p
 
 from ...config.server import HEARTBEAT_INTERVAL_MS, ServerConfig
 from ...config.telemetry import Telemetry
-from ...memory import trim_heap
+from ...memory import prepare_worker_process, trim_heap
+from ...model.hardware import resolve_dtype
 from ...model.interface import Model
 from ...model.opening import needs_tensorflow
 from ...model.tokenization import TokenizedBatch, tokens_per_input
@@ -369,6 +370,8 @@ def run_worker(
 ) -> None:
     """Entry point of a worker process (started with the ``spawn`` method), running model
     version ``version`` of ``config``'s model."""
+    bf16 = resolve_dtype(config.model.dtype, config.model.device)[0] == "bf16"
+    prepare_worker_process(bf16=bf16)  # before TensorFlow loads: it reads its allocator's settings then
     from ...logs import child_telemetry
 
     child_telemetry(telemetry, "worker", config.serving.served_model_name)
