@@ -245,7 +245,7 @@ WORKER_FLAGS = [
     *under(
         "workers and devices",
         Flag("--num-worker", "worker processes on this machine", int, 1),
-        Flag("--prefetch-size", "jobs a worker holds at once: its credits; give faster devices more", int, 2),
+        Flag("--prefetch-size", "jobs a worker holds at once: its credits; give faster devices more", int, 1),
     ),
     *(server_flag(name) for name in ("--cpu", "--device-map", "--gpu-memory-fraction", "--threads-per-worker")),
     *(server_flag(name) for name in ("--worker-nice", "--feed", "--max-restarts", "--stop-timeout")),

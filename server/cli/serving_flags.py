@@ -153,9 +153,9 @@ DEVICE_FLAGS = under(
     ),
     Flag(
         "--prefetch-size",
-        "jobs a worker holds at once: the next is tokenized while one runs",
+        "jobs a worker holds at once; more than 1 makes small requests wait longer",
         int,
-        2,
+        1,
         rare=True,
     ),
     Flag(

@@ -18,7 +18,7 @@ class Workers:
     """The workers and their devices (their flags' names), checked when built."""
 
     num_worker: int = 1  # local worker processes; each model's own unless its --model says
-    prefetch_size: int = 2  # jobs a worker holds at once: its credits (the next is tokenized as one runs)
+    prefetch_size: int = 1  # jobs a worker holds at once: its credits
     cpu: bool = False
     device_map: tuple[int, ...] = ()
     gpu_memory_fraction: float | None = None

@@ -22,7 +22,7 @@ from ..policy.scheduler import Scheduler
 from ..protocol import wire
 from .expiry import Expiry
 from .models import HeadModel, Models
-from .registry import Registry, WorkerState
+from .registry import ANY, Registry, WorkerState
 
 logger = logging.getLogger("bertserve.ventilator")
 
@@ -66,19 +66,28 @@ class Dispatch:
                 queue.put_back(job)  # its version's workers are all busy
                 break
             self._send(worker, job, now, queue)
-        # Every credit is taken: small requests overtake, one model run's worth at a time, to
-        # workers that hold only long jobs.
+        # Every credit is taken: a worker about to finish its small jobs gets its next one now,
+        # and small requests overtake, one model run's worth at a time, on workers that hold
+        # only long jobs.
         rows = model.config.model.batch_size
-        while queue.small_count and (worker := self.registry.pick_overtake(rows, model=name)) is not None:
+        self._beyond_credits(queue, rows, now, lambda version: self.registry.pick_ahead(now, version, name))
+        self._beyond_credits(queue, rows, now, lambda version: self.registry.pick_overtake(rows, version, name))
+
+    def _beyond_credits(
+        self, queue: Scheduler, rows: int, now: float, pick: Callable[[object], WorkerState | None]
+    ) -> None:
+        """Small requests merged, at most ``rows`` a job, each to a worker ``pick(ANY)`` finds
+        (``pick(version)``: one of the job's version), beyond its credits."""
+        while queue.small_count and (worker := pick(ANY)) is not None:
             job = queue.next_small_job(rows)
             if job is None:
                 return
             if not self.expiry.live(job, now):
                 continue
             if job.version != worker.version:
-                worker = self.registry.pick_overtake(rows, job.version, name)
+                worker = pick(job.version)
                 if worker is None:
-                    queue.put_back(job)
+                    queue.put_back(job)  # its version's workers cannot take it yet
                     return
             self._send(worker, job, now, queue)
 

@@ -38,6 +38,10 @@ HAND_OFF_SHARE = 0.15
 larger of the two): time for it to arrive and be tokenized. Measured with all-MiniLM-L6-v2 on a
 2-core AMD EPYC under 32 one-sentence clients, a worker given its next job only when the last
 ended sat idle 7-9% of the time, between jobs of about 80 ms."""
+LATE_SHARE = 0.5
+"""A worker later than this share of a small job (at least twice :data:`HAND_OFF_S`) past when it
+should have been free is not on time: it may be stopped or stuck, so nothing more goes to it
+ahead of its credits."""
 
 
 @dataclass
@@ -72,7 +76,7 @@ class WorkerState:
         return self.credits - len(self.jobs)
 
 
-_ANY = object()
+ANY = object()  # any model, any version: what a pick or a lookup is not narrowed to
 
 
 class Registry:
@@ -117,7 +121,7 @@ class Registry:
             self.models.get((model, version))
             or self._remote_description(model, version)
             or next((info for (name, _), info in self.models.items() if name == model), None)
-            or self._remote_description(model, _ANY)
+            or self._remote_description(model, ANY)
             or {}
         )
 
@@ -131,9 +135,9 @@ class Registry:
         """Sentences of the jobs the workers of ``model`` hold."""
         return sum(job.size for w in self.workers.values() if w.model == model for job, _ in w.jobs.values())
 
-    def serving_count(self, model: object = _ANY) -> int:
+    def serving_count(self, model: object = ANY) -> int:
         """Workers (of ``model``, if given) taking new jobs (not draining)."""
-        return sum(1 for w in self.workers.values() if not w.draining and (model is _ANY or w.model == model))
+        return sum(1 for w in self.workers.values() if not w.draining and (model is ANY or w.model == model))
 
     @property
     def local_count(self) -> int:
@@ -144,7 +148,7 @@ class Registry:
         if worker is not None:
             worker.last_seen = now
 
-    def pick(self, version: object = _ANY, model: object = _ANY) -> WorkerState | None:
+    def pick(self, version: object = ANY, model: object = ANY) -> WorkerState | None:
         """The worker (of ``model`` and ``version``, if given) with the most free credits and
         the fewest jobs, if any has a free credit."""
         open_ = [w for w in self.workers.values() if not w.draining and _runs(w, model, version)]
@@ -153,7 +157,7 @@ class Registry:
         worker = max(open_, key=lambda w: (w.free, -len(w.jobs)))
         return worker if worker.free > 0 else None
 
-    def pick_overtake(self, rows: int, version: object = _ANY, model: object = _ANY) -> WorkerState | None:
+    def pick_overtake(self, rows: int, version: object = ANY, model: object = ANY) -> WorkerState | None:
         """A worker (of ``model`` and ``version``, if given) whose credits are all taken by long jobs (bulk,
         or of more than ``rows`` sentences: several model runs) and that holds no short one, so
         a short job sent to it beyond its credits runs between two model runs of its long work;
@@ -225,10 +229,36 @@ class Registry:
             end = max(end, sent) + seconds
         return end - max(HAND_OFF_S, HAND_OFF_SHARE * seconds)
 
-    def next_free_at(self, model: str) -> float | None:
-        """The soonest :meth:`free_at` of the workers of ``model`` with a credit free."""
-        times = [self.free_at(w) for w in self.workers.values() if w.model == model and w.free > 0 and not w.draining]
-        return min((t for t in times if t is not None), default=None)
+    @staticmethod
+    def _lateness(worker: WorkerState) -> float:
+        """How late past :meth:`free_at` a worker may be and still be sent a job ahead."""
+        seconds = worker.short_seconds or 0.0
+        return max(HAND_OFF_S, HAND_OFF_SHARE * seconds) + max(2 * HAND_OFF_S, LATE_SHARE * seconds)
+
+    def next_free_at(self, model: str, now: float) -> float | None:
+        """The soonest :meth:`free_at` of the workers of ``model`` not yet sent a job beyond
+        their credits, nor late (see :meth:`pick_ahead`)."""
+        times = []
+        for worker in self.workers.values():
+            if worker.model == model and worker.free >= 0 and not worker.draining:
+                free_at = self.free_at(worker)
+                if free_at is not None and now <= free_at + self._lateness(worker):
+                    times.append(free_at)
+        return min(times, default=None)
+
+    def pick_ahead(self, now: float, version: object = ANY, model: object = ANY) -> WorkerState | None:
+        """A worker (of ``model`` and ``version``, if given) whose credits are all taken by small
+        jobs, none beyond them, and that should be about to be free (:meth:`free_at` is past,
+        and it is not late by more than :data:`LATE_SHARE` of a job): its next small job goes
+        now, beyond its credits, to be there and tokenized as the last ends. The one that
+        should be free soonest."""
+        ready = []
+        for worker in self.workers.values():
+            if worker.free == 0 and not worker.draining and _runs(worker, model, version):
+                free_at = self.free_at(worker)
+                if free_at is not None and free_at <= now <= free_at + self._lateness(worker):
+                    ready.append((free_at, worker))
+        return min(ready, key=lambda item: item[0])[1] if ready else None
 
     def remove(self, identity: bytes) -> list[Job]:
         """Forget a worker; returns the jobs it held, oldest first."""
@@ -332,7 +362,7 @@ def _state(worker: WorkerState) -> str:
 
 
 def _runs(worker: WorkerState, model: object, version: object) -> bool:
-    return (model is _ANY or worker.model == model) and (version is _ANY or worker.version == version)
+    return (model is ANY or worker.model == model) and (version is ANY or worker.version == version)
 
 
 def _only_long(worker: WorkerState, rows: int) -> bool:

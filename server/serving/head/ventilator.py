@@ -184,10 +184,11 @@ class Ventilator:
         wait, now = timeout_ms, time.monotonic()
         for model in self.models:
             due = model.scheduler.wake_in(now)
-            if due is None or self.registry.pick(model=model.name) is None:
+            if due is None:  # no small request waits
                 continue
-            wait = min(wait, int(due * 1000) + 1)
-            free_at = self.registry.next_free_at(model.name)
+            if self.registry.pick(model=model.name) is not None:
+                wait = min(wait, int(due * 1000) + 1)
+            free_at = self.registry.next_free_at(model.name, now)
             if free_at is not None:
                 wait = min(wait, max(1, math.ceil((free_at - now) * 1000)))
         return wait

@@ -166,13 +166,16 @@ def test_a_busy_worker_is_sent_its_next_small_job_a_hand_off_before_its_job_in_h
     assert r.free_at(w0) is None  # holds nothing: it takes its next job at once
     r.assign(w0, job("2"), now=0.12)
     assert r.free_at(w0) == pytest.approx(0.12 + 0.100 - 0.015)  # 15% of a job ahead
-    assert r.next_free_at("") == pytest.approx(0.205) and r.next_free_at("other") is None
+    assert r.next_free_at("", 0.0) == pytest.approx(0.205) and r.next_free_at("other", 0.0) is None
     r.done(b"w0-1", done("2", "w0-1", seconds=0.200), now=0.33)
     assert w0.short_seconds == pytest.approx(0.7 * 0.100 + 0.3 * 0.200)  # smoothed
     r.assign(w0, job("3"), now=0.30)  # sent before the last ended: it starts when that one did
     assert r.free_at(w0) == pytest.approx(0.33 + 0.13 - 0.15 * 0.13)
     r.assign(w0, job("4"), now=0.31)
-    assert r.next_free_at("") is None  # no credit free
+    assert r.next_free_at("", 0.0) == r.free_at(w0)  # both credits taken: a job may still go ahead of them
+    r.assign(w0, job("5"), now=0.32)
+    assert r.next_free_at("", 0.0) is None  # and one has
+    r.done(b"w0-1", done("5", "w0-1", seconds=0.001), now=0.33)
     r.done(b"w0-1", done("3", "w0-1", seconds=0.001), now=0.34)
     assert r.free_at(w0) == pytest.approx(0.34 + w0.short_seconds - max(0.002, 0.15 * w0.short_seconds))
 
@@ -186,3 +189,31 @@ def test_a_worker_holding_bulk_work_has_no_time_to_wait_for() -> None:
     assert r.free_at(w0) is None
     r.done(b"w0-1", done("b", "w0-1", seconds=2.0), now=2.1)
     assert w0.short_seconds == pytest.approx(0.05)  # a bulk job's time is not a small job's
+
+
+def test_a_worker_about_to_finish_its_small_jobs_is_picked_for_one_job_beyond_its_credits() -> None:
+    r = registry()
+    w1 = r.workers[b"w1-2"]  # one credit
+    r.assign(w1, job("1"), now=0.0)
+    r.done(b"w1-2", done("1", "w1-2", seconds=0.100), now=0.1)
+    r.assign(w1, job("2"), now=0.1)
+    assert r.pick_ahead(0.15) is None  # it should still be busy till 0.185
+    assert r.pick_ahead(0.19) is w1 and r.pick_ahead(0.19, model="other") is None
+    r.assign(w1, job("3"), now=0.19)  # beyond its credit
+    assert r.pick_ahead(0.5) is None and r.next_free_at("", 0.0) is None  # one job ahead at most
+    r.done(b"w1-2", done("2", "w1-2", seconds=0.1), now=0.2)
+    r.assign(r.workers[b"w0-1"], job("b", bulk=True), now=0.2)
+    r.assign(r.workers[b"w0-1"], job("c"), now=0.2)
+    assert r.pick_ahead(0.3) is w1  # w0 holds bulk work: it is never ahead
+
+
+def test_a_worker_late_on_its_small_job_gets_nothing_ahead_of_its_credit() -> None:
+    """Past its time by more than half a job, it may be stopped or stuck: the next job waits
+    for its credit, and the head does not wake for it."""
+    r = registry()
+    w1 = r.workers[b"w1-2"]
+    r.assign(w1, job("1"), now=0.0)
+    r.done(b"w1-2", done("1", "w1-2", seconds=0.100), now=0.1)
+    r.assign(w1, job("2"), now=0.1)  # should be free at 0.2: sent ahead from 0.185
+    assert r.pick_ahead(0.24) is w1 and r.next_free_at("", 0.24) == pytest.approx(0.185)
+    assert r.pick_ahead(0.26) is None and r.next_free_at("", 0.26) is None

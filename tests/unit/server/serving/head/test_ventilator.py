@@ -65,6 +65,40 @@ def test_an_idle_worker_gets_a_lone_request_at_once_a_busy_ones_prefetch_slot_wa
     assert texts == ["second", "third"]
 
 
+def pumped_until_job(rig: Rig, dealer, seconds: float) -> bool:
+    """Run the ventilator's loop for up to ``seconds``; whether a job reached ``dealer``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        rig.ventilator.poll_once(10)
+        if dealer.poll(0):
+            return True
+    return False
+
+
+def test_a_worker_about_to_finish_its_small_job_gets_the_next_one_beyond_its_credit(rig: Rig) -> None:
+    """Just in time: what gathered while it ran goes once the worker should be about to be free
+    (its last small job took 1 s: so 0.85 s after the next was sent), not when its credit is back."""
+    dealer, push = rig.worker(b"w0-1", 0)
+    rig.request(b"a", 1, ["first"])
+    first, _, _ = rig.job(dealer)
+    push.send_multipart([wire.DONE, p.dumps({"job": first, "worker": "w0-1", "seconds": 1.0})])
+    rig.request(b"b", 1, ["second"])
+    before = time.monotonic()
+    second, _, _ = rig.job(dealer)
+    rig.request(b"c", 1, ["third"])
+    rig.request(b"d", 1, ["fourth"])
+    assert not pumped_until_job(rig, dealer, before + 0.75 - time.monotonic()), "the next job went too soon"
+    assert pumped_until_job(rig, dealer, 2.0), "no job went ahead of the worker's credit"
+    third, _, texts = rig.job(dealer)
+    assert texts == ["third", "fourth"] and time.monotonic() - before < 1.5
+    rig.request(b"e", 1, ["fifth"])
+    assert not pumped_until_job(rig, dealer, 0.5), "a second job went beyond the worker's credit"
+    for job_id in (second, third):
+        push.send_multipart([wire.DONE, p.dumps({"job": job_id, "worker": "w0-1", "seconds": 1.0})])
+    _, _, texts = rig.job(dealer)
+    assert texts == ["fifth"]
+
+
 @pytest.mark.parametrize("rig", [{"max_request_size": 8, "max_client_queued_sentences": 8}], indirect=True)
 def test_a_small_request_overtakes_to_a_worker_busy_with_bulk_work(rig: Rig) -> None:
     dealer, push = rig.worker(b"w0-1", 0)
