@@ -307,7 +307,7 @@ class Encoder:
                 "dtype int8: this model's graph does not convert to LiteRT's int8 form (see the warning above)"
             )
         try:
-            return lite.LiteRunner(flatbuffer, self._threads())
+            return lite.LiteRunner(flatbuffer, self._threads(), one_thread_tokens=self.config.lite_max_tokens)
         except (RuntimeError, ValueError) as exc:
             raise ModelError(f"dtype int8: LiteRT cannot run this model's int8 form on this CPU ({exc})") from None
 

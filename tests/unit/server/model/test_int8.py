@@ -43,6 +43,30 @@ def test_every_run_goes_to_litert_and_stays_close_to_fp32(
     np.testing.assert_allclose(singles, got[: len(TEXTS)], atol=1e-5)  # the batch does not change a row
 
 
+def test_int8_small_runs_go_to_an_interpreter_of_one_thread_of_their_own(
+    tiny_google: str, session_graph_dir: str, monkeypatch
+) -> None:
+    monkeypatch.setattr(Encoder, "_threads", lambda self: 2)
+    encoder = Encoder(tiny_google, dtype="int8", graph_dir=session_graph_dir)
+    runner = encoder._lite
+    assert isinstance(runner, lite.LiteRunner) and runner.one_thread_tokens == 64
+    used: list[str] = []
+
+    def counted(name: str):  # type: ignore[no-untyped-def]
+        interpreter = getattr(runner, name)
+        return lambda *arrays: used.append(name) or interpreter(*arrays)
+
+    for name in ("_one", "_many"):
+        monkeypatch.setattr(runner, name, counted(name))
+    alone = np.concatenate([encoder.encode([text]) for text in TEXTS[:4]])  # each at most 16 padded tokens
+    together = encoder.encode(TEXTS * 8)  # runs of up to 64 rows
+    assert used[:4] == ["_one"] * 4 and set(used[4:]) == {"_many"}
+    np.testing.assert_allclose(alone, together[:4], atol=1e-5)
+    monkeypatch.setattr(Encoder, "_threads", lambda self: 1)
+    single = Encoder(tiny_google, dtype="int8", graph_dir=session_graph_dir)._lite
+    assert isinstance(single, lite.LiteRunner) and single._one is None  # one thread already: one interpreter
+
+
 def test_int8_is_not_the_fp32_model(tiny_int8: Encoder, tiny_google: str, session_graph_dir: str) -> None:
     """The vectors differ from fp32's in the way rounding makes them differ: close, not equal."""
     fp32 = Encoder(tiny_google, lite_max_tokens=0, graph_dir=session_graph_dir)
