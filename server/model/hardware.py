@@ -118,10 +118,10 @@ def int8_note(cpu_flags: Collection[str] | None) -> str:
         )
     bf16 = [name for flag, name in BF16_FLAGS.items() if flag in cpu_flags]
     also = (
-        f"; it has {bf16[0]} too, where int8 does not reach 1.3x bf16 in bulk: LiteRT keeps attention, softmax and "
-        "layer norm in fp32 and runs one batch at a time (measured with all-MiniLM-L6-v2: int8 bulk 1.18x bf16 on "
-        "an AMD EPYC with AVX-512 bf16 and VNNI, 0.85x on a Xeon with AMX), so int8 there buys one sentence's "
-        "latency and memory, not throughput"
+        f"; it has {bf16[0]} too, and which of the two runs bulk faster depends on the CPU: LiteRT keeps "
+        "attention, softmax and layer norm in fp32 and runs one batch at a time (measured with all-MiniLM-L6-v2 "
+        "through a server, int8 bulk was 1.47x bf16 on an AMD EPYC with AVX-512 bf16 and VNNI, 1.18x in process, "
+        "and 0.85x on a Xeon with AMX, where bf16 is faster): compare the two with benchmarks/small_requests.py"
         if bf16
         else ""
     )
