@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -159,7 +160,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bertserve-baseline-") as folder:
         found = measure(args, model_dir, texts, baseline_python(args.baseline, Path(folder)))
     report = {
-        "command": f"python benchmarks/small_requests.py --baseline {args.baseline}",
+        "command": "python benchmarks/small_requests.py " + " ".join(sys.argv[1:]),
         "environment": environment(),
         "setup": (
             f"Model {model_dir}; servers `{' '.join(FLAGS)}`, each at its own defaults; baseline {args.baseline}; "
