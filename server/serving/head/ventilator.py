@@ -179,8 +179,9 @@ class Ventilator:
             self.update_gauges()
 
     def _wait_ms(self, timeout_ms: int) -> int:
-        """How long the loop may sleep: ``timeout_ms``, or until a small request waiting for
-        company falls due, or a busy worker with a credit free is about to be free."""
+        """How long the loop may sleep: ``timeout_ms``, or, while small requests wait, until
+        one falls due for a worker with a credit free, or a busy worker is about to be free
+        (its next job goes then, :meth:`.registry.Registry.pick_ahead`)."""
         wait, now = timeout_ms, time.monotonic()
         for model in self.models:
             due = model.scheduler.wake_in(now)
