@@ -129,7 +129,10 @@ SKIPPED = {
     ("docs/benchmarks.md", "benchmarks/soak.py"): BENCHMARK,
     ("docs/benchmarks.md", "benchmarks/http_vs_zmq.py"): BENCHMARK,
     ("docs/benchmarks.md", "benchmarks/legacy_client.py"): BENCHMARK,
-    ("docs/benchmarks.md", "benchmarks/latency.py"): BENCHMARK + ", and pip install -r requirements-bench.txt",
+    ("docs/benchmarks.md", "benchmarks/results/latency.json"): BENCHMARK + ", and pip install -r requirements-bench.txt",
+    ("docs/benchmarks.md", "python small_requests.py --baseline"): (
+        BENCHMARK + ": servers of two revisions side by side, and pip install -r requirements-bench.txt"
+    ),
     ("docs/benchmarks.md", "benchmarks/lengths.py"): BENCHMARK,
     ("docs/benchmarks.md", "python tracing.py --baseline"): BENCHMARK,
     ("docs/benchmarks.md", "benchmarks/attacks.py"): (
