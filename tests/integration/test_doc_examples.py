@@ -129,7 +129,9 @@ SKIPPED = {
     ("docs/benchmarks.md", "benchmarks/soak.py"): BENCHMARK,
     ("docs/benchmarks.md", "benchmarks/http_vs_zmq.py"): BENCHMARK,
     ("docs/benchmarks.md", "benchmarks/legacy_client.py"): BENCHMARK,
-    ("docs/benchmarks.md", "benchmarks/results/latency.json"): BENCHMARK + ", and pip install -r requirements-bench.txt",
+    ("docs/benchmarks.md", "benchmarks/results/latency.json"): (
+        BENCHMARK + ", and pip install -r requirements-bench.txt"
+    ),
     ("docs/benchmarks.md", "python small_requests.py --baseline"): (
         BENCHMARK + ": servers of two revisions side by side, and pip install -r requirements-bench.txt"
     ),
