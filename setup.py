@@ -100,6 +100,12 @@ setup(
         # bertserve.client.tei: the Python stubs of TEI's tei.v1 gRPC protocol, for a client (the
         # generated code needs the grpcio and protobuf it was generated with, or newer)
         "grpc": ["grpcio>=1.85.4", "protobuf>=7.35.1,<8"],
+        # --model-dir s3://... and gs://, hdfs://, webhdfs://, https://: fsspec's backends for each store
+        # (server/model/store_files.py), each taking its credentials from its own standard sources
+        "s3": ["s3fs>=2024.6"],
+        "gcs": ["gcsfs>=2024.6"],
+        "hdfs": ["pyarrow>=14", "requests>=2.31"],  # hdfs:// through libhdfs, webhdfs:// over HTTP
+        "https": ["aiohttp>=3.9"],
         # --otlp-endpoint: OpenTelemetry's SDK and its OTLP/HTTP exporter (server/tracing.py)
         "otel": ["opentelemetry-sdk>=1.30", "opentelemetry-exporter-otlp-proto-http>=1.30"],
         "test": [
@@ -125,6 +131,8 @@ setup(
             "llama-index-embeddings-text-embeddings-inference>=0.6",  # LlamaIndex's TextEmbeddingsInference
             "grpcio-tools>=1.85.4",  # stubs generated from TEI's own tei.proto (tests/data/tei), as its users make them
             "trustme>=1.1",  # a test CA: the gRPC port's mutual TLS (tests/security/test_grpc_edges.py)
+            "moto[server]>=5.0",  # an S3 server on loopback (tests/store_standin.py), which s3fs reaches as it does AWS
+            "s3fs>=2024.6",  # bertserve[s3], which the store tests exercise
         ],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],  # mkdocs.yml and docs/
     },

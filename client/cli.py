@@ -146,7 +146,10 @@ def add_client_commands(subparsers: Any) -> None:
     )
     _add_connection_arguments(reload, _CONTROL_TIMEOUT_MS)
     reload.add_argument(
-        "--model-version", default="latest", help="a version number to serve (a rollback, say), or latest"
+        "--model-version",
+        "--version",
+        default="latest",
+        help="a version number to serve (a rollback, say), or latest",
     )
     reload.add_argument(
         "--wait-s", type=float, default=600.0, help="follow the swap for at most this long (0: do not wait)"

@@ -91,6 +91,17 @@ REJECTIONS = Counter("bertserve_rejections_total", "Requests refused on arrival,
 MODEL_VERSION = Gauge(
     "bertserve_model_version", "The model version served (0: a plain model directory)", multiprocess_mode="mostrecent"
 )
+MODEL_SYNC_FAILURES = Counter(
+    "bertserve_model_sync_failures_total",
+    "Syncs of a model from its store that failed (the store out of reach, a file refused), by model",
+    ["model"],
+)
+MODEL_SYNC_LAST_SUCCESS = Gauge(
+    "bertserve_model_sync_last_success_timestamp_seconds",
+    "When a model's store was last synced or found unchanged (Unix time), by model",
+    ["model"],
+    multiprocess_mode="mostrecent",
+)
 VERSIONS_REFUSED = Counter("bertserve_model_versions_refused_total", "Model versions refused: not whole, or unreadable")
 RESTARTS = Counter("bertserve_process_restarts_total", "Server processes restarted after a failure", ["process"])
 WORKERS = Gauge("bertserve_workers", "Workers registered and serving", multiprocess_mode="mostrecent")

@@ -34,10 +34,12 @@ from ..config.workers import Workers
 from ..errors import BertServeError, ConfigError
 from ..model.default import default_model_dir
 from ..model.hub_specs import fetch_hub_model, fetch_hub_models
+from ..model.repository import choose, is_repository, versions
+from ..model.store_files import is_store_url
 from .flag_help import Flag, boolean, under
 from .http_flags import GRPC_FLAGS, HTTP_FLAGS, SECURITY_FLAGS
 from .model_flags import MODEL_FLAGS
-from .served import resolve_models
+from .served import resolve_models, sync_store
 from .serving_flags import DEVICE_FLAGS, LIMIT_FLAGS, SERVING_FLAGS
 
 SERVER_FLAGS = [
@@ -99,7 +101,7 @@ SERVER_FLAGS = [
         ),
         Flag(
             "--model-version",
-            "with --model-dir a base of numbered versions: the one to serve, or latest",
+            "with numbered versions (a directory or store URL): the one to serve, or latest",
             default="latest",
             metavar="VERSION",
         ),
@@ -109,6 +111,18 @@ SERVER_FLAGS = [
             "look for a newer model version this often and swap to it (0: only on `bertserve reload`)",
             float,
             0.0,
+            rare=True,
+        ),
+        Flag(
+            "--model-cache", "where a model at a store URL is synced to", unset="the user cache dir", metavar="DIR", rare=True
+        ),
+        Flag("--keep-versions", "a store URL's versions kept in the cache, beside the one served", int, 2, rare=True),
+        Flag(
+            "--sync-max-bytes-per-s",
+            "a store URL's download rate limit",
+            float,
+            unset="none",
+            metavar="BYTES",
             rare=True,
         ),
     ),
@@ -210,6 +224,9 @@ SERVING_TABLE = _table(
     "--model-version",
     "--require-manifest",
     "--poll-interval-s",
+    "--model-cache",
+    "--keep-versions",
+    "--sync-max-bytes-per-s",
     "--token-id-input",
     "--auto-truncate",
 )
@@ -229,8 +246,15 @@ WORKER_FLAGS = [
         "model",
         Flag(
             "--model-dir",
-            "this machine's copy of the head's model directory (checked by sha256)",
+            "this machine's copy of the head's model directory (checked by sha256), or the store URL it is synced "
+            "from (s3://, gs://, hdfs://, https://)",
             unset="all-MiniLM-L6-v2 if installed",
+        ),
+        Flag(
+            "--model-version",
+            "with a store URL of numbered versions: the one the head serves, or latest",
+            default="latest",
+            metavar="VERSION",
         ),
         Flag(
             "--model-id",
@@ -240,6 +264,8 @@ WORKER_FLAGS = [
         ),
     ),
     server_flag("--tuned-model-dir"),
+    server_flag("--model-cache"),
+    server_flag("--sync-max-bytes-per-s"),
     server_flag("--graph-dir"),
     server_flag("--model-class"),  # the only class it may import: the head must serve the same
     *under(
@@ -272,13 +298,22 @@ WORKER_FLAGS = [
 ]
 
 
-def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
+def model_config_from_args(args: argparse.Namespace, *, sync: bool = True) -> ModelConfig:
     """The model's config; a model given by its Hub id (``--model-id``) is fetched now, into
-    the Hub cache, so that every process after this one reads its directory there."""
+    the Hub cache, so that every process after this one reads its directory there. With
+    ``sync``, a model at a store URL is synced into its cache now, and its newest version
+    read from there (``bertserve start`` syncs later, with its serving options)."""
     options = {flag.dest: getattr(args, flag.dest) for flag in MODEL_FLAGS}
     if args.model_id is None:
         options["model_dir"] = args.model_dir or default_model_dir()
-        return ModelConfig.of(**options)
+        config = ModelConfig.of(**options)
+        if not sync or not is_store_url(config.model_dir):
+            return config
+        model = sync_store(ModelServing(model=config, model_cache=getattr(args, "model_cache", None)))
+        local = model.model.model_dir
+        if is_repository(local):
+            local = versions(local)[-1].path
+        return model.model.replace(model_dir=local)
     if args.model_dir is not None:
         raise ConfigError(
             f"--model-id and --model-dir cannot be given together: --model-id {args.model_id} serves a model of the "
@@ -331,7 +366,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         Routing(**routing)
         if args.model_id is not None:  # every option checked before the model is fetched
             ServerConfig(models=(ModelServing(model=ModelConfig.of(model_dir=""), **serving),), **parts)
-        flags = ModelServing(model=model_config_from_args(args), **serving)
+        flags = ModelServing(model=model_config_from_args(args, sync=False), **serving)
         models, resolved = resolve_models(flags, Routing(**routing))
         return ServerConfig(models=models, routing=resolved, **parts)
     one = next((flag for flag in ("--model-dir", "--model-id") if getattr(args, flag[2:].replace("-", "_"))), None)
@@ -373,7 +408,16 @@ def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     options = {flag.dest: getattr(args, flag.dest) for flag in WORKER_FLAGS if flag not in HOST_WORKERS_TABLE}
     options["workers"] = Workers(**_values(args, HOST_WORKERS_TABLE))
     model_id = options.pop("model_id")
-    if model_id is None:
+    wanted, cache, rate = (options.pop(key) for key in ("model_version", "model_cache", "sync_max_bytes_per_s"))
+    if model_id is None and args.model_dir is not None and is_store_url(args.model_dir):
+        # the host syncs from the store itself, checked by the manifest; the head checks the sha256
+        model = ModelConfig.of(model_dir=args.model_dir)
+        serving = ModelServing(model=model, model_version=wanted, model_cache=cache, sync_max_bytes_per_s=rate)
+        local = sync_store(serving).model.model_dir
+        if is_repository(local):
+            local = choose(local, serving.model_version, model, require_manifest=True, settle_s=0)[0].path
+        options["model_dir"] = local
+    elif model_id is None:
         options["model_dir"] = args.model_dir or default_model_dir()
     elif args.model_dir is not None:
         raise ConfigError(

@@ -31,7 +31,11 @@ _MODEL_DEFAULT = "the model's, or "  # what a plain BERT directory gets when the
 
 MODEL_FLAGS = under(
     "model",
-    Flag("--model-dir", "BERT model directory", unset="all-MiniLM-L6-v2 if installed"),
+    Flag(
+        "--model-dir",
+        "model directory or store URL (s3, gs, hdfs, https)",
+        unset="all-MiniLM-L6-v2 if installed",
+    ),
     Flag("--model-id", "ORG/NAME[@REV]: a Hugging Face Hub model, fetched once", unset="none", metavar="ID"),
     Flag(
         "--tuned-model-dir",

@@ -10,12 +10,15 @@ request of each task gets unless it names one.
 
 each subfolder served, in sorted order, as if ``--model NAME=models/NAME`` had been given
 (hidden folders and plain files are left out). A ``--model`` whose directory is a Hub id is
-fetched first (:func:`..model.hub_specs.fetch_hub_models`).
+fetched first (:func:`..model.hub_specs.fetch_hub_models`). A model at a store URL
+(``s3://bucket/minilm``) is synced into its local cache (:func:`sync_store`) before anything
+reads its files.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 from bertserve.client.protocol import TASKS
@@ -25,7 +28,11 @@ from ..config.specs import ModelSpec, check_default, check_model_name, parse_mod
 from ..errors import ConfigError, ModelFileError
 from ..model.model_dir import detect_layout
 from ..model.repository import is_repository, versions
+from ..model.store import ModelStore
+from ..model.store_files import is_store_url
 from ..model.tasks import TASK_NAMES, model_tasks, served_with
+
+logger = logging.getLogger("bertserve.server")
 
 
 def resolve_models(flags: ModelServing, routing: Routing) -> tuple[tuple[ModelServing, ...], Routing]:
@@ -45,7 +52,26 @@ def resolve_models(flags: ModelServing, routing: Routing) -> tuple[tuple[ModelSe
         default = next(model for model in models if model.name == (routing.default_model or models[0].name))
         defaults = flags.replace(model=flags.model.replace(model_dir=default.model.model_dir))
         routing = dataclasses.replace(routing, model_defaults=defaults)
+    models = tuple(sync_store(model) for model in models)
     return models, dataclasses.replace(routing, tasks=tuple(task_defaults(models, routing).items()))
+
+
+def sync_store(model: ModelServing) -> ModelServing:
+    """``model`` as served from its local cache when its directory is a store URL: the
+    version asked for (or the newest that can be had) synced and checked first
+    (:meth:`..model.store.ModelStore.start`); a store out of reach leaves the cache to serve
+    what it holds. Raises :class:`..model.store_files.StoreError` naming the URL and the cause
+    when nothing can be served."""
+    url = model.model.model_dir
+    if not is_store_url(url):
+        return model
+    store = ModelStore(
+        url, model.model_cache, keep_versions=model.keep_versions, max_bytes_per_s=model.sync_max_bytes_per_s
+    )
+    local, rejected = store.start(model.model_version)
+    for refusal in rejected:
+        logger.error("refused version %d of %s: %s", refusal.number, store.url, refusal.reason)
+    return model.replace(model=model.model.replace(model_dir=local, model_url=store.url.url))
 
 
 def task_defaults(models: tuple[ModelServing, ...], routing: Routing) -> dict[str, str]:

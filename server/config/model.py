@@ -34,6 +34,7 @@ __all__ = [
     "FIELDS",
     "HUB_FIELDS",
     "LONG_INPUTS",
+    "SOURCE_FIELDS",
     "TASKS",
     "Inputs",
     "ModelConfig",
@@ -53,6 +54,7 @@ FIELDS = (
     "model_id",
     "model_revision",
     "model_commit",
+    "model_url",
     "tuned_model_dir",
     "ckpt_name",
     "config_name",
@@ -83,6 +85,8 @@ _PART_OF = {name: part for part, kind in _PARTS.items() for name in (f.name for 
 HUB_FIELDS = ("model_id", "model_revision", "model_commit")
 """The fields that say which model of the Hub ``model_dir`` holds: not options of a model, and
 not a remote worker's business (its files are checked by their sha256)."""
+SOURCE_FIELDS = (*HUB_FIELDS, "model_url")
+"""The fields that say where ``model_dir``'s files came from: the Hub's, and a store's URL."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +141,10 @@ class ModelConfig:
     @property
     def model_commit(self) -> str | None:
         return self.source.model_commit
+
+    @property
+    def model_url(self) -> str | None:
+        return self.source.model_url
 
     @property
     def tuned_model_dir(self) -> str | None:

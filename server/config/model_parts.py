@@ -84,12 +84,15 @@ class ModelSource:
     """Where the model's files are and which of them are read. A model given by its Hub id
     (``--model-id ORG/NAME@REVISION``) is fetched once, by the CLI, before any process starts:
     ``model_dir`` is then its directory in the Hub cache, and ``model_id``, ``model_revision``
-    and ``model_commit`` say which model and commit it is."""
+    and ``model_commit`` say which model and commit it is. A model kept in object storage
+    (``--model-dir s3://...``) is synced by the CLI into a local cache: ``model_dir`` is then
+    the cache's copy, and ``model_url`` the URL."""
 
     model_dir: str
     model_id: str | None = None  # ORG/NAME on the Hugging Face Hub, whose snapshot in the Hub cache model_dir is
     model_revision: str | None = None  # the revision of model_id asked for: a branch, tag or commit
     model_commit: str | None = None  # the commit model_revision resolved to: the version of the model served
+    model_url: str | None = None  # the store URL (s3://...) whose copy in the local cache model_dir is
     tuned_model_dir: str | None = None
     ckpt_name: str = "bert_model.ckpt"
     config_name: str = "bert_config.json"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
-from .model import HUB_FIELDS, ModelConfig, option_types as model_option_types
+from .model import HUB_FIELDS, SOURCE_FIELDS, ModelConfig, option_types as model_option_types
 from .specs import ModelSpec, check_models
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"  # what the server lists the default model as
@@ -38,6 +38,9 @@ SERVER_OPTIONS = (
     "poll_interval_s",
     "require_manifest",
     "model_class",
+    "model_cache",
+    "keep_versions",
+    "sync_max_bytes_per_s",
 )
 """The serving options a ``--model`` may set for its own model, beside the model options."""
 
@@ -58,6 +61,9 @@ class ModelServing:
     model_version: str = "latest"  # with a model repository: "latest" or a version number
     require_manifest: bool = False
     poll_interval_s: float = 0.0  # with a model repository: look for a newer version this often (0: never)
+    model_cache: str | None = None  # a model at a store URL: the local cache it is synced into (None: the user cache)
+    keep_versions: int = 2  # a model at a store URL: the versions its cache keeps (and always the one served)
+    sync_max_bytes_per_s: float | None = None  # a model at a store URL: its download rate limit (None: none)
     token_id_input: bool = False  # HTTP: take OpenAI-style token id arrays as this model's WordPiece ids
     auto_truncate: bool = False  # HTTP: cut an over-long input where the request does not say (TEI's flag)
 
@@ -72,6 +78,11 @@ class ModelServing:
                 "model_version must be latest or a version number",
             ),
             (self.poll_interval_s >= 0, "poll_interval_s must not be negative (0 turns polling off)"),
+            (self.keep_versions >= 1, "keep_versions must be at least 1 (the version served is always kept)"),
+            (
+                self.sync_max_bytes_per_s is None or self.sync_max_bytes_per_s >= 1024,
+                "sync_max_bytes_per_s must be at least 1024 bytes a second (leave it out for no limit)",
+            ),
         ]
         for ok, problem in checks:
             if not ok:
@@ -106,6 +117,8 @@ def directory_name(serving: ModelServing) -> str:
     all-MiniLM-L6-v2 for the model installed as the default."""
     if serving.model.model_id is not None:
         return serving.model.model_id
+    if serving.model.model_url is not None:  # s3://bucket/minilm: minilm
+        return serving.model.model_url.rstrip("/").rsplit("/", 1)[-1]
     path = os.path.normpath(serving.model.model_dir)
     version = os.path.basename(path)
     if version.isdigit() and int(version) == serving.asked_version:  # a version of a repository
@@ -148,7 +161,7 @@ class Routing:
 def option_types() -> dict[str, Any]:
     """The keys a ``--model`` takes, each with the type of the field it sets."""
     serving = get_type_hints(ModelServing)
-    types = {key: kind for key, kind in model_option_types().items() if key not in ("model_dir", *HUB_FIELDS)}
+    types = {key: kind for key, kind in model_option_types().items() if key not in ("model_dir", *SOURCE_FIELDS)}
     return {**types, **{key: serving[key] for key in SERVER_OPTIONS}}
 
 

@@ -73,13 +73,21 @@ def write_manifest(directory: str) -> tuple[str, int]:
 def read_manifest(directory: str) -> dict[str, str]:
     """``{path: sha256}`` from ``directory/bertserve.sha256``; raises ``ValueError`` if a line
     is not ``<64 hex digits>  <path>``."""
-    digests = {}
     with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            digest, sep, rel = line.rstrip("\n").partition("  ")
-            if not sep or len(digest) != 64 or not rel or any(c not in "0123456789abcdef" for c in digest):
-                raise ValueError(f"{MANIFEST} line {number} is not '<sha256>  <path>'")
-            digests[rel] = digest
+        return parse_manifest(f.read())
+
+
+def parse_manifest(text: str) -> dict[str, str]:
+    """``{path: sha256}`` from a manifest's text; raises ``ValueError`` if a line is not
+    ``<64 hex digits>  <path>``, or names a path twice."""
+    digests: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        digest, sep, rel = line.partition("  ")
+        if not sep or len(digest) != 64 or not rel or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"{MANIFEST} line {number} is not '<sha256>  <path>'")
+        if rel in digests:
+            raise ValueError(f"{MANIFEST} line {number} names {rel} a second time")
+        digests[rel] = digest
     return digests
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from bertserve.client import __version__
 
-from ...config.model import FIELDS, HUB_FIELDS
+from ...config.model import FIELDS, SOURCE_FIELDS
 from ...config.server import ServerConfig
 from ..protocol import link_bodies as bodies, wire
 from .models import HeadModel, Models
@@ -47,7 +47,7 @@ def welcome_options(config: ServerConfig) -> dict[str, Any]:
 
 
 _MODEL_FIELDS = frozenset(FIELDS)
-_HOSTS_OWN = frozenset({"model_dir", "tuned_model_dir", "graph_dir", "device", "calibration", *HUB_FIELDS})
+_HOSTS_OWN = frozenset({"model_dir", "tuned_model_dir", "graph_dir", "device", "calibration", *SOURCE_FIELDS})
 """The model fields that name something of the machine a process runs on: a host has its own."""
 
 

@@ -39,7 +39,12 @@ def choose_version(config: ServerConfig, book: VersionsBook) -> tuple[Release, b
     base = config.model.model_dir
     try:
         version, refused = choose(
-            base, config.serving.model_version, config.model, require_manifest=config.serving.require_manifest
+            base,
+            config.serving.model_version,
+            config.model,
+            # a store's versions are synced whole and renamed into place, checked by their manifests
+            require_manifest=config.serving.require_manifest or config.model.model_url is not None,
+            settle_s=0.0 if config.model.model_url is not None else 2.0,
         )
     except (ValueError, OSError) as exc:
         raise StartupError(str(exc)) from exc

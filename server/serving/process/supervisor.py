@@ -44,7 +44,7 @@ from ..protocol.sockets import request_socket
 from ..protocol.wire import Addresses
 from ..sink.sink import run_sink
 from ..versions.book import VersionsBook
-from ..versions.swap import VersionSwap
+from ..versions.swap import VersionSwap, store_of
 from . import front_ends as front_end, preflight
 from .children import Children, worker_index, worker_name
 from .front_ends import front_ends
@@ -136,6 +136,10 @@ class BertServer(ExitFlags):
         self.default = self.config.default_name
         for index, served in enumerate(self.config.model_configs()):
             book = VersionsBook()
+            book.model = served.serving.name
+            if served.model.model_url is not None:  # synced by the command line: when it last was, from the cache
+                store = store_of(served)
+                book.record_sync({**store.status(), "last_success": store.last_sync})
             chosen, follow_latest = preflight.choose_version(served, book)
             config = chosen.config
             info, sha256 = preflight.check_model(config, book)

@@ -29,6 +29,8 @@ class VersionsBook:
         self.refused: list[dict[str, Any]] = []  # each version refused, with why and when; newest first
         self._swap: dict[str, Any] = {}  # the latest swap's progress, as the status shows it
         self._tokenizer: Any = None
+        self.model = ""  # the served model's name, for the metrics
+        self._sync: dict[str, Any] = {}  # a model synced from a store: what its syncs did (ModelStore.status)
 
     # -- the version served --------------------------------------------------------------
 
@@ -86,7 +88,20 @@ class VersionsBook:
         """Version ``number`` is served now (one refused while it was being written is whole)."""
         self.refused = [entry for entry in self.refused if entry["version"] != number]
 
+    # -- syncs from a store ----------------------------------------------------------------
+
+    def record_sync(self, status: dict[str, Any]) -> None:
+        """What the syncs from the model's store did so far: failures since the last record
+        are counted, and the last success's time is the gauge's."""
+        failed = status["failures"] - self._sync.get("failures", 0)
+        if failed > 0:
+            metrics.MODEL_SYNC_FAILURES.labels(self.model).inc(failed)
+        if status.get("last_success") is not None:
+            metrics.MODEL_SYNC_LAST_SUCCESS.labels(self.model).set(status["last_success"])
+        self._sync = dict(status)
+
     # -- interfaces.VersionsView ---------------------------------------------------------
 
     def version_status(self) -> dict[str, Any]:
-        return {"refused_versions": list(self.refused), "swap": dict(self._swap)}
+        status = {"refused_versions": list(self.refused), "swap": dict(self._swap)}
+        return {**status, "sync": dict(self._sync)} if self._sync else status

@@ -42,15 +42,28 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ModelError
 from ...model.repository import Checker, Refusal, Version
+from ...model.store import ModelStore
 from . import plan
 from .plan import Death, Release, Roll, Seen, Step, SwapState
 
 if TYPE_CHECKING:
+    from ...config.server import ServerConfig
     from ...model.prepare import Preparation
     from .book import VersionsBook
     from .interfaces import WorkerPool, WorkerProcesses
 
 logger = logging.getLogger("bertserve.server")
+
+
+def store_of(config: ServerConfig) -> ModelStore:
+    """The store a model served from its local cache is synced from (``model_url``)."""
+    assert config.model.model_url is not None
+    return ModelStore(
+        config.model.model_url,
+        config.serving.model_cache,
+        keep_versions=config.serving.keep_versions,
+        max_bytes_per_s=config.serving.sync_max_bytes_per_s,
+    )
 
 
 @dataclass
@@ -93,7 +106,14 @@ class VersionSwap:
         self.pool = pool
         self.processes = processes
         self.book = book
-        self.checker = Checker(book.repository, config.model, require_manifest=config.serving.require_manifest)
+        stored = config.model.model_url is not None
+        self.checker = Checker(
+            book.repository,
+            config.model,
+            require_manifest=config.serving.require_manifest or stored,
+            settle_s=0.0 if stored else 2.0,  # a store's versions are renamed into the cache whole
+        )
+        self.store = store_of(config) if stored else None
         self.follow_latest = follow_latest  # --model-version latest (or reload): newer versions are taken
         self.interval = config.serving.poll_interval_s
         self.next_look = time.monotonic() + self.interval
@@ -146,11 +166,18 @@ class VersionSwap:
         return version
 
     def _look(self, wanted: str, current: int) -> _Found:
-        """On the look's thread: the version to swap to, checked, and its tokenizer."""
+        """On the look's thread: the version to swap to (synced first from a store), checked,
+        and its tokenizer."""
         try:
             if wanted != "latest" and int(wanted) == current:
                 return _Found(None, [], note=f"version {wanted} is already served")
+            synced, failure = self._pull(wanted, current)
+            if failure is not None and wanted != "latest" and int(wanted) not in self.store_cached:
+                return _Found(None, synced, note=f"model sync failed: {failure}", state=SwapState.REFUSED)
             version, refused = self.checker.find(wanted, current)
+            refused = [*refused, *synced]
+            if version is None and failure is not None:
+                return _Found(None, refused, note=f"model sync failed: {failure}", state=SwapState.REFUSED)
         except (ModelError, OSError) as exc:  # no such version, or the repository is unreadable
             return _Found(None, [], note=str(exc), state=SwapState.REFUSED)
         if version is None:
@@ -159,6 +186,19 @@ class VersionSwap:
                 note = "; ".join(f"version {r.version.number} is refused: {r.reason}" for r in refused)
             return _Found(None, refused, note=note, state=SwapState.REFUSED if refused else SwapState.UNCHANGED)
         return self._prepare(version, refused)
+
+    def _pull(self, wanted: str, current: int) -> tuple[list[Refusal], str | None]:
+        """With a store: the version ``wanted`` synced into the cache (the newest above
+        ``current`` for ``latest``); the store's versions refused, and what stopped the sync."""
+        if self.store is None:
+            return [], None
+        pulled = self.store.pull(wanted, current, current)
+        refused = [Refusal(Version(r.number, f"{self.store.url}/{r.number}"), r.reason) for r in pulled.rejected]
+        return refused, pulled.error
+
+    @property
+    def store_cached(self) -> list[int]:
+        return self.store.cached_versions() if self.store is not None else []
 
     def _prepare(self, version: Version, refused: list[Refusal]) -> _Found:
         from ...model.options import resolve_options
@@ -195,6 +235,8 @@ class VersionSwap:
             logger.exception("looking for model versions failed")
             found = _Found(None, [], note=f"looking for model versions failed: {exc}")
         self.book.record_refusals(found.refused)
+        if self.store is not None:
+            self.book.record_sync(self.store.status())
         if found.release is None:
             if self.look_reload:
                 self.book.swap_update(found.state, message=found.note, finished=time.time())

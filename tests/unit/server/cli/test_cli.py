@@ -151,7 +151,7 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
                 "(NAME.npz: with line numbers) (default: embeddings.npy)",
                 "one sentence a line (default: stdin)",
                 "else fp32 (never int8) (default: auto)",
-                "BERT model directory (default: all-MiniLM",
+                "model directory or store URL (s3, gs, hdfs, https)",
             ],
         ),
         (
@@ -171,7 +171,7 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
             [
                 "the head's --worker-port (default: required)",
                 "worker processes on this machine (default: 1)",
-                "checked by sha256) (default: all-MiniLM-L6-v2 if installed)",
+                "https://) (default: all-MiniLM-L6-v2 if installed)",
                 "(default: 127.0.0.1)",
             ],
         ),

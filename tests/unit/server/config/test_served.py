@@ -19,7 +19,8 @@ ALLOWED = (
     "tuned_model_dir, ckpt_name, config_name, vocab_name, max_seq_len, pooling_strategy, pooling_layer, "
     "mask_cls_sep, normalize, do_lower_case, dtype, output_dtype, xla, graph_dir, batch_size, lite_max_tokens, "
     "device, long_inputs, chunk_stride, task, calibration, instruction, num_worker, model_version, "
-    "default_prompt_name, poll_interval_s, require_manifest, model_class"
+    "default_prompt_name, poll_interval_s, require_manifest, model_class, model_cache, keep_versions, "
+    "sync_max_bytes_per_s"
 )
 
 
