@@ -8,12 +8,16 @@ and throwaway credentials, as a user sets them for MinIO or any S3-compatible st
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +58,20 @@ class S3Standin:
             region_name="us-east-1",
         )
 
-    def upload(self, prefix: str, source: str, *, manifest: bool = True) -> list[str]:
+    def upload(
+        self, prefix: str, source: str, *, manifest: bool = True, rotten: dict[str, bytes] | None = None
+    ) -> list[str]:
         """Upload the files of ``source`` under ``prefix/`` (its manifest written first, and
-        uploaded last, as a careful uploader does); the keys, manifest last."""
+        uploaded last, as a careful uploader does); the keys, manifest last. A file named in
+        ``rotten`` goes up as those bytes instead, while the manifest lists the good ones."""
         if manifest:
             write_manifest(source)
         rels = [rel.replace(os.sep, "/") for rel in model_files(source)] + ([MANIFEST] if manifest else [])
         for rel in rels:
-            self.s3.upload_file(os.path.join(source, *rel.split("/")), BUCKET, f"{prefix}/{rel}")
+            if rotten and rel in rotten:
+                self.put(f"{prefix}/{rel}", rotten[rel])
+            else:
+                self.s3.upload_file(os.path.join(source, *rel.split("/")), BUCKET, f"{prefix}/{rel}")
         return [f"{prefix}/{rel}" for rel in rels]
 
     def put(self, key: str, body: bytes) -> None:
@@ -167,11 +177,79 @@ class CuttingProxy:
             pass
         finally:
             for sock in (client, upstream):
-                try:
+                with suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 sock.close()
+
+
+@dataclass(frozen=True)
+class StrictS3:
+    """moto's S3 server with IAM on: it checks each request's signature against its users."""
+
+    endpoint: str
+    good: dict[str, str]  # a user's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, allowed s3:*
+
+    def env(self, **changes: str) -> dict[str, str]:
+        """The environment a process reaches it with: the good key, unless ``changes`` say otherwise."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            **self.good,
+            **changes,
+        }
+
+
+@contextmanager
+def strict_s3(source: str, prefix: str) -> Iterator[StrictS3]:
+    """A moto server of its own (IAM applies to a whole process) on 127.0.0.1, with one user
+    allowed everything, and ``source``'s files under ``prefix/`` with their manifest."""
+    import boto3
+
+    port = _free_port()
+    # the first four requests (the user, its policy, its key, the bucket) are made before IAM applies
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="4")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        _wait_listening(port)
+        admin = {"endpoint_url": endpoint, "region_name": "us-east-1"}
+        iam = boto3.client("iam", aws_access_key_id="admin", aws_secret_access_key="admin", **admin)
+        iam.create_user(UserName="reader")
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="reader", PolicyName="all", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        good = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+        s3 = boto3.client(
+            "s3",
+            aws_access_key_id=good["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=good["AWS_SECRET_ACCESS_KEY"],
+            **admin,
+        )
+        s3.create_bucket(Bucket=BUCKET)
+        write_manifest(source)
+        for rel in [rel.replace(os.sep, "/") for rel in model_files(source)] + [MANIFEST]:
+            s3.upload_file(os.path.join(source, *rel.split("/")), BUCKET, f"{prefix}/{rel}")
+        yield StrictS3(endpoint, good)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _wait_listening(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"moto's server did not listen on {port}")
 
 
 def settle_mtimes(directory: Path) -> None:

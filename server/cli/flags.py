@@ -114,7 +114,11 @@ SERVER_FLAGS = [
             rare=True,
         ),
         Flag(
-            "--model-cache", "where a model at a store URL is synced to", unset="the user cache dir", metavar="DIR", rare=True
+            "--model-cache",
+            "where a model at a store URL is synced to",
+            unset="the user cache dir",
+            metavar="DIR",
+            rare=True,
         ),
         Flag("--keep-versions", "a store URL's versions kept in the cache, beside the one served", int, 2, rare=True),
         Flag(

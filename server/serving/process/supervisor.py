@@ -139,6 +139,7 @@ class BertServer(ExitFlags):
             book.model = served.serving.name
             if served.model.model_url is not None:  # synced by the command line: when it last was, from the cache
                 store = store_of(served)
+                book.source = store.url.url
                 book.record_sync({**store.status(), "last_success": store.last_sync})
             chosen, follow_latest = preflight.choose_version(served, book)
             config = chosen.config

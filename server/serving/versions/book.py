@@ -30,6 +30,7 @@ class VersionsBook:
         self._swap: dict[str, Any] = {}  # the latest swap's progress, as the status shows it
         self._tokenizer: Any = None
         self.model = ""  # the served model's name, for the metrics
+        self.source = ""  # a model synced from a store: its URL, which the logs name rather than the cache
         self._sync: dict[str, Any] = {}  # a model synced from a store: what its syncs did (ModelStore.status)
 
     # -- the version served --------------------------------------------------------------
@@ -77,7 +78,8 @@ class VersionsBook:
             same = entry is not None and (entry["reason"] == refusal.reason or (entry["settling"] and refusal.settling))
             if not same:
                 level = logging.WARNING if refusal.settling else logging.ERROR
-                logger.log(level, "refused version %d of %s: %s", number, self.repository, refusal.reason)
+                where = self.source or self.repository
+                logger.log(level, "refused version %d of %s: %s", number, where, refusal.reason)
                 metrics.VERSIONS_REFUSED.inc()
                 entry = listed[number] = {"version": number}
             assert entry is not None

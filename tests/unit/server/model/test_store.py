@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ from bertserve.server.errors import ConfigError
 from bertserve.server.model.checksum import MANIFEST, file_sha256, manifest_problems
 from bertserve.server.model.store import TRIES_PER_VERSION, ModelStore
 from bertserve.server.model.store_files import Pace, StoreError, backoff_s, parse_store_url
-from store_standin import BUCKET, CuttingProxy, S3Standin, s3_env
+from store_standin import BUCKET, CuttingProxy, S3Standin, StrictS3, s3_env, strict_s3
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -185,7 +183,7 @@ def test_a_store_that_is_down_serves_the_cache_and_with_nothing_cached_says_why(
 
 def test_what_the_store_holds_must_be_a_model_with_its_manifest(env: S3Standin, tmp_path: Path) -> None:
     name = prefix(tmp_path)
-    with pytest.raises(StoreError, match="holds neither a bertserve.sha256"):
+    with pytest.raises(StoreError, match=r"holds neither a bertserve\.sha256"):
         ModelStore(f"s3://{BUCKET}/{name}-nothing", str(tmp_path / "c")).start("latest")
     env.upload(f"{name}/1", model(tmp_path / "v1", b"w"), manifest=False)
     with pytest.raises(StoreError, match=r"has no bertserve.sha256: write one with `bertserve manifest DIR`"):
@@ -217,7 +215,7 @@ def test_one_model_at_the_url_and_a_version_asked_for_by_number(env: S3Standin, 
     numbered = ModelStore(f"s3://{BUCKET}/{name}-r", str(tmp_path / "cache"))
     numbered.start("1")
     assert numbered.cached_versions() == [1]
-    with pytest.raises(StoreError, match="has no bertserve.sha256"):
+    with pytest.raises(StoreError, match=r"has no bertserve\.sha256"):
         numbered.start("7")
 
 
@@ -251,58 +249,15 @@ def test_urls_with_credentials_or_no_backend_are_refused_before_any_request() ->
 
 
 @pytest.fixture(scope="module")
-def strict_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """moto's server checking credentials (IAM on): its endpoint and a user's good key."""
-    import boto3
-
-    port = _free_port()
-    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="4")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        _wait_listening(port)
-        admin = {
-            "endpoint_url": endpoint,
-            "region_name": "us-east-1",
-            "aws_access_key_id": "a",
-            "aws_secret_access_key": "b",
-        }
-        iam = boto3.client("iam", **admin)
-        iam.create_user(UserName="reader")
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
-        iam.put_user_policy(UserName="reader", PolicyName="all", PolicyDocument=json.dumps(policy))
-        key = iam.create_access_key(UserName="reader")["AccessKey"]
-        good = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
-        s3 = boto3.client(
-            "s3",
-            **{
-                **admin,
-                "aws_access_key_id": good["AWS_ACCESS_KEY_ID"],
-                "aws_secret_access_key": good["AWS_SECRET_ACCESS_KEY"],
-            },
-        )
-        s3.create_bucket(Bucket=BUCKET)
-        directory = model(tmp_path_factory.mktemp("strict") / "v1", b"weights")
-        from bertserve.server.model.checksum import write_manifest
-
-        write_manifest(directory)
-        for rel in ("config.json", "vocab.txt", "model.safetensors", "sub/tokenizer_config.json", MANIFEST):
-            s3.upload_file(os.path.join(directory, rel), BUCKET, f"strict/1/{rel}")
-        yield endpoint, good
-    finally:
-        server.kill()
-        server.wait()
+def strict_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StrictS3]:
+    with strict_s3(model(tmp_path_factory.mktemp("strict") / "v1", b"weights"), "strict/1") as store:
+        yield store
 
 
 def test_wrong_credentials_are_refused_clearly_and_never_shown(
-    strict_store: tuple[str, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    strict_store: StrictS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    endpoint, good = strict_store
+    endpoint, good = strict_store.endpoint, strict_store.good
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
@@ -315,24 +270,3 @@ def test_wrong_credentials_are_refused_clearly_and_never_shown(
     store = ModelStore(f"s3://{BUCKET}/strict", str(tmp_path / "cache"))
     store.start("latest")
     assert store.cached_versions() == [1]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _wait_listening(port: int, timeout: float = 30.0) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"moto's server did not listen on {port}")
