@@ -15,7 +15,6 @@ its HTTP and security edges in :mod:`.http_flags`; ``SERVER_FLAGS`` puts them in
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +33,7 @@ from ..config.workers import Workers
 from ..errors import BertServeError, ConfigError
 from ..model.default import default_model_dir
 from ..model.hub_specs import fetch_hub_model, fetch_hub_models
-from ..model.repository import choose, is_repository, versions
+from ..model.repository import is_repository, versions
 from ..model.store_files import is_store_url
 from .flag_help import Flag, boolean, under
 from .http_flags import GRPC_FLAGS, HTTP_FLAGS, SECURITY_FLAGS
@@ -239,69 +238,6 @@ ROUTING_TABLE = _table("--model", "--models-dir", "--default-model")
 """Several models, and the one a request gets (:class:`..config.served.Routing`)."""
 
 
-WORKER_FLAGS = [
-    *under(
-        "the head",
-        Flag("--server", "the head's host name or address", unset="required", metavar="HOST"),
-        Flag("--worker-port", "the head's --worker-port", int, unset="required"),
-        Flag("--model-name", "the head's model these workers serve, when it serves several", unset="its default model"),
-    ),
-    *under(
-        "model",
-        Flag(
-            "--model-dir",
-            "this machine's copy of the head's model directory (checked by sha256), or the store URL it is synced "
-            "from (s3://, gs://, hdfs://, https://)",
-            unset="all-MiniLM-L6-v2 if installed",
-        ),
-        Flag(
-            "--model-version",
-            "with a store URL of numbered versions: the one the head serves, or latest",
-            default="latest",
-            metavar="VERSION",
-        ),
-        Flag(
-            "--model-id",
-            "the head's model by its Hub id, ORG/NAME[@REVISION]: fetched into this machine's Hub cache "
-            "(checked by sha256 like a directory)",
-            unset="--model-dir",
-        ),
-    ),
-    server_flag("--tuned-model-dir"),
-    server_flag("--model-cache"),
-    server_flag("--sync-max-bytes-per-s"),
-    server_flag("--graph-dir"),
-    server_flag("--model-class"),  # the only class it may import: the head must serve the same
-    *under(
-        "workers and devices",
-        Flag("--num-worker", "worker processes on this machine", int, 1),
-        Flag("--prefetch-size", "jobs a worker holds at once: its credits; give faster devices more", int, 1),
-    ),
-    *(server_flag(name) for name in ("--cpu", "--device-map", "--gpu-memory-fraction", "--threads-per-worker")),
-    *(server_flag(name) for name in ("--worker-nice", "--feed", "--max-restarts", "--stop-timeout")),
-    *under(
-        "security",
-        Flag(
-            "--client-cert",
-            "CURVE: this worker's NAME.key_secret, whose NAME.key is in the head's workers/",
-            unset="plain TCP",
-            metavar="FILE",
-        ),
-        Flag(
-            "--server-key",
-            "CURVE: the head's public key (its server.key file or z85 text)",
-            unset="plain TCP",
-            metavar="KEY",
-        ),
-    ),
-    *under(
-        "health checks",
-        Flag("--health-port", "serve GET /health and /ready on this port, for container probes", int, unset="none"),
-        Flag("--health-bind", "address the health port listens on", default="127.0.0.1"),
-    ),
-]
-
-
 def model_config_from_args(args: argparse.Namespace, *, sync: bool = True) -> ModelConfig:
     """The model's config; a model given by its Hub id (``--model-id``) is fetched now, into
     the Hub cache, so that every process after this one reads its directory there. With
@@ -356,14 +292,14 @@ def _named_by_environment(exc: ConfigError, args: argparse.Namespace) -> ConfigE
     return exc
 
 
-def _values(args: argparse.Namespace, table: Sequence[Flag]) -> dict[str, Any]:
+def values_of(args: argparse.Namespace, table: Sequence[Flag]) -> dict[str, Any]:
     return {flag.dest: getattr(args, flag.dest) for flag in table}
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
-    parts = {name: PARTS[name](**_values(args, table)) for name, table in PART_FLAGS.items()}
-    serving = _values(args, SERVING_TABLE)
-    given = _values(args, ROUTING_TABLE)
+    parts = {name: PARTS[name](**values_of(args, table)) for name, table in PART_FLAGS.items()}
+    serving = values_of(args, SERVING_TABLE)
+    given = values_of(args, ROUTING_TABLE)
     routing = {"models": given["models"], "models_dir": given["models_dir"], **_default_models(given["default_models"])}
     several = "--model" if routing["models"] else "--models-dir" if routing["models_dir"] is not None else None
     if several is None:
@@ -381,7 +317,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
             else "serves every model of a folder"
         )
         raise ConfigError(f"{one} and {several} cannot be given together: {one} serves one model, {several} {what}")
-    model = ModelConfig.of(**{**_values(args, MODEL_FLAGS), "model_dir": ""})
+    model = ModelConfig.of(**{**values_of(args, MODEL_FLAGS), "model_dir": ""})
     flags = ModelServing(model=model, **serving)
     Routing(**routing, model_defaults=flags)
     ServerConfig(models=(flags,), **parts)  # every option checked before a model is fetched
@@ -400,36 +336,6 @@ def _default_models(values: list[str]) -> dict[str, Any]:
             "and TASK=NAME for the default of a task"
         )
     return {"default_model": plain[0] if plain else None, "task_defaults": tuple(v for v in values if "=" in v)}
-
-
-HOST_WORKERS_TABLE = tuple(flag for flag in WORKER_FLAGS if flag.dest in {f.name for f in dataclasses.fields(Workers)})
-"""The flags of a worker host's workers (:class:`..config.workers.Workers`, as ``bertserve start``'s)."""
-
-
-def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of a worker host's config (``bertserve worker``), its workers a
-    part of their own."""
-    options = {flag.dest: getattr(args, flag.dest) for flag in WORKER_FLAGS if flag not in HOST_WORKERS_TABLE}
-    options["workers"] = Workers(**_values(args, HOST_WORKERS_TABLE))
-    model_id = options.pop("model_id")
-    wanted, cache, rate = (options.pop(key) for key in ("model_version", "model_cache", "sync_max_bytes_per_s"))
-    if model_id is None and args.model_dir is not None and is_store_url(args.model_dir):
-        # the host syncs from the store itself, checked by the manifest; the head checks the sha256
-        model = ModelConfig.of(model_dir=args.model_dir)
-        serving = ModelServing(model=model, model_version=wanted, model_cache=cache, sync_max_bytes_per_s=rate)
-        local = sync_store(serving).model.model_dir
-        if is_repository(local):
-            local = choose(local, serving.model_version, model, require_manifest=True, settle_s=0)[0].path
-        options["model_dir"] = local
-    elif model_id is None:
-        options["model_dir"] = args.model_dir or default_model_dir()
-    elif args.model_dir is not None:
-        raise ConfigError(
-            f"--model-id and --model-dir cannot be given together: give --model-id {model_id} or a directory"
-        )
-    else:
-        options["model_dir"] = fetch_hub_model(model_id)["model_dir"]  # the head checks its files' sha256
-    return options
 
 
 def telemetry_from_args(args: argparse.Namespace) -> Telemetry:

@@ -33,15 +33,14 @@ from .flag_help import add_flags, parse_args
 from .flags import (
     MODEL_FLAGS,
     SERVER_FLAGS,
-    WORKER_FLAGS,
     model_config_from_args,
     server_config_from_args,
     server_flag,
     telemetry_from_args,
-    worker_options_from_args,
 )
 from .models_command import add_model_dir_commands
 from .serving_flags import TELEMETRY_FLAGS
+from .worker_flags import WORKER_FLAGS, worker_options_from_args
 
 logger = logging.getLogger("bertserve.cli")
 

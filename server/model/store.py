@@ -37,13 +37,20 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from .checksum import MANIFEST, file_sha256, manifest_problems, parse_manifest
+from .store_cache import (
+    cache_name,
+    check_path,
+    default_cache,
+    link_or_copy,
+    manifest_text,
+    remove_tree,
+    remove_unlisted,
+)
 from .store_files import Pace, StoreError, StoreUrl, fetch_file, open_store, parse_store_url, store_error
 
 logger = logging.getLogger("bertserve.store")
@@ -56,22 +63,6 @@ TRIES_PER_VERSION = 3
 """Syncs of one version that fail for good before it is left alone until its manifest changes
 (a RELOAD that names it tries again)."""
 LAST_SYNC = ".last-sync"
-
-
-def default_cache() -> str:
-    """``BERTSERVE_MODEL_CACHE``, else ``models`` in the user's cache directory."""
-    env = os.environ.get("BERTSERVE_MODEL_CACHE")
-    if env:
-        return env
-    import platformdirs
-
-    return os.path.join(platformdirs.user_cache_dir("bertserve"), "models")
-
-
-def cache_name(url: StoreUrl) -> str:
-    """The cache's folder for ``url``: readable, and unique by a digest of the whole URL."""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{url.scheme}-{url.path}").strip("-.")[:80]
-    return f"{readable}-{hashlib.sha256(url.url.encode()).hexdigest()[:12]}"
 
 
 @dataclass
@@ -173,7 +164,7 @@ class ModelStore:
             if len(listed) > MAX_FILES:
                 raise ValueError(f"it lists {len(listed)} files, over {MAX_FILES}")
             for rel in listed:
-                _check_path(rel)
+                check_path(rel)
         except (ValueError, UnicodeDecodeError) as exc:
             raise StoreError(f"{where} cannot be used: {exc}", lasting=True) from None
         return text, listed
@@ -296,7 +287,7 @@ class ModelStore:
         digest = hashlib.sha256(text.encode()).hexdigest()
         target = self.local(number)
         if os.path.isdir(target):
-            if _manifest_text(target) == text:
+            if manifest_text(target) == text:
                 return target
             if number is not None:
                 logger.warning(
@@ -328,7 +319,7 @@ class ModelStore:
     def _bring(self, base: StoreUrl, number: int | None, text: str, listed: dict[str, str]) -> None:
         staging = os.path.join(self.root, ".partial", ONE_MODEL if number is None else str(number))
         os.makedirs(staging, exist_ok=True)
-        _remove_unlisted(staging, listed)
+        remove_unlisted(staging, listed)
         reuse = self._cached_files()
         pace = Pace(self.max_bytes_per_s)
         started, fetched = time.monotonic(), 0
@@ -339,7 +330,7 @@ class ModelStore:
             source = reuse.get(sha256)
             if source is not None:
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
-                _link_or_copy(source, dest)
+                link_or_copy(source, dest)
                 self.stats.files_reused += 1
                 continue
             got = fetch_file(self.fs, base.child(*rel.split("/")), dest, sha256, pace)
@@ -355,7 +346,7 @@ class ModelStore:
             )
         target = self.local(number)
         if os.path.isdir(target):  # the one model, changed in the store: the old copy goes
-            _remove_tree(target, self.root)
+            remove_tree(target, self.root)
         os.replace(staging, target)
         elapsed = time.monotonic() - started
         logger.info(
@@ -372,7 +363,7 @@ class ModelStore:
         found: dict[str, str] = {}
         for number in [None, *self.cached_versions()]:
             directory = self.local(number)
-            text = _manifest_text(directory)
+            text = manifest_text(directory)
             if text is None:
                 continue
             try:
@@ -389,7 +380,7 @@ class ModelStore:
         keep = set(cached[-self.keep_versions :]) | ({serving} if serving is not None else set())
         removed = [number for number in cached if number not in keep]
         for number in removed:
-            _remove_tree(self.local(number), self.root)
+            remove_tree(self.local(number), self.root)
             logger.info(
                 "model sync: removed version %d of %s from the cache (--keep-versions %d)",
                 number,
@@ -400,47 +391,3 @@ class ModelStore:
 
     def status(self) -> dict[str, object]:
         return {"url": self.url.url, "cache": self.root, **asdict(self.stats)}
-
-
-def _check_path(rel: str) -> None:
-    """A manifest's path must be a plain relative path of visible names: nothing outside the
-    version, nothing the checksum leaves out."""
-    parts = rel.split("/")
-    if rel.startswith("/") or "\\" in rel or any(part in ("", ".", "..") or part.startswith(".") for part in parts):
-        raise ValueError(f"{rel!r} is not a plain relative path inside the model")
-    if rel == MANIFEST or any(ord(c) < 32 for c in rel):
-        raise ValueError(f"{rel!r} cannot be a model file")
-
-
-def _manifest_text(directory: str) -> str | None:
-    try:
-        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _remove_unlisted(staging: str, listed: dict[str, str]) -> None:
-    wanted = {os.path.join(staging, *rel.split("/")) for rel in listed}
-    for root, _, files in os.walk(staging):
-        for name in files:
-            path = os.path.join(root, name)
-            if path not in wanted:
-                os.remove(path)
-
-
-def _link_or_copy(source: str, dest: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(dest)
-    try:
-        os.link(source, dest)
-    except OSError:
-        shutil.copyfile(source, dest)
-
-
-def _remove_tree(path: str, root: str) -> None:
-    """Remove ``path``, first renamed aside so that no reader sees it half removed."""
-    aside = os.path.join(root, ".partial", f"removing-{os.path.basename(path)}-{time.monotonic_ns()}")
-    os.makedirs(os.path.dirname(aside), exist_ok=True)
-    os.replace(path, aside)
-    shutil.rmtree(aside, ignore_errors=True)

@@ -117,6 +117,13 @@ SERVED_BY = {
 
 BENCHMARK = "a benchmark: minutes of CPU; tests/integration/test_benchmark_smoke.py runs the scripts small"
 SKIPPED = {
+    ("docs/server.md", "aws s3 sync models/minilm/2"): (
+        "the AWS CLI is not installed here; tests/store_standin.py uploads a model the same way, with boto3"
+    ),
+    ("docs/server.md", "--model-dir gs://models/minilm"): (
+        "needs S3, GCS and HDFS services; tests/integration/test_model_store.py serves from moto's S3 server on "
+        "loopback through AWS_ENDPOINT_URL, as the MinIO line does"
+    ),
     ("docs/http.md", "answerdotai/answerai-colbert-small-v1 --model m3=BAAI/bge-m3"): (
         "downloads ColBERT and BGE-M3 weights the stand-in Hub does not hold (none is on the package index); "
         "tests/integration/test_multivector_served.py serves tiny ones of both layouts"

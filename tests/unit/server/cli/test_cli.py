@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from bertserve.server import BertServeError, ConfigError, ModelConfig
-from bertserve.server.cli import flags, main as cli
+from bertserve.server.cli import flags, main as cli, worker_flags
 from bertserve.server.config.stopping import STOP_TIMEOUT_SECONDS
 from bertserve.server.config.workers import Workers
 from bertserve.server.model import default
@@ -315,6 +315,6 @@ def test_the_stop_budget_comes_from_its_flag_or_the_environment_and_a_bad_one_is
     with pytest.raises(ConfigError, match="stop_timeout must be more than 0 and at most 3600 seconds, not -1"):
         _server_config(["--stop-timeout", "-1"])
     worker = cli.build_parser().parse_args(["worker", "--server", "h", "--worker-port", "5557", "--stop-timeout", "3"])
-    assert HostConfig(**{**flags.worker_options_from_args(worker), "model_dir": "/m"}).stop_budget.seconds == 3
+    assert HostConfig(**{**worker_flags.worker_options_from_args(worker), "model_dir": "/m"}).stop_budget.seconds == 3
     with pytest.raises(ConfigError, match="stop_timeout must be a number of seconds"):
         HostConfig(server="h", worker_port=5557, model_dir="/m", workers=Workers(stop_timeout=float("nan")))

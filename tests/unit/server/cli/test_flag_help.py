@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from bertserve.server import BertServeError
-from bertserve.server.cli import flag_help, flags, main as cli, serving_flags
+from bertserve.server.cli import flag_help, flags, main as cli, serving_flags, worker_flags
 
 ROOT = Path(__file__).resolve().parents[4]
 START_FLAGS = [*flags.MODEL_FLAGS, *flags.SERVER_FLAGS, *serving_flags.TELEMETRY_FLAGS]
-WORKER_FLAGS = [*flags.WORKER_FLAGS, *serving_flags.TELEMETRY_FLAGS]
+WORKER_FLAGS = [*worker_flags.WORKER_FLAGS, *serving_flags.TELEMETRY_FLAGS]
 COMMAND_FLAGS = {"start": START_FLAGS, "worker": WORKER_FLAGS, "embed": flags.MODEL_FLAGS}
 HEADINGS = [
     "model",

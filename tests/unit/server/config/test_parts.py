@@ -7,7 +7,7 @@ import dataclasses
 import typing
 
 import pytest
-from bertserve.server.cli import flags
+from bertserve.server.cli import flags, worker_flags
 from bertserve.server.config.model import FIELDS, ModelConfig
 from bertserve.server.config.served import ModelServing, Routing
 from bertserve.server.config.server import ServerConfig
@@ -38,7 +38,7 @@ def test_every_start_flag_sets_one_part_or_the_model() -> None:
 
 
 def test_a_worker_host_takes_the_workers_part_of_the_head() -> None:
-    assert _dests(flags.HOST_WORKERS_TABLE) < {field.name for field in dataclasses.fields(Workers)}
+    assert _dests(worker_flags.HOST_WORKERS_TABLE) < {field.name for field in dataclasses.fields(Workers)}
 
 
 def test_the_server_config_and_its_parts_are_small() -> None:
