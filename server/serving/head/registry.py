@@ -69,6 +69,7 @@ class WorkerState:
     tokens: int = 0
     slots: int = 0
     short_seconds: float | None = None  # a small job's run time on it, smoothed (Registry.free_at)
+    small_jobs: int = 0  # small jobs it has run: the first is not learned from
     last_done: float = 0.0  # when its last job's credit came back
 
     @property
@@ -211,8 +212,12 @@ class Registry:
         self.recent_jobs.append((done.seconds, job.size, job.bulk))
         worker.last_done = now
         if not job.bulk:
+            # a worker's first small job pays what its first runs cost once (TensorFlow optimizing
+            # the graph, the tokenizer's caches): it says nothing of the next, and is not learned
+            worker.small_jobs += 1
             before = worker.short_seconds
-            worker.short_seconds = done.seconds if before is None else 0.7 * before + 0.3 * done.seconds
+            if worker.small_jobs > 1:
+                worker.short_seconds = done.seconds if before is None else 0.7 * before + 0.3 * done.seconds
         return job
 
     def free_at(self, worker: WorkerState) -> float | None:

@@ -79,9 +79,10 @@ def test_a_worker_about_to_finish_its_small_job_gets_the_next_one_beyond_its_cre
     """Just in time: what gathered while it ran goes once the worker should be about to be free
     (its last small job took 1 s: so 0.85 s after the next was sent), not when its credit is back."""
     dealer, push = rig.worker(b"w0-1", 0)
-    rig.request(b"a", 1, ["first"])
-    first, _, _ = rig.job(dealer)
-    push.send_multipart([wire.DONE, p.dumps({"job": first, "worker": "w0-1", "seconds": 1.0})])
+    for number, seconds in ((1, 9.0), (2, 1.0)):  # the first job's time (its one-off costs) is not learned
+        rig.request(b"a", number, ["first"])
+        first, _, _ = rig.job(dealer)
+        push.send_multipart([wire.DONE, p.dumps({"job": first, "worker": "w0-1", "seconds": seconds})])
     rig.request(b"b", 1, ["second"])
     before = time.monotonic()
     second, _, _ = rig.job(dealer)
