@@ -98,8 +98,9 @@ class StoreUrl:
 
     @property
     def fs_path(self) -> str:
-        """The path as the backend takes it: HTTP backends want the whole URL."""
-        return self.url if self.protocol in ("http", "https") else self.path
+        """The path as the backend takes it: the whole URL where the host is not part of the
+        path (HTTP, HDFS), the bucket and key for object stores."""
+        return self.url if self.protocol in ("http", "https", "hdfs", "webhdfs") else self.path
 
     def child(self, *names: str) -> StoreUrl:
         return StoreUrl(self.scheme, "/".join([self.path, *names]))

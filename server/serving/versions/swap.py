@@ -3,7 +3,9 @@
 With ``--model-dir`` a repository of numbered versions (:mod:`...model.repository`), the
 server looks for a newer whole version every ``--poll-interval-s`` seconds and when a client
 sends RELOAD (``bertserve reload``). Hashing model files takes a while, so the look runs on a
-thread of its own while the ventilator keeps serving.
+thread of its own while the ventilator keeps serving. A model synced from object storage
+(``model_url``) is served from its local cache: each look first syncs the version wanted from
+the store (:meth:`...model.store.ModelStore.pull`), and what the syncs did goes to the book.
 
 A version found is first made ready to load: its graph and LiteRT model, when not cached
 yet, are built in a child process of their own (:mod:`...model.prepare`, status state

@@ -270,3 +270,36 @@ def test_wrong_credentials_are_refused_clearly_and_never_shown(
     store = ModelStore(f"s3://{BUCKET}/strict", str(tmp_path / "cache"))
     store.start("latest")
     assert store.cached_versions() == [1]
+
+
+def test_a_web_server_that_lists_its_folders_serves_as_a_store(tmp_path: Path) -> None:
+    """``https://`` through fsspec's HTTP backend (plain HTTP on loopback here): the versions
+    found in the folder's listing, each file checked against the manifest."""
+    import functools
+    import http.server
+    import threading
+
+    from bertserve.server.model.checksum import write_manifest
+
+    site = tmp_path / "site"
+    for number in (1, 2):
+        write_manifest(model(site / "repo" / str(number), os.urandom(20_000 + number)))
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/repo/"
+        store = ModelStore(url, str(tmp_path / "cache"))
+        _, rejected = store.start("latest")
+        assert rejected == [] and store.cached_versions() == [2] and manifest_problems(store.local(2)) == []
+        (site / "repo" / "1" / "model.safetensors").write_bytes(os.urandom(20_001))  # changed after its manifest
+        pulled = store.pull("1", 2, 2)
+        assert pulled.error is not None and "model.safetensors does not match the manifest" in pulled.error
+        assert store.cached_versions() == [2]
+    finally:
+        server.shutdown()
+        server.server_close()
