@@ -206,10 +206,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"| replies | {replies['ok']} right, **{replies['wrong']} wrong, {replies['failed']} failed** "
             f"(by version: {swap['by_version']}) |",
             f"| version 2 from the store against `--model-dir` on its files (500 sentences, fp32) | min cosine "
-            f"{swap['min_cosine_to_model_dir']:.7f}, largest difference {swap['max_abs_difference_to_model_dir']:.1e} |",
+            f"{swap['min_cosine_to_model_dir']:.7f}, largest difference "
+            f"{swap['max_abs_difference_to_model_dir']:.1e} |",
             f"| `--sync-max-bytes-per-s {rate['limit_bytes_per_s']}` over {rate['bytes'] / 1e6:.0f} MB | "
-            f"{', '.join(f'{r / 1e6:.2f}' for r in rate['rates'])} MB/s: median **{rate['median_ratio_to_limit']:.3f}x** "
-            "the limit |",
+            f"{', '.join(f'{r / 1e6:.2f}' for r in rate['rates'])} MB/s: median "
+            f"**{rate['median_ratio_to_limit']:.3f}x** the limit |",
             "",
             "Reproduce: `python benchmarks/model_sync.py --json benchmarks/report/model_sync.json "
             "--markdown benchmarks/report/model_sync.md`",
