@@ -74,6 +74,7 @@ class SyncStats:
     files_fetched: int = 0
     files_reused: int = 0
     bytes_fetched: int = 0
+    fetch_seconds: float = 0.0  # the transfers' time (bytes_fetched / fetch_seconds: the rate they ran at)
     failures: int = 0
     last_success: float | None = None
     last_error: str = ""
@@ -336,6 +337,7 @@ class ModelStore:
             got = fetch_file(self.fs, base.child(*rel.split("/")), dest, sha256, pace)
             self.stats.files_fetched += 1
             self.stats.bytes_fetched += got.size
+            self.stats.fetch_seconds += got.seconds
             fetched += got.size
         with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as f:
             f.write(text)

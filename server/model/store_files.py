@@ -235,22 +235,25 @@ class Pace:
         return int(min(CHUNK_BYTES, max(1 << 16, self.rate / 4)))
 
     def take(self, size: int) -> None:
-        """Account for ``size`` bytes about to be asked for, sleeping first as long as the limit needs."""
+        """Account for ``size`` bytes about to be asked for, sleeping first until they fit the
+        limit: with them, no more than ``rate`` bytes a second since the start (no burst)."""
         now = self.clock()
         if self.started is None:
             self.started = now
+        self.taken += size
         if self.rate:
             due = self.started + self.taken / self.rate
             if due > now:
                 self.sleep(due - now)
-        self.taken += size
 
 
 @dataclass(frozen=True)
 class Fetched:
-    """One file brought over: its bytes, the tries it took, and whether a store's md5 was checked too."""
+    """One file brought over: its bytes, the seconds its transfer took (back-offs included),
+    the tries it took, and whether a store's md5 was checked too."""
 
     size: int
+    seconds: float
     attempts: int
     md5_checked: bool
 
@@ -270,6 +273,7 @@ def fetch_file(
     arrives, or the sha256 once whole) is fetched once more from the start, in case it was
     damaged on the way, and then refused. Raises :class:`StoreError` naming the file."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
+    started = time.monotonic()
     partial = target + ".part"
     done, mismatches = 0, 0
     digests = (hashlib.sha256(), hashlib.md5(usedforsecurity=False))
@@ -301,7 +305,7 @@ def fetch_file(
         problem, lasting = _mismatch(digests, sha256, expected_md5)
         if problem is None:
             os.replace(partial, target)
-            return Fetched(done, attempt, expected_md5 is not None)
+            return Fetched(done, time.monotonic() - started, attempt, expected_md5 is not None)
         mismatches += 1
         if lasting or mismatches >= 2 or attempt == attempts:
             _remove(partial)
