@@ -226,7 +226,7 @@ class ModelStore:
                     reasons = "; ".join(f"version {r.number}: {r.reason}" for r in rejected)
                     raise StoreError(f"no version of {self.url} can be had ({reasons})", lasting=True)
                 self._succeeded()
-                self.prune(None)
+                self.prune(None if wanted == "latest" else int(wanted))
                 return self.root, rejected
             except StoreError as exc:
                 cached = os.path.isdir(self.local(None)) or self.cached_versions()

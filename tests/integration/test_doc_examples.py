@@ -117,6 +117,10 @@ SERVED_BY = {
 
 BENCHMARK = "a benchmark: minutes of CPU; tests/integration/test_benchmark_smoke.py runs the scripts small"
 SKIPPED = {
+    ("docs/server.md", "benchmarks/model_sync.py"): (
+        "a benchmark: minutes against all-MiniLM-L6-v2; tests/integration/test_model_store.py runs the same paths "
+        "on tiny models"
+    ),
     ("docs/server.md", "aws s3 sync models/minilm/2"): (
         "the AWS CLI is not installed here; tests/store_standin.py uploads a model the same way, with boto3"
     ),

@@ -231,6 +231,9 @@ def test_old_versions_are_pruned_but_never_the_one_served(env: S3Standin, tmp_pa
     assert store.cached_versions() == [1, 3, 4]
     store.prune(4)
     assert store.cached_versions() == [3, 4]
+    restarted = ModelStore(f"s3://{BUCKET}/{name}", str(tmp_path / "cache"), keep_versions=1)
+    restarted.start("3")  # a version asked for by number stays, whatever is newer
+    assert restarted.cached_versions() == [3, 4]
 
 
 def test_urls_with_credentials_or_no_backend_are_refused_before_any_request() -> None:
