@@ -174,7 +174,7 @@ def test_wrong_credentials_are_refused_at_start_and_never_printed(models: dict[i
         assert "wrong-secret-value" not in "".join(server.output)
 
 
-def test_a_worker_host_syncs_the_heads_version_from_the_store_itself(
+def test_a_worker_host_syncs_the_heads_version_from_the_store_itself_and_another_is_refused_by_number(
     standin: S3Standin, models: dict[int, str], encoders: dict[int, Encoder], session_graph_dir: str, tmp_path: Path
 ) -> None:
     standin.upload("remote/1", models[2])
@@ -184,12 +184,14 @@ def test_a_worker_host_syncs_the_heads_version_from_the_store_itself(
         *("--max-seq-len", "32", "--num-worker", "0"),
         env=standin.env,
     )
+    host_flags = ("--model-dir", url, "--model-cache", str(tmp_path / "host-cache"), "--graph-dir", session_graph_dir)
     try:
-        host = start_worker_host(
-            worker_port,
-            *("--model-dir", url, "--model-cache", str(tmp_path / "host-cache"), "--graph-dir", session_graph_dir),
-            env=standin.env,
-        )
+        standin.upload("remote/2", models[1])  # newer than the head's version 1: a head with workers does not swap
+        newest = start_worker_host(worker_port, *host_flags, env=standin.env, expect_joined=False)
+        assert newest.process.wait(120) == 2
+        refusal = newest.tail(20)
+        assert "version 1 of its repository" in refusal and "--model-version 1" in refusal, refusal
+        host = start_worker_host(worker_port, *host_flags, "--model-version", "1", env=standin.env)
         try:
             texts = sentences(20, seed=7)
             with BertClient(**head.client_kwargs, timeout=60_000) as client:

@@ -79,11 +79,13 @@ def refusal(hello: bodies.Hello, models: Models, *, joined: int, known: bool) ->
     if served is None:
         return f"{models.unknown(hello.model_name)}: start the worker with --model NAME, one of those"
     if hello.model_sha256 != served.sha256:
+        version = "" if served.version is None else f", version {served.version} of its repository"
         return (
             f"the worker's model files (sha256 {bodies.printable(hello.model_sha256, 16)}...) differ from those "
-            f"of the head's model {served.name} (sha256 {served.sha256[:16]}...): give the worker the same model "
-            f"directory as the head (--model-dir"
-            f"{' and --tuned-model-dir' if served.config.model.tuned_model_dir else ''})"
+            f"of the head's model {served.name}{version} (sha256 {served.sha256[:16]}...): give the worker the same "
+            f"model directory as the head (--model-dir"
+            f"{' and --tuned-model-dir' if served.config.model.tuned_model_dir else ''}"
+            f"{f'; from a store: --model-version {served.version}' if served.version is not None else ''})"
         )
     if not known and joined >= MAX_HOSTS:
         return f"this head has {joined} hosts joined, the most it takes"
