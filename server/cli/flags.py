@@ -33,12 +33,11 @@ from ..config.workers import Workers
 from ..errors import BertServeError, ConfigError
 from ..model.default import default_model_dir
 from ..model.hub_specs import fetch_hub_model, fetch_hub_models
-from ..model.repository import is_repository, versions
 from ..model.store_files import is_store_url
 from .flag_help import Flag, boolean, under
 from .http_flags import GRPC_FLAGS, HTTP_FLAGS, SECURITY_FLAGS
 from .model_flags import MODEL_FLAGS
-from .served import resolve_models, sync_store
+from .served import resolve_models, synced_version_dir
 from .serving_flags import DEVICE_FLAGS, LIMIT_FLAGS, SERVING_FLAGS
 
 SERVER_FLAGS = [
@@ -249,11 +248,8 @@ def model_config_from_args(args: argparse.Namespace, *, sync: bool = True) -> Mo
         config = ModelConfig.of(**options)
         if not sync or not is_store_url(config.model_dir):
             return config
-        model = sync_store(ModelServing(model=config, model_cache=getattr(args, "model_cache", None)))
-        local = model.model.model_dir
-        if is_repository(local):
-            local = versions(local)[-1].path
-        return model.model.replace(model_dir=local)
+        model = ModelServing(model=config, model_cache=getattr(args, "model_cache", None))
+        return config.replace(model_dir=synced_version_dir(model), model_url=config.model_dir.rstrip("/"))
     if args.model_dir is not None:
         raise ConfigError(
             f"--model-id and --model-dir cannot be given together: --model-id {args.model_id} serves a model of the "

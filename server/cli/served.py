@@ -27,7 +27,7 @@ from ..config.served import ModelServing, Routing, serve_spec
 from ..config.specs import ModelSpec, check_default, check_model_name, parse_model_spec
 from ..errors import ConfigError, ModelFileError
 from ..model.model_dir import detect_layout
-from ..model.repository import is_repository, versions
+from ..model.repository import choose, is_repository, versions
 from ..model.store import ModelStore
 from ..model.store_files import is_store_url
 from ..model.tasks import TASK_NAMES, model_tasks, served_with
@@ -72,6 +72,16 @@ def sync_store(model: ModelServing) -> ModelServing:
     for refusal in rejected:
         logger.error("refused version %d of %s: %s", refusal.number, store.url, refusal.reason)
     return model.replace(model=model.model.replace(model_dir=local, model_url=store.url.url))
+
+
+def synced_version_dir(model: ModelServing) -> str:
+    """For a command that reads one version of a store model (``embed``, a worker host): the
+    model synced (:func:`sync_store`), and the directory of the version it asks for (or the
+    newest) in the cache, checked against its manifest."""
+    local = sync_store(model).model.model_dir
+    if not is_repository(local):
+        return local
+    return choose(local, model.model_version, model.model, require_manifest=True, settle_s=0.0)[0].path
 
 
 def task_defaults(models: tuple[ModelServing, ...], routing: Routing) -> dict[str, str]:

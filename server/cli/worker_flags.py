@@ -14,11 +14,10 @@ from ..config.workers import Workers
 from ..errors import ConfigError
 from ..model.default import default_model_dir
 from ..model.hub_specs import fetch_hub_model
-from ..model.repository import choose, is_repository
 from ..model.store_files import is_store_url
 from .flag_help import Flag, under
 from .flags import server_flag, values_of
-from .served import sync_store
+from .served import synced_version_dir
 
 WORKER_FLAGS = [
     *under(
@@ -98,10 +97,7 @@ def worker_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         # the host syncs from the store itself, checked by the manifest; the head checks the sha256
         model = ModelConfig.of(model_dir=args.model_dir)
         serving = ModelServing(model=model, model_version=wanted, model_cache=cache, sync_max_bytes_per_s=rate)
-        local = sync_store(serving).model.model_dir
-        if is_repository(local):
-            local = choose(local, serving.model_version, model, require_manifest=True, settle_s=0)[0].path
-        options["model_dir"] = local
+        options["model_dir"] = synced_version_dir(serving)
     elif model_id is None:
         options["model_dir"] = args.model_dir or default_model_dir()
     elif args.model_dir is not None:

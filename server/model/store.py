@@ -154,7 +154,7 @@ class ModelStore:
                 raw = f.read(MAX_MANIFEST_BYTES + 1)
         except Exception as exc:
             error = store_error(exc, where, "reading")
-            if "not found" in str(error):
+            if error.missing:
                 error = StoreError(f"{base} has no {MANIFEST}: write one with `bertserve manifest DIR`", lasting=True)
             raise error from exc
         try:
@@ -232,8 +232,7 @@ class ModelStore:
                 cached = os.path.isdir(self.local(None)) or self.cached_versions()
                 if not cached or (wanted != "latest" and int(wanted) not in self.cached_versions()):
                     raise
-                self.stats.failures += 1
-                self.stats.last_error = str(exc)
+                self._failed_sync(str(exc))
                 logger.error("model sync: %s; serving what the cache %s holds, as synced before", exc, self.root)
                 return (self.local(None) if os.path.isdir(self.local(None)) else self.root), rejected
 
@@ -254,14 +253,16 @@ class ModelStore:
                 self._succeeded()
                 self.prune(serving)
             except StoreError as exc:
-                self.stats.failures += 1
-                self.stats.last_error = str(exc)
+                self._failed_sync(str(exc))
                 logger.error("model sync of %s failed: %s", self.url, exc)
                 return Pulled(tuple(rejected), str(exc))
-        if rejected:
-            self.stats.failures += len(rejected)
-            self.stats.last_error = rejected[0].reason
+        for refusal in reversed(rejected):  # the newest's reason is the last error
+            self._failed_sync(refusal.reason)
         return Pulled(tuple(rejected))
+
+    def _failed_sync(self, reason: str) -> None:
+        self.stats.failures += 1
+        self.stats.last_error = reason
 
     def _sync_newest(self, numbers: list[int], rejected: list[Rejected]) -> bool:
         """The newest of ``numbers`` that can be had, synced (or found cached), and whether

@@ -50,6 +50,7 @@ BACKENDS = {
     "https": ("https", "https"),
     "http": ("http", "https"),
 }
+_HDFS_PORTS = {"webhdfs": 9870, "hdfs": 8020}  # a namenode's default ports
 _SCHEME = re.compile(r"(?P<scheme>[a-z][a-z0-9]*)://")
 
 ATTEMPTS = 5
@@ -76,9 +77,10 @@ class StoreError(ModelFileError):
     """A file of the store cannot be had. ``lasting``: trying again will not help (access
     denied, a file missing, a digest that does not match) until the store changes."""
 
-    def __init__(self, message: str, *, lasting: bool) -> None:
+    def __init__(self, message: str, *, lasting: bool, missing: bool = False) -> None:
         super().__init__(message)
         self.lasting = lasting
+        self.missing = missing  # the store has no such file or folder
 
 
 @dataclass(frozen=True)
@@ -158,12 +160,9 @@ def open_store(url: StoreUrl) -> Any:
         )
     elif protocol in ("gcs", "http", "https"):
         options.update(use_listings_cache=False)
-    elif protocol == "webhdfs":
+    elif protocol in _HDFS_PORTS:  # the namenode: WebHDFS's HTTP port, or HDFS's own
         host, _, port = url.path.partition("/")[0].partition(":")
-        options.update(host=host, port=int(port) if port.isdigit() else 9870)
-    elif protocol == "hdfs":
-        host, _, port = url.path.partition("/")[0].partition(":")
-        options.update(host=host, port=int(port) if port.isdigit() else 8020)
+        options.update(host=host, port=int(port) if port.isdigit() else _HDFS_PORTS[protocol])
     try:
         fs = kind(**options)
     except ImportError as exc:
@@ -192,7 +191,7 @@ def store_error(exc: BaseException, url: StoreUrl | str, doing: str) -> StoreErr
             lasting=True,
         )
     if isinstance(exc, FileNotFoundError) or _status(exc) == 404:
-        return StoreError(f"{doing} {url}: not found", lasting=True)
+        return StoreError(f"{doing} {url}: not found", lasting=True, missing=True)
     return StoreError(f"{doing} {url}: {_cause(exc)}", lasting=False)
 
 
@@ -284,9 +283,11 @@ def fetch_file(
                 expected_md5 = _md5_of(getattr(f, "details", None) or {})
                 if done:
                     f.seek(done)
-                while True:
-                    pace.take(pace.chunk)
-                    data = f.read(pace.chunk)
+                size = getattr(f, "size", None)  # unknown for some HTTP servers: read until nothing comes
+                while size is None or done < size:
+                    want = pace.chunk if size is None else min(pace.chunk, size - done)
+                    pace.take(want)
+                    data = f.read(want)
                     if not data:
                         break
                     out.write(data)

@@ -9,6 +9,7 @@ that syncs the head's version for itself."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -206,3 +207,26 @@ def test_a_worker_host_syncs_the_heads_version_from_the_store_itself_and_another
             host.stop()
     finally:
         head.stop()
+
+
+def test_embed_reads_the_newest_whole_version_of_a_store(
+    standin: S3Standin, models: dict[int, str], encoders: dict[int, Encoder], tmp_path: Path
+) -> None:
+    """``bertserve embed --model-dir s3://...``: the newest version that can be had, checked by
+    its manifest; a newer one rotten in the store is refused by name, and the one below serves."""
+    standin.upload("embed/1", models[2])
+    standin.upload("embed/2", models[3], rotten={"bert_model.ckpt.data-00000-of-00001": b"rotten"})
+    texts = sentences(5, seed=9)
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out.npy"
+    command = [sys.executable, "-m", "bertserve.server.cli", "embed", str(tmp_path / "in.txt"), "-o", str(out)]
+    done = subprocess.run(
+        [*command, "--model-dir", f"s3://{BUCKET}/embed", "--max-seq-len", "32"],
+        env={**os.environ, **standin.env, "BERTSERVE_MODEL_CACHE": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused version 2 of s3://models/embed" in done.stderr and "does not match the manifest" in done.stderr
+    np.testing.assert_allclose(np.load(out), encoders[2].encode(texts), atol=1e-5)
