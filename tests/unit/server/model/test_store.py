@@ -306,3 +306,33 @@ def test_a_web_server_that_lists_its_folders_serves_as_a_store(tmp_path: Path) -
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_processes_sharing_a_cache_sync_one_at_a_time_and_fetch_once(env: S3Standin, tmp_path: Path) -> None:
+    """A race: four stores on one cache start at once (a head and worker hosts on one machine).
+    The lock lets one fetch; the others find the version whole in the cache, and none sees it
+    half written."""
+    import threading
+
+    name = prefix(tmp_path)
+    env.upload(f"{name}/1", model(tmp_path / "v1", os.urandom(2_000_000)))
+    stores = [ModelStore(f"s3://{BUCKET}/{name}", str(tmp_path / "cache"), max_bytes_per_s=4_000_000) for _ in range(4)]
+    found: list[object] = []
+    gate = threading.Barrier(len(stores))
+
+    def start(store: ModelStore) -> None:
+        gate.wait()
+        try:
+            root, _ = store.start("latest")
+            found.append(manifest_problems(os.path.join(root, "1")))
+        except Exception as exc:
+            found.append(exc)
+
+    threads = [threading.Thread(target=start, args=(store,)) for store in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert found == [[], [], [], []], found
+    assert sum(store.stats.files_fetched for store in stores) == 4  # the four files, fetched by one of them
+    assert sum(store.stats.manifest_reads for store in stores) == 1  # the others found the version in the cache
